@@ -1,0 +1,57 @@
+// The fixed-size event record shared by the recorder (writer) and the trace
+// file (reader). It is written as-is into per-thread chunks on the hot path and
+// copied as-is into the .htrace file, so its layout is part of the file format:
+// changing it means bumping hooktrace.tracefile.FORMAT_VERSION.
+//
+//   offset size  field
+//   ------ ----  -------------------------------------------------------------
+//        0    8  t       raw approximate-clock ticks, c10::getApproximateTime()
+//                        (the clock torch.profiler uses); converted to Unix ns
+//                        by the session's clock conversion, never on the hot path
+//        8    8  seq     forward: at::sequence_number::peek() on the calling
+//                        thread at the event; backward node: the node's seqNr()
+//       16    4  id      forward: module slot in the session's module table;
+//                        backward node: index into the session's string table
+//       20    4  tid     OS thread id (gettid) of the recording thread
+//       24    4  rf_tid  forward: at::RecordFunction::currentThreadId() of the
+//                        recording thread; backward node: forwardThreadId()
+//       28    1  kind    EventKind below
+//       29    1  flags   EventFlags below
+//       30    2  pad     always zero
+//   total  32 bytes, little-endian, no implicit padding (static_assert below)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace hooktrace {
+
+enum EventKind : uint8_t {
+  kEnter = 1,      // module forward call begins
+  kExit = 2,       // module forward call returns (or raises: kFlagError)
+  kNodeBegin = 3,  // autograd node starts running in backward
+  kNodeEnd = 4,    // autograd node finished
+};
+
+enum EventFlags : uint8_t {
+  kFlagError = 1,  // kExit: forward raised an exception
+};
+
+struct Event {
+  uint64_t t;
+  uint64_t seq;
+  uint32_t id;
+  uint32_t tid;
+  uint32_t rf_tid;
+  uint8_t kind;
+  uint8_t flags;
+  uint16_t pad;
+};
+
+static_assert(sizeof(Event) == 32, "Event is part of the file format");
+static_assert(offsetof(Event, seq) == 8 && offsetof(Event, id) == 16 &&
+                  offsetof(Event, tid) == 20 && offsetof(Event, rf_tid) == 24 &&
+                  offsetof(Event, kind) == 28 && offsetof(Event, flags) == 29,
+              "Event layout is part of the file format");
+
+}  // namespace hooktrace

@@ -1,0 +1,52 @@
+"""The event record and clock conversion shared by recorder, trace file and reader.
+
+The layout mirrors ``csrc/event.h`` byte for byte; see the drawing there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+EVENT_DTYPE = np.dtype(
+    [
+        ("t", "<u8"),
+        ("seq", "<u8"),
+        ("id", "<u4"),
+        ("tid", "<u4"),
+        ("rf_tid", "<u4"),
+        ("kind", "u1"),
+        ("flags", "u1"),
+        ("pad", "<u2"),
+    ]
+)
+assert EVENT_DTYPE.itemsize == 32
+
+ENTER = 1
+EXIT = 2
+NODE_BEGIN = 3
+NODE_END = 4
+VALID_KINDS = (ENTER, EXIT, NODE_BEGIN, NODE_END)
+
+FLAG_ERROR = 1
+
+
+@dataclass(frozen=True)
+class Clock:
+    """Linear map from raw approximate-clock ticks to Unix nanoseconds.
+
+    ``unix_ns = unix_ns0 + round((ticks - ticks0) * ns_per_tick)``; built from
+    ``c10::ApproximateClockToUnixTimeConverter`` around the recording session, the
+    same conversion torch.profiler applies to its own events.
+    """
+
+    ticks0: int
+    unix_ns0: int
+    ns_per_tick: float
+
+    def to_unix_ns(self, ticks: np.ndarray) -> np.ndarray:
+        """Convert an array of ticks (uint64) to int64 Unix ns."""
+        # uint64 subtraction wraps modulo 2**64; viewed as int64 it is the signed delta.
+        delta = (np.asarray(ticks, dtype=np.uint64) - np.uint64(self.ticks0)).view(np.int64)
+        return np.int64(self.unix_ns0) + np.rint(delta * self.ns_per_tick).astype(np.int64)
