@@ -1,11 +1,79 @@
 // The only pybind11 translation unit: registers what the components provide.
-// No logic here; each function or type lives in its own csrc/<component>.cpp.
+// No logic here; lambdas only adapt Python types (buffers, enums) to C++ ones.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "backward.h"
+#include "event.h"
+#include "forward.h"
+#include "session.h"
 
 namespace py = pybind11;
+using hooktrace::Policy;
+using hooktrace::Session;
+
+namespace {
+
+Policy parse_policy(const std::string& name) {
+  if (name == "drop") return Policy::kDrop;
+  if (name == "ring") return Policy::kRing;
+  throw py::value_error("policy must be 'drop' or 'ring', got '" + name + "'");
+}
+
+uint64_t copy_events_into(Session& s, const py::buffer& out) {
+  py::buffer_info info = out.request(/*writable=*/true);
+  if (info.itemsize * info.size % sizeof(hooktrace::Event) != 0)
+    throw py::value_error("buffer size is not a multiple of the 32-byte event");
+  const uint64_t n = info.itemsize * info.size / sizeof(hooktrace::Event);
+  return s.copy_events(static_cast<hooktrace::Event*>(info.ptr), n);
+}
+
+}  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "hooktrace native core (private; use the hooktrace package)";
+  m.attr("EVENT_SIZE") = sizeof(hooktrace::Event);
+
   // --- reader side (spans.h, chrome_writer.h) ---
+
   // --- recorder side (session.h, forward.h) ---
+  py::class_<Session, std::shared_ptr<Session>>(m, "Session")
+      .def(py::init([](uint64_t capacity, const std::string& policy, uint32_t chunk_events) {
+             return std::make_shared<Session>(capacity, parse_policy(policy), chunk_events);
+           }),
+           py::arg("capacity"), py::arg("policy") = "drop",
+           py::arg("chunk_events") = Session::kDefaultChunkEvents)
+      .def_property_readonly("id", &Session::id)
+      .def_property_readonly("active", &Session::active)
+      .def_property_readonly("capacity", &Session::capacity_events)
+      .def_property_readonly("chunk_events", &Session::chunk_events)
+      .def("start", &Session::start)
+      .def("stop", &Session::stop)
+      .def("stats",
+           [](Session& s) {
+             auto st = s.stats();
+             py::dict d;
+             d["events"] = st.events;
+             d["dropped"] = st.dropped;
+             d["overwritten"] = st.overwritten;
+             d["threads"] = st.threads;
+             d["chunks"] = st.chunks;
+             return d;
+           })
+      .def("clock",
+           [](Session& s) {
+             const auto& c = s.clock();
+             return py::make_tuple(c.ticks0, c.unix_ns0, c.ns_per_tick);
+           })
+      .def("copy_events", &copy_events_into, py::arg("out"));
+  m.def("add_backward_session", &hooktrace::add_backward_session, py::arg("session"));
+  m.def("remove_backward_session", &hooktrace::remove_backward_session, py::arg("session"));
+  m.def("node_names", &hooktrace::node_names);
+  m.def("now_ticks", &hooktrace::now_ticks);
+
+  if (hooktrace::add_forward_types(m.ptr()) < 0) throw py::error_already_set();
 }

@@ -1,5 +1,20 @@
-"""hooktrace: low-overhead per-module tracing for PyTorch models."""
+"""hooktrace: low-overhead per-module tracing for PyTorch models.
+
+Example::
+
+    import torch, hooktrace
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    with hooktrace.trace(model) as tr:
+        model(torch.randn(4, 8))
+    tr.export_chrome("trace.json")   # open in https://ui.perfetto.dev
+    print(tr.summary())
+"""
+
+import torch as _torch  # noqa: F401  (loads libc10/libtorch before the native core)
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+from hooktrace.reading import TraceData, load  # noqa: E402
+from hooktrace.recording import Trace, trace  # noqa: E402
+
+__all__ = ["Trace", "TraceData", "__version__", "load", "trace"]

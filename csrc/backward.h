@@ -1,0 +1,40 @@
+// Backward recording: a global RecordFunction callback limited to
+// RecordScope::BACKWARD_FUNCTION records each autograd node's start and end
+// (kNodeBegin / kNodeEnd) into every session registered here.
+//
+// Why not register_full_backward_hook: it wraps module outputs in
+// BackwardHookFunction views, which breaks in-place ops on them and skips
+// modules returning dataclasses, and costs ~56 us per module forward (issue
+// #3). A node carries seqNr() and forwardThreadId(); the reader attributes it
+// to the innermost module call whose [enter, exit) sequence-number range on
+// that forward thread contains it.
+//
+// kNodeBegin: seq = seqNr(), rf_tid = forwardThreadId(), id = node name
+//             (index into node_names())
+// kNodeEnd:   seq = seqNr(), rf_tid = forwardThreadId(), id = the autograd
+//             graph task id (one per backward pass: splits passes that run the
+//             same node, e.g. retain_graph=True)
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "session.h"
+
+namespace hooktrace {
+
+// At most this many sessions record backward at once; more is an error.
+constexpr int kMaxBackwardSessions = 8;
+
+// The first registration installs the callback; the last removal uninstalls
+// it, so untraced programs pay nothing. Throws std::runtime_error when full.
+void add_backward_session(const std::shared_ptr<Session>& s);
+// Returns once no callback can still touch `s` (or after 1 s, in which case
+// the session is kept alive forever rather than risk a use after free).
+void remove_backward_session(const Session* s);
+
+// Process-wide table of autograd node names seen so far; ids never change.
+std::vector<std::string> node_names();
+
+}  // namespace hooktrace

@@ -1,0 +1,138 @@
+#include "session.h"
+
+#include <ATen/record_function.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+namespace hooktrace {
+
+thread_local TlsEntry tls_buffers[kTlsEntries];
+
+namespace {
+std::atomic<uint64_t> next_session_id{1};
+}  // namespace
+
+Session::Session(uint64_t capacity_events, Policy policy, uint32_t chunk_events)
+    : id_(next_session_id.fetch_add(1)),
+      policy_(policy),
+      chunk_events_(static_cast<uint32_t>(
+          std::max<uint64_t>(1, std::min<uint64_t>(chunk_events, std::max<uint64_t>(capacity_events, 1))))),
+      max_chunks_(static_cast<uint32_t>(
+          std::max<uint64_t>(1, capacity_events / std::max<uint32_t>(1, chunk_events_)))) {
+  if (chunk_events == 0) throw std::invalid_argument("chunk_events must be > 0");
+  if (capacity_events == 0) throw std::invalid_argument("capacity must be > 0");
+  if (capacity_events / chunk_events_ > UINT32_MAX)
+    throw std::invalid_argument("capacity too large");
+}
+
+Session::~Session() = default;
+
+void Session::start() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  clock_capture_ = std::make_unique<ClockCapture>();
+  active_.store(true, std::memory_order_release);
+}
+
+void Session::stop() {
+  active_.store(false, std::memory_order_release);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (clock_capture_) {
+    clock_ = clock_capture_->finish();
+    clock_capture_.reset();
+  }
+}
+
+ThreadBuffer* Session::buffer_slow() {
+  // Another cache entry may hold this session: move it to the front.
+  for (int i = 1; i < kTlsEntries; ++i) {
+    if (tls_buffers[i].session_id == id_) {
+      std::swap(tls_buffers[0], tls_buffers[i]);
+      return tls_buffers[0].buffer;
+    }
+  }
+  const uint32_t tid = static_cast<uint32_t>(::syscall(SYS_gettid));
+  ThreadBuffer* found = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& b : buffers_) {
+      if (b->tid == tid) {
+        found = b.get();
+        break;
+      }
+    }
+    if (!found) {
+      buffers_.push_back(std::make_unique<ThreadBuffer>());
+      found = buffers_.back().get();
+      found->tid = tid;
+      found->rf_tid = static_cast<uint32_t>(at::RecordFunction::currentThreadId());
+    }
+  }
+  // Evict the last entry; shift the others down so the newest is first.
+  for (int i = kTlsEntries - 1; i > 0; --i) tls_buffers[i] = tls_buffers[i - 1];
+  tls_buffers[0] = TlsEntry{id_, found};
+  return found;
+}
+
+bool Session::refill(ThreadBuffer* b) {
+  if (full_.load(std::memory_order_relaxed) &&
+      (policy_ == Policy::kDrop || b->chunks.empty()))
+    return false;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (chunks_allocated_ < max_chunks_) {
+    ++chunks_allocated_;
+    b->chunks.push_back(std::make_unique<Chunk>(chunk_events_));
+    b->chunk = b->chunks.back().get();
+    b->pos = 0;
+    b->limit = chunk_events_;
+    return true;
+  }
+  full_.store(true, std::memory_order_relaxed);
+  if (policy_ == Policy::kDrop || b->chunks.empty()) return false;
+  // Ring: recycle this thread's oldest chunk; it becomes the newest.
+  Chunk* oldest = b->chunks[b->head].get();
+  b->overwritten.store(b->overwritten.load(std::memory_order_relaxed) +
+                           oldest->count.load(std::memory_order_relaxed),
+                       std::memory_order_relaxed);
+  oldest->count.store(0, std::memory_order_release);
+  b->head = (b->head + 1) % b->chunks.size();
+  b->chunk = oldest;
+  b->pos = 0;
+  b->limit = chunk_events_;
+  return true;
+}
+
+SessionStats Session::stats() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  SessionStats s;
+  s.threads = buffers_.size();
+  s.chunks = chunks_allocated_;
+  for (auto& b : buffers_) {
+    s.dropped += b->dropped.load(std::memory_order_relaxed);
+    s.overwritten += b->overwritten.load(std::memory_order_relaxed);
+    for (auto& c : b->chunks) s.events += c->count.load(std::memory_order_acquire);
+  }
+  return s;
+}
+
+uint64_t Session::copy_events(Event* out, uint64_t max_events) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  uint64_t n = 0;
+  for (auto& b : buffers_) {
+    const size_t k = b->chunks.size();
+    for (size_t i = 0; i < k; ++i) {
+      Chunk* c = b->chunks[(b->head + i) % k].get();
+      const uint64_t count = c->count.load(std::memory_order_acquire);
+      const uint64_t take = std::min<uint64_t>(count, max_events - n);
+      std::memcpy(out + n, c->events.get(), take * sizeof(Event));
+      n += take;
+      if (n == max_events) return n;
+    }
+  }
+  return n;
+}
+
+}  // namespace hooktrace

@@ -1,0 +1,184 @@
+// A recording session: bounded per-thread event buffers and the hot-path
+// record() every module call goes through.
+//
+// Memory layout. Each thread that records into a session owns a ThreadBuffer:
+// a list of fixed-size Chunks that only that thread appends to. The hot path is
+// a thread-local cache hit, a bounds check and a 32-byte store, published with
+// one release store of the chunk's count; no lock, no allocation, no Python
+// object. The rare path (a chunk is full, or the first event of a thread)
+// takes the session mutex to allocate or recycle a chunk.
+//
+// Capacity is session-wide, counted in whole chunks. When it is reached:
+//   Policy::kDrop  further events are not recorded and are counted in
+//                  dropped (the default: the trace is an exact prefix).
+//   Policy::kRing  the thread recycles its own oldest chunk (flight recorder:
+//                  the trace is an exact suffix); recycled events are counted
+//                  in overwritten. A thread holding no chunk yet drops.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <ATen/SequenceNumber.h>
+#include <c10/macros/Macros.h>
+
+#include "clock.h"
+#include "event.h"
+
+namespace hooktrace {
+
+enum class Policy { kDrop, kRing };
+
+struct Chunk {
+  explicit Chunk(uint32_t capacity) : events(new Event[capacity]) {}
+  std::unique_ptr<Event[]> events;
+  // Events [0, count) are complete; release-stored by the owning thread after
+  // each event so a collector never reads a half-written record.
+  std::atomic<uint32_t> count{0};
+};
+
+struct ThreadBuffer {
+  // Hot-path state, touched by the owning thread only.
+  Chunk* chunk = nullptr;  // the chunk being filled (null until first refill)
+  uint32_t pos = 0;        // == chunk->count, without the atomic load
+  uint32_t limit = 0;      // == chunk capacity; 0 while there is no chunk
+  uint32_t tid = 0;        // gettid()
+  uint32_t rf_tid = 0;     // at::RecordFunction::currentThreadId()
+  // Written by the owning thread, read by collectors: relaxed atomics whose
+  // increments compile to plain load/add/store (no lock prefix) since only the
+  // owner writes them.
+  std::atomic<uint64_t> dropped{0};
+  std::atomic<uint64_t> overwritten{0};
+  // Guarded by Session::mutex_. Oldest first once rotated in ring mode.
+  std::vector<std::unique_ptr<Chunk>> chunks;
+  size_t head = 0;  // index of the oldest chunk in `chunks`
+};
+
+struct SessionStats {
+  uint64_t events = 0;       // complete events currently held
+  uint64_t dropped = 0;      // events not recorded (capacity reached)
+  uint64_t overwritten = 0;  // events recorded, then recycled (ring mode)
+  uint64_t threads = 0;
+  uint64_t chunks = 0;
+};
+
+class Session {
+ public:
+  // 4096 events x 32 B = 128 KiB per chunk: the refill's mutex and allocation
+  // then cost < 1 ns per event amortized (refill measured ~2 us).
+  static constexpr uint32_t kDefaultChunkEvents = 4096;
+
+  Session(uint64_t capacity_events, Policy policy, uint32_t chunk_events);
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  void start();
+  void stop();
+  bool active() const { return active_.load(std::memory_order_relaxed); }
+
+  uint64_t id() const { return id_; }
+  uint64_t capacity_events() const { return uint64_t(max_chunks_) * chunk_events_; }
+  uint32_t chunk_events() const { return chunk_events_; }
+  Policy policy() const { return policy_; }
+  const ClockConversion& clock() const { return clock_; }
+
+  SessionStats stats();
+  // Copies every complete event, thread by thread in recorded order (oldest
+  // first), into out[0, max_events). Returns how many were copied.
+  uint64_t copy_events(Event* out, uint64_t max_events);
+
+  // The hot path: one module enter/exit. Inline so the callers in forward.cpp
+  // get it without a call.
+  inline void record(uint32_t id, uint8_t kind, uint8_t flags) {
+    if (C10_UNLIKELY(!active())) return;
+    ThreadBuffer* b = buffer();
+    Event* e = next_slot(b);
+    if (C10_UNLIKELY(!e)) return;
+    e->t = now_ticks();
+    e->seq = at::sequence_number::peek();
+    e->id = id;
+    e->tid = b->tid;
+    e->rf_tid = b->rf_tid;
+    e->kind = kind;
+    e->flags = flags;
+    e->pad = 0;
+    publish(b);
+  }
+
+  // An autograd node event from the backward callback (backward.cpp): `seq`
+  // is the node's sequence number, `fwd_tid` its forward thread's
+  // RecordFunction id, `id` the node name (kNodeBegin) or graph task (kNodeEnd).
+  inline void record_node(uint8_t kind, uint64_t seq, uint32_t id, uint32_t fwd_tid) {
+    if (C10_UNLIKELY(!active())) return;
+    ThreadBuffer* b = buffer();
+    Event* e = next_slot(b);
+    if (C10_UNLIKELY(!e)) return;
+    e->t = now_ticks();
+    e->seq = seq;
+    e->id = id;
+    e->tid = b->tid;
+    e->rf_tid = fwd_tid;
+    e->kind = kind;
+    e->flags = 0;
+    e->pad = 0;
+    publish(b);
+  }
+
+  bool refill(ThreadBuffer* b);
+
+ private:
+  inline ThreadBuffer* buffer();
+  ThreadBuffer* buffer_slow();
+
+  // The slot for the thread's next event, or null when it must be dropped
+  // (counted). The event becomes visible to collectors at publish().
+  inline Event* next_slot(ThreadBuffer* b) {
+    if (C10_UNLIKELY(b->pos == b->limit) && !refill(b)) {
+      b->dropped.store(b->dropped.load(std::memory_order_relaxed) + 1,
+                       std::memory_order_relaxed);
+      return nullptr;
+    }
+    return &b->chunk->events[b->pos];
+  }
+  static inline void publish(ThreadBuffer* b) {
+    b->chunk->count.store(++b->pos, std::memory_order_release);
+  }
+
+  const uint64_t id_;
+  const Policy policy_;
+  const uint32_t chunk_events_;
+  const uint32_t max_chunks_;
+  std::atomic<bool> active_{false};
+  // Set once capacity is exhausted in drop mode, so the full-buffer path
+  // counts the drop without taking the mutex.
+  std::atomic<bool> full_{false};
+
+  std::mutex mutex_;
+  uint32_t chunks_allocated_ = 0;                       // guarded by mutex_
+  std::vector<std::unique_ptr<ThreadBuffer>> buffers_;  // guarded by mutex_
+  std::unique_ptr<ClockCapture> clock_capture_;
+  ClockConversion clock_;
+};
+
+// Per-thread cache of (session id, buffer). Session ids are never reused, so a
+// stale entry of a destroyed session can never match a live one.
+struct TlsEntry {
+  uint64_t session_id = 0;
+  ThreadBuffer* buffer = nullptr;
+};
+constexpr int kTlsEntries = 4;
+extern thread_local TlsEntry tls_buffers[kTlsEntries];
+
+inline ThreadBuffer* Session::buffer() {
+  TlsEntry& e = tls_buffers[0];
+  if (C10_LIKELY(e.session_id == id_)) return e.buffer;
+  return buffer_slow();
+}
+
+}  // namespace hooktrace
