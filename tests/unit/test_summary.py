@@ -113,3 +113,14 @@ def test_format_ns(ns, text):
 
 def test_summary_type():
     assert isinstance(build_trace(build_events([])).summary(), Summary)
+
+
+def test_huge_duration_spread_uses_the_fallback_sort():
+    ev = build_events([(1, ENTER, 1, 0), (1, EXIT, 1, 2**62), (1, ENTER, 1, 2**62),
+                       (1, EXIT, 1, 2**62 + 3), (1, ENTER, 2, 2**62 + 5),
+                       (1, EXIT, 2, 2**62 + 6)])
+    trace = build_trace(ev, clock=Clock(0, 0, 1.0))
+    ref = reference_rows(trace)
+    for row in trace.summary().rows:
+        assert row["total_ns"] == ref[row["module"]]["total_ns"]
+        assert row["p50_ns"] == pytest.approx(ref[row["module"]]["p50_ns"])
