@@ -166,7 +166,9 @@ def write_trace(
     meta: dict[str, Any] = dict(info)
     meta["modules"] = [[table.add(name), table.add(type_name)] for name, type_name in modules]
     meta["node_names"] = [table.add(name) for name in node_names]
-    meta_bytes = json.dumps(meta, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    meta_bytes = json.dumps(
+        meta, ensure_ascii=False, separators=(",", ":"), default=_json_default
+    ).encode("utf-8")
     strings_bytes = table.encode()
     events_off = _events_offset(len(meta_bytes), len(strings_bytes))
     padding = events_off - HEADER_SIZE - len(meta_bytes) - len(strings_bytes)
@@ -193,6 +195,16 @@ def write_trace(
         f.write(strings_bytes)
         f.write(b"\x00" * padding)
         _write_array(f, events)
+
+
+def _json_default(value: Any) -> Any:
+    """numpy scalars and arrays, as the recorder's counters may be, become JSON numbers/lists."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"trace info value {value!r} of type {type(value).__name__} is not "
+                    "JSON serializable")
 
 
 def _write_array(f: BinaryIO, events: np.ndarray) -> None:

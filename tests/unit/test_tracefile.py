@@ -97,6 +97,13 @@ def test_layout_matches_the_documented_format(tmp_path):
     assert crc_events == zlib.crc32(data[events_off:])
 
 
+def test_numpy_values_in_info_are_stored_as_json(tmp_path):
+    trace = build_trace(build_events([]), [], dropped_events=np.uint64(3),
+                        thread_tids=np.array([1, 2]))
+    loaded = reading.load(save(tmp_path, trace))
+    assert loaded.dropped_events == 3 and loaded.info["thread_tids"] == [1, 2]
+
+
 def test_empty_run_round_trips(tmp_path):
     trace = build_trace(build_events([]), [])
     loaded = reading.load(save(tmp_path, trace))
