@@ -66,25 +66,35 @@ void assign_call_index(SpanTable& s) {
   const size_t n = s.module.size();
   s.call.assign(n, 0);
   if (n == 0) return;
-  const uint32_t n_modules = *std::max_element(s.module.begin(), s.module.end()) + 1;
-  std::vector<size_t> bounds(static_cast<size_t>(n_modules) + 1, 0);
+  const int64_t* start = s.start_ns.data();
+  auto earlier = [start](size_t a, size_t b) {
+    return start[a] < start[b] || (start[a] == start[b] && a < b);
+  };
+  const size_t n_modules = static_cast<size_t>(*std::max_element(s.module.begin(),
+                                                                 s.module.end())) + 1;
+  std::vector<size_t> order(n);
+  if (n_modules > 2 * n + 4096) {
+    // Sparse ids (not from a validated file): a comparison sort, not buckets.
+    for (size_t i = 0; i < n; ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return s.module[a] < s.module[b] || (s.module[a] == s.module[b] && earlier(a, b));
+    });
+    uint32_t k = 0;
+    for (size_t j = 0; j < n; ++j) {
+      if (j > 0 && s.module[order[j]] != s.module[order[j - 1]]) k = 0;
+      s.call[order[j]] = k++;
+    }
+    return;
+  }
+  std::vector<size_t> bounds(n_modules + 1, 0);
   for (size_t i = 0; i < n; ++i) ++bounds[s.module[i] + 1];
   for (size_t m = 0; m < n_modules; ++m) bounds[m + 1] += bounds[m];
   std::vector<size_t> next(bounds.begin(), bounds.end() - 1);
-  std::vector<size_t> order(n);
   for (size_t i = 0; i < n; ++i) order[next[s.module[i]]++] = i;
-  const int64_t* start = s.start_ns.data();
   for (size_t m = 0; m < n_modules; ++m) {
     auto first = order.begin() + bounds[m], last = order.begin() + bounds[m + 1];
     // Already sorted in the common single-thread, monotonic-clock case.
-    const bool sorted = std::is_sorted(first, last, [&](size_t a, size_t b) {
-      return start[a] < start[b] || (start[a] == start[b] && a < b);
-    });
-    if (!sorted) {
-      std::sort(first, last, [&](size_t a, size_t b) {
-        return start[a] < start[b] || (start[a] == start[b] && a < b);
-      });
-    }
+    if (!std::is_sorted(first, last, earlier)) std::sort(first, last, earlier);
     uint32_t k = 0;
     for (auto it = first; it != last; ++it) s.call[*it] = k++;
   }

@@ -206,3 +206,10 @@ def test_non_contiguous_events_are_accepted():
     strided = np.concatenate([ev, ev])[::2]
     assert_same(Spans.from_events(strided, IDENTITY_CLOCK),
                 reference_spans(np.ascontiguousarray(strided), IDENTITY_CLOCK))
+
+
+def test_sparse_module_ids_match_reference():
+    # ids far beyond the number of spans (only possible without file validation)
+    ev = random_stream(9, n_modules=4)
+    ev["id"] = np.array([0, 2**32 - 1, 1 << 20, 77], np.uint32)[ev["id"] % 4]
+    assert_same(Spans.from_events(ev, IDENTITY_CLOCK), reference_spans(ev, IDENTITY_CLOCK))
