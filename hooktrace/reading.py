@@ -69,8 +69,9 @@ _SPAN_FIELDS: dict[str, np.dtype[Any]] = {
 class Spans:
     """Calls of one run as parallel numpy arrays, one entry per span.
 
-    Order: by ``tid`` ascending, then by start within the thread with every
-    parent before its children (pre-order). Fields: ``start_ns``/``end_ns``
+    Order: by ``tid`` ascending, then in recorded pre-order within the thread:
+    every parent before its children, start ascending whenever the thread's
+    clock readings are. Fields: ``start_ns``/``end_ns``
     (int64 Unix ns), ``self_ns`` (duration minus direct children's),
     ``parent`` (int64 span index, -1 for none), ``module`` (module slot),
     ``tid``, ``depth``, ``call`` (ordinal of this call among the module's calls

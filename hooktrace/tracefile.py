@@ -233,7 +233,7 @@ def read_trace(path: str | os.PathLike[str], *, mmap: bool = False) -> TraceFile
         head = f.read(HEADER_SIZE)
         if size == 0:
             raise TraceFileError(
-                name, 0, f"empty file (expected a {HEADER_SIZE}-byte hooktrace header)"
+                name, 0, f"empty file (expected an {HEADER_SIZE}-byte hooktrace header)"
             )
         if head[: len(MAGIC)] != MAGIC[: len(head)]:
             raise TraceFileError(
