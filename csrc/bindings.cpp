@@ -8,9 +8,11 @@
 #include <string>
 
 #include "backward.h"
+#include "chrome_writer.h"
 #include "event.h"
 #include "forward.h"
 #include "session.h"
+#include "spans.h"
 
 namespace py = pybind11;
 using hooktrace::Policy;
@@ -39,6 +41,8 @@ PYBIND11_MODULE(_C, m) {
   m.attr("EVENT_SIZE") = sizeof(hooktrace::Event);
 
   // --- reader side (spans.h, chrome_writer.h) ---
+  m.def("build_spans", &hooktrace::build_spans, "Pair ENTER/EXIT events into spans.");
+  m.def("write_chrome_events", &hooktrace::write_chrome_events, "Stream spans as Chrome X events.");
 
   // --- recorder side (session.h, forward.h) ---
   py::class_<Session, std::shared_ptr<Session>>(m, "Session")

@@ -1,0 +1,132 @@
+#include "chrome_writer.h"
+
+#include <charconv>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "spans.h"
+
+namespace py = pybind11;
+
+namespace hooktrace {
+namespace {
+
+std::vector<std::string> to_strings(const py::sequence& seq) {
+  std::vector<std::string> out;
+  out.reserve(py::len(seq));
+  for (auto item : seq) out.push_back(item.cast<std::string>());
+  return out;
+}
+
+class Buffer {
+ public:
+  explicit Buffer(size_t capacity) { data_.reserve(capacity + 4096); }
+  void add(const char* s, size_t n) { data_.append(s, n); }
+  void add(const std::string& s) { data_.append(s); }
+  template <size_t N>
+  void lit(const char (&s)[N]) {
+    data_.append(s, N - 1);
+  }
+  template <typename Int>
+  void integer(Int v) {
+    char tmp[24];
+    auto r = std::to_chars(tmp, tmp + sizeof tmp, v);
+    data_.append(tmp, r.ptr);
+  }
+  // Integer nanoseconds as microseconds with exactly three decimals.
+  void micros(int64_t ns) {
+    uint64_t mag = ns < 0 ? 0 - static_cast<uint64_t>(ns) : static_cast<uint64_t>(ns);
+    if (ns < 0) data_.push_back('-');
+    integer(mag / 1000);
+    const unsigned frac = static_cast<unsigned>(mag % 1000);
+    const char digits[4] = {'.', static_cast<char>('0' + frac / 100),
+                            static_cast<char>('0' + frac / 10 % 10),
+                            static_cast<char>('0' + frac % 10)};
+    data_.append(digits, 4);
+  }
+  size_t size() const { return data_.size(); }
+  void flush(const py::object& write) {
+    if (data_.empty()) return;
+    write(py::bytes(data_.data(), data_.size()));
+    data_.clear();
+  }
+
+ private:
+  std::string data_;
+};
+
+template <typename T>
+const T* checked(const py::array_t<T>& a, size_t n, const char* what) {
+  if (a.ndim() != 1 || static_cast<size_t>(a.shape(0)) != n ||
+      !(a.flags() & py::array::c_style)) {
+    throw std::invalid_argument(std::string("write_chrome_events: ") + what +
+                                " must be a contiguous 1-D array of length " + std::to_string(n));
+  }
+  return a.data();
+}
+
+}  // namespace
+
+uint64_t write_chrome_events(py::object write, py::array_t<int64_t> start_ns,
+                             py::array_t<int64_t> end_ns, py::array_t<uint32_t> module,
+                             py::array_t<uint32_t> tid, py::array_t<uint32_t> call,
+                             py::array_t<uint8_t> flags, py::array_t<uint8_t> cat,
+                             py::sequence names_json, py::sequence args_json,
+                             py::sequence cat_names, int64_t base_ns, uint32_t pid,
+                             size_t chunk_bytes) {
+  const size_t n = static_cast<size_t>(start_ns.shape(0));
+  const int64_t* start = checked(start_ns, n, "start_ns");
+  const int64_t* end = checked(end_ns, n, "end_ns");
+  const uint32_t* mod = checked(module, n, "module");
+  const uint32_t* th = checked(tid, n, "tid");
+  const uint32_t* cl = checked(call, n, "call");
+  const uint8_t* fl = checked(flags, n, "flags");
+  const uint8_t* ct = checked(cat, n, "cat");
+  const std::vector<std::string> names = to_strings(names_json);
+  const std::vector<std::string> args = to_strings(args_json);
+  const std::vector<std::string> cats = to_strings(cat_names);
+  if (names.size() != args.size()) {
+    throw std::invalid_argument("write_chrome_events: names_json and args_json differ in length");
+  }
+  // Checked up front so the formatting loop cannot index out of range.
+  for (size_t i = 0; i < n; ++i) {
+    if (mod[i] >= names.size()) {
+      throw std::out_of_range("write_chrome_events: span " + std::to_string(i) + " has module " +
+                              std::to_string(mod[i]) + " but the module table has " +
+                              std::to_string(names.size()) + " entries");
+    }
+    if (ct[i] >= cats.size()) {
+      throw std::out_of_range("write_chrome_events: span " + std::to_string(i) + " has cat " +
+                              std::to_string(ct[i]) + " but only " +
+                              std::to_string(cats.size()) + " categories are named");
+    }
+  }
+  std::string pid_part = ",\"pid\":" + std::to_string(pid) + ",\"tid\":";
+
+  Buffer buf(chunk_bytes);
+  for (size_t i = 0; i < n; ++i) {
+    buf.lit(",\n{\"ph\":\"X\",\"cat\":\"");
+    buf.add(cats[ct[i]]);
+    buf.lit("\",\"name\":");
+    buf.add(names[mod[i]]);
+    buf.add(pid_part);
+    buf.integer(th[i]);
+    buf.lit(",\"ts\":");
+    buf.micros(start[i] - base_ns);
+    buf.lit(",\"dur\":");
+    buf.micros(end[i] - start[i]);
+    buf.lit(",\"args\":");
+    buf.add(args[mod[i]]);
+    buf.lit(",\"call\":");
+    buf.integer(cl[i]);
+    if (fl[i] & kSpanError) buf.lit(",\"error\":true");
+    if (fl[i] & kSpanUnfinished) buf.lit(",\"unfinished\":true");
+    buf.lit("}}");
+    if (buf.size() >= chunk_bytes) buf.flush(write);
+  }
+  buf.flush(write);
+  return n;
+}
+
+}  // namespace hooktrace

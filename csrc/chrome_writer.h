@@ -1,0 +1,34 @@
+// Chrome trace writer: formats spans as Chrome "X" (complete) events and hands
+// them to a Python file object's write() in ~chunk_bytes pieces, so the output
+// can be streamed through gzip and is never held as one giant string.
+//
+// Times are printed exactly from integer nanoseconds as "<us>.<3 digits>",
+// relative to base_ns (the trace's "baseTimeNanoseconds"): a double cannot
+// hold absolute Unix microseconds to the nanosecond, and exact decimal output
+// keeps every child inside its parent.
+//
+// hooktrace/chrome.py writes the surrounding JSON object and metadata events;
+// every event written here is preceded by ",\n".
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace hooktrace {
+
+// names_json[m]: the JSON string literal (quotes included) used as "name" for
+// module slot m; args_json[m]: the args object's opening, e.g.
+// `{"module":"encoder","type":"Linear"`; cat_names[c]: category text for cat c
+// (plain, JSON-safe). Returns the number of events written.
+uint64_t write_chrome_events(pybind11::object write, pybind11::array_t<int64_t> start_ns,
+                             pybind11::array_t<int64_t> end_ns,
+                             pybind11::array_t<uint32_t> module, pybind11::array_t<uint32_t> tid,
+                             pybind11::array_t<uint32_t> call, pybind11::array_t<uint8_t> flags,
+                             pybind11::array_t<uint8_t> cat, pybind11::sequence names_json,
+                             pybind11::sequence args_json, pybind11::sequence cat_names,
+                             int64_t base_ns, uint32_t pid, size_t chunk_bytes);
+
+}  // namespace hooktrace

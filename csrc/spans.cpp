@@ -1,0 +1,224 @@
+#include "spans.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+namespace py = pybind11;
+
+namespace hooktrace {
+namespace {
+
+struct Frame {
+  size_t span;        // index into the SpanTable
+  int64_t child_sum;  // total duration of the direct children closed so far
+};
+
+// Stable grouping by tid in O(n): distinct tids are few, and consecutive events
+// usually share a tid, so a one-entry cache in front of the hash map makes the
+// lookup nearly free. Returns event indices ordered by (tid, recorded order) and
+// fills `threads` (ascending) and `bounds` (group g = order[bounds[g]..bounds[g+1])).
+std::vector<size_t> group_by_tid(const Event* events, size_t n, std::vector<uint32_t>& threads,
+                                 std::vector<size_t>& bounds) {
+  std::unordered_map<uint32_t, uint32_t> group_of;
+  std::vector<uint32_t> group(n);
+  std::vector<uint32_t> first_seen;  // tid per provisional group
+  uint32_t last_tid = 0, last_group = UINT32_MAX;
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t tid = events[i].tid;
+    if (tid != last_tid || last_group == UINT32_MAX) {
+      auto it = group_of.find(tid);
+      if (it == group_of.end()) {
+        it = group_of.emplace(tid, static_cast<uint32_t>(first_seen.size())).first;
+        first_seen.push_back(tid);
+      }
+      last_tid = tid;
+      last_group = it->second;
+    }
+    group[i] = last_group;
+  }
+  // Renumber groups so that they follow ascending tid.
+  const size_t n_groups = first_seen.size();
+  std::vector<uint32_t> by_tid(n_groups);
+  for (uint32_t g = 0; g < n_groups; ++g) by_tid[g] = g;
+  std::sort(by_tid.begin(), by_tid.end(),
+            [&](uint32_t a, uint32_t b) { return first_seen[a] < first_seen[b]; });
+  std::vector<uint32_t> rank(n_groups);
+  threads.resize(n_groups);
+  for (uint32_t r = 0; r < n_groups; ++r) {
+    rank[by_tid[r]] = r;
+    threads[r] = first_seen[by_tid[r]];
+  }
+  bounds.assign(n_groups + 1, 0);
+  for (size_t i = 0; i < n; ++i) ++bounds[rank[group[i]] + 1];
+  for (size_t g = 0; g < n_groups; ++g) bounds[g + 1] += bounds[g];
+  std::vector<size_t> next(bounds.begin(), bounds.end() - 1);
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[next[rank[group[i]]]++] = i;
+  return order;
+}
+
+// call = ordinal of the span among its module's spans, by (start, output index);
+// output index is (tid, pre-order), so ties across threads break by tid.
+void assign_call_index(SpanTable& s) {
+  const size_t n = s.module.size();
+  s.call.assign(n, 0);
+  if (n == 0) return;
+  const int64_t* start = s.start_ns.data();
+  auto earlier = [start](size_t a, size_t b) {
+    return start[a] < start[b] || (start[a] == start[b] && a < b);
+  };
+  const size_t n_modules = static_cast<size_t>(*std::max_element(s.module.begin(),
+                                                                 s.module.end())) + 1;
+  std::vector<size_t> order(n);
+  if (n_modules > 2 * n + 4096) {
+    // Sparse ids (not from a validated file): a comparison sort, not buckets.
+    for (size_t i = 0; i < n; ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return s.module[a] < s.module[b] || (s.module[a] == s.module[b] && earlier(a, b));
+    });
+    uint32_t k = 0;
+    for (size_t j = 0; j < n; ++j) {
+      if (j > 0 && s.module[order[j]] != s.module[order[j - 1]]) k = 0;
+      s.call[order[j]] = k++;
+    }
+    return;
+  }
+  std::vector<size_t> bounds(n_modules + 1, 0);
+  for (size_t i = 0; i < n; ++i) ++bounds[s.module[i] + 1];
+  for (size_t m = 0; m < n_modules; ++m) bounds[m + 1] += bounds[m];
+  std::vector<size_t> next(bounds.begin(), bounds.end() - 1);
+  for (size_t i = 0; i < n; ++i) order[next[s.module[i]]++] = i;
+  for (size_t m = 0; m < n_modules; ++m) {
+    auto first = order.begin() + bounds[m], last = order.begin() + bounds[m + 1];
+    // Already sorted in the common single-thread, monotonic-clock case.
+    if (!std::is_sorted(first, last, earlier)) std::sort(first, last, earlier);
+    uint32_t k = 0;
+    for (auto it = first; it != last; ++it) s.call[*it] = k++;
+  }
+}
+
+template <typename T>
+py::array_t<T> to_numpy(std::vector<T>&& v) {
+  auto* owned = new std::vector<T>(std::move(v));
+  py::capsule free_when_done(owned, [](void* p) { delete static_cast<std::vector<T>*>(p); });
+  return py::array_t<T>(static_cast<py::ssize_t>(owned->size()), owned->data(), free_when_done);
+}
+
+}  // namespace
+
+SpanTable build_span_table(const Event* events, const int64_t* t_ns, size_t n) {
+  SpanTable s;
+  std::vector<size_t> bounds;
+  const std::vector<size_t> order = group_by_tid(events, n, s.threads, bounds);
+
+  size_t n_enter = 0;
+  for (size_t i = 0; i < n; ++i) n_enter += events[i].kind == kEnter;
+  for (auto* v : {&s.start_ns, &s.end_ns, &s.self_ns, &s.parent}) v->reserve(n_enter);
+  for (auto* v : {&s.module, &s.tid, &s.depth}) v->reserve(n_enter);
+  s.flags.reserve(n_enter);
+  s.cat.reserve(n_enter);
+
+  std::vector<Frame> stack;
+  auto close_top = [&](int64_t end, uint8_t flags) {
+    const Frame f = stack.back();
+    stack.pop_back();
+    const int64_t dur = end - s.start_ns[f.span];
+    s.end_ns[f.span] = end;
+    s.self_ns[f.span] = dur - f.child_sum;
+    s.flags[f.span] |= flags;
+    if (flags & kSpanUnfinished) ++s.unfinished;
+    if (!stack.empty()) stack.back().child_sum += dur;
+  };
+
+  for (size_t g = 0; g + 1 < bounds.size(); ++g) {
+    const uint32_t tid = s.threads[g];
+    stack.clear();
+    int64_t last_t = 0;
+    for (size_t k = bounds[g]; k < bounds[g + 1]; ++k) {
+      const size_t i = order[k];
+      const Event& e = events[i];
+      const int64_t t = t_ns[i];
+      last_t = t;
+      switch (e.kind) {
+        case kEnter: {
+          const size_t span = s.start_ns.size();
+          s.start_ns.push_back(t);
+          s.end_ns.push_back(t);
+          s.self_ns.push_back(0);
+          s.parent.push_back(stack.empty() ? -1 : static_cast<int64_t>(stack.back().span));
+          s.module.push_back(e.id);
+          s.tid.push_back(tid);
+          s.depth.push_back(static_cast<uint32_t>(stack.size()));
+          s.flags.push_back(0);
+          s.cat.push_back(kCatForward);
+          stack.push_back(Frame{span, 0});
+          break;
+        }
+        case kExit: {
+          size_t match = stack.size();
+          while (match > 0 && s.module[stack[match - 1].span] != e.id) --match;
+          if (match == 0) {
+            ++s.orphan_exits;
+            break;
+          }
+          // Frames above the matching one lost their EXIT (e.g. the buffer
+          // dropped it): close them here rather than mis-pair this EXIT.
+          while (stack.size() > match) close_top(t, kSpanUnfinished);
+          close_top(t, (e.flags & kFlagError) ? kSpanError : 0);
+          break;
+        }
+        case kNodeBegin:
+        case kNodeEnd:
+          ++s.node_events;
+          break;
+        default:
+          break;  // unknown kinds are rejected by the trace file reader
+      }
+    }
+    while (!stack.empty()) close_top(last_t, kSpanUnfinished);
+  }
+  assign_call_index(s);
+  return s;
+}
+
+py::dict build_spans(py::array events, py::array_t<int64_t> t_ns) {
+  if (events.ndim() != 1 || events.itemsize() != sizeof(Event) ||
+      !(events.flags() & py::array::c_style)) {
+    throw std::invalid_argument("build_spans: events must be a contiguous 1-D array of " +
+                                std::to_string(sizeof(Event)) + "-byte records");
+  }
+  if (t_ns.ndim() != 1 || t_ns.shape(0) != events.shape(0) ||
+      !(t_ns.flags() & py::array::c_style)) {
+    throw std::invalid_argument("build_spans: t_ns must be a contiguous int64 array of length " +
+                                std::to_string(events.shape(0)));
+  }
+  const auto* ev = static_cast<const Event*>(events.data());
+  const int64_t* t = t_ns.data();
+  const size_t n = static_cast<size_t>(events.shape(0));
+  SpanTable s;
+  {
+    py::gil_scoped_release nogil;
+    s = build_span_table(ev, t, n);
+  }
+  py::dict out;
+  out["start_ns"] = to_numpy(std::move(s.start_ns));
+  out["end_ns"] = to_numpy(std::move(s.end_ns));
+  out["self_ns"] = to_numpy(std::move(s.self_ns));
+  out["parent"] = to_numpy(std::move(s.parent));
+  out["module"] = to_numpy(std::move(s.module));
+  out["tid"] = to_numpy(std::move(s.tid));
+  out["depth"] = to_numpy(std::move(s.depth));
+  out["call"] = to_numpy(std::move(s.call));
+  out["flags"] = to_numpy(std::move(s.flags));
+  out["cat"] = to_numpy(std::move(s.cat));
+  out["threads"] = to_numpy(std::move(s.threads));
+  out["orphan_exits"] = s.orphan_exits;
+  out["unfinished"] = s.unfinished;
+  out["node_events"] = s.node_events;
+  return out;
+}
+
+}  // namespace hooktrace

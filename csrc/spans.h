@@ -1,0 +1,58 @@
+// Spans: pairs the recorded ENTER/EXIT events of each thread into nested call
+// intervals (the reader side's core; see hooktrace/reading.py `Spans`).
+//
+// Rules (the pure-Python reference in tests/unit/test_spans.py states the same):
+//  * events are grouped by tid, keeping recorded order within a thread;
+//  * ENTER pushes a frame; EXIT pops the nearest frame with the same module id,
+//    first closing the frames above it as unfinished (their EXIT was lost);
+//  * an EXIT with no matching frame is an orphan (counted; no span) - normal at
+//    the start of a flight-recorder ring buffer;
+//  * frames still open at the end of a thread's stream become unfinished spans
+//    ending at the last timestamp recorded on that thread;
+//  * NODE_BEGIN/NODE_END are counted and otherwise skipped for now.
+//
+// Output order: by tid ascending, then pre-order within the thread (start
+// ascending, parent before child), which is the order Chrome nesting wants.
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "event.h"
+
+namespace hooktrace {
+
+enum SpanFlags : uint8_t {
+  kSpanError = 1,       // the EXIT carried kFlagError: forward raised
+  kSpanUnfinished = 2,  // no matching EXIT was recorded; end is a lower bound
+};
+
+enum SpanCat : uint8_t {
+  kCatForward = 0,
+  kCatBackward = 1,   // reserved: backward node spans
+  kCatRecompute = 2,  // reserved: activation-checkpoint recompute
+};
+
+// Structure of arrays, one entry per span, plus the run's anomaly counts.
+struct SpanTable {
+  std::vector<int64_t> start_ns, end_ns, self_ns, parent;
+  std::vector<uint32_t> module, tid, depth, call;
+  std::vector<uint8_t> flags, cat;
+  std::vector<uint32_t> threads;  // every tid that recorded an event, ascending
+  uint64_t orphan_exits = 0;
+  uint64_t unfinished = 0;
+  uint64_t node_events = 0;
+};
+
+// `t_ns[i]` is events[i].t already converted to Unix ns (hooktrace.Clock).
+SpanTable build_span_table(const Event* events, const int64_t* t_ns, size_t n);
+
+// Python entry: events is a contiguous EVENT_DTYPE array (any 32-byte records),
+// t_ns a matching int64 array. Returns a dict of numpy arrays and counts.
+pybind11::dict build_spans(pybind11::array events, pybind11::array_t<int64_t> t_ns);
+
+}  // namespace hooktrace

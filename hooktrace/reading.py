@@ -1,0 +1,267 @@
+"""One recorded run, in memory: events, module table, clock, and what derives from them.
+
+``TraceData`` is what ``load`` returns and what the recorder's ``Trace`` extends;
+``Spans`` is the paired-up view of its forward calls.
+
+Example:
+    >>> import numpy as np
+    >>> from hooktrace._events import EVENT_DTYPE, Clock
+    >>> ev = np.zeros(4, EVENT_DTYPE)
+    >>> ev["kind"] = [1, 1, 2, 2]; ev["id"] = [0, 1, 1, 0]; ev["t"] = [0, 1000, 3000, 5000]
+    >>> trace = TraceData(ev, [("", "Net"), ("fc", "Linear")], [], Clock(0, 0, 1.0),
+    ...                   {"pid": 1, "hostname": "h", "dropped_events": 0, "overwritten_events": 0})
+    >>> s = trace.spans()
+    >>> s.duration_ns.tolist(), s.self_ns.tolist(), s.depth.tolist()
+    ([5000, 2000], [3000, 2000], [0, 1])
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+import torch  # noqa: F401  (loads libc10 for _C)
+from hooktrace import _C
+from hooktrace._events import EVENT_DTYPE, Clock
+from hooktrace.tracefile import read_trace, write_trace
+
+if TYPE_CHECKING:
+    from hooktrace.summary import Summary
+
+__all__ = [
+    "SPAN_ERROR",
+    "SPAN_UNFINISHED",
+    "CAT_FORWARD",
+    "CAT_BACKWARD",
+    "CAT_RECOMPUTE",
+    "CAT_NAMES",
+    "Spans",
+    "TraceData",
+    "load",
+]
+
+SPAN_ERROR = 1  # the forward call raised (its EXIT carried FLAG_ERROR)
+SPAN_UNFINISHED = 2  # no EXIT was recorded; end_ns is a lower bound
+CAT_FORWARD = 0
+CAT_BACKWARD = 1  # reserved for backward node spans
+CAT_RECOMPUTE = 2  # reserved for activation-checkpoint recompute
+CAT_NAMES = ("forward", "backward", "recompute")
+
+_REQUIRED_INFO = ("pid", "hostname", "dropped_events", "overwritten_events")
+
+_SPAN_FIELDS: dict[str, np.dtype[Any]] = {
+    "start_ns": np.dtype(np.int64),
+    "end_ns": np.dtype(np.int64),
+    "self_ns": np.dtype(np.int64),
+    "parent": np.dtype(np.int64),
+    "module": np.dtype(np.uint32),
+    "tid": np.dtype(np.uint32),
+    "depth": np.dtype(np.uint32),
+    "call": np.dtype(np.uint32),
+    "flags": np.dtype(np.uint8),
+    "cat": np.dtype(np.uint8),
+}
+
+
+class Spans:
+    """Calls of one run as parallel numpy arrays, one entry per span.
+
+    Order: by ``tid`` ascending, then in recorded pre-order within the thread:
+    every parent before its children, start ascending whenever the thread's
+    clock readings are. Fields: ``start_ns``/``end_ns``
+    (int64 Unix ns), ``self_ns`` (duration minus direct children's),
+    ``parent`` (int64 span index, -1 for none), ``module`` (module slot),
+    ``tid``, ``depth``, ``call`` (ordinal of this call among the module's calls
+    by start time, across threads), ``flags`` (SPAN_ERROR | SPAN_UNFINISHED),
+    ``cat`` (CAT_FORWARD, ...). Counts: ``orphan_exits`` (EXITs without a
+    matching ENTER, normal at the start of a ring buffer), ``unfinished``
+    (spans without an EXIT), ``node_events`` (backward events, not paired yet).
+    ``threads`` lists every tid that recorded an event.
+
+    Example:
+        >>> import numpy as np
+        >>> from hooktrace._events import EVENT_DTYPE, Clock
+        >>> ev = np.zeros(3, EVENT_DTYPE); ev["kind"] = [2, 1, 2]; ev["t"] = [1, 2, 5]
+        >>> s = Spans.from_events(ev, Clock(0, 0, 1.0))
+        >>> len(s), s.orphan_exits, s.unfinished
+        (1, 1, 0)
+    """
+
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    self_ns: np.ndarray
+    parent: np.ndarray
+    module: np.ndarray
+    tid: np.ndarray
+    depth: np.ndarray
+    call: np.ndarray
+    flags: np.ndarray
+    cat: np.ndarray
+
+    def __init__(
+        self,
+        arrays: Mapping[str, np.ndarray],
+        *,
+        threads: np.ndarray,
+        orphan_exits: int,
+        unfinished: int,
+        node_events: int = 0,
+    ) -> None:
+        n = len(arrays["start_ns"])
+        for name, dtype in _SPAN_FIELDS.items():
+            a = np.asarray(arrays[name])
+            if a.dtype != dtype or a.shape != (n,):
+                raise ValueError(f"Spans.{name}: expected {dtype} array of shape ({n},), "
+                                 f"got {a.dtype} {a.shape}")
+            setattr(self, name, a)
+        self.threads = np.asarray(threads, dtype=np.uint32)
+        self.orphan_exits = int(orphan_exits)
+        self.unfinished = int(unfinished)
+        self.node_events = int(node_events)
+
+    @classmethod
+    def from_events(cls, events: np.ndarray, clock: Clock) -> Spans:
+        """Pair ENTER/EXIT events into spans (C++; rules in ``csrc/spans.h``)."""
+        events = np.ascontiguousarray(events)
+        if events.dtype != EVENT_DTYPE or events.ndim != 1:
+            raise TypeError(f"events must be a 1-D array of EVENT_DTYPE, got {events.dtype}")
+        t_ns = np.ascontiguousarray(clock.to_unix_ns(events["t"]), dtype=np.int64)
+        out = _C.build_spans(events, t_ns)
+        return cls(
+            {name: out[name] for name in _SPAN_FIELDS},
+            threads=out["threads"],
+            orphan_exits=out["orphan_exits"],
+            unfinished=out["unfinished"],
+            node_events=out["node_events"],
+        )
+
+    def __len__(self) -> int:
+        return len(self.start_ns)
+
+    def __repr__(self) -> str:
+        return (f"Spans({len(self)} spans, {len(self.threads)} threads, "
+                f"orphan_exits={self.orphan_exits}, unfinished={self.unfinished})")
+
+    @property
+    def duration_ns(self) -> np.ndarray:
+        """``end_ns - start_ns`` (int64)."""
+        return self.end_ns - self.start_ns
+
+    def to_records(self) -> np.ndarray:
+        """The spans as one structured array with the field names above."""
+        out = np.empty(len(self), dtype=list(_SPAN_FIELDS.items()))
+        for name in _SPAN_FIELDS:
+            out[name] = getattr(self, name)
+        return out
+
+
+class TraceData:
+    """One recorded run: raw events plus everything needed to interpret them.
+
+    ``events``: EVENT_DTYPE array; ``modules``: ``(qualified name, class name)``
+    per module slot (``""`` names the root module); ``node_names``: backward
+    node names indexed by NODE_* event ids; ``clock``: ticks to Unix ns;
+    ``info``: free-form metadata, with at least ``pid``, ``hostname``,
+    ``dropped_events`` and ``overwritten_events``.
+
+    Example:
+        >>> import numpy as np
+        >>> from hooktrace._events import EVENT_DTYPE, Clock
+        >>> t = TraceData(np.zeros(0, EVENT_DTYPE), [], [], Clock(0, 0, 1.0),
+        ...               {"pid": 7, "hostname": "h", "dropped_events": 2,
+        ...                "overwritten_events": 0})
+        >>> t.pid, t.dropped_events
+        (7, 2)
+    """
+
+    def __init__(
+        self,
+        events: np.ndarray,
+        modules: Sequence[tuple[str, str]],
+        node_names: Sequence[str],
+        clock: Clock,
+        info: Mapping[str, Any],
+    ) -> None:
+        if not isinstance(events, np.ndarray) or events.dtype != EVENT_DTYPE or events.ndim != 1:
+            raise TypeError("events must be a 1-D numpy array of hooktrace EVENT_DTYPE")
+        missing = [k for k in _REQUIRED_INFO if k not in info]
+        if missing:
+            raise ValueError(f"TraceData info is missing the required keys {missing}")
+        self.events = events
+        self.modules: list[tuple[str, str]] = [(str(n), str(t)) for n, t in modules]
+        self.node_names: list[str] = list(node_names)
+        self.clock = clock
+        self.info: dict[str, Any] = dict(info)
+        self._spans: Spans | None = None
+
+    def __repr__(self) -> str:
+        return (f"<{type(self).__name__} {len(self.events)} events, {len(self.modules)} modules, "
+                f"pid {self.pid} on {self.hostname!r}>")
+
+    @property
+    def pid(self) -> int:
+        return int(self.info["pid"])
+
+    @property
+    def hostname(self) -> str:
+        return str(self.info["hostname"])
+
+    @property
+    def dropped_events(self) -> int:
+        """Events the recorder could not store (buffer full, ``policy="drop"``)."""
+        return int(self.info["dropped_events"])
+
+    @property
+    def overwritten_events(self) -> int:
+        """Events the flight-recorder ring buffer overwrote with newer ones."""
+        return int(self.info["overwritten_events"])
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the run to a ``.htrace`` file; ``hooktrace.load`` reads it back."""
+        write_trace(path, self.events, self.modules, self.node_names, self.clock, self.info)
+
+    def spans(self) -> Spans:
+        """The run's spans (computed once, then cached)."""
+        spans = getattr(self, "_spans", None)
+        if spans is None:
+            spans = self._spans = Spans.from_events(self.events, self.clock)
+        return spans
+
+    def export_chrome(self, path: str | os.PathLike[str]) -> None:
+        """Write a Chrome/Perfetto trace JSON; gzip-compressed when ``path`` ends in ``.gz``."""
+        from hooktrace.chrome import export_chrome
+
+        export_chrome(self, path)
+
+    def summary(self) -> Summary:
+        """Per-module call statistics (see ``hooktrace.summary.Summary``)."""
+        from hooktrace.summary import Summary
+
+        return Summary.from_trace(self)
+
+
+def load(path: str | os.PathLike[str], *, mmap: bool = False) -> TraceData:
+    """Load a ``.htrace`` file written by ``TraceData.save``.
+
+    Raises ``hooktrace.tracefile.TraceFileError`` (a ValueError) naming the file
+    and byte offset when the file is truncated, corrupt or of another version.
+
+    Example:
+        >>> import numpy as np, tempfile, os
+        >>> from hooktrace._events import EVENT_DTYPE, Clock
+        >>> p = os.path.join(tempfile.mkdtemp(), "run.htrace")
+        >>> TraceData(np.zeros(0, EVENT_DTYPE), [("", "Net")], [], Clock(0, 0, 1.0),
+        ...           {"pid": 7, "hostname": "h", "dropped_events": 0,
+        ...            "overwritten_events": 0}).save(p)
+        >>> load(p).modules
+        [('', 'Net')]
+    """
+    contents = read_trace(path, mmap=mmap)
+    info = dict(contents.info)
+    info.setdefault("hostname", "")
+    info.setdefault("dropped_events", 0)
+    info.setdefault("overwritten_events", 0)
+    return TraceData(contents.events, contents.modules, contents.node_names, contents.clock, info)

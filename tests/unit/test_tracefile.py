@@ -1,0 +1,291 @@
+"""The .htrace format: round trip, exact layout, and refusal of damaged files."""
+
+from __future__ import annotations
+
+import json
+import re
+import os
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import build_events, build_trace, random_stream
+
+import hooktrace.reading as reading
+from hooktrace._events import ENTER, EVENT_DTYPE, EXIT, NODE_BEGIN, NODE_END, Clock
+from hooktrace.tracefile import (
+    FORMAT_VERSION,
+    HEADER_SIZE,
+    MAGIC,
+    TraceFileError,
+    read_trace,
+    write_trace,
+)
+
+CLOCK = Clock(ticks0=123_456, unix_ns0=1_700_000_000_987_654_321, ns_per_tick=0.37)
+
+
+def sample_trace() -> reading.TraceData:
+    ev = random_stream(11)
+    n = int(ev["id"].max()) + 1
+    modules = [("", "Net")] + [(f"enc.layer.{i}", "Linear") for i in range(1, n)]
+    return build_trace(  # random_stream's node ids are < 3
+        ev, modules, node_names=["AddmmBackward0", "ReluBackward0", 'we"ird\\näme'],
+        clock=CLOCK, dropped_events=3, overwritten_events=5, mode="flight",
+        thread_names={"1000": "MainThread"},
+    )
+
+
+def save(tmp_path: Path, trace: reading.TraceData, name: str = "run.htrace") -> Path:
+    path = tmp_path / name
+    trace.save(path)
+    return path
+
+
+def header_fields(data: bytes) -> tuple:
+    return struct.unpack_from("<8sIIQQQQqdIIII", data, 0)
+
+
+def test_round_trip_preserves_everything(tmp_path):
+    # GIVEN a trace with modules, node names, clock and free-form info
+    trace = sample_trace()
+    # WHEN it is saved and loaded
+    loaded = reading.load(save(tmp_path, trace))
+    # THEN every part comes back unchanged
+    assert np.array_equal(loaded.events, trace.events)
+    assert loaded.events.dtype == EVENT_DTYPE
+    assert loaded.modules == trace.modules
+    assert loaded.node_names == trace.node_names
+    assert loaded.clock == trace.clock
+    assert loaded.info == trace.info
+    assert (loaded.pid, loaded.hostname) == (4242, "testhost")
+    assert (loaded.dropped_events, loaded.overwritten_events) == (3, 5)
+
+
+def test_round_trip_with_mmap(tmp_path):
+    trace = sample_trace()
+    loaded = reading.load(save(tmp_path, trace), mmap=True)
+    assert np.array_equal(loaded.events, trace.events)
+    assert np.array_equal(loaded.spans().start_ns, trace.spans().start_ns)
+
+
+def test_layout_matches_the_documented_format(tmp_path):
+    trace = sample_trace()
+    data = save(tmp_path, trace).read_bytes()
+    (magic, version, header_size, meta_len, strings_len, n_events, ticks0, unix_ns0,
+     ns_per_tick, crc_meta, crc_events, pid, reserved) = header_fields(data)
+    assert (magic, version, header_size, reserved) == (MAGIC, FORMAT_VERSION, 80, 0)
+    assert (ticks0, unix_ns0, ns_per_tick, pid) == (123_456, 1_700_000_000_987_654_321, 0.37, 4242)
+    meta = json.loads(data[80 : 80 + meta_len])
+    strings_off = 80 + meta_len
+    (count,) = struct.unpack_from("<I", data, strings_off)
+    pos, strings = strings_off + 4, []
+    for _ in range(count):
+        (length,) = struct.unpack_from("<I", data, pos)
+        strings.append(data[pos + 4 : pos + 4 + length].decode())
+        pos += 4 + length
+    assert pos == strings_off + strings_len
+    assert [(strings[a], strings[b]) for a, b in meta["modules"]] == trace.modules
+    assert [strings[i] for i in meta["node_names"]] == trace.node_names
+    events_off = -(-pos // 32) * 32
+    assert set(data[pos:events_off]) <= {0}
+    assert len(data) == events_off + 32 * n_events == events_off + trace.events.nbytes
+    assert data[events_off:] == trace.events.tobytes()
+    assert crc_meta == zlib.crc32(data[80:pos])
+    assert crc_events == zlib.crc32(data[events_off:])
+
+
+def test_numpy_values_in_info_are_stored_as_json(tmp_path):
+    trace = build_trace(build_events([]), [], dropped_events=np.uint64(3),
+                        thread_tids=np.array([1, 2]))
+    loaded = reading.load(save(tmp_path, trace))
+    assert loaded.dropped_events == 3 and loaded.info["thread_tids"] == [1, 2]
+
+
+def test_empty_run_round_trips(tmp_path):
+    trace = build_trace(build_events([]), [])
+    loaded = reading.load(save(tmp_path, trace))
+    assert len(loaded.events) == 0 and loaded.modules == [] and len(loaded.spans()) == 0
+
+
+def test_reserved_info_keys_are_refused(tmp_path):
+    trace = build_trace(build_events([]), [])
+    trace.info["modules"] = []
+    with pytest.raises(ValueError, match="reserved"):
+        trace.save(tmp_path / "x.htrace")
+
+
+# --- damaged files ---------------------------------------------------------------------------
+
+
+def expect_error(path: Path, offset: int, *fragments: str) -> TraceFileError:
+    with pytest.raises(TraceFileError) as info:
+        read_trace(path)
+    err = info.value
+    msg = str(err)
+    assert "\n" not in msg
+    assert msg.startswith(f"{path}: offset {offset}: "), msg
+    assert err.offset == offset
+    for fragment in fragments:
+        assert fragment in msg, msg
+    assert isinstance(err, ValueError)
+    return err
+
+
+def rewrite(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def test_empty_file(tmp_path):
+    expect_error(rewrite(tmp_path / "e.htrace", b""), 0, "empty file")
+
+
+def test_wrong_magic(tmp_path):
+    data = save(tmp_path, sample_trace()).read_bytes()
+    expect_error(rewrite(tmp_path / "m.htrace", b"PK\x03\x04" + data[4:]), 0, "magic")
+    expect_error(rewrite(tmp_path / "s.htrace", b"{}"), 0, "magic")
+
+
+def test_wrong_version(tmp_path):
+    path = save(tmp_path, sample_trace())
+    data = bytearray(path.read_bytes())
+    struct.pack_into("<I", data, 8, 7)
+    err = expect_error(rewrite(path, bytes(data)), 8, "unsupported format version 7",
+                       "reads version 1")
+    assert str(err) == (f"{path}: offset 8: unsupported format version 7 "
+                        "(this hooktrace reads version 1)")
+
+
+def test_wrong_header_size(tmp_path):
+    path = save(tmp_path, sample_trace())
+    data = bytearray(path.read_bytes())
+    struct.pack_into("<I", data, 12, 96)
+    expect_error(rewrite(path, bytes(data)), 12, "header size 80", "96")
+
+
+@pytest.mark.parametrize("where", ["in_magic", "in_header", "in_meta", "in_strings", "in_events",
+                                   "last_byte"])
+def test_truncated_files(tmp_path, where):
+    # GIVEN a valid file and where each block starts
+    path = save(tmp_path, sample_trace())
+    data = path.read_bytes()
+    _, _, _, meta_len, strings_len, n_events, *_ = header_fields(data)
+    strings_off = HEADER_SIZE + meta_len
+    events_off = -(-(strings_off + strings_len) // 32) * 32
+    cut, offset = {
+        "in_magic": (5, 5),
+        "in_header": (40, 40),
+        "in_meta": (HEADER_SIZE + 3, HEADER_SIZE),
+        "in_strings": (strings_off + 2, strings_off),
+        "in_events": (events_off + 32 * 3 + 7, events_off),
+        "last_byte": (len(data) - 1, events_off),
+    }[where]
+    # WHEN the file is cut there THEN reading names the block that was cut
+    expect_error(rewrite(path, data[:cut]), offset, "truncated")
+
+
+def test_trailing_bytes(tmp_path):
+    path = save(tmp_path, sample_trace())
+    data = path.read_bytes()
+    expect_error(rewrite(path, data + b"\0" * 32), len(data), "trailing")
+
+
+def test_flipped_bit_in_events_fails_crc(tmp_path):
+    path = save(tmp_path, sample_trace())
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x10
+    _, _, _, meta_len, strings_len, *_ = header_fields(data)
+    events_off = -(-(HEADER_SIZE + meta_len + strings_len) // 32) * 32
+    expect_error(rewrite(path, bytes(data)), events_off, "checksum mismatch")
+
+
+def test_flipped_bit_in_meta_fails_crc(tmp_path):
+    path = save(tmp_path, sample_trace())
+    data = bytearray(path.read_bytes())
+    data[HEADER_SIZE + 5] ^= 0x01
+    expect_error(rewrite(path, bytes(data)), HEADER_SIZE, "checksum mismatch")
+
+
+def forge(tmp_path: Path, *, meta: bytes | None = None, strings: bytes | None = None,
+          events: np.ndarray | None = None, name: str = "forged.htrace") -> Path:
+    """A file with correct checksums around deliberately bad content."""
+    if meta is None:
+        meta = json.dumps({"modules": [[0, 1]], "node_names": [2]}).encode()
+    if strings is None:
+        parts = [struct.pack("<I", 3)]
+        for s in ("", "Net", "AddBackward0"):
+            parts += [struct.pack("<I", len(s.encode())), s.encode()]
+        strings = b"".join(parts)
+    if events is None:
+        events = build_events([(1, ENTER, 0, 1), (1, EXIT, 0, 2)])
+    events_off = -(-(HEADER_SIZE + len(meta) + len(strings)) // 32) * 32
+    header = struct.pack("<8sIIQQQQqdIIII", MAGIC, 1, 80, len(meta), len(strings), len(events),
+                         0, 0, 1.0, zlib.crc32(meta + strings), zlib.crc32(events.tobytes()),
+                         1, 0)
+    pad = b"\0" * (events_off - HEADER_SIZE - len(meta) - len(strings))
+    path = tmp_path / name
+    path.write_bytes(header + meta + strings + pad + events.tobytes())
+    return path
+
+
+def test_forged_valid_file_reads(tmp_path):
+    contents = read_trace(forge(tmp_path))
+    assert contents.modules == [("", "Net")] and contents.node_names == ["AddBackward0"]
+
+
+def test_bad_json(tmp_path):
+    expect_error(forge(tmp_path, meta=b'{"modules": [[0, 1]],'), HEADER_SIZE + 21, "not valid JSON")
+
+
+def test_meta_not_an_object(tmp_path):
+    expect_error(forge(tmp_path, meta=b"[1, 2]"), HEADER_SIZE, "JSON object")
+
+
+def test_string_index_out_of_range(tmp_path):
+    meta = json.dumps({"modules": [[0, 9]], "node_names": []}).encode()
+    expect_error(forge(tmp_path, meta=meta), HEADER_SIZE, "string index 9 out of range",
+                 "3 strings")
+
+
+def test_string_table_overrun(tmp_path):
+    strings = struct.pack("<I", 2) + struct.pack("<I", 0) + struct.pack("<I", 50) + b"abc"
+    meta = b"{}"
+    strings_off = HEADER_SIZE + len(meta)
+    expect_error(forge(tmp_path, meta=meta, strings=strings), strings_off + 12, "string 1",
+                 "runs past")
+
+
+def test_bad_event_kind(tmp_path):
+    ev = build_events([(1, ENTER, 0, 1), (1, EXIT, 0, 2), (1, 9, 0, 3)])
+    path = forge(tmp_path, events=ev)
+    data = path.read_bytes()
+    events_off = len(data) - ev.nbytes
+    expect_error(path, events_off + 2 * 32 + 28, "event 2", "kind", "found 9")
+
+
+def test_module_id_out_of_range(tmp_path):
+    ev = build_events([(1, ENTER, 0, 1), (1, EXIT, 5, 2)])
+    path = forge(tmp_path, events=ev)
+    events_off = len(path.read_bytes()) - ev.nbytes
+    expect_error(path, events_off + 32 + 16, "event 1", "module id 5 out of range", "1 modules")
+
+
+def test_node_id_out_of_range(tmp_path):
+    ev = build_events([(1, NODE_BEGIN, 0, 1), (1, NODE_END, 4, 2)])
+    path = forge(tmp_path, events=ev)
+    events_off = len(path.read_bytes()) - ev.nbytes
+    expect_error(path, events_off + 32 + 16, "node name id 4")
+
+
+def test_write_refuses_wrong_dtype(tmp_path):
+    with pytest.raises(TypeError, match="EVENT_DTYPE"):
+        write_trace(tmp_path / "x.htrace", np.zeros(3, np.int64), [], [], Clock(0, 0, 1.0), {})
+
+
+def test_error_names_file_as_given(tmp_path):
+    rel = os.path.relpath(rewrite(tmp_path / "rel.htrace", b""), os.getcwd())
+    with pytest.raises(TraceFileError, match="^" + re.escape(f"{rel}: offset 0: ")):
+        read_trace(rel)
