@@ -25,6 +25,7 @@ struct Recorder {
 struct Wrapper {
   Recorder base;
   PyObject* wrapped;
+  PyObject* weakrefs;  // the Trace refers to its wrappers weakly: models are held weakly
 };
 
 // --- construction -----------------------------------------------------------
@@ -198,6 +199,7 @@ int wrapper_clear(PyObject* self) {
 
 void wrapper_dealloc(PyObject* self) {
   PyObject_GC_UnTrack(self);
+  if (reinterpret_cast<Wrapper*>(self)->weakrefs) PyObject_ClearWeakRefs(self);
   wrapper_clear(self);
   Py_CLEAR(reinterpret_cast<Recorder*>(self)->owner);
   Py_TYPE(self)->tp_free(self);
@@ -283,6 +285,7 @@ PyTypeObject make_wrapper_type() {
   t.tp_name = "hooktrace._C.ForwardWrapper";
   t.tp_doc = "ForwardWrapper(session, slot, wrapped): transparent recording forward.";
   t.tp_basicsize = sizeof(Wrapper);
+  t.tp_weaklistoffset = offsetof(Wrapper, weakrefs);
   t.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL;
   t.tp_vectorcall_offset = offsetof(Recorder, vectorcall);
   t.tp_call = PyVectorcall_Call;

@@ -36,10 +36,10 @@ Policy = Literal["drop", "ring"]
 # ~40 training steps of a 100k-module-call model before anything is dropped.
 DEFAULT_CAPACITY = 8 * 1024 * 1024
 
-_MISSING = object()
 _traced_lock = threading.Lock()
-# module -> the Trace instrumenting it; weak so tracing never keeps a model alive.
-_traced: weakref.WeakKeyDictionary[nn.Module, Trace] = weakref.WeakKeyDictionary()
+# module -> (the Trace instrumenting it, its qualified name there, that model's class);
+# weak so tracing never keeps a model alive.
+_traced: weakref.WeakKeyDictionary[nn.Module, tuple[Trace, str, str]] = weakref.WeakKeyDictionary()
 
 
 def _inert_hook(*args: Any, **kwargs: Any) -> None:
@@ -53,9 +53,10 @@ class _Installed:
 
     module: weakref.ref[nn.Module]
     mechanism: Literal["wrap", "hooks"]
-    wrapper: Any = None
+    wrapper: weakref.ref[Any] | None = None
     attr: str = "forward"  # the instance attribute replaced by the wrapper
-    previous: Any = _MISSING  # the instance's own value of `attr` before wrapping
+    # Whether the instance had its own `attr`; if so the wrapper wraps exactly it.
+    had_own: bool = False
     handles: tuple[Any, ...] = ()
 
 
@@ -116,13 +117,16 @@ class Trace(TraceData):
         with _traced_lock:
             for name, m in named:
                 if m in _traced:
-                    what = f"its submodule {name!r}" if name else "it"
+                    _, owner_name, owner_type = _traced[m]
+                    where = f"module {owner_name!r} of " if owner_name else ""
+                    what = f"its submodule {name!r}" if name else type(model).__name__
                     raise RuntimeError(
-                        f"hooktrace: {type(model).__name__} is already being traced ({what} is "
-                        "instrumented by another active hooktrace.trace()); exit that trace first"
+                        f"hooktrace: {type(model).__name__} is already being traced: {what} is "
+                        f"{where}the {owner_type} instrumented by another active "
+                        "hooktrace.trace(); exit that trace first"
                     )
-            for _, m in named:
-                _traced[m] = self
+            for name, m in named:
+                _traced[m] = (self, name, type(model).__name__)
         self._modules_table = modules
         self._start_unix_ns = time.time_ns()
         self._session = _C.Session(self._capacity, self._policy)
@@ -153,10 +157,12 @@ class Trace(TraceData):
         # whose compiled frame includes forward: wrap the entry point outside it.
         attr = "_compiled_call_impl" if _is_module_compiled(m) else "forward"
         if self._mode == "wrap" or attr != "forward":
-            previous = m.__dict__.get(attr, _MISSING)
+            had_own = attr in m.__dict__
             wrapper = _C.ForwardWrapper(self._session, slot, getattr(m, attr))
             m.__dict__[attr] = wrapper
-            return _Installed(weakref.ref(m), "wrap", wrapper=wrapper, attr=attr, previous=previous)
+            return _Installed(
+                weakref.ref(m), "wrap", wrapper=weakref.ref(wrapper), attr=attr, had_own=had_own
+            )
         pre = m.register_forward_pre_hook(_C.ForwardPreHook(self._session, slot))
         post = m.register_forward_hook(
             _C.ForwardHook(self._session, slot), prepend=True, always_call=True
@@ -169,7 +175,8 @@ class Trace(TraceData):
         m = inst.module()
         if m is None or inst.mechanism != "wrap":
             return
-        if m.__dict__.get(inst.attr) is not inst.wrapper:
+        wrapper = inst.wrapper() if inst.wrapper is not None else None
+        if wrapper is None or m.__dict__.get(inst.attr) is not wrapper:
             warnings.warn(
                 f"hooktrace: {type(m).__name__}.{inst.attr} was replaced by other code while traced; "
                 "leaving the replacement in place (it calls the inactive hooktrace wrapper)",
@@ -177,10 +184,10 @@ class Trace(TraceData):
                 stacklevel=3,
             )
             return
-        if inst.previous is _MISSING:
-            del m.__dict__[inst.attr]
+        if inst.had_own:
+            m.__dict__[inst.attr] = wrapper.__wrapped__
         else:
-            m.__dict__[inst.attr] = inst.previous
+            del m.__dict__[inst.attr]
 
     def _finish(self) -> None:
         if self._state != "recording":
@@ -198,7 +205,7 @@ class Trace(TraceData):
                 errors.append(e)
         self._installed.clear()
         with _traced_lock:
-            for key, owner in list(_traced.items()):
+            for key, (owner, _, _) in list(_traced.items()):
                 if owner is self:
                     del _traced[key]
         stats = session.stats()
