@@ -1,0 +1,5 @@
+import sys
+
+from hooktrace.cli import main
+
+sys.exit(main())

@@ -1,0 +1,111 @@
+"""The ``hooktrace`` command line (also ``python -m hooktrace``).
+
+Example::
+
+    hooktrace demo --out out/demo
+    hooktrace summary out/demo/demo.htrace --top 10
+    hooktrace export out/demo/demo.htrace -o trace.json.gz
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+OPEN_HINT = (
+    "open it at https://ui.perfetto.dev (Open trace file) or in chrome://tracing (Load)"
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments: one line on stderr and exit code 2, no usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"hooktrace: error: {message} (see 'hooktrace --help')\n")
+
+
+class CliError(Exception):
+    """A failure to report as one line on stderr with exit code 1."""
+
+
+def _cmd_demo(args: argparse.Namespace) -> None:
+    from hooktrace.demo import run_demo
+
+    if args.steps < 1:
+        raise CliError(f"--steps must be at least 1, got {args.steps}")
+    result = run_demo(args.out, steps=args.steps)
+    print(f"trained TinyGPT for {args.steps} steps: loss {result.losses[0]:.3f} -> "
+          f"{result.losses[-1]:.3f}\n")
+    print(result.summary_text)
+    print(f"\nwrote {result.htrace} and {result.chrome}")
+    print(f"{OPEN_HINT}; or: hooktrace summary {result.htrace}")
+
+
+def _cmd_export(args: argparse.Namespace) -> None:
+    from hooktrace.reading import load
+
+    run = load(args.run)
+    run.export_chrome(args.output)
+    print(f"wrote {args.output}: {len(run.spans())} spans; {OPEN_HINT}")
+
+
+def _cmd_summary(args: argparse.Namespace) -> None:
+    from hooktrace.reading import load
+
+    if args.top is not None and args.top < 1:
+        raise CliError(f"--top must be at least 1, got {args.top}")
+    summary = load(args.run).summary()
+    if args.csv:
+        sys.stdout.write(summary.to_csv())
+    elif args.json:
+        print(summary.to_json())
+    else:
+        print(summary.to_text(top=args.top))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="hooktrace", description="Low-overhead per-module tracing for PyTorch.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    d = sub.add_parser("demo", help="trace a built-in small GPT-style model for a few steps")
+    d.add_argument("--out", default="hooktrace-demo", help="output folder (default: %(default)s)")
+    d.add_argument("--steps", type=int, default=5, help="training steps (default: %(default)s)")
+    d.set_defaults(func=_cmd_demo)
+
+    e = sub.add_parser("export", help="convert a .htrace file to Chrome trace JSON")
+    e.add_argument("run", help="the .htrace file")
+    e.add_argument("-o", "--output", required=True, help="OUT.json, or OUT.json.gz to compress")
+    e.set_defaults(func=_cmd_export)
+
+    s = sub.add_parser("summary", help="per-module time table of a .htrace file")
+    s.add_argument("run", help="the .htrace file")
+    s.add_argument("--top", type=int, default=None, help="only the N modules with most time")
+    fmt = s.add_mutually_exclusive_group()
+    fmt.add_argument("--csv", action="store_true", help="CSV instead of a table (times in ns)")
+    fmt.add_argument("--json", action="store_true", help="JSON instead of a table (times in ns)")
+    s.set_defaults(func=_cmd_summary)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from hooktrace.tracefile import TraceFileError
+
+    try:
+        args.func(args)
+    except (CliError, TraceFileError) as e:
+        print(f"hooktrace: error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        where = f": {e.filename}" if e.filename else ""
+        print(f"hooktrace: error: {e.strerror or e}{where}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

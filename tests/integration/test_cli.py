@@ -1,0 +1,104 @@
+"""The command line, end to end, in subprocesses."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import hooktrace
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hooktrace", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("demo")
+    r = run_cli("demo", "--out", str(out), "--steps", "2")
+    assert r.returncode == 0, r.stderr
+    assert "ui.perfetto.dev" in r.stdout and "blocks.0.attn" in r.stdout
+    return out
+
+
+def test_demo_writes_a_loadable_trace_and_chrome_json(demo_dir: Path) -> None:
+    run = hooktrace.load(demo_dir / "demo.htrace")
+    names = {n for n, _ in run.modules}
+    assert {"", "blocks.0", "blocks.0.attn.qkv", "head"} <= names
+    doc = json.loads((demo_dir / "demo.json").read_text())
+    fwd = [e for e in doc["traceEvents"] if e.get("cat") == "forward"]
+    assert sum(1 for e in fwd if e["args"]["module"] == "") == 2  # two training steps
+    assert doc["hooktrace"]["dropped_events"] == 0
+
+
+def test_export_round_trip_gzip(demo_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "t.json.gz"
+    r = run_cli("export", str(demo_dir / "demo.htrace"), "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    with gzip.open(out, "rt") as f:
+        doc = json.load(f)
+    direct = json.loads((demo_dir / "demo.json").read_text())
+    assert doc["traceEvents"] == direct["traceEvents"]
+
+
+def test_summary_csv_and_json(demo_dir: Path) -> None:
+    r = run_cli("summary", str(demo_dir / "demo.htrace"), "--csv")
+    assert r.returncode == 0, r.stderr
+    rows = list(csv.DictReader(io.StringIO(r.stdout)))
+    root = [x for x in rows if x["module"] == "" and x["phase"] == "forward"][0]
+    assert root["calls"] == "2" and int(root["total_ns"]) > 0
+    totals = [int(x["total_ns"]) for x in rows]
+    assert totals == sorted(totals, reverse=True)
+    r = run_cli("summary", str(demo_dir / "demo.htrace"), "--json", )
+    assert r.returncode == 0
+    assert len(json.loads(r.stdout)["rows"]) == len(rows)
+    r = run_cli("summary", str(demo_dir / "demo.htrace"), "--top", "3")
+    assert r.returncode == 0 and "more rows" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        (b"", "empty"),
+        (b"NOTATRACE" * 20, "magic"),
+    ],
+)
+def test_bad_files_give_one_line_and_nonzero_exit(tmp_path: Path, content: bytes, expected: str) -> None:
+    bad = tmp_path / "bad.htrace"
+    bad.write_bytes(content)
+    for cmd in (["summary", str(bad)], ["export", str(bad), "-o", str(tmp_path / "o.json")]):
+        r = run_cli(*cmd)
+        assert r.returncode != 0
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1, r.stderr
+        assert str(bad) in lines[0] and expected in lines[0].lower()
+        assert "Traceback" not in r.stderr
+
+
+def test_truncated_file_names_offset(demo_dir: Path, tmp_path: Path) -> None:
+    data = (demo_dir / "demo.htrace").read_bytes()
+    bad = tmp_path / "cut.htrace"
+    bad.write_bytes(data[: len(data) - 7])
+    r = run_cli("summary", str(bad))
+    assert r.returncode == 1
+    assert "cut.htrace: offset" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_missing_file_and_bad_arguments(tmp_path: Path) -> None:
+    r = run_cli("summary", str(tmp_path / "nope.htrace"))
+    assert r.returncode == 1 and "nope.htrace" in r.stderr and len(r.stderr.splitlines()) == 1
+    r = run_cli("export", str(tmp_path / "nope.htrace"))  # missing -o
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
+    r = run_cli("frobnicate")
+    assert r.returncode == 2 and "invalid choice" in r.stderr
+    r = run_cli("summary", "x.htrace", "--top", "0")
+    assert r.returncode == 1 and "--top" in r.stderr
