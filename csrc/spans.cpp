@@ -1,5 +1,7 @@
 #include "spans.h"
 
+#include "backward_spans.h"
+
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -60,22 +62,29 @@ std::vector<size_t> group_by_tid(const Event* events, size_t n, std::vector<uint
   return order;
 }
 
-// call = ordinal of the span among its module's spans, by (start, output index);
-// output index is (tid, pre-order), so ties across threads break by tid.
+// call = ordinal of a forward span among its module's forward spans, by
+// (start, output index); output index is (tid, pre-order), so ties across
+// threads break by tid. Recompute spans get theirs in backward_spans.cpp.
 void assign_call_index(SpanTable& s) {
-  const size_t n = s.module.size();
-  s.call.assign(n, 0);
+  const size_t n_all = s.module.size();
+  s.call.assign(n_all, 0);
+  std::vector<size_t> fwd;
+  fwd.reserve(n_all);
+  for (size_t i = 0; i < n_all; ++i)
+    if (s.cat[i] == kCatForward) fwd.push_back(i);
+  const size_t n = fwd.size();
   if (n == 0) return;
   const int64_t* start = s.start_ns.data();
   auto earlier = [start](size_t a, size_t b) {
     return start[a] < start[b] || (start[a] == start[b] && a < b);
   };
-  const size_t n_modules = static_cast<size_t>(*std::max_element(s.module.begin(),
-                                                                 s.module.end())) + 1;
+  uint32_t max_module = 0;
+  for (size_t i : fwd) max_module = std::max(max_module, s.module[i]);
+  const size_t n_modules = static_cast<size_t>(max_module) + 1;
   std::vector<size_t> order(n);
   if (n_modules > 2 * n + 4096) {
     // Sparse ids (not from a validated file): a comparison sort, not buckets.
-    for (size_t i = 0; i < n; ++i) order[i] = i;
+    order = fwd;
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
       return s.module[a] < s.module[b] || (s.module[a] == s.module[b] && earlier(a, b));
     });
@@ -87,10 +96,10 @@ void assign_call_index(SpanTable& s) {
     return;
   }
   std::vector<size_t> bounds(n_modules + 1, 0);
-  for (size_t i = 0; i < n; ++i) ++bounds[s.module[i] + 1];
+  for (size_t i : fwd) ++bounds[s.module[i] + 1];
   for (size_t m = 0; m < n_modules; ++m) bounds[m + 1] += bounds[m];
   std::vector<size_t> next(bounds.begin(), bounds.end() - 1);
-  for (size_t i = 0; i < n; ++i) order[next[s.module[i]]++] = i;
+  for (size_t i : fwd) order[next[s.module[i]]++] = i;
   for (size_t m = 0; m < n_modules; ++m) {
     auto first = order.begin() + bounds[m], last = order.begin() + bounds[m + 1];
     // Already sorted in the common single-thread, monotonic-clock case.
@@ -117,7 +126,9 @@ SpanTable build_span_table(const Event* events, const int64_t* t_ns, size_t n) {
   size_t n_enter = 0;
   for (size_t i = 0; i < n; ++i) n_enter += events[i].kind == kEnter;
   for (auto* v : {&s.start_ns, &s.end_ns, &s.self_ns, &s.parent}) v->reserve(n_enter);
-  for (auto* v : {&s.module, &s.tid, &s.depth}) v->reserve(n_enter);
+  for (auto* v : {&s.module, &s.tid, &s.depth, &s.rf_tid}) v->reserve(n_enter);
+  s.seq_enter.reserve(n_enter);
+  s.seq_exit.reserve(n_enter);
   s.flags.reserve(n_enter);
   s.cat.reserve(n_enter);
 
@@ -133,9 +144,23 @@ SpanTable build_span_table(const Event* events, const int64_t* t_ns, size_t n) {
     if (!stack.empty()) stack.back().child_sum += dur;
   };
 
+  NodeTable& nd = s.nodes;
+  std::vector<Frame> node_stack;  // Frame::span indexes nd here
+  auto close_node = [&](int64_t end, uint32_t task, bool unfinished) {
+    const Frame f = node_stack.back();
+    node_stack.pop_back();
+    const int64_t dur = end - nd.start_ns[f.span];
+    nd.end_ns[f.span] = end;
+    nd.self_ns[f.span] = dur - f.child_sum;
+    nd.task[f.span] = task;
+    if (unfinished) ++s.unfinished;
+    if (!node_stack.empty()) node_stack.back().child_sum += dur;
+  };
+
   for (size_t g = 0; g + 1 < bounds.size(); ++g) {
     const uint32_t tid = s.threads[g];
     stack.clear();
+    node_stack.clear();
     int64_t last_t = 0;
     for (size_t k = bounds[g]; k < bounds[g + 1]; ++k) {
       const size_t i = order[k];
@@ -153,7 +178,10 @@ SpanTable build_span_table(const Event* events, const int64_t* t_ns, size_t n) {
           s.tid.push_back(tid);
           s.depth.push_back(static_cast<uint32_t>(stack.size()));
           s.flags.push_back(0);
-          s.cat.push_back(kCatForward);
+          s.cat.push_back(node_stack.empty() ? kCatForward : kCatRecompute);
+          s.seq_enter.push_back(e.seq);
+          s.seq_exit.push_back(e.seq);  // until the EXIT: an empty range
+          s.rf_tid.push_back(e.rf_tid);
           stack.push_back(Frame{span, 0});
           break;
         }
@@ -167,20 +195,46 @@ SpanTable build_span_table(const Event* events, const int64_t* t_ns, size_t n) {
           // Frames above the matching one lost their EXIT (e.g. the buffer
           // dropped it): close them here rather than mis-pair this EXIT.
           while (stack.size() > match) close_top(t, kSpanUnfinished);
+          s.seq_exit[stack.back().span] = e.seq;
           close_top(t, (e.flags & kFlagError) ? kSpanError : 0);
           break;
         }
-        case kNodeBegin:
-        case kNodeEnd:
+        case kNodeBegin: {
           ++s.node_events;
+          const size_t node = nd.start_ns.size();
+          nd.start_ns.push_back(t);
+          nd.end_ns.push_back(t);
+          nd.self_ns.push_back(0);
+          nd.seq.push_back(e.seq);
+          nd.name.push_back(e.id);
+          nd.tid.push_back(tid);
+          nd.fwd_tid.push_back(e.rf_tid);
+          nd.parent.push_back(node_stack.empty() ? -1 : static_cast<int64_t>(node_stack.back().span));
+          nd.task.push_back(UINT32_MAX);
+          node_stack.push_back(Frame{node, 0});
           break;
+        }
+        case kNodeEnd: {
+          ++s.node_events;
+          size_t match = node_stack.size();
+          while (match > 0 && nd.seq[node_stack[match - 1].span] != e.seq) --match;
+          if (match == 0) {
+            ++s.orphan_exits;
+            break;
+          }
+          while (node_stack.size() > match) close_node(t, UINT32_MAX, true);
+          close_node(t, e.id, false);
+          break;
+        }
         default:
           break;  // unknown kinds are rejected by the trace file reader
       }
     }
     while (!stack.empty()) close_top(last_t, kSpanUnfinished);
+    while (!node_stack.empty()) close_node(last_t, UINT32_MAX, true);
   }
   assign_call_index(s);
+  add_backward_spans(s);
   return s;
 }
 
@@ -215,6 +269,16 @@ py::dict build_spans(py::array events, py::array_t<int64_t> t_ns) {
   out["flags"] = to_numpy(std::move(s.flags));
   out["cat"] = to_numpy(std::move(s.cat));
   out["threads"] = to_numpy(std::move(s.threads));
+  NodeTable& nd = s.nodes;
+  out["node_start_ns"] = to_numpy(std::move(nd.start_ns));
+  out["node_end_ns"] = to_numpy(std::move(nd.end_ns));
+  out["node_self_ns"] = to_numpy(std::move(nd.self_ns));
+  out["node_seq"] = to_numpy(std::move(nd.seq));
+  out["node_name"] = to_numpy(std::move(nd.name));
+  out["node_tid"] = to_numpy(std::move(nd.tid));
+  out["node_fwd_tid"] = to_numpy(std::move(nd.fwd_tid));
+  out["node_pass"] = to_numpy(std::move(nd.pass));
+  out["node_span"] = to_numpy(std::move(nd.span));
   out["orphan_exits"] = s.orphan_exits;
   out["unfinished"] = s.unfinished;
   out["node_events"] = s.node_events;

@@ -9,7 +9,11 @@
 //    the start of a flight-recorder ring buffer;
 //  * frames still open at the end of a thread's stream become unfinished spans
 //    ending at the last timestamp recorded on that thread;
-//  * NODE_BEGIN/NODE_END are counted and otherwise skipped for now.
+//  * NODE_BEGIN/NODE_END pair the same way into autograd node executions
+//    (nodes.*); an ENTER while a node runs on that thread is a forward call
+//    recomputed by activation checkpointing (kCatRecompute);
+//  * backward spans (kCatBackward) are then derived from the nodes, see
+//    backward_spans.h.
 //
 // Output order: by tid ascending, then pre-order within the thread (start
 // ascending, parent before child), which is the order Chrome nesting wants.
@@ -33,8 +37,20 @@ enum SpanFlags : uint8_t {
 
 enum SpanCat : uint8_t {
   kCatForward = 0,
-  kCatBackward = 1,   // reserved: backward node spans
-  kCatRecompute = 2,  // reserved: activation-checkpoint recompute
+  kCatBackward = 1,   // a module call's autograd nodes in one backward pass
+  kCatRecompute = 2,  // a forward call re-run inside backward (checkpointing)
+};
+
+// One autograd node execution (a kNodeBegin/kNodeEnd pair).
+struct NodeTable {
+  std::vector<int64_t> start_ns, end_ns, self_ns;
+  std::vector<uint64_t> seq;
+  std::vector<uint32_t> name, tid, fwd_tid;
+  std::vector<uint32_t> pass;    // backward pass (graph task of the outermost node)
+  std::vector<int64_t> span;     // backward span it is attributed to, -1 if none
+  // Working state for the builder.
+  std::vector<int64_t> parent;   // enclosing node on the same thread, -1 if none
+  std::vector<uint32_t> task;    // graph task id from kNodeEnd, UINT32_MAX if lost
 };
 
 // Structure of arrays, one entry per span, plus the run's anomaly counts.
@@ -43,6 +59,14 @@ struct SpanTable {
   std::vector<uint32_t> module, tid, depth, call;
   std::vector<uint8_t> flags, cat;
   std::vector<uint32_t> threads;  // every tid that recorded an event, ascending
+  // Per span, for backward attribution: sequence numbers at ENTER and EXIT
+  // (the autograd nodes the call created are [seq_enter, seq_exit)), the
+  // recording thread's RecordFunction id, and the forward span a recompute
+  // re-runs (itself for forward spans; -1 if none was found).
+  std::vector<uint64_t> seq_enter, seq_exit;
+  std::vector<uint32_t> rf_tid;
+  std::vector<int64_t> owner;
+  NodeTable nodes;
   uint64_t orphan_exits = 0;
   uint64_t unfinished = 0;
   uint64_t node_events = 0;

@@ -66,7 +66,7 @@ def test_number_format_is_int_dot_three_digits():
 
 
 def test_spans_nest_strictly_per_thread():
-    trace = build_trace(random_stream(4, n_threads=4), clock=CLOCK)
+    trace = build_trace(random_stream(4, n_threads=4, p_node=0), clock=CLOCK)
     xs = x_events(parse(export_bytes(trace)))
     per_tid: dict[int, list[tuple[Decimal, Decimal]]] = defaultdict(list)
     for e in xs:

@@ -8,23 +8,42 @@ import numpy as np
 import pytest
 from conftest import IDENTITY_CLOCK, build_events, garbage_stream, random_stream
 
-from hooktrace._events import ENTER, EXIT, FLAG_ERROR, NODE_BEGIN, NODE_END, Clock
-from hooktrace.reading import SPAN_ERROR, SPAN_UNFINISHED, Spans
+from hooktrace._events import ENTER, EVENT_DTYPE, EXIT, FLAG_ERROR, NODE_BEGIN, NODE_END, Clock
+from hooktrace import _C
+from hooktrace.reading import (
+    CAT_BACKWARD,
+    CAT_FORWARD,
+    CAT_RECOMPUTE,
+    SPAN_ERROR,
+    SPAN_UNFINISHED,
+    Spans,
+)
 
 FIELDS = ("start_ns", "end_ns", "self_ns", "parent", "module", "tid", "depth", "call", "flags",
           "cat")
 
 
+NO_SEQ = 2**64 - 1
+NODE_FIELDS = ("start_ns", "end_ns", "self_ns", "seq", "name", "tid", "pass", "span")
+
+
 def reference_spans(events: np.ndarray, clock: Clock) -> dict:
-    """The span rules written as plainly as possible (one Python object per event)."""
+    """The span rules written as plainly as possible (one Python object per event).
+
+    Forward/recompute spans by pairing ENTER/EXIT per thread; autograd nodes by
+    pairing NODE_BEGIN/NODE_END by sequence number; then backward spans from the
+    nodes (rules in csrc/backward_spans.h).
+    """
     t_ns = clock.to_unix_ns(events["t"]).tolist()
     by_tid: dict[int, list[int]] = defaultdict(list)
     for i, tid in enumerate(events["tid"].tolist()):
         by_tid[tid].append(i)
     spans: list[dict] = []
-    orphans = unfinished = nodes = 0
+    nodes: list[dict] = []
+    orphans = unfinished = n_node_events = 0
     for tid in sorted(by_tid):
         stack: list[list[int]] = []  # [span index, sum of children's durations]
+        node_stack: list[list[int]] = []  # [node index, sum of nested nodes' durations]
 
         def close(end: int, flag: int) -> None:
             nonlocal unfinished
@@ -38,15 +57,29 @@ def reference_spans(events: np.ndarray, clock: Clock) -> dict:
             if stack:
                 stack[-1][1] += end - s["start_ns"]
 
+        def close_node(end: int, task: int, lost: bool) -> None:
+            nonlocal unfinished
+            idx, child_sum = node_stack.pop()
+            nd = nodes[idx]
+            nd["end_ns"] = end
+            nd["self_ns"] = end - nd["start_ns"] - child_sum
+            nd["task"] = task
+            unfinished += lost
+            if node_stack:
+                node_stack[-1][1] += end - nd["start_ns"]
+
         last_t = 0
         for i in by_tid[tid]:
             kind, mod, flags, t = (int(events["kind"][i]), int(events["id"][i]),
                                    int(events["flags"][i]), t_ns[i])
+            seq, rf_tid = int(events["seq"][i]), int(events["rf_tid"][i])
             last_t = t
             if kind == ENTER:
                 spans.append(dict(start_ns=t, end_ns=t, self_ns=0,
                                   parent=stack[-1][0] if stack else -1, module=mod, tid=tid,
-                                  depth=len(stack), call=0, flags=0, cat=0))
+                                  depth=len(stack), call=0, flags=0,
+                                  cat=CAT_RECOMPUTE if node_stack else CAT_FORWARD,
+                                  seq_enter=seq, seq_exit=seq, rf_tid=rf_tid))
                 stack.append([len(spans) - 1, 0])
             elif kind == EXIT:
                 match = [k for k, (idx, _) in enumerate(stack) if spans[idx]["module"] == mod]
@@ -55,27 +88,107 @@ def reference_spans(events: np.ndarray, clock: Clock) -> dict:
                     continue
                 while len(stack) > match[-1] + 1:
                     close(t, SPAN_UNFINISHED)
+                spans[stack[-1][0]]["seq_exit"] = seq
                 close(t, SPAN_ERROR if flags & FLAG_ERROR else 0)
-            elif kind in (NODE_BEGIN, NODE_END):
-                nodes += 1
+            elif kind == NODE_BEGIN:
+                n_node_events += 1
+                nodes.append(dict(start_ns=t, end_ns=t, self_ns=0, seq=seq, name=mod, tid=tid,
+                                  fwd=rf_tid, parent=node_stack[-1][0] if node_stack else -1,
+                                  task=2**32 - 1))
+                node_stack.append([len(nodes) - 1, 0])
+            elif kind == NODE_END:
+                n_node_events += 1
+                match = [k for k, (idx, _) in enumerate(node_stack) if nodes[idx]["seq"] == seq]
+                if not match:
+                    orphans += 1
+                    continue
+                while len(node_stack) > match[-1] + 1:
+                    close_node(t, 2**32 - 1, True)
+                close_node(t, mod, False)
         while stack:
             close(last_t, SPAN_UNFINISHED)
+        while node_stack:
+            close_node(last_t, 2**32 - 1, True)
+
+    # call: rank among the module's forward spans by (start, index)
     per_module: dict[int, list[int]] = defaultdict(list)
     for k, s in enumerate(spans):
-        per_module[s["module"]].append(k)
+        if s["cat"] == CAT_FORWARD:
+            per_module[s["module"]].append(k)
     for ks in per_module.values():
         for rank, k in enumerate(sorted(ks, key=lambda k: (spans[k]["start_ns"], k))):
             spans[k]["call"] = rank
+    # a recompute stands for the latest earlier forward call of its module
+    owner = {k: k for k, s in enumerate(spans) if s["cat"] == CAT_FORWARD}
+    for r, s in enumerate(spans):
+        if s["cat"] != CAT_RECOMPUTE:
+            continue
+        before = [k for k in per_module.get(s["module"], [])
+                  if (spans[k]["start_ns"], k) < (s["start_ns"], r)]
+        if before:
+            f = max(before, key=lambda k: (spans[k]["start_ns"], k))
+            owner[r] = f
+            s["call"] = spans[f]["call"]
+        else:
+            s["call"] = 2**32 - 1
+
+    # pass: the graph task of the outermost node on the node's thread
+    for nd in nodes:
+        root = nd
+        while root["parent"] >= 0:
+            root = nodes[root["parent"]]
+        nd["pass"] = root["task"]
+
+    # attribution: the innermost call on the forward thread whose range holds the seq
+    n_calls = len(spans)
+    bwd: dict[tuple[int, int], dict] = {}
+    for nd in nodes:
+        nd["key"] = None
+        if nd["seq"] == NO_SEQ:
+            continue
+        holders = [k for k in range(n_calls)
+                   if spans[k]["rf_tid"] == nd["fwd"]
+                   and spans[k]["seq_enter"] <= nd["seq"] < spans[k]["seq_exit"]]
+        if not holders:
+            continue
+        call = max(holders, key=lambda k: (spans[k]["seq_enter"], -spans[k]["seq_exit"]))
+        if call not in owner:
+            continue
+        o = owner[call]
+        a = o
+        while a >= 0:
+            b = bwd.setdefault((a, nd["pass"]), dict(start=None, end=None, self=0, tid=0))
+            if b["start"] is None or nd["start_ns"] < b["start"]:
+                b["start"], b["tid"] = nd["start_ns"], nd["tid"]
+            b["end"] = nd["end_ns"] if b["end"] is None else max(b["end"], nd["end_ns"])
+            if a == o:
+                b["self"] += nd["self_ns"]
+            a = spans[a]["parent"]
+        nd["key"] = (o, nd["pass"])
+
+    keys = sorted(bwd, key=lambda k: (bwd[k]["tid"], bwd[k]["start"], -bwd[k]["end"],
+                                      spans[k[0]]["depth"], k))
+    index = {k: n_calls + j for j, k in enumerate(keys)}
+    for (f, p) in keys:
+        b = bwd[(f, p)]
+        fp = spans[f]["parent"]
+        spans.append(dict(start_ns=b["start"], end_ns=b["end"], self_ns=b["self"],
+                          parent=index.get((fp, p), -1) if fp >= 0 else -1,
+                          module=spans[f]["module"], tid=b["tid"], depth=spans[f]["depth"],
+                          call=spans[f]["call"], flags=0, cat=CAT_BACKWARD))
+    for nd in nodes:
+        nd["span"] = index[nd["key"]] if nd["key"] is not None else -1
     return {
         "spans": spans,
+        "nodes": nodes,
         "orphan_exits": orphans,
         "unfinished": unfinished,
-        "node_events": nodes,
+        "node_events": n_node_events,
         "threads": sorted(by_tid),
     }
 
 
-def assert_same(spans: Spans, ref: dict) -> None:
+def assert_same(spans: Spans, ref: dict, raw: dict | None = None) -> None:
     assert len(spans) == len(ref["spans"])
     for field in FIELDS:
         expected = [s[field] for s in ref["spans"]]
@@ -84,6 +197,14 @@ def assert_same(spans: Spans, ref: dict) -> None:
     assert spans.unfinished == ref["unfinished"]
     assert spans.node_events == ref["node_events"]
     assert spans.threads.tolist() == ref["threads"]
+    if raw is not None:
+        for field in NODE_FIELDS:
+            assert raw["node_" + field].tolist() == [nd[field] for nd in ref["nodes"]], field
+
+
+def raw_spans(events: np.ndarray, clock: Clock) -> dict:
+    events = np.ascontiguousarray(events)
+    return _C.build_spans(events, np.ascontiguousarray(clock.to_unix_ns(events["t"])))
 
 
 def test_nested_calls_give_depth_parent_and_self_time():
@@ -130,7 +251,7 @@ def test_frames_open_at_end_end_at_last_timestamp_of_their_thread():
     assert s.tid.tolist() == [1, 1, 2]
     assert s.end_ns.tolist() == [40, 40, 99]
     assert s.flags.tolist() == [SPAN_UNFINISHED, SPAN_UNFINISHED, 0]
-    assert s.unfinished == 2
+    assert s.unfinished == 3  # two calls and the autograd node, none with an end
     assert s.node_events == 1
 
 
@@ -170,13 +291,14 @@ def test_empty_stream():
 def test_matches_reference_on_damaged_multithread_streams(seed):
     ev = random_stream(seed)
     clock = Clock(ticks0=17, unix_ns0=1_700_000_000_123_456_789, ns_per_tick=0.731)
-    assert_same(Spans.from_events(ev, clock), reference_spans(ev, clock))
+    assert_same(Spans.from_events(ev, clock), reference_spans(ev, clock), raw_spans(ev, clock))
 
 
 @pytest.mark.parametrize("seed", range(20))
 def test_matches_reference_on_garbage_streams(seed):
     ev = garbage_stream(seed)
-    assert_same(Spans.from_events(ev, IDENTITY_CLOCK), reference_spans(ev, IDENTITY_CLOCK))
+    assert_same(Spans.from_events(ev, IDENTITY_CLOCK), reference_spans(ev, IDENTITY_CLOCK),
+                raw_spans(ev, IDENTITY_CLOCK))
 
 
 def test_matches_reference_on_deep_recursion_with_lost_exits():
@@ -190,7 +312,8 @@ def test_matches_reference_on_deep_recursion_with_lost_exits():
 
 
 def test_undamaged_streams_have_no_anomalies():
-    ev = random_stream(3, p_lose_exit=0, p_lose_enter=0, p_stray_exit=0, cut_front=False)
+    ev = random_stream(3, p_lose_exit=0, p_lose_enter=0, p_stray_exit=0, p_node=0,
+                       cut_front=False)
     s = Spans.from_events(ev, IDENTITY_CLOCK)
     assert (s.orphan_exits, s.unfinished) == (0, 0)
     # every span lies inside its parent and self time is never negative
@@ -213,3 +336,91 @@ def test_sparse_module_ids_match_reference():
     ev = random_stream(9, n_modules=4)
     ev["id"] = np.array([0, 2**32 - 1, 1 << 20, 77], np.uint32)[ev["id"] % 4]
     assert_same(Spans.from_events(ev, IDENTITY_CLOCK), reference_spans(ev, IDENTITY_CLOCK))
+
+
+def fb_events(rows: list[tuple]) -> np.ndarray:
+    """Events from (tid, kind, id, t, seq[, rf_tid]) rows; rf_tid defaults to 1."""
+    ev = np.zeros(len(rows), EVENT_DTYPE)
+    for i, row in enumerate(rows):
+        tid, kind, id_, t, seq = row[:5]
+        ev[i]["tid"], ev[i]["kind"], ev[i]["id"], ev[i]["t"], ev[i]["seq"] = tid, kind, id_, t, seq
+        ev[i]["rf_tid"] = row[5] if len(row) > 5 else 1
+    return ev
+
+
+def test_backward_nodes_are_attributed_by_sequence_number_on_the_forward_thread():
+    # GIVEN root(0) -> a(1), b(2) on thread 7 whose nodes got seq 10..14,
+    # then a backward on thread 9 (the engine's thread) in graph task 5
+    rows = [
+        (7, ENTER, 0, 100, 10), (7, ENTER, 1, 110, 10), (7, EXIT, 1, 120, 12),
+        (7, ENTER, 2, 130, 12), (7, EXIT, 2, 140, 14), (7, EXIT, 0, 150, 15),
+        (9, NODE_BEGIN, 0, 200, 15), (9, NODE_END, 5, 210, 15),         # loss: outside modules
+        (9, NODE_BEGIN, 1, 210, 13), (9, NODE_END, 5, 230, 13),         # b
+        (9, NODE_BEGIN, 2, 230, NO_SEQ), (9, NODE_END, 5, 232, NO_SEQ),  # AccumulateGrad
+        (9, NODE_BEGIN, 1, 240, 11), (9, NODE_END, 5, 250, 11),         # a
+        (9, NODE_BEGIN, 1, 250, 10), (9, NODE_END, 5, 270, 10),         # a
+    ]
+    ev = fb_events(rows)
+    # WHEN spans are built
+    s = Spans.from_events(ev, IDENTITY_CLOCK)
+    raw = raw_spans(ev, IDENTITY_CLOCK)
+    # THEN each module call gets one backward span linked by module and call
+    bwd = np.flatnonzero(s.cat == CAT_BACKWARD)
+    got = {int(s.module[i]): (int(s.start_ns[i]), int(s.end_ns[i]), int(s.self_ns[i]),
+                              int(s.tid[i]), int(s.call[i])) for i in bwd}
+    assert got == {0: (210, 270, 0, 9, 0), 1: (240, 270, 30, 9, 0), 2: (210, 230, 20, 9, 0)}
+    root_bwd = [i for i in bwd if s.module[i] == 0][0]
+    assert all(s.parent[i] == root_bwd for i in bwd if s.module[i] != 0)
+    # and the loss and AccumulateGrad are kept, unattributed
+    assert raw["node_span"].tolist()[0] == -1 and raw["node_span"].tolist()[2] == -1
+    assert raw["node_pass"].tolist() == [5] * 5
+    assert_same(s, reference_spans(ev, IDENTITY_CLOCK), raw)
+
+
+def test_passes_over_one_forward_are_separate_spans():
+    # retain_graph=True: the same node runs in graph tasks 1 and 2
+    rows = [(1, ENTER, 0, 0, 0), (1, EXIT, 0, 10, 1),
+            (1, NODE_BEGIN, 0, 20, 0), (1, NODE_END, 1, 30, 0),
+            (1, NODE_BEGIN, 0, 40, 0), (1, NODE_END, 2, 55, 0)]
+    s = Spans.from_events(fb_events(rows), IDENTITY_CLOCK)
+    bwd = s.cat == CAT_BACKWARD
+    assert s.start_ns[bwd].tolist() == [20, 40] and s.end_ns[bwd].tolist() == [30, 55]
+    assert s.call[bwd].tolist() == [0, 0]
+
+
+def test_forward_inside_a_node_is_a_recompute_of_the_latest_call():
+    # GIVEN two forward calls of module 1 (checkpointed inside root 0) ...
+    rows = [
+        (1, ENTER, 0, 0, 0), (1, ENTER, 1, 1, 0), (1, EXIT, 1, 2, 0), (1, EXIT, 0, 3, 1),
+        (1, ENTER, 0, 10, 1), (1, ENTER, 1, 11, 1), (1, EXIT, 1, 12, 1), (1, EXIT, 0, 13, 2),
+        # ... a backward node of root call 1 recomputes module 1, creating seq 2..3,
+        (1, NODE_BEGIN, 0, 20, 1),
+        (1, ENTER, 1, 21, 2), (1, EXIT, 1, 25, 4),
+        (1, NODE_BEGIN, 1, 26, 3), (1, NODE_END, 8, 28, 3),  # reentrant backward (task 8)
+        (1, NODE_END, 7, 30, 1),
+    ]
+    ev = fb_events(rows)
+    s = Spans.from_events(ev, IDENTITY_CLOCK)
+    raw = raw_spans(ev, IDENTITY_CLOCK)
+    # THEN the re-run is a recompute standing for module 1's call 1, not a third call
+    rec = np.flatnonzero(s.cat == CAT_RECOMPUTE)
+    assert len(rec) == 1 and s.module[rec[0]] == 1 and s.call[rec[0]] == 1
+    assert sorted(s.call[(s.cat == CAT_FORWARD) & (s.module == 1)].tolist()) == [0, 1]
+    # and its node counts for module 1 call 1 in the outer pass (task 7)
+    bwd = np.flatnonzero(s.cat == CAT_BACKWARD)
+    got = {(int(s.module[i]), int(s.call[i])): (int(s.start_ns[i]), int(s.end_ns[i]))
+           for i in bwd}
+    assert got == {(0, 1): (20, 30), (1, 1): (26, 28)}
+    assert raw["node_pass"].tolist() == [7, 7]
+    assert_same(s, reference_spans(ev, IDENTITY_CLOCK), raw)
+
+
+def test_attribution_uses_the_forward_thread_not_just_the_sequence_number():
+    # two threads whose sequence numbers overlap (each thread counts its own)
+    rows = [(1, ENTER, 0, 0, 5, 11), (1, EXIT, 0, 10, 8, 11),
+            (2, ENTER, 1, 0, 5, 22), (2, EXIT, 1, 10, 8, 22),
+            (3, NODE_BEGIN, 0, 20, 6, 22), (3, NODE_END, 1, 25, 6, 22),
+            (3, NODE_BEGIN, 0, 30, 6, 11), (3, NODE_END, 1, 35, 6, 11)]
+    s = Spans.from_events(fb_events(rows), IDENTITY_CLOCK)
+    bwd = np.flatnonzero(s.cat == CAT_BACKWARD)
+    assert {int(s.module[i]): int(s.start_ns[i]) for i in bwd} == {1: 20, 0: 30}

@@ -1,0 +1,180 @@
+#include "backward_spans.h"
+
+#include <algorithm>
+#include <numeric>
+#include <tuple>
+#include <unordered_map>
+
+namespace hooktrace {
+namespace {
+
+constexpr uint64_t kNoSeq = UINT64_MAX;  // AccumulateGrad, or no sequence number
+
+// Each recompute span stands for the latest forward call of its module that
+// started before it ("before" by (start, span index), so ties are decided).
+void link_recomputes(SpanTable& s) {
+  const size_t n = s.start_ns.size();
+  s.owner.assign(n, -1);
+  std::vector<size_t> fwd;
+  bool any_recompute = false;
+  for (size_t i = 0; i < n; ++i) {
+    if (s.cat[i] == kCatForward) {
+      s.owner[i] = static_cast<int64_t>(i);
+      fwd.push_back(i);
+    } else {
+      any_recompute = true;
+    }
+  }
+  if (!any_recompute) return;
+  auto key = [&](size_t i) { return std::make_tuple(s.module[i], s.start_ns[i], i); };
+  std::sort(fwd.begin(), fwd.end(), [&](size_t a, size_t b) { return key(a) < key(b); });
+  for (size_t r = 0; r < n; ++r) {
+    if (s.cat[r] != kCatRecompute) continue;
+    auto it = std::lower_bound(fwd.begin(), fwd.end(), r,
+                               [&](size_t f, size_t rr) { return key(f) < key(rr); });
+    if (it != fwd.begin() && s.module[*(it - 1)] == s.module[r]) {
+      s.owner[r] = static_cast<int64_t>(*(it - 1));
+      s.call[r] = s.call[*(it - 1)];
+    } else {
+      s.call[r] = UINT32_MAX;  // no forward call of this module was recorded
+    }
+  }
+}
+
+// The calls of one forward thread as sequence-number ranges, outer before
+// inner, with each range's enclosing range: innermost() walks up from the last
+// range starting at or before a sequence number.
+struct SeqIndex {
+  std::vector<size_t> span;     // span index, sorted by (seq_enter, -seq_exit)
+  std::vector<uint64_t> enter;  // seq_enter of span[k]
+  std::vector<int64_t> up;      // k of the enclosing range, -1 if none
+
+  int64_t innermost(const SpanTable& s, uint64_t seq) const {
+    int64_t k = static_cast<int64_t>(std::upper_bound(enter.begin(), enter.end(), seq) -
+                                     enter.begin()) - 1;
+    while (k >= 0 && !(seq < s.seq_exit[span[k]])) k = up[k];
+    return k < 0 ? -1 : static_cast<int64_t>(span[k]);
+  }
+};
+
+std::unordered_map<uint32_t, SeqIndex> index_by_forward_thread(const SpanTable& s) {
+  std::unordered_map<uint32_t, SeqIndex> out;
+  for (size_t i = 0; i < s.start_ns.size(); ++i)
+    if (s.seq_exit[i] > s.seq_enter[i]) out[s.rf_tid[i]].span.push_back(i);
+  for (auto& kv : out) {
+    SeqIndex& ix = kv.second;
+    std::sort(ix.span.begin(), ix.span.end(), [&](size_t a, size_t b) {
+      return s.seq_enter[a] < s.seq_enter[b] ||
+             (s.seq_enter[a] == s.seq_enter[b] && s.seq_exit[a] > s.seq_exit[b]);
+    });
+    ix.enter.resize(ix.span.size());
+    ix.up.assign(ix.span.size(), -1);
+    std::vector<int64_t> open;
+    for (size_t k = 0; k < ix.span.size(); ++k) {
+      const size_t sp = ix.span[k];
+      ix.enter[k] = s.seq_enter[sp];
+      while (!open.empty() && s.seq_exit[ix.span[open.back()]] <= s.seq_enter[sp]) open.pop_back();
+      ix.up[k] = open.empty() ? -1 : open.back();
+      open.push_back(static_cast<int64_t>(k));
+    }
+  }
+  return out;
+}
+
+struct Bwd {
+  int64_t call_span;  // the forward span it belongs to
+  uint32_t pass;
+  int64_t start, end, self;
+  uint32_t tid;
+};
+
+}  // namespace
+
+void add_backward_spans(SpanTable& s) {
+  link_recomputes(s);
+  NodeTable& nd = s.nodes;
+  const size_t n_nodes = nd.start_ns.size();
+  nd.pass.resize(n_nodes);
+  nd.span.assign(n_nodes, -1);
+  if (n_nodes == 0) return;
+  // A node's parent was recorded before it on the same thread.
+  for (size_t i = 0; i < n_nodes; ++i)
+    nd.pass[i] = nd.parent[i] < 0 ? nd.task[i] : nd.pass[nd.parent[i]];
+
+  const auto index = index_by_forward_thread(s);
+  std::vector<Bwd> bwd;
+  std::unordered_map<uint64_t, size_t> bwd_of;  // (call span, pass) -> bwd
+  auto get = [&](int64_t call_span, uint32_t pass) {
+    const uint64_t key = (static_cast<uint64_t>(call_span) << 32) ^ pass;
+    auto it = bwd_of.find(key);
+    if (it != bwd_of.end()) return it->second;
+    bwd.push_back(Bwd{call_span, pass, INT64_MAX, INT64_MIN, 0, 0});
+    bwd_of.emplace(key, bwd.size() - 1);
+    return bwd.size() - 1;
+  };
+
+  for (size_t i = 0; i < n_nodes; ++i) {
+    if (nd.seq[i] == kNoSeq) continue;
+    auto ix = index.find(nd.fwd_tid[i]);
+    if (ix == index.end()) continue;
+    const int64_t call = ix->second.innermost(s, nd.seq[i]);
+    const int64_t owner = call < 0 ? -1 : s.owner[call];
+    if (owner < 0) continue;
+    const uint32_t pass = nd.pass[i];
+    // The node counts for its call and, in extent, for every enclosing call.
+    for (int64_t a = owner; a >= 0; a = s.parent[a]) {
+      Bwd& b = bwd[get(a, pass)];
+      if (nd.start_ns[i] < b.start) {
+        b.start = nd.start_ns[i];
+        b.tid = nd.tid[i];
+      }
+      b.end = std::max(b.end, nd.end_ns[i]);
+      if (a == owner) b.self += nd.self_ns[i];
+    }
+    nd.span[i] = static_cast<int64_t>(get(owner, pass));  // remapped below
+  }
+
+  // Output order: (tid, start, depth) so that a parent precedes its children.
+  std::vector<size_t> order(bwd.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const Bwd &x = bwd[a], &y = bwd[b];
+    if (x.tid != y.tid) return x.tid < y.tid;
+    if (x.start != y.start) return x.start < y.start;
+    if (x.end != y.end) return x.end > y.end;
+    if (s.depth[x.call_span] != s.depth[y.call_span])
+      return s.depth[x.call_span] < s.depth[y.call_span];
+    return std::make_pair(x.call_span, x.pass) < std::make_pair(y.call_span, y.pass);
+  });
+  const size_t base = s.start_ns.size();
+  std::vector<int64_t> out_index(bwd.size());
+  for (size_t k = 0; k < order.size(); ++k) out_index[order[k]] = static_cast<int64_t>(base + k);
+  for (size_t k = 0; k < order.size(); ++k) {
+    const Bwd& b = bwd[order[k]];
+    const size_t f = static_cast<size_t>(b.call_span);
+    const int64_t fp = s.parent[f];
+    int64_t parent = -1;
+    if (fp >= 0) {
+      auto it = bwd_of.find((static_cast<uint64_t>(fp) << 32) ^ b.pass);
+      if (it != bwd_of.end()) parent = out_index[it->second];
+    }
+    s.start_ns.push_back(b.start);
+    s.end_ns.push_back(b.end);
+    s.self_ns.push_back(b.self);
+    s.parent.push_back(parent);
+    s.module.push_back(s.module[f]);
+    s.tid.push_back(b.tid);
+    s.depth.push_back(s.depth[f]);
+    s.call.push_back(s.call[f]);
+    s.flags.push_back(0);
+    s.cat.push_back(kCatBackward);
+    s.seq_enter.push_back(0);
+    s.seq_exit.push_back(0);
+    s.rf_tid.push_back(0);
+    s.owner.push_back(static_cast<int64_t>(f));
+  }
+  for (size_t i = 0; i < n_nodes; ++i)
+    if (nd.span[i] >= 0) nd.span[i] = out_index[static_cast<size_t>(nd.span[i])];
+}
+
+}  // namespace hooktrace
