@@ -73,7 +73,9 @@ PYBIND11_MODULE(_C, m) {
              const auto& c = s.clock();
              return py::make_tuple(c.ticks0, c.unix_ns0, c.ns_per_tick);
            })
-      .def("copy_events", &copy_events_into, py::arg("out"));
+      .def("copy_events", &copy_events_into, py::arg("out"))
+      .def("set_emit_names", &Session::set_emit_names, py::arg("names"))
+      .def_property_readonly("emits", &Session::emits);
   m.def("add_backward_session", &hooktrace::add_backward_session, py::arg("session"));
   m.def("remove_backward_session", &hooktrace::remove_backward_session, py::arg("session"));
   m.def("node_names", &hooktrace::node_names);

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "event.h"
+#include "profiler_emit.h"
 #include "session.h"
 
 namespace py = pybind11;
@@ -70,6 +71,20 @@ PyObject* post_hook_call(PyObject* self, PyObject* const* args, size_t nargsf, P
   Py_RETURN_NONE;
 }
 
+// The same, also opening/closing a profiler range (profiler_emit.h); chosen at
+// construction so sessions without emission pay nothing for it.
+PyObject* pre_hook_call_emit(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kw) {
+  auto* r = reinterpret_cast<Recorder*>(self);
+  if (r->session->active()) emit_enter(r->session->emit_name(r->slot));
+  return pre_hook_call(self, args, nargsf, kw);
+}
+
+PyObject* post_hook_call_emit(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kw) {
+  PyObject* r = post_hook_call(self, args, nargsf, kw);
+  if (reinterpret_cast<Recorder*>(self)->session->active()) emit_exit();
+  return r;
+}
+
 PyObject* hook_new(PyTypeObject* type, PyObject* args, PyObject* kwds, vectorcallfunc call) {
   PyObject* session_obj;
   unsigned long slot;
@@ -84,6 +99,8 @@ PyObject* hook_new(PyTypeObject* type, PyObject* args, PyObject* kwds, vectorcal
     Py_DECREF(self);
     return nullptr;
   }
+  if (self->session->emits())
+    self->vectorcall = call == pre_hook_call ? pre_hook_call_emit : post_hook_call_emit;
   return reinterpret_cast<PyObject*>(self);
 }
 
@@ -168,6 +185,20 @@ PyObject* wrapper_call(PyObject* self, PyObject* const* args, size_t nargsf, PyO
   return result;
 }
 
+PyObject* wrapper_call_emit(PyObject* self, PyObject* const* args, size_t nargsf,
+                            PyObject* kwnames) {
+  auto* w = reinterpret_cast<Wrapper*>(self);
+  Session* s = w->base.session;
+  const uint32_t slot = w->base.slot;
+  const bool on = s->active();
+  if (on) emit_enter(s->emit_name(slot));
+  s->record(slot, kEnter, 0);
+  PyObject* result = PyObject_Vectorcall(w->wrapped, args, nargsf, kwnames);
+  s->record(slot, kExit, result ? 0 : kFlagError);
+  if (on) emit_exit();
+  return result;
+}
+
 PyObject* wrapper_new(PyTypeObject* type, PyObject* args, PyObject* kwds) {
   PyObject* session_obj;
   unsigned long slot;
@@ -189,6 +220,7 @@ PyObject* wrapper_new(PyTypeObject* type, PyObject* args, PyObject* kwds) {
   }
   Py_INCREF(wrapped);
   self->wrapped = wrapped;
+  if (self->base.session->emits()) self->base.vectorcall = wrapper_call_emit;
   return reinterpret_cast<PyObject*>(self);
 }
 

@@ -88,6 +88,14 @@ class Session {
   Policy policy() const { return policy_; }
   const ClockConversion& clock() const { return clock_; }
 
+  // Module names for profiler emission (profiler_emit.h); empty = no emission.
+  // Set before any forward callable is created for the session.
+  void set_emit_names(std::vector<std::string> names) { emit_names_ = std::move(names); }
+  bool emits() const { return !emit_names_.empty(); }
+  const char* emit_name(uint32_t slot) const {
+    return slot < emit_names_.size() ? emit_names_[slot].c_str() : "<module>";
+  }
+
   SessionStats stats();
   // Copies every complete event, thread by thread in recorded order (oldest
   // first), into out[0, max_events). Returns how many were copied.
@@ -162,6 +170,7 @@ class Session {
   std::mutex mutex_;
   uint32_t chunks_allocated_ = 0;                       // guarded by mutex_
   std::vector<std::unique_ptr<ThreadBuffer>> buffers_;  // guarded by mutex_
+  std::vector<std::string> emit_names_;
   std::unique_ptr<ClockCapture> clock_capture_;
   ClockConversion clock_;
 };

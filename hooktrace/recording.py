@@ -77,6 +77,7 @@ class Trace(TraceData):
         capacity: int = DEFAULT_CAPACITY,
         policy: Policy = "drop",
         backward: bool = True,
+        emit_profiler: bool = False,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"hooktrace.trace expects a torch.nn.Module, got {type(model).__name__}")
@@ -91,6 +92,7 @@ class Trace(TraceData):
         self._capacity = int(capacity)
         self._policy = policy
         self._backward = bool(backward)
+        self._emit_profiler = bool(emit_profiler)
         self._session: Any = None
         self._installed: list[_Installed] = []
         self._state: Literal["new", "recording", "done"] = "new"
@@ -130,6 +132,8 @@ class Trace(TraceData):
         self._modules_table = modules
         self._start_unix_ns = time.time_ns()
         self._session = _C.Session(self._capacity, self._policy)
+        if self._emit_profiler:
+            self._session.set_emit_names([name or typ for name, typ in modules])
         self._session.start()
         self._state = "recording"
         try:
@@ -219,6 +223,7 @@ class Trace(TraceData):
             "hooktrace_version": _version(),
             "mode": self._mode,
             "backward": self._backward,
+            "emit_profiler": self._emit_profiler,
             "policy": self._policy,
             "capacity": int(session.capacity),
             "dropped_events": int(stats["dropped"]),
@@ -281,6 +286,7 @@ def trace(
     capacity: int = DEFAULT_CAPACITY,
     policy: Policy = "drop",
     backward: bool = True,
+    emit_profiler: bool = False,
 ) -> Trace:
     """Trace every submodule's forward calls of ``model`` inside a ``with`` block.
 
@@ -295,6 +301,9 @@ def trace(
             overwritten ones.
         backward: also record autograd nodes, which the reader turns into
             per-module backward spans (``"cat": "backward"``).
+        emit_profiler: also open a ``torch.profiler`` user-scope range per module call
+            (from C++), so module names show in the profiler's own trace, TensorBoard
+            and HTA. Costs nothing measurable while no profiler runs.
 
     Example::
 
@@ -302,4 +311,11 @@ def trace(
             model(x)
         tr.export_chrome("trace.json")
     """
-    return Trace(model, mode=mode, capacity=capacity, policy=policy, backward=backward)
+    return Trace(
+        model,
+        mode=mode,
+        capacity=capacity,
+        policy=policy,
+        backward=backward,
+        emit_profiler=emit_profiler,
+    )
