@@ -44,7 +44,7 @@ PYBIND11_MODULE(_C, m) {
   // --- reader side (spans.h, lanes.h, chrome_writer.h) ---
   m.def("build_spans", &hooktrace::build_spans, "Pair ENTER/EXIT events into spans.");
   m.def("assign_lanes", &hooktrace::assign_lanes, "Lanes in which intervals nest strictly.",
-        py::arg("start_ns"), py::arg("end_ns"), py::arg("group"));
+        py::arg("start_ns"), py::arg("end_ns"), py::arg("group"), py::arg("prefer") = py::none());
   m.def("write_chrome_events", &hooktrace::write_chrome_events, "Stream spans as Chrome X events.");
   m.def("write_chrome_nodes", &hooktrace::write_chrome_nodes,
         "Stream autograd nodes as Chrome X events.");

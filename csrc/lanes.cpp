@@ -26,7 +26,7 @@ bool before(const Key& a, size_t ia, const Key& b, size_t ib) {
 }  // namespace
 
 std::vector<uint32_t> assign_lane_table(const int64_t* start, const int64_t* end,
-                                        const uint32_t* group, size_t n) {
+                                        const uint32_t* group, const int64_t* prefer, size_t n) {
   std::vector<Key> key(n);
   for (size_t i = 0; i < n; ++i) key[i] = Key{group[i], start[i], std::max(start[i], end[i])};
   std::vector<size_t> order(n);
@@ -40,7 +40,8 @@ std::vector<uint32_t> assign_lane_table(const int64_t* start, const int64_t* end
               [&key](size_t a, size_t b) { return before(key[a], a, key[b], b); });
   }
 
-  std::vector<uint32_t> lane(n, 0);
+  constexpr uint32_t kUnplaced = UINT32_MAX;
+  std::vector<uint32_t> lane(n, kUnplaced);
   // lanes[k]: ends of the open intervals of lane k, innermost last. Cleared,
   // not freed, between groups.
   std::vector<std::vector<int64_t>> lanes;
@@ -52,11 +53,20 @@ std::vector<uint32_t> assign_lane_table(const int64_t* start, const int64_t* end
       for (size_t l = 0; l < used; ++l) lanes[l].clear();
       used = 0;
     }
-    size_t l = 0;
-    for (; l < used; ++l) {
+    auto fits = [&](size_t l) {
       std::vector<int64_t>& stack = lanes[l];
       while (!stack.empty() && stack.back() <= k.start) stack.pop_back();
-      if (stack.empty() || stack.back() >= k.end) break;
+      return stack.empty() || stack.back() >= k.end;
+    };
+    size_t l = used;
+    if (prefer != nullptr && prefer[i] >= 0 && static_cast<size_t>(prefer[i]) < n) {
+      const size_t p = static_cast<size_t>(prefer[i]);
+      if (key[p].group == k.group && lane[p] != kUnplaced && fits(lane[p])) l = lane[p];
+    }
+    if (l == used) {
+      for (l = 0; l < used; ++l) {
+        if (fits(l)) break;
+      }
     }
     if (l == used) {
       if (used == lanes.size()) lanes.emplace_back();
@@ -69,7 +79,8 @@ std::vector<uint32_t> assign_lane_table(const int64_t* start, const int64_t* end
 }
 
 py::array_t<uint32_t> assign_lanes(py::array_t<int64_t> start_ns, py::array_t<int64_t> end_ns,
-                                   py::array_t<uint32_t> group) {
+                                   py::array_t<uint32_t> group,
+                                   std::optional<py::array_t<int64_t>> prefer) {
   const py::ssize_t n = start_ns.ndim() == 1 ? start_ns.shape(0) : -1;
   for (const py::array* a : {static_cast<const py::array*>(&start_ns),
                              static_cast<const py::array*>(&end_ns),
@@ -80,10 +91,16 @@ py::array_t<uint32_t> assign_lanes(py::array_t<int64_t> start_ns, py::array_t<in
           "contiguous 1-D arrays of one length");
     }
   }
+  if (prefer && (prefer->ndim() != 1 || prefer->shape(0) != n ||
+                 !(prefer->flags() & py::array::c_style))) {
+    throw std::invalid_argument("assign_lanes: prefer must be a contiguous 1-D int64 array of "
+                                "the same length as start_ns");
+  }
+  const int64_t* hint = prefer ? prefer->data() : nullptr;
   std::vector<uint32_t> lane;
   {
     py::gil_scoped_release nogil;
-    lane = assign_lane_table(start_ns.data(), end_ns.data(), group.data(),
+    lane = assign_lane_table(start_ns.data(), end_ns.data(), group.data(), hint,
                              static_cast<size_t>(n));
   }
   py::array_t<uint32_t> out(n);

@@ -10,7 +10,8 @@ Rows (Chrome "tid"s). Forward and recompute spans are drawn on their OS
 thread's own row (tid = OS tid), with cat "forward" / "recompute"; they nest
 strictly there. Backward spans (cat "backward") may overlap their siblings, so
 each OS thread T gets backward tracks of its own, split into lanes by
-``_C.assign_lanes`` so that every row nests strictly:
+``_C.assign_lanes`` (each span preferring its parent's lane, each node its
+span's) so that every row nests strictly:
 
 * ``"<T's name> backward"`` (lane 0), ``"<T's name> backward (overlap k)"``
   (lane k >= 1): backward spans run on T, plus with ``nodes=True`` the autograd
@@ -124,10 +125,18 @@ class _Layout:
 
         # Backward spans and the attributed nodes share the backward lanes of
         # the thread that ran them; spans come first so that a node whose
-        # interval equals its span's is drawn inside it, not around it.
+        # interval equals its span's is drawn inside it, not around it. Each
+        # span prefers its parent span's lane and each node its span's, so
+        # that they land under the right module where the lanes allow.
+        position = np.full(len(spans), -1, np.int64)
+        position[b] = np.arange(len(b))
+        parent = spans.parent[b]
+        prefer = np.concatenate([np.where(parent >= 0, position[np.maximum(parent, 0)], -1),
+                                 position[nodes.span[a]]])
         b_tid = np.concatenate([spans.tid[b], nodes.tid[a]])
         b_lane = _C.assign_lanes(np.concatenate([spans.start_ns[b], nodes.start_ns[a]]),
-                                 np.concatenate([spans.end_ns[b], nodes.end_ns[a]]), b_tid)
+                                 np.concatenate([spans.end_ns[b], nodes.end_ns[a]]), b_tid,
+                                 prefer)
         u_tid = nodes.tid[u]
         u_lane = _C.assign_lanes(nodes.start_ns[u], nodes.end_ns[u], u_tid)
         keys = np.concatenate([
