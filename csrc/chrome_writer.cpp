@@ -72,9 +72,9 @@ uint64_t write_chrome_events(py::object write, py::array_t<int64_t> start_ns,
                              py::array_t<int64_t> end_ns, py::array_t<uint32_t> module,
                              py::array_t<uint32_t> tid, py::array_t<uint32_t> call,
                              py::array_t<uint8_t> flags, py::array_t<uint8_t> cat,
-                             py::sequence names_json, py::sequence args_json,
-                             py::sequence cat_names, int64_t base_ns, uint32_t pid,
-                             size_t chunk_bytes) {
+                             py::array_t<int64_t> nodes, py::sequence names_json,
+                             py::sequence args_json, py::sequence cat_names, int64_t base_ns,
+                             uint32_t pid, size_t chunk_bytes) {
   const size_t n = static_cast<size_t>(start_ns.shape(0));
   const int64_t* start = checked(start_ns, n, "start_ns");
   const int64_t* end = checked(end_ns, n, "end_ns");
@@ -83,6 +83,8 @@ uint64_t write_chrome_events(py::object write, py::array_t<int64_t> start_ns,
   const uint32_t* cl = checked(call, n, "call");
   const uint8_t* fl = checked(flags, n, "flags");
   const uint8_t* ct = checked(cat, n, "cat");
+  // Forward-only traces pass no counts: no per-event branch cost beyond one test.
+  const int64_t* nd = nodes.size() == 0 ? nullptr : checked(nodes, n, "nodes");
   const std::vector<std::string> names = to_strings(names_json);
   const std::vector<std::string> args = to_strings(args_json);
   const std::vector<std::string> cats = to_strings(cat_names);
@@ -122,6 +124,73 @@ uint64_t write_chrome_events(py::object write, py::array_t<int64_t> start_ns,
     buf.integer(cl[i]);
     if (fl[i] & kSpanError) buf.lit(",\"error\":true");
     if (fl[i] & kSpanUnfinished) buf.lit(",\"unfinished\":true");
+    if (nd != nullptr && nd[i] >= 0) {
+      buf.lit(",\"nodes\":");
+      buf.integer(nd[i]);
+    }
+    buf.lit("}}");
+    if (buf.size() >= chunk_bytes) buf.flush(write);
+  }
+  buf.flush(write);
+  return n;
+}
+
+uint64_t write_chrome_nodes(py::object write, py::array_t<int64_t> start_ns,
+                            py::array_t<int64_t> end_ns, py::array_t<uint32_t> name,
+                            py::array_t<uint32_t> tid, py::array_t<uint64_t> seq,
+                            py::array_t<uint32_t> pass_id, py::array_t<int64_t> module,
+                            py::sequence node_names_json, py::sequence module_names_json,
+                            const std::string& cat, int64_t base_ns, uint32_t pid,
+                            size_t chunk_bytes) {
+  const size_t n = static_cast<size_t>(start_ns.shape(0));
+  const int64_t* start = checked(start_ns, n, "start_ns");
+  const int64_t* end = checked(end_ns, n, "end_ns");
+  const uint32_t* nm = checked(name, n, "name");
+  const uint32_t* th = checked(tid, n, "tid");
+  const uint64_t* sq = checked(seq, n, "seq");
+  const uint32_t* ps = checked(pass_id, n, "pass_id");
+  const int64_t* mod = checked(module, n, "module");
+  const std::vector<std::string> names = to_strings(node_names_json);
+  const std::vector<std::string> modules = to_strings(module_names_json);
+  for (size_t i = 0; i < n; ++i) {
+    if (nm[i] >= names.size()) {
+      throw std::out_of_range("write_chrome_nodes: node " + std::to_string(i) + " has name " +
+                              std::to_string(nm[i]) + " but only " +
+                              std::to_string(names.size()) + " node names are given");
+    }
+    if (mod[i] >= static_cast<int64_t>(modules.size())) {
+      throw std::out_of_range("write_chrome_nodes: node " + std::to_string(i) + " has module " +
+                              std::to_string(mod[i]) + " but the module table has " +
+                              std::to_string(modules.size()) + " entries");
+    }
+  }
+  const std::string head = ",\n{\"ph\":\"X\",\"cat\":\"" + cat + "\",\"name\":";
+  const std::string pid_part = ",\"pid\":" + std::to_string(pid) + ",\"tid\":";
+
+  Buffer buf(chunk_bytes);
+  for (size_t i = 0; i < n; ++i) {
+    buf.add(head);
+    buf.add(names[nm[i]]);
+    buf.add(pid_part);
+    buf.integer(th[i]);
+    buf.lit(",\"ts\":");
+    buf.micros(start[i] - base_ns);
+    buf.lit(",\"dur\":");
+    buf.micros(end[i] - start[i]);
+    buf.lit(",\"args\":{\"seq\":");
+    buf.integer(sq[i]);
+    buf.lit(",\"module\":");
+    if (mod[i] >= 0) {
+      buf.add(modules[static_cast<size_t>(mod[i])]);
+    } else {
+      buf.lit("\"\"");
+    }
+    buf.lit(",\"pass\":");
+    if (ps[i] == UINT32_MAX) {
+      buf.lit("null");
+    } else {
+      buf.integer(ps[i]);
+    }
     buf.lit("}}");
     if (buf.size() >= chunk_bytes) buf.flush(write);
   }

@@ -46,6 +46,9 @@ def add_backward_session(session: Session) -> None: ...
 def remove_backward_session(session: Session) -> None: ...
 def node_names() -> list[str]: ...
 def build_spans(events: np.ndarray, t_ns: np.ndarray) -> dict[str, Any]: ...
+def assign_lanes(
+    start_ns: np.ndarray, end_ns: np.ndarray, group: np.ndarray, prefer: np.ndarray | None = None
+) -> np.ndarray: ...
 def write_chrome_events(
     write: Callable[[bytes], Any],
     start_ns: np.ndarray,
@@ -55,9 +58,26 @@ def write_chrome_events(
     call: np.ndarray,
     flags: np.ndarray,
     cat: np.ndarray,
+    nodes: np.ndarray,
     names_json: Sequence[str],
     args_json: Sequence[str],
     cat_names: Sequence[str],
+    base_ns: int,
+    pid: int,
+    chunk_bytes: int,
+) -> int: ...
+def write_chrome_nodes(
+    write: Callable[[bytes], Any],
+    start_ns: np.ndarray,
+    end_ns: np.ndarray,
+    name: np.ndarray,
+    tid: np.ndarray,
+    seq: np.ndarray,
+    pass_id: np.ndarray,
+    module: np.ndarray,
+    node_names_json: Sequence[str],
+    module_names_json: Sequence[str],
+    cat: str,
     base_ns: int,
     pid: int,
     chunk_bytes: int,

@@ -1,7 +1,8 @@
 """One recorded run, in memory: events, module table, clock, and what derives from them.
 
 ``TraceData`` is what ``load`` returns and what the recorder's ``Trace`` extends;
-``Spans`` is the paired-up view of its forward calls.
+``Spans`` is the paired-up view of its module calls (forward, backward,
+recompute) and ``Nodes`` the autograd node executions behind the backward ones.
 
 Example:
     >>> import numpy as np
@@ -38,6 +39,8 @@ __all__ = [
     "CAT_BACKWARD",
     "CAT_RECOMPUTE",
     "CAT_NAMES",
+    "NO_PASS",
+    "Nodes",
     "Spans",
     "TraceData",
     "load",
@@ -46,9 +49,10 @@ __all__ = [
 SPAN_ERROR = 1  # the forward call raised (its EXIT carried FLAG_ERROR)
 SPAN_UNFINISHED = 2  # no EXIT was recorded; end_ns is a lower bound
 CAT_FORWARD = 0
-CAT_BACKWARD = 1  # reserved for backward node spans
-CAT_RECOMPUTE = 2  # reserved for activation-checkpoint recompute
+CAT_BACKWARD = 1  # one per (forward module call, backward pass)
+CAT_RECOMPUTE = 2  # forward calls re-run inside backward by activation checkpointing
 CAT_NAMES = ("forward", "backward", "recompute")
+NO_PASS = 0xFFFF_FFFF  # Nodes.pass_id when the backward pass is unknown
 
 _REQUIRED_INFO = ("pid", "hostname", "dropped_events", "overwritten_events")
 
@@ -65,21 +69,119 @@ _SPAN_FIELDS: dict[str, np.dtype[Any]] = {
     "cat": np.dtype(np.uint8),
 }
 
+_NODE_FIELDS: dict[str, np.dtype[Any]] = {
+    "start_ns": np.dtype(np.int64),
+    "end_ns": np.dtype(np.int64),
+    "self_ns": np.dtype(np.int64),
+    "seq": np.dtype(np.uint64),
+    "name": np.dtype(np.uint32),
+    "tid": np.dtype(np.uint32),
+    "pass_id": np.dtype(np.uint32),
+    "span": np.dtype(np.int64),
+}
+# build_spans' dict key for each Nodes field
+_NODE_KEYS = {name: "node_pass" if name == "pass_id" else f"node_{name}" for name in _NODE_FIELDS}
+
+
+def _checked_arrays(owner: object, what: str, fields: Mapping[str, np.dtype[Any]],
+                    arrays: Mapping[str, np.ndarray]) -> int:
+    n = len(arrays["start_ns"])
+    for name, dtype in fields.items():
+        a = np.asarray(arrays[name])
+        if a.dtype != dtype or a.shape != (n,):
+            raise ValueError(f"{what}.{name}: expected {dtype} array of shape ({n},), "
+                             f"got {a.dtype} {a.shape}")
+        setattr(owner, name, a)
+    return n
+
+
+class Nodes:
+    """Autograd node executions of one run as parallel numpy arrays, one entry each.
+
+    Fields: ``start_ns``/``end_ns`` (int64 Unix ns), ``self_ns`` (duration minus
+    nested nodes'), ``seq`` (uint64 autograd sequence number), ``name`` (uint32
+    index into ``TraceData.node_names``), ``tid`` (OS thread that ran it),
+    ``pass_id`` (uint32 backward pass, ``NO_PASS`` when unknown), ``span``
+    (int64 index of the backward span it is attributed to directly; -1 when
+    unattributed, e.g. the loss's nodes or AccumulateGrad). No order is implied.
+
+    Example:
+        >>> import numpy as np
+        >>> n = Nodes({"start_ns": np.array([0, 5]), "end_ns": np.array([4, 9]),
+        ...            "self_ns": np.array([4, 4]), "seq": np.array([7, 6], np.uint64),
+        ...            "name": np.array([0, 1], np.uint32), "tid": np.array([1, 1], np.uint32),
+        ...            "pass_id": np.array([0, 0], np.uint32), "span": np.array([3, -1])})
+        >>> len(n), n.unattributed, n.duration_ns.tolist()
+        (2, 1, [4, 4])
+        >>> len(Nodes.empty())
+        0
+    """
+
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    self_ns: np.ndarray
+    seq: np.ndarray
+    name: np.ndarray
+    tid: np.ndarray
+    pass_id: np.ndarray
+    span: np.ndarray
+
+    def __init__(self, arrays: Mapping[str, np.ndarray]) -> None:
+        _checked_arrays(self, "Nodes", _NODE_FIELDS, arrays)
+
+    @classmethod
+    def empty(cls) -> Nodes:
+        """No nodes (a forward-only run, or a trace from before backward recording)."""
+        return cls({name: np.zeros(0, dtype) for name, dtype in _NODE_FIELDS.items()})
+
+    def __len__(self) -> int:
+        return len(self.start_ns)
+
+    def __repr__(self) -> str:
+        return f"Nodes({len(self)} nodes, {self.unattributed} unattributed)"
+
+    @property
+    def duration_ns(self) -> np.ndarray:
+        """``end_ns - start_ns`` (int64)."""
+        return self.end_ns - self.start_ns
+
+    @property
+    def unattributed(self) -> int:
+        """How many nodes belong to no module call (``span == -1``)."""
+        return int(np.count_nonzero(self.span < 0))
+
+    def to_records(self) -> np.ndarray:
+        """The nodes as one structured array with the field names above."""
+        out = np.empty(len(self), dtype=list(_NODE_FIELDS.items()))
+        for name in _NODE_FIELDS:
+            out[name] = getattr(self, name)
+        return out
+
 
 class Spans:
     """Calls of one run as parallel numpy arrays, one entry per span.
 
-    Order: by ``tid`` ascending, then in recorded pre-order within the thread:
-    every parent before its children, start ascending whenever the thread's
-    clock readings are. Fields: ``start_ns``/``end_ns``
-    (int64 Unix ns), ``self_ns`` (duration minus direct children's),
-    ``parent`` (int64 span index, -1 for none), ``module`` (module slot),
-    ``tid``, ``depth``, ``call`` (ordinal of this call among the module's calls
-    by start time, across threads), ``flags`` (SPAN_ERROR | SPAN_UNFINISHED),
-    ``cat`` (CAT_FORWARD, ...). Counts: ``orphan_exits`` (EXITs without a
+    Three categories (``cat``): CAT_FORWARD and CAT_RECOMPUTE spans (forward
+    calls re-run by activation checkpointing) come first, by ``tid`` ascending,
+    then in recorded pre-order within the thread: every parent before its
+    children, start ascending whenever the thread's clock readings are; they
+    nest strictly per thread. CAT_BACKWARD spans follow, sorted by (tid, start,
+    depth): one per (forward module call, backward pass), with the ``module``,
+    ``call`` and ``depth`` of that forward call, ``tid`` the thread of its first
+    autograd node, start/end spanning the nodes of the call and its descendants,
+    ``self_ns`` the time of the nodes attributed directly to it; siblings may
+    overlap in time, so backward spans need not nest.
+
+    Fields: ``start_ns``/``end_ns`` (int64 Unix ns), ``self_ns`` (forward:
+    duration minus direct children's), ``parent`` (int64 span index of the
+    parent call in the same category and pass, -1 for none), ``module`` (module
+    slot), ``tid``, ``depth``, ``call`` (ordinal of the forward call among the
+    module's calls by start time, across threads), ``flags`` (SPAN_ERROR |
+    SPAN_UNFINISHED), ``cat``. Counts: ``orphan_exits`` (EXITs without a
     matching ENTER, normal at the start of a ring buffer), ``unfinished``
-    (spans without an EXIT), ``node_events`` (backward events, not paired yet).
-    ``threads`` lists every tid that recorded an event.
+    (spans without an EXIT), ``node_events`` (NODE_BEGIN/NODE_END events).
+    ``threads`` lists every tid that recorded an event; ``nodes`` holds the
+    autograd node executions (``Nodes``, empty when none were recorded).
 
     Example:
         >>> import numpy as np
@@ -109,18 +211,17 @@ class Spans:
         orphan_exits: int,
         unfinished: int,
         node_events: int = 0,
+        nodes: Nodes | None = None,
     ) -> None:
-        n = len(arrays["start_ns"])
-        for name, dtype in _SPAN_FIELDS.items():
-            a = np.asarray(arrays[name])
-            if a.dtype != dtype or a.shape != (n,):
-                raise ValueError(f"Spans.{name}: expected {dtype} array of shape ({n},), "
-                                 f"got {a.dtype} {a.shape}")
-            setattr(self, name, a)
+        n = _checked_arrays(self, "Spans", _SPAN_FIELDS, arrays)
         self.threads = np.asarray(threads, dtype=np.uint32)
         self.orphan_exits = int(orphan_exits)
         self.unfinished = int(unfinished)
         self.node_events = int(node_events)
+        self.nodes = Nodes.empty() if nodes is None else nodes
+        if len(self.nodes) and int(self.nodes.span.max()) >= n:
+            raise ValueError(f"Nodes.span: index {int(self.nodes.span.max())} is out of range "
+                             f"for {n} spans")
 
     @classmethod
     def from_events(cls, events: np.ndarray, clock: Clock) -> Spans:
@@ -130,20 +231,29 @@ class Spans:
             raise TypeError(f"events must be a 1-D array of EVENT_DTYPE, got {events.dtype}")
         t_ns = np.ascontiguousarray(clock.to_unix_ns(events["t"]), dtype=np.int64)
         out = _C.build_spans(events, t_ns)
+        nodes = None
+        if "node_start_ns" in out:
+            nodes = Nodes({name: out[key] for name, key in _NODE_KEYS.items()})
         return cls(
             {name: out[name] for name in _SPAN_FIELDS},
             threads=out["threads"],
             orphan_exits=out["orphan_exits"],
             unfinished=out["unfinished"],
             node_events=out["node_events"],
+            nodes=nodes,
         )
 
     def __len__(self) -> int:
         return len(self.start_ns)
 
     def __repr__(self) -> str:
-        return (f"Spans({len(self)} spans, {len(self.threads)} threads, "
+        return (f"Spans({len(self)} spans, {len(self.nodes)} nodes, {len(self.threads)} threads, "
                 f"orphan_exits={self.orphan_exits}, unfinished={self.unfinished})")
+
+    @property
+    def unattributed_nodes(self) -> int:
+        """Autograd nodes attributed to no module call (``nodes.span == -1``)."""
+        return self.nodes.unattributed
 
     @property
     def duration_ns(self) -> np.ndarray:
@@ -230,11 +340,15 @@ class TraceData:
             spans = self._spans = Spans.from_events(self.events, self.clock)
         return spans
 
-    def export_chrome(self, path: str | os.PathLike[str]) -> None:
-        """Write a Chrome/Perfetto trace JSON; gzip-compressed when ``path`` ends in ``.gz``."""
+    def export_chrome(self, path: str | os.PathLike[str], *, nodes: bool = False) -> None:
+        """Write a Chrome/Perfetto trace JSON; gzip-compressed when ``path`` ends in ``.gz``.
+
+        ``nodes=True`` adds one event per attributed autograd node (unattributed
+        nodes are always written); see ``hooktrace.chrome``.
+        """
         from hooktrace.chrome import export_chrome
 
-        export_chrome(self, path)
+        export_chrome(self, path, nodes=nodes)
 
     def summary(self) -> Summary:
         """Per-module call statistics (see ``hooktrace.summary.Summary``)."""

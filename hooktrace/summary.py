@@ -13,9 +13,9 @@ Example:
     >>> [(r["module"], r["calls"], r["total_ns"], r["self_ns"]) for r in s.rows]
     [('', 1, 5000, 3000), ('fc', 1, 2000, 2000)]
     >>> print(s)  # doctest: +NORMALIZE_WHITESPACE
-    module  type    phase   calls  total  self   mean   p50    p99
-    <root>  Net     forward     1  5.00 µs  3.00 µs  5.00 µs  5.00 µs  5.00 µs
-    fc      Linear  forward     1  2.00 µs  2.00 µs  2.00 µs  2.00 µs  2.00 µs
+    module  type    calls  total    self     mean     p50      p99
+    <root>  Net         1  5.00 µs  3.00 µs  5.00 µs  5.00 µs  5.00 µs
+    fc      Linear      1  2.00 µs  2.00 µs  2.00 µs  2.00 µs  2.00 µs
 """
 
 from __future__ import annotations
@@ -28,15 +28,20 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hooktrace.reading import CAT_NAMES, Spans
+from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, CAT_RECOMPUTE, Spans
 
 if TYPE_CHECKING:
     from hooktrace.reading import TraceData
 
-__all__ = ["Summary", "format_ns"]
+__all__ = ["Summary", "format_ns", "UNATTRIBUTED"]
 
-_COLUMNS = ("module", "type", "phase", "calls", "total_ns", "self_ns", "mean_ns", "p50_ns",
-            "p99_ns")
+UNATTRIBUTED = "<unattributed>"  # "module" of the rows for unattributed autograd nodes
+
+_COLUMNS = ("module", "type", "calls", "total_ns", "self_ns", "mean_ns", "p50_ns", "p99_ns",
+            "bwd_calls", "bwd_total_ns", "bwd_self_ns", "bwd_p50_ns", "bwd_p99_ns",
+            "bwd_fwd_ratio", "recompute_calls", "recompute_total_ns")
+_FORWARD_KEYS = ("calls", "total_ns", "self_ns", "mean_ns", "p50_ns", "p99_ns",
+                 "recompute_calls", "recompute_total_ns")
 
 
 def format_ns(ns: float) -> str:
@@ -69,14 +74,65 @@ def _percentile_sorted(values: np.ndarray, starts: np.ndarray, counts: np.ndarra
     return v_lo + (v_hi - v_lo) * frac
 
 
-class Summary:
-    """Per (module, phase) statistics: calls, total, self, mean, p50, p99 (in ns).
+class _Groups:
+    """Per-group count, totals and linear p50/p99 of ``dur`` for dense group ids."""
 
-    Rows are sorted by total time, descending. ``str(summary)`` is an aligned
-    table (``summary.to_text(top=10)`` for the first rows only), ``to_csv()`` and
-    ``to_json()`` give the same rows as ``rows`` (a list of dicts) in those
-    forms. A footer names lost or partial data (dropped / overwritten events,
-    orphan exits, unfinished spans) whenever there is any.
+    def __init__(self, g: np.ndarray, dur: np.ndarray, self_ns: np.ndarray,
+                 n_groups: int) -> None:
+        self.ids = np.zeros(0, np.int64)
+        self.counts = self.total = self.self_total = np.zeros(0, np.int64)
+        self.p50 = self.p99 = np.zeros(0, np.float64)
+        if not len(g):
+            return
+        # Sorting the group id is a radix sort when it fits 16 bits, and one sort
+        # of (group, duration) packed in an int64 gives the per-group sorted
+        # durations for the percentiles: ~5x faster than np.lexsort((dur, key))
+        # on 5 M spans (1.5 s -> 0.3 s measured).
+        order = np.argsort(g.astype(np.uint16) if n_groups <= 1 << 16 else g, kind="stable")
+        g_s = g[order]
+        starts = np.flatnonzero(np.r_[True, g_s[1:] != g_s[:-1]])
+        self.counts = np.diff(np.r_[starts, len(g_s)])
+        self.total = np.add.reduceat(dur[order], starts)
+        self.self_total = np.add.reduceat(self_ns[order], starts)
+        lo = int(dur.min())
+        width = int(dur.max()) - lo + 1
+        if n_groups * width < 1 << 62:
+            dur_s = np.sort(g * width + (dur - lo)) - g_s * width + lo
+        else:  # durations too spread out to pack next to the group id
+            dur_s = dur[np.lexsort((dur, g))]
+        self.p50 = _percentile_sorted(dur_s, starts, self.counts, 50)
+        self.p99 = _percentile_sorted(dur_s, starts, self.counts, 99)
+        self.ids = g_s[starts]
+
+
+class Summary:
+    """Per-module statistics, forward and backward side by side (times in ns).
+
+    One row per module (``module`` = qualified name, ``""`` for the root;
+    ``type`` = class name), with the keys, in CSV column order:
+
+    * forward calls: ``calls``, ``total_ns``, ``self_ns``, ``mean_ns``,
+      ``p50_ns``, ``p99_ns`` (percentiles of call durations);
+    * backward spans (one per forward call and backward pass): ``bwd_calls``,
+      ``bwd_total_ns``, ``bwd_self_ns`` (time of the autograd nodes attributed
+      directly to the module), ``bwd_p50_ns``, ``bwd_p99_ns``;
+    * ``bwd_fwd_ratio`` = ``bwd_total_ns / total_ns``;
+    * activation-checkpoint recompute: ``recompute_calls``, ``recompute_total_ns``.
+
+    Counts and totals are 0 when a phase has no calls; means, percentiles and
+    the ratio are None (blank in CSV) then. Autograd time attributed to no
+    module gets one row per node name, with ``module`` = ``"<unattributed>"``,
+    ``type`` = the node name, and only the backward keys filled (``bwd_calls`` =
+    node executions, ``bwd_total_ns`` = ``bwd_self_ns`` = their summed self
+    time, percentiles of that self time); the others are None.
+
+    Rows are sorted by ``total_ns + bwd_total_ns``, descending. ``str(summary)``
+    is an aligned table (``summary.to_text(top=10)`` for the first rows only;
+    backward columns appear when the run has backward data, recompute columns
+    when there was any recompute), ``to_csv()`` and ``to_json()`` give ``rows``
+    (a list of dicts) in those forms. A footer names lost or partial data
+    (dropped / overwritten events, orphan exits, unfinished spans) and
+    unattributed autograd nodes whenever there are any.
     """
 
     def __init__(self, rows: list[dict[str, Any]], counts: dict[str, int]) -> None:
@@ -86,91 +142,93 @@ class Summary:
     @classmethod
     def from_trace(cls, trace: TraceData) -> Summary:
         spans = trace.spans()
+        nodes = spans.nodes
+        unattributed = nodes.span < 0
         counts = {
             "dropped_events": trace.dropped_events,
             "overwritten_events": trace.overwritten_events,
             "orphan_exits": spans.orphan_exits,
             "unfinished_spans": spans.unfinished,
+            "unattributed_nodes": int(np.count_nonzero(unattributed)),
+            "unattributed_ns": int(nodes.self_ns[unattributed].sum()),
         }
-        return cls(cls._rows(spans, trace.modules), counts)
+        return cls(cls._rows(spans, trace.modules, trace.node_names), counts)
 
     @staticmethod
-    def _rows(spans: Spans, modules: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
-        if not len(spans):
-            return []
-        # Dense group id per (cat, module). Sorting it is a radix sort when it fits
-        # 16 bits, and one sort of (group, duration) packed in an int64 gives the
-        # per-group sorted durations for the percentiles: ~5x faster than
-        # np.lexsort((dur, key)) on 5 M spans (1.5 s -> 0.3 s measured).
-        n_mod = int(spans.module.max()) + 1
-        g = spans.cat.astype(np.int64) * n_mod + spans.module.astype(np.int64)
-        n_groups = int(g.max()) + 1
-        dur = spans.duration_ns
-        order = np.argsort(g.astype(np.uint16) if n_groups <= 1 << 16 else g, kind="stable")
-        g_s = g[order]
-        starts = np.flatnonzero(np.r_[True, g_s[1:] != g_s[:-1]])
-        counts = np.diff(np.r_[starts, len(g_s)])
-        total = np.add.reduceat(dur[order], starts)
-        self_total = np.add.reduceat(spans.self_ns[order], starts)
-        lo = int(dur.min())
-        width = int(dur.max()) - lo + 1
-        if n_groups * width < 1 << 62:
-            dur_s = np.sort(g * width + (dur - lo)) - g_s * width + lo
-        else:  # durations too spread out to pack next to the group id
-            dur_s = dur[np.lexsort((dur, g))]
-        p50 = _percentile_sorted(dur_s, starts, counts, 50)
-        p99 = _percentile_sorted(dur_s, starts, counts, 99)
-        group = g_s[starts]
-        mod = group % n_mod
-        cat = group // n_mod
-        # Sort by total descending; stable on (cat, module) for equal totals.
-        by_total = np.argsort(-total, kind="stable")
-        rows = []
-        for g in by_total.tolist():
-            m = int(mod[g])
-            name, type_name = modules[m] if m < len(modules) else (f"<module {m}>", "?")
-            c = int(cat[g])
-            rows.append({
-                "module": name,
-                "type": type_name,
-                "phase": CAT_NAMES[c] if c < len(CAT_NAMES) else str(c),
-                "calls": int(counts[g]),
-                "total_ns": int(total[g]),
-                "self_ns": int(self_total[g]),
-                "mean_ns": float(total[g]) / int(counts[g]),
-                "p50_ns": float(p50[g]),
-                "p99_ns": float(p99[g]),
-            })
-        return rows
+    def _rows(spans: Spans, modules: Sequence[tuple[str, str]],
+              node_names: Sequence[str] = ()) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        if len(spans):
+            n_mod = int(spans.module.max()) + 1
+            module = spans.module.astype(np.int64)
+            dur = spans.duration_ns
+            per_cat = []
+            for cat in (CAT_FORWARD, CAT_BACKWARD, CAT_RECOMPUTE):
+                sel = spans.cat == cat
+                per_cat.append(_Groups(module[sel], dur[sel], spans.self_ns[sel], n_mod))
+            fwd, bwd, rec = per_cat
+            for m in np.union1d(np.union1d(fwd.ids, bwd.ids), rec.ids).tolist():
+                name, type_name = modules[m] if m < len(modules) else (f"<module {m}>", "?")
+                row: dict[str, Any] = {"module": name, "type": type_name}
+                row.update(_stats(fwd, m, ""))
+                row.update(_stats(bwd, m, "bwd_"))
+                del row["bwd_mean_ns"]
+                row["bwd_fwd_ratio"] = (row["bwd_total_ns"] / row["total_ns"]
+                                        if row["bwd_calls"] and row["total_ns"] else None)
+                r = _stats(rec, m, "recompute_")
+                row["recompute_calls"] = r["recompute_calls"]
+                row["recompute_total_ns"] = r["recompute_total_ns"]
+                rows.append(row)
+        nodes = spans.nodes
+        loose = nodes.span < 0
+        if loose.any():
+            name_id = nodes.name[loose].astype(np.int64)
+            n_names = int(name_id.max()) + 1
+            self_ns = nodes.self_ns[loose]
+            groups = _Groups(name_id, self_ns, self_ns, n_names)
+            for k in groups.ids.tolist():
+                row = {"module": UNATTRIBUTED,
+                       "type": node_names[k] if k < len(node_names) else f"<node {k}>"}
+                row.update(dict.fromkeys(_FORWARD_KEYS))
+                row.update(_stats(groups, k, "bwd_"))
+                del row["bwd_mean_ns"]
+                row["bwd_fwd_ratio"] = None
+                rows.append(row)
+        # Stable: equal totals keep module-slot order, unattributed rows last.
+        rows.sort(key=lambda r: -((r["total_ns"] or 0) + r["bwd_total_ns"]))
+        return [{key: row[key] for key in _COLUMNS} for row in rows]
 
     def footer(self) -> str:
-        """One line naming lost or partial data; ``""`` when there is none."""
+        """Lines naming lost or partial data and unattributed nodes; ``""`` when none."""
         c = self.counts
-        if not any(c.values()):
-            return ""
-        return (
-            f"note: {c['dropped_events']} events dropped, {c['overwritten_events']} overwritten "
-            f"(ring buffer), {c['orphan_exits']} orphan exits, {c['unfinished_spans']} "
-            "unfinished spans - totals may be incomplete"
-        )
+        lines = []
+        lost = ("dropped_events", "overwritten_events", "orphan_exits", "unfinished_spans")
+        if any(c.get(k, 0) for k in lost):
+            lines.append(
+                f"note: {c['dropped_events']} events dropped, {c['overwritten_events']} "
+                f"overwritten (ring buffer), {c['orphan_exits']} orphan exits, "
+                f"{c['unfinished_spans']} unfinished spans - totals may be incomplete"
+            )
+        if c.get("unattributed_nodes", 0):
+            lines.append(
+                f"note: {c['unattributed_nodes']} autograd nodes "
+                f"({format_ns(c['unattributed_ns'])}) ran outside any traced module call "
+                f"(rows {UNATTRIBUTED})"
+            )
+        return "\n".join(lines)
 
     def to_text(self, top: int | None = None) -> str:
         """Aligned text table of the first ``top`` rows (all when None)."""
         rows = self.rows if top is None else self.rows[:top]
-        header = ["module", "type", "phase", "calls", "total", "self", "mean", "p50", "p99"]
-        table = [header] + [
-            [
-                r["module"] or "<root>",
-                r["type"],
-                r["phase"],
-                str(r["calls"]),
-                *(format_ns(r[k]) for k in ("total_ns", "self_ns", "mean_ns", "p50_ns",
-                                            "p99_ns")),
-            ]
-            for r in rows
-        ]
+        columns = list(_TEXT_FORWARD)
+        if any(r["bwd_calls"] for r in self.rows):
+            columns += _TEXT_BACKWARD
+        if any(r["recompute_calls"] for r in self.rows):
+            columns += _TEXT_RECOMPUTE
+        header = [title for title, _ in columns]
+        table = [header] + [[_cell(r, key) for _, key in columns] for r in rows]
         widths = [max(len(line[i]) for line in table) for i in range(len(header))]
-        left = 3  # module, type, phase are left-aligned; numbers right-aligned
+        left = 2  # module and type are left-aligned; numbers right-aligned
         lines = [
             "  ".join(
                 cell.ljust(w) if i < left else cell.rjust(w)
@@ -192,7 +250,7 @@ class Summary:
         return f"<Summary {len(self.rows)} rows>"
 
     def to_csv(self) -> str:
-        """CSV text with a header row; durations in ns."""
+        """CSV text with a header row (the keys above); durations in ns, None blank."""
         out = io.StringIO()
         w = csv.DictWriter(out, fieldnames=list(_COLUMNS), lineterminator="\n")
         w.writeheader()
@@ -202,3 +260,40 @@ class Summary:
     def to_json(self) -> str:
         """JSON text: ``{"rows": [...], "counts": {...}}``; durations in ns."""
         return json.dumps({"rows": self.rows, "counts": self.counts}, ensure_ascii=False)
+
+
+# (text header, row key) per text column
+_TEXT_FORWARD = [("module", "module"), ("type", "type"), ("calls", "calls"),
+                 ("total", "total_ns"), ("self", "self_ns"), ("mean", "mean_ns"),
+                 ("p50", "p50_ns"), ("p99", "p99_ns")]
+_TEXT_BACKWARD = [("bwd_calls", "bwd_calls"), ("bwd_total", "bwd_total_ns"),
+                  ("bwd_self", "bwd_self_ns"), ("bwd_p50", "bwd_p50_ns"),
+                  ("bwd_p99", "bwd_p99_ns"), ("bwd/fwd", "bwd_fwd_ratio")]
+_TEXT_RECOMPUTE = [("recompute", "recompute_calls"), ("recompute_total", "recompute_total_ns")]
+
+
+def _stats(groups: _Groups, gid: int, prefix: str) -> dict[str, Any]:
+    """The row entries of group ``gid`` (zeros and Nones when it had no calls)."""
+    pos = int(np.searchsorted(groups.ids, gid))
+    if pos < len(groups.ids) and groups.ids[pos] == gid:
+        n = int(groups.counts[pos])
+        total = int(groups.total[pos])
+        return {f"{prefix}calls": n, f"{prefix}total_ns": total,
+                f"{prefix}self_ns": int(groups.self_total[pos]),
+                f"{prefix}mean_ns": total / n, f"{prefix}p50_ns": float(groups.p50[pos]),
+                f"{prefix}p99_ns": float(groups.p99[pos])}
+    return {f"{prefix}calls": 0, f"{prefix}total_ns": 0, f"{prefix}self_ns": 0,
+            f"{prefix}mean_ns": None, f"{prefix}p50_ns": None, f"{prefix}p99_ns": None}
+
+
+def _cell(row: dict[str, Any], key: str) -> str:
+    value = row[key]
+    if key == "module":
+        return value or "<root>"
+    if value is None:
+        return ""
+    if key == "bwd_fwd_ratio":
+        return f"{value:.2f}"
+    if key.endswith("_ns"):
+        return format_ns(value)
+    return str(value)

@@ -100,7 +100,12 @@ def test_metadata_events_and_hooktrace_block():
     assert doc["displayTimeUnit"] == "ns"
     assert doc["hooktrace"] == {"version": __version__, "format_version": 1,
                                 "dropped_events": 7, "overwritten_events": 9,
-                                "orphan_exits": 1, "unfinished_spans": 1}
+                                "orphan_exits": 1, "unfinished_spans": 1,
+                                "backward_spans": 0, "autograd_nodes": 0,
+                                "unattributed_nodes": 0, "unattributed_ns": 0, "tracks": []}
+    sort_index = {e["tid"]: e["args"]["sort_index"] for e in meta
+                  if e["name"] == "thread_sort_index"}
+    assert sort_index == {1: 0, 2: 1}
 
 
 def test_names_args_and_flags():

@@ -9,47 +9,87 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
-from conftest import build_events, build_trace, random_stream
+from conftest import NODE_NAMES, backward_trace, build_events, build_trace, random_stream
 
 from hooktrace._events import ENTER, EXIT, Clock
-from hooktrace.summary import Summary, format_ns
+from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, CAT_RECOMPUTE
+from hooktrace.summary import UNATTRIBUTED, Summary, format_ns
 
 CLOCK = Clock(ticks0=0, unix_ns0=1_700_000_000_000_000_000, ns_per_tick=1.37)
 
 
-def reference_rows(trace) -> dict[str, dict]:
+def reference_rows(trace) -> dict[tuple[str, str], dict]:
+    """Rows keyed by (module, type), computed one group at a time."""
     s = trace.spans()
-    groups: dict[int, list[int]] = defaultdict(list)
-    for i, m in enumerate(s.module.tolist()):
-        groups[m].append(i)
-    out = {}
-    for m, idx in groups.items():
+    out: dict[tuple[str, str], dict] = {}
+
+    def stats(idx: list[int], prefix: str) -> dict:
+        if not idx:
+            return {f"{prefix}calls": 0, f"{prefix}total_ns": 0, f"{prefix}self_ns": 0,
+                    f"{prefix}p50_ns": None, f"{prefix}p99_ns": None}
         dur = (s.end_ns[idx] - s.start_ns[idx]).astype(np.int64)
-        out[trace.modules[m][0]] = {
-            "calls": len(idx),
-            "total_ns": int(dur.sum()),
-            "self_ns": int(s.self_ns[idx].sum()),
-            "mean_ns": float(dur.mean()),
-            "p50_ns": float(np.percentile(dur, 50)),
-            "p99_ns": float(np.percentile(dur, 99)),
-        }
+        return {f"{prefix}calls": len(idx), f"{prefix}total_ns": int(dur.sum()),
+                f"{prefix}self_ns": int(s.self_ns[idx].sum()),
+                **({"mean_ns": dur.mean()} if not prefix else {}),
+                f"{prefix}p50_ns": float(np.percentile(dur, 50)),
+                f"{prefix}p99_ns": float(np.percentile(dur, 99))}
+
+    for m in sorted(set(s.module.tolist())):
+        of = {cat: [i for i in range(len(s)) if s.module[i] == m and s.cat[i] == cat]
+              for cat in (CAT_FORWARD, CAT_BACKWARD, CAT_RECOMPUTE)}
+        row = {**stats(of[CAT_FORWARD], ""), **stats(of[CAT_BACKWARD], "bwd_")}
+        row["recompute_calls"] = len(of[CAT_RECOMPUTE])
+        row["recompute_total_ns"] = int(sum(s.end_ns[i] - s.start_ns[i]
+                                            for i in of[CAT_RECOMPUTE]))
+        row["bwd_fwd_ratio"] = (row["bwd_total_ns"] / row["total_ns"]
+                                if row["bwd_calls"] and row["total_ns"] else None)
+        out[trace.modules[m]] = row
+    nodes = s.nodes
+    for k in sorted(set(nodes.name[nodes.span < 0].tolist())):
+        self_ns = nodes.self_ns[(nodes.span < 0) & (nodes.name == k)]
+        out[(UNATTRIBUTED, trace.node_names[k])] = {
+            "calls": None, "total_ns": None, "self_ns": None, "bwd_calls": len(self_ns),
+            "bwd_total_ns": int(self_ns.sum()), "bwd_self_ns": int(self_ns.sum()),
+            "bwd_p50_ns": float(np.percentile(self_ns, 50)),
+            "bwd_p99_ns": float(np.percentile(self_ns, 99)), "bwd_fwd_ratio": None,
+            "recompute_calls": None}
     return out
 
 
-@pytest.mark.parametrize("seed", range(10))
-def test_numbers_match_reference(seed):
-    trace = build_trace(random_stream(seed, calls_per_thread=200, p_node=0), clock=CLOCK)
+def check_against_reference(trace) -> list[dict]:
     rows = trace.summary().rows
     ref = reference_rows(trace)
     assert len(rows) == len(ref)
     for row in rows:
-        expected = ref[row["module"]]
-        for key in ("calls", "total_ns", "self_ns"):
-            assert row[key] == expected[key], key
-        for key in ("mean_ns", "p50_ns", "p99_ns"):
-            assert row[key] == pytest.approx(expected[key], rel=1e-12), key
-    totals = [r["total_ns"] for r in rows]
-    assert totals == sorted(totals, reverse=True)
+        expected = ref[(row["module"], row["type"])]
+        for key, value in expected.items():
+            if isinstance(value, float):
+                assert row[key] == pytest.approx(value, rel=1e-12), key
+            else:
+                assert row[key] == value, key
+    keys = [(r["total_ns"] or 0) + r["bwd_total_ns"] for r in rows]
+    assert keys == sorted(keys, reverse=True)
+    return rows
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_numbers_match_reference(seed):
+    trace = build_trace(random_stream(seed, calls_per_thread=200), clock=CLOCK)
+    rows = check_against_reference(trace)
+    assert all(r["bwd_calls"] == 0 and r["bwd_fwd_ratio"] is None for r in rows)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_backward_columns_match_reference(seed):
+    # GIVEN forward, backward and recompute spans, and unattributed nodes
+    trace = backward_trace(seed)
+    # WHEN summarized THEN every column matches the per-group reference
+    rows = check_against_reference(trace)
+    assert any(r["bwd_fwd_ratio"] for r in rows)
+    assert any(r["recompute_calls"] for r in rows)
+    loose = [r for r in rows if r["module"] == UNATTRIBUTED]
+    assert loose and {r["type"] for r in loose} <= set(NODE_NAMES)
+    assert sum(r["bwd_total_ns"] for r in loose) == trace.summary().counts["unattributed_ns"]
 
 
 def test_self_time_excludes_children():
@@ -66,14 +106,36 @@ def test_text_table_is_aligned_and_top_limits_rows():
     trace = build_trace(random_stream(1), clock=CLOCK)
     summary = trace.summary()
     lines = str(summary).splitlines()
-    assert lines[0].split() == ["module", "type", "phase", "calls", "total", "self", "mean", "p50",
-                                "p99"]
+    assert lines[0].split() == ["module", "type", "calls", "total", "self", "mean", "p50", "p99"]
     table = [line for line in lines if not line.startswith(("note:", "..."))]
     assert len(table) == len(summary.rows) + 1
     # right-aligned numeric columns: every table line ends at the same column
     assert len({len(line) for line in table}) == 1
     short = summary.to_text(top=2).splitlines()
     assert len(short) >= 3 and short[3].startswith("... ")
+
+
+def test_text_table_with_backward_and_recompute():
+    summary = backward_trace(3).summary()
+    lines = str(summary).splitlines()
+    assert lines[0].split() == ["module", "type", "calls", "total", "self", "mean", "p50", "p99",
+                                "bwd_calls", "bwd_total", "bwd_self", "bwd_p50", "bwd_p99",
+                                "bwd/fwd", "recompute", "recompute_total"]
+    assert any(line.startswith(UNATTRIBUTED) for line in lines)
+    assert lines[-1].startswith("note: ") and "autograd nodes" in lines[-1]
+    no_recompute = backward_trace(3, with_recompute=False).summary()
+    assert "recompute" not in str(no_recompute).splitlines()[0]
+
+
+def test_ratio_and_blank_columns():
+    rows = {(r["module"], r["type"]): r for r in backward_trace(0).summary().rows}
+    root = rows[("", "Net")]
+    assert root["bwd_fwd_ratio"] == root["bwd_total_ns"] / root["total_ns"]
+    loose = next(r for key, r in rows.items() if key[0] == UNATTRIBUTED)
+    assert loose["calls"] is None and loose["mean_ns"] is None and loose["bwd_fwd_ratio"] is None
+    parsed = list(csv.DictReader(io.StringIO(backward_trace(0).summary().to_csv())))
+    row = next(r for r in parsed if r["module"] == UNATTRIBUTED)
+    assert row["calls"] == "" and row["bwd_fwd_ratio"] == "" and int(row["bwd_total_ns"]) > 0
 
 
 def test_footer_whenever_something_was_lost():
@@ -93,6 +155,10 @@ def test_csv_and_json_forms_carry_the_rows():
     parsed = list(csv.DictReader(io.StringIO(summary.to_csv())))
     assert [r["module"] for r in parsed] == [r["module"] for r in summary.rows]
     assert [int(r["total_ns"]) for r in parsed] == [r["total_ns"] for r in summary.rows]
+    assert list(parsed[0]) == ["module", "type", "calls", "total_ns", "self_ns", "mean_ns",
+                               "p50_ns", "p99_ns", "bwd_calls", "bwd_total_ns", "bwd_self_ns",
+                               "bwd_p50_ns", "bwd_p99_ns", "bwd_fwd_ratio", "recompute_calls",
+                               "recompute_total_ns"]
     doc = json.loads(summary.to_json())
     assert doc["rows"] == summary.rows
     assert doc["counts"]["dropped_events"] == 4
@@ -122,5 +188,5 @@ def test_huge_duration_spread_uses_the_fallback_sort():
     trace = build_trace(ev, clock=Clock(0, 0, 1.0))
     ref = reference_rows(trace)
     for row in trace.summary().rows:
-        assert row["total_ns"] == ref[row["module"]]["total_ns"]
-        assert row["p50_ns"] == pytest.approx(ref[row["module"]]["p50_ns"])
+        assert row["total_ns"] == ref[(row["module"], row["type"])]["total_ns"]
+        assert row["p50_ns"] == pytest.approx(ref[(row["module"], row["type"])]["p50_ns"])
