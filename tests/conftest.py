@@ -63,7 +63,7 @@ def random_stream(
     p_lose_exit: float = 0.05,
     p_lose_enter: float = 0.05,
     p_error: float = 0.1,
-    p_node: float = 0.05,
+    p_node: float = 0.0,
     p_stray_exit: float = 0.03,
     cut_front: bool = True,
     max_depth: int = 6,

@@ -22,7 +22,7 @@ OWNER_TYPE = {
     "NativeBatchNormBackward0": {"BatchNorm2d"},
     "CudnnBatchNormBackward0": {"BatchNorm2d"},
     "ReluBackward0": {"ReLU"},
-    "TanhBackward0": {"Shared"},
+    "TanhBackward0": {"Shared", "Tanh"},
 }
 
 

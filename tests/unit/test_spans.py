@@ -289,7 +289,7 @@ def test_empty_stream():
 
 @pytest.mark.parametrize("seed", range(40))
 def test_matches_reference_on_damaged_multithread_streams(seed):
-    ev = random_stream(seed)
+    ev = random_stream(seed, p_node=0.05)
     clock = Clock(ticks0=17, unix_ns0=1_700_000_000_123_456_789, ns_per_tick=0.731)
     assert_same(Spans.from_events(ev, clock), reference_spans(ev, clock), raw_spans(ev, clock))
 
@@ -325,7 +325,7 @@ def test_undamaged_streams_have_no_anomalies():
 
 
 def test_non_contiguous_events_are_accepted():
-    ev = random_stream(5)
+    ev = random_stream(5, p_node=0.05)
     strided = np.concatenate([ev, ev])[::2]
     assert_same(Spans.from_events(strided, IDENTITY_CLOCK),
                 reference_spans(np.ascontiguousarray(strided), IDENTITY_CLOCK))
