@@ -131,7 +131,7 @@ def run_demo(out_dir: str | Path, steps: int = 5, batch: int = 8, seed: int = 0)
     gen = torch.Generator().manual_seed(seed)
     cfg = GPTConfig()
     model = TinyGPT(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     train_step(model, opt, *synthetic_batch(cfg, batch, gen))  # warm-up, untraced
     losses: list[float] = []
     with hooktrace.trace(model) as tr:
