@@ -224,7 +224,7 @@ def assign_lanes(start: np.ndarray, end: np.ndarray, group: np.ndarray) -> np.nd
         >>> import numpy as np
         >>> assign_lanes(np.array([0, 5, 1, 8]), np.array([10, 15, 2, 9]),
         ...              np.zeros(4, np.int64)).tolist()
-        [0, 1, 0, 1]
+        [0, 1, 0, 0]
     """
     start = np.ascontiguousarray(start, dtype=np.int64)
     end = np.ascontiguousarray(end, dtype=np.int64)
