@@ -105,7 +105,8 @@ class Attribution:
                      format_ns(r["cpu_total_ns"]), format_ns(r["cpu_self_ns"])]
             if self.has_gpu:
                 cells += [format_ns(r["gpu_total_ns"]), format_ns(r["gpu_self_ns"])]
-            cells.append(", ".join(f"{n} {format_ns(ns)}" for n, ns in r["top_ops"]))
+            cells.append(", ".join(f"{n.removeprefix(NODE_PREFIX)} {format_ns(ns)}"
+                                   for n, ns in r["top_ops"]))
             lines.append(cells)
         widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
         numeric = {3, 4, 5, 6, 7} if self.has_gpu else {3, 4, 5}
