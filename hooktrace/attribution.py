@@ -228,6 +228,12 @@ def _shortest_backward(run: TraceData, tid: int, start: int, end: int) -> int:
 # -- the attribution ---------------------------------------------------------
 
 
+def _ancestors(name: str) -> list[str]:
+    """``name`` and its ancestors' qualified names, root ``""`` included."""
+    parts = name.split(".") if name else []
+    return [""] + [".".join(parts[: i + 1]) for i in range(len(parts))]
+
+
 def attribute_events(run: TraceData, p: ProfilerEvents, *, top_ops: int = 3) -> Attribution:
     """Attribute the host ops and GPU activities of ``p`` to ``run``'s modules."""
     spans = run.spans()
@@ -347,19 +353,23 @@ def attribute_events(run: TraceData, p: ProfilerEvents, *, top_ops: int = 3) -> 
         if pk != k:  # outermost op of this module
             top_by[mk][p.names[nm]] += d
 
-    names = [m for m, _ in run.modules]
+    # Totals: each module's self time added to it and its ancestors by qualified name.
+    slot = {nm: j for j, (nm, _) in enumerate(run.modules)}
+    cpu_tot: dict[tuple[int, int], int] = defaultdict(int)
+    gpu_tot: dict[tuple[int, int], int] = defaultdict(int)
+    for src, dst in ((self_by, cpu_tot), (gpu_key, gpu_tot)):
+        for (m, ph), v in src.items():
+            if m < 0:
+                dst[(m, ph)] += v
+                continue
+            for anc in _ancestors(run.modules[m][0]):
+                j = slot.get(anc)
+                if j is not None:
+                    dst[(j, ph)] += v
     rows: list[dict[str, Any]] = []
-    keys = set(self_by) | set(gpu_key)
-    for m, ph in sorted(keys):
-        if m < 0:
-            qual, typ = UNATTRIBUTED, ""
-            cpu_total, gpu_total = self_by[(m, ph)], gpu_key.get((m, ph), 0)
-        else:
-            qual, typ = run.modules[m]
-            sub = [j for j, nm in enumerate(names)
-                   if qual == "" or nm == qual or nm.startswith(qual + ".")]
-            cpu_total = sum(self_by.get((j, ph), 0) for j in sub)
-            gpu_total = sum(gpu_key.get((j, ph), 0) for j in sub)
+    for m, ph in sorted(set(cpu_tot) | set(gpu_tot) | set(ops_by)):
+        qual, typ = (UNATTRIBUTED, "") if m < 0 else run.modules[m]
+        cpu_total, gpu_total = cpu_tot.get((m, ph), 0), gpu_tot.get((m, ph), 0)
         tops = sorted(top_by[(m, ph)].items(), key=lambda kv: (-kv[1], kv[0]))[:top_ops]
         rows.append({
             "module": qual, "type": typ, "phase": PHASES[ph], "ops": ops_by.get((m, ph), 0),

@@ -210,7 +210,8 @@ def crossing(s: np.ndarray, e: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.n
     # A slice ending strictly inside [s, e] and starting before s.
     o = np.argsort(b, kind="stable")
     a2, b2 = a[o], b[o]
-    out |= -_range_max(-a2, np.searchsorted(b2, s, "right"), np.searchsorted(b2, e, "left")) < s
+    lo, hi = np.searchsorted(b2, s, "right"), np.searchsorted(b2, e, "left")
+    out |= (lo < hi) & (-_range_max(-a2, lo, hi) < s)  # (empty ranges: -min overflows)
     return out
 
 
@@ -420,10 +421,6 @@ def merge_traces(
         def insert(p: ProfilerEvents, nonempty: bool) -> bytes:
             if not p.base_known and known_base is None:
                 raise _BaseAfterEvents
-            if "hooktrace" in p.top:
-                raise MergeError(f"{p.path}: already merged with a hooktrace run "
-                                 "(it has a top-level 'hooktrace' key); merge the original "
-                                 "profiler trace")
             base = p.base_ns if p.base_known else int(known_base or 0)
             p.base_ns = base
             window = check_compatible(run, p, run_name)
@@ -435,6 +432,10 @@ def merge_traces(
 
     def object_end(p: ProfilerEvents) -> bytes:
         from hooktrace import __version__
+
+        if "hooktrace" in p.top:
+            raise MergeError(f"{p.path}: already merged with a hooktrace run (it has a "
+                             "top-level 'hooktrace' key); merge the original profiler trace")
 
         block = {"version": __version__, "pid": run.pid, "hostname": run.hostname,
                  "track_tid_stride": TRACK_STRIDE, **result}
