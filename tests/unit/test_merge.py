@@ -152,7 +152,6 @@ def write(tmp_path: Path, name: str, data: bytes) -> Path:
 def test_us_to_ns_is_exact_where_float_is_not() -> None:
     # 4398046511103.999 µs: a float64 there is only good to ~1 ns
     assert us_to_ns("4398046511103.999") == 4398046511103999
-    assert round(float("4398046511103.999") * 1000) != 4398046511103999 or True
     assert us_to_ns("12") == 12_000 and us_to_ns(12) == 12_000
     assert us_to_ns("0.5") == 500 and us_to_ns("-1.25") == -1250
     assert us_to_ns("1.5e3") == 1_500_000 and us_to_ns("0.0001") == 0
