@@ -5,6 +5,8 @@ Example::
     hooktrace demo --out out/demo
     hooktrace summary out/demo/demo.htrace --top 10
     hooktrace export out/demo/demo.htrace -o trace.json.gz
+    hooktrace merge run.htrace profiler.json.gz -o merged.json.gz
+    hooktrace summary run.htrace --profiler profiler.json.gz --top-ops 3
 """
 
 from __future__ import annotations
@@ -51,11 +53,36 @@ def _cmd_export(args: argparse.Namespace) -> None:
     print(f"wrote {args.output}: {len(run.spans())} spans; {OPEN_HINT}")
 
 
+def _cmd_merge(args: argparse.Namespace) -> None:
+    from hooktrace.merge import merge_traces
+
+    r = merge_traces(args.run, args.profiler, args.output)
+    moved = f", {r.adjacent} on adjacent tracks" if r.adjacent else ""
+    clipped = f"; {r.clipped} clipped and {r.outside_window} outside the profiler window" if (
+        r.clipped or r.outside_window) else ""
+    print(f"wrote {args.output}: {r.profiler_events} profiler events + "
+          f"{r.shared + r.adjacent} forward spans ({r.shared} on the profiler's thread rows"
+          f"{moved}) and {r.backward} backward spans{clipped}; {OPEN_HINT}")
+
+
 def _cmd_summary(args: argparse.Namespace) -> None:
     from hooktrace.reading import load
 
     if args.top is not None and args.top < 1:
         raise CliError(f"--top must be at least 1, got {args.top}")
+    if args.top_ops < 0:
+        raise CliError(f"--top-ops must be at least 0, got {args.top_ops}")
+    if args.profiler is not None:
+        from hooktrace.merge import attribute
+
+        table = attribute(args.run, args.profiler, top_ops=args.top_ops)
+        if args.csv:
+            sys.stdout.write(table.to_csv())
+        elif args.json:
+            print(table.to_json())
+        else:
+            print(table.to_text(top=args.top))
+        return
     summary = load(args.run).summary()
     if args.csv:
         sys.stdout.write(summary.to_csv())
@@ -85,17 +112,29 @@ def build_parser() -> argparse.ArgumentParser:
     fmt = s.add_mutually_exclusive_group()
     fmt.add_argument("--csv", action="store_true", help="CSV instead of a table (times in ns)")
     fmt.add_argument("--json", action="store_true", help="JSON instead of a table (times in ns)")
+    s.add_argument("--profiler", metavar="PROFILER.json[.gz]", default=None,
+                   help="attribute this torch.profiler trace's ops (and kernels) to modules")
+    s.add_argument("--top-ops", type=int, default=3,
+                   help="with --profiler: ops listed per module (default: %(default)s)")
     s.set_defaults(func=_cmd_summary)
+
+    m = sub.add_parser("merge", help="add a run's module spans to a torch.profiler trace")
+    m.add_argument("run", help="the .htrace file")
+    m.add_argument("profiler", help="the torch.profiler Chrome trace (.json or .json.gz)")
+    m.add_argument("-o", "--output", required=True, help="OUT.json, or OUT.json.gz to compress")
+    m.set_defaults(func=_cmd_merge)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from hooktrace._kineto import ProfilerTraceError
+    from hooktrace.merge import MergeError
     from hooktrace.tracefile import TraceFileError
 
     try:
         args.func(args)
-    except (CliError, TraceFileError) as e:
+    except (CliError, TraceFileError, ProfilerTraceError, MergeError) as e:
         print(f"hooktrace: error: {e}", file=sys.stderr)
         return 1
     except OSError as e:

@@ -1,0 +1,258 @@
+"""Streaming reader (and pass-through copier) for torch.profiler / kineto Chrome traces.
+
+A profiler trace can be gigabytes of JSON, so it is never loaded as one
+document: the top-level object is walked key by key, each element of
+``traceEvents`` is decoded on its own (``json.JSONDecoder.raw_decode``, C speed)
+and handed to a callback, and, when an output file is given, the original bytes
+are copied through unchanged, with extra bytes inserted just before the
+array's closing ``]`` and before the object's closing ``}``.
+
+Memory: one read buffer (``READ_BYTES``, grown only for a single element larger
+than it) plus whatever the callback keeps. The text is decoded as Latin-1,
+which maps every byte to one character: offsets in the buffer are byte offsets
+in the file, and copying through is byte-exact whatever the encoding.
+
+Times: kineto writes ``ts``/``dur`` as microseconds with three decimals
+(exact nanoseconds), ``ts`` relative to the top-level ``baseTimeNanoseconds``.
+Fractional numbers are kept as their source text (``parse_float=str``) and
+converted to integer ns by :func:`us_to_ns`: a float64 of ~4.4e12 µs (kineto's
+offsets are ~50 days) is only good to ~1 ns.
+
+Example:
+    >>> import io, json
+    >>> src = b'{"baseTimeNanoseconds": 5000, "traceEvents": [{"ph": "X", "ts": 1.5, "dur": 2}]}'
+    >>> seen, out = [], io.BytesIO()
+    >>> top = scan(io.BytesIO(src), "t.json", seen.append, out=out,
+    ...            before_array_end=lambda nonempty: b',{"ph":"i"}')
+    >>> top["baseTimeNanoseconds"], [us_to_ns(e["ts"]) for e in seen]
+    (5000, [1500])
+    >>> json.loads(out.getvalue())["traceEvents"][1]
+    {'ph': 'i'}
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
+from typing import IO, Any, BinaryIO
+
+__all__ = ["ProfilerTraceError", "READ_BYTES", "open_binary", "scan", "us_to_ns"]
+
+# 4 MiB per read: large enough that the per-read Python overhead vanishes,
+# small enough to be irrelevant next to the trace itself.
+READ_BYTES = 4 << 20
+
+_WS = re.compile(r"[ \t\n\r]*")
+_DECODER = json.JSONDecoder(parse_float=str)
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+class ProfilerTraceError(ValueError):
+    """The profiler trace is not usable; the message names the file and position."""
+
+
+def us_to_ns(value: Any) -> int:
+    """Exact integer nanoseconds from a JSON microsecond number (int or decimal text).
+
+    Example:
+        >>> us_to_ns("4389865968648.250"), us_to_ns(12), us_to_ns("1e-3"), us_to_ns("-0.5")
+        (4389865968648250, 12000, 1, -500)
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value * 1000
+    if isinstance(value, str):
+        whole, dot, frac = value.partition(".")
+        if whole.lstrip("-").isdigit() and (not dot or (frac.isdigit() and len(frac) <= 3)):
+            ns = int(whole) * 1000 + (int(frac.ljust(3, "0")) if frac else 0) * (
+                -1 if whole.startswith("-") else 1)
+            return ns
+        try:
+            return int((Decimal(value) * 1000).to_integral_value())
+        except InvalidOperation:
+            pass
+    if isinstance(value, float):
+        return round(value * 1000)
+    raise ValueError(f"not a number of microseconds: {value!r}")
+
+
+def open_binary(path: str | os.PathLike[str]) -> BinaryIO:
+    """Open ``path`` for reading, transparently gunzipping (by content, not name)."""
+    f = open(path, "rb")
+    magic = f.read(2)
+    f.seek(0)
+    if magic == _GZIP_MAGIC:
+        return gzip.GzipFile(fileobj=f, mode="rb")  # type: ignore[return-value]
+    return f
+
+
+class _Reader:
+    """A growing Latin-1 window over a binary stream, with file positions for errors."""
+
+    def __init__(self, f: IO[bytes], name: str, out: IO[bytes] | None) -> None:
+        self.f = f
+        self.name = name
+        self.out = out
+        self.buf = ""
+        self.pos = 0  # parse position in buf
+        self.copied = 0  # buf[:copied] was written to out (or is not to be)
+        self.base = 0  # byte offset of buf[0] in the stream
+        self.lines = 0  # newlines in the stream before buf[0]
+        self.line_start = 0  # byte offset just after the last newline before buf[0]
+        self.eof = False
+        self.read_bytes = READ_BYTES
+
+    def where(self, pos: int) -> str:
+        nl = self.buf.count("\n", 0, pos)
+        line = self.lines + nl + 1
+        last = self.buf.rfind("\n", 0, pos)
+        col_start = self.base + last + 1 if last >= 0 else self.line_start
+        offset = self.base + pos
+        return f"line {line} column {offset - col_start + 1} (byte {offset})"
+
+    def error(self, what: str, pos: int | None = None) -> ProfilerTraceError:
+        p = self.pos if pos is None else pos
+        return ProfilerTraceError(f"{self.name}: malformed profiler trace JSON at {self.where(p)}: "
+                                  f"{what}")
+
+    def more(self) -> bool:
+        """Read another block; drop the consumed prefix (writing it out first)."""
+        if self.eof:
+            return False
+        try:
+            data = self.f.read(self.read_bytes)
+        except (OSError, EOFError) as e:  # gzip: truncated or corrupt stream
+            raise ProfilerTraceError(f"{self.name}: cannot read the profiler trace at byte "
+                                     f"{self.base + len(self.buf)} of its content: {e}") from e
+        if not data:
+            self.eof = True
+            return False
+        self.flush(self.pos)
+        drop = min(self.pos, self.copied)
+        if drop:
+            head = self.buf[:drop]
+            nl = head.count("\n")
+            if nl:
+                self.lines += nl
+                self.line_start = self.base + head.rfind("\n") + 1
+            self.base += drop
+            self.buf = self.buf[drop:]
+            self.pos -= drop
+            self.copied -= drop
+        self.buf += data.decode("latin-1")
+        return True
+
+    def flush(self, upto: int) -> None:
+        """Copy buf[copied:upto] through to out."""
+        if upto > self.copied:
+            if self.out is not None:
+                self.out.write(self.buf[self.copied:upto].encode("latin-1"))
+            self.copied = upto
+
+    def skip_ws(self) -> None:
+        while True:
+            self.pos = _WS.match(self.buf, self.pos).end()  # type: ignore[union-attr]
+            if self.pos < len(self.buf) or not self.more():
+                return
+
+    def peek(self) -> str:
+        self.skip_ws()
+        return self.buf[self.pos] if self.pos < len(self.buf) else ""
+
+    def expect(self, ch: str, what: str) -> None:
+        got = self.peek()
+        if got != ch:
+            found = repr(got) if got else "the end of the file"
+            raise self.error(f"expected {what}, found {found}")
+        self.pos += 1
+
+    def value(self) -> Any:
+        self.skip_ws()
+        while True:
+            try:
+                obj, end = _DECODER.raw_decode(self.buf, self.pos)
+            except json.JSONDecodeError as e:
+                # Maybe just cut by the read block: read more (growing the block
+                # so a huge single value costs O(n), not O(n^2)) and retry.
+                self.read_bytes = max(self.read_bytes, len(self.buf) - self.pos)
+                if self.more():
+                    continue
+                raise self.error(e.msg, e.pos) from None
+            # A number ending exactly at the block end may continue in the next.
+            if end == len(self.buf) and self.more():
+                continue
+            self.pos = end
+            return obj
+
+
+def scan(
+    f: IO[bytes],
+    name: str,
+    on_event: Callable[[Any], None],
+    *,
+    out: IO[bytes] | None = None,
+    before_array_end: Callable[[bool], bytes] | None = None,
+    before_object_end: Callable[[], bytes] | None = None,
+    top: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Walk a Chrome trace object, calling ``on_event`` for each ``traceEvents`` element.
+
+    Returns the other top-level keys (parsed). With ``out``, the input bytes are
+    copied there unchanged, plus ``before_array_end(array_was_nonempty)`` just
+    before the ``]`` of ``traceEvents`` and ``before_object_end()`` before the
+    final ``}``. ``top``, if given, is the dict filled (and returned) as the
+    top-level keys are read, so a callback sees the keys that preceded it. Raises :class:`ProfilerTraceError` naming ``name`` and the line,
+    column and byte of the problem (of the decompressed content for gzip input).
+    """
+    r = _Reader(f, name, out)
+    top = {} if top is None else top
+    seen_events = False
+    if r.peek() == "[":
+        raise r.error("a bare JSON array of events; expected the object form "
+                      '{"traceEvents": [...]} that torch.profiler writes')
+    r.expect("{", "'{' (a Chrome trace JSON object)")
+    if r.peek() != "}":
+        while True:
+            key_pos = r.pos
+            if r.peek() != '"':
+                raise r.error("expected a key string")
+            key = r.value()
+            r.expect(":", "':' after a key")
+            if key == "traceEvents":
+                if seen_events:
+                    raise r.error("a second 'traceEvents' key", key_pos)
+                seen_events = True
+                r.expect("[", "'[' starting the traceEvents array")
+                nonempty = False
+                if r.peek() != "]":
+                    while True:
+                        on_event(r.value())
+                        nonempty = True
+                        c = r.peek()
+                        if c == "]":
+                            break
+                        r.expect(",", "',' or ']' in the traceEvents array")
+                r.flush(r.pos)
+                if out is not None and before_array_end is not None:
+                    out.write(before_array_end(nonempty))
+                r.pos += 1
+            else:
+                top[key] = r.value()
+            c = r.peek()
+            if c == "}":
+                break
+            r.expect(",", "',' or '}' between top-level keys")
+    r.flush(r.pos)
+    if out is not None and before_object_end is not None:
+        out.write(before_object_end())
+    r.pos += 1
+    if r.peek():
+        raise r.error("extra data after the trace object")
+    r.flush(r.pos)
+    if not seen_events:
+        raise ProfilerTraceError(f"{name}: no 'traceEvents' array: not a Chrome trace written by "
+                                 "torch.profiler (export_chrome_trace / tensorboard_trace_handler)")
+    return top

@@ -1,0 +1,494 @@
+"""Merge and attribution on synthetic profiler traces (no torch.profiler run)."""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import io
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hooktrace import _kineto
+from hooktrace._events import ENTER, EVENT_DTYPE, EXIT, NODE_BEGIN, Clock
+from hooktrace._kineto import ProfilerTraceError, us_to_ns
+from hooktrace._profiler_events import NODE_PREFIX, collect
+from hooktrace.cli import main
+from hooktrace.merge import (
+    TRACK_STRIDE,
+    MergeError,
+    assign_lanes,
+    attribute,
+    crossing,
+    merge_traces,
+)
+from hooktrace.reading import CAT_BACKWARD, Spans, TraceData
+from trace_rows import load_json, our_rows, rows_of, strict_nesting_violations
+
+PID = 4242
+TID = 77
+BASE = 1_790_000_000_000_000_000  # kineto-like: a whole second, weeks before the run
+T0 = BASE + 4_000_000_000_000_000  # the run's first span, in Unix ns
+
+
+# -- helpers -----------------------------------------------------------------
+
+
+def us(ns: int) -> str:
+    """Unix ns -> kineto's ts text (µs since BASE, three decimals)."""
+    rel = ns - BASE
+    return f"{rel // 1000}.{rel % 1000:03d}"
+
+
+def x(name: str, start: int, end: int, *, tid: Any = TID, pid: Any = PID, cat: str = "cpu_op",
+      **args: Any) -> dict[str, Any]:
+    return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": us(start),
+            "dur": f"{(end - start) // 1000}.{(end - start) % 1000:03d}", "args": args}
+
+
+def profiler_json(events: list[dict[str, Any]], *, window: tuple[int, int] | None = None,
+                  base: int | None = BASE, tail_key: bool = True) -> bytes:
+    """Kineto's layout: header keys, pretty traceEvents, a key after the array.
+
+    Numbers given as text (ts/dur) are written raw, as kineto prints them.
+    """
+    evs = list(events)
+    if window is not None:
+        evs.append(x("PyTorch Profiler (0)", *window, pid="Spans", tid="PyTorch Profiler",
+                     cat="Trace"))
+    evs.insert(0, {"ph": "M", "name": "thread_name", "pid": PID, "tid": TID,
+                   "args": {"name": "thread 77 (python)"}})
+
+    def dump(e: dict[str, Any]) -> str:
+        text = json.dumps(e, indent=2, ensure_ascii=False)
+        for key in ("ts", "dur"):
+            if key in e and isinstance(e[key], str):
+                text = text.replace(f'"{key}": "{e[key]}"', f'"{key}": {e[key]}')
+        return text
+
+    head = '{\n  "schemaVersion": 1,\n  "deviceProperties": [],\n'
+    if base is not None:
+        head += f'  "baseTimeNanoseconds": {base},\n'
+    body = ",\n".join(dump(e) for e in evs)
+    tail = '\n  ],"traceName": "synthetic.json" }' if tail_key else "\n  ]}"
+    return (head + '  "traceEvents": [\n' + body + tail).encode()
+
+
+def make_run(calls: list[tuple[int, int, int, int]], modules: list[tuple[str, str]], *,
+             tid: int = TID, seqs: list[int] | None = None, rf_tid: int = 1,
+             backward: list[tuple[int, int, int]] = ()) -> TraceData:
+    """A run from (module, enter_ns, exit_ns, depth) calls, given in pre-order.
+
+    ``seqs``: sequence number at each ENTER/EXIT event in recorded order.
+    ``backward``: (module, start, end) backward spans to add (cat 1), as the
+    backward branch's reader will produce them.
+    """
+    rows: list[tuple[int, int, int]] = []  # (t, kind, module) recorded order
+    stack: list[tuple[int, int]] = []
+    for mod, t_in, t_out, _depth in calls:
+        while stack and stack[-1][1] <= t_in:
+            m, t = stack.pop()
+            rows.append((t, EXIT, m))
+        rows.append((t_in, ENTER, mod))
+        stack.append((mod, t_out))
+    while stack:
+        m, t = stack.pop()
+        rows.append((t, EXIT, m))
+    ev = np.zeros(len(rows), EVENT_DTYPE)
+    for i, (t, kind, mod) in enumerate(rows):
+        ev[i]["t"], ev[i]["kind"], ev[i]["id"] = t - T0, kind, mod
+        ev[i]["tid"], ev[i]["rf_tid"] = tid, rf_tid
+        ev[i]["seq"] = seqs[i] if seqs is not None else 0
+    run = TraceData(ev, modules, [], Clock(0, T0, 1.0),
+                    {"pid": PID, "hostname": "testhost", "dropped_events": 0,
+                     "overwritten_events": 0})
+    if backward:
+        run._spans = with_backward(run.spans(), backward, tid)
+    return run
+
+
+def with_backward(s: Spans, backward: list[tuple[int, int, int]], tid: int) -> Spans:
+    """``s`` plus backward spans (cat 1): what the backward branch adds to Spans."""
+    k = len(backward)
+    arrays = {name: getattr(s, name) for name in
+              ("start_ns", "end_ns", "self_ns", "parent", "module", "tid", "depth", "call",
+               "flags", "cat")}
+    extra = {
+        "start_ns": np.array([b[1] for b in backward], np.int64),
+        "end_ns": np.array([b[2] for b in backward], np.int64),
+        "self_ns": np.array([b[2] - b[1] for b in backward], np.int64),
+        "parent": np.full(k, -1, np.int64),
+        "module": np.array([b[0] for b in backward], np.uint32),
+        "tid": np.full(k, tid, np.uint32),
+        "depth": np.zeros(k, np.uint32),
+        "call": np.arange(k, dtype=np.uint32),
+        "flags": np.zeros(k, np.uint8),
+        "cat": np.full(k, CAT_BACKWARD, np.uint8),
+    }
+    merged = {n: np.concatenate([arrays[n], extra[n]]).astype(arrays[n].dtype) for n in arrays}
+    return Spans(merged, threads=s.threads, orphan_exits=0, unfinished=0)
+
+
+MODULES = [("", "Net"), ("fc", "Linear"), ("act", "ReLU")]
+# Net [0, 100 µs] > fc [10, 40] , act [50, 60]
+CALLS = [(0, T0, T0 + 100_000, 0), (1, T0 + 10_000, T0 + 40_000, 1),
+         (2, T0 + 50_000, T0 + 60_000, 1)]
+WINDOW = (T0 - 1_000_000, T0 + 1_000_000)
+
+
+def write(tmp_path: Path, name: str, data: bytes) -> Path:
+    p = tmp_path / name
+    p.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    return p
+
+
+# -- times and the streaming reader ------------------------------------------
+
+
+def test_us_to_ns_is_exact_where_float_is_not() -> None:
+    # 4398046511103.999 µs: a float64 there is only good to ~1 ns
+    assert us_to_ns("4398046511103.999") == 4398046511103999
+    assert us_to_ns("12") == 12_000 and us_to_ns(12) == 12_000
+    assert us_to_ns("0.5") == 500 and us_to_ns("-1.25") == -1250
+    assert us_to_ns("1.5e3") == 1_500_000 and us_to_ns("0.0001") == 0
+
+
+@pytest.mark.parametrize("read_bytes", [7, 64, 4 << 20])
+def test_scan_copies_bytes_through_exactly(read_bytes: int, monkeypatch: pytest.MonkeyPatch
+                                           ) -> None:
+    # GIVEN a kineto-style trace with odd characters, read in blocks of any size
+    events = [x(f"aten::op\u00e9 \\\"{i}\"", T0 + i, T0 + i + 5, k=[1, 2.5, None])
+              for i in range(40)]
+    src = profiler_json(events, window=WINDOW)
+    monkeypatch.setattr(_kineto, "READ_BYTES", read_bytes)
+    seen: list[Any] = []
+    out = io.BytesIO()
+    # WHEN it is scanned with nothing inserted
+    top = _kineto.scan(io.BytesIO(src), "t.json", seen.append, out=out)
+    # THEN the output is the input, byte for byte, and every event was seen once
+    assert out.getvalue() == src
+    assert len(seen) == 42 and top["traceName"] == "synthetic.json"
+    assert seen[1]["name"].encode("latin-1").decode("utf-8") == "aten::op\u00e9 \\\"0\""
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        (b'{"traceEvents": [\n  {"ph": "X",, "ts": 1}\n]}', "line 2 column 14 (byte 31)"),
+        (b'{"traceEvents": [\n  {"ph": "X"}\n  {"ph": "X"}]}', "line 3 column 3 (byte 34)"),
+        (b'{"traceEvents": [\n  {"ph": "X", "ts": 1', "line 2 column 22 (byte 39)"),
+        (b'{"a": 1}\n{"b": 2}', "line 2 column 1 (byte 9)"),
+        (b"", "line 1 column 1 (byte 0)"),
+    ],
+)
+def test_malformed_json_names_file_and_position(text: bytes, where: str,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_kineto, "READ_BYTES", 5)  # errors found across block boundaries
+    with pytest.raises(ProfilerTraceError) as info:
+        collect(io.BytesIO(text), "prof.json", pid=PID)
+    assert str(info.value).startswith("prof.json: malformed profiler trace JSON at " + where)
+
+
+def test_not_a_trace_object() -> None:
+    with pytest.raises(ProfilerTraceError, match="bare JSON array"):
+        collect(io.BytesIO(b'[{"ph": "X"}]'), "a.json", pid=PID)
+    with pytest.raises(ProfilerTraceError, match="no 'traceEvents' array"):
+        collect(io.BytesIO(b'{"schemaVersion": 1}'), "a.json", pid=PID)
+
+
+def test_malformed_line_in_a_large_file(tmp_path: Path) -> None:
+    # GIVEN a multi-MB trace damaged on a known line
+    events = [x("aten::mm", T0 + 10 * i, T0 + 10 * i + 5) for i in range(20_000)]
+    src = profiler_json(events, window=WINDOW)
+    lines = src.split(b"\n")
+    k = len(lines) - 40
+    lines[k] = lines[k].replace(b'"ph": "X"', b'"ph": X"')
+    col = lines[k].index(b'X"') + 1
+    path = write(tmp_path, "big.json.gz", b"\n".join(lines))
+    # THEN the error gives that line and column, of the decompressed JSON
+    with pytest.raises(ProfilerTraceError, match=rf"big.json.gz: .* at line {k + 1} column {col} "):
+        merge_traces(make_run(CALLS, MODULES), path, tmp_path / "out.json")
+    assert not list(tmp_path.glob("*out.json*"))  # nothing left behind
+
+
+def test_truncated_gzip_is_a_clear_error(tmp_path: Path) -> None:
+    data = gzip.compress(profiler_json([x("aten::mm", T0, T0 + 5)], window=WINDOW))
+    path = tmp_path / "cut.json.gz"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ProfilerTraceError, match="cut.json.gz: "):
+        merge_traces(make_run(CALLS, MODULES), path, tmp_path / "out.json")
+
+
+# -- merge -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("src_name", "out_name"), [("p.json", "m.json"),
+                                                   ("p.json.gz", "m.json.gz")])
+def test_merge_keeps_profiler_part_byte_identical(tmp_path: Path, src_name: str,
+                                                  out_name: str) -> None:
+    # GIVEN a multi-MB profiler trace whose ops lie inside the run's spans
+    events = []
+    for i in range(30_000):
+        s = T0 + 10_000 + i  # inside fc
+        events.append(x("aten::add", s, s + 1, **{"External id": i, "Sequence number": i}))
+    src = profiler_json(events, window=WINDOW)
+    assert len(src) > 5_000_000
+    prof = write(tmp_path, src_name, src)
+    # WHEN merged (gzip in and out where named so)
+    result = merge_traces(make_run(CALLS, MODULES), prof, tmp_path / out_name)
+    # THEN the profiler's bytes are all there, unchanged and in order
+    out = (tmp_path / out_name).read_bytes()
+    if out_name.endswith(".gz"):
+        assert out[:2] == b"\x1f\x8b"
+        out = gzip.decompress(out)
+    close = src.rindex(b"]")
+    assert out.startswith(src[:close])
+    assert out[close:].count(src[close:src.rindex(b"}")]) == 1
+    doc = json.loads(out, parse_float=str)
+    original = json.loads(src, parse_float=str)["traceEvents"]
+    assert doc["traceEvents"][: len(original)] == original
+    ours = doc["traceEvents"][len(original):]
+    assert {e["name"] for e in ours if e["ph"] == "X"} == {"Net", "fc", "act"}
+    assert result.shared == 3 and result.profiler_events == len(original)
+    assert doc["hooktrace"]["shared"] == 3
+    assert doc["baseTimeNanoseconds"] == BASE
+
+
+def test_span_times_are_exact_on_the_profiler_base(tmp_path: Path) -> None:
+    prof = write(tmp_path, "p.json", profiler_json([x("aten::mm", T0 + 11_001, T0 + 12_002)],
+                                                   window=WINDOW))
+    merge_traces(make_run(CALLS, MODULES), prof, tmp_path / "m.json")
+    doc = load_json(tmp_path / "m.json")
+    fc = [e for e in doc["traceEvents"] if e.get("name") == "fc"][0]
+    assert fc["ts"] == us(T0 + 10_000) and fc["dur"] == "30.000"
+    assert (fc["pid"], fc["tid"]) == (PID, TID)
+    assert fc["cat"] == "hooktrace.forward" and fc["args"]["type"] == "Linear"
+
+
+def test_crossing_span_moves_to_adjacent_track(tmp_path: Path) -> None:
+    # GIVEN a profiler slice crossing the end of fc (e.g. a user annotation)
+    events = [x("aten::mm", T0 + 11_000, T0 + 12_000),
+              x("my_region", T0 + 30_000, T0 + 45_000, cat="user_annotation")]
+    prof = write(tmp_path, "p.json", profiler_json(events, window=WINDOW))
+    r = merge_traces(make_run(CALLS, MODULES), prof, tmp_path / "m.json")
+    doc = load_json(tmp_path / "m.json")
+    rows = rows_of(doc)
+    # THEN fc goes to "hooktrace modules (thread 77)"; Net and act stay on the thread row
+    assert (r.shared, r.adjacent) == (2, 1)
+    adjacent = TID + TRACK_STRIDE
+    assert [e["name"] for _, _, e in rows[(PID, adjacent)]] == ["fc"]
+    assert {e["name"] for _, _, e in rows[(PID, TID)] if e["cat"].startswith("hooktrace")} == {
+        "Net", "act"}
+    names = {(e["tid"]): e["args"]["name"] for e in doc["traceEvents"]
+             if e.get("ph") == "M" and e["name"] == "thread_name"}
+    assert names[adjacent] == f"hooktrace modules (thread {TID})"
+    # and every row we write or share nests strictly
+    for row in our_rows(doc):
+        assert strict_nesting_violations(rows[row]) == []
+
+
+def test_spans_are_clipped_to_the_profiler_window(tmp_path: Path) -> None:
+    # GIVEN a window that starts inside fc and ends before act
+    window = (T0 + 20_000, T0 + 45_000)
+    prof = write(tmp_path, "p.json", profiler_json([x("aten::mm", T0 + 21_000, T0 + 22_000)],
+                                                   window=window))
+    r = merge_traces(make_run(CALLS, MODULES), prof, tmp_path / "m.json")
+    doc = load_json(tmp_path / "m.json")
+    got = {e["name"]: (us_to_ns(e["ts"]) + BASE, us_to_ns(e["dur"]))
+           for e in doc["traceEvents"] if str(e.get("cat")).startswith("hooktrace")}
+    assert got == {"Net": (T0 + 20_000, 25_000), "fc": (T0 + 20_000, 20_000)}
+    assert (r.clipped, r.outside_window) == (2, 1)
+
+
+def test_backward_spans_go_to_lanes_never_the_thread_row(tmp_path: Path) -> None:
+    # GIVEN backward spans overlapping without nesting, as per-module backward can
+    backward = [(1, T0 + 200_000, T0 + 300_000), (2, T0 + 250_000, T0 + 350_000),
+                (0, T0 + 190_000, T0 + 400_000)]
+    run = make_run(CALLS, MODULES, backward=backward)
+    events = [x(NODE_PREFIX + "AddmmBackward0", T0 + 210_000, T0 + 220_000)]
+    prof = write(tmp_path, "p.json", profiler_json(events, window=WINDOW))
+    r = merge_traces(run, prof, tmp_path / "m.json")
+    doc = load_json(tmp_path / "m.json")
+    rows = rows_of(doc)
+    bwd_rows = {(e["pid"], e["tid"]) for e in doc["traceEvents"]
+                if e.get("cat") == "hooktrace.backward"}
+    # THEN they use two lanes next to the thread, and never its row
+    assert (r.backward, r.lanes) == (3, 2)
+    assert bwd_rows == {(PID, TID + 2 * TRACK_STRIDE), (PID, TID + 3 * TRACK_STRIDE)}
+    for row in our_rows(doc):
+        assert strict_nesting_violations(rows[row]) == []
+
+
+def test_unrelated_trace_is_refused(tmp_path: Path) -> None:
+    later = (T0 + 10**12, T0 + 10**12 + 10**9)  # 1000 s after the run
+    prof = write(tmp_path, "other.json",
+                 profiler_json([x("aten::mm", later[0] + 1, later[0] + 2)], window=later))
+    with pytest.raises(MergeError, match=r"other.json: the profiler trace \(.* UTC\) does not "
+                                         r"overlap the run \(.*\): it was recorded by another run"):
+        merge_traces(make_run(CALLS, MODULES), prof, tmp_path / "m.json")
+    assert not list(tmp_path.glob("*m.json*"))
+
+
+def test_trace_of_another_process_is_refused(tmp_path: Path) -> None:
+    prof = write(tmp_path, "p.json", profiler_json(
+        [x("aten::mm", T0 + 1, T0 + 2, pid=PID + 1, tid=PID + 1)], window=WINDOW))
+    with pytest.raises(MergeError, match=rf"process \[{PID + 1}\] but the run is of pid {PID}"):
+        merge_traces(make_run(CALLS, MODULES), prof, tmp_path / "m.json")
+
+
+def test_base_time_after_the_events_is_found(tmp_path: Path) -> None:
+    src = profiler_json([x("aten::mm", T0 + 11_000, T0 + 12_000)], window=WINDOW, base=None,
+                        tail_key=False)
+    src = src[: src.rindex(b"}")] + f', "baseTimeNanoseconds": {BASE}}}'.encode()
+    prof = write(tmp_path, "p.json", src)
+    merge_traces(make_run(CALLS, MODULES), prof, tmp_path / "m.json")
+    doc = load_json(tmp_path / "m.json")
+    fc = [e for e in doc["traceEvents"] if e.get("name") == "fc"][0]
+    assert fc["ts"] == us(T0 + 10_000)
+
+
+def test_already_merged_trace_is_refused(tmp_path: Path) -> None:
+    prof = write(tmp_path, "p.json", profiler_json([x("aten::mm", T0 + 1, T0 + 2)],
+                                                   window=WINDOW))
+    merge_traces(make_run(CALLS, MODULES), prof, tmp_path / "m.json")
+    with pytest.raises(MergeError, match="already merged"):
+        merge_traces(make_run(CALLS, MODULES), tmp_path / "m.json", tmp_path / "m2.json")
+
+
+def test_cli_merge_and_one_line_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                       ) -> None:
+    run = tmp_path / "run.htrace"
+    make_run(CALLS, MODULES).save(run)
+    prof = write(tmp_path, "p.json.gz", profiler_json([x("aten::mm", T0 + 1, T0 + 2)],
+                                                      window=WINDOW))
+    assert main(["merge", str(run), str(prof), "-o", str(tmp_path / "m.json.gz")]) == 0
+    assert "3 forward spans" in capsys.readouterr().out
+    bad = write(tmp_path, "bad.json", b'{"traceEvents": [}')
+    assert main(["merge", str(run), str(bad), "-o", str(tmp_path / "x.json")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("hooktrace: error: ") and "bad.json" in err
+    assert "line 1 column 18" in err
+    far = (T0 + 10**12, T0 + 10**12 + 5)
+    other = write(tmp_path, "o.json", profiler_json([x("aten::mm", *far)], window=far))
+    assert main(["summary", str(run), "--profiler", str(other)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "does not overlap" in err
+
+
+# -- nesting helpers vs references -------------------------------------------
+
+
+def test_crossing_matches_brute_force() -> None:
+    rng = random.Random(3)
+    for _ in range(200):
+        a = np.array([rng.randrange(0, 50) for _ in range(rng.randrange(0, 12))], np.int64)
+        b = a + np.array([rng.randrange(0, 20) for _ in range(len(a))], np.int64)
+        s = np.array([rng.randrange(0, 50) for _ in range(8)], np.int64)
+        e = s + np.array([rng.randrange(0, 20) for _ in range(8)], np.int64)
+        want = [any(ai < si < bi < ei or si < ai < ei < bi for ai, bi in zip(a, b))
+                for si, ei in zip(s, e)]
+        assert crossing(s, e, a, b).tolist() == want
+
+
+def test_assign_lanes_nests_every_lane() -> None:
+    rng = random.Random(5)
+    start = np.array([rng.randrange(0, 1000) for _ in range(300)], np.int64)
+    end = start + np.array([rng.randrange(0, 200) for _ in range(300)], np.int64)
+    group = np.array([rng.randrange(0, 3) for _ in range(300)], np.int64)
+    lanes = assign_lanes(start, end, group)
+    for g in range(3):
+        for lane in set(lanes[group == g].tolist()):
+            m = (group == g) & (lanes == lane)
+            slices = list(zip(start[m].tolist(), end[m].tolist(), range(int(m.sum()))))
+            assert strict_nesting_violations(slices) == []
+    assert lanes.max() < 30  # greedy stays far from one lane per span
+
+
+# -- attribution ---------------------------------------------------------------
+
+
+def test_forward_ops_by_innermost_span_with_self_and_total(tmp_path: Path) -> None:
+    events = [
+        x("aten::linear", T0 + 11_000, T0 + 30_000),  # in fc, 19 µs, 10 µs of it addmm
+        x("aten::addmm", T0 + 12_000, T0 + 22_000),
+        x("aten::relu", T0 + 51_000, T0 + 55_000),  # in act
+        x("aten::empty", T0 + 45_000, T0 + 46_000),  # in Net only
+        x("aten::zeros", T0 + 200_000, T0 + 201_000),  # outside every span
+    ]
+    prof = write(tmp_path, "p.json", profiler_json(events, window=WINDOW))
+    t = attribute(make_run(CALLS, MODULES), prof)
+    fc, act, net = t.row("fc"), t.row("act"), t.row("")
+    assert fc is not None and act is not None and net is not None
+    assert (fc["ops"], fc["cpu_self_ns"], fc["cpu_total_ns"]) == (2, 19_000, 19_000)
+    assert fc["top_ops"] == [["aten::linear", 19_000]]
+    assert (act["cpu_self_ns"], net["cpu_self_ns"], net["cpu_total_ns"]) == (4_000, 1_000, 24_000)
+    assert t.row("<unattributed>")["cpu_self_ns"] == 1_000  # type: ignore[index]
+    assert t.counts["attributed_ops"] == 4 and t.counts["cpu_ops"] == 5
+    text = t.to_text()
+    assert "fc" in text and "aten::linear 19.0 µs" in text
+    assert t.to_csv().splitlines()[0].startswith("module,type,phase,ops,cpu_total_ns")
+    assert json.loads(t.to_json())["rows"][0]["module"] == ""
+
+
+def test_backward_nodes_by_sequence_number(tmp_path: Path) -> None:
+    # GIVEN forward events whose sequence numbers say: fc created nodes 10..11,
+    # act node 12 (events in recorded order: Net>, fc>, <fc, act>, <act, <Net)
+    run = make_run(CALLS, MODULES, seqs=[10, 10, 12, 12, 13, 13], rf_tid=3)
+    node = NODE_PREFIX
+    events = [
+        x(node + "ReluBackward0", T0 + 300_000, T0 + 310_000,
+          **{"Sequence number": 12, "Fwd thread id": 3}),
+        x("aten::threshold_backward", T0 + 301_000, T0 + 305_000),
+        x(node + "AddmmBackward0", T0 + 320_000, T0 + 340_000,
+          **{"Sequence number": 11, "Fwd thread id": 3}),
+        x("aten::mm", T0 + 321_000, T0 + 330_000),
+        x(node + "torch::autograd::AccumulateGrad", T0 + 350_000, T0 + 351_000),
+    ]
+    prof = write(tmp_path, "p.json", profiler_json(events, window=WINDOW))
+    t = attribute(run, prof)
+    fc, act = t.row("fc", "backward"), t.row("act", "backward")
+    assert fc is not None and act is not None
+    assert fc["ops"] == 2 and fc["cpu_self_ns"] == 20_000
+    assert fc["top_ops"] == [[node + "AddmmBackward0", 20_000]]
+    assert act["ops"] == 2 and act["cpu_total_ns"] == 10_000
+    assert t.row("", "backward")["cpu_total_ns"] == 30_000  # type: ignore[index]
+    assert t.row("<unattributed>", "backward")["ops"] == 1  # type: ignore[index]
+    assert t.counts["backward_by_sequence"] == 2
+
+
+def test_backward_nodes_fall_back_to_backward_spans(tmp_path: Path) -> None:
+    # GIVEN no sequence numbers, but hooktrace backward spans around the nodes
+    run = make_run(CALLS, MODULES, backward=[(1, T0 + 300_000, T0 + 400_000),
+                                             (0, T0 + 290_000, T0 + 500_000)])
+    events = [x(NODE_PREFIX + "AddmmBackward0", T0 + 320_000, T0 + 340_000)]
+    prof = write(tmp_path, "p.json", profiler_json(events, window=WINDOW))
+    t = attribute(run, prof)
+    assert t.row("fc", "backward")["cpu_self_ns"] == 20_000  # type: ignore[index]
+    assert t.counts["backward_by_time"] == 1
+
+
+def test_gpu_kernels_by_correlation_and_by_flow(tmp_path: Path) -> None:
+    # GIVEN two launches in fc: one kernel linked by correlation, one by ac2g flow only
+    events = [
+        x("aten::addmm", T0 + 11_000, T0 + 30_000),
+        x("cudaLaunchKernel", T0 + 12_000, T0 + 13_000, cat="cuda_runtime", correlation=41),
+        x("cudaLaunchKernel", T0 + 20_000, T0 + 21_000, cat="cuda_runtime"),
+        x("sgemm_kernel", T0 + 14_000, T0 + 64_000, pid=0, tid=7, cat="kernel", correlation=41),
+        x("relu_kernel", T0 + 70_000, T0 + 77_000, pid=0, tid=7, cat="kernel"),
+        {"ph": "s", "id": 99, "pid": PID, "tid": TID, "ts": us(T0 + 20_000), "cat": "ac2g",
+         "name": "ac2g"},
+        {"ph": "f", "id": 99, "pid": 0, "tid": 7, "ts": us(T0 + 70_000), "cat": "ac2g",
+         "name": "ac2g", "bp": "e"},
+        x("orphan_kernel", T0 + 80_000, T0 + 81_000, pid=0, tid=7, cat="kernel"),
+    ]
+    prof = write(tmp_path, "p.json", profiler_json(events, window=WINDOW))
+    t = attribute(make_run(CALLS, MODULES), prof)
+    fc = t.row("fc")
+    assert fc is not None and fc["gpu_self_ns"] == 57_000 and fc["gpu_total_ns"] == 57_000
+    assert t.row("")["gpu_total_ns"] == 57_000  # type: ignore[index]
+    assert t.counts["gpu_activities"] == 3 and t.counts["attributed_gpu"] == 2
+    assert "gpu total" in t.to_text()
