@@ -11,7 +11,8 @@
 //        8    8  seq     forward: at::sequence_number::peek() on the calling
 //                        thread at the event; backward node: the node's seqNr()
 //       16    4  id      forward: module slot in the session's module table;
-//                        backward node: index into the session's string table
+//                        kNodeBegin: index into the node-name table;
+//                        kNodeEnd: the autograd graph task id (backward.h)
 //       20    4  tid     OS thread id (gettid) of the recording thread
 //       24    4  rf_tid  forward: at::RecordFunction::currentThreadId() of the
 //                        recording thread; backward node: forwardThreadId()

@@ -279,14 +279,56 @@ def _thread_name(run: TraceData, tid: int) -> str:
     return f"thread {tid}"
 
 
+def _backward_extents(run: TraceData, p: ProfilerEvents) -> tuple[np.ndarray, np.ndarray]:
+    """Span start/end, backward spans widened to cover the profiler's own node ranges.
+
+    hooktrace and the profiler time the same autograd-node RecordFunction from two
+    callbacks that run one after the other, so their clock reads differ by the
+    other callback's cost (~0.1 µs): a profiler node range can stick out of the
+    module's backward span by that much. Each node hooktrace attributed is matched
+    to the profiler's range of the same name, sequence number and forward thread
+    that starts nearest to it, and its span and the span's ancestors are widened
+    to contain that range.
+    """
+    spans = run.spans()
+    start, end = spans.start_ns.copy(), spans.end_ns.copy()
+    nodes = spans.nodes
+    if not len(nodes) or not len(p):
+        return start, end
+    cols = p.columns()
+    has_seq = cols["seq"] >= 0
+    by_key: dict[tuple[str, int, int], list[int]] = {}
+    for j in np.flatnonzero(has_seq).tolist():
+        key = (p.names[int(cols["name"][j])], int(cols["seq"][j]), int(cols["fwd_tid"][j]))
+        by_key.setdefault(key, []).append(j)
+    node_names = run.node_names
+    for i in np.flatnonzero(nodes.span >= 0).tolist():
+        name_id = int(nodes.name[i])
+        if name_id >= len(node_names):
+            continue
+        cands = by_key.get((node_names[name_id], int(nodes.seq[i]), int(nodes.fwd_tid[i])))
+        if not cands:
+            continue
+        t = int(nodes.start_ns[i])
+        j = min(cands, key=lambda k: abs(int(cols["start"][k]) - t))
+        ps, pe = int(cols["start"][j]), int(cols["end"][j])
+        b = int(nodes.span[i])
+        while b >= 0:
+            start[b] = min(int(start[b]), ps)
+            end[b] = max(int(end[b]), pe)
+            b = int(spans.parent[b])
+    return start, end
+
+
 def place_spans(run: TraceData, p: ProfilerEvents, window: tuple[int, int]) -> _Placement:
     """Decide the row of every span inside ``window`` (see the module docstring)."""
     spans = run.spans()
     w0, w1 = window
-    keep = np.flatnonzero((spans.end_ns >= w0) & (spans.start_ns <= w1))
-    start = np.maximum(spans.start_ns[keep], w0)
-    end = np.minimum(spans.end_ns[keep], w1)
-    clipped = int(np.count_nonzero((start != spans.start_ns[keep]) | (end != spans.end_ns[keep])))
+    span_start, span_end = _backward_extents(run, p)
+    keep = np.flatnonzero((span_end >= w0) & (span_start <= w1))
+    start = np.maximum(span_start[keep], w0)
+    end = np.minimum(span_end[keep], w1)
+    clipped = int(np.count_nonzero((start != span_start[keep]) | (end != span_end[keep])))
     tid = spans.tid[keep].astype(np.int64)
     row = tid.copy()
     backward = spans.cat[keep] == CAT_BACKWARD
@@ -375,6 +417,7 @@ def write_spans(
         np.ascontiguousarray(spans.call[idx]),
         np.ascontiguousarray(spans.flags[idx]),
         np.ascontiguousarray(spans.cat[idx]),
+        np.zeros(0, np.int64),  # no per-span node counts in merged traces
         names_json,
         args_json,
         list(MERGED_CAT_NAMES),

@@ -79,8 +79,11 @@ _NODE_FIELDS: dict[str, np.dtype[Any]] = {
     "pass_id": np.dtype(np.uint32),
     "span": np.dtype(np.int64),
 }
+# Optional: zeros when not given (synthetic tables, or none recorded).
+_OPTIONAL_NODE_FIELDS: dict[str, np.dtype[Any]] = {"fwd_tid": np.dtype(np.uint32)}
 # build_spans' dict key for each Nodes field
-_NODE_KEYS = {name: "node_pass" if name == "pass_id" else f"node_{name}" for name in _NODE_FIELDS}
+_NODE_KEYS = {name: "node_pass" if name == "pass_id" else f"node_{name}"
+              for name in (*_NODE_FIELDS, *_OPTIONAL_NODE_FIELDS)}
 
 
 def _checked_arrays(owner: object, what: str, fields: Mapping[str, np.dtype[Any]],
@@ -103,7 +106,9 @@ class Nodes:
     index into ``TraceData.node_names``), ``tid`` (OS thread that ran it),
     ``pass_id`` (uint32 backward pass, ``NO_PASS`` when unknown), ``span``
     (int64 index of the backward span it is attributed to directly; -1 when
-    unattributed, e.g. the loss's nodes or AccumulateGrad). No order is implied.
+    unattributed, e.g. the loss's nodes or AccumulateGrad), ``fwd_tid`` (uint32
+    RecordFunction id of the thread whose forward created it, the profiler's
+    "Fwd thread id"; optional, zeros when not given). No order is implied.
 
     Example:
         >>> import numpy as np
@@ -125,9 +130,14 @@ class Nodes:
     tid: np.ndarray
     pass_id: np.ndarray
     span: np.ndarray
+    fwd_tid: np.ndarray
 
     def __init__(self, arrays: Mapping[str, np.ndarray]) -> None:
-        _checked_arrays(self, "Nodes", _NODE_FIELDS, arrays)
+        n = _checked_arrays(self, "Nodes", _NODE_FIELDS, arrays)
+        optional = {k: arrays[k] if k in arrays else np.zeros(n, dtype)
+                    for k, dtype in _OPTIONAL_NODE_FIELDS.items()}
+        _checked_arrays(self, "Nodes", _OPTIONAL_NODE_FIELDS, {"start_ns": arrays["start_ns"],
+                                                               **optional})
 
     @classmethod
     def empty(cls) -> Nodes:

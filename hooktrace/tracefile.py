@@ -23,8 +23,9 @@ Layout (little-endian; ``FORMAT_VERSION`` 1)::
 
 The module table and backward node names are string-table indices stored in the
 metadata: ``meta["modules"] = [[name_idx, type_idx], ...]`` (slot i = module i)
-and ``meta["node_names"] = [idx, ...]`` (the id of NODE_BEGIN/NODE_END events
-indexes this list). Every other metadata key is free-form run information.
+and ``meta["node_names"] = [idx, ...]`` (the id of NODE_BEGIN events indexes
+this list; a NODE_END's id is the autograd graph task id). Every other metadata
+key is free-form run information.
 
 Example:
     >>> import numpy as np, tempfile, os
@@ -49,7 +50,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from hooktrace._events import EVENT_DTYPE, ENTER, EXIT, NODE_BEGIN, NODE_END, VALID_KINDS, Clock
+from hooktrace._events import EVENT_DTYPE, ENTER, EXIT, NODE_BEGIN, VALID_KINDS, Clock
 
 __all__ = [
     "FORMAT_VERSION",
@@ -453,8 +454,8 @@ def _validate_events(
             f"event {i}: module id {int(ids[i])} out of range "
             f"(the module table has {n_modules} modules)",
         )
-    is_node = (kind == NODE_BEGIN) | (kind == NODE_END)
-    bad = np.flatnonzero(is_node & (ids >= n_nodes))
+    # NODE_END's id is the graph task id (csrc/backward.h), not a name
+    bad = np.flatnonzero((kind == NODE_BEGIN) & (ids >= n_nodes))
     if bad.size:
         i = int(bad[0])
         raise TraceFileError(

@@ -282,3 +282,18 @@ def test_llama_backward_spans_for_every_linear() -> None:
     linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
     missing = [n for n in linears if bwd[(n, 0)] != 1]
     assert not missing
+
+
+def test_backward_trace_round_trips_through_the_file(tmp_path: Any) -> None:
+    model = ConvNet()
+    with hooktrace.trace(model) as tr:
+        model(torch.randn(2, 3, 8, 8)).sum().backward()
+    path = tmp_path / "run.htrace"
+    tr.save(path)
+    run = hooktrace.load(path)
+    a, b = tr.spans(), run.spans()
+    assert (b.cat == CAT_BACKWARD).sum() == (a.cat == CAT_BACKWARD).sum() > 0
+    for field in ("start_ns", "end_ns", "module", "call", "cat", "parent"):
+        assert getattr(a, field).tolist() == getattr(b, field).tolist()
+    assert a.nodes.span.tolist() == b.nodes.span.tolist()
+    assert run.node_names == tr.node_names

@@ -131,8 +131,6 @@ def test_backward_nodes_attributed_by_sequence_number(case: str, tmp_path: Path)
 
 
 @pytest.mark.parametrize("case", list(BACKWARD_NODES))
-@pytest.mark.xfail(strict=True, reason="needs hooktrace backward spans (cat 1) from the "
-                                       "backward branch")
 def test_backward_nodes_lie_in_their_module_backward_span(case: str, tmp_path: Path) -> None:
     make_model, make_input, _, _ = CASES[case]
     node, mtype = BACKWARD_NODES[case]
@@ -144,7 +142,10 @@ def test_backward_nodes_lie_in_their_module_backward_span(case: str, tmp_path: P
     doc = load_json(out)
     bwd = x_events(doc, lambda e: e.get("cat") == "hooktrace.backward"
                    and e["args"]["type"] == mtype)
-    nodes = x_events(doc, lambda e: e.get("cat") == "cpu_op" and e["name"] == NODE + node)
+    # the node's own range (RecordScope.BACKWARD_FUNCTION, the range hooktrace records);
+    # the engine's "evaluate_function: ..." range around it also covers the engine's
+    # bookkeeping after the node (input buffers), which can outlast the module's span
+    nodes = x_events(doc, lambda e: e.get("cat") == "cpu_op" and e["name"] == node)
     assert nodes and bwd
     for s, e, _ in nodes:
         assert any(a <= s and e <= b for a, b, _ in bwd)

@@ -66,7 +66,8 @@ def test_from_events_fills_nodes_from_build_spans(monkeypatch):
         out.update(node_start_ns=np.array([5, 9], np.int64), node_end_ns=np.array([7, 12]),
                    node_self_ns=np.array([2, 3]), node_seq=np.array([4, 3], np.uint64),
                    node_name=np.array([1, 0], np.uint32), node_tid=np.array([1, 1], np.uint32),
-                   node_pass=np.array([0, NO_PASS], np.uint32), node_span=np.array([0, -1]))
+                   node_pass=np.array([0, NO_PASS], np.uint32), node_span=np.array([0, -1]),
+                   node_fwd_tid=np.array([1, 1], np.uint32))
         return out
 
     monkeypatch.setattr(reading._C, "build_spans", with_nodes)

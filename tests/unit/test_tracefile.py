@@ -274,10 +274,17 @@ def test_module_id_out_of_range(tmp_path):
 
 
 def test_node_id_out_of_range(tmp_path):
-    ev = build_events([(1, NODE_BEGIN, 0, 1), (1, NODE_END, 4, 2)])
+    ev = build_events([(1, NODE_BEGIN, 0, 1), (1, NODE_END, 0, 2), (1, NODE_BEGIN, 4, 3)])
     path = forge(tmp_path, events=ev)
     events_off = len(path.read_bytes()) - ev.nbytes
-    expect_error(path, events_off + 32 + 16, "node name id 4")
+    expect_error(path, events_off + 64 + 16, "event 2", "node name id 4")
+
+
+def test_node_end_id_is_a_graph_task_not_a_name(tmp_path):
+    # NODE_END carries the autograd graph task id (csrc/backward.h), any value
+    ev = build_events([(1, NODE_BEGIN, 0, 1), (1, NODE_END, 4000, 2)])
+    path = forge(tmp_path, events=ev)
+    assert read_trace(path).events["id"].tolist() == [0, 4000]
 
 
 def test_write_refuses_wrong_dtype(tmp_path):
