@@ -149,17 +149,25 @@ PyGetSetDef hook_getset[] = {
     {nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 
-PyTypeObject make_hook_type(const char* name, const char* doc, newfunc tp_new) {
+// The slots every recording type shares; callers add their own on top.
+PyTypeObject recorder_type(const char* name, const char* doc, Py_ssize_t size, newfunc tp_new,
+                           destructor dealloc, traverseproc traverse) {
   PyTypeObject t = {PyVarObject_HEAD_INIT(nullptr, 0)};
   t.tp_name = name;
   t.tp_doc = doc;
-  t.tp_basicsize = sizeof(Recorder);
+  t.tp_basicsize = size;
   t.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL;
   t.tp_vectorcall_offset = offsetof(Recorder, vectorcall);
   t.tp_call = PyVectorcall_Call;
   t.tp_new = tp_new;
-  t.tp_dealloc = recorder_dealloc;
-  t.tp_traverse = recorder_traverse;
+  t.tp_dealloc = dealloc;
+  t.tp_traverse = traverse;
+  return t;
+}
+
+PyTypeObject make_hook_type(const char* name, const char* doc, newfunc tp_new) {
+  PyTypeObject t = recorder_type(name, doc, sizeof(Recorder), tp_new, recorder_dealloc,
+                                 recorder_traverse);
   t.tp_methods = hook_methods;
   t.tp_getset = hook_getset;
   return t;
@@ -313,17 +321,11 @@ PyGetSetDef wrapper_getset[] = {
 };
 
 PyTypeObject make_wrapper_type() {
-  PyTypeObject t = {PyVarObject_HEAD_INIT(nullptr, 0)};
-  t.tp_name = "hooktrace._C.ForwardWrapper";
-  t.tp_doc = "ForwardWrapper(session, slot, wrapped): transparent recording forward.";
-  t.tp_basicsize = sizeof(Wrapper);
+  PyTypeObject t = recorder_type(
+      "hooktrace._C.ForwardWrapper",
+      "ForwardWrapper(session, slot, wrapped): transparent recording forward.", sizeof(Wrapper),
+      wrapper_new, wrapper_dealloc, wrapper_traverse);
   t.tp_weaklistoffset = offsetof(Wrapper, weakrefs);
-  t.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL;
-  t.tp_vectorcall_offset = offsetof(Recorder, vectorcall);
-  t.tp_call = PyVectorcall_Call;
-  t.tp_new = wrapper_new;
-  t.tp_dealloc = wrapper_dealloc;
-  t.tp_traverse = wrapper_traverse;
   t.tp_clear = wrapper_clear;
   t.tp_getattro = wrapper_getattro;
   t.tp_repr = wrapper_repr;
