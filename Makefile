@@ -11,7 +11,7 @@ BUILD_DEPS ?= numpy ninja pybind11 setuptools wheel
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hooktrace-installed
 
-.PHONY: help venv build demo test test-unit test-integration bench clean
+.PHONY: help venv build demo test test-unit test-integration bench lint clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -45,6 +45,11 @@ test-integration: venv  ## compiled core with real modules
 bench: venv  ## overhead and export benchmarks (prints tables; see benchmarks/RESULTS.md)
 	$(PY) benchmarks/overhead.py
 	$(PY) benchmarks/export.py
+
+lint: venv  ## ruff (pyflakes + pycodestyle rules) and mypy on the package
+	$(PY) -m pip install -q ruff mypy
+	$(PY) -m ruff check hooktrace benchmarks tests --select E,F,W --ignore E501
+	$(PY) -m mypy hooktrace
 
 clean:  ## remove build outputs (keeps .venv)
 	rm -rf build *.egg-info hooktrace/_C*.so out

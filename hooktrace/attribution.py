@@ -341,12 +341,13 @@ def attribute_events(run: TraceData, p: ProfilerEvents, *, top_ops: int = 3) -> 
     self_by: dict[tuple[int, int], int] = defaultdict(int)
     ops_by: dict[tuple[int, int], int] = defaultdict(int)
     top_by: dict[tuple[int, int], dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    par = parent[cpu]
-    par_key = np.where(par >= 0, module[np.maximum(par, 0)] * 2 + phase[np.maximum(par, 0)],
+    cpu_parent = parent[cpu]
+    par_key = np.where(cpu_parent >= 0,
+                       module[np.maximum(cpu_parent, 0)] * 2 + phase[np.maximum(cpu_parent, 0)],
                        -10)
-    dur = (end - start)[cpu]
+    cpu_dur = (end - start)[cpu]
     for k, s, pk, nm, d in zip(key.tolist(), self_ns[cpu].tolist(), par_key.tolist(),
-                               name[cpu].tolist(), dur.tolist()):
+                               name[cpu].tolist(), cpu_dur.tolist()):
         mk = (k // 2, k % 2) if k >= 0 else (-1, k + 2)
         self_by[mk] += s
         ops_by[mk] += 1

@@ -65,8 +65,8 @@ import json
 import os
 import tempfile
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
@@ -77,7 +77,7 @@ import torch
 from hooktrace import _C
 from hooktrace._kineto import ProfilerTraceError
 from hooktrace._profiler_events import ProfilerEvents, collect
-from hooktrace.reading import CAT_BACKWARD, CAT_NAMES, Spans, TraceData, load
+from hooktrace.reading import CAT_BACKWARD, CAT_NAMES, TraceData, load
 
 if TYPE_CHECKING:
     from hooktrace.attribution import Attribution

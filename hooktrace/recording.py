@@ -179,8 +179,9 @@ class Trace(TraceData):
         m = inst.module()
         if m is None or inst.mechanism != "wrap":
             return
-        wrapper = inst.wrapper() if inst.wrapper is not None else None
+        wrapper: Any = inst.wrapper() if inst.wrapper is not None else None
         if wrapper is None or m.__dict__.get(inst.attr) is not wrapper:
+            # (a dead wrapper means the module's attribute no longer holds it)
             warnings.warn(
                 f"hooktrace: {type(m).__name__}.{inst.attr} was replaced by other code while traced; "
                 "leaving the replacement in place (it calls the inactive hooktrace wrapper)",
@@ -188,8 +189,8 @@ class Trace(TraceData):
                 stacklevel=3,
             )
             return
-        if inst.had_own:
-            m.__dict__[inst.attr] = wrapper.__wrapped__
+        if inst.had_own:  # the wrapper wraps exactly the instance's previous value
+            m.__dict__[inst.attr] = getattr(wrapper, "__wrapped__")
         else:
             del m.__dict__[inst.attr]
 

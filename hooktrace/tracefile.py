@@ -103,11 +103,17 @@ def _events_offset(meta_len: int, strings_len: int) -> int:
     return -(-end // _EVENT_ALIGN) * _EVENT_ALIGN
 
 
+def _field_offset(name: str) -> int:
+    """Byte offset of an event field (for error messages)."""
+    assert EVENT_DTYPE.fields is not None
+    return int(EVENT_DTYPE.fields[name][1])
+
+
 def _crc_of(array: np.ndarray) -> int:
     flat = array.view(np.uint8).reshape(-1) if array.size else np.zeros(0, np.uint8)
     crc = 0
     for start in range(0, flat.size, _CHUNK):
-        crc = zlib.crc32(flat[start : start + _CHUNK], crc)
+        crc = zlib.crc32(flat[start : start + _CHUNK].data, crc)
     return crc
 
 
@@ -299,6 +305,7 @@ def read_trace(path: str | os.PathLike[str], *, mmap: bool = False) -> TraceFile
         meta = _parse_meta(name, meta_bytes)
         strings = _parse_strings(name, strings_off, strings_bytes)
 
+        events: np.ndarray
         if mmap and n_events:
             events = np.memmap(f, dtype=EVENT_DTYPE, mode="r", offset=events_off,
                                shape=(n_events,))
@@ -439,13 +446,13 @@ def _validate_events(
     if bad.size:
         i = int(bad[0])
         raise TraceFileError(
-            name, events_off + i * itemsize + EVENT_DTYPE.fields["kind"][1],
+            name, events_off + i * itemsize + _field_offset("kind"),
             f"event {i}: expected kind in {list(VALID_KINDS)}, found {int(kind[i])} "
             f"({bad.size} bad events in all)",
         )
     ids = events["id"]
     is_forward = (kind == ENTER) | (kind == EXIT)
-    id_off = EVENT_DTYPE.fields["id"][1]
+    id_off = _field_offset("id")
     bad = np.flatnonzero(is_forward & (ids >= n_modules))
     if bad.size:
         i = int(bad[0])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections import Counter, defaultdict
+from collections import Counter
 from typing import Any
 
 import pytest

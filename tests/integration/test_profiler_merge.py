@@ -198,7 +198,6 @@ def test_schedule_handler_merges_each_window_with_its_spans(tmp_path: Path) -> N
     # GIVEN 6 steps, profiled with a schedule: wait 1, warmup 1, active 2, twice
     model = ConvNet()
     x = torch.randn(1, 3, 8, 8)
-    step_marks: list[tuple[int, int]] = []
     with hooktrace.trace(model) as tr:
         handler = merged_trace_handler(tr, tmp_path / "traces", worker_name="w")
         with torch.profiler.profile(

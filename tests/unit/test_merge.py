@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import gzip
 import io
 import json
@@ -14,7 +13,7 @@ import numpy as np
 import pytest
 
 from hooktrace import _kineto
-from hooktrace._events import ENTER, EVENT_DTYPE, EXIT, NODE_BEGIN, Clock
+from hooktrace._events import ENTER, EVENT_DTYPE, EXIT, Clock
 from hooktrace._kineto import ProfilerTraceError, us_to_ns
 from hooktrace._profiler_events import NODE_PREFIX, collect
 from hooktrace.cli import main
