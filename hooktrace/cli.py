@@ -49,7 +49,7 @@ def _cmd_export(args: argparse.Namespace) -> None:
     from hooktrace.reading import load
 
     run = load(args.run)
-    run.export_chrome(args.output)
+    run.export_chrome(args.output, nodes=args.nodes)
     print(f"wrote {args.output}: {len(run.spans())} spans; {OPEN_HINT}")
 
 
@@ -104,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="convert a .htrace file to Chrome trace JSON")
     e.add_argument("run", help="the .htrace file")
     e.add_argument("-o", "--output", required=True, help="OUT.json, or OUT.json.gz to compress")
+    e.add_argument("--nodes", action="store_true",
+                   help="also write every autograd node under its module's backward span")
     e.set_defaults(func=_cmd_export)
 
     s = sub.add_parser("summary", help="per-module time table of a .htrace file")

@@ -50,6 +50,17 @@ def test_export_round_trip_gzip(demo_dir: Path, tmp_path: Path) -> None:
     assert doc["traceEvents"] == direct["traceEvents"]
 
 
+def test_export_with_autograd_nodes(demo_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "n.json"
+    r = run_cli("export", str(demo_dir / "demo.htrace"), "-o", str(out), "--nodes")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    cats = {e.get("cat") for e in doc["traceEvents"]}
+    assert {"forward", "backward", "autograd_node", "autograd_unattributed"} <= cats
+    plain = json.loads((demo_dir / "demo.json").read_text())
+    assert "autograd_node" not in {e.get("cat") for e in plain["traceEvents"]}
+
+
 def test_summary_csv_and_json(demo_dir: Path) -> None:
     r = run_cli("summary", str(demo_dir / "demo.htrace"), "--csv")
     assert r.returncode == 0, r.stderr
