@@ -48,6 +48,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 import numpy as np
@@ -101,6 +102,15 @@ def export_chrome(
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def module_json(modules: Sequence[tuple[str, str]]) -> tuple[list[str], list[str]]:
+    """Per module slot: the JSON event name (class name for the root) and the
+    ``{"module":...,"type":...`` args prefix that ``_C.write_chrome_events`` completes."""
+    names = [_dumps(name if name else type_name) for name, type_name in modules]
+    args = ['{"module":' + _dumps(name) + ',"type":' + _dumps(type_name)
+            for name, type_name in modules]
+    return names, args
 
 
 def _thread_name(thread_names: Any, tid: int) -> str:
@@ -225,11 +235,7 @@ def write_chrome(
     head = '{"traceEvents":[\n' + ",\n".join(_dumps(e) for e in meta_events)
     f.write(head.encode("utf-8"))
 
-    names_json = [_dumps(name if name else type_name) for name, type_name in trace.modules]
-    args_json = [
-        '{"module":' + _dumps(name) + ',"type":' + _dumps(type_name)
-        for name, type_name in trace.modules
-    ]
+    names_json, args_json = module_json(trace.modules)
     node_counts = np.zeros(0, np.int64)
     if len(node_table):
         attributed = node_table.span[node_table.span >= 0]

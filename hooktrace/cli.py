@@ -14,7 +14,11 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from hooktrace.attribution import Attribution
+    from hooktrace.summary import Summary
 
 OPEN_HINT = (
     "open it at https://ui.perfetto.dev (Open trace file) or in chrome://tracing (Load)"
@@ -72,24 +76,20 @@ def _cmd_summary(args: argparse.Namespace) -> None:
         raise CliError(f"--top must be at least 1, got {args.top}")
     if args.top_ops < 0:
         raise CliError(f"--top-ops must be at least 0, got {args.top_ops}")
+    table: Summary | Attribution
     if args.profiler is not None:
         from hooktrace.merge import attribute
 
         table = attribute(args.run, args.profiler, top_ops=args.top_ops)
-        if args.csv:
-            sys.stdout.write(table.to_csv())
-        elif args.json:
-            print(table.to_json())
-        else:
-            print(table.to_text(top=args.top))
-        return
-    summary = load(args.run).summary()
-    if args.csv:
-        sys.stdout.write(summary.to_csv())
-    elif args.json:
-        print(summary.to_json())
     else:
-        print(summary.to_text(top=args.top))
+        table = load(args.run).summary()
+    # Both tables offer the same three forms.
+    if args.csv:
+        sys.stdout.write(table.to_csv())
+    elif args.json:
+        print(table.to_json())
+    else:
+        print(table.to_text(top=args.top))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -61,7 +61,6 @@ Example::
 from __future__ import annotations
 
 import gzip
-import json
 import os
 import tempfile
 import threading
@@ -76,6 +75,7 @@ import numpy as np
 import torch
 from hooktrace import _C
 from hooktrace._kineto import ProfilerTraceError
+from hooktrace.chrome import _dumps, module_json
 from hooktrace._profiler_events import ProfilerEvents, collect
 from hooktrace.reading import CAT_BACKWARD, CAT_NAMES, TraceData, load
 
@@ -218,8 +218,8 @@ def crossing(s: np.ndarray, e: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.n
 def assign_lanes(start: np.ndarray, end: np.ndarray, group: np.ndarray) -> np.ndarray:
     """Lane per interval so that, within each group, every lane nests strictly.
 
-    Greedy first fit in start order (longest first on ties). Uses the native
-    ``_C.assign_lanes`` when the core has it.
+    Greedy first fit in start order (longest first on ties): ``_C.assign_lanes``
+    (csrc/lanes.h), the layout the Chrome export uses too.
 
     Example:
         >>> import numpy as np
@@ -227,33 +227,14 @@ def assign_lanes(start: np.ndarray, end: np.ndarray, group: np.ndarray) -> np.nd
         ...              np.zeros(4, np.int64)).tolist()
         [0, 1, 0, 0]
     """
-    start = np.ascontiguousarray(start, dtype=np.int64)
-    end = np.ascontiguousarray(end, dtype=np.int64)
-    group = np.ascontiguousarray(group, dtype=np.int64)
-    native = getattr(_C, "assign_lanes", None)
-    if native is not None:
-        try:
-            return np.asarray(native(start, end, group), dtype=np.int64)
-        except TypeError:
-            pass
-    lanes = np.zeros(len(start), dtype=np.int64)
-    stacks: list[list[int]] = []
-    current: int | None = None
-    for i in np.lexsort((-end, start, group)).tolist():
-        g, s, e = int(group[i]), int(start[i]), int(end[i])
-        if g != current:
-            current, stacks = g, []
-        for k, stack in enumerate(stacks):
-            while stack and stack[-1] <= s:
-                stack.pop()
-            if not stack or e <= stack[-1]:
-                stack.append(e)
-                lanes[i] = k
-                break
-        else:
-            stacks.append([e])
-            lanes[i] = len(stacks) - 1
-    return lanes
+    return np.asarray(
+        _C.assign_lanes(
+            np.ascontiguousarray(start, dtype=np.int64),
+            np.ascontiguousarray(end, dtype=np.int64),
+            np.ascontiguousarray(group, dtype=np.uint32),
+        ),
+        dtype=np.int64,
+    )
 
 
 # -- the merge -------------------------------------------------------------
@@ -370,10 +351,6 @@ def place_spans(run: TraceData, p: ProfilerEvents, window: tuple[int, int]) -> _
     return place
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
 def write_spans(
     write: Callable[[bytes], Any], run: TraceData, place: _Placement, base_ns: int,
     first: bool,
@@ -396,9 +373,7 @@ def write_spans(
     write(text)
     if not len(place.index):
         return
-    names_json = [_dumps(name if name else type_name) for name, type_name in run.modules]
-    args_json = ['{"module":' + _dumps(name) + ',"type":' + _dumps(type_name)
-                 for name, type_name in run.modules]
+    names_json, args_json = module_json(run.modules)
     idx = place.index
     if first:  # the writer starts every event with ",\n"; drop the first one's comma
         def write_first(data: bytes, _state: list[bool] = [True]) -> None:
