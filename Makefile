@@ -9,7 +9,9 @@ TEST_DEPS ?= pytest transformers==5.23.0
 BUILD_DEPS ?= numpy ninja pybind11 setuptools wheel
 
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.hooktrace-installed
+# One stamp per torch spec, so `make test TORCH=...` reinstalls torch and rebuilds
+# in an existing .venv; `make clean` removes it so the next target rebuilds.
+STAMP := $(VENV)/.hooktrace-installed-$(shell printf '%s' '$(TORCH)' | tr -c 'A-Za-z0-9.' '_')
 
 .PHONY: help venv build demo test test-unit test-integration bench lint clean
 
@@ -23,6 +25,7 @@ $(STAMP): setup.py pyproject.toml $(wildcard csrc/*.cpp csrc/*.h)
 	# --no-build-isolation: compile against the torch installed above, not a fresh
 	# (different, multi-GB) torch that an isolated build environment would download.
 	MAX_JOBS=$${MAX_JOBS:-2} $(PY) -m pip install -q --no-build-isolation -e .
+	rm -f $(VENV)/.hooktrace-installed*
 	touch $(STAMP)
 
 venv: $(STAMP)  ## create .venv, install torch + deps, build hooktrace
@@ -52,4 +55,4 @@ lint: venv  ## ruff (pyflakes + pycodestyle rules) and mypy on the package
 	$(PY) -m mypy hooktrace
 
 clean:  ## remove build outputs (keeps .venv)
-	rm -rf build *.egg-info hooktrace/_C*.so out
+	rm -rf build *.egg-info hooktrace/_C*.so out $(VENV)/.hooktrace-installed*

@@ -8,7 +8,9 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 DEBUG = os.environ.get("DEBUG", "0") == "1"
 
-extra_compile_args = ["-std=c++17", "-Wall", "-fvisibility=hidden"]
+# No -std flag: torch.utils.cpp_extension adds the standard its headers need
+# (C++20 for torch 2.13, whose headers warn under -std=c++17).
+extra_compile_args = ["-Wall", "-fvisibility=hidden"]
 extra_compile_args += ["-O0", "-g"] if DEBUG else ["-O3"]
 
 setup(

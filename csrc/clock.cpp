@@ -6,7 +6,7 @@ ClockCapture::ClockCapture()
     : converter_(std::make_unique<c10::ApproximateClockToUnixTimeConverter>()),
       ticks0_(now_ticks()) {}
 
-ClockConversion ClockCapture::finish() {
+ClockConversion ClockCapture::current() const {
   auto to_unix = converter_->makeConverter();
   // The converter is linear: (double)(t - t0_approx) * scale + t0. Sampling it
   // 2^40 ticks apart (minutes of wall time) recovers the slope to well under

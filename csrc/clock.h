@@ -21,12 +21,13 @@ struct ClockConversion {
   double ns_per_tick = 1.0;
 };
 
-// Measures clock pairs at construction (session start) and again in finish()
-// (session stop); the linear map between them is exact at both ends.
+// Measures clock pairs at construction (session start) and again in current()
+// (session stop, or a live snapshot); the linear map between them is exact at
+// both ends.
 class ClockCapture {
  public:
   ClockCapture();
-  ClockConversion finish();
+  ClockConversion current() const;
 
  private:
   std::unique_ptr<c10::ApproximateClockToUnixTimeConverter> converter_;

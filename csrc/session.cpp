@@ -41,9 +41,15 @@ void Session::stop() {
   active_.store(false, std::memory_order_release);
   std::lock_guard<std::mutex> lock(mutex_);
   if (clock_capture_) {
-    clock_ = clock_capture_->finish();
+    clock_ = clock_capture_->current();
     clock_capture_.reset();
   }
+}
+
+ClockConversion Session::clock() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  // While recording, measured now: a snapshot's conversion is exact up to now.
+  return clock_capture_ ? clock_capture_->current() : clock_;
 }
 
 ThreadBuffer* Session::buffer_slow() {

@@ -86,7 +86,9 @@ class Session {
   uint64_t capacity_events() const { return uint64_t(max_chunks_) * chunk_events_; }
   uint32_t chunk_events() const { return chunk_events_; }
   Policy policy() const { return policy_; }
-  const ClockConversion& clock() const { return clock_; }
+  // The tick -> Unix ns conversion: final once stopped, measured up to now while
+  // recording (for live snapshots).
+  ClockConversion clock();
 
   // Module names for profiler emission (profiler_emit.h); empty = no emission.
   // Set before any forward callable is created for the session.

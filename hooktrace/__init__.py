@@ -14,8 +14,11 @@ import torch as _torch  # noqa: F401  (loads libc10/libtorch before the native c
 
 __version__ = "0.1.0"
 
+from hooktrace import errors  # noqa: E402
+from hooktrace.errors import HooktraceError  # noqa: E402
 from hooktrace.reading import TraceData, load  # noqa: E402
 from hooktrace.merge import profile  # noqa: E402
 from hooktrace.recording import Trace, trace  # noqa: E402
 
-__all__ = ["Trace", "TraceData", "__version__", "load", "profile", "trace"]
+__all__ = ["HooktraceError", "Trace", "TraceData", "__version__", "errors", "load", "profile",
+           "trace"]

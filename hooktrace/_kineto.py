@@ -40,6 +40,8 @@ from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from typing import IO, Any, BinaryIO
 
+from hooktrace.errors import HooktraceError
+
 __all__ = ["ProfilerTraceError", "READ_BYTES", "open_binary", "scan", "us_to_ns"]
 
 # 4 MiB per read: large enough that the per-read Python overhead vanishes,
@@ -51,7 +53,7 @@ _DECODER = json.JSONDecoder(parse_float=str)
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
-class ProfilerTraceError(ValueError):
+class ProfilerTraceError(HooktraceError):
     """The profiler trace is not usable; the message names the file and position."""
 
 
@@ -152,6 +154,14 @@ class _Reader:
                 self.out.write(self.buf[self.copied:upto].encode("latin-1"))
             self.copied = upto
 
+    def replace(self, start: int, text: str | None) -> None:
+        """Write ``text`` instead of the bytes from stream offset ``start`` to ``pos``."""
+        if text is None or self.out is None:
+            return
+        self.flush(start - self.base)
+        self.out.write(text.encode("latin-1"))
+        self.copied = self.pos
+
     def skip_ws(self) -> None:
         while True:
             self.pos = _WS.match(self.buf, self.pos).end()  # type: ignore[union-attr]
@@ -197,6 +207,8 @@ def scan(
     before_array_end: Callable[[bool], bytes] | None = None,
     before_object_end: Callable[[], bytes] | None = None,
     top: dict[str, Any] | None = None,
+    rewrite_event: Callable[[Any, str], str | None] | None = None,
+    rewrite_top: Callable[[str, Any], str | None] | None = None,
 ) -> dict[str, Any]:
     """Walk a Chrome trace object, calling ``on_event`` for each ``traceEvents`` element.
 
@@ -204,8 +216,12 @@ def scan(
     copied there unchanged, plus ``before_array_end(array_was_nonempty)`` just
     before the ``]`` of ``traceEvents`` and ``before_object_end()`` before the
     final ``}``. ``top``, if given, is the dict filled (and returned) as the
-    top-level keys are read, so a callback sees the keys that preceded it. Raises :class:`ProfilerTraceError` naming ``name`` and the line,
-    column and byte of the problem (of the decompressed content for gzip input).
+    top-level keys are read, so a callback sees the keys that preceded it.
+    ``rewrite_event(event, text)`` may return replacement text (Latin-1, see
+    above) for an element of ``traceEvents`` and ``rewrite_top(key, value)``
+    for the value of a top-level key; None keeps the original bytes. Raises
+    :class:`ProfilerTraceError` naming ``name`` and the line, column and byte of
+    the problem (of the decompressed content for gzip input).
     """
     r = _Reader(f, name, out)
     top = {} if top is None else top
@@ -229,7 +245,12 @@ def scan(
                 nonempty = False
                 if r.peek() != "]":
                     while True:
-                        on_event(r.value())
+                        r.skip_ws()
+                        start = r.base + r.pos
+                        event = r.value()
+                        on_event(event)
+                        if rewrite_event is not None:
+                            r.replace(start, rewrite_event(event, r.buf[start - r.base:r.pos]))
                         nonempty = True
                         c = r.peek()
                         if c == "]":
@@ -240,7 +261,11 @@ def scan(
                     out.write(before_array_end(nonempty))
                 r.pos += 1
             else:
+                r.skip_ws()
+                start = r.base + r.pos
                 top[key] = r.value()
+                if rewrite_top is not None:
+                    r.replace(start, rewrite_top(key, top[key]))
             c = r.peek()
             if c == "}":
                 break

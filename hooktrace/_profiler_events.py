@@ -74,6 +74,8 @@ class ProfilerEvents:
     # ac2g flows: id -> (start, tid) of the "s" end; (pid, tid, ts) of "f" ends -> id
     flow_start: dict[Any, tuple[int, Any]] = field(default_factory=dict)
     flow_finish: dict[tuple[Any, Any, int], Any] = field(default_factory=dict)
+    max_tid: int = -1  # largest integer tid of any event (synthetic track tids go above)
+    min_ts: int | None = None  # earliest ts of any event but metadata ("M")
     base_known: bool = False
     window: tuple[int, int] | None = None  # the "PyTorch Profiler (N)" span
     extent: tuple[int, int] | None = None  # min start, max end of all X events
@@ -119,6 +121,16 @@ class ProfilerEvents:
         if not isinstance(e, dict):
             return
         ph = e.get("ph")
+        tid = _int(e.get("tid"))
+        if tid is not None and tid > self.max_tid:
+            self.max_tid = tid
+        if ph != "M" and ph != "X" and "ts" in e:
+            try:
+                ts = us_to_ns(e["ts"])
+            except ValueError:
+                pass
+            else:
+                self.min_ts = ts if self.min_ts is None else min(self.min_ts, ts)
         if ph == "X":
             self._add_slice(e)
         elif ph == "M":
@@ -145,6 +157,7 @@ class ProfilerEvents:
             return
         ext = self.extent
         self.extent = (ts, ts + dur) if ext is None else (min(ext[0], ts), max(ext[1], ts + dur))
+        self.min_ts = ts if self.min_ts is None else min(self.min_ts, ts)
         cat = e.get("cat")
         if cat == "Trace" and str(e.get("name", "")).startswith("PyTorch Profiler"):
             w = self.window
@@ -209,12 +222,15 @@ def collect(
     out: IO[bytes] | None = None,
     before_array_end: Callable[[ProfilerEvents, bool], bytes] | None = None,
     before_object_end: Callable[[ProfilerEvents], bytes] | None = None,
+    rewrite_event: Callable[[Any, str], str | None] | None = None,
+    rewrite_top: Callable[[str, Any], str | None] | None = None,
 ) -> ProfilerEvents:
     """Stream a profiler trace (path or binary file; gzip or not) into :class:`ProfilerEvents`.
 
     With ``out``, the trace is copied there byte for byte, and the callbacks'
     bytes are inserted before the end of ``traceEvents`` and of the object; at
     that point everything of ``traceEvents`` has been collected.
+    ``rewrite_event``/``rewrite_top``: see :func:`hooktrace._kineto.scan`.
     """
     label = name if name is not None else os.fspath(source) if isinstance(
         source, (str, os.PathLike)) else "<profiler trace>"
@@ -245,7 +261,7 @@ def collect(
             f, label, on_event, out=out,
             before_array_end=array_end if before_array_end is not None else None,
             before_object_end=object_end if before_object_end is not None else None,
-            top=top_seen,
+            top=top_seen, rewrite_event=rewrite_event, rewrite_top=rewrite_top,
         )
     finally:
         if close:

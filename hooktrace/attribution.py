@@ -94,13 +94,15 @@ class Attribution:
                 return r
         return None
 
-    def to_text(self, top: int | None = None) -> str:
+    def to_text(self, top: int | None = None, *, wide: bool = False) -> str:
+        """Aligned table of the first ``top`` rows; ``wide`` is accepted for symmetry
+        with :meth:`Summary.to_text` (this table has no optional columns)."""
         header = ["module", "type", "phase", "ops", "cpu total", "cpu self"]
         if self.has_gpu:
             header += ["gpu total", "gpu self"]
         header.append("top ops")
         lines = [header]
-        for r in self.rows[:top] if top is not None else self.rows:
+        for r in self._top(top):
             cells = [r["module"] or "<root>", r["type"], r["phase"], str(r["ops"]),
                      format_ns(r["cpu_total_ns"]), format_ns(r["cpu_self_ns"])]
             if self.has_gpu:
@@ -116,7 +118,9 @@ class Attribution:
                 c if i == len(row) - 1 else c.rjust(widths[i]) if i in numeric else c.ljust(widths[i])
                 for i, c in enumerate(row)).rstrip())
         c = self.counts
-        out.append(f"\n{c['attributed_ops']} of {c['cpu_ops']} CPU ops attributed "
+        out.append("\nsorted by phase (forward first), then CPU total, descending; "
+                   "unattributed rows last in each phase")
+        out.append(f"{c['attributed_ops']} of {c['cpu_ops']} CPU ops attributed "
                    f"({c['backward_by_sequence']} backward nodes by sequence number, "
                    f"{c['backward_by_time']} by time)")
         if self.has_gpu:
@@ -126,17 +130,20 @@ class Attribution:
     def __str__(self) -> str:
         return self.to_text()
 
-    def to_csv(self) -> str:
+    def _top(self, top: int | None) -> list[dict[str, Any]]:
+        return self.rows if top is None else self.rows[:top]
+
+    def to_csv(self, top: int | None = None) -> str:
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
         w.writerow(_COLUMNS)
-        for r in self.rows:
+        for r in self._top(top):
             w.writerow([*(r[k] for k in _COLUMNS[:-1]),
                         ";".join(f"{n}={ns}" for n, ns in r["top_ops"])])
         return buf.getvalue()
 
-    def to_json(self) -> str:
-        return json.dumps({"rows": self.rows, "counts": self.counts}, indent=1)
+    def to_json(self, top: int | None = None) -> str:
+        return json.dumps({"rows": self._top(top), "counts": self.counts}, indent=1)
 
 
 # -- matching backward nodes to forward spans by sequence number ------------
@@ -293,6 +300,12 @@ def attribute_events(run: TraceData, p: ProfilerEvents, *, top_ops: int = 3) -> 
             if s >= 0:
                 m = int(spans.module[s])
                 counts["backward_by_sequence"] += 1
+        elif seq_all[i] < 0:
+            # No sequence number (AccumulateGrad, nodes made outside any forward):
+            # unattributed, as in the plain summary (hooktrace's own attribution is
+            # by sequence number too), however the node is placed in time.
+            node_module[i] = -1
+            continue
         if m < 0:
             s = _shortest_backward(run, int(tid[i]), int(start[i]), int(end[i]))
             if s >= 0:
@@ -355,7 +368,10 @@ def attribute_events(run: TraceData, p: ProfilerEvents, *, top_ops: int = 3) -> 
             top_by[mk][p.names[nm]] += d
 
     # Totals: each module's self time added to it and its ancestors by qualified name.
-    slot = {nm: j for j, (nm, _) in enumerate(run.modules)}
+    # Only modules that were called get a row: a container that is never called
+    # (nn.ModuleList) is no place where time was spent.
+    called = set(np.unique(spans.module[spans.cat != CAT_BACKWARD]).tolist())
+    slot = {nm: j for j, (nm, _) in enumerate(run.modules) if j in called}
     cpu_tot: dict[tuple[int, int], int] = defaultdict(int)
     gpu_tot: dict[tuple[int, int], int] = defaultdict(int)
     for src, dst in ((self_by, cpu_tot), (gpu_key, gpu_tot)):

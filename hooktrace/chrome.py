@@ -2,31 +2,36 @@
 
 Span times are written relative to ``baseTimeNanoseconds`` (the earliest span
 start, floored to a microsecond) as exact ``<us>.<3 digits>`` decimals printed
-from integer nanoseconds: absolute Unix microseconds do not fit a double to the
-nanosecond, and exact decimals keep children inside their parents. This is the
-convention of the PyTorch profiler's (kineto's) traces.
+from integer nanoseconds. Small relative times matter: Perfetto converts each
+``ts`` and ``dur`` to nanoseconds separately through a double
+(``llround(x * 1000.0)``), which is exact below ~2**40 µs (12 days) but not
+for absolute Unix or kineto-base microseconds (~4.4e12 µs), where a child
+ending at its parent's nanosecond comes out 1 ns past it and is dropped
+(issue #7). ``hooktrace.merge`` rebases the profiler's events for the same
+reason.
 
-Rows (Chrome "tid"s). Forward and recompute spans are drawn on their OS
-thread's own row (tid = OS tid), with cat "forward" / "recompute"; they nest
-strictly there. Backward spans (cat "backward") may overlap their siblings, so
-each OS thread T gets backward tracks of its own, split into lanes by
-``_C.assign_lanes`` (each span preferring its parent's lane, each node its
-span's) so that every row nests strictly:
+**One convention** for this export and the merged traces of
+``hooktrace.merge`` (both use :class:`TrackLayout` and the names below):
 
-* ``"<T's name> backward"`` (lane 0), ``"<T's name> backward (overlap k)"``
-  (lane k >= 1): backward spans run on T, plus with ``nodes=True`` the autograd
-  nodes (cat "autograd_node") attributed to a module, laid out together with
-  the spans so that a node sits inside its span where the lanes allow;
-* ``"<T's name> autograd (unattributed)"`` (``", overlap k)"`` for extra
-  lanes): autograd nodes attributed to no module call (cat
-  "autograd_unattributed"), always written so that no backward time vanishes.
-
-Track tids are synthetic: ``TRACK_TID_BASE`` (2**30, above any Linux tid;
-raised past the largest OS tid if need be) plus a dense index over the tracks
-ordered by (OS tid, backward before unattributed, lane). ``thread_sort_index``
-metadata places each thread's tracks right below it, and the top-level
-"hooktrace" block lists them under "tracks" as ``{"tid", "thread", "kind",
-"lane"}``.
+* categories: ``hooktrace.forward``, ``hooktrace.backward``,
+  ``hooktrace.recompute`` (spans; args ``module``, ``type``, ``call``, and
+  ``error``/``unfinished`` when set, ``nodes`` on backward spans of an
+  export), ``hooktrace.autograd_node`` and ``hooktrace.autograd_unattributed``
+  (autograd nodes; args ``seq``, ``module``, ``pass``);
+* rows: forward and recompute spans on their OS thread's own row (named by the
+  Python thread name), in a merge the profiler's row for that thread; then,
+  per thread T, tracks named ``"T forward"`` (merge only: forward spans that
+  would cross a profiler slice), ``"T backward"`` and ``"T backward (overlap
+  k)"`` (backward spans, laid out by ``_C.assign_lanes`` so each row nests
+  strictly; with ``nodes=True`` the attributed autograd nodes too), and
+  ``"T autograd (unattributed)"`` (nodes that belong to no module call, always
+  written, so no backward time vanishes);
+* track tids: the smallest integers above every tid in the file (so Perfetto,
+  which shows "name tid", shows a short number), with ``thread_sort_index``
+  placing each thread's tracks right below it (see
+  :meth:`TrackLayout.metadata`); the top-level
+  ``"hooktrace"`` block lists them under ``"tracks"`` as ``{"tid", "thread",
+  "kind", "lane"}``.
 
 Example:
     >>> import io, json, numpy as np
@@ -39,13 +44,12 @@ Example:
     >>> buf = io.BytesIO(); write_chrome(trace, buf)
     >>> doc = json.loads(buf.getvalue())
     >>> x = [e for e in doc["traceEvents"] if e["ph"] == "X"][0]
-    >>> x["name"], x["ts"], x["dur"], doc["baseTimeNanoseconds"]
-    ('Net', 0.5, 2.501, 1000)
+    >>> x["name"], x["cat"], x["ts"], x["dur"], doc["baseTimeNanoseconds"]
+    ('Net', 'hooktrace.forward', 0.5, 2.501, 1000)
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 from collections.abc import Sequence
@@ -55,19 +59,31 @@ import numpy as np
 
 import torch  # noqa: F401  (loads libc10 for _C)
 from hooktrace import _C
+from hooktrace._output import open_output
 from hooktrace.reading import CAT_BACKWARD, CAT_NAMES, Spans
 from hooktrace.tracefile import FORMAT_VERSION
 
 if TYPE_CHECKING:
     from hooktrace.reading import TraceData
 
-__all__ = ["export_chrome", "write_chrome", "CHUNK_BYTES", "TRACK_TID_BASE"]
+__all__ = [
+    "CHUNK_BYTES",
+    "NODE_CAT",
+    "SPAN_CATS",
+    "TrackLayout",
+    "UNATTRIBUTED_CAT",
+    "export_chrome",
+    "write_chrome",
+]
 
-# First synthetic tid of the backward / unattributed tracks: Linux tids stay
-# below 2**22 (PID_MAX_LIMIT), and Perfetto reads JSON tids as 32-bit.
-TRACK_TID_BASE = 1 << 30
-_BACKWARD, _UNATTRIBUTED = 0, 1
-_TRACK_KINDS = ("backward", "unattributed")
+# Event categories, the same in exports and merged traces.
+SPAN_CATS = tuple(f"hooktrace.{c}" for c in CAT_NAMES)  # indexed by Spans.cat
+NODE_CAT = "hooktrace.autograd_node"
+UNATTRIBUTED_CAT = "hooktrace.autograd_unattributed"
+
+# Track kinds, in the order a thread's tracks are listed below it.
+KIND_FORWARD, KIND_BACKWARD, KIND_UNATTRIBUTED = 0, 1, 2
+_KIND_NAMES = ("forward", "backward", "unattributed")
 
 # Bytes handed to each file.write(): big enough to amortize the Python call and
 # gzip's per-call cost, small enough not to matter for memory.
@@ -85,19 +101,17 @@ def export_chrome(
     """Write ``trace`` as Chrome trace JSON to ``path``; gzip when it ends in ``.gz``.
 
     ``nodes=True`` adds one event per attributed autograd node (see the module
-    docstring); unattributed nodes are written either way.
+    docstring); unattributed nodes are written either way. A regular file is
+    written through a temporary file next to it and renamed when complete, so
+    a failure leaves no partial file (see ``hooktrace._output``).
 
     ``compresslevel`` 1 is the default because zlib is the bottleneck of a
     gzip export: on this JSON, level 1 runs at 320 MB/s with ratio 9.4, level 6
     at 114 MB/s with ratio 11.2, and gzip.open's default 9 slower still
     (measured on 100 MB of a synthetic export, 2-core machine).
     """
-    if os.fspath(path).endswith(".gz"):
-        with gzip.open(path, "wb", compresslevel=compresslevel) as f:
-            write_chrome(trace, f, nodes=nodes)
-    else:
-        with open(path, "wb") as f:
-            write_chrome(trace, f, nodes=nodes)
+    with open_output(path, compresslevel=compresslevel) as f:
+        write_chrome(trace, f, nodes=nodes)
 
 
 def _dumps(value: Any) -> str:
@@ -113,95 +127,197 @@ def module_json(modules: Sequence[tuple[str, str]]) -> tuple[list[str], list[str
     return names, args
 
 
-def _thread_name(thread_names: Any, tid: int) -> str:
+def thread_label(thread_names: Any, tid: int) -> str:
+    """The Python thread name recorded for OS thread ``tid``, else ``"thread <tid>"``."""
     if isinstance(thread_names, dict):
         for key in (tid, str(tid)):
-            if key in thread_names:
-                return str(thread_names[key])
+            name = thread_names.get(key)
+            if isinstance(name, str) and name:
+                return name
     return f"thread {tid}"
 
 
-class _Layout:
-    """Which row every written event goes on, and the tracks' metadata."""
+def track_name(thread: str, kind: int, lane: int) -> str:
+    """Row name of a hooktrace track of ``thread`` (see the module docstring).
 
-    def __init__(self, spans: Spans, with_nodes: bool) -> None:
+    Example:
+        >>> track_name("MainThread", KIND_BACKWARD, 0), track_name("MainThread", KIND_BACKWARD, 2)
+        ('MainThread backward', 'MainThread backward (overlap 2)')
+        >>> track_name("w", KIND_UNATTRIBUTED, 1), track_name("w", KIND_FORWARD, 0)
+        ('w autograd (unattributed, overlap 1)', 'w forward')
+    """
+    if kind == KIND_FORWARD:
+        return f"{thread} forward" + (f" (overlap {lane})" if lane else "")
+    if kind == KIND_BACKWARD:
+        return f"{thread} backward" + (f" (overlap {lane})" if lane else "")
+    return f"{thread} autograd (unattributed" + (f", overlap {lane}" if lane else "") + ")"
+
+
+def _empty() -> np.ndarray:
+    return np.zeros(0, np.int64)
+
+
+class TrackLayout:
+    """The synthetic tracks of one run's events, and which track each event goes on.
+
+    ``backward``: span indices of the backward spans to write, on the backward
+    lanes of their thread, each preferring its parent span's lane;
+    ``nodes_on_backward``: autograd node indices drawn on those lanes too
+    (export ``nodes=True``), each preferring its span's lane; ``unattributed``:
+    node indices for the unattributed lanes; ``forward``: span indices of forward
+    spans moved off their thread's row (merge). ``span_start``/``span_end`` and
+    ``node_start``/``node_end`` are the (possibly clipped or widened) times of
+    all spans and nodes. Synthetic tids start above ``max(used_tids)``.
+    """
+
+    def __init__(
+        self, spans: Spans, *, span_start: np.ndarray, span_end: np.ndarray,
+        node_start: np.ndarray, node_end: np.ndarray, backward: np.ndarray,
+        nodes_on_backward: np.ndarray, unattributed: np.ndarray, forward: np.ndarray,
+        used_tids: np.ndarray,
+    ) -> None:
         nodes = spans.nodes
-        self.backward = np.flatnonzero(spans.cat == CAT_BACKWARD)
-        attributed = nodes.span >= 0
-        self.attributed_nodes = (np.flatnonzero(attributed) if with_nodes
-                                 else np.zeros(0, np.int64))
-        self.unattributed_nodes = np.flatnonzero(~attributed)
-        b, a, u = self.backward, self.attributed_nodes, self.unattributed_nodes
-
-        # Backward spans and the attributed nodes share the backward lanes of
-        # the thread that ran them; spans come first so that a node whose
-        # interval equals its span's is drawn inside it, not around it. Each
-        # span prefers its parent span's lane and each node its span's, so
-        # that they land under the right module where the lanes allow.
+        b, a, u, f = backward, nodes_on_backward, unattributed, forward
         position = np.full(len(spans), -1, np.int64)
         position[b] = np.arange(len(b))
         parent = spans.parent[b]
-        prefer = np.concatenate([np.where(parent >= 0, position[np.maximum(parent, 0)], -1),
-                                 position[nodes.span[a]]])
-        b_tid = np.concatenate([spans.tid[b], nodes.tid[a]])
-        b_lane = _C.assign_lanes(np.concatenate([spans.start_ns[b], nodes.start_ns[a]]),
-                                 np.concatenate([spans.end_ns[b], nodes.end_ns[a]]), b_tid,
-                                 prefer)
-        u_tid = nodes.tid[u]
-        u_lane = _C.assign_lanes(nodes.start_ns[u], nodes.end_ns[u], u_tid)
-        keys = np.concatenate([
-            (b_tid.astype(np.uint64) << np.uint64(32)) | b_lane.astype(np.uint64),
-            (u_tid.astype(np.uint64) << np.uint64(32)) | np.uint64(1 << 31)
-            | u_lane.astype(np.uint64),
+        prefer = np.concatenate([
+            np.where(parent >= 0, position[np.maximum(parent, 0)], -1) if len(b) else _empty(),
+            position[nodes.span[a]] if len(a) else _empty(),
         ])
-        track_keys, track_of = np.unique(keys, return_inverse=True)
+        b_tid = np.concatenate([spans.tid[b], nodes.tid[a]]).astype(np.uint32)
+        b_lane = _C.assign_lanes(np.concatenate([span_start[b], node_start[a]]),
+                                 np.concatenate([span_end[b], node_end[a]]), b_tid, prefer)
+        u_tid = nodes.tid[u].astype(np.uint32)
+        u_lane = _C.assign_lanes(np.ascontiguousarray(node_start[u]),
+                                 np.ascontiguousarray(node_end[u]), u_tid)
+        f_tid = spans.tid[f].astype(np.uint32)
+        f_lane = _C.assign_lanes(np.ascontiguousarray(span_start[f]),
+                                 np.ascontiguousarray(span_end[f]), f_tid)
 
-        self.os_threads = np.union1d(np.union1d(spans.threads, spans.tid), nodes.tid)
-        top = int(self.os_threads.max()) + 1 if len(self.os_threads) else 0
-        base = max(TRACK_TID_BASE, top)
-        if base + len(track_keys) > 1 << 32:
-            raise ValueError(f"too many threads/tracks for 32-bit Chrome tids: OS tids up to "
-                             f"{top - 1}, {len(track_keys)} backward tracks")
-        track_tid = (base + track_of.reshape(-1)).astype(np.uint32)
-        self.span_tid = spans.tid
-        if len(b):
-            self.span_tid = spans.tid.copy()
-            self.span_tid[b] = track_tid[: len(b)]
-        self.attributed_tid = np.ascontiguousarray(track_tid[len(b) : len(b) + len(a)])
-        self.unattributed_tid = np.ascontiguousarray(track_tid[len(b) + len(a) :])
+        def keys(tid: np.ndarray, kind: int, lane: np.ndarray) -> np.ndarray:
+            return ((tid.astype(np.uint64) << np.uint64(32)) | np.uint64(kind << 30)
+                    | lane.astype(np.uint64))
+
+        all_keys = np.concatenate([keys(f_tid, KIND_FORWARD, f_lane),
+                                   keys(b_tid, KIND_BACKWARD, b_lane),
+                                   keys(u_tid, KIND_UNATTRIBUTED, u_lane)])
+        track_keys, track_of = np.unique(all_keys, return_inverse=True)
+        used = np.asarray(used_tids, np.int64)
+        first = int(used.max()) + 1 if len(used) else 1
+        if first + len(track_keys) > 1 << 31:
+            raise ValueError(f"too many tracks for 32-bit Chrome tids: tids up to {first - 1}, "
+                             f"{len(track_keys)} hooktrace tracks")
+        track_tid = (first + track_of.reshape(-1)).astype(np.uint32)
+        nf, nb = len(f), len(b)
+        self.forward_tid = np.ascontiguousarray(track_tid[:nf])
+        self.backward_tid = np.ascontiguousarray(track_tid[nf:nf + nb])
+        self.node_tid = np.ascontiguousarray(track_tid[nf + nb:nf + nb + len(a)])
+        self.unattributed_tid = np.ascontiguousarray(track_tid[nf + nb + len(a):])
         # (synthetic tid, OS tid, kind, lane), in tid order = display order
-        self.tracks = [
-            (base + i, int(k >> 32), int(k >> 31) & 1, int(k) & 0x7FFF_FFFF)
-            for i, k in enumerate(track_keys.tolist())
-        ]
+        self.tracks = [(first + i, int(k >> 32), int(k >> 30) & 3, int(k) & 0x3FFF_FFFF)
+                       for i, k in enumerate(track_keys.tolist())]
+        self.lanes = max((lane + 1 for _, _, kind, lane in self.tracks if kind == KIND_BACKWARD),
+                         default=0)
 
-    def metadata(self, pid: int, thread_names: Any) -> list[dict[str, Any]]:
-        """thread_name and thread_sort_index events for every OS thread and track."""
+    def metadata(self, pid: int, thread_names: Any, named: Sequence[int] = (),
+                 sorted_too: Sequence[int] = ()) -> list[dict[str, Any]]:
+        """thread_name events for the OS rows ``named`` and every track, and
+        thread_sort_index events placing each OS thread's tracks right below it
+        (for ``named``, ``sorted_too`` and the tracks' threads).
+
+        Sort index of OS thread T: ``T * 64``; of its k-th track: ``T * 64 + 1 + k``
+        (k capped at 62): Linux tids < 2**22 keep this below 2**28, and kineto's
+        own index for a thread row (its tid) is replaced by the same rule.
+        """
         out: list[dict[str, Any]] = []
-        tracks_of: dict[int, list[tuple[int, int, int, int]]] = {}
-        for track in self.tracks:
-            tracks_of.setdefault(track[1], []).append(track)
-        order = 0
-        for tid in self.os_threads.tolist():
-            name = _thread_name(thread_names, tid)
-            rows = [(tid, name)]
-            for track_tid, _, kind, lane in tracks_of.get(tid, []):
-                if kind == _BACKWARD:
-                    label = "backward" + (f" (overlap {lane})" if lane else "")
-                else:
-                    label = "autograd (unattributed" + (f", overlap {lane}" if lane else "") + ")"
-                rows.append((track_tid, f"{name} {label}"))
-            for row_tid, row_name in rows:
-                out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": row_tid,
-                            "args": {"name": row_name}})
-                out.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": row_tid,
-                            "args": {"sort_index": order}})
-                order += 1
+
+        def row(tid: int, name: str | None, order: int) -> None:
+            if name is not None:
+                out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                            "args": {"name": name}})
+            out.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+                        "args": {"sort_index": order}})
+
+        named_set = set(named)
+        threads = sorted(named_set | set(sorted_too) | {t[1] for t in self.tracks})
+        k_of: dict[int, int] = {}
+        for t in threads:
+            row(t, thread_label(thread_names, t) if t in named_set else None, t * 64)
+        for tid, os_tid, kind, lane in self.tracks:
+            k = k_of[os_tid] = k_of.get(os_tid, -1) + 1
+            row(tid, track_name(thread_label(thread_names, os_tid), kind, lane),
+                os_tid * 64 + 1 + min(k, 62))
         return out
 
     def track_table(self) -> list[dict[str, Any]]:
-        return [{"tid": t, "thread": os_tid, "kind": _TRACK_KINDS[kind], "lane": lane}
+        return [{"tid": t, "thread": os_tid, "kind": _KIND_NAMES[kind], "lane": lane}
                 for t, os_tid, kind, lane in self.tracks]
+
+
+def write_span_events(
+    write: Any, trace: TraceData, index: np.ndarray, start: np.ndarray, end: np.ndarray,
+    tid: np.ndarray, base_ns: int, *, node_counts: np.ndarray | None = None,
+    chunk_bytes: int = CHUNK_BYTES,
+) -> None:
+    """Spans ``index`` (with these times and rows) as ``,\\n{event}`` items."""
+    spans = trace.spans()
+    names_json, args_json = module_json(trace.modules)
+    _C.write_chrome_events(
+        write,
+        np.ascontiguousarray(start, np.int64),
+        np.ascontiguousarray(end, np.int64),
+        np.ascontiguousarray(spans.module[index]),
+        np.ascontiguousarray(tid, np.uint32),
+        np.ascontiguousarray(spans.call[index]),
+        np.ascontiguousarray(spans.flags[index]),
+        np.ascontiguousarray(spans.cat[index]),
+        _empty() if node_counts is None else np.ascontiguousarray(node_counts[index]),
+        names_json,
+        args_json,
+        list(SPAN_CATS),
+        base_ns,
+        trace.pid,
+        chunk_bytes,
+    )
+
+
+def write_node_events(
+    write: Any, trace: TraceData, index: np.ndarray, start: np.ndarray, end: np.ndarray,
+    tid: np.ndarray, cat: str, base_ns: int, *, chunk_bytes: int = CHUNK_BYTES,
+) -> None:
+    """Autograd nodes ``index`` (with these times and rows) as ``,\\n{event}`` items."""
+    if not len(index):
+        return
+    spans = trace.spans()
+    node_table = spans.nodes
+    n_names = max(len(trace.node_names), int(node_table.name[index].max()) + 1)
+    node_names_json = [
+        _dumps(trace.node_names[i] if i < len(trace.node_names) else f"<node {i}>")
+        for i in range(n_names)
+    ]
+    module_names_json = [_dumps(name) for name, _ in trace.modules]
+    span = node_table.span[index]
+    module = np.full(len(index), -1, np.int64)
+    if len(spans):
+        attributed = span >= 0
+        module[attributed] = spans.module[span[attributed]]
+    _C.write_chrome_nodes(
+        write,
+        np.ascontiguousarray(start, np.int64),
+        np.ascontiguousarray(end, np.int64),
+        np.ascontiguousarray(node_table.name[index]),
+        np.ascontiguousarray(tid, np.uint32),
+        np.ascontiguousarray(node_table.seq[index]),
+        np.ascontiguousarray(node_table.pass_id[index]),
+        module,
+        node_names_json,
+        module_names_json,
+        cat,
+        base_ns,
+        trace.pid,
+        chunk_bytes,
+    )
 
 
 def write_chrome(
@@ -223,45 +339,43 @@ def write_chrome(
         base_ns = base_ns // 1000 * 1000
     else:
         base_ns = int(trace.info.get("start_unix_ns", trace.clock.unix_ns0)) // 1000 * 1000
-    layout = _Layout(spans, nodes)
-
+    attributed = node_table.span >= 0
+    backward = np.flatnonzero(spans.cat == CAT_BACKWARD)
+    os_threads = np.union1d(np.union1d(spans.threads, spans.tid), node_table.tid).astype(np.int64)
+    layout = TrackLayout(
+        spans, span_start=spans.start_ns, span_end=spans.end_ns,
+        node_start=node_table.start_ns, node_end=node_table.end_ns, backward=backward,
+        nodes_on_backward=np.flatnonzero(attributed) if nodes else _empty(),
+        unattributed=np.flatnonzero(~attributed), forward=_empty(), used_tids=os_threads,
+    )
+    thread_names = trace.info.get("thread_names")
     meta_events: list[dict[str, Any]] = [
         {
             "ph": "M", "name": "process_name", "pid": pid, "tid": 0,
             "args": {"name": f"hooktrace {trace.hostname} pid {pid}"},
         }
     ]
-    meta_events += layout.metadata(pid, trace.info.get("thread_names"))
+    meta_events += layout.metadata(pid, thread_names, named=os_threads.tolist())
     head = '{"traceEvents":[\n' + ",\n".join(_dumps(e) for e in meta_events)
     f.write(head.encode("utf-8"))
 
-    names_json, args_json = module_json(trace.modules)
-    node_counts = np.zeros(0, np.int64)
+    node_counts = None
     if len(node_table):
-        attributed = node_table.span[node_table.span >= 0]
-        node_counts = np.bincount(attributed, minlength=len(spans)).astype(np.int64)
+        node_counts = np.bincount(node_table.span[attributed],
+                                  minlength=len(spans)).astype(np.int64)
         node_counts[spans.cat != CAT_BACKWARD] = -1
-    _C.write_chrome_events(
-        f.write,
-        np.ascontiguousarray(spans.start_ns),
-        np.ascontiguousarray(spans.end_ns),
-        np.ascontiguousarray(spans.module),
-        np.ascontiguousarray(layout.span_tid),
-        np.ascontiguousarray(spans.call),
-        np.ascontiguousarray(spans.flags),
-        np.ascontiguousarray(spans.cat),
-        node_counts,
-        names_json,
-        args_json,
-        list(CAT_NAMES),
-        base_ns,
-        pid,
-        chunk_bytes,
-    )
-    if len(node_table):
-        _write_nodes(trace, f, layout, base_ns, chunk_bytes)
+    row = spans.tid.copy()
+    row[backward] = layout.backward_tid
+    write_span_events(f.write, trace, np.arange(len(spans)), spans.start_ns, spans.end_ns, row,
+                      base_ns, node_counts=node_counts, chunk_bytes=chunk_bytes)
+    for idx, tid, cat in ((np.flatnonzero(attributed) if nodes else _empty(), layout.node_tid,
+                           NODE_CAT),
+                          (np.flatnonzero(~attributed), layout.unattributed_tid,
+                           UNATTRIBUTED_CAT)):
+        write_node_events(f.write, trace, idx, node_table.start_ns[idx], node_table.end_ns[idx],
+                          tid, cat, base_ns, chunk_bytes=chunk_bytes)
 
-    unattributed = layout.unattributed_nodes
+    unattributed = ~attributed
     block = {
         "version": __version__,
         "format_version": FORMAT_VERSION,
@@ -269,9 +383,9 @@ def write_chrome(
         "overwritten_events": trace.overwritten_events,
         "orphan_exits": spans.orphan_exits,
         "unfinished_spans": spans.unfinished,
-        "backward_spans": len(layout.backward),
+        "backward_spans": len(backward),
         "autograd_nodes": len(node_table),
-        "unattributed_nodes": len(unattributed),
+        "unattributed_nodes": int(np.count_nonzero(unattributed)),
         "unattributed_ns": int(node_table.self_ns[unattributed].sum()),
         "tracks": layout.track_table(),
     }
@@ -280,39 +394,3 @@ def write_chrome(
         + ',\n"hooktrace":' + _dumps(block) + "}\n"
     )
     f.write(tail.encode("utf-8"))
-
-
-def _write_nodes(trace: TraceData, f: _Writable | BinaryIO, layout: _Layout, base_ns: int,
-                 chunk_bytes: int) -> None:
-    """The attributed nodes chosen by ``layout``, then all unattributed nodes."""
-    spans = trace.spans()
-    node_table = spans.nodes
-    n_names = max(len(trace.node_names), int(node_table.name.max()) + 1)
-    node_names_json = [
-        _dumps(trace.node_names[i] if i < len(trace.node_names) else f"<node {i}>")
-        for i in range(n_names)
-    ]
-    module_names_json = [_dumps(name) for name, _ in trace.modules]
-    for idx, tid, cat in ((layout.attributed_nodes, layout.attributed_tid, "autograd_node"),
-                          (layout.unattributed_nodes, layout.unattributed_tid,
-                           "autograd_unattributed")):
-        if not len(idx):
-            continue
-        span = node_table.span[idx]
-        module = np.where(span >= 0, spans.module[np.maximum(span, 0)].astype(np.int64), -1)
-        _C.write_chrome_nodes(
-            f.write,
-            np.ascontiguousarray(node_table.start_ns[idx]),
-            np.ascontiguousarray(node_table.end_ns[idx]),
-            np.ascontiguousarray(node_table.name[idx]),
-            tid,
-            np.ascontiguousarray(node_table.seq[idx]),
-            np.ascontiguousarray(node_table.pass_id[idx]),
-            np.ascontiguousarray(module),
-            node_names_json,
-            module_names_json,
-            cat,
-            base_ns,
-            trace.pid,
-            chunk_bytes,
-        )

@@ -50,11 +50,16 @@ def _cmd_demo(args: argparse.Namespace) -> None:
 
 
 def _cmd_export(args: argparse.Namespace) -> None:
+    from hooktrace._output import check_output_path, open_output
+    from hooktrace.chrome import write_chrome
     from hooktrace.reading import load
 
+    check_output_path(args.output, [args.run])
     run = load(args.run)
-    run.export_chrome(args.output, nodes=args.nodes)
-    print(f"wrote {args.output}: {len(run.spans())} spans; {OPEN_HINT}")
+    with open_output(args.output, inputs=[args.run]) as f:
+        write_chrome(run, f, nodes=args.nodes)
+    if args.output != "-":
+        print(f"wrote {args.output}: {len(run.spans())} spans; {OPEN_HINT}")
 
 
 def _cmd_merge(args: argparse.Namespace) -> None:
@@ -83,18 +88,22 @@ def _cmd_summary(args: argparse.Namespace) -> None:
         table = attribute(args.run, args.profiler, top_ops=args.top_ops)
     else:
         table = load(args.run).summary()
-    # Both tables offer the same three forms.
+    # Both tables offer the same forms; --top applies to every one of them.
     if args.csv:
-        sys.stdout.write(table.to_csv())
+        sys.stdout.write(table.to_csv(top=args.top))
     elif args.json:
-        print(table.to_json())
+        print(table.to_json(top=args.top))
     else:
-        print(table.to_text(top=args.top))
+        print(table.to_text(top=args.top, wide=args.wide))
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from hooktrace import __version__
+
     p = _Parser(prog="hooktrace", description="Low-overhead per-module tracing for PyTorch.")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    p.add_argument("--version", action="version",
+                   version=f"hooktrace {__version__} (torch {_torch_version()})")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     d = sub.add_parser("demo", help="trace a built-in small GPT-style model for a few steps")
     d.add_argument("--out", default="hooktrace-demo", help="output folder (default: %(default)s)")
@@ -103,14 +112,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("export", help="convert a .htrace file to Chrome trace JSON")
     e.add_argument("run", help="the .htrace file")
-    e.add_argument("-o", "--output", required=True, help="OUT.json, or OUT.json.gz to compress")
+    e.add_argument("-o", "--output", required=True,
+                   help="OUT.json, OUT.json.gz to compress, or - for standard output")
     e.add_argument("--nodes", action="store_true",
                    help="also write every autograd node under its module's backward span")
     e.set_defaults(func=_cmd_export)
 
     s = sub.add_parser("summary", help="per-module time table of a .htrace file")
     s.add_argument("run", help="the .htrace file")
-    s.add_argument("--top", type=int, default=None, help="only the N modules with most time")
+    s.add_argument("--top", type=int, default=None,
+                   help="only the N rows with most time (all output forms)")
+    s.add_argument("--wide", action="store_true",
+                   help="every column (the default table fits 120 columns)")
     fmt = s.add_mutually_exclusive_group()
     fmt.add_argument("--csv", action="store_true", help="CSV instead of a table (times in ns)")
     fmt.add_argument("--json", action="store_true", help="JSON instead of a table (times in ns)")
@@ -128,22 +141,40 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _torch_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return "not installed"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from hooktrace._kineto import ProfilerTraceError
-    from hooktrace.merge import MergeError
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # bare `hooktrace`: say what there is to run
+        parser.print_help()
+        return 2
+    from hooktrace.errors import HooktraceError
     from hooktrace.tracefile import TraceFileError
 
     try:
         args.func(args)
-    except (CliError, TraceFileError, ProfilerTraceError, MergeError) as e:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`hooktrace summary RUN | head`): not an error.
+        # Point stdout at /dev/null so the interpreter's final flush stays quiet.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except (CliError, HooktraceError, TraceFileError) as e:
         print(f"hooktrace: error: {e}", file=sys.stderr)
         return 1
     except OSError as e:
         where = f": {e.filename}" if e.filename else ""
         print(f"hooktrace: error: {e.strerror or e}{where}", file=sys.stderr)
-        return 1
-    except BrokenPipeError:
         return 1
     return 0
 

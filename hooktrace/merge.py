@@ -1,8 +1,9 @@
 """Merge a hooktrace run into a torch.profiler (kineto) Chrome trace, and attribute its ops.
 
-The output is the profiler's trace, byte for byte, plus hooktrace's module
-spans on the profiler's timeline, so one Perfetto view shows which module each
-``aten::`` op, autograd node and kernel belongs to.
+The output is the profiler's trace, every event kept with its bytes except its
+``ts``, plus hooktrace's module spans on the profiler's timeline, so one
+Perfetto view shows which module each ``aten::`` op, autograd node and kernel
+belongs to.
 
 **Time base (measured with torch 2.13's kineto on CPU).** The profiler writes
 ``"baseTimeNanoseconds"`` (a whole second, weeks before the run: 1790857026 s
@@ -10,11 +11,19 @@ in two different processes on one day) and every ``ts`` as microseconds since
 it with three decimals, i.e. exact nanoseconds, as decimal text
 (``"ts": 4389865968648.250``). Both recorders read ``c10::getApproximateTime``
 converted to Unix ns by ``ApproximateClockToUnixTimeConverter``, so a span's
-Unix ns minus ``baseTimeNanoseconds`` is directly a profiler ``ts``: every
-``aten::linear`` of a ``Linear.forward`` lies inside that call's span, to the
-nanosecond. All arithmetic here is on integers; ``ts`` is never parsed as a
-float (a float64 of ~4.4e12 µs is only good to ~1 ns). A trace without
-``baseTimeNanoseconds`` (old kineto) is read with base 0, absolute µs.
+Unix ns minus the base is directly a profiler ``ts``: every ``aten::linear`` of
+a ``Linear.forward`` lies inside that call's span, to the nanosecond. All
+arithmetic here is on integers; ``ts`` is never parsed as a float.
+
+**Rebasing.** Perfetto turns each ``ts`` and ``dur`` into nanoseconds through a
+double (``llround(x * 1000.0)``), exact for values below ~2**40 µs but not at
+kineto's ~4.4e12 µs: there a span ending on its parent's nanosecond comes out
+1 ns past it and Perfetto drops it (issue #7). So the merged file gets a new
+``baseTimeNanoseconds`` (a whole second at least a minute before the run, or
+before the profiler's first event) and every event's ``ts`` is rewritten in
+integer nanoseconds relative to it: every time stays exactly the same Unix
+nanosecond, and Perfetto reads all of them exactly. Only the ``ts`` number's
+text changes; the original base is kept in the ``"hooktrace"`` block.
 
 **Threads.** Host slices use the OS pid and the OS thread id (``gettid``, the
 ``threading.get_native_id()``) as ``pid``/``tid``, the same ids hooktrace
@@ -25,27 +34,27 @@ records, so hooktrace spans go to the profiler's own thread row. The
 is enabled (the thread that started it and autograd's workers), not other
 Python threads.
 
-**Rows.** Perfetto needs the slices of a row to nest strictly. A forward span
-shares its thread's row when it nests with every profiler slice on it (the
-usual case: a module call contains its ops); one that would cross a profiler
-slice goes to the adjacent track "hooktrace modules (thread T)" instead.
-Backward spans (``cat`` 1: per-module spans of the backward pass, which can
-overlap without nesting) always go to "hooktrace backward (thread T)" tracks,
-laid out in as many lanes as nesting needs. Synthetic track ids are
-``T + TRACK_STRIDE * k`` (Linux tids are below 2**22), with
-``thread_sort_index`` T to keep them next to the thread (viewers that honour it).
+**Rows** follow the convention of ``hooktrace.chrome`` (its
+:class:`~hooktrace.chrome.TrackLayout`, categories and track names). Perfetto
+needs the slices of a row to nest strictly: a forward span shares its thread's
+row when it nests with every profiler slice on it (the usual case: a module
+call contains its ops); one that would cross a profiler slice goes to the
+track "T forward" instead. Backward spans always go to "T backward" tracks
+and unattributed autograd nodes to "T autograd (unattributed)".
 
 **Window.** Spans are clipped to the profiler's window (its "PyTorch Profiler
 (N)" span, else the extent of its events): with ``torch.profiler.schedule``
 each exported trace gets the spans of its own active steps only. A trace that
-does not overlap the run in time, or of another process, is refused.
+does not overlap the run's recording interval (from its start to its stop,
+not the extent of its spans: a full buffer must not make a run look shorter),
+or of another process, is refused.
 
 **Memory.** The profiler trace is streamed (see ``hooktrace._kineto``): read in
 4 MiB blocks, each event decoded on its own and its original bytes copied to
 the output; only compact columns of the run's own host slices are kept (about
 64 bytes per slice) plus the run's spans. A 1 GB trace is never held as text,
-let alone as parsed JSON. The output is written to a temporary file next to
-``out_path`` and renamed at the end, so a refused merge leaves nothing behind.
+let alone as parsed JSON. The output goes through ``hooktrace._output``, so a
+refused merge leaves nothing behind.
 
 Example::
 
@@ -60,10 +69,10 @@ Example::
 
 from __future__ import annotations
 
-import gzip
 import os
+import re
 import tempfile
-import threading
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,11 +82,18 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 
 import torch
-from hooktrace import _C
-from hooktrace._kineto import ProfilerTraceError
-from hooktrace.chrome import _dumps, module_json
+from hooktrace._kineto import ProfilerTraceError, us_to_ns
+from hooktrace._output import check_output_path, open_output
 from hooktrace._profiler_events import ProfilerEvents, collect
-from hooktrace.reading import CAT_BACKWARD, CAT_NAMES, TraceData, load
+from hooktrace.chrome import (
+    UNATTRIBUTED_CAT,
+    TrackLayout,
+    _dumps,
+    write_node_events,
+    write_span_events,
+)
+from hooktrace.errors import HooktraceError, OutputPathError
+from hooktrace.reading import CAT_BACKWARD, TraceData, load
 
 if TYPE_CHECKING:
     from hooktrace.attribution import Attribution
@@ -89,7 +105,6 @@ __all__ = [
     "MergedTraceHandler",
     "Profile",
     "ProfilerTraceError",
-    "TRACK_STRIDE",
     "assign_lanes",
     "attribute",
     "merge_traces",
@@ -97,19 +112,15 @@ __all__ = [
     "profile",
 ]
 
-# Synthetic track k of thread T has tid T + TRACK_STRIDE * k: Linux tids are
-# < 2**22 (pid_max limit), and k up to 428 still fits the uint32 tids we write.
-TRACK_STRIDE = 10_000_000
-TRACK_FORWARD = 1  # forward spans that would cross a profiler slice
-TRACK_BACKWARD = 2  # first backward lane; lane L is TRACK_BACKWARD + L
-MAX_LANES = 400
-
-MERGED_CAT_NAMES = tuple(f"hooktrace.{c}" for c in CAT_NAMES)
+# The merged file's base is a whole second at least this long before the run, so
+# profiler events from just before the run (the profiler started first) keep a
+# positive ts without a second pass over the profiler trace.
+BASE_MARGIN_NS = 60 * 10**9
 
 RunLike = TraceData | str | os.PathLike[str]
 
 
-class MergeError(ValueError):
+class MergeError(HooktraceError):
     """The profiler trace cannot be merged with this run (other run, other process, ...)."""
 
 
@@ -120,18 +131,21 @@ class MergeResult:
     out_path: str
     profiler_events: int
     shared: int  # forward spans on the profiler's thread rows
-    adjacent: int  # forward spans moved to "hooktrace modules (thread T)"
-    backward: int  # backward spans, on "hooktrace backward (thread T)" lanes
+    adjacent: int  # forward spans moved to "T forward" tracks
+    backward: int  # backward spans, on "T backward" lanes
+    unattributed_nodes: int  # autograd nodes of no module, on "T autograd (unattributed)"
     clipped: int  # spans cut at the profiler window's edges
     outside_window: int  # spans left out: entirely outside the window
     lanes: int  # most backward lanes any thread needed
+    dropped_events: int  # events the run could not record (full buffer): spans may be missing
+    base_ns: int  # the merged file's baseTimeNanoseconds
 
 
 def _as_run(run_or_path: RunLike) -> TraceData:
     if isinstance(run_or_path, TraceData):
-        if getattr(run_or_path, "events", None) is None:
-            raise MergeError("the hooktrace.trace() block has not exited yet: its spans are "
-                             "readable only after the with block")
+        if getattr(run_or_path, "_state", "done") != "done":
+            raise MergeError("the hooktrace.trace() block has not exited yet: merge after the "
+                             "with block, or merge trace.snapshot()")
         return run_or_path
     return load(run_or_path)
 
@@ -144,17 +158,31 @@ def _fmt_ns(unix_ns: int) -> str:
 
 
 def run_interval(run: TraceData) -> tuple[int, int]:
-    """The run's time span in Unix ns: its spans' extent, else its recording interval."""
-    spans = run.spans()
-    if len(spans):
-        return int(spans.start_ns.min()), int(spans.end_ns.max())
+    """The run's recording interval in Unix ns: from the session's start to its stop.
+
+    Traces written before start/stop were recorded fall back to the spans' extent.
+    """
     info = run.info
-    start = int(info.get("start_unix_ns", run.clock.unix_ns0))
-    return start, int(info.get("stop_unix_ns", start))
+    start, stop = info.get("start_unix_ns"), info.get("stop_unix_ns")
+    spans = run.spans()
+    lo = [int(spans.start_ns.min())] if len(spans) else []
+    hi = [int(spans.end_ns.max())] if len(spans) else []
+    if isinstance(start, int):
+        lo.append(start)
+    if isinstance(stop, int):
+        hi.append(stop)
+    if not lo or not hi:
+        t = int(run.clock.unix_ns0)
+        return t, t
+    return min(lo), max(hi)
 
 
 def check_compatible(run: TraceData, p: ProfilerEvents, run_name: str) -> tuple[int, int]:
     """Refuse a profiler trace of another process or time; return its window (Unix ns)."""
+    if "hooktrace" in p.top:
+        raise MergeError(f"{p.path}: is a trace written by hooktrace (it has a top-level "
+                         "'hooktrace' key), not a torch.profiler trace; give the profiler's own "
+                         "export_chrome_trace() file")
     window = p.window_abs()
     if window is None:
         raise MergeError(f"{p.path}: the profiler trace has no timed events (no 'X' slices); "
@@ -227,6 +255,8 @@ def assign_lanes(start: np.ndarray, end: np.ndarray, group: np.ndarray) -> np.nd
         ...              np.zeros(4, np.int64)).tolist()
         [0, 1, 0, 0]
     """
+    from hooktrace import _C
+
     return np.asarray(
         _C.assign_lanes(
             np.ascontiguousarray(start, dtype=np.int64),
@@ -242,22 +272,18 @@ def assign_lanes(start: np.ndarray, end: np.ndarray, group: np.ndarray) -> np.nd
 
 @dataclass
 class _Placement:
-    index: np.ndarray  # spans written (indices into Spans)
-    start: np.ndarray
+    spans: np.ndarray  # span indices written
+    start: np.ndarray  # per span (all spans): clipped/widened start, Unix ns
     end: np.ndarray
-    tid: np.ndarray  # row (uint32)
-    tracks: dict[int, str] = field(default_factory=dict)  # synthetic tid -> name
-    thread_rows: dict[int, str] = field(default_factory=dict)  # new real rows -> name
+    row: np.ndarray  # per span (all spans): the tid written
+    nodes: np.ndarray  # unattributed node indices written
+    node_start: np.ndarray  # per node (all nodes), clipped
+    node_end: np.ndarray
+    node_row: np.ndarray  # per written node
+    layout: TrackLayout
+    thread_rows: list[int]  # OS threads with spans on their own row that the profiler did not name
+    profiler_threads: list[int]  # the profiler's named thread rows of the run's process
     result: dict[str, int] = field(default_factory=dict)
-
-
-def _thread_name(run: TraceData, tid: int) -> str:
-    names = run.info.get("thread_names")
-    if isinstance(names, dict):
-        for key in (tid, str(tid)):
-            if key in names:
-                return f"thread {tid} ({names[key]})"
-    return f"thread {tid}"
 
 
 def _backward_extents(run: TraceData, p: ProfilerEvents) -> tuple[np.ndarray, np.ndarray]:
@@ -302,110 +328,116 @@ def _backward_extents(run: TraceData, p: ProfilerEvents) -> tuple[np.ndarray, np
 
 
 def place_spans(run: TraceData, p: ProfilerEvents, window: tuple[int, int]) -> _Placement:
-    """Decide the row of every span inside ``window`` (see the module docstring)."""
+    """Decide the row of every span and unattributed node inside ``window``."""
     spans = run.spans()
+    nodes = spans.nodes
     w0, w1 = window
     span_start, span_end = _backward_extents(run, p)
     keep = np.flatnonzero((span_end >= w0) & (span_start <= w1))
-    start = np.maximum(span_start[keep], w0)
-    end = np.minimum(span_end[keep], w1)
-    clipped = int(np.count_nonzero((start != span_start[keep]) | (end != span_end[keep])))
-    tid = spans.tid[keep].astype(np.int64)
-    row = tid.copy()
+    start = np.maximum(span_start, w0)
+    end = np.minimum(span_end, w1)
+    clipped = int(np.count_nonzero((start[keep] != span_start[keep])
+                                   | (end[keep] != span_end[keep])))
     backward = spans.cat[keep] == CAT_BACKWARD
+    fwd, bwd = keep[~backward], keep[backward]
     cols = p.columns()
-    place = _Placement(keep, start, end, row)
-    adjacent = 0
-    for t in np.unique(tid).tolist():
-        fwd = np.flatnonzero((tid == t) & ~backward)
+    adjacent: list[np.ndarray] = []
+    own_rows: list[int] = []
+    fwd_tid = spans.tid[fwd].astype(np.int64)
+    for t in np.unique(fwd_tid).tolist():
+        f = fwd[fwd_tid == t]
         on_row = cols["tid"] == t
-        cross = crossing(start[fwd], end[fwd], cols["start"][on_row], cols["end"][on_row])
-        if cross.any():
-            row[fwd[cross]] = t + TRACK_STRIDE * TRACK_FORWARD
-            place.tracks[t + TRACK_STRIDE * TRACK_FORWARD] = f"hooktrace modules (thread {t})"
-            adjacent += int(cross.sum())
+        cross = crossing(start[f], end[f], cols["start"][on_row], cols["end"][on_row])
+        adjacent.append(f[cross])
         if (~cross).any() and t not in p.thread_names:
-            place.thread_rows[t] = _thread_name(run, t)
-    bwd = np.flatnonzero(backward)
-    lanes_needed = 0
-    if len(bwd):
-        lanes = assign_lanes(start[bwd], end[bwd], tid[bwd])
-        if int(lanes.max()) >= MAX_LANES:
-            raise MergeError(f"backward spans need {int(lanes.max()) + 1} lanes on one thread; "
-                             f"at most {MAX_LANES} are supported")
-        row[bwd] = tid[bwd] + TRACK_STRIDE * (TRACK_BACKWARD + lanes)
-        lanes_needed = int(lanes.max()) + 1
-        for t, lane in set(zip(tid[bwd].tolist(), lanes.tolist())):
-            suffix = f" #{lane + 1}" if lane else ""
-            place.tracks[t + TRACK_STRIDE * (TRACK_BACKWARD + lane)] = (
-                f"hooktrace backward (thread {t}){suffix}")
-    place.tid = row.astype(np.uint32)
+            own_rows.append(t)
+    moved = np.concatenate(adjacent) if adjacent else np.zeros(0, np.int64)
+    loose = np.flatnonzero((nodes.span < 0) & (nodes.end_ns >= w0) & (nodes.start_ns <= w1))
+    node_start = np.maximum(nodes.start_ns, w0)
+    node_end = np.minimum(nodes.end_ns, w1)
+    run_tids = np.union1d(np.union1d(spans.threads, spans.tid), nodes.tid).astype(np.int64)
+    layout = TrackLayout(
+        spans, span_start=start, span_end=end, node_start=node_start, node_end=node_end,
+        backward=bwd, nodes_on_backward=np.zeros(0, np.int64), unattributed=loose,
+        forward=moved, used_tids=np.append(run_tids, p.max_tid),
+    )
+    row = spans.tid.astype(np.uint32)
+    row[bwd] = layout.backward_tid
+    row[moved] = layout.forward_tid
+    place = _Placement(keep, start, end, row, loose, node_start, node_end,
+                       layout.unattributed_tid, layout, own_rows, sorted(p.thread_names))
     place.result = {
-        "shared": int(len(keep) - len(bwd) - adjacent),
-        "adjacent": adjacent,
+        "shared": int(len(fwd) - len(moved)),
+        "adjacent": int(len(moved)),
         "backward": int(len(bwd)),
+        "unattributed_nodes": int(len(loose)),
         "clipped": clipped,
         "outside_window": int(len(spans) - len(keep)),
-        "lanes": lanes_needed,
+        "lanes": layout.lanes,
     }
     return place
 
 
-def write_spans(
-    write: Callable[[bytes], Any], run: TraceData, place: _Placement, base_ns: int,
-    first: bool,
-) -> None:
-    """Write the placed spans (and their tracks' metadata) as ``,\\n{event}`` items."""
-    spans = run.spans()
-    pid = run.pid
-    meta: list[dict[str, Any]] = []
-    for t, name in sorted(place.thread_rows.items()):
-        meta.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": t,
-                     "args": {"name": name}})
-    for t, name in sorted(place.tracks.items()):
-        meta.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": t,
-                     "args": {"name": name}})
-        meta.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": t,
-                     "args": {"sort_index": t % TRACK_STRIDE}})
-    text = "".join(",\n" + _dumps(m) for m in meta).encode("utf-8")
-    if first and text:
-        text, first = text[1:], False
-    write(text)
-    if not len(place.index):
-        return
-    names_json, args_json = module_json(run.modules)
-    idx = place.index
-    if first:  # the writer starts every event with ",\n"; drop the first one's comma
-        def write_first(data: bytes, _state: list[bool] = [True]) -> None:
-            if _state[0] and data:
-                data, _state[0] = data[1:], False
-            write(data)
-        out: Callable[[bytes], Any] = write_first
-    else:
-        out = write
-    _C.write_chrome_events(
-        out,
-        np.ascontiguousarray(place.start),
-        np.ascontiguousarray(place.end),
-        np.ascontiguousarray(spans.module[idx]),
-        np.ascontiguousarray(place.tid),
-        np.ascontiguousarray(spans.call[idx]),
-        np.ascontiguousarray(spans.flags[idx]),
-        np.ascontiguousarray(spans.cat[idx]),
-        np.zeros(0, np.int64),  # no per-span node counts in merged traces
-        names_json,
-        args_json,
-        list(MERGED_CAT_NAMES),
-        base_ns,
-        pid,
-        1 << 20,
-    )
+class _SkipFirstComma:
+    """A writer that drops the leading ',' of the first event (after an empty array)."""
+
+    def __init__(self, write: Callable[[bytes], Any], skip: bool) -> None:
+        self._write, self._skip = write, skip
+
+    def __call__(self, data: bytes) -> None:
+        if self._skip and data:
+            data, self._skip = data[1:], False
+        self._write(data)
 
 
-def _open_out(path: Path, gz: bool, compresslevel: int) -> IO[bytes]:
-    if gz:
-        return gzip.open(path, "wb", compresslevel=compresslevel)  # type: ignore[return-value]
-    return open(path, "wb")
+def write_spans(write: Callable[[bytes], Any], run: TraceData, place: _Placement,
+                base_ns: int) -> None:
+    """Write the placed spans, unattributed nodes and their rows' metadata as ``,\n{event}``."""
+    meta = place.layout.metadata(run.pid, run.info.get("thread_names"), named=place.thread_rows,
+                                 sorted_too=place.profiler_threads)
+    write("".join(",\n" + _dumps(m) for m in meta).encode("utf-8"))
+    idx = place.spans
+    write_span_events(write, run, idx, place.start[idx], place.end[idx], place.row[idx], base_ns)
+    n = place.nodes
+    write_node_events(write, run, n, place.node_start[n], place.node_end[n], place.node_row,
+                      UNATTRIBUTED_CAT, base_ns)
+
+
+# A top-level "ts" key and its number, in an event's JSON text.
+_TS_VALUE = re.compile(r'"ts"\s*:\s*(-?[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)')
+
+
+def _top_level_ts(text: str) -> tuple[int, int] | None:
+    """(start, end) of the event's own "ts" number in ``text`` (not one inside its args)."""
+    found = list(_TS_VALUE.finditer(text))
+    if len(found) == 1:
+        return found[0].span(1)
+    for m in found:  # rare: several "ts" keys; take the one at depth 1
+        depth, in_str, esc = 0, False, False
+        for ch in text[: m.start()]:
+            if in_str:
+                esc, in_str = (False, in_str) if esc else (ch == "\\", ch != '"')
+            elif ch == '"':
+                in_str = True
+            elif ch in "{[":
+                depth += 1
+            elif ch in "}]":
+                depth -= 1
+        if depth == 1:
+            return m.span(1)
+    return None
+
+
+def _micros(ns: int) -> str:
+    return f"{ns // 1000}.{ns % 1000:03d}"
+
+
+class _NegativeTime(Exception):
+    pass
+
+
+class _BaseAfterEvents(Exception):
+    pass
 
 
 def merge_traces(
@@ -415,69 +447,106 @@ def merge_traces(
     *,
     compresslevel: int = 1,
 ) -> MergeResult:
-    """Write ``out_path``: the profiler trace unchanged plus the run's module spans.
+    """Write ``out_path``: the profiler trace, rebased, plus the run's module spans.
 
-    ``run_or_path`` is a finished :class:`~hooktrace.Trace`, a ``TraceData`` or
-    a ``.htrace`` path; ``profiler_path`` a ``torch.profiler`` Chrome trace
-    (``.json`` or gzip); ``out_path`` is gzip-compressed when it ends in
-    ``.gz``. Raises :class:`MergeError` when the trace is of another process or
-    does not overlap the run, and :class:`~hooktrace._kineto.ProfilerTraceError`
-    (naming file, line, column and byte) when it is not valid trace JSON.
+    ``run_or_path`` is a finished :class:`~hooktrace.Trace` (or its
+    ``snapshot()``), a ``TraceData`` or a ``.htrace`` path; ``profiler_path`` a
+    ``torch.profiler`` Chrome trace (``.json`` or gzip); ``out_path`` is
+    gzip-compressed when it ends in ``.gz``. Raises :class:`MergeError` when the
+    trace is of another process or does not overlap the run,
+    :class:`~hooktrace._kineto.ProfilerTraceError` (naming file, line, column and
+    byte) when it is not valid trace JSON, and
+    :class:`~hooktrace.errors.OutputPathError` for an unusable ``out_path``.
 
     Example::
 
         merge_traces("run.htrace", "profiler.json.gz", "merged.json.gz")
     """
+    inputs = [profiler_path] + ([run_or_path] if isinstance(run_or_path, (str, os.PathLike))
+                                else [])
+    check_output_path(out_path, inputs)
     run = _as_run(run_or_path)
     run_name = os.fspath(run_or_path) if isinstance(run_or_path, (str, os.PathLike)) else "the run"
-    out_path = Path(out_path)
-    tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    known_base: int | None = None
+    r0, _ = run_interval(run)
+    new_base = (r0 - BASE_MARGIN_NS) // 10**9 * 10**9
+    known_base: int | None = None  # the profiler's base, when it follows traceEvents
     result: dict[str, int] = {}
+    delta: list[int] = []  # [profiler base - new base], once known
+
+    def rewrite_top(key: str, value: Any) -> str | None:
+        if key != "baseTimeNanoseconds":
+            return None
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ProfilerTraceError(f"{profiler_path}: baseTimeNanoseconds is {value!r}, "
+                                     "expected an integer number of nanoseconds")
+        delta[:] = [value - new_base]
+        return str(new_base)
+
+    def rewrite_event(event: Any, text: str) -> str | None:
+        if not isinstance(event, dict) or event.get("ph") == "M" or "ts" not in event:
+            return None
+        if not delta:
+            if known_base is None:
+                raise _BaseAfterEvents
+            delta[:] = [known_base - new_base]
+        try:
+            ns = us_to_ns(event["ts"]) + delta[0]
+        except ValueError:
+            return None  # not a time: left as it is (Perfetto ignores the event too)
+        if ns < 0:
+            raise _NegativeTime
+        where = _top_level_ts(text)
+        if where is None:
+            raise MergeError(f"{profiler_path}: cannot locate the 'ts' of the event {text[:80]!r}")
+        return text[: where[0]] + _micros(ns) + text[where[1]:]
 
     def array_end(out: IO[bytes]) -> Callable[[ProfilerEvents, bool], bytes]:
         def insert(p: ProfilerEvents, nonempty: bool) -> bytes:
-            if not p.base_known and known_base is None:
-                raise _BaseAfterEvents
-            base = p.base_ns if p.base_known else int(known_base or 0)
-            p.base_ns = base
+            if not p.base_known:
+                p.base_ns = int(known_base or 0)
             window = check_compatible(run, p, run_name)
             place = place_spans(run, p, window)
             result.update(place.result, profiler_events=p.n_events)
-            write_spans(out.write, run, place, base, first=not nonempty)
+            place_tracks[:] = [place.layout.track_table()]
+            write_spans(_SkipFirstComma(out.write, not nonempty), run, place, new_base)
             return b""
         return insert
 
     def object_end(p: ProfilerEvents) -> bytes:
         from hooktrace import __version__
 
-        if "hooktrace" in p.top:
-            raise MergeError(f"{p.path}: already merged with a hooktrace run (it has a "
-                             "top-level 'hooktrace' key); merge the original profiler trace")
+        if "hooktrace" in p.top:  # (when the key follows traceEvents, seen only now)
+            check_compatible(run, p, run_name)
 
         block = {"version": __version__, "pid": run.pid, "hostname": run.hostname,
-                 "track_tid_stride": TRACK_STRIDE, **result}
-        return (',\n"hooktrace":' + _dumps(block) + "\n").encode("utf-8")
+                 "profiler_base_ns": p.base_ns, "dropped_events": run.dropped_events,
+                 "overwritten_events": run.overwritten_events, **result}
+        block["tracks"] = place_tracks[0] if place_tracks else []
+        extra = "" if p.base_known else f',\n"baseTimeNanoseconds":{new_base}'
+        return (extra + ',\n"hooktrace":' + _dumps(block) + "\n").encode("utf-8")
 
-    for attempt in range(2):
+    place_tracks: list[list[dict[str, Any]]] = []
+    for _ in range(3):
         try:
-            with _open_out(tmp, out_path.name.endswith(".gz"), compresslevel) as out:
-                collect(profiler_path, pid=run.pid, out=out,
-                        before_array_end=array_end(out), before_object_end=object_end)
+            with open_output(out_path, compresslevel=compresslevel, inputs=inputs) as out:
+                collect(profiler_path, pid=run.pid, out=out, before_array_end=array_end(out),
+                        before_object_end=object_end, rewrite_event=rewrite_event,
+                        rewrite_top=rewrite_top)
             break
-        except _BaseAfterEvents:
-            tmp.unlink(missing_ok=True)
-            # baseTimeNanoseconds follows traceEvents: learn it first (one more pass).
-            known_base = collect(profiler_path, pid=run.pid).base_ns
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-    os.replace(tmp, out_path)
-    return MergeResult(out_path=os.fspath(out_path), **result)  # type: ignore[arg-type]
-
-
-class _BaseAfterEvents(Exception):
-    pass
+        except (_BaseAfterEvents, _NegativeTime):
+            # baseTimeNanoseconds follows traceEvents, or the profiler started more
+            # than BASE_MARGIN_NS before the run: learn its base and first event.
+            pre = collect(profiler_path, pid=run.pid)
+            known_base = pre.base_ns
+            first = known_base + (pre.min_ts if pre.min_ts is not None else 0)
+            new_base = min(new_base, first // 10**9 * 10**9)
+            delta.clear()
+            result.clear()
+            place_tracks.clear()
+    else:  # pragma: no cover - the third attempt has everything it needs
+        raise MergeError(f"{profiler_path}: could not rebase the profiler trace")
+    return MergeResult(out_path=os.fspath(out_path), base_ns=new_base,
+                       dropped_events=run.dropped_events, **result)  # type: ignore[arg-type]
 
 
 # -- attribution -----------------------------------------------------------
@@ -505,70 +574,88 @@ def attribute(
 # -- one-liners: profile() and an on_trace_ready handler ---------------------
 
 
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
+def _snapshot(run: TraceData | Trace | Callable[[], Any]) -> TraceData:
+    """The run as far as it is recorded: a live trace's snapshot, or the finished data."""
+    if not isinstance(run, TraceData) and callable(run):
+        run = run()
+    snapshot = getattr(run, "snapshot", None)
+    if snapshot is not None and getattr(run, "_state", "done") != "done":
+        return snapshot()  # type: ignore[no-any-return]
+    return _as_run(run)
+
+
 class MergedTraceHandler:
     """``on_trace_ready`` handler that writes one merged trace per profiler window.
 
-    hooktrace's spans are readable only once the ``hooktrace.trace`` block has
-    exited, so while it is still recording each window's profiler trace is
-    saved (``<name>.profiler.json``) and merged by :meth:`finish`; windows
-    ending after the run is finished are merged at once. Each merged file gets
-    only the spans inside its window (clipped at its edges).
+    Each window is merged as soon as the profiler hands it over: with the run's
+    events recorded so far (``Trace.snapshot()`` while the ``hooktrace.trace``
+    block is still running), clipped to the window, into
+    ``OUT_DIR/<host>_<pid>.<step>.merged.json.gz``. A window the run recorded
+    no spans for (e.g. its buffer was full) is still written, and its drops are
+    counted in the file's ``"hooktrace"`` block; a window that cannot be merged
+    warns (one line) and keeps the profiler's own trace next to where the merged
+    file would be, rather than stopping the training loop.
 
     Example::
 
-        handler = merged_trace_handler(tr, "traces")
         with hooktrace.trace(model) as tr, torch.profiler.profile(
-                schedule=torch.profiler.schedule(wait=1, warmup=1, active=2),
-                on_trace_ready=handler) as prof:
+                schedule=torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=3),
+                on_trace_ready=merged_trace_handler(tr, "traces")) as prof:
             for batch in loader:
                 step(batch); prof.step()
-        handler.finish()   # -> ['traces/<host>_<pid>.<step>.merged.json.gz', ...]
+        # traces/<host>_<pid>.<step>.merged.json.gz, one per active window
     """
 
     def __init__(
-        self, run: TraceData | Callable[[], TraceData], out_dir: str | os.PathLike[str], *,
-        worker_name: str | None = None, keep_profiler_traces: bool = False,
+        self, run: TraceData | Trace | Callable[[], TraceData], out_dir: str | os.PathLike[str],
+        *, worker_name: str | None = None, keep_profiler_traces: bool = False,
     ) -> None:
         self._run = run
         self.out_dir = Path(out_dir)
+        if self.out_dir.exists() and not self.out_dir.is_dir():
+            raise OutputPathError(f"{self.out_dir}: exists and is not a directory; the merged "
+                                  "traces go into a directory (one file per window)")
         self.worker_name = worker_name or f"{_hostname()}_{os.getpid()}"
         self.keep_profiler_traces = keep_profiler_traces
-        self.pending: list[tuple[Path, Path]] = []
         self.outputs: list[str] = []
         self.results: list[MergeResult] = []
-
-    def _current_run(self) -> TraceData | None:
-        run = self._run() if callable(self._run) and not isinstance(self._run, TraceData) \
-            else self._run
-        return run if getattr(run, "events", None) is not None else None
+        self.failed: list[tuple[str, str]] = []  # (kept profiler trace, why)
 
     def __call__(self, prof: torch.profiler.profile) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         stem = f"{self.worker_name}.{getattr(prof, 'step_num', len(self.outputs))}"
         raw = self.out_dir / f"{stem}.profiler.json"
+        out = self.out_dir / f"{stem}.merged.json.gz"
         prof.export_chrome_trace(os.fspath(raw))
-        self.pending.append((raw, self.out_dir / f"{stem}.merged.json.gz"))
-        if self._current_run() is not None:
-            self.finish()
+        try:
+            result = merge_traces(_snapshot(self._run), raw, out)
+        except HooktraceError as e:
+            self.failed.append((os.fspath(raw), str(e)))
+            warnings.warn(f"hooktrace: window {stem} not merged ({e}); the profiler's trace is "
+                          f"kept as {raw}", RuntimeWarning, stacklevel=2)
+            return
+        self.results.append(result)
+        self.outputs.append(os.fspath(out))
+        if result.dropped_events:
+            warnings.warn(f"hooktrace: {result.dropped_events} events were dropped (buffer "
+                          f"full) by the time window {stem} ended: its module spans may be "
+                          "incomplete; raise trace(capacity=...)", RuntimeWarning, stacklevel=2)
+        if not self.keep_profiler_traces:
+            raw.unlink(missing_ok=True)
 
     def finish(self) -> list[str]:
-        """Merge every saved window (the run must be finished); return all merged paths."""
-        run = self._current_run()
-        if run is None and self.pending:
-            raise MergeError("MergedTraceHandler.finish(): the hooktrace.trace() block has not "
-                             "exited yet; call finish() after it")
-        while self.pending:
-            raw, out = self.pending.pop(0)
-            assert run is not None
-            self.results.append(merge_traces(run, raw, out))
-            self.outputs.append(os.fspath(out))
-            if not self.keep_profiler_traces:
-                raw.unlink(missing_ok=True)
+        """Every merged path so far (windows are merged as they end; nothing is pending)."""
         return list(self.outputs)
 
 
 def merged_trace_handler(
-    run: TraceData | Callable[[], TraceData], out_dir: str | os.PathLike[str], *,
+    run: TraceData | Trace | Callable[[], TraceData], out_dir: str | os.PathLike[str], *,
     worker_name: str | None = None, keep_profiler_traces: bool = False,
 ) -> MergedTraceHandler:
     """An ``on_trace_ready`` handler merging each profiler window with ``run``.
@@ -580,10 +667,17 @@ def merged_trace_handler(
                               keep_profiler_traces=keep_profiler_traces)
 
 
-def _hostname() -> str:
-    import socket
+_MERGED_SUFFIXES = (".json", ".json.gz")
 
-    return socket.gethostname()
+
+def _merged_file(out: Path, is_dir_hint: bool) -> Path:
+    """The merged file ``profile(model, out)`` writes without a schedule."""
+    if is_dir_hint or out.is_dir():
+        return out / f"{_hostname()}_{os.getpid()}.merged.json.gz"
+    if not out.name.endswith(_MERGED_SUFFIXES):
+        raise OutputPathError(f"{out}: a merged trace is written as .json or .json.gz; give "
+                              "such a file name, or a directory (ending in '/')")
+    return out
 
 
 class Profile:
@@ -599,9 +693,16 @@ class Profile:
         if "on_trace_ready" in profiler_kwargs:
             raise TypeError("hooktrace.profile writes the merged traces itself; use "
                             "hooktrace.merge.merged_trace_handler for a custom on_trace_ready")
-        self.out = Path(out)
-        self.trace: Trace = hooktrace.trace(model, **(trace_kwargs or {}))
+        name = os.fspath(out)
+        self.out = Path(name)
         self.handler: MergedTraceHandler | None = None
+        self._file: Path | None = None
+        # Output paths are checked here, before the run, not when it is over.
+        if schedule is None:
+            self._file = _merged_file(self.out, name.endswith(("/", os.sep)))
+            if self._file.exists():
+                check_output_path(self._file)
+        self.trace: Trace = hooktrace.trace(model, **(trace_kwargs or {}))
         if schedule is not None:
             self.handler = MergedTraceHandler(self.trace, self.out)
             profiler_kwargs.update(schedule=schedule, on_trace_ready=self.handler)
@@ -610,6 +711,10 @@ class Profile:
         self.result: MergeResult | None = None
 
     def __enter__(self) -> Profile:
+        target = self.out if self._file is None else self._file.parent
+        target.mkdir(parents=True, exist_ok=True)
+        if self._file is not None:
+            check_output_path(self._file)
         self.trace.__enter__()
         try:
             self.profiler.__enter__()
@@ -630,17 +735,17 @@ class Profile:
             self.profiler.__exit__(exc_type, exc, tb)
         finally:
             self.trace.__exit__(exc_type, exc, tb)
-        if exc_type is not None:
-            return
         if self.handler is not None:
             self.outputs = self.handler.finish()
             return
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=self.out.parent) as d:
+        if exc_type is not None:
+            return
+        assert self._file is not None
+        with tempfile.TemporaryDirectory(dir=self._file.parent) as d:
             raw = os.path.join(d, "profiler.json")
             self.profiler.export_chrome_trace(raw)
-            self.result = merge_traces(self.trace, raw, self.out)
-        self.outputs = [os.fspath(self.out)]
+            self.result = merge_traces(self.trace, raw, self._file)
+        self.outputs = [os.fspath(self._file)]
 
 
 def profile(
@@ -648,13 +753,16 @@ def profile(
     schedule: Callable[[int], Any] | None = None,
     trace_kwargs: dict[str, Any] | None = None, **profiler_kwargs: Any,
 ) -> Profile:
-    """Run ``torch.profiler`` and ``hooktrace.trace`` together; write the merged trace.
+    """Run ``torch.profiler`` and ``hooktrace.trace`` together; write merged traces.
 
     Without ``schedule``, ``out`` is the merged file (``.json`` or ``.json.gz``)
-    written when the block exits. With a ``torch.profiler.schedule``, ``out``
-    is a folder receiving one merged file per active window (call ``.step()``
-    once per step). Other keyword arguments go to ``torch.profiler.profile``;
-    ``trace_kwargs`` to ``hooktrace.trace``.
+    written when the block exits, or a directory (existing, or a name ending in
+    ``/``) that receives ``<host>_<pid>.merged.json.gz``. With a
+    ``torch.profiler.schedule``, ``out`` is a directory receiving
+    ``<host>_<pid>.<step>.merged.json.gz`` for each active window as soon as
+    the window ends (call ``.step()`` once per step). Output paths are checked
+    when the block starts. Other keyword arguments go to
+    ``torch.profiler.profile``; ``trace_kwargs`` to ``hooktrace.trace``.
 
     Example::
 
@@ -663,4 +771,3 @@ def profile(
         print(prof.outputs)    # ['merged.json.gz']
     """
     return Profile(model, out, schedule=schedule, trace_kwargs=trace_kwargs, **profiler_kwargs)
-

@@ -133,7 +133,11 @@ class Trace(TraceData):
         self._start_unix_ns = time.time_ns()
         self._session = _C.Session(self._capacity, self._policy)
         if self._emit_profiler:
-            self._session.set_emit_names([name or typ for name, typ in modules])
+            # Qualified under the root's class: a bare "0" (a Sequential's child) says
+            # nothing in the profiler's trace, "Sequential.0" does.
+            root = type(model).__name__
+            self._session.set_emit_names([f"{root}.{name}" if name else root
+                                          for name, _ in modules])
         self._session.start()
         self._state = "recording"
         try:
@@ -213,6 +217,14 @@ class Trace(TraceData):
             for key, (owner, _, _) in list(_traced.items()):
                 if owner is self:
                     del _traced[key]
+        events, clock, info = self._collect(session, stop_unix_ns=time.time_ns())
+        self._session = None  # frees the chunks once no wrapper is referenced
+        TraceData.__init__(self, events, self._modules_table, _C.node_names(), clock, info)
+        if errors:
+            raise RuntimeError(f"hooktrace: failed to remove instrumentation: {errors[0]!r}") from errors[0]
+
+    def _collect(self, session: Any, stop_unix_ns: int) -> tuple[np.ndarray, Clock, dict[str, Any]]:
+        """The session's events so far, its clock, and the run's metadata."""
         stats = session.stats()
         events = np.empty(stats["events"], dtype=EVENT_DTYPE)
         events = events[: session.copy_events(events)]
@@ -230,20 +242,52 @@ class Trace(TraceData):
             "dropped_events": int(stats["dropped"]),
             "overwritten_events": int(stats["overwritten"]),
             "start_unix_ns": self._start_unix_ns,
-            "stop_unix_ns": time.time_ns(),
+            "stop_unix_ns": stop_unix_ns,
             "thread_names": {str(t.native_id): t.name for t in threading.enumerate()},
         }
-        self._session = None  # frees the chunks once no wrapper is referenced
-        TraceData.__init__(
-            self,
-            events,
-            self._modules_table,
-            _C.node_names(),
-            Clock(int(ticks0), int(unix_ns0), float(ns_per_tick)),
-            info,
-        )
-        if errors:
-            raise RuntimeError(f"hooktrace: failed to remove instrumentation: {errors[0]!r}") from errors[0]
+        return events, Clock(int(ticks0), int(unix_ns0), float(ns_per_tick)), info
+
+    def snapshot(self) -> TraceData:
+        """The events recorded so far, readable while recording goes on.
+
+        A copy: recording continues into the trace unchanged. Spans still open
+        now are marked unfinished in it. After the block, the trace itself.
+
+        Example::
+
+            with hooktrace.trace(model) as tr:
+                model(x)
+                print(tr.snapshot().summary())
+        """
+        if self._state == "done":
+            return self
+        if self._state != "recording":
+            raise RuntimeError("hooktrace: this trace has not started; enter its with block first")
+        events, clock, info = self._collect(self._session, stop_unix_ns=time.time_ns())
+        return TraceData(events, self._modules_table, _C.node_names(), clock, info)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for attributes not set yet: the data attributes that
+        # TraceData.__init__ sets when the block exits.
+        if name in _DATA_ATTRS:
+            state = self.__dict__.get("_state", "new")
+            raise RuntimeError(
+                f"hooktrace: the trace is {'still recording' if state == 'recording' else 'not started'}"
+                f" ({name} is not available yet): read it after the with block, or use "
+                "trace.snapshot() for the events so far")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __repr__(self) -> str:
+        state = self.__dict__.get("_state", "new")
+        if state == "done":
+            return TraceData.__repr__(self)
+        model = self._model_ref()
+        what = type(model).__name__ if model is not None else "a deleted model"
+        return f"<Trace of {what}: {'recording' if state == 'recording' else 'not started'}>"
+
+
+# What TraceData.__init__ sets: read before the block ends, they raise one clear error.
+_DATA_ATTRS = frozenset({"events", "modules", "node_names", "clock", "info", "_spans"})
 
 
 def _is_module_compiled(m: nn.Module) -> bool:

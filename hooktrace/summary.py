@@ -13,9 +13,10 @@ Example:
     >>> [(r["module"], r["calls"], r["total_ns"], r["self_ns"]) for r in s.rows]
     [('', 1, 5000, 3000), ('fc', 1, 2000, 2000)]
     >>> print(s)  # doctest: +NORMALIZE_WHITESPACE
-    module  type    calls  total    self     mean     p50      p99
-    <root>  Net         1  5.00 µs  3.00 µs  5.00 µs  5.00 µs  5.00 µs
-    fc      Linear      1  2.00 µs  2.00 µs  2.00 µs  2.00 µs  2.00 µs
+    module  type    calls  total    self     p50
+    <root>  Net         1  5.00 µs  3.00 µs  5.00 µs
+    fc      Linear      1  2.00 µs  2.00 µs  2.00 µs
+    sorted by forward total + backward total, descending
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, CAT_RECOMPUTE, Spans
 if TYPE_CHECKING:
     from hooktrace.reading import TraceData
 
-__all__ = ["Summary", "format_ns", "UNATTRIBUTED"]
+__all__ = ["Summary", "TEXT_WIDTH", "format_ns", "UNATTRIBUTED"]
 
 UNATTRIBUTED = "<unattributed>"  # "module" of the rows for unattributed autograd nodes
+TEXT_WIDTH = 120  # the default text table fits this many columns (issue #7)
 
 _COLUMNS = ("module", "type", "calls", "total_ns", "self_ns", "mean_ns", "p50_ns", "p99_ns",
             "bwd_calls", "bwd_total_ns", "bwd_self_ns", "bwd_p50_ns", "bwd_p99_ns",
@@ -126,13 +128,27 @@ class Summary:
     node executions, ``bwd_total_ns`` = ``bwd_self_ns`` = their summed self
     time, percentiles of that self time); the others are None.
 
-    Rows are sorted by ``total_ns + bwd_total_ns``, descending. ``str(summary)``
-    is an aligned table (``summary.to_text(top=10)`` for the first rows only;
-    backward columns appear when the run has backward data, recompute columns
-    when there was any recompute), ``to_csv()`` and ``to_json()`` give ``rows``
-    (a list of dicts) in those forms. A footer names lost or partial data
-    (dropped / overwritten events, orphan exits, unfinished spans) and
-    unattributed autograd nodes whenever there are any.
+    **What the times mean.** Forward: ``total`` is the wall time of the calls
+    and ``self`` is total minus the direct children's totals, so a parent's
+    total = its self + its children's totals, exactly. Backward: ``bwd_total``
+    runs from the first to the last autograd node of the call and of its
+    submodules' calls; ``bwd_self`` is the time inside the nodes attributed to
+    the module itself. The nodes of a backward pass do not tile it: between
+    them the autograd engine schedules, and unattributed nodes
+    (``AccumulateGrad``, the loss's) run, so ``bwd_total`` - ``bwd_self`` -
+    the children's ``bwd_total`` is that time between nodes (``>= 0`` when the
+    children ran one after another on one thread). Modules that are never
+    called (containers such as ``nn.ModuleList``) have no row.
+
+    Rows are sorted by ``total_ns + bwd_total_ns``, descending (ties in module
+    order). ``str(summary)`` is an aligned table that fits 120 columns
+    (``to_text(top=10)`` for the first rows, ``to_text(wide=True)`` for every
+    column; backward columns appear when the run has backward data, recompute
+    columns when there was any recompute), ``to_csv()`` and ``to_json()`` give
+    ``rows`` (a list of dicts) in those forms. A footer says how rows are
+    sorted, names lost or partial data (dropped / overwritten events, orphan
+    exits, unfinished spans) and unattributed autograd nodes whenever there
+    are any.
     """
 
     def __init__(self, rows: list[dict[str, Any]], counts: dict[str, int]) -> None:
@@ -199,16 +215,22 @@ class Summary:
         return [{key: row[key] for key in _COLUMNS} for row in rows]
 
     def footer(self) -> str:
-        """Lines naming lost or partial data and unattributed nodes; ``""`` when none."""
+        """How rows are sorted and what backward times mean, then lost or partial
+        data and unattributed nodes when there are any."""
         c = self.counts
-        lines = []
-        lost = ("dropped_events", "overwritten_events", "orphan_exits", "unfinished_spans")
-        if any(c.get(k, 0) for k in lost):
-            lines.append(
-                f"note: {c['dropped_events']} events dropped, {c['overwritten_events']} "
-                f"overwritten (ring buffer), {c['orphan_exits']} orphan exits, "
-                f"{c['unfinished_spans']} unfinished spans - totals may be incomplete"
-            )
+        lines = ["sorted by forward total + backward total, descending"]
+        if any(r["bwd_calls"] for r in self.rows):
+            lines.append("bwd_total: first to last autograd node of a call and its submodules; "
+                         "bwd_self: in its own nodes;\n"
+                         "bwd_total - bwd_self - submodules' bwd_total: time between nodes "
+                         "(autograd engine, unattributed nodes)")
+        lost = [(c.get("dropped_events", 0), "events dropped (buffer full)"),
+                (c.get("overwritten_events", 0), "events overwritten (ring buffer)"),
+                (c.get("orphan_exits", 0), "orphan exits"),
+                (c.get("unfinished_spans", 0), "unfinished spans")]
+        if any(n for n, _ in lost):
+            lines.append("note: " + ", ".join(f"{n} {what}" for n, what in lost if n)
+                         + " - totals may be incomplete")
         if c.get("unattributed_nodes", 0):
             lines.append(
                 f"note: {c['unattributed_nodes']} autograd nodes "
@@ -217,17 +239,33 @@ class Summary:
             )
         return "\n".join(lines)
 
-    def to_text(self, top: int | None = None) -> str:
-        """Aligned text table of the first ``top`` rows (all when None)."""
-        rows = self.rows if top is None else self.rows[:top]
-        columns = list(_TEXT_FORWARD)
-        if any(r["bwd_calls"] for r in self.rows):
-            columns += _TEXT_BACKWARD
-        if any(r["recompute_calls"] for r in self.rows):
-            columns += _TEXT_RECOMPUTE
+    def to_text(self, top: int | None = None, *, wide: bool = False,
+                width: int = TEXT_WIDTH) -> str:
+        """Aligned text table of the first ``top`` rows (all when None).
+
+        Fits ``width`` columns (long module names are shortened from the left)
+        unless ``wide``, which shows every column and full names.
+        """
+        rows = self._top(top)
+        has_bwd = any(r["bwd_calls"] for r in self.rows)
+        has_rec = any(r["recompute_calls"] for r in self.rows)
+        if wide:
+            columns = list(_TEXT_FORWARD) + (_TEXT_BACKWARD if has_bwd else []) + (
+                _TEXT_RECOMPUTE if has_rec else [])
+        else:
+            columns = list(_TEXT_NARROW) + (_TEXT_NARROW_BACKWARD if has_bwd else []) + (
+                _TEXT_RECOMPUTE[:1] if has_rec else [])
         header = [title for title, _ in columns]
         table = [header] + [[_cell(r, key) for _, key in columns] for r in rows]
         widths = [max(len(line[i]) for line in table) for i in range(len(header))]
+        if not wide:  # shorten the names (type to 24 first, then module, then type) to fit
+            for col, floor in ((1, 24), (0, 16), (1, 8)):
+                excess = sum(widths) + 2 * (len(widths) - 1) - width
+                if excess > 0 and widths[col] > floor:
+                    keep = max(widths[col] - excess, len(header[col]), floor)
+                    for line in table[1:]:
+                        line[col] = _shorten(line[col], keep)
+                    widths[col] = max(len(line[col]) for line in table)
         left = 2  # module and type are left-aligned; numbers right-aligned
         lines = [
             "  ".join(
@@ -249,17 +287,21 @@ class Summary:
     def __repr__(self) -> str:
         return f"<Summary {len(self.rows)} rows>"
 
-    def to_csv(self) -> str:
-        """CSV text with a header row (the keys above); durations in ns, None blank."""
+    def _top(self, top: int | None) -> list[dict[str, Any]]:
+        return self.rows if top is None else self.rows[:top]
+
+    def to_csv(self, top: int | None = None) -> str:
+        """CSV text of the first ``top`` rows (all when None) with a header row
+        (the keys above); durations in ns, None blank."""
         out = io.StringIO()
         w = csv.DictWriter(out, fieldnames=list(_COLUMNS), lineterminator="\n")
         w.writeheader()
-        w.writerows(self.rows)
+        w.writerows(self._top(top))
         return out.getvalue()
 
-    def to_json(self) -> str:
-        """JSON text: ``{"rows": [...], "counts": {...}}``; durations in ns."""
-        return json.dumps({"rows": self.rows, "counts": self.counts}, ensure_ascii=False)
+    def to_json(self, top: int | None = None) -> str:
+        """JSON text: ``{"rows": [...], "counts": {...}}`` (first ``top`` rows); durations in ns."""
+        return json.dumps({"rows": self._top(top), "counts": self.counts}, ensure_ascii=False)
 
 
 # (text header, row key) per text column
@@ -270,6 +312,21 @@ _TEXT_BACKWARD = [("bwd_calls", "bwd_calls"), ("bwd_total", "bwd_total_ns"),
                   ("bwd_self", "bwd_self_ns"), ("bwd_p50", "bwd_p50_ns"),
                   ("bwd_p99", "bwd_p99_ns"), ("bwd/fwd", "bwd_fwd_ratio")]
 _TEXT_RECOMPUTE = [("recompute", "recompute_calls"), ("recompute_total", "recompute_total_ns")]
+# The default table: what fits 120 columns with typical module names.
+_TEXT_NARROW = [("module", "module"), ("type", "type"), ("calls", "calls"),
+                ("total", "total_ns"), ("self", "self_ns"), ("p50", "p50_ns")]
+_TEXT_NARROW_BACKWARD = [("bwd_total", "bwd_total_ns"), ("bwd_self", "bwd_self_ns"),
+                         ("bwd/fwd", "bwd_fwd_ratio")]
+
+
+def _shorten(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters, keeping its end (the leaf module's name).
+
+    Example:
+        >>> _shorten("model.layers.11.self_attn.q_proj", 20)
+        '…11.self_attn.q_proj'
+    """
+    return text if len(text) <= width else "…" + text[len(text) - width + 1:]
 
 
 def _stats(groups: _Groups, gid: int, prefix: str) -> dict[str, Any]:

@@ -91,9 +91,15 @@ def test_merged_trace_keeps_every_profiler_event_and_nests(case: str, tmp_path: 
     merge_traces(tr, prof, out)
     original = json.loads(prof.read_bytes(), parse_float=str)
     doc = load_json(out)
-    # every profiler event, in order and unchanged, then only ours
+    # every profiler event, in order and unchanged but for its ts, which is rebased
+    # to the same Unix nanosecond; then only ours
     n = len(original["traceEvents"])
-    assert doc["traceEvents"][:n] == original["traceEvents"]
+    base, old_base = doc["baseTimeNanoseconds"], original["baseTimeNanoseconds"]
+    for before, after in zip(original["traceEvents"], doc["traceEvents"][:n]):
+        assert {k: v for k, v in before.items() if k != "ts"} == {
+            k: v for k, v in after.items() if k != "ts"}
+        if "ts" in before and before["ph"] != "M":
+            assert base + us_to_ns(after["ts"]) == old_base + us_to_ns(before["ts"])
     assert all(str(e.get("cat", "")).startswith("hooktrace.") or e["ph"] == "M"
                for e in doc["traceEvents"][n:])
     # strict nesting on every row hooktrace writes or shares
@@ -207,7 +213,8 @@ def test_schedule_handler_merges_each_window_with_its_spans(tmp_path: Path) -> N
             for _ in range(8):
                 model(x)
                 prof.step()
-        assert len(handler.pending) == 2  # saved; merged after the run
+        # each window was merged as it ended, while the trace kept recording
+        assert len(handler.outputs) == 2 and all(Path(p).exists() for p in handler.outputs)
     outputs = handler.finish()
     # THEN one merged file per window, each with only that window's forward calls
     assert len(outputs) == 2
@@ -222,6 +229,64 @@ def test_schedule_handler_merges_each_window_with_its_spans(tmp_path: Path) -> N
         for row in our_rows(doc):
             assert strict_nesting_violations(rows[row]) == [], row
     assert not list((tmp_path / "traces").glob("*.profiler.json"))
+
+
+def test_long_schedule_with_a_full_buffer_reports_drops_not_another_run(
+        tmp_path: Path) -> None:
+    # GIVEN the reproducer of issue #7: a repeating schedule over 16 steps and a
+    # buffer that fills up after 8 steps (501 modules: 1002 events per step)
+    model = nn.Sequential(*[nn.Identity() for _ in range(500)])
+    x = torch.randn(2)
+    out = tmp_path / "traces"
+    sched = torch.profiler.schedule(wait=2, warmup=1, active=1, repeat=4)
+    # WHEN profiled
+    with pytest.warns(RuntimeWarning, match="events were dropped"):
+        with hooktrace.profile(model, out, schedule=sched, activities=CPU,
+                               trace_kwargs={"capacity": 8192}) as p:
+            for _ in range(16):
+                model(x)
+                p.step()
+    # THEN every window is merged (none refused as "another run") ...
+    assert len(p.outputs) == 4 and p.handler is not None and not p.handler.failed
+    blocks = [load_json(Path(o))["hooktrace"] for o in p.outputs]
+    # ... the first window has its spans, the later ones report the drops
+    assert blocks[0]["shared"] == 501 and blocks[0]["dropped_events"] == 0
+    assert blocks[-1]["dropped_events"] > 0 and blocks[-1]["shared"] == 0
+
+
+def test_profile_output_paths_are_checked_before_the_run(tmp_path: Path) -> None:
+    model = ConvNet()
+    (tmp_path / "afile").write_text("x")
+    sched = torch.profiler.schedule(wait=0, warmup=0, active=1)
+    # a schedule writes a directory of windows: an existing file is refused up front
+    with pytest.raises(hooktrace.errors.OutputPathError, match="is not a directory"):
+        hooktrace.profile(model, tmp_path / "afile", schedule=sched)
+    # without a schedule: a file name must say .json or .json.gz
+    with pytest.raises(hooktrace.errors.OutputPathError, match=r"\.json or \.json\.gz"):
+        hooktrace.profile(model, tmp_path / "merged.txt")
+    # an existing directory, or a name ending in '/', receives <host>_<pid>.merged.json.gz
+    for target in (str(tmp_path) + "/", str(tmp_path / "new") + "/"):
+        with hooktrace.profile(model, target, activities=CPU) as p:
+            model(torch.randn(1, 3, 8, 8))
+        (written,) = p.outputs
+        assert Path(written).parent == Path(target) and written.endswith(".merged.json.gz")
+        assert any(e.get("cat") == "hooktrace.forward"
+                   for e in load_json(Path(written))["traceEvents"])
+    assert not list(tmp_path.glob("**/*.tmp"))
+
+
+def test_never_called_containers_get_no_attribution_rows(tmp_path: Path) -> None:
+    model = tiny_llama().train()
+    tr, prof = run_profiled(model, torch.randint(0, 64, (1, 8)), tmp_path, backward=True)
+    table = attribute(tr, prof)
+    containers = {name for name, m in model.named_modules() if isinstance(m, nn.ModuleList)}
+    assert containers and not containers & {r["module"] for r in table.rows}
+    # AccumulateGrad has no sequence number: unattributed, as in the plain summary
+    plain = {r["type"] for r in tr.summary().rows if r["module"] == "<unattributed>"}
+    assert "torch::autograd::AccumulateGrad" in plain
+    for r in table.rows:
+        if r["module"] != "<unattributed>":
+            assert not any("AccumulateGrad" in name for name, _ in r["top_ops"]), r
 
 
 def test_cli_summary_with_profiler(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -262,3 +327,16 @@ def test_cuda_kernels_are_attributed(tmp_path: Path) -> None:
     table = attribute(tr, path)
     assert table.counts["gpu_activities"] > 0
     assert table.row("stem")["gpu_self_ns"] > 0  # type: ignore[index]
+
+
+def test_emit_profiler_names_ranges_by_qualified_name_under_the_root(tmp_path: Path) -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.ReLU()))
+    with hooktrace.trace(model, emit_profiler=True), torch.profiler.profile(
+            activities=CPU) as prof:
+        model(torch.randn(2, 4))
+    path = tmp_path / "p.json"
+    prof.export_chrome_trace(str(path))
+    names = {e["name"] for e in json.loads(path.read_bytes())["traceEvents"]
+             if e.get("cat") == "user_annotation"}
+    assert {"Sequential", "Sequential.0", "Sequential.1", "Sequential.1.0"} <= names
+    assert not {"0", "1", "1.0"} & names

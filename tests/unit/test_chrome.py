@@ -105,7 +105,7 @@ def test_metadata_events_and_hooktrace_block():
                                 "unattributed_nodes": 0, "unattributed_ns": 0, "tracks": []}
     sort_index = {e["tid"]: e["args"]["sort_index"] for e in meta
                   if e["name"] == "thread_sort_index"}
-    assert sort_index == {1: 0, 2: 1}
+    assert sort_index == {1: 64, 2: 128}  # thread T: T * 64, its tracks below it
 
 
 def test_names_args_and_flags():
@@ -113,8 +113,9 @@ def test_names_args_and_flags():
                        (1, ENTER, 2, 3)])
     modules = [("", "Net"), ("enc.0", "Linear"), ("odd", "Drop")]
     xs = x_events(parse(export_bytes(build_trace(ev, modules))))
-    assert [(e["name"], e["cat"]) for e in xs] == [("Net", "forward"), ("enc.0", "forward"),
-                                                   ("odd", "forward")]
+    assert [(e["name"], e["cat"]) for e in xs] == [("Net", "hooktrace.forward"),
+                                                   ("enc.0", "hooktrace.forward"),
+                                                   ("odd", "hooktrace.forward")]
     assert xs[0]["args"] == {"module": "", "type": "Net", "call": 0, "unfinished": True}
     assert xs[1]["args"] == {"module": "enc.0", "type": "Linear", "call": 0, "error": True}
     assert xs[2]["args"] == {"module": "odd", "type": "Drop", "call": 0, "unfinished": True}

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import NODE_NAMES, backward_trace, default_modules, trace_with_spans
 
-from hooktrace.chrome import TRACK_TID_BASE, write_chrome
+from hooktrace.chrome import write_chrome
 from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, NO_PASS, Nodes, Spans
 
 
@@ -38,7 +38,8 @@ def by_cat(doc: dict) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = defaultdict(list)
     for e in doc["traceEvents"]:
         if e["ph"] == "X":
-            out[e["cat"]].append(e)
+            assert e["cat"].startswith("hooktrace.")
+            out[e["cat"].removeprefix("hooktrace.")].append(e)
     return out
 
 
@@ -81,7 +82,7 @@ def test_backward_spans_sit_on_their_threads_backward_tracks():
         assert e["args"] == {"module": name, "type": type_name, "call": int(spans.call[i]),
                              "nodes": direct[i]}
         assert names[e["tid"]].startswith(f"thread {spans.tid[i]} backward")
-        assert e["tid"] >= TRACK_TID_BASE
+        assert e["tid"] > max(spans.threads.tolist())
         assert base + to_ns(e["ts"]) == spans.start_ns[i]
         assert to_ns(e["dur"]) == spans.end_ns[i] - spans.start_ns[i]
     # forward and recompute stay on the OS thread's own row, without "nodes"
@@ -137,10 +138,11 @@ def test_tracks_are_named_numbered_and_sorted_below_their_thread():
     assert set(sort_index) == set(names)
     tracks = doc["hooktrace"]["tracks"]
     os_tids = {101, 202}
-    assert {t for t in names if t < TRACK_TID_BASE} == os_tids
+    assert {t for t in names if t <= max(os_tids)} == os_tids
+    # track tids are the smallest free ones: short numbers next to the thread names
+    assert sorted(tr["tid"] for tr in tracks) == list(range(203, 203 + len(tracks)))
     for track in tracks:
         t, thread, kind, lane = track["tid"], track["thread"], track["kind"], track["lane"]
-        assert t >= TRACK_TID_BASE and t not in os_tids
         expected = {
             ("backward", 0): f"thread {thread} backward",
             ("unattributed", 0): f"thread {thread} autograd (unattributed)",
@@ -149,6 +151,7 @@ def test_tracks_are_named_numbered_and_sorted_below_their_thread():
         assert names[t] == expected
     # display order: each OS thread, then its backward lanes, then its unattributed lanes
     in_order = sorted(names, key=sort_index.__getitem__)
+    assert len(set(sort_index.values())) == len(sort_index)
     expected_order: list[int] = []
     for thread in sorted(os_tids):
         expected_order.append(thread)
@@ -231,5 +234,6 @@ def test_export_chrome_nodes_flag_on_files(tmp_path: Path):
     with gzip.open(tmp_path / "nodes.json.gz", "rt") as f:
         detailed = json.load(f)
     count = Counter(e["cat"] for e in detailed["traceEvents"] if e["ph"] == "X")
-    assert count["autograd_node"] == len(trace.spans().nodes) - trace.spans().unattributed_nodes
-    assert not any(e.get("cat") == "autograd_node" for e in plain["traceEvents"])
+    assert count["hooktrace.autograd_node"] == (len(trace.spans().nodes)
+                                                - trace.spans().unattributed_nodes)
+    assert not any(e.get("cat") == "hooktrace.autograd_node" for e in plain["traceEvents"])

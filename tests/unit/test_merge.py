@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import decimal
 import gzip
 import io
 import json
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,6 @@ from hooktrace._kineto import ProfilerTraceError, us_to_ns
 from hooktrace._profiler_events import NODE_PREFIX, collect
 from hooktrace.cli import main
 from hooktrace.merge import (
-    TRACK_STRIDE,
     MergeError,
     assign_lanes,
     attribute,
@@ -225,10 +226,20 @@ def test_truncated_gzip_is_a_clear_error(tmp_path: Path) -> None:
 # -- merge -------------------------------------------------------------------
 
 
+def perfetto_ns(ts: str) -> int:
+    """What Perfetto's JSON importer makes of a fractional ``ts``/``dur`` (µs text):
+    ``llround(strtod(text) * 1000.0)`` (json_trace_tokenizer.cc, CoerceToTs)."""
+    d = decimal.Decimal(float(ts) * 1000.0)
+    return int(d.to_integral_value(rounding=decimal.ROUND_HALF_UP))
+
+
+_TS = re.compile(rb'"ts": ?-?[0-9.]+')
+
+
 @pytest.mark.parametrize(("src_name", "out_name"), [("p.json", "m.json"),
                                                    ("p.json.gz", "m.json.gz")])
-def test_merge_keeps_profiler_part_byte_identical(tmp_path: Path, src_name: str,
-                                                  out_name: str) -> None:
+def test_merge_keeps_every_profiler_event_at_its_exact_time(tmp_path: Path, src_name: str,
+                                                            out_name: str) -> None:
     # GIVEN a multi-MB profiler trace whose ops lie inside the run's spans
     events = []
     for i in range(30_000):
@@ -239,33 +250,121 @@ def test_merge_keeps_profiler_part_byte_identical(tmp_path: Path, src_name: str,
     prof = write(tmp_path, src_name, src)
     # WHEN merged (gzip in and out where named so)
     result = merge_traces(make_run(CALLS, MODULES), prof, tmp_path / out_name)
-    # THEN the profiler's bytes are all there, unchanged and in order
     out = (tmp_path / out_name).read_bytes()
     if out_name.endswith(".gz"):
         assert out[:2] == b"\x1f\x8b"
         out = gzip.decompress(out)
+    # THEN the profiler's bytes are all there, in order, but for the ts numbers
     close = src.rindex(b"]")
-    assert out.startswith(src[:close])
-    assert out[close:].count(src[close:src.rindex(b"}")]) == 1
+    base_key = re.compile(rb'"baseTimeNanoseconds": ?[0-9]+')
+
+    def normal(b: bytes) -> bytes:
+        return base_key.sub(b"B", _TS.sub(b'"ts":_', b))
+
+    assert normal(out).startswith(normal(src[:close]))
     doc = json.loads(out, parse_float=str)
     original = json.loads(src, parse_float=str)["traceEvents"]
-    assert doc["traceEvents"][: len(original)] == original
+    merged = doc["traceEvents"][: len(original)]
+    base = doc["baseTimeNanoseconds"]
+    for before, after in zip(original, merged):
+        assert {k: v for k, v in before.items() if k != "ts"} == {
+            k: v for k, v in after.items() if k != "ts"}
+        # ... each at exactly the same Unix nanosecond, on the new base
+        if "ts" in before:
+            assert base + us_to_ns(after["ts"]) == BASE + us_to_ns(before["ts"])
+    # ... and the new base is close enough that Perfetto reads every ts exactly
+    assert base < T0 and T0 - base < 10**12
+    assert doc["hooktrace"]["profiler_base_ns"] == BASE and result.base_ns == base
+    for e in doc["traceEvents"]:
+        if e["ph"] == "X":
+            assert perfetto_ns(e["ts"]) == us_to_ns(e["ts"])
     ours = doc["traceEvents"][len(original):]
     assert {e["name"] for e in ours if e["ph"] == "X"} == {"Net", "fc", "act"}
     assert result.shared == 3 and result.profiler_events == len(original)
     assert doc["hooktrace"]["shared"] == 3
-    assert doc["baseTimeNanoseconds"] == BASE
 
 
-def test_span_times_are_exact_on_the_profiler_base(tmp_path: Path) -> None:
+def test_child_ending_with_its_parent_stays_inside_it_in_perfetto(tmp_path: Path) -> None:
+    # GIVEN kineto-scale times (~4.4e12 µs after the base) where Perfetto's double
+    # rounding of the original ts would push a child's end 1 ns past its parent's
+    # (the reproducer of issue #7: transformer.h.1.mlp / .c_fc)
+    base = 1_790_857_026_000_000_000
+    parent = (4_464_124_264_359_747, 4_464_124_267_977_698)  # ns after base
+    child = (4_464_124_267_800_277, 4_464_124_267_977_698)
+    assert (perfetto_ns(f"{child[0] // 1000}.{child[0] % 1000:03d}")
+            + perfetto_ns(f"{(child[1] - child[0]) / 1000:.3f}")) > (
+        perfetto_ns(f"{parent[0] // 1000}.{parent[0] % 1000:03d}")
+        + perfetto_ns(f"{(parent[1] - parent[0]) / 1000:.3f}"))
+    t0 = base + parent[0] - 1000
+    ev = np.zeros(4, EVENT_DTYPE)
+    ev["kind"] = [ENTER, ENTER, EXIT, EXIT]
+    ev["id"] = [0, 1, 1, 0]
+    ev["t"] = [base + parent[0] - t0, base + child[0] - t0, base + child[1] - t0,
+               base + parent[1] - t0]
+    ev["tid"] = TID
+    run = TraceData(ev, [("", "Net"), ("fc", "Linear")], [], Clock(0, t0, 1.0),
+                    {"pid": PID, "hostname": "h", "dropped_events": 0, "overwritten_events": 0})
+    prof_events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": PID, "tid": TID,
+                    "ts": f"{child[0] // 1000 + 1}.000", "dur": 1}]
+    src = json.dumps({"baseTimeNanoseconds": base, "traceEvents": prof_events}).encode()
+    src = src.replace(b'"ts": "', b'"ts": ').replace(b'.000"', b".000")
+    prof = write(tmp_path, "p.json", src)
+    # WHEN merged
+    merge_traces(run, prof, tmp_path / "m.json")
+    doc = load_json(tmp_path / "m.json")
+    # THEN Perfetto's reading of every slice is the exact nanosecond, so the child
+    # ends exactly with its parent instead of 1 ns after it
+    xs = {e["name"]: e for e in doc["traceEvents"] if e["ph"] == "X"}
+    end = {n: perfetto_ns(e["ts"]) + perfetto_ns(e["dur"]) for n, e in xs.items()}
+    assert end["fc"] == end["Net"]
+    for e in xs.values():
+        assert perfetto_ns(e["ts"]) == us_to_ns(e["ts"])
+
+
+def test_profiler_started_long_before_the_run_is_rebased_without_negative_times(
+        tmp_path: Path) -> None:
+    # GIVEN a profiler event 10 minutes before the run (beyond the base margin)
+    early = T0 - 600 * 10**9
+    events = [x("aten::mm", early, early + 1000), x("aten::mm", T0 + 11_000, T0 + 12_000)]
+    prof = write(tmp_path, "p.json", profiler_json(events, window=(early, WINDOW[1])))
+    merge_traces(make_run(CALLS, MODULES), prof, tmp_path / "m.json")
+    doc = load_json(tmp_path / "m.json")
+    # THEN every ts is >= 0 (Perfetto drops negative ones) and times are unchanged
+    base = doc["baseTimeNanoseconds"]
+    starts = sorted(base + us_to_ns(e["ts"]) for e in doc["traceEvents"]
+                    if e["ph"] == "X" and e["cat"] == "cpu_op")
+    assert min(us_to_ns(e["ts"]) for e in doc["traceEvents"] if "ts" in e) >= 0
+    assert starts == [early, T0 + 11_000]
+
+
+def test_trace_without_a_base_gets_one(tmp_path: Path) -> None:
+    # GIVEN an old-style trace: absolute Unix µs, no baseTimeNanoseconds
+    src = profiler_json([x("aten::mm", T0 + 11_000, T0 + 12_000)], window=WINDOW, base=None,
+                        tail_key=False)
+    src = re.sub(rb'"ts": ([0-9]+)\.([0-9]{3})',
+                 lambda m: b'"ts": ' + str(int(m[1]) + BASE // 1000).encode() + b"." + m[2], src)
+    prof = write(tmp_path, "p.json", src)
+    merge_traces(make_run(CALLS, MODULES), prof, tmp_path / "m.json")
+    doc = load_json(tmp_path / "m.json")
+    base = doc["baseTimeNanoseconds"]
+    mm = [e for e in doc["traceEvents"] if e.get("name") == "aten::mm"][0]
+    assert base + us_to_ns(mm["ts"]) == T0 + 11_000 and us_to_ns(mm["ts"]) < 10**15
+
+
+def test_span_times_are_exact_on_the_merged_base(tmp_path: Path) -> None:
     prof = write(tmp_path, "p.json", profiler_json([x("aten::mm", T0 + 11_001, T0 + 12_002)],
                                                    window=WINDOW))
     merge_traces(make_run(CALLS, MODULES), prof, tmp_path / "m.json")
     doc = load_json(tmp_path / "m.json")
     fc = [e for e in doc["traceEvents"] if e.get("name") == "fc"][0]
-    assert fc["ts"] == us(T0 + 10_000) and fc["dur"] == "30.000"
+    assert doc["baseTimeNanoseconds"] + us_to_ns(fc["ts"]) == T0 + 10_000
+    assert fc["dur"] == "30.000"
     assert (fc["pid"], fc["tid"]) == (PID, TID)
     assert fc["cat"] == "hooktrace.forward" and fc["args"]["type"] == "Linear"
+
+
+def track_tids(doc: dict[str, Any], kind: str) -> list[int]:
+    return [t["tid"] for t in doc["hooktrace"]["tracks"] if t["kind"] == kind]
 
 
 def test_crossing_span_moves_to_adjacent_track(tmp_path: Path) -> None:
@@ -276,15 +375,15 @@ def test_crossing_span_moves_to_adjacent_track(tmp_path: Path) -> None:
     r = merge_traces(make_run(CALLS, MODULES), prof, tmp_path / "m.json")
     doc = load_json(tmp_path / "m.json")
     rows = rows_of(doc)
-    # THEN fc goes to "hooktrace modules (thread 77)"; Net and act stay on the thread row
+    # THEN fc goes to the track "thread 77 forward"; Net and act stay on the thread row
     assert (r.shared, r.adjacent) == (2, 1)
-    adjacent = TID + TRACK_STRIDE
+    (adjacent,) = track_tids(doc, "forward")
     assert [e["name"] for _, _, e in rows[(PID, adjacent)]] == ["fc"]
     assert {e["name"] for _, _, e in rows[(PID, TID)] if e["cat"].startswith("hooktrace")} == {
         "Net", "act"}
     names = {(e["tid"]): e["args"]["name"] for e in doc["traceEvents"]
              if e.get("ph") == "M" and e["name"] == "thread_name"}
-    assert names[adjacent] == f"hooktrace modules (thread {TID})"
+    assert names[adjacent] == f"thread {TID} forward" and adjacent > TID
     # and every row we write or share nests strictly
     for row in our_rows(doc):
         assert strict_nesting_violations(rows[row]) == []
@@ -297,7 +396,7 @@ def test_spans_are_clipped_to_the_profiler_window(tmp_path: Path) -> None:
                                                    window=window))
     r = merge_traces(make_run(CALLS, MODULES), prof, tmp_path / "m.json")
     doc = load_json(tmp_path / "m.json")
-    got = {e["name"]: (us_to_ns(e["ts"]) + BASE, us_to_ns(e["dur"]))
+    got = {e["name"]: (us_to_ns(e["ts"]) + doc["baseTimeNanoseconds"], us_to_ns(e["dur"]))
            for e in doc["traceEvents"] if str(e.get("cat")).startswith("hooktrace")}
     assert got == {"Net": (T0 + 20_000, 25_000), "fc": (T0 + 20_000, 20_000)}
     assert (r.clipped, r.outside_window) == (2, 1)
@@ -317,7 +416,8 @@ def test_backward_spans_go_to_lanes_never_the_thread_row(tmp_path: Path) -> None
                 if e.get("cat") == "hooktrace.backward"}
     # THEN they use two lanes next to the thread, and never its row
     assert (r.backward, r.lanes) == (3, 2)
-    assert bwd_rows == {(PID, TID + 2 * TRACK_STRIDE), (PID, TID + 3 * TRACK_STRIDE)}
+    lanes = track_tids(doc, "backward")
+    assert bwd_rows == {(PID, t) for t in lanes} and len(lanes) == 2 and min(lanes) > TID
     for row in our_rows(doc):
         assert strict_nesting_violations(rows[row]) == []
 
@@ -347,14 +447,14 @@ def test_base_time_after_the_events_is_found(tmp_path: Path) -> None:
     merge_traces(make_run(CALLS, MODULES), prof, tmp_path / "m.json")
     doc = load_json(tmp_path / "m.json")
     fc = [e for e in doc["traceEvents"] if e.get("name") == "fc"][0]
-    assert fc["ts"] == us(T0 + 10_000)
+    assert doc["baseTimeNanoseconds"] + us_to_ns(fc["ts"]) == T0 + 10_000
 
 
 def test_already_merged_trace_is_refused(tmp_path: Path) -> None:
     prof = write(tmp_path, "p.json", profiler_json([x("aten::mm", T0 + 1, T0 + 2)],
                                                    window=WINDOW))
     merge_traces(make_run(CALLS, MODULES), prof, tmp_path / "m.json")
-    with pytest.raises(MergeError, match="already merged"):
+    with pytest.raises(MergeError, match="written by hooktrace"):
         merge_traces(make_run(CALLS, MODULES), tmp_path / "m.json", tmp_path / "m2.json")
 
 
@@ -460,14 +560,29 @@ def test_backward_nodes_by_sequence_number(tmp_path: Path) -> None:
 
 
 def test_backward_nodes_fall_back_to_backward_spans(tmp_path: Path) -> None:
-    # GIVEN no sequence numbers, but hooktrace backward spans around the nodes
+    # GIVEN a sequence number no recorded forward owns, but hooktrace backward
+    # spans around the node
     run = make_run(CALLS, MODULES, backward=[(1, T0 + 300_000, T0 + 400_000),
                                              (0, T0 + 290_000, T0 + 500_000)])
-    events = [x(NODE_PREFIX + "AddmmBackward0", T0 + 320_000, T0 + 340_000)]
+    events = [x(NODE_PREFIX + "AddmmBackward0", T0 + 320_000, T0 + 340_000,
+                **{"Sequence number": 10**6, "Fwd thread id": 99})]
     prof = write(tmp_path, "p.json", profiler_json(events, window=WINDOW))
     t = attribute(run, prof)
     assert t.row("fc", "backward")["cpu_self_ns"] == 20_000  # type: ignore[index]
     assert t.counts["backward_by_time"] == 1
+
+
+def test_nodes_without_sequence_number_are_unattributed_as_in_the_plain_summary(
+        tmp_path: Path) -> None:
+    # GIVEN AccumulateGrad (no sequence number) inside a module's backward span
+    run = make_run(CALLS, MODULES, backward=[(1, T0 + 300_000, T0 + 400_000)])
+    events = [x(NODE_PREFIX + "torch::autograd::AccumulateGrad", T0 + 320_000, T0 + 340_000)]
+    prof = write(tmp_path, "p.json", profiler_json(events, window=WINDOW))
+    t = attribute(run, prof)
+    # THEN it is unattributed, as hooktrace's own backward attribution leaves it
+    assert t.row("fc", "backward") is None
+    assert t.row("<unattributed>", "backward")["cpu_self_ns"] == 20_000  # type: ignore[index]
+    assert t.counts["backward_by_time"] == 0
 
 
 def test_gpu_kernels_by_correlation_and_by_flow(tmp_path: Path) -> None:

@@ -101,29 +101,71 @@ def test_self_time_excludes_children():
     assert rows["layer.1"]["p50_ns"] == 25.0
 
 
+FOOTER = ("note:", "...", "sorted by", "bwd_total:")
+
+
 def test_text_table_is_aligned_and_top_limits_rows():
     trace = build_trace(random_stream(1), clock=CLOCK)
     summary = trace.summary()
     lines = str(summary).splitlines()
-    assert lines[0].split() == ["module", "type", "calls", "total", "self", "mean", "p50", "p99"]
-    table = [line for line in lines if not line.startswith(("note:", "..."))]
+    assert lines[0].split() == ["module", "type", "calls", "total", "self", "p50"]
+    assert summary.to_text(wide=True).splitlines()[0].split() == [
+        "module", "type", "calls", "total", "self", "mean", "p50", "p99"]
+    table = [line for line in lines if not line.startswith(FOOTER)]
     assert len(table) == len(summary.rows) + 1
     # right-aligned numeric columns: every table line ends at the same column
     assert len({len(line) for line in table}) == 1
     short = summary.to_text(top=2).splitlines()
     assert len(short) >= 3 and short[3].startswith("... ")
+    # the footer says how rows are sorted
+    assert "sorted by forward total + backward total, descending" in lines
 
 
 def test_text_table_with_backward_and_recompute():
     summary = backward_trace(3).summary()
-    lines = str(summary).splitlines()
+    lines = summary.to_text(wide=True).splitlines()
     assert lines[0].split() == ["module", "type", "calls", "total", "self", "mean", "p50", "p99",
                                 "bwd_calls", "bwd_total", "bwd_self", "bwd_p50", "bwd_p99",
                                 "bwd/fwd", "recompute", "recompute_total"]
+    assert str(summary).splitlines()[0].split() == [
+        "module", "type", "calls", "total", "self", "p50", "bwd_total", "bwd_self", "bwd/fwd",
+        "recompute"]
     assert any(line.startswith(UNATTRIBUTED) for line in lines)
     assert lines[-1].startswith("note: ") and "autograd nodes" in lines[-1]
+    assert any(line.startswith("bwd_total: first to last autograd node") for line in lines)
     no_recompute = backward_trace(3, with_recompute=False).summary()
     assert "recompute" not in str(no_recompute).splitlines()[0]
+
+
+def test_default_text_fits_120_columns_even_with_long_names():
+    # GIVEN module names far longer than a terminal line
+    rows = [{"module": "model.decoder.layers." + ".".join(["block"] * 20) + f".{i}",
+             "type": "VeryLongModuleClassName" * 3, "calls": 10**6, "total_ns": 10**12,
+             "self_ns": 10**11, "mean_ns": 1e6, "p50_ns": 1e6, "p99_ns": 2e6,
+             "bwd_calls": 10**6, "bwd_total_ns": 2 * 10**12, "bwd_self_ns": 10**11,
+             "bwd_p50_ns": 2e6, "bwd_p99_ns": 3e6, "bwd_fwd_ratio": 2.0,
+             "recompute_calls": 0, "recompute_total_ns": 0} for i in range(3)]
+    summary = Summary(rows, {})
+    # THEN every line fits, names keep their (distinguishing) end, --wide has them whole
+    lines = summary.to_text().splitlines()
+    assert max(len(line) for line in lines) <= 120
+    assert [line.split()[0][-2:] for line in lines[1:4]] == [".0", ".1", ".2"]
+    assert rows[0]["module"] in summary.to_text(wide=True)
+
+
+def test_footer_names_each_loss_by_its_cause():
+    summary = Summary([], {"dropped_events": 5, "overwritten_events": 0, "orphan_exits": 0,
+                           "unfinished_spans": 1})
+    note = [line for line in summary.footer().splitlines() if line.startswith("note:")]
+    assert note == ["note: 5 events dropped (buffer full), 1 unfinished spans - totals may be "
+                    "incomplete"]
+    assert "ring" not in summary.footer()
+
+
+def test_top_applies_to_csv_and_json():
+    summary = backward_trace(0).summary()
+    assert len(list(csv.DictReader(io.StringIO(summary.to_csv(top=2))))) == 2
+    assert len(json.loads(summary.to_json(top=3))["rows"]) == 3
 
 
 def test_ratio_and_blank_columns():

@@ -1,0 +1,119 @@
+"""Writing an output file without clobbering anything on failure.
+
+``open_output(path)`` is how every exporter writes:
+
+* a regular file (or a new one) is written to a temporary file in the same
+  folder and renamed over ``path`` only once complete, so an error or Ctrl-C
+  leaves the previous file (or nothing) rather than a truncated one;
+* a FIFO, a character device (``/dev/null``, ``/dev/stdout``) or ``"-"``
+  (standard output) is written directly: renaming over them would replace the
+  device node or pipe with a regular file;
+* a directory, a path inside a missing folder, or a path that is one of the
+  command's inputs is refused up front with :class:`OutputPathError`.
+
+``path`` ending in ``.gz`` is gzip-compressed.
+
+Example:
+    >>> import os, tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> with open_output(os.path.join(d, "out.json")) as f:
+    ...     _ = f.write(b"{}")
+    >>> os.listdir(d)
+    ['out.json']
+    >>> check_output_path(d)
+    Traceback (most recent call last):
+    ...
+    hooktrace.errors.OutputPathError: ... is a directory; give a file name inside it
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import stat
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import IO
+
+from hooktrace.errors import OutputPathError
+
+__all__ = ["check_output_path", "open_output"]
+
+PathLike = str | os.PathLike[str]
+
+
+def _is_stream(st: os.stat_result) -> bool:
+    return stat.S_ISFIFO(st.st_mode) or stat.S_ISCHR(st.st_mode) or stat.S_ISSOCK(st.st_mode)
+
+
+def check_output_path(path: PathLike, inputs: Sequence[PathLike] = ()) -> None:
+    """Raise :class:`OutputPathError` if ``path`` cannot be an output file.
+
+    Refuses a directory (or a name ending in a path separator), a path whose
+    folder does not exist, and a path that is the same file as one of ``inputs``.
+    """
+    name = os.fspath(path)
+    if name == "-":
+        return
+    if name.endswith(("/", os.sep)) or os.path.isdir(name):
+        raise OutputPathError(f"{name}: is a directory; give a file name inside it")
+    folder = os.path.dirname(os.path.abspath(name))
+    if not os.path.isdir(folder):
+        raise OutputPathError(f"{name}: the folder {folder} does not exist")
+    if os.path.exists(name):
+        for inp in inputs:
+            try:
+                same = os.path.samefile(name, inp)
+            except OSError:
+                same = False
+            if same:
+                raise OutputPathError(f"{name}: is also an input ({os.fspath(inp)}); "
+                                      "write the output to another file")
+
+
+@contextmanager
+def open_output(path: PathLike, *, compresslevel: int = 1,
+                inputs: Sequence[PathLike] = ()) -> Iterator[IO[bytes]]:
+    """A binary file to write ``path`` through (see the module docstring)."""
+    check_output_path(path, inputs)
+    name = os.fspath(path)
+    gz = name.endswith(".gz")
+    if name == "-":
+        yield sys.stdout.buffer
+        sys.stdout.buffer.flush()
+        return
+    try:
+        direct = _is_stream(os.stat(name))
+    except FileNotFoundError:
+        direct = False
+    if direct:
+        with open(name, "wb") as raw:
+            with _maybe_gzip(raw, gz, compresslevel) as f:
+                yield f
+        return
+    folder, base = os.path.split(os.path.abspath(name))
+    tmp = os.path.join(folder, f".{base}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        with open(tmp, "wb") as raw:
+            with _maybe_gzip(raw, gz, compresslevel) as f:
+                yield f
+        os.replace(tmp, name)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+@contextmanager
+def _maybe_gzip(raw: IO[bytes], gz: bool, compresslevel: int) -> Iterator[IO[bytes]]:
+    if not gz:
+        yield raw
+        return
+    # mtime=0: the same trace gives the same bytes (reproducible outputs).
+    with gzip.GzipFile(filename="", fileobj=raw, mode="wb", compresslevel=compresslevel,
+                       mtime=0) as f:
+        yield f  # type: ignore[misc]

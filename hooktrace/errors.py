@@ -1,0 +1,21 @@
+"""hooktrace's own error types: each names what was wrong and where.
+
+Every malformed input or unusable path ends in a :class:`HooktraceError` (a
+``ValueError``), which the command line prints as one line (exit code 1).
+
+Example:
+    >>> issubclass(OutputPathError, HooktraceError) and issubclass(HooktraceError, ValueError)
+    True
+"""
+
+from __future__ import annotations
+
+__all__ = ["HooktraceError", "OutputPathError"]
+
+
+class HooktraceError(ValueError):
+    """Base of hooktrace's errors about inputs, outputs and arguments."""
+
+
+class OutputPathError(HooktraceError):
+    """An output path that cannot be written (a directory, an input, a missing folder)."""
