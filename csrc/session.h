@@ -8,12 +8,16 @@
 // object. The rare path (a chunk is full, or the first event of a thread)
 // takes the session mutex to allocate or recycle a chunk.
 //
-// Capacity is session-wide, counted in whole chunks. When it is reached:
+// Capacity is session-wide, rounded up to whole chunks (a capacity below one
+// chunk shrinks the chunk, so it is exact). When it is reached:
 //   Policy::kDrop  further events are not recorded and are counted in
 //                  dropped (the default: the trace is an exact prefix).
 //   Policy::kRing  the thread recycles its own oldest chunk (flight recorder:
 //                  the trace is an exact suffix); recycled events are counted
-//                  in overwritten. A thread holding no chunk yet drops.
+//                  in overwritten. A thread holding no chunk yet drops. A
+//                  ring allocates one chunk more than the capacity, so a
+//                  thread recording alone keeps at least `capacity` newest
+//                  events after recycling.
 #pragma once
 
 #include <atomic>
@@ -83,7 +87,9 @@ class Session {
   bool active() const { return active_.load(std::memory_order_relaxed); }
 
   uint64_t id() const { return id_; }
-  uint64_t capacity_events() const { return uint64_t(max_chunks_) * chunk_events_; }
+  // The effective capacity: the requested one rounded up to whole chunks (a
+  // ring's spare chunk not counted).
+  uint64_t capacity_events() const { return capacity_chunks_ * chunk_events_; }
   uint32_t chunk_events() const { return chunk_events_; }
   Policy policy() const { return policy_; }
   const ClockConversion& clock() const { return clock_; }
@@ -161,7 +167,8 @@ class Session {
   const uint64_t id_;
   const Policy policy_;
   const uint32_t chunk_events_;
-  const uint32_t max_chunks_;
+  const uint64_t capacity_chunks_;
+  const uint32_t max_chunks_;  // capacity_chunks_, plus the ring's spare chunk
   std::atomic<bool> active_{false};
   // Set once capacity is exhausted in drop mode, so the full-buffer path
   // counts the drop without taking the mutex.
