@@ -26,6 +26,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/SequenceNumber.h>
@@ -58,6 +59,10 @@ struct ThreadBuffer {
   // owner writes them.
   std::atomic<uint64_t> dropped{0};
   std::atomic<uint64_t> overwritten{0};
+  // Hooks mode only, owner thread only: the calls entered and not yet exited, as
+  // (slot, C stack address of the pre-hook). nn.Module runs always_call hooks only
+  // for an Exception, so a KeyboardInterrupt skips the exit: see hook_enter().
+  std::vector<std::pair<uint32_t, uintptr_t>> open;
   // Guarded by Session::mutex_. Oldest first once rotated in ring mode.
   std::vector<std::unique_ptr<Chunk>> chunks;
   size_t head = 0;  // index of the oldest chunk in `chunks`
@@ -145,6 +150,16 @@ class Session {
   }
 
   bool refill(ThreadBuffer* b);
+
+  // Forward hooks (hooks mode). `sp` is the pre-hook's C stack address: a module
+  // call runs its children in deeper C frames (each call recurses through
+  // tp_call), so an open call whose pre-hook ran at or below `sp` is no longer
+  // on the stack: its exit was skipped by a BaseException (KeyboardInterrupt)
+  // caught further up. Such calls get an error exit before the new enter, and
+  // hook_exit() closes the calls above its own the same way. Returns how many
+  // were closed (the caller closes as many profiler ranges).
+  size_t hook_enter(uint32_t slot, uintptr_t sp);
+  size_t hook_exit(uint32_t slot, uint8_t flags);
 
  private:
   inline ThreadBuffer* buffer();

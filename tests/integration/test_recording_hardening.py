@@ -20,6 +20,7 @@ from torch import nn
 import hooktrace
 from hooktrace import recording
 from hooktrace._events import ENTER, EXIT
+from hooktrace.reading import SPAN_ERROR
 from models import ConvNet
 from test_forward import reference_calls, state_snapshot, traced_calls
 
@@ -340,3 +341,80 @@ def test_forked_child_can_trace() -> None:
             pytest.fail("the forked child hung")
         time.sleep(0.05)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+# -- KeyboardInterrupt inside forward ---------------------------------------------
+
+
+class Interrupter(nn.Module):
+    """Raises KeyboardInterrupt (a BaseException: nn.Module skips always_call hooks) when armed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.armed:
+            raise KeyboardInterrupt
+        return x
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ok = nn.Identity()
+        self.stop = Interrupter()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.stop(self.ok(x))
+
+
+class CatchesInside(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = Block()
+        self.after = nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        try:
+            self.block(x)
+        except KeyboardInterrupt:
+            pass
+        return self.after(x)
+
+
+def _error_flags(tr: hooktrace.Trace) -> list[tuple[str, bool]]:
+    s = tr.spans()
+    order = sorted(range(len(s)), key=lambda i: (int(s.start_ns[i]), int(s.depth[i])))
+    return [(tr.modules[int(s.module[i])][0], bool(s.flags[i] & SPAN_ERROR)) for i in order]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_keyboard_interrupt_in_forward_caught_outside_closes_its_spans(mode: str) -> None:
+    model = nn.Sequential(Block(), nn.Identity())
+    x = torch.zeros(1)
+    with hooktrace.trace(model, mode=mode, backward=False) as tr:
+        model[0].stop.armed = True
+        with pytest.raises(KeyboardInterrupt):
+            model(x)
+        model[0].stop.armed = False
+        model(x)
+    assert tr.spans().unfinished == 0
+    first = [("", None, 0), ("0", "", 0), ("0.ok", "0", 0), ("0.stop", "0", 0)]
+    second = [("", None, 1), ("0", "", 1), ("0.ok", "0", 1), ("0.stop", "0", 1), ("1", "", 0)]
+    assert traced_calls(tr) == first + second  # the second call nests at the top again
+    assert [e for _, e in _error_flags(tr)] == [True, True, False, True] + [False] * 5
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_keyboard_interrupt_in_forward_caught_inside_keeps_nesting(mode: str) -> None:
+    model = CatchesInside()
+    model.block.stop.armed = True
+    with hooktrace.trace(model, mode=mode, backward=False) as tr:
+        model(torch.zeros(1))
+        model(torch.zeros(1))
+    s = tr.spans()
+    assert s.unfinished == 0 and s.orphan_exits == 0
+    one = [("", None), ("block", ""), ("block.ok", "block"), ("block.stop", "block"), ("after", "")]
+    assert [(n, p) for n, p, _ in traced_calls(tr)] == one + one
+    assert [e for _, e in _error_flags(tr)] == [False, True, False, True, False] * 2
