@@ -50,14 +50,20 @@ int init_recorder(Recorder* self, PyObject* session_obj, unsigned long slot) {
 
 // --- hooks ------------------------------------------------------------------
 
+// The hooks keep a per-thread stack of open calls (Session::hook_enter), so calls
+// whose exit hook a KeyboardInterrupt skipped are closed as errors and later
+// calls nest right. The return values say how many were closed that way.
+size_t pre_hook_record(Recorder* r) {
+  return r->session->hook_enter(r->slot,
+                                reinterpret_cast<uintptr_t>(__builtin_frame_address(0)));
+}
+
 PyObject* pre_hook_call(PyObject* self, PyObject* const*, size_t, PyObject*) {
-  auto* r = reinterpret_cast<Recorder*>(self);
-  r->session->record(r->slot, kEnter, 0);
+  pre_hook_record(reinterpret_cast<Recorder*>(self));
   Py_RETURN_NONE;
 }
 
-PyObject* post_hook_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObject*) {
-  auto* r = reinterpret_cast<Recorder*>(self);
+size_t post_hook_record(Recorder* r, PyObject* const* args, size_t nargsf) {
   uint8_t flags = 0;
   // nn.Module runs always_call hooks from its `except` block with output None.
   if (PyVectorcall_NARGS(nargsf) >= 3 && args[2] == Py_None) {
@@ -67,22 +73,30 @@ PyObject* post_hook_call(PyObject* self, PyObject* const* args, size_t nargsf, P
       Py_DECREF(handled);
     }
   }
-  r->session->record(r->slot, kExit, flags);
+  return r->session->hook_exit(r->slot, flags);
+}
+
+PyObject* post_hook_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObject*) {
+  post_hook_record(reinterpret_cast<Recorder*>(self), args, nargsf);
   Py_RETURN_NONE;
 }
 
 // The same, also opening/closing a profiler range (profiler_emit.h); chosen at
 // construction so sessions without emission pay nothing for it.
-PyObject* pre_hook_call_emit(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kw) {
+PyObject* pre_hook_call_emit(PyObject* self, PyObject* const*, size_t, PyObject*) {
   auto* r = reinterpret_cast<Recorder*>(self);
-  if (r->session->active()) emit_enter(r->session->emit_name(r->slot));
-  return pre_hook_call(self, args, nargsf, kw);
+  const bool on = r->session->active();
+  for (size_t closed = pre_hook_record(r); on && closed > 0; --closed) emit_exit();
+  if (on) emit_enter(r->session->emit_name(r->slot));
+  Py_RETURN_NONE;
 }
 
-PyObject* post_hook_call_emit(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kw) {
-  PyObject* r = post_hook_call(self, args, nargsf, kw);
-  if (reinterpret_cast<Recorder*>(self)->session->active()) emit_exit();
-  return r;
+PyObject* post_hook_call_emit(PyObject* self, PyObject* const* args, size_t nargsf, PyObject*) {
+  auto* r = reinterpret_cast<Recorder*>(self);
+  const bool on = r->session->active();
+  for (size_t closed = post_hook_record(r, args, nargsf) + 1; on && closed > 0; --closed)
+    emit_exit();
+  Py_RETURN_NONE;
 }
 
 PyObject* hook_new(PyTypeObject* type, PyObject* args, PyObject* kwds, vectorcallfunc call) {

@@ -6,7 +6,12 @@
 //   ForwardHook(session, slot)      register_forward_hook(always_call=True):
 //                                   records kExit (kFlagError when forward
 //                                   raised: output is None while an
-//                                   exception is being handled)
+//                                   exception is being handled). Both keep a
+//                                   per-thread stack of open calls, so a call
+//                                   whose exit a KeyboardInterrupt skipped
+//                                   (nn.Module runs always_call hooks only for
+//                                   an Exception) is closed as an error before
+//                                   the next call: Session::hook_enter.
 //   ForwardWrapper(session, slot, f)  replaces an instance's `forward`: records
 //                                   kEnter, calls f, records kExit. Keeps the
 //                                   module on nn.Module's hook-free fast path,

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 
 namespace hooktrace {
 
@@ -16,17 +17,33 @@ namespace {
 std::atomic<uint64_t> next_session_id{1};
 }  // namespace
 
+namespace {
+// Capacity is rounded up to whole chunks; a capacity below one chunk shrinks the
+// chunk instead, so small capacities are exact.
+uint32_t chunk_size(uint64_t capacity_events, uint32_t chunk_events) {
+  if (chunk_events == 0) throw std::invalid_argument("chunk_events must be > 0");
+  if (capacity_events == 0) throw std::invalid_argument("capacity must be > 0");
+  return static_cast<uint32_t>(std::min<uint64_t>(chunk_events, capacity_events));
+}
+
+uint64_t chunks_for(uint64_t capacity_events, uint32_t chunk_events) {
+  return capacity_events / chunk_events + (capacity_events % chunk_events != 0);
+}
+}  // namespace
+
 Session::Session(uint64_t capacity_events, Policy policy, uint32_t chunk_events)
     : id_(next_session_id.fetch_add(1)),
       policy_(policy),
-      chunk_events_(static_cast<uint32_t>(
-          std::max<uint64_t>(1, std::min<uint64_t>(chunk_events, std::max<uint64_t>(capacity_events, 1))))),
-      max_chunks_(static_cast<uint32_t>(
-          std::max<uint64_t>(1, capacity_events / std::max<uint32_t>(1, chunk_events_)))) {
-  if (chunk_events == 0) throw std::invalid_argument("chunk_events must be > 0");
-  if (capacity_events == 0) throw std::invalid_argument("capacity must be > 0");
-  if (capacity_events / chunk_events_ > UINT32_MAX)
-    throw std::invalid_argument("capacity too large");
+      chunk_events_(chunk_size(capacity_events, chunk_events)),
+      capacity_chunks_(chunks_for(capacity_events, chunk_events_)),
+      // A ring recycles a whole chunk at a time: one spare chunk keeps at least
+      // `capacity_chunks_` full chunks (>= capacity events) after each recycle,
+      // instead of a one-chunk ring emptying itself at every wrap.
+      max_chunks_(static_cast<uint32_t>(std::min<uint64_t>(
+          UINT32_MAX, capacity_chunks_ + (policy == Policy::kRing ? 1 : 0)))) {
+  if (capacity_chunks_ + 1 > UINT32_MAX)
+    throw std::invalid_argument("capacity too large: " + std::to_string(capacity_events) +
+                                " events");
 }
 
 Session::~Session() = default;
@@ -109,6 +126,39 @@ bool Session::refill(ThreadBuffer* b) {
   b->pos = 0;
   b->limit = chunk_events_;
   return true;
+}
+
+size_t Session::hook_enter(uint32_t slot, uintptr_t sp) {
+  if (C10_UNLIKELY(!active())) return 0;
+  ThreadBuffer* b = buffer();
+  size_t closed = 0;
+  while (!b->open.empty() && b->open.back().second <= sp) {
+    record(b->open.back().first, kExit, kFlagError);
+    b->open.pop_back();
+    ++closed;
+  }
+  b->open.emplace_back(slot, sp);
+  record(slot, kEnter, 0);
+  return closed;
+}
+
+size_t Session::hook_exit(uint32_t slot, uint8_t flags) {
+  if (C10_UNLIKELY(!active())) return 0;
+  ThreadBuffer* b = buffer();
+  size_t closed = 0;
+  for (size_t i = b->open.size(); i-- > 0;) {
+    if (b->open[i].first != slot) continue;
+    // Calls above this one exited without their hooks running.
+    for (size_t j = b->open.size() - 1; j > i; --j) {
+      record(b->open[j].first, kExit, kFlagError);
+      ++closed;
+    }
+    b->open.resize(i);
+    break;
+  }
+  // (not found: entered before the trace started; an orphan exit, as before)
+  record(slot, kExit, flags);
+  return closed;
 }
 
 SessionStats Session::stats() {

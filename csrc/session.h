@@ -8,12 +8,16 @@
 // object. The rare path (a chunk is full, or the first event of a thread)
 // takes the session mutex to allocate or recycle a chunk.
 //
-// Capacity is session-wide, counted in whole chunks. When it is reached:
+// Capacity is session-wide, rounded up to whole chunks (a capacity below one
+// chunk shrinks the chunk, so it is exact). When it is reached:
 //   Policy::kDrop  further events are not recorded and are counted in
 //                  dropped (the default: the trace is an exact prefix).
 //   Policy::kRing  the thread recycles its own oldest chunk (flight recorder:
 //                  the trace is an exact suffix); recycled events are counted
-//                  in overwritten. A thread holding no chunk yet drops.
+//                  in overwritten. A thread holding no chunk yet drops. A
+//                  ring allocates one chunk more than the capacity, so a
+//                  thread recording alone keeps at least `capacity` newest
+//                  events after recycling.
 #pragma once
 
 #include <atomic>
@@ -22,6 +26,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/SequenceNumber.h>
@@ -54,6 +59,10 @@ struct ThreadBuffer {
   // owner writes them.
   std::atomic<uint64_t> dropped{0};
   std::atomic<uint64_t> overwritten{0};
+  // Hooks mode only, owner thread only: the calls entered and not yet exited, as
+  // (slot, C stack address of the pre-hook). nn.Module runs always_call hooks only
+  // for an Exception, so a KeyboardInterrupt skips the exit: see hook_enter().
+  std::vector<std::pair<uint32_t, uintptr_t>> open;
   // Guarded by Session::mutex_. Oldest first once rotated in ring mode.
   std::vector<std::unique_ptr<Chunk>> chunks;
   size_t head = 0;  // index of the oldest chunk in `chunks`
@@ -83,7 +92,9 @@ class Session {
   bool active() const { return active_.load(std::memory_order_relaxed); }
 
   uint64_t id() const { return id_; }
-  uint64_t capacity_events() const { return uint64_t(max_chunks_) * chunk_events_; }
+  // The effective capacity: the requested one rounded up to whole chunks (a
+  // ring's spare chunk not counted).
+  uint64_t capacity_events() const { return capacity_chunks_ * chunk_events_; }
   uint32_t chunk_events() const { return chunk_events_; }
   Policy policy() const { return policy_; }
   // The tick -> Unix ns conversion: final once stopped, measured up to now while
@@ -142,6 +153,16 @@ class Session {
 
   bool refill(ThreadBuffer* b);
 
+  // Forward hooks (hooks mode). `sp` is the pre-hook's C stack address: a module
+  // call runs its children in deeper C frames (each call recurses through
+  // tp_call), so an open call whose pre-hook ran at or below `sp` is no longer
+  // on the stack: its exit was skipped by a BaseException (KeyboardInterrupt)
+  // caught further up. Such calls get an error exit before the new enter, and
+  // hook_exit() closes the calls above its own the same way. Returns how many
+  // were closed (the caller closes as many profiler ranges).
+  size_t hook_enter(uint32_t slot, uintptr_t sp);
+  size_t hook_exit(uint32_t slot, uint8_t flags);
+
  private:
   inline ThreadBuffer* buffer();
   ThreadBuffer* buffer_slow();
@@ -163,7 +184,8 @@ class Session {
   const uint64_t id_;
   const Policy policy_;
   const uint32_t chunk_events_;
-  const uint32_t max_chunks_;
+  const uint64_t capacity_chunks_;
+  const uint32_t max_chunks_;  // capacity_chunks_, plus the ring's spare chunk
   std::atomic<bool> active_{false};
   // Set once capacity is exhausted in drop mode, so the full-buffer path
   // counts the drop without taking the mutex.

@@ -11,8 +11,11 @@ Example::
 
 from __future__ import annotations
 
+import operator
 import os
+import signal
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -35,6 +38,11 @@ Policy = Literal["drop", "ring"]
 # 8 Mi events x 32 B = 256 MiB at most, allocated lazily 128 KiB at a time:
 # ~40 training steps of a 100k-module-call model before anything is dropped.
 DEFAULT_CAPACITY = 8 * 1024 * 1024
+# Events are allocated in chunks of this many (128 KiB); capacity is rounded up to whole chunks.
+CHUNK_EVENTS = 4096
+# 2**40 events = 32 TiB of buffers: far beyond any real trace, yet small enough that the
+# chunk count fits the native session's 32-bit counter. Memory is allocated as recorded.
+MAX_CAPACITY = 1 << 40
 
 _traced_lock = threading.Lock()
 # module -> (the Trace instrumenting it, its qualified name there, that model's class);
@@ -58,6 +66,9 @@ class _Installed:
     # Whether the instance had its own `attr`; if so the wrapper wraps exactly it.
     had_own: bool = False
     handles: tuple[Any, ...] = ()
+    # Whether the wrapper was assigned and not yet undone. Recorded after the fact, so
+    # an interrupted install or uninstall is finished by checking the attribute itself.
+    applied: bool = False
 
 
 class Trace(TraceData):
@@ -79,17 +90,25 @@ class Trace(TraceData):
         backward: bool = True,
         emit_profiler: bool = False,
     ) -> None:
+        # Everything is checked here, before the model is touched: a bad argument must
+        # never leave a model half-instrumented.
         if not isinstance(model, nn.Module):
             raise TypeError(f"hooktrace.trace expects a torch.nn.Module, got {type(model).__name__}")
-        if mode not in ("auto", "wrap", "hooks"):
-            raise ValueError(f"mode must be 'auto', 'wrap' or 'hooks', got {mode!r}")
-        if policy not in ("drop", "ring"):
-            raise ValueError(f"policy must be 'drop' or 'ring', got {policy!r}")
-        if capacity <= 0:
-            raise ValueError(f"capacity must be a positive number of events, got {capacity}")
+        for arg, value, allowed in (
+            ("mode", mode, ("auto", "wrap", "hooks")),
+            ("policy", policy, ("drop", "ring")),
+        ):
+            if not isinstance(value, str) or value not in allowed:
+                error = ValueError if isinstance(value, str) else TypeError
+                choices = ", ".join(repr(a) for a in allowed)
+                raise error(f"{arg} must be one of {choices}; got {value!r}")
+        for flag, value in (("backward", backward), ("emit_profiler", emit_profiler)):
+            if not isinstance(value, (bool, np.bool_)):
+                raise TypeError(f"{flag} must be True or False, got {type(value).__name__} {value!r}")
+        capacity = _check_capacity(capacity)
         self._model_ref = weakref.ref(model)
         self._mode: Literal["wrap", "hooks"] = "hooks" if mode == "hooks" else "wrap"
-        self._capacity = int(capacity)
+        self._capacity = capacity
         self._policy = policy
         self._backward = bool(backward)
         self._emit_profiler = bool(emit_profiler)
@@ -116,6 +135,48 @@ class Trace(TraceData):
                 stacklevel=2,
             )
         modules = [(name, type(m).__name__) for name, m in named]
+        # What can fail without touching the model is done first (the session
+        # allocates nothing until the first event).
+        session = _C.Session(self._capacity, self._policy)
+        if self._emit_profiler:
+            # Qualified under the root's class: a bare "0" (a Sequential's child) says
+            # nothing in the profiler's trace, "Sequential.0" does.
+            root = type(model).__name__
+            session.set_emit_names([f"{root}.{name}" if name else root for name, _ in modules])
+        # All or nothing: a Ctrl-C is held off until the model is fully instrumented,
+        # then aborts the entry like any exception, undoing every step taken.
+        with _SigintDeferred() as sigint:
+            try:
+                self._claim(model, named)
+                self._modules_table = modules
+                self._start_unix_ns = time.time_ns()
+                self._session = session
+                self._state = "recording"  # from here on, _finish undoes what was done
+                session.start()
+                if self._backward:
+                    _C.add_backward_session(session)
+                for slot, (_, m) in enumerate(named):
+                    self._install(m, slot)
+                sigint.raise_pending()
+            except BaseException:
+                if self._state == "recording":
+                    self._finish()
+                else:
+                    self._release()
+                raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._finish()
+
+    # -- instrumentation ---------------------------------------------------
+
+    def _claim(self, model: nn.Module, named: list[tuple[str, nn.Module]]) -> None:
         with _traced_lock:
             for name, m in named:
                 if m in _traced:
@@ -129,97 +190,102 @@ class Trace(TraceData):
                     )
             for name, m in named:
                 _traced[m] = (self, name, type(model).__name__)
-        self._modules_table = modules
-        self._start_unix_ns = time.time_ns()
-        self._session = _C.Session(self._capacity, self._policy)
-        if self._emit_profiler:
-            # Qualified under the root's class: a bare "0" (a Sequential's child) says
-            # nothing in the profiler's trace, "Sequential.0" does.
-            root = type(model).__name__
-            self._session.set_emit_names([f"{root}.{name}" if name else root
-                                          for name, _ in modules])
-        self._session.start()
-        self._state = "recording"
-        try:
-            if self._backward:
-                _C.add_backward_session(self._session)
-            for slot, (_, m) in enumerate(named):
-                self._installed.append(self._install(m, slot))
-        except BaseException:
-            self._finish()
-            raise
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._finish()
+    def _release(self) -> None:
+        with _traced_lock:
+            for key, (owner, _, _) in list(_traced.items()):
+                if owner is self:
+                    del _traced[key]
 
-    # -- instrumentation ---------------------------------------------------
-
-    def _install(self, m: nn.Module, slot: int) -> _Installed:
+    def _install(self, m: nn.Module, slot: int) -> None:
+        # Each step is recorded in self._installed before it is taken, so that undoing
+        # after an exception at any point (KeyboardInterrupt included) finds it.
         # nn.Module.compile() routes calls through the instance's _compiled_call_impl,
         # whose compiled frame includes forward: wrap the entry point outside it.
         attr = "_compiled_call_impl" if _is_module_compiled(m) else "forward"
         if self._mode == "wrap" or attr != "forward":
             had_own = attr in m.__dict__
             wrapper = _C.ForwardWrapper(self._session, slot, getattr(m, attr))
-            m.__dict__[attr] = wrapper
-            return _Installed(
+            inst = _Installed(
                 weakref.ref(m), "wrap", wrapper=weakref.ref(wrapper), attr=attr, had_own=had_own
             )
-        pre = m.register_forward_pre_hook(_C.ForwardPreHook(self._session, slot))
-        post = m.register_forward_hook(
-            _C.ForwardHook(self._session, slot), prepend=True, always_call=True
+            self._installed.append(inst)
+            m.__dict__[attr] = wrapper
+            inst.applied = True
+            return
+        inst = _Installed(weakref.ref(m), "hooks")
+        self._installed.append(inst)
+        inst.handles = (m.register_forward_pre_hook(_C.ForwardPreHook(self._session, slot)),)
+        inst.handles += (
+            m.register_forward_hook(
+                _C.ForwardHook(self._session, slot), prepend=True, always_call=True
+            ),
         )
-        return _Installed(weakref.ref(m), "hooks", handles=(pre, post))
 
     def _uninstall(self, inst: _Installed) -> None:
+        """Undoes one _install; idempotent, so an interrupted undo can simply be redone."""
         for h in inst.handles:
-            h.remove()
+            h.remove()  # a no-op once removed
         m = inst.module()
         if m is None or inst.mechanism != "wrap":
             return
         wrapper: Any = inst.wrapper() if inst.wrapper is not None else None
-        if wrapper is None or m.__dict__.get(inst.attr) is not wrapper:
+        if wrapper is not None and m.__dict__.get(inst.attr) is wrapper:
+            inst.applied = False  # cleared first: the attribute check above decides a redo
+            if inst.had_own:  # the wrapper wraps exactly the instance's previous value
+                m.__dict__[inst.attr] = getattr(wrapper, "__wrapped__")
+            else:
+                del m.__dict__[inst.attr]
+        elif inst.applied:
             # (a dead wrapper means the module's attribute no longer holds it)
+            inst.applied = False
             warnings.warn(
                 f"hooktrace: {type(m).__name__}.{inst.attr} was replaced by other code while traced; "
                 "leaving the replacement in place (it calls the inactive hooktrace wrapper)",
                 RuntimeWarning,
                 stacklevel=3,
             )
-            return
-        if inst.had_own:  # the wrapper wraps exactly the instance's previous value
-            m.__dict__[inst.attr] = getattr(wrapper, "__wrapped__")
-        else:
-            del m.__dict__[inst.attr]
+
+    def _teardown(self) -> list[BaseException]:
+        """Undoes everything __enter__ did. Every step runs even when one raises; one cut
+        short by a KeyboardInterrupt (possible only when SIGINT could not be deferred) is
+        redone, all steps being idempotent. Returns what was raised."""
+        session = self._session
+        steps: list[Any] = [session.stop]
+        if self._backward:
+            steps.append(lambda: _C.remove_backward_session(session))
+        steps += [lambda inst=inst: self._uninstall(inst) for inst in reversed(self._installed)]
+        steps.append(self._release)
+        errors: list[BaseException] = []
+        for step in steps:
+            for _ in range(2):
+                try:
+                    step()
+                    break
+                except KeyboardInterrupt as e:
+                    errors.append(e)
+                except Exception as e:
+                    errors.append(e)
+                    break
+        self._installed.clear()
+        return errors
 
     def _finish(self) -> None:
         if self._state != "recording":
             return
         self._state = "done"
-        session = self._session
-        session.stop()
-        if self._backward:
-            _C.remove_backward_session(session)
         errors: list[BaseException] = []
-        for inst in reversed(self._installed):
-            try:
-                self._uninstall(inst)
-            except Exception as e:  # keep undoing the rest; report after
-                errors.append(e)
-        self._installed.clear()
-        with _traced_lock:
-            for key, (owner, _, _) in list(_traced.items()):
-                if owner is self:
-                    del _traced[key]
-        events, clock, info = self._collect(session, stop_unix_ns=time.time_ns())
-        self._session = None  # frees the chunks once no wrapper is referenced
-        TraceData.__init__(self, events, self._modules_table, _C.node_names(), clock, info)
+        try:
+            with _SigintDeferred():
+                errors = self._teardown()
+        finally:
+            # The model is clean by now; reading the events out may be interrupted.
+            events, clock, info = self._collect(self._session, stop_unix_ns=time.time_ns())
+            self._session = None  # frees the chunks once no wrapper is referenced
+            TraceData.__init__(self, events, self._modules_table, _C.node_names(), clock, info)
+        interrupt = next((e for e in errors if not isinstance(e, Exception)), None)
+        if interrupt is not None:
+            raise interrupt
         if errors:
             raise RuntimeError(f"hooktrace: failed to remove instrumentation: {errors[0]!r}") from errors[0]
 
@@ -290,14 +356,77 @@ class Trace(TraceData):
 _DATA_ATTRS = frozenset({"events", "modules", "node_names", "clock", "info", "_spans"})
 
 
+class _SigintDeferred:
+    """Holds off Ctrl-C across a critical section: a SIGINT arriving inside it is
+    recorded and raised as KeyboardInterrupt by ``raise_pending()`` or on leaving.
+
+    Only on the main thread (the only one Python runs signal handlers on) and only
+    while the handler is Python's default one; another handler was installed by
+    someone who wants it called, and is left alone. Nested sections defer to the
+    outermost (the handler is then ours, not the default).
+    """
+
+    def __init__(self) -> None:
+        self._pending = False
+        self._active = False
+
+    def __enter__(self) -> _SigintDeferred:
+        if (
+            threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        ):
+            try:
+                signal.signal(signal.SIGINT, self._record)
+                self._active = True
+            except ValueError:  # not the main interpreter
+                pass
+        return self
+
+    def _record(self, signum: int, frame: Any) -> None:
+        self._pending = True
+
+    def raise_pending(self) -> None:
+        if self._pending:
+            self._pending = False
+            raise KeyboardInterrupt
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._active:
+            self._active = False
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        # A Ctrl-C is never lost: raised here unless one is already propagating.
+        if self._pending and not isinstance(exc, KeyboardInterrupt):
+            self._pending = False
+            raise KeyboardInterrupt
+
+
+def _check_capacity(capacity: object) -> int:
+    # bool is an int, and int(2.5) truncates silently: both are refused.
+    if isinstance(capacity, (bool, np.bool_)) or not isinstance(capacity, (int, np.integer)):
+        raise TypeError(f"capacity must be an int number of events, got {type(capacity).__name__} {capacity!r}")
+    value = operator.index(capacity)
+    if not 1 <= value <= MAX_CAPACITY:
+        raise ValueError(f"capacity must be between 1 and 2**40 events, got {value}")
+    return value
+
+
 def _is_module_compiled(m: nn.Module) -> bool:
     return m.__dict__.get("_compiled_call_impl") is not None
 
 
 def _is_compiled(m: nn.Module) -> bool:
-    from torch._dynamo.eval_frame import OptimizedModule
-
-    return isinstance(m, OptimizedModule) or _is_module_compiled(m)
+    if _is_module_compiled(m):
+        return True
+    # No import here: importing torch._dynamo takes ~1 s and the import lock, which a
+    # fork from another thread would inherit held. An OptimizedModule exists only once
+    # torch._dynamo was imported.
+    dynamo = sys.modules.get("torch._dynamo.eval_frame")
+    return dynamo is not None and isinstance(m, dynamo.OptimizedModule)
 
 
 def _instrumentable(model: nn.Module) -> tuple[list[tuple[str, nn.Module]], list[str]]:
@@ -340,10 +469,15 @@ def trace(
         mode: ``"wrap"`` replaces each instance's ``forward`` with a transparent compiled
             wrapper (the fastest; ``"auto"`` picks it); ``"hooks"`` registers compiled
             forward pre/post hooks instead.
-        capacity: maximum number of events held (32 bytes each).
+        capacity: number of events held (32 bytes each), an int from 1 to 2**40.
+            Rounded up to whole chunks of 4096 events (a capacity below 4096 is one
+            chunk of exactly that size); ``info["capacity"]`` reports the effective
+            value. Memory is allocated a chunk at a time as events are recorded.
         policy: when full, ``"drop"`` keeps the oldest events and counts the rest as
             dropped; ``"ring"`` keeps the newest (flight recorder) and counts the
-            overwritten ones.
+            overwritten ones. A ring recycles a chunk at a time and holds one chunk
+            more than ``capacity``, so a thread recording alone always keeps at least
+            its newest ``capacity`` events; several threads share the chunks.
         backward: also record autograd nodes, which the reader turns into
             per-module backward spans (``"cat": "backward"``).
         emit_profiler: also open a ``torch.profiler`` user-scope range per module call

@@ -327,21 +327,23 @@ def test_full_buffer_drops_are_counted() -> None:
 
 
 def test_ring_policy_keeps_the_newest_events() -> None:
-    # GIVEN 10 calls of 200 events each into a 1024-event flight recorder
+    # GIVEN 10 calls of 200 events each into a 700-event flight recorder
     model = nn.Sequential(*[nn.Identity() for _ in range(99)])
-    with hooktrace.trace(model, capacity=1024, policy="ring", backward=False) as tr:
+    with hooktrace.trace(model, capacity=700, policy="ring", backward=False) as tr:
         for _ in range(10):
             model(torch.zeros(1))
-    # THEN with one 1024-event chunk recycled once, the newest 976 events remain:
-    # the tail of call 5 (two exits whose enters were overwritten), calls 6-9 whole
+    # THEN two 700-event chunks (capacity plus the ring's spare) filled, the oldest
+    # recycled once: the newest 1300 events remain, the tail of call 3 from its 50th
+    # child's exit (that exit and the root's are orphans), then calls 4-9 whole
+    assert tr.info["capacity"] == 700
     assert tr.dropped_events == 0
-    assert tr.overwritten_events == 1024
-    assert len(tr.events) == 976
+    assert tr.overwritten_events == 700
+    assert len(tr.events) == 1300
     s = tr.spans()
     assert s.orphan_exits == 2
     assert s.unfinished == 0
-    assert (s.module == 0).sum() == 4
-    assert len(s) == 4 * 100 + 87
+    assert (s.module == 0).sum() == 6
+    assert len(s) == 6 * 100 + 49
 
 
 @pytest.mark.parametrize("mode", MODES)
