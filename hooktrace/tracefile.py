@@ -92,6 +92,9 @@ _HEADER_CRC_AT = 76  # the last header field: crc32 of the 76 bytes before it
 NS_PER_TICK_RANGE = (1e-3, 1e3)
 _MAX_PID = 2**31 - 1  # pid_t is a positive int32
 _MAX_UNIX_NS = 2**62  # year 2116; keeps every sum below int64 overflow
+# Thread ids are gettid() values, below Linux's PID_MAX_LIMIT (2**22); the Chrome
+# exporter numbers its extra tracks from 2**30 up, above every OS thread.
+_MAX_TID = 2**22
 # Events may lie this far outside [start_unix_ns, stop_unix_ns] (the wall clock
 # can be stepped during a run); further out a timestamp cannot be right.
 INTERVAL_SLACK_NS = 60 * 10**9
@@ -740,6 +743,10 @@ def _validate_events(
     bad = np.flatnonzero(events["pad"])
     if bad.size:
         fail(bad, "pad", "expected zero padding")
+    tid = events["tid"]
+    bad = np.flatnonzero(tid > _MAX_TID)
+    if bad.size:
+        fail(bad, "tid", f"expected a thread id of at most {_MAX_TID}, found {int(tid[bad[0]])}")
     _validate_times(events, clock, interval, fail)
 
 

@@ -489,3 +489,9 @@ def test_loaded_trace_survives_truncation_of_its_file(tmp_path):
     assert loaded.summary().rows == trace.summary().rows
     # ... and loading the truncated file is a clean error
     expect_error(path, HEADER_SIZE, "truncated")
+
+
+def test_thread_ids_beyond_linux_limit_are_refused(tmp_path):
+    ev = build_events([(1, ENTER, 0, 1), (2**32 - 1, EXIT, 0, 2)])
+    path = events_at(tmp_path, ev)
+    expect_error(path, event_offset(path, ev, 1, 20), "event 1", "thread id of at most 4194304")
