@@ -495,3 +495,9 @@ def test_thread_ids_beyond_linux_limit_are_refused(tmp_path):
     ev = build_events([(1, ENTER, 0, 1), (2**32 - 1, EXIT, 0, 2)])
     path = events_at(tmp_path, ev)
     expect_error(path, event_offset(path, ev, 1, 20), "event 1", "thread id of at most 4194304")
+
+
+def test_time_going_back_inside_one_run_of_a_thread_is_refused(tmp_path):
+    ev = build_events([(2, ENTER, 0, 5), (1, ENTER, 0, 50), (1, EXIT, 0, 49), (2, EXIT, 0, 60)])
+    path = events_at(tmp_path, ev)
+    expect_error(path, event_offset(path, ev, 2, 0), "event 2", "49 ns after 50 ns at event 1")
