@@ -42,18 +42,30 @@ void link_recomputes(SpanTable& s) {
 }
 
 // The calls of one forward thread as sequence-number ranges, outer before
-// inner, with each range's enclosing range: innermost() walks up from the last
-// range starting at or before a sequence number.
+// inner, with each range's enclosing range. The innermost range holding a
+// sequence number is found by walking up from the last range starting at or
+// before it, past the ranges that already ended (innermost()).
 struct SeqIndex {
-  std::vector<size_t> span;     // span index, sorted by (seq_enter, -seq_exit)
+  std::vector<size_t> span;     // span index, sorted by (seq_enter, -seq_exit, span)
   std::vector<uint64_t> enter;  // seq_enter of span[k]
+  std::vector<uint64_t> exit;   // seq_exit of span[k]
   std::vector<int64_t> up;      // k of the enclosing range, -1 if none
 
-  int64_t innermost(const SpanTable& s, uint64_t seq) const {
-    int64_t k = static_cast<int64_t>(std::upper_bound(enter.begin(), enter.end(), seq) -
-                                     enter.begin()) - 1;
-    while (k >= 0 && !(seq < s.seq_exit[span[k]])) k = up[k];
-    return k < 0 ? -1 : static_cast<int64_t>(span[k]);
+  // Queries must come in non-decreasing `seq`: a range that ended at or before
+  // `seq` has ended for every later query too, so the walk's path is
+  // compressed past it for good. Without that, D nested calls whose nodes all
+  // lie below the deepest range cost D steps per node, O(D^2) in all.
+  int64_t innermost(uint64_t seq) {
+    const int64_t k = static_cast<int64_t>(
+        std::upper_bound(enter.begin(), enter.end(), seq) - enter.begin()) - 1;
+    int64_t r = k;
+    while (r >= 0 && !(seq < exit[r])) r = up[r];
+    for (int64_t x = k; x != r;) {  // every range passed over has ended: skip it from now on
+      const int64_t next = up[x];
+      up[x] = r;
+      x = next;
+    }
+    return r < 0 ? -1 : static_cast<int64_t>(span[r]);
   }
 };
 
@@ -63,17 +75,23 @@ std::unordered_map<uint32_t, SeqIndex> index_by_forward_thread(const SpanTable& 
     if (s.seq_exit[i] > s.seq_enter[i]) out[s.rf_tid[i]].span.push_back(i);
   for (auto& kv : out) {
     SeqIndex& ix = kv.second;
+    // Equal ranges (a module whose forward only calls another) are ordered by
+    // span index: on one thread the later call is the nested one, and being
+    // last it is the innermost the walk finds first.
     std::sort(ix.span.begin(), ix.span.end(), [&](size_t a, size_t b) {
-      return s.seq_enter[a] < s.seq_enter[b] ||
-             (s.seq_enter[a] == s.seq_enter[b] && s.seq_exit[a] > s.seq_exit[b]);
+      if (s.seq_enter[a] != s.seq_enter[b]) return s.seq_enter[a] < s.seq_enter[b];
+      if (s.seq_exit[a] != s.seq_exit[b]) return s.seq_exit[a] > s.seq_exit[b];
+      return a < b;
     });
     ix.enter.resize(ix.span.size());
+    ix.exit.resize(ix.span.size());
     ix.up.assign(ix.span.size(), -1);
     std::vector<int64_t> open;
     for (size_t k = 0; k < ix.span.size(); ++k) {
       const size_t sp = ix.span[k];
       ix.enter[k] = s.seq_enter[sp];
-      while (!open.empty() && s.seq_exit[ix.span[open.back()]] <= s.seq_enter[sp]) open.pop_back();
+      ix.exit[k] = s.seq_exit[sp];
+      while (!open.empty() && ix.exit[open.back()] <= ix.enter[k]) open.pop_back();
       ix.up[k] = open.empty() ? -1 : open.back();
       open.push_back(static_cast<int64_t>(k));
     }
@@ -81,11 +99,38 @@ std::unordered_map<uint32_t, SeqIndex> index_by_forward_thread(const SpanTable& 
   return out;
 }
 
+// The call each node is attributed to (a span index before owner mapping),
+// -1 if none: the innermost call on the node's forward thread whose sequence
+// range holds the node's sequence number. Queries run sorted by (forward
+// thread, seq) so that SeqIndex::innermost can compress its paths.
+std::vector<int64_t> innermost_calls(const SpanTable& s) {
+  const NodeTable& nd = s.nodes;
+  std::vector<int64_t> call(nd.start_ns.size(), -1);
+  auto index = index_by_forward_thread(s);
+  std::vector<size_t> q;
+  q.reserve(nd.start_ns.size());
+  for (size_t i = 0; i < nd.start_ns.size(); ++i)
+    if (nd.seq[i] != kNoSeq && index.count(nd.fwd_tid[i])) q.push_back(i);
+  std::sort(q.begin(), q.end(), [&](size_t a, size_t b) {
+    if (nd.fwd_tid[a] != nd.fwd_tid[b]) return nd.fwd_tid[a] < nd.fwd_tid[b];
+    return nd.seq[a] < nd.seq[b];
+  });
+  SeqIndex* ix = nullptr;
+  for (size_t j = 0; j < q.size(); ++j) {
+    const size_t i = q[j];
+    if (j == 0 || nd.fwd_tid[i] != nd.fwd_tid[q[j - 1]]) ix = &index.find(nd.fwd_tid[i])->second;
+    call[i] = ix->innermost(nd.seq[i]);
+  }
+  return call;
+}
+
 struct Bwd {
   int64_t call_span;  // the forward span it belongs to
   uint32_t pass;
   int64_t start, end, self;
-  uint32_t tid;
+  uint32_t tid;         // thread of the earliest node (first by node index on ties)
+  size_t first_node;    // that node's index, to break start ties as the node order does
+  int64_t next;         // next Bwd of the same call_span (list headed by head[call_span])
 };
 
 }  // namespace
@@ -101,37 +146,50 @@ void add_backward_spans(SpanTable& s) {
   for (size_t i = 0; i < n_nodes; ++i)
     nd.pass[i] = nd.parent[i] < 0 ? nd.task[i] : nd.pass[nd.parent[i]];
 
-  const auto index = index_by_forward_thread(s);
+  const std::vector<int64_t> innermost = innermost_calls(s);
   std::vector<Bwd> bwd;
   std::unordered_map<uint64_t, size_t> bwd_of;  // (call span, pass) -> bwd
+  std::vector<int64_t> head(s.start_ns.size(), -1);  // call span -> its first Bwd
   auto get = [&](int64_t call_span, uint32_t pass) {
     const uint64_t key = (static_cast<uint64_t>(call_span) << 32) ^ pass;
     auto it = bwd_of.find(key);
     if (it != bwd_of.end()) return it->second;
-    bwd.push_back(Bwd{call_span, pass, INT64_MAX, INT64_MIN, 0, 0});
+    bwd.push_back(Bwd{call_span, pass, INT64_MAX, INT64_MIN, 0, 0, SIZE_MAX, head[call_span]});
+    head[call_span] = static_cast<int64_t>(bwd.size() - 1);
     bwd_of.emplace(key, bwd.size() - 1);
     return bwd.size() - 1;
   };
+  // Widens b to cover [start, end), taking the tid of the earliest node.
+  auto cover = [](Bwd& b, int64_t start, int64_t end, size_t node, uint32_t tid) {
+    if (start < b.start || (start == b.start && node < b.first_node)) {
+      b.start = start;
+      b.first_node = node;
+      b.tid = tid;
+    }
+    b.end = std::max(b.end, end);
+  };
 
+  // Each node counts for its own call first ...
   for (size_t i = 0; i < n_nodes; ++i) {
-    if (nd.seq[i] == kNoSeq) continue;
-    auto ix = index.find(nd.fwd_tid[i]);
-    if (ix == index.end()) continue;
-    const int64_t call = ix->second.innermost(s, nd.seq[i]);
+    const int64_t call = innermost[i];
     const int64_t owner = call < 0 ? -1 : s.owner[call];
     if (owner < 0) continue;
-    const uint32_t pass = nd.pass[i];
-    // The node counts for its call and, in extent, for every enclosing call.
-    for (int64_t a = owner; a >= 0; a = s.parent[a]) {
-      Bwd& b = bwd[get(a, pass)];
-      if (nd.start_ns[i] < b.start) {
-        b.start = nd.start_ns[i];
-        b.tid = nd.tid[i];
-      }
-      b.end = std::max(b.end, nd.end_ns[i]);
-      if (a == owner) b.self += nd.self_ns[i];
+    const size_t k = get(owner, nd.pass[i]);
+    cover(bwd[k], nd.start_ns[i], nd.end_ns[i], i, nd.tid[i]);
+    bwd[k].self += nd.self_ns[i];
+    nd.span[i] = static_cast<int64_t>(k);  // remapped below
+  }
+  // ... and, in extent, for every enclosing call: a parent span's index is
+  // below its children's (it was entered first), so one sweep from the last
+  // span down folds each call's extent into its parent's once, instead of
+  // walking every node's ancestors (O(nodes x depth)).
+  for (size_t a = s.start_ns.size(); a-- > 0;) {
+    const int64_t p = s.parent[a];
+    if (p < 0) continue;
+    for (int64_t k = head[a]; k >= 0; k = bwd[k].next) {
+      const Bwd b = bwd[k];  // a copy: get() may grow `bwd`
+      cover(bwd[get(p, b.pass)], b.start, b.end, b.first_node, b.tid);
     }
-    nd.span[i] = static_cast<int64_t>(get(owner, pass));  // remapped below
   }
 
   // Output order: (tid, start, depth) so that a parent precedes its children.

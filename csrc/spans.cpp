@@ -62,6 +62,40 @@ std::vector<size_t> group_by_tid(const Event* events, size_t n, std::vector<uint
   return order;
 }
 
+// How many open frames each key (module id, or node sequence number) has on
+// a thread's stack. An EXIT whose module has no open frame is an orphan, known
+// in O(1): scanning the stack for it would make D ENTERs followed by D stray
+// EXITs (a damaged or crafted stream) cost O(D^2). When the key is open, the
+// scan down to it closes every frame it passes, so it is paid for once per frame.
+template <typename Key>
+class OpenCount {
+ public:
+  // Keys below `dense` are counted in a vector, the rest in a hash map.
+  explicit OpenCount(size_t dense) : dense_(dense, 0) {}
+  void add(Key k) {
+    if (k < dense_.size()) {
+      ++dense_[static_cast<size_t>(k)];
+    } else {
+      ++sparse_[k];
+    }
+  }
+  void remove(Key k) {  // k is open
+    if (k < dense_.size()) {
+      --dense_[static_cast<size_t>(k)];
+    } else {
+      auto it = sparse_.find(k);
+      if (--it->second == 0) sparse_.erase(it);  // the map holds open keys only
+    }
+  }
+  bool open(Key k) const {
+    return k < dense_.size() ? dense_[static_cast<size_t>(k)] != 0 : sparse_.count(k) != 0;
+  }
+
+ private:
+  std::vector<uint32_t> dense_;
+  std::unordered_map<Key, uint32_t> sparse_;
+};
+
 // call = ordinal of a forward span among its module's forward spans, by
 // (start, output index); output index is (tid, pre-order), so ties across
 // threads break by tid. Recompute spans get theirs in backward_spans.cpp.
@@ -124,7 +158,15 @@ SpanTable build_span_table(const Event* events, const int64_t* t_ns, size_t n) {
   const std::vector<size_t> order = group_by_tid(events, n, s.threads, bounds);
 
   size_t n_enter = 0;
-  for (size_t i = 0; i < n; ++i) n_enter += events[i].kind == kEnter;
+  uint32_t max_module = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (events[i].kind != kEnter) continue;
+    ++n_enter;
+    max_module = std::max(max_module, events[i].id);
+  }
+  // Validated files have dense module ids; sparse ones (synthetic) use the map.
+  OpenCount<uint32_t> open_modules(max_module < 2 * n + 4096 ? size_t{max_module} + 1 : 0);
+  OpenCount<uint64_t> open_nodes(0);
   for (auto* v : {&s.start_ns, &s.end_ns, &s.self_ns, &s.parent}) v->reserve(n_enter);
   for (auto* v : {&s.module, &s.tid, &s.depth, &s.rf_tid}) v->reserve(n_enter);
   s.seq_enter.reserve(n_enter);
@@ -136,6 +178,7 @@ SpanTable build_span_table(const Event* events, const int64_t* t_ns, size_t n) {
   auto close_top = [&](int64_t end, uint8_t flags) {
     const Frame f = stack.back();
     stack.pop_back();
+    open_modules.remove(s.module[f.span]);
     const int64_t dur = end - s.start_ns[f.span];
     s.end_ns[f.span] = end;
     s.self_ns[f.span] = dur - f.child_sum;
@@ -149,6 +192,7 @@ SpanTable build_span_table(const Event* events, const int64_t* t_ns, size_t n) {
   auto close_node = [&](int64_t end, uint32_t task, bool unfinished) {
     const Frame f = node_stack.back();
     node_stack.pop_back();
+    open_nodes.remove(nd.seq[f.span]);
     const int64_t dur = end - nd.start_ns[f.span];
     nd.end_ns[f.span] = end;
     nd.self_ns[f.span] = dur - f.child_sum;
@@ -159,7 +203,7 @@ SpanTable build_span_table(const Event* events, const int64_t* t_ns, size_t n) {
 
   for (size_t g = 0; g + 1 < bounds.size(); ++g) {
     const uint32_t tid = s.threads[g];
-    stack.clear();
+    stack.clear();  // both empty already: the previous thread closed all its frames
     node_stack.clear();
     int64_t last_t = 0;
     for (size_t k = bounds[g]; k < bounds[g + 1]; ++k) {
@@ -183,15 +227,16 @@ SpanTable build_span_table(const Event* events, const int64_t* t_ns, size_t n) {
           s.seq_exit.push_back(e.seq);  // until the EXIT: an empty range
           s.rf_tid.push_back(e.rf_tid);
           stack.push_back(Frame{span, 0});
+          open_modules.add(e.id);
           break;
         }
         case kExit: {
-          size_t match = stack.size();
-          while (match > 0 && s.module[stack[match - 1].span] != e.id) --match;
-          if (match == 0) {
+          if (!open_modules.open(e.id)) {
             ++s.orphan_exits;
             break;
           }
+          size_t match = stack.size();
+          while (s.module[stack[match - 1].span] != e.id) --match;
           // Frames above the matching one lost their EXIT (e.g. the buffer
           // dropped it): close them here rather than mis-pair this EXIT.
           while (stack.size() > match) close_top(t, kSpanUnfinished);
@@ -212,16 +257,17 @@ SpanTable build_span_table(const Event* events, const int64_t* t_ns, size_t n) {
           nd.parent.push_back(node_stack.empty() ? -1 : static_cast<int64_t>(node_stack.back().span));
           nd.task.push_back(UINT32_MAX);
           node_stack.push_back(Frame{node, 0});
+          open_nodes.add(e.seq);
           break;
         }
         case kNodeEnd: {
           ++s.node_events;
-          size_t match = node_stack.size();
-          while (match > 0 && nd.seq[node_stack[match - 1].span] != e.seq) --match;
-          if (match == 0) {
+          if (!open_nodes.open(e.seq)) {
             ++s.orphan_exits;
             break;
           }
+          size_t match = node_stack.size();
+          while (nd.seq[node_stack[match - 1].span] != e.seq) --match;
           while (node_stack.size() > match) close_node(t, UINT32_MAX, true);
           close_node(t, e.id, false);
           break;

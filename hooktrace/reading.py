@@ -370,8 +370,12 @@ class TraceData:
 def load(path: str | os.PathLike[str], *, mmap: bool = False) -> TraceData:
     """Load a ``.htrace`` file written by ``TraceData.save``.
 
-    Raises ``hooktrace.tracefile.TraceFileError`` (a ValueError) naming the file
-    and byte offset when the file is truncated, corrupt or of another version.
+    Raises ``hooktrace.tracefile.TraceFileError`` (a ValueError), one line naming
+    the file, the byte offset or metadata key and what was expected, when the
+    file is truncated, corrupt, of another version or holds values no recorder
+    writes. The events are read into memory; ``mmap=True`` maps them instead
+    (for files larger than memory), at the price that truncating the file while
+    the run is in use kills the process with SIGBUS (see ``read_trace``).
 
     Example:
         >>> import numpy as np, tempfile, os

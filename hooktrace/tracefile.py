@@ -1,6 +1,6 @@
 """The versioned ``.htrace`` binary trace file: writer and validating reader.
 
-Layout (little-endian; ``FORMAT_VERSION`` 1)::
+Layout (little-endian; ``FORMAT_VERSION`` 2)::
 
     off size
     0   8   magic b"HTRACE\\x00\\x00"
@@ -15,7 +15,8 @@ Layout (little-endian; ``FORMAT_VERSION`` 1)::
     64  4   u32 crc32 of meta+strings blocks (zlib.crc32)
     68  4   u32 crc32 of the events block
     72  4   u32 pid
-    76  4   u32 reserved 0
+    76  4   u32 crc32 of header bytes 0-75 (version 2; version 1 had a reserved 0
+                here and left the clock and pid unchecked)
     80      meta JSON (meta_len bytes)
             string table: u32 count, then count x (u32 byte length + UTF-8 bytes)
             zero padding so the events start at a multiple of 32 from file start
@@ -24,8 +25,16 @@ Layout (little-endian; ``FORMAT_VERSION`` 1)::
 The module table and backward node names are string-table indices stored in the
 metadata: ``meta["modules"] = [[name_idx, type_idx], ...]`` (slot i = module i)
 and ``meta["node_names"] = [idx, ...]`` (the id of NODE_BEGIN events indexes
-this list; a NODE_END's id is the autograd graph task id). Every other metadata
-key is free-form run information.
+this list; a NODE_END's id is the autograd graph task id). The keys the reader
+interprets (``pid``, ``hostname``, ``dropped_events``, ``overwritten_events``,
+``capacity``, ``start_unix_ns``/``stop_unix_ns``, ``thread_names``, ...) are
+type- and range-checked; any other key is free-form run information.
+
+The reader refuses, with one ``TraceFileError`` line naming the file, the
+offset (or metadata key) and what it expected, anything that cannot be a
+recording: bad checksums, clock conversions outside ``NS_PER_TICK_RANGE``,
+unknown event kinds or flags, ids outside the tables, timestamps going back on
+a thread or lying far outside the recorded interval (``INTERVAL_SLACK_NS``).
 
 Example:
     >>> import numpy as np, tempfile, os
@@ -41,16 +50,27 @@ Example:
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import os
+import re
 import struct
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NoReturn
 
 import numpy as np
 
-from hooktrace._events import EVENT_DTYPE, ENTER, EXIT, NODE_BEGIN, VALID_KINDS, Clock
+from hooktrace._events import (
+    EVENT_DTYPE,
+    ENTER,
+    EXIT,
+    FLAG_ERROR,
+    NODE_BEGIN,
+    VALID_KINDS,
+    Clock,
+)
 
 __all__ = [
     "FORMAT_VERSION",
@@ -63,10 +83,24 @@ __all__ = [
 ]
 
 MAGIC = b"HTRACE\x00\x00"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _HEADER = struct.Struct("<8sIIQQQQqdIIII")
 HEADER_SIZE = _HEADER.size
 assert HEADER_SIZE == 80
+_HEADER_CRC_AT = 76  # the last header field: crc32 of the 76 bytes before it
+# A recorder's clock conversion: rdtsc ticks are ~0.2-1 ns, steady-clock ticks 1 ns.
+# Far outside this range every duration would be rescaled into nonsense.
+NS_PER_TICK_RANGE = (1e-3, 1e3)
+_MAX_PID = 2**31 - 1  # pid_t is a positive int32
+_MAX_UNIX_NS = 2**62  # year 2116; keeps every sum below int64 overflow
+# Thread ids are gettid() values, below Linux's PID_MAX_LIMIT (2**22); the Chrome
+# exporter numbers its extra tracks from 2**30 up, above every OS thread.
+_MAX_TID = 2**22
+# Events may lie this far outside [start_unix_ns, stop_unix_ns] (the wall clock
+# can be stepped during a run); further out a timestamp cannot be right.
+INTERVAL_SLACK_NS = 60 * 10**9
+_MAX_META_DEPTH = 32  # JSON nesting of the metadata (the writer's own is 3)
+_MAX_NUMBER_CHARS = 40  # a JSON number literal longer than this is no counter
 _EVENT_ALIGN = EVENT_DTYPE.itemsize  # events start at a multiple of 32
 _U32 = struct.Struct("<I")
 # Keys of the metadata block that the file format itself owns.
@@ -150,14 +184,16 @@ def write_trace(
 ) -> None:
     """Write one run to ``path`` in the ``.htrace`` format.
 
-    ``info`` is free-form JSON-serializable metadata; ``info["pid"]`` (default 0)
-    also goes into the header. The events array is streamed to the file as-is.
+    ``info`` is free-form JSON-serializable metadata; ``info["pid"]`` (a
+    positive int) also goes into the header. The events array is streamed to
+    the file as-is. A pid or clock conversion the reader would refuse is
+    refused here (ValueError) rather than written.
 
     Example:
         >>> import numpy as np, tempfile, os
         >>> from hooktrace._events import EVENT_DTYPE, Clock
         >>> p = os.path.join(tempfile.mkdtemp(), "empty.htrace")
-        >>> write_trace(p, np.zeros(0, EVENT_DTYPE), [], [], Clock(0, 0, 1.0), {})
+        >>> write_trace(p, np.zeros(0, EVENT_DTYPE), [], [], Clock(0, 0, 1.0), {"pid": 1})
         >>> os.path.getsize(p)
         128
     """
@@ -180,7 +216,14 @@ def write_trace(
     events_off = _events_offset(len(meta_bytes), len(strings_bytes))
     padding = events_off - HEADER_SIZE - len(meta_bytes) - len(strings_bytes)
 
-    pid = int(info.get("pid", 0))
+    pid = info.get("pid")
+    if not (isinstance(pid, (int, np.integer)) and not isinstance(pid, bool)
+            and 1 <= pid <= _MAX_PID):
+        raise ValueError(f'info["pid"] must be an int in [1, {_MAX_PID}], got {pid!r:.60}')
+    pid = int(pid)
+    problem = _clock_problem(clock.ticks0, clock.unix_ns0, clock.ns_per_tick)
+    if problem:
+        raise ValueError(f"clock {clock}: {problem}")
     header = _HEADER.pack(
         MAGIC,
         FORMAT_VERSION,
@@ -193,9 +236,10 @@ def write_trace(
         clock.ns_per_tick,
         zlib.crc32(strings_bytes, zlib.crc32(meta_bytes)),
         _crc_of(events),
-        pid & 0xFFFFFFFF,
+        pid,
         0,
     )
+    header = header[:_HEADER_CRC_AT] + _U32.pack(zlib.crc32(header[:_HEADER_CRC_AT]))
     with open(path, "wb") as f:
         f.write(header)
         f.write(meta_bytes)
@@ -223,10 +267,19 @@ def _write_array(f: BinaryIO, events: np.ndarray) -> None:
 def read_trace(path: str | os.PathLike[str], *, mmap: bool = False) -> TraceFileContents:
     """Read and validate a ``.htrace`` file.
 
-    Raises ``TraceFileError`` naming the file, the byte offset and what was
-    expected if the file is empty, truncated, corrupt or of another version.
-    With ``mmap=True`` the events stay memory-mapped (read-only) instead of
-    being read into memory; the checksum still reads them once.
+    Raises ``TraceFileError`` (one line naming the file, the byte offset or
+    metadata key, and what was expected) for anything that is not an intact
+    recording: an empty, truncated or corrupt file, another format version, a
+    JSON/gzip file given by mistake, header, metadata or event values that no
+    recorder writes.
+
+    ``mmap=False`` (the default) reads the events into memory: the result stays
+    valid whatever happens to the file afterwards. ``mmap=True`` maps them
+    read-only instead, for files larger than memory; the trade-off is that the
+    process then depends on the file: if it is truncated while mapped (rewritten
+    by a recorder, a full disk, another ``save`` to the same path), touching
+    the lost pages kills the process with SIGBUS, which Python cannot catch.
+    Only map files that nothing will modify.
 
     Example:
         >>> read_trace("/nonexistent.htrace")
@@ -238,34 +291,30 @@ def read_trace(path: str | os.PathLike[str], *, mmap: bool = False) -> TraceFile
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         head = f.read(HEADER_SIZE)
-        if size == 0:
-            raise TraceFileError(
-                name, 0, f"empty file (expected an {HEADER_SIZE}-byte hooktrace header)"
-            )
-        if head[: len(MAGIC)] != MAGIC[: len(head)]:
-            raise TraceFileError(
-                name, 0, f"expected magic {MAGIC!r}, found {head[: len(MAGIC)]!r} "
-                "(not a hooktrace .htrace file)"
-            )
-        if len(head) < HEADER_SIZE:
-            raise TraceFileError(
-                name, len(head),
-                f"truncated header: expected {HEADER_SIZE} bytes, file has {size}",
-            )
+        _check_magic(name, head, size)
         (
             _magic, version, header_size, meta_len, strings_len, n_events,
-            ticks0, unix_ns0, ns_per_tick, crc_meta, crc_events, pid, _reserved,
+            ticks0, unix_ns0, ns_per_tick, crc_meta, crc_events, pid, crc_header,
         ) = _HEADER.unpack(head)
         if version != FORMAT_VERSION:
+            age = "an older" if version < FORMAT_VERSION else "a newer"
             raise TraceFileError(
                 name, 8,
                 f"unsupported format version {version} (this hooktrace reads version "
-                f"{FORMAT_VERSION})",
+                f"{FORMAT_VERSION}; the file was written by {age} hooktrace)",
             )
         if header_size != HEADER_SIZE:
             raise TraceFileError(
                 name, 12, f"expected header size {HEADER_SIZE}, found {header_size}"
             )
+        crc = zlib.crc32(head[:_HEADER_CRC_AT])
+        if crc != crc_header:
+            raise TraceFileError(
+                name, _HEADER_CRC_AT,
+                f"header checksum mismatch: header says {crc_header:#010x}, bytes "
+                f"0-{_HEADER_CRC_AT - 1} hash to {crc:#010x} (file is corrupt)",
+            )
+        _check_header_values(name, ticks0, unix_ns0, ns_per_tick, pid)
         strings_off = HEADER_SIZE + meta_len
         events_off = _events_offset(meta_len, strings_len)
         end = events_off + n_events * EVENT_DTYPE.itemsize
@@ -323,18 +372,113 @@ def read_trace(path: str | os.PathLike[str], *, mmap: bool = False) -> TraceFile
             f"events checksum mismatch: header says {crc_events:#010x}, "
             f"events hash to {crc:#010x} (file is corrupt)",
         )
-    modules = _resolve_modules(name, meta.pop("modules", None), strings)
-    node_names = _resolve_node_names(name, meta.pop("node_names", None), strings)
-    _validate_events(name, events_off, events, len(modules), len(node_names))
+    modules = _resolve_modules(name, meta_bytes, meta.pop("modules", None), strings)
+    node_names = _resolve_node_names(name, meta_bytes, meta.pop("node_names", None), strings)
+    _check_info(name, meta_bytes, meta, pid)
+    clock = Clock(ticks0, unix_ns0, ns_per_tick)
+    interval = _recorded_interval(name, meta_bytes, meta, clock)
+    _validate_events(name, events_off, events, len(modules), len(node_names), clock, interval)
     meta.setdefault("pid", pid)
     return TraceFileContents(
         events=events,
         modules=modules,
         node_names=node_names,
-        clock=Clock(ticks0, unix_ns0, ns_per_tick),
+        clock=clock,
         info=meta,
         pid=pid,
     )
+
+
+def _check_magic(name: str, head: bytes, size: int) -> None:
+    """Refuse what is not a .htrace, saying what it looks like when that is clear."""
+    if size == 0:
+        raise TraceFileError(
+            name, 0, f"empty file (expected an {HEADER_SIZE}-byte hooktrace header)"
+        )
+    if head[: len(MAGIC)] != MAGIC[: len(head)]:
+        expected = f"expected magic {MAGIC!r}, found {head[: len(MAGIC)]!r}"
+        if head[:2] == b"\x1f\x8b":
+            what = "gzip-compressed (a .json.gz Chrome trace?)"
+        elif head.lstrip(b" \t\r\n\xef\xbb\xbf")[:1] in (b"{", b"["):
+            what = "JSON (a Chrome trace?)"
+        else:
+            what = "not a hooktrace file"
+            raise TraceFileError(name, 0, f"{expected} ({what})")
+        raise TraceFileError(name, 0, f"file is {what}, not a .htrace file ({expected})")
+    if len(head) < HEADER_SIZE:
+        raise TraceFileError(
+            name, len(head),
+            f"truncated header: expected {HEADER_SIZE} bytes, file has {size}",
+        )
+
+
+def _clock_problem(ticks0: int, unix_ns0: int, ns_per_tick: float) -> str | None:
+    """What is wrong with a clock conversion, or None (shared by writer and reader)."""
+    lo, hi = NS_PER_TICK_RANGE
+    if not (isinstance(ns_per_tick, numbers.Real) and not isinstance(ns_per_tick, bool)
+            and math.isfinite(ns_per_tick) and lo <= ns_per_tick <= hi):
+        return f"expected ns_per_tick, a finite float in [{lo:g}, {hi:g}], found {ns_per_tick!r}"
+    if not (_is_int(unix_ns0) and 0 <= unix_ns0 < _MAX_UNIX_NS):
+        return f"expected unix_ns0 in [0, 2**62), found {unix_ns0!r}"
+    if not (_is_int(ticks0) and 0 <= ticks0 < 2**64):
+        return f"expected ticks0 in [0, 2**64), found {ticks0!r}"
+    return None
+
+
+def _check_header_values(name: str, ticks0: int, unix_ns0: int, ns_per_tick: float,
+                         pid: int) -> None:
+    problem = _clock_problem(ticks0, unix_ns0, ns_per_tick)
+    if problem:
+        offset = 56 if "ns_per_tick" in problem else 48 if "unix_ns0" in problem else 40
+        raise TraceFileError(name, offset, f"clock conversion: {problem}")
+    if not 1 <= pid <= _MAX_PID:
+        raise TraceFileError(name, 72, f"expected a pid in [1, {_MAX_PID}], found {pid}")
+
+
+def _is_int(value: Any) -> bool:
+    """An integer, numpy's included (a Clock may hold them), but not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+class _BadNumber(Exception):
+    """Raised by the JSON number hooks; turned into a TraceFileError with its offset."""
+
+    def __init__(self, literal: str, why: str) -> None:
+        super().__init__(literal)
+        self.literal = literal
+        self.why = why
+
+
+def _parse_int(literal: str) -> int:
+    if len(literal) > _MAX_NUMBER_CHARS:  # int() of 5000 digits raises ValueError
+        raise _BadNumber(literal, f"an integer of at most {_MAX_NUMBER_CHARS} characters")
+    return int(literal)
+
+
+def _parse_float(literal: str) -> float:
+    value = float(literal)
+    if len(literal) > _MAX_NUMBER_CHARS or not math.isfinite(value):
+        raise _BadNumber(literal, "a finite number")
+    return value
+
+
+def _parse_constant(literal: str) -> NoReturn:
+    raise _BadNumber(literal, "a finite number (NaN and Infinity are not JSON)")
+
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+
+
+def _nesting_depth(meta_bytes: bytes) -> tuple[int, int]:
+    """Deepest [ / { nesting outside strings, and the byte offset where it is reached."""
+    skeleton = np.frombuffer(_JSON_STRING.sub(b'""', meta_bytes), np.uint8)
+    step = (skeleton == ord("[")).astype(np.int32) + (skeleton == ord("{"))
+    step -= (skeleton == ord("]")).astype(np.int32) + (skeleton == ord("}"))
+    if not step.size:
+        return 0, 0
+    depth = np.cumsum(step)
+    at = int(np.argmax(depth))
+    return int(depth[at]), at
 
 
 def _parse_meta(name: str, meta_bytes: bytes) -> dict[str, Any]:
@@ -342,16 +486,144 @@ def _parse_meta(name: str, meta_bytes: bytes) -> dict[str, Any]:
         text = meta_bytes.decode("utf-8")
     except UnicodeDecodeError as e:
         raise TraceFileError(name, HEADER_SIZE + e.start, "metadata is not valid UTF-8") from None
+    depth, at = _nesting_depth(meta_bytes)
+    if depth > _MAX_META_DEPTH:
+        # json.loads would recurse once per level (RecursionError near 1000)
+        raise TraceFileError(
+            name, HEADER_SIZE,
+            f"metadata nests {depth} levels deep (expected at most {_MAX_META_DEPTH})",
+        )
     try:
-        meta = json.loads(text)
+        meta = json.loads(text, parse_int=_parse_int, parse_float=_parse_float,
+                          parse_constant=_parse_constant)
     except json.JSONDecodeError as e:
         offset = HEADER_SIZE + len(text[: e.pos].encode("utf-8"))
         raise TraceFileError(name, offset, f"metadata is not valid JSON: {e.msg}") from None
+    except _BadNumber as e:
+        at = max(0, meta_bytes.find(e.literal.encode()))
+        raise TraceFileError(
+            name, HEADER_SIZE + at,
+            f"metadata: expected {e.why}, found the number literal {e.literal!r:.60}",
+        ) from None
+    except RecursionError:  # not reached after the depth check; kept as a guard
+        raise TraceFileError(name, HEADER_SIZE, "metadata nests too deep") from None
     if not isinstance(meta, dict):
         raise TraceFileError(
             name, HEADER_SIZE, f"expected a JSON object as metadata, found {type(meta).__name__}"
         )
+    bad = _unencodable(meta, "")
+    if bad is not None:
+        # "\ud800" escapes decode to lone surrogates, which no output can encode
+        raise TraceFileError(
+            name, HEADER_SIZE,
+            f"metadata {bad}: expected text, found a lone UTF-16 surrogate escape",
+        )
     return meta
+
+
+def _unencodable(value: Any, where: str) -> str | None:
+    """The path of the first string in ``value`` that is not encodable as UTF-8."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where or "(top level)"
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            found = _unencodable(k, f"{where} key {k!r:.40}") or _unencodable(
+                v, f"{where}[{k!r:.40}]"
+            )
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            found = _unencodable(v, f"{where}[{i}]")
+            if found:
+                return found
+    return None
+
+
+def _key_offset(meta_bytes: bytes, key: str) -> int:
+    """Offset of a top-level metadata key in the file (for messages), or the block's."""
+    at = meta_bytes.find(json.dumps(key).encode("utf-8"))
+    return HEADER_SIZE + max(at, 0)
+
+
+def _meta_error(name: str, meta_bytes: bytes, key: str, message: str) -> NoReturn:
+    raise TraceFileError(name, _key_offset(meta_bytes, key), f'metadata "{key}": {message}')
+
+
+def _int_in(lo: int, hi: int) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        return None if _is_int(value) and lo <= value <= hi else f"an int in [{lo}, {hi}]"
+    return check
+
+
+def _of_type(kind: type, label: str) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        return None if isinstance(value, kind) else label
+    return check
+
+
+def _thread_names(value: Any) -> str | None:
+    expected = "an object mapping thread ids (decimal strings) to names"
+    if not isinstance(value, dict):
+        return expected
+    for k, v in value.items():
+        if not (k.isascii() and k.isdigit() and len(k) <= 10 and isinstance(v, str)):
+            return f"{expected}; entry {k!r:.40}: {v!r:.40} is not"
+    return None
+
+
+# Metadata keys the reader and its consumers (summary, Chrome export, merge) use,
+# each with what it must be when present; other keys are free-form.
+_INFO_CHECKS: dict[str, Callable[[Any], str | None]] = {
+    "pid": _int_in(1, _MAX_PID),
+    "hostname": _of_type(str, "a string"),
+    "torch_version": _of_type(str, "a string"),
+    "hooktrace_version": _of_type(str, "a string"),
+    "mode": _of_type(str, "a string"),
+    "policy": _of_type(str, "a string"),
+    "backward": _of_type(bool, "true or false"),
+    "emit_profiler": _of_type(bool, "true or false"),
+    "capacity": _int_in(0, 2**63 - 1),
+    "dropped_events": _int_in(0, 2**63 - 1),
+    "overwritten_events": _int_in(0, 2**63 - 1),
+    "start_unix_ns": _int_in(0, _MAX_UNIX_NS - 1),
+    "stop_unix_ns": _int_in(0, _MAX_UNIX_NS - 1),
+    "thread_names": _thread_names,
+}
+
+
+def _check_info(name: str, meta_bytes: bytes, meta: dict[str, Any], pid: int) -> None:
+    for key, check in _INFO_CHECKS.items():
+        if key not in meta:
+            continue
+        expected = check(meta[key])
+        if expected:
+            _meta_error(name, meta_bytes, key, f"expected {expected}, found {meta[key]!r:.60}")
+    if "pid" in meta and meta["pid"] != pid:
+        _meta_error(name, meta_bytes, "pid", f"expected the header's pid {pid}, found "
+                                             f"{meta['pid']}")
+
+
+def _recorded_interval(name: str, meta_bytes: bytes, meta: dict[str, Any],
+                       clock: Clock) -> tuple[int, int] | None:
+    """[start, stop] widened by INTERVAL_SLACK_NS when the run recorded both, else None."""
+    if "start_unix_ns" not in meta or "stop_unix_ns" not in meta:
+        return None
+    start, stop = meta["start_unix_ns"], meta["stop_unix_ns"]
+    if stop < start:
+        _meta_error(name, meta_bytes, "stop_unix_ns",
+                    f"expected a time at or after start_unix_ns {start}, found {stop}")
+    lo, hi = start - INTERVAL_SLACK_NS, stop + INTERVAL_SLACK_NS
+    if not lo <= clock.unix_ns0 <= hi:
+        # the conversion is measured at the session's start, inside the run
+        raise TraceFileError(
+            name, 48, f"clock conversion: expected unix_ns0 within the recorded interval "
+                      f"[{start}, {stop}] (+-{INTERVAL_SLACK_NS} ns), found {clock.unix_ns0}",
+        )
+    return lo, hi
 
 
 def _parse_strings(name: str, base: int, data: bytes) -> list[str]:
@@ -391,82 +663,137 @@ def _parse_strings(name: str, base: int, data: bytes) -> list[str]:
     return strings
 
 
-def _string_at(name: str, strings: list[str], idx: Any, what: str) -> str:
-    if not isinstance(idx, int) or isinstance(idx, bool) or not 0 <= idx < len(strings):
-        raise TraceFileError(
-            name, HEADER_SIZE,
-            f"metadata {what}: string index {idx!r} out of range "
+def _string_at(name: str, meta_bytes: bytes, strings: list[str], idx: Any, key: str,
+               what: str) -> str:
+    if not _is_int(idx) or not 0 <= idx < len(strings):
+        _meta_error(
+            name, meta_bytes, key,
+            f"{what}: string index {idx!r:.40} out of range "
             f"(the string table has {len(strings)} strings)",
         )
     return strings[idx]
 
 
-def _resolve_modules(name: str, raw: Any, strings: list[str]) -> list[tuple[str, str]]:
+def _resolve_modules(name: str, meta_bytes: bytes, raw: Any,
+                     strings: list[str]) -> list[tuple[str, str]]:
     if raw is None:
         raw = []
     if not isinstance(raw, list):
-        raise TraceFileError(
-            name, HEADER_SIZE, f'expected metadata "modules" to be a list, found {raw!r:.60}'
-        )
+        _meta_error(name, meta_bytes, "modules",
+                    f"expected a list of [name_idx, type_idx], found {raw!r:.60}")
     modules: list[tuple[str, str]] = []
     for i, entry in enumerate(raw):
         if not isinstance(entry, list) or len(entry) != 2:
-            raise TraceFileError(
-                name, HEADER_SIZE,
-                f'expected metadata "modules"[{i}] to be [name_idx, type_idx], found {entry!r:.60}',
-            )
+            _meta_error(name, meta_bytes, "modules",
+                        f"[{i}]: expected [name_idx, type_idx], found {entry!r:.60}")
         modules.append((
-            _string_at(name, strings, entry[0], f'"modules"[{i}][0]'),
-            _string_at(name, strings, entry[1], f'"modules"[{i}][1]'),
+            _string_at(name, meta_bytes, strings, entry[0], "modules", f"[{i}][0]"),
+            _string_at(name, meta_bytes, strings, entry[1], "modules", f"[{i}][1]"),
         ))
     return modules
 
 
-def _resolve_node_names(name: str, raw: Any, strings: list[str]) -> list[str]:
+def _resolve_node_names(name: str, meta_bytes: bytes, raw: Any, strings: list[str]) -> list[str]:
     if raw is None:
         raw = []
     if not isinstance(raw, list):
-        raise TraceFileError(
-            name, HEADER_SIZE, f'expected metadata "node_names" to be a list, found {raw!r:.60}'
-        )
-    return [_string_at(name, strings, idx, f'"node_names"[{i}]') for i, idx in enumerate(raw)]
+        _meta_error(name, meta_bytes, "node_names",
+                    f"expected a list of string indices, found {raw!r:.60}")
+    return [_string_at(name, meta_bytes, strings, idx, "node_names", f"[{i}]")
+            for i, idx in enumerate(raw)]
 
 
 def _validate_events(
-    name: str, events_off: int, events: np.ndarray, n_modules: int, n_nodes: int
+    name: str, events_off: int, events: np.ndarray, n_modules: int, n_nodes: int,
+    clock: Clock, interval: tuple[int, int] | None,
 ) -> None:
     """Vectorized checks that every event can be interpreted (no per-event Python)."""
     if not len(events):
         return
     itemsize = EVENT_DTYPE.itemsize
-    kind = events["kind"]
+
+    def fail(bad: np.ndarray, field: str, message: str) -> NoReturn:
+        i = int(bad[0])
+        raise TraceFileError(
+            name, events_off + i * itemsize + _field_offset(field),
+            f"event {i}: {message.format(i=i)} ({bad.size} bad events in all)",
+        )
+
+    kind = np.ascontiguousarray(events["kind"])
     valid = np.zeros(256, dtype=bool)
     valid[list(VALID_KINDS)] = True
     bad = np.flatnonzero(~valid[kind])
     if bad.size:
-        i = int(bad[0])
-        raise TraceFileError(
-            name, events_off + i * itemsize + _field_offset("kind"),
-            f"event {i}: expected kind in {list(VALID_KINDS)}, found {int(kind[i])} "
-            f"({bad.size} bad events in all)",
-        )
+        fail(bad, "kind", f"expected kind in {list(VALID_KINDS)}, found {int(kind[bad[0]])}")
     ids = events["id"]
     is_forward = (kind == ENTER) | (kind == EXIT)
-    id_off = _field_offset("id")
     bad = np.flatnonzero(is_forward & (ids >= n_modules))
     if bad.size:
-        i = int(bad[0])
-        raise TraceFileError(
-            name, events_off + i * itemsize + id_off,
-            f"event {i}: module id {int(ids[i])} out of range "
-            f"(the module table has {n_modules} modules)",
-        )
+        fail(bad, "id", f"module id {int(ids[bad[0]])} out of range "
+                        f"(the module table has {n_modules} modules)")
     # NODE_END's id is the graph task id (csrc/backward.h), not a name
     bad = np.flatnonzero((kind == NODE_BEGIN) & (ids >= n_nodes))
     if bad.size:
+        fail(bad, "id", f"node name id {int(ids[bad[0]])} out of range "
+                        f"(the node name table has {n_nodes} names)")
+    # The recorder sets FLAG_ERROR on EXITs only and never writes the padding.
+    # (Each check scans the nonzero/too-large values only: a load is I/O bound.)
+    flagged = np.flatnonzero(events["flags"])
+    flags = events["flags"][flagged]
+    bad = flagged[(flags != FLAG_ERROR) | (kind[flagged] != EXIT)]
+    if bad.size:
+        fail(bad, "flags", f"expected flags 0 (or {FLAG_ERROR} on an EXIT), found "
+                           f"{int(events['flags'][bad[0]])} on kind {int(kind[bad[0]])}")
+    pad = events["pad"]
+    if pad.any():
+        fail(np.flatnonzero(pad), "pad", "expected zero padding")
+    tid = events["tid"]
+    if int(tid.max()) > _MAX_TID:
+        bad = np.flatnonzero(tid > _MAX_TID)
+        fail(bad, "tid", f"expected a thread id of at most {_MAX_TID}, found {int(tid[bad[0]])}")
+    _validate_times(events, clock, interval, fail)
+
+
+def _validate_times(events: np.ndarray, clock: Clock, interval: tuple[int, int] | None,
+                    fail: Callable[[np.ndarray, str, str], NoReturn]) -> None:
+    """Timestamps convert without overflow, stay in the run, never go back on a thread."""
+    # Same signed tick delta as Clock.to_unix_ns, converted in float first so that
+    # a wild tick count is caught before an int64 conversion could wrap it.
+    delta = (np.ascontiguousarray(events["t"]) - np.uint64(clock.ticks0)).view(np.int64)
+    approx = float(clock.unix_ns0) + delta * clock.ns_per_tick
+    lo, hi = interval if interval is not None else (0, _MAX_UNIX_NS)
+    # float rounding is far below 1 us; only times that close to a bound need the
+    # exact int64 conversion to decide
+    outside = ~((approx >= lo + 1e3) & (approx <= hi - 1e3))
+    near = np.flatnonzero(outside & (approx >= lo - 1e3) & (approx <= hi + 1e3))
+    if near.size:
+        exact = clock.to_unix_ns(events["t"][near])
+        outside[near] = (exact < lo) | (exact > hi)
+    bad = np.flatnonzero(outside)
+    if bad.size:
+        where = ("the recorded interval (start_unix_ns/stop_unix_ns +- "
+                 f"{INTERVAL_SLACK_NS} ns)" if interval is not None else "[0, 2**62)")
         i = int(bad[0])
-        raise TraceFileError(
-            name, events_off + i * itemsize + id_off,
-            f"event {i}: node name id {int(ids[i])} out of range "
-            f"(the node name table has {n_nodes} names)",
-        )
+        found = f"{approx[i]:.0f}" if math.isfinite(approx[i]) else "overflow"
+        fail(bad, "t", f"expected a time within {where}: [{lo}, {hi}] Unix ns, "
+                       f"found {found}")
+    # Per thread, ticks never decrease (then neither do the converted times). A
+    # thread's events come in runs (the recorder copies per-thread chunks): check
+    # inside each run, then from each run to the thread's next one, in O(n).
+    tid = np.ascontiguousarray(events["tid"])
+    same = tid[1:] == tid[:-1]
+    back = list(np.flatnonzero(same & (delta[1:] < delta[:-1])) + 1)
+    starts = np.concatenate([[0], np.flatnonzero(~same) + 1])
+    if len(starts) > 1:
+        ends = np.append(starts[1:], len(tid)) - 1
+        by_thread = np.argsort(tid[starts], kind="stable")  # runs of a thread, in order
+        prev, nxt = by_thread[:-1], by_thread[1:]
+        joins = (tid[starts[prev]] == tid[starts[nxt]]) & (delta[ends[prev]] > delta[starts[nxt]])
+        back += list(starts[nxt[joins]])
+    if back:
+        later = np.sort(np.array(back, dtype=np.int64))
+        i = int(later[0])
+        earlier = np.flatnonzero((tid[:i] == tid[i]) & (delta[:i] > delta[i]))[0]
+        fail(later, "t", f"time goes back on thread {int(tid[i])}: {approx[i]:.0f} ns after "
+                         f"{approx[earlier]:.0f} ns at event {int(earlier)} (expected "
+                         "non-decreasing times per thread)")

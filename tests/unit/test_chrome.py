@@ -15,6 +15,7 @@ from conftest import build_events, build_trace, random_stream
 from hooktrace import __version__
 from hooktrace._events import ENTER, EXIT, FLAG_ERROR, Clock
 from hooktrace.chrome import write_chrome
+from hooktrace.tracefile import FORMAT_VERSION
 
 CLOCK = Clock(ticks0=5, unix_ns0=1_700_000_000_123_456_789, ns_per_tick=0.913)
 
@@ -98,7 +99,7 @@ def test_metadata_events_and_hooktrace_block():
     threads = {e["tid"]: e["args"]["name"] for e in meta if e["name"] == "thread_name"}
     assert threads == {1: "thread 1", 2: "worker"}
     assert doc["displayTimeUnit"] == "ns"
-    assert doc["hooktrace"] == {"version": __version__, "format_version": 1,
+    assert doc["hooktrace"] == {"version": __version__, "format_version": FORMAT_VERSION,
                                 "dropped_events": 7, "overwritten_events": 9,
                                 "orphan_exits": 1, "unfinished_spans": 1,
                                 "backward_spans": 0, "autograd_nodes": 0,

@@ -151,7 +151,8 @@ def reference_spans(events: np.ndarray, clock: Clock) -> dict:
                    and spans[k]["seq_enter"] <= nd["seq"] < spans[k]["seq_exit"]]
         if not holders:
             continue
-        call = max(holders, key=lambda k: (spans[k]["seq_enter"], -spans[k]["seq_exit"]))
+        # equal ranges (a forward that only calls a child): the later call is the inner one
+        call = max(holders, key=lambda k: (spans[k]["seq_enter"], -spans[k]["seq_exit"], k))
         if call not in owner:
             continue
         o = owner[call]
@@ -424,3 +425,73 @@ def test_attribution_uses_the_forward_thread_not_just_the_sequence_number():
     s = Spans.from_events(fb_events(rows), IDENTITY_CLOCK)
     bwd = np.flatnonzero(s.cat == CAT_BACKWARD)
     assert {int(s.module[i]): int(s.start_ns[i]) for i in bwd} == {1: 20, 0: 30}
+
+
+def test_equal_sequence_ranges_go_to_the_inner_call():
+    # GIVEN a wrapper (0) whose forward only calls a child (1): both ranges are [3, 5)
+    rows = [(1, ENTER, 0, 0, 3), (1, ENTER, 1, 1, 3), (1, EXIT, 1, 2, 5), (1, EXIT, 0, 3, 5),
+            (1, NODE_BEGIN, 0, 10, 4), (1, NODE_END, 1, 12, 4)]
+    ev = fb_events(rows)
+    s = Spans.from_events(ev, IDENTITY_CLOCK)
+    raw = raw_spans(ev, IDENTITY_CLOCK)
+    # THEN the node is the child's own time, and the wrapper's backward span only encloses it
+    bwd = np.flatnonzero(s.cat == CAT_BACKWARD)
+    assert {int(s.module[i]): int(s.self_ns[i]) for i in bwd} == {0: 0, 1: 2}
+    assert int(s.module[raw["node_span"][0]]) == 1
+    assert_same(s, reference_spans(ev, IDENTITY_CLOCK), raw)
+
+
+def deep_chain(depth: int) -> np.ndarray:
+    """``depth`` nested calls; on the way out each creates one autograd node, so
+    call k's sequence range [0, depth - k) holds every range below it; then one
+    backward pass (graph task 1) runs the nodes newest first, 10 ns each."""
+    rows = [(1, ENTER, k % 50, k, 0) for k in range(depth)]
+    rows += [(1, EXIT, k % 50, depth + (depth - 1 - k), depth - k)
+             for k in range(depth - 1, -1, -1)]
+    t0 = 2 * depth
+    for j, seq in enumerate(range(depth - 1, -1, -1)):  # node seq j belongs to call depth-1-j
+        rows += [(1, NODE_BEGIN, 0, t0 + 10 * j, seq), (1, NODE_END, 1, t0 + 10 * j + 10, seq)]
+    return fb_events(rows)
+
+
+def test_deep_chain_matches_reference():
+    ev = deep_chain(300)
+    assert_same(Spans.from_events(ev, IDENTITY_CLOCK), reference_spans(ev, IDENTITY_CLOCK),
+                raw_spans(ev, IDENTITY_CLOCK))
+
+
+def test_twenty_thousand_nested_calls_are_attributed_each_to_its_own_call():
+    # issue #8: attribution used to cost O(depth) per node (seconds at this depth);
+    # the time is measured by benchmarks/attribution.py, here only the result
+    depth = 20_000
+    ev = deep_chain(depth)
+    s = Spans.from_events(ev, IDENTITY_CLOCK)
+    raw = raw_spans(ev, IDENTITY_CLOCK)
+    fwd = np.flatnonzero(s.cat == CAT_FORWARD)
+    bwd = np.flatnonzero(s.cat == CAT_BACKWARD)
+    assert len(fwd) == len(bwd) == depth and (s.orphan_exits, s.unfinished) == (0, 0)
+    # forward span k is call k at depth k; its backward span starts with its own node
+    # (call 0's runs first) and ends with the last node, the deepest call's
+    assert s.depth[fwd].tolist() == list(range(depth))
+    by_depth = bwd[np.argsort(s.depth[bwd])]
+    t0 = 2 * depth
+    assert s.start_ns[by_depth].tolist() == [t0 + 10 * k for k in range(depth)]
+    assert np.all(s.end_ns[by_depth] == t0 + 10 * depth)
+    assert np.all(s.self_ns[by_depth] == 10)
+    assert s.parent[by_depth[0]] == -1 and s.parent[by_depth[1:]].tolist() == by_depth[:-1].tolist()
+    # every node is attributed to its own call's span, in one pass
+    assert raw["node_span"].tolist() == by_depth.tolist()
+    assert set(raw["node_pass"].tolist()) == {1}
+
+
+def test_twenty_thousand_orphan_exits_are_counted():
+    depth = 20_000
+    rows = [(1, ENTER, 0, k) for k in range(depth)]
+    rows += [(1, EXIT, 1, depth + k) for k in range(depth)]  # module 1 was never entered
+    rows += [(1, NODE_BEGIN, 0, 2 * depth + k) for k in range(depth)]
+    rows += [(1, NODE_END, 0, 3 * depth + k) for k in range(depth)]  # seq never begun
+    ev = build_events(rows)
+    ev["seq"][-depth:] += 10 * depth
+    s = Spans.from_events(ev, IDENTITY_CLOCK)
+    assert s.orphan_exits == 2 * depth and s.unfinished == 2 * depth and len(s) == depth
+    assert np.all(s.end_ns == 4 * depth - 1)
