@@ -74,12 +74,15 @@ def check_output_path(path: PathLike, inputs: Sequence[PathLike] = ()) -> None:
 
 
 @contextmanager
-def open_output(path: PathLike, *, compresslevel: int = 1,
-                inputs: Sequence[PathLike] = ()) -> Iterator[IO[bytes]]:
-    """A binary file to write ``path`` through (see the module docstring)."""
+def open_output(path: PathLike, *, compresslevel: int = 1, inputs: Sequence[PathLike] = (),
+                gzip_by_name: bool = True) -> Iterator[IO[bytes]]:
+    """A binary file to write ``path`` through (see the module docstring).
+
+    ``gzip_by_name=False`` writes plain bytes whatever the name (``.htrace``).
+    """
     check_output_path(path, inputs)
     name = os.fspath(path)
-    gz = name.endswith(".gz")
+    gz = gzip_by_name and name.endswith(".gz")
     if name == "-":
         yield sys.stdout.buffer
         sys.stdout.buffer.flush()

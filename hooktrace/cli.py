@@ -157,7 +157,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     from hooktrace.errors import HooktraceError
-    from hooktrace.tracefile import TraceFileError
 
     try:
         args.func(args)
@@ -169,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (CliError, HooktraceError, TraceFileError) as e:
+    except (CliError, HooktraceError) as e:
         print(f"hooktrace: error: {e}", file=sys.stderr)
         return 1
     except OSError as e:

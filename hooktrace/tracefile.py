@@ -62,6 +62,8 @@ from typing import Any, BinaryIO, NoReturn
 
 import numpy as np
 
+from hooktrace._output import open_output
+from hooktrace.errors import HooktraceError
 from hooktrace._events import (
     EVENT_DTYPE,
     ENTER,
@@ -93,8 +95,8 @@ _HEADER_CRC_AT = 76  # the last header field: crc32 of the 76 bytes before it
 NS_PER_TICK_RANGE = (1e-3, 1e3)
 _MAX_PID = 2**31 - 1  # pid_t is a positive int32
 _MAX_UNIX_NS = 2**62  # year 2116; keeps every sum below int64 overflow
-# Thread ids are gettid() values, below Linux's PID_MAX_LIMIT (2**22); the Chrome
-# exporter numbers its extra tracks from 2**30 up, above every OS thread.
+# Thread ids are gettid() values, below Linux's PID_MAX_LIMIT (2**22): larger ones
+# are not a recording's.
 _MAX_TID = 2**22
 # Events may lie this far outside [start_unix_ns, stop_unix_ns] (the wall clock
 # can be stepped during a run); further out a timestamp cannot be right.
@@ -108,7 +110,7 @@ _RESERVED_META = ("modules", "node_names")
 _CHUNK = 1 << 24  # bytes per crc32 / write step over the events block
 
 
-class TraceFileError(ValueError):
+class TraceFileError(HooktraceError):
     """A ``.htrace`` file is truncated, corrupt, or of an unsupported version.
 
     The message is one line: ``<file>: offset <n>: <what was expected vs found>``.
@@ -240,7 +242,9 @@ def write_trace(
         0,
     )
     header = header[:_HEADER_CRC_AT] + _U32.pack(zlib.crc32(header[:_HEADER_CRC_AT]))
-    with open(path, "wb") as f:
+    # Through a temporary file renamed when complete: a failure or Ctrl-C never
+    # leaves a truncated .htrace where a good one was (hooktrace._output).
+    with open_output(path, gzip_by_name=False) as f:
         f.write(header)
         f.write(meta_bytes)
         f.write(strings_bytes)
