@@ -354,9 +354,9 @@ class TraceData:
         """Write a Chrome/Perfetto trace JSON; gzip-compressed when ``path`` ends in ``.gz``.
 
         ``nodes=True`` adds one event per attributed autograd node (unattributed
-        nodes are always written); see ``hooktrace.chrome``.
+        nodes are always written); see ``hooktrace.exporters.chrome``.
         """
-        from hooktrace.chrome import export_chrome
+        from hooktrace.exporters.chrome import export_chrome
 
         export_chrome(self, path, nodes=nodes)
 

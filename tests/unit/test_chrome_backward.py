@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import NODE_NAMES, backward_trace, default_modules, trace_with_spans
 
-from hooktrace.chrome import write_chrome
+from hooktrace.exporters.chrome import write_chrome
 from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, NO_PASS, Nodes, Spans
 
 

@@ -216,7 +216,7 @@ def check_sane(run: TraceData) -> None:
             if key.endswith("_ns"):
                 assert value is None or value >= 0, (key, value)
     buf = io.BytesIO()
-    from hooktrace.chrome import write_chrome
+    from hooktrace.exporters.chrome import write_chrome
 
     write_chrome(run, buf, nodes=True)
     doc = json.loads(buf.getvalue())

@@ -1,0 +1,30 @@
+"""The command line's verbs, one module each (``hooktrace <verb> ...``).
+
+Each module has ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args)``;
+``hooktrace.cli`` only builds the parser from them and dispatches. A failure is
+raised as :class:`CliError` or a :class:`~hooktrace.errors.HooktraceError`,
+which the CLI prints as one line (exit code 1).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from hooktrace.errors import HooktraceError
+
+__all__ = ["CliError", "OPEN_HINT", "all_commands"]
+
+OPEN_HINT = (
+    "open it at https://ui.perfetto.dev (Open trace file) or in chrome://tracing (Load)"
+)
+
+
+class CliError(HooktraceError):
+    """A bad command-line argument or request, reported as one line."""
+
+
+def all_commands() -> list[ModuleType]:
+    """The verb modules, in the order ``hooktrace --help`` lists them."""
+    from hooktrace.commands import demo, export, merge, summary
+
+    return [demo, export, summary, merge]

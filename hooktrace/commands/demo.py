@@ -1,0 +1,28 @@
+"""``hooktrace demo``: train a built-in small GPT-style model under hooktrace."""
+
+from __future__ import annotations
+
+import argparse
+
+from hooktrace.commands import OPEN_HINT, CliError
+
+NAME = "demo"
+HELP = "trace a built-in small GPT-style model for a few steps"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default="hooktrace-demo", help="output folder (default: %(default)s)")
+    p.add_argument("--steps", type=int, default=5, help="training steps (default: %(default)s)")
+
+
+def run(args: argparse.Namespace) -> None:
+    from hooktrace.demo import run_demo
+
+    if args.steps < 1:
+        raise CliError(f"--steps must be at least 1, got {args.steps}")
+    result = run_demo(args.out, steps=args.steps)
+    print(f"trained TinyGPT for {args.steps} steps: loss {result.losses[0]:.3f} -> "
+          f"{result.losses[-1]:.3f}\n")
+    print(result.summary_text)
+    print(f"\nwrote {result.htrace} and {result.chrome}")
+    print(f"{OPEN_HINT}; or: hooktrace summary {result.htrace}")
