@@ -79,6 +79,7 @@ PYBIND11_MODULE(_C, m) {
              return py::make_tuple(c.ticks0, c.unix_ns0, c.ns_per_tick);
            })
       .def("copy_events", &copy_events_into, py::arg("out"))
+      .def("record_step", &Session::record_step, py::arg("step"))
       .def("set_emit_names", &Session::set_emit_names, py::arg("names"))
       .def_property_readonly("emits", &Session::emits);
   m.def("add_backward_session", &hooktrace::add_backward_session, py::arg("session"));

@@ -9,10 +9,12 @@
 //                        (the clock torch.profiler uses); converted to Unix ns
 //                        by the session's clock conversion, never on the hot path
 //        8    8  seq     forward: at::sequence_number::peek() on the calling
-//                        thread at the event; backward node: the node's seqNr()
+//                        thread at the event; backward node: the node's seqNr();
+//                        kStep: the number of the step that just ended
 //       16    4  id      forward: module slot in the session's module table;
 //                        kNodeBegin: index into the node-name table;
-//                        kNodeEnd: the autograd graph task id (backward.h)
+//                        kNodeEnd: the autograd graph task id (backward.h);
+//                        kStep: 0
 //       20    4  tid     OS thread id (gettid) of the recording thread
 //       24    4  rf_tid  forward: at::RecordFunction::currentThreadId() of the
 //                        recording thread; backward node: forwardThreadId()
@@ -32,6 +34,7 @@ enum EventKind : uint8_t {
   kExit = 2,       // module forward call returns (or raises: kFlagError)
   kNodeBegin = 3,  // autograd node starts running in backward
   kNodeEnd = 4,    // autograd node finished
+  kStep = 5,       // a training step ended (Trace.step() or Optimizer.step())
 };
 
 enum EventFlags : uint8_t {

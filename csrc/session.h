@@ -151,6 +151,10 @@ class Session {
     publish(b);
   }
 
+  // A step boundary (Python's Trace.step(), never per module call): `step` is
+  // the number of the step that just ended.
+  void record_step(uint64_t step) { record_node(kStep, step, 0, 0); }
+
   bool refill(ThreadBuffer* b);
 
   // Forward hooks (hooks mode). `sp` is the pre-hook's C stack address: a module

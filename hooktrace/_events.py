@@ -27,7 +27,8 @@ ENTER = 1
 EXIT = 2
 NODE_BEGIN = 3
 NODE_END = 4
-VALID_KINDS = (ENTER, EXIT, NODE_BEGIN, NODE_END)
+STEP = 5  # a training step ended: seq = its number, id = 0
+VALID_KINDS = (ENTER, EXIT, NODE_BEGIN, NODE_END, STEP)
 
 FLAG_ERROR = 1
 

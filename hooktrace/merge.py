@@ -91,6 +91,7 @@ from hooktrace.exporters.chrome import (
     _dumps,
     write_node_events,
     write_span_events,
+    write_steps,
 )
 from hooktrace.errors import HooktraceError, OutputPathError
 from hooktrace.reading import CAT_BACKWARD, TraceData, load
@@ -391,8 +392,9 @@ class _SkipFirstComma:
 
 
 def write_spans(write: Callable[[bytes], Any], run: TraceData, place: _Placement,
-                base_ns: int) -> None:
-    """Write the placed spans, unattributed nodes and their rows' metadata as ``,\n{event}``."""
+                base_ns: int, window: tuple[int, int], max_tid: int) -> list[dict[str, Any]]:
+    """Write the placed spans, unattributed nodes, steps and their rows' metadata as
+    ``,\\n{event}`` items; return the ``"tracks"`` table."""
     meta = place.layout.metadata(run.pid, run.info.get("thread_names"), named=place.thread_rows,
                                  sorted_too=place.profiler_threads)
     write("".join(",\n" + _dumps(m) for m in meta).encode("utf-8"))
@@ -401,6 +403,10 @@ def write_spans(write: Callable[[bytes], Any], run: TraceData, place: _Placement
     n = place.nodes
     write_node_events(write, run, n, place.node_start[n], place.node_end[n], place.node_row,
                       UNATTRIBUTED_CAT, base_ns)
+    tracks = place.layout.track_table()
+    first_free = max([t["tid"] for t in tracks] + [max_tid, 0]) + 1
+    step_track = write_steps(write, run, first_free, base_ns, window)
+    return tracks + ([step_track] if step_track is not None else [])
 
 
 # A top-level "ts" key and its number, in an event's JSON text.
@@ -507,8 +513,11 @@ def merge_traces(
             window = check_compatible(run, p, run_name)
             place = place_spans(run, p, window)
             result.update(place.result, profiler_events=p.n_events)
-            place_tracks[:] = [place.layout.track_table()]
-            write_spans(_SkipFirstComma(out.write, not nonempty), run, place, new_base)
+            spans = run.spans()
+            run_tids = np.union1d(spans.threads, spans.nodes.tid).astype(np.int64)
+            max_tid = max([p.max_tid] + run_tids.tolist())
+            place_tracks[:] = [write_spans(_SkipFirstComma(out.write, not nonempty), run, place,
+                                           new_base, window, max_tid)]
             return b""
         return insert
 

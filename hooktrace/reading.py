@@ -6,7 +6,7 @@ recompute) and ``Nodes`` the autograd node executions behind the backward ones.
 
 Example:
     >>> import numpy as np
-    >>> from hooktrace._events import EVENT_DTYPE, Clock
+    >>> from hooktrace._events import EVENT_DTYPE, STEP, Clock
     >>> ev = np.zeros(4, EVENT_DTYPE)
     >>> ev["kind"] = [1, 1, 2, 2]; ev["id"] = [0, 1, 1, 0]; ev["t"] = [0, 1000, 3000, 5000]
     >>> trace = TraceData(ev, [("", "Net"), ("fc", "Linear")], [], Clock(0, 0, 1.0),
@@ -26,7 +26,7 @@ import numpy as np
 
 import torch  # noqa: F401  (loads libc10 for _C)
 from hooktrace import _C
-from hooktrace._events import EVENT_DTYPE, Clock
+from hooktrace._events import EVENT_DTYPE, STEP, Clock
 from hooktrace.tracefile import read_trace, write_trace
 
 if TYPE_CHECKING:
@@ -42,6 +42,7 @@ __all__ = [
     "NO_PASS",
     "Nodes",
     "Spans",
+    "Steps",
     "TraceData",
     "load",
 ]
@@ -195,7 +196,7 @@ class Spans:
 
     Example:
         >>> import numpy as np
-        >>> from hooktrace._events import EVENT_DTYPE, Clock
+        >>> from hooktrace._events import EVENT_DTYPE, STEP, Clock
         >>> ev = np.zeros(3, EVENT_DTYPE); ev["kind"] = [2, 1, 2]; ev["t"] = [1, 2, 5]
         >>> s = Spans.from_events(ev, Clock(0, 0, 1.0))
         >>> len(s), s.orphan_exits, s.unfinished
@@ -278,6 +279,73 @@ class Spans:
         return out
 
 
+class Steps:
+    """Training steps of one run, in time order; step ``i`` ran from ``start_ns[i]``
+    to ``end_ns[i]`` (Unix ns).
+
+    A step mark (``Trace.step()``, or ``Optimizer.step()`` by default) ends a step:
+    the mark numbered n ends step n, which began at the previous mark (the first
+    at the start of the recording). After the last mark, what was recorded up to
+    the end of the recording is one more step, ``complete`` False. ``number``
+    (int64) keeps the recorder's numbering, so steps lost to a full buffer show
+    as gaps.
+
+    Example:
+        >>> import numpy as np
+        >>> s = Steps(np.array([0, 1]), np.array([100, 150]), np.array([150, 400]),
+        ...           np.array([True, False]))
+        >>> len(s), s.duration_ns.tolist(), s.index_of(np.array([120, 160, 90])).tolist()
+        (2, [50, 250], [0, 1, -1])
+    """
+
+    def __init__(self, number: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray,
+                 complete: np.ndarray) -> None:
+        self.number = np.asarray(number, np.int64)
+        self.start_ns = np.asarray(start_ns, np.int64)
+        self.end_ns = np.asarray(end_ns, np.int64)
+        self.complete = np.asarray(complete, bool)
+
+    @classmethod
+    def from_events(cls, events: np.ndarray, clock: Clock, start_ns: int, stop_ns: int,
+                    last_event_ns: int) -> Steps:
+        marks = np.flatnonzero(events["kind"] == STEP)
+        if not len(marks):
+            return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64),
+                       np.zeros(0, bool))
+        t = clock.to_unix_ns(events["t"][marks])
+        order = np.argsort(t, kind="stable")
+        t = t[order]
+        number = events["seq"][marks][order].astype(np.int64)
+        start = np.concatenate([[min(start_ns, int(t[0]))], t[:-1]])
+        end, complete = t, np.ones(len(t), bool)
+        if last_event_ns > int(t[-1]):  # recorded after the last mark: a step not ended
+            number = np.append(number, number[-1] + 1)
+            start = np.append(start, t[-1])
+            end = np.append(end, max(stop_ns, last_event_ns))
+            complete = np.append(complete, False)
+        return cls(number, start, end, complete)
+
+    def __len__(self) -> int:
+        return len(self.number)
+
+    def __repr__(self) -> str:
+        return f"Steps({len(self)} steps, {int(self.complete.sum())} complete)"
+
+    @property
+    def duration_ns(self) -> np.ndarray:
+        return self.end_ns - self.start_ns
+
+    def index_of(self, t_ns: np.ndarray) -> np.ndarray:
+        """Row of the step containing each time (a mark's own time belongs to the step
+        it ends); -1 before the first step or after the last."""
+        t = np.asarray(t_ns, np.int64)
+        if not len(self):
+            return np.full(len(t), -1, np.int64)
+        i = np.searchsorted(self.end_ns, t, "left")
+        inside = (i < len(self)) & (t >= self.start_ns[np.minimum(i, len(self) - 1)])
+        return np.where(inside, i, -1)
+
+
 class TraceData:
     """One recorded run: raw events plus everything needed to interpret them.
 
@@ -289,7 +357,7 @@ class TraceData:
 
     Example:
         >>> import numpy as np
-        >>> from hooktrace._events import EVENT_DTYPE, Clock
+        >>> from hooktrace._events import EVENT_DTYPE, STEP, Clock
         >>> t = TraceData(np.zeros(0, EVENT_DTYPE), [], [], Clock(0, 0, 1.0),
         ...               {"pid": 7, "hostname": "h", "dropped_events": 2,
         ...                "overwritten_events": 0})
@@ -316,6 +384,7 @@ class TraceData:
         self.clock = clock
         self.info: dict[str, Any] = dict(info)
         self._spans: Spans | None = None
+        self._steps: Steps | None = None
 
     def __repr__(self) -> str:
         return (f"<{type(self).__name__} {len(self.events)} events, {len(self.modules)} modules, "
@@ -350,6 +419,40 @@ class TraceData:
             spans = self._spans = Spans.from_events(self.events, self.clock)
         return spans
 
+    def steps(self) -> Steps:
+        """The run's training steps (computed once, then cached); empty without step marks."""
+        steps = getattr(self, "_steps", None)
+        if steps is None:
+            spans = self.spans()
+            ends = [int(a.max()) for a in (spans.end_ns, spans.nodes.end_ns) if len(a)]
+            starts = [int(a.min()) for a in (spans.start_ns, spans.nodes.start_ns) if len(a)]
+            # The first step starts at the first recorded call, not at the with
+            # statement (whatever ran before the loop is not a step's time).
+            begin = self.info.get("start_unix_ns")
+            begin = int(begin) if isinstance(begin, int) else int(self.clock.unix_ns0)
+            start = min(starts, default=begin)
+            last = max(ends, default=start)
+            stop = last
+            steps = self._steps = Steps.from_events(self.events, self.clock, start, stop, last)
+        return steps
+
+    def span_steps(self) -> np.ndarray:
+        """Per span: the row in :meth:`steps` of the step it started in (-1 for none)."""
+        return self.steps().index_of(self.spans().start_ns)
+
+    def step_bounds(self, first: int, last: int) -> tuple[int, int]:
+        """(start, end) in Unix ns of steps numbered ``first`` to ``last`` inclusive.
+
+        Raises ValueError naming what the trace has when no such step was recorded.
+        """
+        steps = self.steps()
+        sel = (steps.number >= first) & (steps.number <= last)
+        if not sel.any():
+            have = (f"steps {int(steps.number.min())} to {int(steps.number.max())}"
+                    if len(steps) else "no step marks (call trace.step(), or step an optimizer)")
+            raise ValueError(f"no step in {first}..{last}: the trace has {have}")
+        return int(steps.start_ns[sel].min()), int(steps.end_ns[sel].max())
+
     def export_chrome(self, path: str | os.PathLike[str], *, nodes: bool = False) -> None:
         """Write a Chrome/Perfetto trace JSON; gzip-compressed when ``path`` ends in ``.gz``.
 
@@ -379,7 +482,7 @@ def load(path: str | os.PathLike[str], *, mmap: bool = False) -> TraceData:
 
     Example:
         >>> import numpy as np, tempfile, os
-        >>> from hooktrace._events import EVENT_DTYPE, Clock
+        >>> from hooktrace._events import EVENT_DTYPE, STEP, Clock
         >>> p = os.path.join(tempfile.mkdtemp(), "run.htrace")
         >>> TraceData(np.zeros(0, EVENT_DTYPE), [("", "Net")], [], Clock(0, 0, 1.0),
         ...           {"pid": 7, "hostname": "h", "dropped_events": 0,

@@ -27,6 +27,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from hooktrace import _C
 from hooktrace._events import EVENT_DTYPE, Clock
@@ -72,12 +73,47 @@ class _Installed:
 
 
 class Trace(TraceData):
-    """A recording of one model's module calls; read it after the ``with`` block.
+    """``hooktrace.trace(model, ...)``: record every submodule's calls inside a ``with`` block.
 
-    Created by :func:`trace`. Inside the block every submodule's forward is
-    recorded; on exit (exception or not) all instrumentation is removed and the
-    events become readable with the :class:`~hooktrace.reading.TraceData`
-    methods (``summary()``, ``export_chrome()``, ``save()``, ``spans()``).
+    Inside the block every module of ``model.named_modules()`` is recorded
+    (forward calls, and backward spans from autograd nodes); on exit (exception
+    or not) all instrumentation is removed and the events become readable with
+    the :class:`~hooktrace.reading.TraceData` methods (``summary()``,
+    ``export_chrome()``, ``save()``, ``spans()``, ``steps()``).
+    ``snapshot()`` reads the events so far while recording goes on.
+
+    Args:
+        model: the root module.
+        mode: ``"wrap"`` replaces each instance's ``forward`` with a transparent compiled
+            wrapper (the fastest; ``"auto"`` picks it); ``"hooks"`` registers compiled
+            forward pre/post hooks instead.
+        capacity: number of events held (32 bytes each), an int from 1 to 2**40.
+            Rounded up to whole chunks of 4096 events (a capacity below 4096 is one
+            chunk of exactly that size); ``info["capacity"]`` reports the effective
+            value. Memory is allocated a chunk at a time as events are recorded.
+        policy: when full, ``"drop"`` keeps the oldest events and counts the rest as
+            dropped; ``"ring"`` keeps the newest (flight recorder) and counts the
+            overwritten ones. A ring recycles a chunk at a time and holds one chunk
+            more than ``capacity``, so a thread recording alone always keeps at least
+            its newest ``capacity`` events; several threads share the chunks.
+        backward: also record autograd nodes, which the reader turns into
+            per-module backward spans (``"cat": "hooktrace.backward"``).
+        emit_profiler: also open a ``torch.profiler`` user-scope range per module call
+            (from C++), so module names show in the profiler's own trace, TensorBoard
+            and HTA. Costs nothing measurable while no profiler runs.
+        steps: ``"optimizer"`` (default): a step ends at each ``step()`` of the first
+            ``torch.optim.Optimizer`` that steps inside the block (a global optimizer
+            hook; other optimizers, e.g. a GAN's second one, do not end steps); None:
+            only :meth:`step` marks steps. Calling :meth:`step` yourself switches the
+            optimizer hook off for the rest of the block.
+
+    Example::
+
+        with hooktrace.trace(model) as tr:
+            for batch in loader:
+                loss = model(batch).sum(); loss.backward(); opt.step()   # a step each
+        tr.export_chrome("trace.json")
+        print(tr.summary())
     """
 
     def __init__(
@@ -89,6 +125,7 @@ class Trace(TraceData):
         policy: Policy = "drop",
         backward: bool = True,
         emit_profiler: bool = False,
+        steps: Literal["optimizer"] | None = "optimizer",
     ) -> None:
         # Everything is checked here, before the model is touched: a bad argument must
         # never leave a model half-instrumented.
@@ -105,6 +142,8 @@ class Trace(TraceData):
         for flag, value in (("backward", backward), ("emit_profiler", emit_profiler)):
             if not isinstance(value, (bool, np.bool_)):
                 raise TypeError(f"{flag} must be True or False, got {type(value).__name__} {value!r}")
+        if steps not in ("optimizer", None):
+            raise ValueError(f"steps must be 'optimizer' or None, got {steps!r}")
         capacity = _check_capacity(capacity)
         self._model_ref = weakref.ref(model)
         self._mode: Literal["wrap", "hooks"] = "hooks" if mode == "hooks" else "wrap"
@@ -113,6 +152,10 @@ class Trace(TraceData):
         self._backward = bool(backward)
         self._emit_profiler = bool(emit_profiler)
         self._session: Any = None
+        self._steps_from_optimizer = steps == "optimizer"
+        self._step = 0  # the number of the step being recorded
+        self._lead_optimizer: weakref.ref[Any] | None = None
+        self._optimizer_hook: Any = None
         self._installed: list[_Installed] = []
         self._state: Literal["new", "recording", "done"] = "new"
 
@@ -155,6 +198,9 @@ class Trace(TraceData):
                 session.start()
                 if self._backward:
                     _C.add_backward_session(session)
+                if self._steps_from_optimizer:
+                    self._optimizer_hook = register_optimizer_step_post_hook(
+                        self._on_optimizer_step)
                 for slot, (_, m) in enumerate(named):
                     self._install(m, slot)
                 sigint.raise_pending()
@@ -173,6 +219,36 @@ class Trace(TraceData):
         tb: TracebackType | None,
     ) -> None:
         self._finish()
+
+    # -- steps -------------------------------------------------------------
+
+    def step(self) -> int:
+        """Mark the end of a training step; returns the number of the step that ended.
+
+        Steps are numbered from 0. Calling this switches off the default steps
+        from ``Optimizer.step`` for the rest of the block, so no step is counted
+        twice.
+        """
+        if self._state != "recording":
+            raise RuntimeError("hooktrace: trace.step() marks steps inside the with block")
+        self._steps_from_optimizer = False
+        return self._mark_step()
+
+    def _mark_step(self) -> int:
+        ended = self._step
+        self._session.record_step(ended)
+        self._step += 1
+        return ended
+
+    def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self._steps_from_optimizer or self._state != "recording":
+            return
+        lead = self._lead_optimizer() if self._lead_optimizer is not None else None
+        if lead is None:
+            self._lead_optimizer = weakref.ref(optimizer)
+        elif lead is not optimizer:
+            return  # one step per iteration, however many optimizers step in it
+        self._mark_step()
 
     # -- instrumentation ---------------------------------------------------
 
@@ -252,6 +328,8 @@ class Trace(TraceData):
         redone, all steps being idempotent. Returns what was raised."""
         session = self._session
         steps: list[Any] = [session.stop]
+        if self._optimizer_hook is not None:
+            steps.append(self._optimizer_hook.remove)  # idempotent
         if self._backward:
             steps.append(lambda: _C.remove_backward_session(session))
         steps += [lambda inst=inst: self._uninstall(inst) for inst in reversed(self._installed)]
@@ -353,7 +431,8 @@ class Trace(TraceData):
 
 
 # What TraceData.__init__ sets: read before the block ends, they raise one clear error.
-_DATA_ATTRS = frozenset({"events", "modules", "node_names", "clock", "info", "_spans"})
+_DATA_ATTRS = frozenset({"events", "modules", "node_names", "clock", "info", "_spans",
+                         "_steps"})
 
 
 class _SigintDeferred:
@@ -453,48 +532,6 @@ def _version() -> str:
     return __version__
 
 
-def trace(
-    model: nn.Module,
-    *,
-    mode: Mode = "auto",
-    capacity: int = DEFAULT_CAPACITY,
-    policy: Policy = "drop",
-    backward: bool = True,
-    emit_profiler: bool = False,
-) -> Trace:
-    """Trace every submodule's forward calls of ``model`` inside a ``with`` block.
-
-    Args:
-        model: the root module; every module of ``model.named_modules()`` is traced.
-        mode: ``"wrap"`` replaces each instance's ``forward`` with a transparent compiled
-            wrapper (the fastest; ``"auto"`` picks it); ``"hooks"`` registers compiled
-            forward pre/post hooks instead.
-        capacity: number of events held (32 bytes each), an int from 1 to 2**40.
-            Rounded up to whole chunks of 4096 events (a capacity below 4096 is one
-            chunk of exactly that size); ``info["capacity"]`` reports the effective
-            value. Memory is allocated a chunk at a time as events are recorded.
-        policy: when full, ``"drop"`` keeps the oldest events and counts the rest as
-            dropped; ``"ring"`` keeps the newest (flight recorder) and counts the
-            overwritten ones. A ring recycles a chunk at a time and holds one chunk
-            more than ``capacity``, so a thread recording alone always keeps at least
-            its newest ``capacity`` events; several threads share the chunks.
-        backward: also record autograd nodes, which the reader turns into
-            per-module backward spans (``"cat": "backward"``).
-        emit_profiler: also open a ``torch.profiler`` user-scope range per module call
-            (from C++), so module names show in the profiler's own trace, TensorBoard
-            and HTA. Costs nothing measurable while no profiler runs.
-
-    Example::
-
-        with hooktrace.trace(model) as tr:
-            model(x)
-        tr.export_chrome("trace.json")
-    """
-    return Trace(
-        model,
-        mode=mode,
-        capacity=capacity,
-        policy=policy,
-        backward=backward,
-        emit_profiler=emit_profiler,
-    )
+# `hooktrace.trace(model, ...)` is the class itself (as torch.profiler.profile is): one
+# signature, documented once, on the class.
+trace = Trace

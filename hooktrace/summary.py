@@ -34,14 +34,15 @@ from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, CAT_RECOMPUTE, Spans
 if TYPE_CHECKING:
     from hooktrace.reading import TraceData
 
-__all__ = ["Summary", "TEXT_WIDTH", "format_ns", "UNATTRIBUTED"]
+__all__ = ["StepTable", "Summary", "TEXT_WIDTH", "format_ns", "UNATTRIBUTED"]
 
 UNATTRIBUTED = "<unattributed>"  # "module" of the rows for unattributed autograd nodes
 TEXT_WIDTH = 120  # the default text table fits this many columns (issue #7)
 
 _COLUMNS = ("module", "type", "calls", "total_ns", "self_ns", "mean_ns", "p50_ns", "p99_ns",
             "bwd_calls", "bwd_total_ns", "bwd_self_ns", "bwd_p50_ns", "bwd_p99_ns",
-            "bwd_fwd_ratio", "recompute_calls", "recompute_total_ns")
+            "bwd_fwd_ratio", "recompute_calls", "recompute_total_ns", "step_p50_ns",
+            "step_p99_ns")
 _FORWARD_KEYS = ("calls", "total_ns", "self_ns", "mean_ns", "p50_ns", "p99_ns",
                  "recompute_calls", "recompute_total_ns")
 
@@ -168,7 +169,20 @@ class Summary:
             "unattributed_nodes": int(np.count_nonzero(unattributed)),
             "unattributed_ns": int(nodes.self_ns[unattributed].sum()),
         }
-        return cls(cls._rows(spans, trace.modules, trace.node_names), counts)
+        rows = cls._rows(spans, trace.modules, trace.node_names)
+        steps = trace.steps()
+        complete = np.flatnonzero(steps.complete)
+        counts["steps"] = len(complete)
+        per_step = _per_step_totals(spans, trace.modules, trace.span_steps(), complete)
+        for row in rows:
+            values = per_step.get(row["module"]) if row["module"] != UNATTRIBUTED else None
+            row["step_p50_ns"] = None if values is None else float(np.percentile(values, 50))
+            row["step_p99_ns"] = None if values is None else float(np.percentile(values, 99))
+        if len(complete):
+            d = steps.duration_ns[complete]
+            counts["step_p50_ns"] = int(np.percentile(d, 50))
+            counts["step_p99_ns"] = int(np.percentile(d, 99))
+        return cls(rows, counts)
 
     @staticmethod
     def _rows(spans: Spans, modules: Sequence[tuple[str, str]],
@@ -212,13 +226,17 @@ class Summary:
                 rows.append(row)
         # Stable: equal totals keep module-slot order, unattributed rows last.
         rows.sort(key=lambda r: -((r["total_ns"] or 0) + r["bwd_total_ns"]))
-        return [{key: row[key] for key in _COLUMNS} for row in rows]
+        return [{key: row.get(key) for key in _COLUMNS} for row in rows]
 
     def footer(self) -> str:
         """How rows are sorted and what backward times mean, then lost or partial
         data and unattributed nodes when there are any."""
         c = self.counts
         lines = ["sorted by forward total + backward total, descending"]
+        if c.get("steps"):
+            lines.append(f"{c['steps']} complete steps: p50 {format_ns(c['step_p50_ns'])}, "
+                         f"p99 {format_ns(c['step_p99_ns'])} per step; step_p50/step_p99: "
+                         "a module's forward + backward time per step")
         if any(r["bwd_calls"] for r in self.rows):
             lines.append("bwd_total: first to last autograd node of a call and its submodules; "
                          "bwd_self: in its own nodes;\n"
@@ -249,9 +267,10 @@ class Summary:
         rows = self._top(top)
         has_bwd = any(r["bwd_calls"] for r in self.rows)
         has_rec = any(r["recompute_calls"] for r in self.rows)
+        has_steps = any(r["step_p50_ns"] is not None for r in self.rows)
         if wide:
             columns = list(_TEXT_FORWARD) + (_TEXT_BACKWARD if has_bwd else []) + (
-                _TEXT_RECOMPUTE if has_rec else [])
+                _TEXT_RECOMPUTE if has_rec else []) + (_TEXT_STEPS if has_steps else [])
         else:
             columns = list(_TEXT_NARROW) + (_TEXT_NARROW_BACKWARD if has_bwd else []) + (
                 _TEXT_RECOMPUTE[:1] if has_rec else [])
@@ -312,6 +331,7 @@ _TEXT_BACKWARD = [("bwd_calls", "bwd_calls"), ("bwd_total", "bwd_total_ns"),
                   ("bwd_self", "bwd_self_ns"), ("bwd_p50", "bwd_p50_ns"),
                   ("bwd_p99", "bwd_p99_ns"), ("bwd/fwd", "bwd_fwd_ratio")]
 _TEXT_RECOMPUTE = [("recompute", "recompute_calls"), ("recompute_total", "recompute_total_ns")]
+_TEXT_STEPS = [("step_p50", "step_p50_ns"), ("step_p99", "step_p99_ns")]
 # The default table: what fits 120 columns with typical module names.
 _TEXT_NARROW = [("module", "module"), ("type", "type"), ("calls", "calls"),
                 ("total", "total_ns"), ("self", "self_ns"), ("p50", "p50_ns")]
@@ -327,6 +347,100 @@ def _shorten(text: str, width: int) -> str:
         '…11.self_attn.q_proj'
     """
     return text if len(text) <= width else "…" + text[len(text) - width + 1:]
+
+
+def _per_step_totals(spans: Spans, modules: Sequence[tuple[str, str]], span_step: np.ndarray,
+                     complete: np.ndarray) -> dict[str, np.ndarray]:
+    """Per module: its forward + backward time in each complete step (zeros where it
+    did not run), keyed by qualified module name; empty without complete steps."""
+    if not len(complete) or not len(spans):
+        return {}
+    n_rows = max(int(complete.max()), int(span_step.max(initial=-1))) + 1
+    col = np.full(n_rows + 1, -1, np.int64)
+    col[complete] = np.arange(len(complete))
+    c = col[span_step]  # span_step == -1 maps to the last slot, which stays -1
+    keep = (c >= 0) & (spans.cat != CAT_RECOMPUTE)
+    module = spans.module[keep].astype(np.int64)
+    n_mod = int(spans.module.max()) + 1
+    totals = np.bincount(module * len(complete) + c[keep], weights=spans.duration_ns[keep],
+                         minlength=n_mod * len(complete)).reshape(n_mod, len(complete))
+    return {modules[m][0] if m < len(modules) else f"<module {m}>": totals[m]
+            for m in np.unique(module).tolist()}
+
+
+class StepTable:
+    """One row per step: ``step``, ``start_s`` (seconds from the first step's start),
+    ``duration_ns``, ``forward_ns`` / ``backward_ns`` (the time of the step's outermost
+    forward / backward spans), ``spans``, ``complete``; ``to_text``/``to_csv``/``to_json``.
+
+    Example:
+        >>> t = StepTable([{"step": 0, "start_s": 0.0, "duration_ns": 2_000_000,
+        ...                 "forward_ns": 500_000, "backward_ns": 900_000, "spans": 12,
+        ...                 "complete": True}])
+        >>> print(t.to_text())  # doctest: +NORMALIZE_WHITESPACE
+        step  start_s  duration  forward   backward  spans
+           0    0.000   2.00 ms   500 µs     900 µs     12
+        1 steps: p50 2.00 ms, p99 2.00 ms
+    """
+
+    COLUMNS = ("step", "start_s", "duration_ns", "forward_ns", "backward_ns", "spans", "complete")
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = rows
+
+    @classmethod
+    def from_trace(cls, trace: TraceData) -> StepTable:
+        steps = trace.steps()
+        spans = trace.spans()
+        row_of = trace.span_steps()
+        outer = spans.parent < 0
+        rows = []
+        t0 = int(steps.start_ns[0]) if len(steps) else 0
+        for i in range(len(steps)):
+            mine = row_of == i
+            fwd = mine & outer & (spans.cat == CAT_FORWARD)
+            bwd = mine & outer & (spans.cat == CAT_BACKWARD)
+            rows.append({"step": int(steps.number[i]),
+                         "start_s": (int(steps.start_ns[i]) - t0) / 1e9,
+                         "duration_ns": int(steps.duration_ns[i]),
+                         "forward_ns": int(spans.duration_ns[fwd].sum()),
+                         "backward_ns": int(spans.duration_ns[bwd].sum()),
+                         "spans": int(mine.sum()), "complete": bool(steps.complete[i])})
+        return cls(rows)
+
+    def _top(self, top: int | None) -> list[dict[str, Any]]:
+        return self.rows if top is None else self.rows[:top]
+
+    def to_text(self, top: int | None = None, *, wide: bool = False) -> str:
+        if not self.rows:
+            return ("no steps: the run has no step marks (hooktrace.trace() ends a step at "
+                    "each Optimizer.step(), or call trace.step())")
+        header = ["step", "start_s", "duration", "forward", "backward", "spans"]
+        table = [header] + [
+            [str(r["step"]) + ("" if r["complete"] else "*"), f"{r['start_s']:.3f}",
+             format_ns(r["duration_ns"]), format_ns(r["forward_ns"]),
+             format_ns(r["backward_ns"]), str(r["spans"])] for r in self._top(top)]
+        widths = [max(len(line[i]) for line in table) for i in range(len(header))]
+        lines = ["  ".join(c.rjust(w) for c, w in zip(line, widths)).rstrip() for line in table]
+        done = [r["duration_ns"] for r in self.rows if r["complete"]]
+        if top is not None and len(self.rows) > top:
+            lines.append(f"... {len(self.rows) - top} more steps")
+        if done:
+            lines.append(f"{len(done)} steps: p50 {format_ns(float(np.percentile(done, 50)))}, "
+                         f"p99 {format_ns(float(np.percentile(done, 99)))}")
+        if not all(r["complete"] for r in self.rows):
+            lines.append("* not ended by a step mark: recorded after the last one")
+        return "\n".join(lines)
+
+    def to_csv(self, top: int | None = None) -> str:
+        out = io.StringIO()
+        w = csv.DictWriter(out, fieldnames=list(self.COLUMNS), lineterminator="\n")
+        w.writeheader()
+        w.writerows(self._top(top))
+        return out.getvalue()
+
+    def to_json(self, top: int | None = None) -> str:
+        return json.dumps({"steps": self._top(top)})
 
 
 def _stats(groups: _Groups, gid: int, prefix: str) -> dict[str, Any]:

@@ -70,6 +70,7 @@ from hooktrace._events import (
     EXIT,
     FLAG_ERROR,
     NODE_BEGIN,
+    STEP,
     VALID_KINDS,
     Clock,
 )
@@ -740,6 +741,9 @@ def _validate_events(
     if bad.size:
         fail(bad, "id", f"node name id {int(ids[bad[0]])} out of range "
                         f"(the node name table has {n_nodes} names)")
+    bad = np.flatnonzero((kind == STEP) & (ids != 0))
+    if bad.size:
+        fail(bad, "id", f"expected id 0 on a step mark, found {int(ids[bad[0]])}")
     # The recorder sets FLAG_ERROR on EXITs only and never writes the padding.
     # (Each check scans the nonzero/too-large values only: a load is I/O bound.)
     flagged = np.flatnonzero(events["flags"])

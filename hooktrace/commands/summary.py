@@ -10,7 +10,7 @@ from hooktrace.commands import CliError
 
 if TYPE_CHECKING:
     from hooktrace.attribution import Attribution
-    from hooktrace.summary import Summary
+    from hooktrace.summary import StepTable, Summary
 
 NAME = "summary"
 HELP = "per-module time table of a .htrace file"
@@ -29,6 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="attribute this torch.profiler trace's ops (and kernels) to modules")
     p.add_argument("--top-ops", type=int, default=3,
                    help="with --profiler: ops listed per module (default: %(default)s)")
+    p.add_argument("--steps", action="store_true",
+                   help="one row per training step (duration, forward and backward time)")
 
 
 def run(args: argparse.Namespace) -> None:
@@ -38,8 +40,14 @@ def run(args: argparse.Namespace) -> None:
         raise CliError(f"--top must be at least 1, got {args.top}")
     if args.top_ops < 0:
         raise CliError(f"--top-ops must be at least 0, got {args.top_ops}")
-    table: Summary | Attribution
-    if args.profiler is not None:
+    table: Summary | Attribution | StepTable
+    if args.steps and args.profiler is not None:
+        raise CliError("--steps and --profiler are separate tables: give one of them")
+    if args.steps:
+        from hooktrace.summary import StepTable
+
+        table = StepTable.from_trace(load(args.run))
+    elif args.profiler is not None:
         from hooktrace.merge import attribute
 
         table = attribute(args.run, args.profiler, top_ops=args.top_ops)

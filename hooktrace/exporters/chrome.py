@@ -25,7 +25,9 @@ reason.
   k)"`` (backward spans, laid out by ``_C.assign_lanes`` so each row nests
   strictly; with ``nodes=True`` the attributed autograd nodes too), and
   ``"T autograd (unattributed)"`` (nodes that belong to no module call, always
-  written, so no backward time vanishes);
+  written, so no backward time vanishes); and one row ``"steps"`` at the top
+  with the training steps (category ``hooktrace.step``, args ``step``,
+  ``complete``) when the run has step marks;
 * track tids: the smallest integers above every tid in the file (so Perfetto,
   which shows "name tid", shows a short number), with ``thread_sort_index``
   placing each thread's tracks right below it (see
@@ -70,10 +72,12 @@ __all__ = [
     "CHUNK_BYTES",
     "NODE_CAT",
     "SPAN_CATS",
+    "STEP_CAT",
     "TrackLayout",
     "UNATTRIBUTED_CAT",
     "export_chrome",
     "write_chrome",
+    "write_steps",
 ]
 
 # Event categories, the same in exports and merged traces.
@@ -255,6 +259,46 @@ class TrackLayout:
                 for t, os_tid, kind, lane in self.tracks]
 
 
+STEP_CAT = "hooktrace.step"
+
+
+def write_steps(write: Any, trace: TraceData, tid: int, base_ns: int,
+                window: tuple[int, int] | None = None) -> dict[str, Any] | None:
+    """The run's steps as ``,\n{event}`` items on their own row ``tid`` named "steps"
+    (placed above the threads), clipped to ``window``; returns the row's entry for the
+    ``"tracks"`` table, or None when the run has no steps in the window.
+
+    Each step is an X event ``"step N"`` (category ``hooktrace.step``, args ``step``
+    and ``complete``: False for the last one when no mark ended it).
+    """
+    steps = trace.steps()
+    lo, hi = window if window is not None else (-(1 << 62), 1 << 62)
+    keep = np.flatnonzero((steps.end_ns >= lo) & (steps.start_ns <= hi))
+    if not len(keep):
+        return None
+    pid = trace.pid
+    items = [{"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+              "args": {"name": "steps"}},
+             {"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+              "args": {"sort_index": 0}}]
+    text = "".join(",\n" + _dumps(m) for m in items)
+    for i in keep.tolist():
+        start = max(int(steps.start_ns[i]), lo) - base_ns
+        end = min(int(steps.end_ns[i]), hi) - base_ns
+        n = int(steps.number[i])
+        text += (f',\n{{"ph":"X","cat":"{STEP_CAT}","name":"step {n}","pid":{pid},"tid":{tid},'
+                 f'"ts":{_micros(start)},"dur":{_micros(end - start)},'
+                 f'"args":{{"step":{n},"complete":{"true" if steps.complete[i] else "false"}}}}}')
+    write(text.encode("utf-8"))
+    return {"tid": tid, "thread": 0, "kind": "steps", "lane": 0}
+
+
+def _micros(ns: int) -> str:
+    """Exact ``<us>.<3 digits>`` text of integer nanoseconds (as csrc/chrome_writer does)."""
+    sign, ns = ("-", -ns) if ns < 0 else ("", ns)
+    return f"{sign}{ns // 1000}.{ns % 1000:03d}"
+
+
 def write_span_events(
     write: Any, trace: TraceData, index: np.ndarray, start: np.ndarray, end: np.ndarray,
     tid: np.ndarray, base_ns: int, *, node_counts: np.ndarray | None = None,
@@ -334,8 +378,10 @@ def write_chrome(
     spans = trace.spans()
     node_table = spans.nodes
     pid = trace.pid
-    if len(spans) or len(node_table):
-        base_ns = min(int(a.min()) for a in (spans.start_ns, node_table.start_ns) if len(a))
+    steps = trace.steps()
+    if len(spans) or len(node_table) or len(steps):
+        base_ns = min(int(a.min()) for a in (spans.start_ns, node_table.start_ns, steps.start_ns)
+                      if len(a))
         base_ns = base_ns // 1000 * 1000
     else:
         base_ns = int(trace.info.get("start_unix_ns", trace.clock.unix_ns0)) // 1000 * 1000
@@ -375,6 +421,12 @@ def write_chrome(
         write_node_events(f.write, trace, idx, node_table.start_ns[idx], node_table.end_ns[idx],
                           tid, cat, base_ns, chunk_bytes=chunk_bytes)
 
+    tracks = layout.track_table()
+    first_free = max([t["tid"] for t in tracks] + os_threads.tolist() + [0]) + 1
+    step_track = write_steps(f.write, trace, first_free, base_ns)
+    if step_track is not None:
+        tracks.append(step_track)
+
     unattributed = ~attributed
     block = {
         "version": __version__,
@@ -387,7 +439,8 @@ def write_chrome(
         "autograd_nodes": len(node_table),
         "unattributed_nodes": int(np.count_nonzero(unattributed)),
         "unattributed_ns": int(node_table.self_ns[unattributed].sum()),
-        "tracks": layout.track_table(),
+        "steps": len(trace.steps()),
+        "tracks": tracks,
     }
     tail = (
         '\n],\n"displayTimeUnit":"ns","baseTimeNanoseconds":' + str(base_ns)

@@ -61,10 +61,13 @@ def perfetto_check(files: list[Path]) -> str:
 
 
 def train(model: torch.nn.Module, x: torch.Tensor, steps: int = 2) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)  # its steps make the "steps" row
     for _ in range(steps):
         out = model(x)
         logits = out.logits if hasattr(out, "logits") else out
         logits.float().pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +103,7 @@ def test_every_written_trace_loads_in_perfetto_without_losing_a_span(traces: lis
     report = perfetto_check(traces)
     # the merged traces carry the profiler's ops and hooktrace's rows together
     assert "cpu_op" in report and "hooktrace.backward" in report
-    assert "hooktrace.autograd_unattributed" in report
+    assert "hooktrace.autograd_unattributed" in report and "hooktrace.step" in report
 
 
 def test_row_names_are_readable(traces: list[Path]) -> None:

@@ -103,7 +103,8 @@ def test_metadata_events_and_hooktrace_block():
                                 "dropped_events": 7, "overwritten_events": 9,
                                 "orphan_exits": 1, "unfinished_spans": 1,
                                 "backward_spans": 0, "autograd_nodes": 0,
-                                "unattributed_nodes": 0, "unattributed_ns": 0, "tracks": []}
+                                "unattributed_nodes": 0, "unattributed_ns": 0, "steps": 0,
+                                "tracks": []}
     sort_index = {e["tid"]: e["args"]["sort_index"] for e in meta
                   if e["name"] == "thread_sort_index"}
     assert sort_index == {1: 64, 2: 128}  # thread T: T * 64, its tracks below it

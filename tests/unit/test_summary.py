@@ -144,7 +144,8 @@ def test_default_text_fits_120_columns_even_with_long_names():
              "self_ns": 10**11, "mean_ns": 1e6, "p50_ns": 1e6, "p99_ns": 2e6,
              "bwd_calls": 10**6, "bwd_total_ns": 2 * 10**12, "bwd_self_ns": 10**11,
              "bwd_p50_ns": 2e6, "bwd_p99_ns": 3e6, "bwd_fwd_ratio": 2.0,
-             "recompute_calls": 0, "recompute_total_ns": 0} for i in range(3)]
+             "recompute_calls": 0, "recompute_total_ns": 0, "step_p50_ns": None,
+             "step_p99_ns": None} for i in range(3)]
     summary = Summary(rows, {})
     # THEN every line fits, names keep their (distinguishing) end, --wide has them whole
     lines = summary.to_text().splitlines()
@@ -199,7 +200,7 @@ def test_csv_and_json_forms_carry_the_rows():
     assert list(parsed[0]) == ["module", "type", "calls", "total_ns", "self_ns", "mean_ns",
                                "p50_ns", "p99_ns", "bwd_calls", "bwd_total_ns", "bwd_self_ns",
                                "bwd_p50_ns", "bwd_p99_ns", "bwd_fwd_ratio", "recompute_calls",
-                               "recompute_total_ns"]
+                               "recompute_total_ns", "step_p50_ns", "step_p99_ns"]
     doc = json.loads(summary.to_json())
     assert doc["rows"] == summary.rows
     assert doc["counts"]["dropped_events"] == 4
