@@ -22,6 +22,7 @@ import warnings
 import weakref
 from dataclasses import dataclass
 from types import TracebackType
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -101,6 +102,16 @@ class Trace(TraceData):
         emit_profiler: also open a ``torch.profiler`` user-scope range per module call
             (from C++), so module names show in the profiler's own trace, TensorBoard
             and HTA. Costs nothing measurable while no profiler runs.
+        dump_on: flight-recorder dumps (see :mod:`hooktrace.flight`): any of
+            ``"exception"`` (an exception escapes the block), ``"signal"`` (the process
+            receives ``dump_signal``; main thread only; a previous handler is still
+            called), ``"hang"`` (nothing recorded and no step ended for
+            ``hang_timeout`` seconds: a watchdog thread, not the hot path). Each dump
+            writes the events so far (the newest with ``policy="ring"``), every
+            thread's Python stack and open module calls to ``dump_dir``.
+        dump_dir: where dumps go (default ``hooktrace-dumps``).
+        hang_timeout: seconds without progress that count as a hang (default 300).
+        dump_signal: the signal that asks for a dump (default SIGUSR1).
         steps: ``"optimizer"`` (default): a step ends at each ``step()`` of the first
             ``torch.optim.Optimizer`` that steps inside the block (a global optimizer
             hook; other optimizers, e.g. a GAN's second one, do not end steps); None:
@@ -126,6 +137,10 @@ class Trace(TraceData):
         backward: bool = True,
         emit_profiler: bool = False,
         steps: Literal["optimizer"] | None = "optimizer",
+        dump_on: str | Sequence[str] | None = None,
+        dump_dir: str | os.PathLike[str] = "hooktrace-dumps",
+        hang_timeout: float = 300.0,
+        dump_signal: int = signal.SIGUSR1,
     ) -> None:
         # Everything is checked here, before the model is touched: a bad argument must
         # never leave a model half-instrumented.
@@ -144,6 +159,21 @@ class Trace(TraceData):
                 raise TypeError(f"{flag} must be True or False, got {type(value).__name__} {value!r}")
         if steps not in ("optimizer", None):
             raise ValueError(f"steps must be 'optimizer' or None, got {steps!r}")
+        self._dump_on = _check_dump_on(dump_on)
+        if os.path.exists(dump_dir) and not os.path.isdir(dump_dir):
+            raise ValueError(f"dump_dir {os.fspath(dump_dir)!r} exists and is not a directory")
+        if not isinstance(hang_timeout, (int, float)) or not hang_timeout > 0:
+            raise ValueError(f"hang_timeout must be a positive number of seconds, got "
+                             f"{hang_timeout!r}")
+        if dump_signal not in signal.valid_signals() or dump_signal in (signal.SIGKILL,
+                                                                        signal.SIGSTOP):
+            raise ValueError(f"dump_signal must be a signal that can be handled, got "
+                             f"{dump_signal!r}")
+        self._dump_dir = dump_dir
+        self._hang_timeout = float(hang_timeout)
+        self._dump_signal = dump_signal
+        self._previous_handler: Any = None
+        self._watchdog: Any = None
         capacity = _check_capacity(capacity)
         self._model_ref = weakref.ref(model)
         self._mode: Literal["wrap", "hooks"] = "hooks" if mode == "hooks" else "wrap"
@@ -164,6 +194,9 @@ class Trace(TraceData):
     def __enter__(self) -> Trace:
         if self._state != "new":
             raise RuntimeError("a hooktrace.Trace can be entered only once; call hooktrace.trace() again")
+        if "signal" in self._dump_on and threading.current_thread() is not threading.main_thread():
+            raise ValueError("dump_on='signal' needs the trace to start on the main thread "
+                             "(Python runs signal handlers there only)")
         model = self._model_ref()
         if model is None:
             raise RuntimeError("the traced model no longer exists")
@@ -203,6 +236,7 @@ class Trace(TraceData):
                         self._on_optimizer_step)
                 for slot, (_, m) in enumerate(named):
                     self._install(m, slot)
+                self._start_flight_recorder()
                 sigint.raise_pending()
             except BaseException:
                 if self._state == "recording":
@@ -218,7 +252,60 @@ class Trace(TraceData):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if exc is not None and "exception" in self._dump_on and self._state == "recording":
+            self._dump("exception", exc=exc, quiet_errors=True)
         self._finish()
+
+    # -- flight recorder (hooktrace.flight) ----------------------------------
+
+    def dump(self, directory: str | os.PathLike[str] | None = None) -> str:
+        """Write a flight-recorder dump of this trace now; returns the file's path."""
+        if self._state != "recording":
+            raise RuntimeError("hooktrace: trace.dump() dumps a trace inside its with block")
+        return os.fspath(self._dump("request", directory=directory))
+
+    def _dump(self, reason: str, *, exc: BaseException | None = None,
+              directory: str | os.PathLike[str] | None = None,
+              quiet_errors: bool = False) -> str:
+        from hooktrace.flight import write_dump
+
+        try:
+            return os.fspath(write_dump(self, reason, directory or self._dump_dir, exc))
+        except Exception as e:
+            if not quiet_errors:
+                raise
+            # (an exception is already escaping: a failed dump must not replace it)
+            print(f"hooktrace: {reason} dump failed: {e}", file=sys.stderr)
+            return ""
+
+    def _start_flight_recorder(self) -> None:
+        from hooktrace import flight
+
+        flight.register(self)
+        if "signal" in self._dump_on:
+            self._previous_handler = signal.signal(self._dump_signal, self._on_dump_signal)
+        if "hang" in self._dump_on:
+            self._watchdog = flight.HangWatchdog(self, self._hang_timeout)
+            self._watchdog.start()
+
+    def _stop_flight_recorder(self) -> None:
+        """Idempotent, like every teardown step."""
+        from hooktrace import flight
+
+        if self._watchdog is not None:
+            self._watchdog.stop()
+            self._watchdog = None
+        if self._previous_handler is not None:
+            if signal.getsignal(self._dump_signal) == self._on_dump_signal:
+                signal.signal(self._dump_signal, self._previous_handler)
+            self._previous_handler = None
+        flight.unregister(self)
+
+    def _on_dump_signal(self, signum: int, frame: Any) -> None:
+        self._dump("signal", quiet_errors=True)
+        previous = self._previous_handler
+        if callable(previous):  # "safe with other handlers": theirs still runs
+            previous(signum, frame)
 
     # -- steps -------------------------------------------------------------
 
@@ -327,7 +414,7 @@ class Trace(TraceData):
         short by a KeyboardInterrupt (possible only when SIGINT could not be deferred) is
         redone, all steps being idempotent. Returns what was raised."""
         session = self._session
-        steps: list[Any] = [session.stop]
+        steps: list[Any] = [self._stop_flight_recorder, session.stop]
         if self._optimizer_hook is not None:
             steps.append(self._optimizer_hook.remove)  # idempotent
         if self._backward:
@@ -422,12 +509,14 @@ class Trace(TraceData):
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __repr__(self) -> str:
-        state = self.__dict__.get("_state", "new")
-        if state == "done":
+        if "events" in self.__dict__:  # readable: the block has exited
             return TraceData.__repr__(self)
-        model = self._model_ref()
+        state = self.__dict__.get("_state", "new")
+        ref = self.__dict__.get("_model_ref")
+        model = ref() if ref is not None else None
         what = type(model).__name__ if model is not None else "a deleted model"
-        return f"<Trace of {what}: {'recording' if state == 'recording' else 'not started'}>"
+        label = {"new": "not started", "recording": "recording"}.get(state, "finishing")
+        return f"<Trace of {what}: {label}>"
 
 
 # What TraceData.__init__ sets: read before the block ends, they raise one clear error.
@@ -482,6 +571,21 @@ class _SigintDeferred:
         if self._pending and not isinstance(exc, KeyboardInterrupt):
             self._pending = False
             raise KeyboardInterrupt
+
+
+def _check_dump_on(dump_on: object) -> frozenset[str]:
+    from hooktrace.flight import DUMP_REASONS
+
+    if dump_on is None:
+        return frozenset()
+    items = (dump_on,) if isinstance(dump_on, str) else dump_on
+    if not isinstance(items, (tuple, list, set, frozenset)) or not all(
+            isinstance(i, str) for i in items):
+        raise TypeError(f"dump_on must be a string or a sequence of strings, got {dump_on!r}")
+    bad = [i for i in items if i not in DUMP_REASONS]
+    if bad:
+        raise ValueError(f"dump_on: unknown {bad}; choose from {list(DUMP_REASONS)}")
+    return frozenset(items)
 
 
 def _check_capacity(capacity: object) -> int:

@@ -152,9 +152,11 @@ class Summary:
     are any.
     """
 
-    def __init__(self, rows: list[dict[str, Any]], counts: dict[str, int]) -> None:
+    def __init__(self, rows: list[dict[str, Any]], counts: dict[str, int],
+                 notes: Sequence[str] = ()) -> None:
         self.rows = rows
         self.counts = counts
+        self.notes = list(notes)  # about the file itself: a dump's where-abouts, a cut
 
     @classmethod
     def from_trace(cls, trace: TraceData) -> Summary:
@@ -182,7 +184,13 @@ class Summary:
             d = steps.duration_ns[complete]
             counts["step_p50_ns"] = int(np.percentile(d, 50))
             counts["step_p99_ns"] = int(np.percentile(d, 99))
-        return cls(rows, counts)
+        from hooktrace.flight import describe
+
+        notes = [f"dump ({trace.info['dump'].get('reason')}): {line}"
+                 for line in describe(trace.info)]
+        if isinstance(trace.info.get("cut"), str):
+            notes.append(trace.info["cut"])
+        return cls(rows, counts, notes)
 
     @staticmethod
     def _rows(spans: Spans, modules: Sequence[tuple[str, str]],
@@ -255,6 +263,7 @@ class Summary:
                 f"({format_ns(c['unattributed_ns'])}) ran outside any traced module call "
                 f"(rows {UNATTRIBUTED})"
             )
+        lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
     def to_text(self, top: int | None = None, *, wide: bool = False,

@@ -1,0 +1,208 @@
+"""The flight recorder's dumps: the newest events, every thread's Python stack, and the
+module calls each thread is inside right now.
+
+A trace with ``dump_on=`` (any of ``"exception"``, ``"signal"``, ``"hang"``) writes a
+dump when an exception escapes its block, when the process receives ``dump_signal``
+(SIGUSR1 by default), or when no event was recorded and no step ended for
+``hang_timeout`` seconds; ``hooktrace.dump()`` writes one for every active trace on
+demand. With ``policy="ring"`` the dump holds the newest events, whatever the run's
+length. A dump is a ``.htrace`` file (``DIR/<host>_<pid>[_rank<R>].<reason>-<n>.htrace``)
+whose ``info["dump"]`` holds the reason, the step, and per thread the open module calls
+(outermost first), how long the innermost has been open and the Python stack; one
+line on stderr says where each thread is ("MainThread is inside layers.17.mlp forward,
+step 4211, for 93.0 s"), and ``hooktrace stacks DUMP.htrace`` prints it all again.
+
+Taking a dump copies the events under the session's lock, which recording threads
+take only when they need a new chunk, so they keep recording meanwhile.
+
+Example::
+
+    with hooktrace.trace(model, policy="ring", capacity=1 << 20,
+                         dump_on=("exception", "signal", "hang"), hang_timeout=120) as tr:
+        train()          # kill -USR1 <pid> writes hooktrace-dumps/<host>_<pid>.signal-0.htrace
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from hooktrace.reading import CAT_FORWARD, SPAN_ERROR, SPAN_UNFINISHED, TraceData
+
+if TYPE_CHECKING:
+    from hooktrace.recording import Trace
+
+__all__ = ["DUMP_REASONS", "describe", "dump", "open_calls", "write_dump"]
+
+DUMP_REASONS = ("exception", "signal", "hang")
+
+_active_lock = threading.Lock()
+_active: list[Trace] = []  # recording traces that hooktrace.dump() covers
+_dumps_written = 0
+
+
+def register(trace: Trace) -> None:
+    with _active_lock:
+        _active.append(trace)
+
+
+def unregister(trace: Trace) -> None:
+    with _active_lock:
+        if trace in _active:
+            _active.remove(trace)
+
+
+def dump(directory: str | os.PathLike[str] | None = None) -> list[str]:
+    """Write a dump of every recording trace now; returns the files written.
+
+    ``directory`` defaults to each trace's ``dump_dir``.
+    """
+    with _active_lock:
+        traces = list(_active)
+    return [os.fspath(t._dump("request", directory=directory)) for t in traces]
+
+
+def open_calls(data: TraceData, now_ns: int) -> list[dict[str, Any]]:
+    """Per thread that is inside a module call: ``tid``, ``name``, ``open`` (the
+    qualified names of the open forward calls, outermost first) and ``since_ns`` (how
+    long the innermost has been open at ``now_ns``)."""
+    spans = data.spans()
+    names = data.info.get("thread_names") or {}
+    out = []
+    open_fwd = np.flatnonzero(((spans.flags & SPAN_UNFINISHED) != 0) & (spans.cat == CAT_FORWARD))
+    for tid in np.unique(spans.tid[open_fwd]).tolist():
+        mine = open_fwd[spans.tid[open_fwd] == tid]
+        mine = mine[np.argsort(spans.depth[mine], kind="stable")]
+        stack = [_module_name(data, int(spans.module[i])) for i in mine.tolist()]
+        out.append({"tid": int(tid), "name": str(names.get(str(tid), f"thread {tid}")),
+                    "open": stack, "since_ns": int(now_ns - spans.start_ns[mine[-1]])})
+    return out
+
+
+def _module_name(data: TraceData, slot: int) -> str:
+    name, type_name = data.modules[slot] if slot < len(data.modules) else ("?", "?")
+    return name or type_name
+
+
+def _last_error(data: TraceData) -> str | None:
+    """The innermost module call that raised last, if any."""
+    spans = data.spans()
+    err = np.flatnonzero((spans.flags & SPAN_ERROR) != 0)
+    if not len(err):
+        return None
+    # An exception escapes through every enclosing call, flagging each: the one
+    # that raised is the deepest of the latest chain.
+    latest = err[np.lexsort((spans.start_ns[err], spans.depth[err]))[-1]]
+    return _module_name(data, int(spans.module[latest]))
+
+
+def python_stacks() -> dict[str, list[str]]:
+    """Every thread's Python stack, keyed ``"<name> (<native id>)"``."""
+    frames = sys._current_frames()
+    out = {}
+    for t in threading.enumerate():
+        frame = frames.get(t.ident) if t.ident is not None else None
+        if frame is not None:
+            out[f"{t.name} ({t.native_id})"] = traceback.format_stack(frame)
+    return out
+
+
+def describe(info: dict[str, Any]) -> list[str]:
+    """One line per thread of a dump's ``info["dump"]``: where it was."""
+    d = info.get("dump")
+    if not isinstance(d, dict):
+        return []
+    step = d.get("step")
+    where = f", step {step}" if isinstance(step, int) else ""
+    lines = []
+    if d.get("error_in"):
+        lines.append(f"{d.get('exception', 'an exception')} raised inside "
+                     f"{d['error_in']} forward{where}")
+    for t in d.get("threads", []):
+        if not isinstance(t, dict) or not t.get("open"):
+            continue
+        lines.append(f"{t.get('name')} is inside {t['open'][-1]} forward{where}, for "
+                     f"{t.get('since_ns', 0) / 1e9:.1f} s")
+    if not lines:
+        lines.append(f"no thread is inside a traced module call{where}")
+    return lines
+
+
+def write_dump(trace: Trace, reason: str, directory: str | os.PathLike[str],
+               exc: BaseException | None = None) -> Path:
+    """Write ``trace``'s events so far with the dump block; print where threads are."""
+    data = trace.snapshot()
+    now = time.time_ns()
+    block: dict[str, Any] = {
+        "reason": reason, "time_unix_ns": now, "step": trace._step,
+        "threads": open_calls(data, now),
+    }
+    stacks = python_stacks()
+    for t in block["threads"]:
+        t["python_stack"] = next((s for k, s in stacks.items()
+                                  if k.endswith(f"({t['tid']})")), [])
+    block["python_stacks"] = stacks
+    if exc is not None:
+        block["exception"] = f"{type(exc).__name__}: {exc}"[:500]
+        block["error_in"] = _last_error(data)
+    info = dict(data.info, dump=block)
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    rank = os.environ.get("RANK")
+    stem = f"{socket.gethostname()}_{os.getpid()}" + (f"_rank{rank}" if rank else "")
+    with _active_lock:  # numbered per process: several traces may dump to one folder
+        global _dumps_written
+        n = _dumps_written
+        _dumps_written += 1
+    path = folder / f"{stem}.{reason}-{n}.htrace"
+    TraceData(data.events, data.modules, data.node_names, data.clock, info).save(path)
+    for line in describe(info):
+        print(f"hooktrace: dump ({reason}) {path}: {line}", file=sys.stderr)
+    return path
+
+
+class HangWatchdog:
+    """A thread that dumps once when nothing was recorded and no step ended for
+    ``timeout`` seconds, and re-arms when progress resumes. Not on the hot path:
+    it polls the session's counters a few times per timeout."""
+
+    def __init__(self, trace: Trace, timeout: float) -> None:
+        self._trace = trace
+        self._timeout = timeout
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hooktrace-watchdog",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _progress(self) -> tuple[int, int]:
+        stats = self._trace._session.stats()
+        return stats["events"] + stats["dropped"] + stats["overwritten"], self._trace._step
+
+    def _run(self) -> None:
+        poll = min(1.0, self._timeout / 4)
+        last, since, fired = self._progress(), time.monotonic(), False
+        while not self._stop.wait(poll):
+            now = self._progress()
+            if now != last:
+                last, since, fired = now, time.monotonic(), False
+            elif not fired and time.monotonic() - since >= self._timeout:
+                fired = True
+                try:
+                    self._trace._dump("hang")
+                except Exception as e:  # a failed dump must not kill the watchdog silently
+                    print(f"hooktrace: hang dump failed: {e}", file=sys.stderr)
