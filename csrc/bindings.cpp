@@ -12,6 +12,7 @@
 #include "event.h"
 #include "forward.h"
 #include "lanes.h"
+#include "perfetto_writer.h"
 #include "session.h"
 #include "spans.h"
 
@@ -41,13 +42,15 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "hooktrace native core (private; use the hooktrace package)";
   m.attr("EVENT_SIZE") = sizeof(hooktrace::Event);
 
-  // --- reader side (spans.h, lanes.h, chrome_writer.h) ---
+  // --- reader side (spans.h, lanes.h, chrome_writer.h, perfetto_writer.h) ---
   m.def("build_spans", &hooktrace::build_spans, "Pair ENTER/EXIT events into spans.");
   m.def("assign_lanes", &hooktrace::assign_lanes, "Lanes in which intervals nest strictly.",
         py::arg("start_ns"), py::arg("end_ns"), py::arg("group"), py::arg("prefer") = py::none());
   m.def("write_chrome_events", &hooktrace::write_chrome_events, "Stream spans as Chrome X events.");
   m.def("write_chrome_nodes", &hooktrace::write_chrome_nodes,
         "Stream autograd nodes as Chrome X events.");
+  m.def("write_perfetto_slices", &hooktrace::write_perfetto_slices,
+        "Stream slices as Perfetto TrackEvent packets, one sequence per track.");
 
   // --- recorder side (session.h, forward.h) ---
   py::class_<Session, std::shared_ptr<Session>>(m, "Session")

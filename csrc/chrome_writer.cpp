@@ -128,6 +128,7 @@ uint64_t write_chrome_events(py::object write, py::array_t<int64_t> start_ns,
       buf.lit(",\"nodes\":");
       buf.integer(nd[i]);
     }
+    if (fl[i] & kSpanClipped) buf.lit(",\"clipped\":true");
     buf.lit("}}");
     if (buf.size() >= chunk_bytes) buf.flush(write);
   }
@@ -139,7 +140,7 @@ uint64_t write_chrome_nodes(py::object write, py::array_t<int64_t> start_ns,
                             py::array_t<int64_t> end_ns, py::array_t<uint32_t> name,
                             py::array_t<uint32_t> tid, py::array_t<uint64_t> seq,
                             py::array_t<uint32_t> pass_id, py::array_t<int64_t> module,
-                            py::sequence node_names_json, py::sequence module_names_json,
+                            py::array_t<uint8_t> flags, py::sequence node_names_json, py::sequence module_names_json,
                             const std::string& cat, int64_t base_ns, uint32_t pid,
                             size_t chunk_bytes) {
   const size_t n = static_cast<size_t>(start_ns.shape(0));
@@ -150,6 +151,8 @@ uint64_t write_chrome_nodes(py::object write, py::array_t<int64_t> start_ns,
   const uint64_t* sq = checked(seq, n, "seq");
   const uint32_t* ps = checked(pass_id, n, "pass_id");
   const int64_t* mod = checked(module, n, "module");
+  // Only filtered exports pass flags (kSpanClipped).
+  const uint8_t* fl = flags.size() == 0 ? nullptr : checked(flags, n, "flags");
   const std::vector<std::string> names = to_strings(node_names_json);
   const std::vector<std::string> modules = to_strings(module_names_json);
   for (size_t i = 0; i < n; ++i) {
@@ -191,6 +194,7 @@ uint64_t write_chrome_nodes(py::object write, py::array_t<int64_t> start_ns,
     } else {
       buf.integer(ps[i]);
     }
+    if (fl != nullptr && (fl[i] & kSpanClipped)) buf.lit(",\"clipped\":true");
     buf.lit("}}");
     if (buf.size() >= chunk_bytes) buf.flush(write);
   }

@@ -26,6 +26,8 @@ namespace hooktrace {
 // (plain, JSON-safe). `tid` is the row to draw on (the OS tid, or a synthetic
 // track tid for backward spans). `nodes`: empty, or one count per span written
 // as args "nodes" when >= 0 (autograd nodes attributed directly to the span).
+// flags: kSpanError, kSpanUnfinished, kSpanClipped add "error", "unfinished",
+// "clipped": true.
 // Returns the number of events written.
 uint64_t write_chrome_events(pybind11::object write, pybind11::array_t<int64_t> start_ns,
                              pybind11::array_t<int64_t> end_ns,
@@ -40,13 +42,15 @@ uint64_t write_chrome_events(pybind11::object write, pybind11::array_t<int64_t> 
 // JSON-safe):
 //   {"ph":"X","cat":<cat>,"name":<node_names_json[name]>,"pid","tid","ts","dur",
 //    "args":{"seq":<seq>,"module":<module_names_json[module]> or "",
-//            "pass":<pass_id> or null when pass_id == UINT32_MAX}}
+//            "pass":<pass_id> or null when pass_id == UINT32_MAX[, "clipped":true]}}
 // `module` is the module slot of the span the node is attributed to, -1 for none.
+// `flags`: empty, or per node; kSpanClipped adds "clipped":true.
 uint64_t write_chrome_nodes(pybind11::object write, pybind11::array_t<int64_t> start_ns,
                             pybind11::array_t<int64_t> end_ns, pybind11::array_t<uint32_t> name,
                             pybind11::array_t<uint32_t> tid, pybind11::array_t<uint64_t> seq,
                             pybind11::array_t<uint32_t> pass_id,
-                            pybind11::array_t<int64_t> module, pybind11::sequence node_names_json,
+                            pybind11::array_t<int64_t> module, pybind11::array_t<uint8_t> flags,
+                            pybind11::sequence node_names_json,
                             pybind11::sequence module_names_json, const std::string& cat,
                             int64_t base_ns, uint32_t pid, size_t chunk_bytes);
 

@@ -33,6 +33,7 @@ namespace hooktrace {
 enum SpanFlags : uint8_t {
   kSpanError = 1,       // the EXIT carried kFlagError: forward raised
   kSpanUnfinished = 2,  // no matching EXIT was recorded; end is a lower bound
+  kSpanClipped = 4,     // set by the exporters only: cut at a --start/--end/--steps edge
 };
 
 enum SpanCat : uint8_t {

@@ -55,12 +55,14 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 import numpy as np
 
 import torch  # noqa: F401  (loads libc10 for _C)
 from hooktrace import _C
+from hooktrace._filters import SPAN_CLIPPED, Cut, Filters, cut
 from hooktrace._output import open_output
 from hooktrace.reading import CAT_BACKWARD, CAT_NAMES, Spans
 from hooktrace.tracefile import FORMAT_VERSION
@@ -70,12 +72,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHUNK_BYTES",
+    "ExportPlan",
     "NODE_CAT",
     "SPAN_CATS",
     "STEP_CAT",
     "TrackLayout",
     "UNATTRIBUTED_CAT",
     "export_chrome",
+    "plan_export",
     "write_chrome",
     "write_steps",
 ]
@@ -100,7 +104,7 @@ class _Writable(Protocol):
 
 def export_chrome(
     trace: TraceData, path: str | os.PathLike[str], *, nodes: bool = False,
-    compresslevel: int = 1,
+    compresslevel: int = 1, filters: Filters | None = None,
 ) -> None:
     """Write ``trace`` as Chrome trace JSON to ``path``; gzip when it ends in ``.gz``.
 
@@ -115,7 +119,7 @@ def export_chrome(
     (measured on 100 MB of a synthetic export, 2-core machine).
     """
     with open_output(path, compresslevel=compresslevel) as f:
-        write_chrome(trace, f, nodes=nodes)
+        write_chrome(trace, f, nodes=nodes, filters=filters)
 
 
 def _dumps(value: Any) -> str:
@@ -302,9 +306,10 @@ def _micros(ns: int) -> str:
 def write_span_events(
     write: Any, trace: TraceData, index: np.ndarray, start: np.ndarray, end: np.ndarray,
     tid: np.ndarray, base_ns: int, *, node_counts: np.ndarray | None = None,
-    chunk_bytes: int = CHUNK_BYTES,
+    chunk_bytes: int = CHUNK_BYTES, flags: np.ndarray | None = None,
 ) -> None:
-    """Spans ``index`` (with these times and rows) as ``,\\n{event}`` items."""
+    """Spans ``index`` (with these times and rows) as ``,\\n{event}`` items;
+    ``flags`` (per written span) replaces the spans' own (adds SPAN_CLIPPED)."""
     spans = trace.spans()
     names_json, args_json = module_json(trace.modules)
     _C.write_chrome_events(
@@ -314,7 +319,7 @@ def write_span_events(
         np.ascontiguousarray(spans.module[index]),
         np.ascontiguousarray(tid, np.uint32),
         np.ascontiguousarray(spans.call[index]),
-        np.ascontiguousarray(spans.flags[index]),
+        np.ascontiguousarray(spans.flags[index] if flags is None else flags, np.uint8),
         np.ascontiguousarray(spans.cat[index]),
         _empty() if node_counts is None else np.ascontiguousarray(node_counts[index]),
         names_json,
@@ -329,8 +334,10 @@ def write_span_events(
 def write_node_events(
     write: Any, trace: TraceData, index: np.ndarray, start: np.ndarray, end: np.ndarray,
     tid: np.ndarray, cat: str, base_ns: int, *, chunk_bytes: int = CHUNK_BYTES,
+    flags: np.ndarray | None = None,
 ) -> None:
-    """Autograd nodes ``index`` (with these times and rows) as ``,\\n{event}`` items."""
+    """Autograd nodes ``index`` (with these times and rows) as ``,\\n{event}`` items;
+    ``flags`` (per written node, optional): SPAN_CLIPPED adds ``"clipped": true``."""
     if not len(index):
         return
     spans = trace.spans()
@@ -355,6 +362,7 @@ def write_node_events(
         np.ascontiguousarray(node_table.seq[index]),
         np.ascontiguousarray(node_table.pass_id[index]),
         module,
+        np.zeros(0, np.uint8) if flags is None else np.ascontiguousarray(flags, np.uint8),
         node_names_json,
         module_names_json,
         cat,
@@ -364,36 +372,121 @@ def write_node_events(
     )
 
 
+@dataclass
+class ExportPlan:
+    """What an export writes and where: the one convention applied to a (cut) run.
+
+    Shared by this exporter and ``hooktrace.exporters.perfetto`` so both write
+    the same slices on the same rows. Per written span (span order: forward and
+    recompute, then backward): ``spans`` (indices), ``start``/``end`` (clipped),
+    ``row`` (OS tid or the synthetic tid of its track), ``flags`` (with
+    SPAN_CLIPPED), ``node_counts`` (args ``nodes`` on backward spans, else -1;
+    None when the run has no nodes). ``node_groups``: (node indices, start, end,
+    row, category, flags) for the attributed nodes (``nodes=True``) and the
+    unattributed ones, in that order.
+    """
+
+    spans: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    row: np.ndarray
+    flags: np.ndarray
+    node_counts: np.ndarray | None
+    node_groups: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, str, np.ndarray]]
+    layout: TrackLayout
+    os_threads: np.ndarray  # every OS thread of the run (its own named row)
+    base_ns: int  # earliest written time, floored to a microsecond
+    cut: Cut
+
+
+def plan_export(trace: TraceData, *, nodes: bool = False,
+                filters: Filters | None = None) -> ExportPlan:
+    """Decide every written slice's times and row (see :class:`ExportPlan`)."""
+    spans = trace.spans()
+    node_table = spans.nodes
+    c = cut(trace, filters)
+    attributed = node_table.span >= 0
+    kept = np.flatnonzero(c.spans)
+    backward = kept[spans.cat[kept] == CAT_BACKWARD]
+    on_backward = np.flatnonzero(attributed & c.nodes) if nodes else _empty()
+    loose = np.flatnonzero(~attributed & c.nodes)
+    os_threads = np.union1d(np.union1d(spans.threads, spans.tid), node_table.tid).astype(np.int64)
+    layout = TrackLayout(
+        spans, span_start=c.span_start, span_end=c.span_end,
+        node_start=c.node_start, node_end=c.node_end, backward=backward,
+        nodes_on_backward=on_backward, unattributed=loose, forward=_empty(),
+        used_tids=os_threads,
+    )
+    steps = trace.steps()
+    lo, hi = c.window
+    in_window = ((steps.end_ns >= (lo if lo is not None else -(1 << 62)))
+                 & (steps.start_ns <= (hi if hi is not None else 1 << 62)))
+    step_starts = np.maximum(steps.start_ns[in_window], lo if lo is not None else -(1 << 62))
+    starts = [int(a.min()) for a in (c.span_start[kept], c.node_start[on_backward],
+                                     c.node_start[loose], step_starts) if len(a)]
+    if starts:
+        base_ns = min(starts) // 1000 * 1000
+    else:
+        base_ns = int(trace.info.get("start_unix_ns", trace.clock.unix_ns0)) // 1000 * 1000
+    node_counts = None
+    if len(node_table):
+        counts = np.bincount(node_table.span[attributed], minlength=len(spans)).astype(np.int64)
+        counts[spans.cat != CAT_BACKWARD] = -1
+        node_counts = counts[kept]
+    row = spans.tid.copy()
+    row[backward] = layout.backward_tid
+    flags = spans.flags[kept] | np.where(c.span_clipped[kept], SPAN_CLIPPED, 0).astype(np.uint8)
+    groups = []
+    for idx, tid, cat_name in ((on_backward, layout.node_tid, NODE_CAT),
+                               (loose, layout.unattributed_tid, UNATTRIBUTED_CAT)):
+        groups.append((idx, c.node_start[idx], c.node_end[idx], tid, cat_name,
+                       np.where(c.node_clipped[idx], SPAN_CLIPPED, 0).astype(np.uint8)))
+    return ExportPlan(kept, c.span_start[kept], c.span_end[kept], row[kept], flags, node_counts,
+                      groups, layout, os_threads, base_ns, c)
+
+
+def info_block(trace: TraceData, plan: ExportPlan,
+               step_track: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The export's ``"hooktrace"`` block: versions, loss counts, steps, tracks, filters."""
+    from hooktrace import __version__
+
+    spans = trace.spans()
+    node_table = spans.nodes
+    unattributed = node_table.span < 0
+    block: dict[str, Any] = {
+        "version": __version__,
+        "format_version": FORMAT_VERSION,
+        "dropped_events": trace.dropped_events,
+        "overwritten_events": trace.overwritten_events,
+        "orphan_exits": spans.orphan_exits,
+        "unfinished_spans": spans.unfinished,
+        "backward_spans": int(np.count_nonzero(spans.cat == CAT_BACKWARD)),
+        "autograd_nodes": len(node_table),
+        "unattributed_nodes": int(np.count_nonzero(unattributed)),
+        "unattributed_ns": int(node_table.self_ns[unattributed].sum()),
+        "steps": len(trace.steps()),
+        "tracks": plan.layout.track_table() + ([step_track] if step_track else []),
+    }
+    if plan.cut.filters.active:
+        block["cut"] = plan.cut.summary()
+    return block
+
+
 def write_chrome(
     trace: TraceData, f: _Writable | BinaryIO, *, nodes: bool = False,
-    chunk_bytes: int = CHUNK_BYTES,
+    chunk_bytes: int = CHUNK_BYTES, filters: Filters | None = None,
 ) -> None:
     """Stream ``trace`` as Chrome trace JSON into the binary file object ``f``.
 
     Events come in span order (forward and recompute, then backward), then the
     attributed autograd nodes (``nodes=True`` only), then the unattributed ones.
+    ``filters`` cuts the run down first (``hooktrace._filters``); the block's
+    ``"cut"`` entry then says what was left out or clipped.
     """
-    from hooktrace import __version__
-
-    spans = trace.spans()
-    node_table = spans.nodes
+    trace.spans()
     pid = trace.pid
-    steps = trace.steps()
-    if len(spans) or len(node_table) or len(steps):
-        base_ns = min(int(a.min()) for a in (spans.start_ns, node_table.start_ns, steps.start_ns)
-                      if len(a))
-        base_ns = base_ns // 1000 * 1000
-    else:
-        base_ns = int(trace.info.get("start_unix_ns", trace.clock.unix_ns0)) // 1000 * 1000
-    attributed = node_table.span >= 0
-    backward = np.flatnonzero(spans.cat == CAT_BACKWARD)
-    os_threads = np.union1d(np.union1d(spans.threads, spans.tid), node_table.tid).astype(np.int64)
-    layout = TrackLayout(
-        spans, span_start=spans.start_ns, span_end=spans.end_ns,
-        node_start=node_table.start_ns, node_end=node_table.end_ns, backward=backward,
-        nodes_on_backward=np.flatnonzero(attributed) if nodes else _empty(),
-        unattributed=np.flatnonzero(~attributed), forward=_empty(), used_tids=os_threads,
-    )
+    plan = plan_export(trace, nodes=nodes, filters=filters)
+    base_ns = plan.base_ns
     thread_names = trace.info.get("thread_names")
     meta_events: list[dict[str, Any]] = [
         {
@@ -401,49 +494,29 @@ def write_chrome(
             "args": {"name": f"hooktrace {trace.hostname} pid {pid}"},
         }
     ]
-    meta_events += layout.metadata(pid, thread_names, named=os_threads.tolist())
+    meta_events += plan.layout.metadata(pid, thread_names, named=plan.os_threads.tolist())
     head = '{"traceEvents":[\n' + ",\n".join(_dumps(e) for e in meta_events)
     f.write(head.encode("utf-8"))
 
-    node_counts = None
-    if len(node_table):
-        node_counts = np.bincount(node_table.span[attributed],
-                                  minlength=len(spans)).astype(np.int64)
-        node_counts[spans.cat != CAT_BACKWARD] = -1
-    row = spans.tid.copy()
-    row[backward] = layout.backward_tid
-    write_span_events(f.write, trace, np.arange(len(spans)), spans.start_ns, spans.end_ns, row,
-                      base_ns, node_counts=node_counts, chunk_bytes=chunk_bytes)
-    for idx, tid, cat in ((np.flatnonzero(attributed) if nodes else _empty(), layout.node_tid,
-                           NODE_CAT),
-                          (np.flatnonzero(~attributed), layout.unattributed_tid,
-                           UNATTRIBUTED_CAT)):
-        write_node_events(f.write, trace, idx, node_table.start_ns[idx], node_table.end_ns[idx],
-                          tid, cat, base_ns, chunk_bytes=chunk_bytes)
+    counts = None
+    if plan.node_counts is not None:
+        counts = np.full(len(trace.spans()), -1, np.int64)
+        counts[plan.spans] = plan.node_counts
+    write_span_events(f.write, trace, plan.spans, plan.start, plan.end, plan.row, base_ns,
+                      node_counts=counts, chunk_bytes=chunk_bytes, flags=plan.flags)
+    for idx, start, end, tid, cat, flags in plan.node_groups:
+        write_node_events(f.write, trace, idx, start, end, tid, cat, base_ns,
+                          chunk_bytes=chunk_bytes,
+                          flags=flags if plan.cut.filters.active else None)
 
-    tracks = layout.track_table()
-    first_free = max([t["tid"] for t in tracks] + os_threads.tolist() + [0]) + 1
-    step_track = write_steps(f.write, trace, first_free, base_ns)
-    if step_track is not None:
-        tracks.append(step_track)
-
-    unattributed = ~attributed
-    block = {
-        "version": __version__,
-        "format_version": FORMAT_VERSION,
-        "dropped_events": trace.dropped_events,
-        "overwritten_events": trace.overwritten_events,
-        "orphan_exits": spans.orphan_exits,
-        "unfinished_spans": spans.unfinished,
-        "backward_spans": len(backward),
-        "autograd_nodes": len(node_table),
-        "unattributed_nodes": int(np.count_nonzero(unattributed)),
-        "unattributed_ns": int(node_table.self_ns[unattributed].sum()),
-        "steps": len(trace.steps()),
-        "tracks": tracks,
-    }
+    first_free = max([t["tid"] for t in plan.layout.track_table()]
+                     + plan.os_threads.tolist() + [0]) + 1
+    lo, hi = plan.cut.window
+    step_track = write_steps(f.write, trace, first_free, base_ns,
+                             None if lo is None and hi is None else
+                             (-(1 << 62) if lo is None else lo, 1 << 62 if hi is None else hi))
     tail = (
         '\n],\n"displayTimeUnit":"ns","baseTimeNanoseconds":' + str(base_ns)
-        + ',\n"hooktrace":' + _dumps(block) + "}\n"
+        + ',\n"hooktrace":' + _dumps(info_block(trace, plan, step_track)) + "}\n"
     )
     f.write(tail.encode("utf-8"))

@@ -1,0 +1,68 @@
+"""Perfetto protobuf (.pftrace) against Chrome JSON: bytes per event and export rate.
+
+Both exporters run in this process on the same synthetic run as
+benchmarks/export.py (module calls nested 3 deep, 250 modules, one thread),
+from raw events (spans recomputed each round, as ``hooktrace export`` does),
+and again with spans cached (the formatting alone).
+
+    python benchmarks/pftrace.py                     # 2 M events
+    python benchmarks/pftrace.py --events 10000000   # the issue's 10 M
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from export import fresh_spans, synthetic_run  # noqa: E402
+
+from hooktrace.exporters.chrome import export_chrome  # noqa: E402
+from hooktrace.exporters.perfetto import export_perfetto  # noqa: E402
+
+
+def timed(fn: Callable[[], object], rounds: int) -> float:
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--events", type=int, default=2_000_000)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    run = synthetic_run(args.events)
+    n = len(run.events)
+    run.spans()
+    with tempfile.TemporaryDirectory() as d:
+        paths = {"Chrome JSON": os.path.join(d, "t.json"),
+                 ".pftrace": os.path.join(d, "t.pftrace")}
+        writers: dict[str, Callable[[], object]] = {
+            "Chrome JSON": lambda: export_chrome(run, paths["Chrome JSON"]),
+            ".pftrace": lambda: export_perfetto(run, paths[".pftrace"]),
+        }
+        print(f"{n} events ({n // 2} spans), best of {args.rounds} rounds")
+        print(f"{'format':12} {'bytes':>13} {'bytes/event':>12} {'size vs JSON':>13} "
+              f"{'M events/s (from events)':>25} {'M events/s (spans cached)':>26}")
+        sizes: dict[str, int] = {}
+        for name, write in writers.items():
+            cached = timed(write, args.rounds)
+            raw = timed(lambda: (fresh_spans(run), write()), args.rounds)
+            sizes[name] = os.path.getsize(paths[name])
+            print(f"{name:12} {sizes[name]:13d} {sizes[name] / n:12.1f} "
+                  f"{sizes[name] / sizes['Chrome JSON']:13.3f} {n / raw / 1e6:25.2f} "
+                  f"{n / cached / 1e6:26.2f}")
+
+
+if __name__ == "__main__":
+    main()
