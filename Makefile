@@ -6,7 +6,7 @@ VENV ?= .venv
 # torch is pinned here and only here; override with e.g. `make test TORCH=torch==2.6.0`.
 TORCH ?= torch==2.13.0
 TEST_DEPS ?= pytest transformers==5.23.0
-BUILD_DEPS ?= numpy ninja pybind11 setuptools wheel
+BUILD_DEPS ?= numpy ninja pybind11 setuptools wheel tqdm
 
 PY := $(VENV)/bin/python
 # One stamp per torch spec, so `make test TORCH=...` reinstalls torch and rebuilds

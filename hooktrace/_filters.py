@@ -128,7 +128,10 @@ def _window(trace: TraceData, start_ns: int | None, end_ns: int | None,
         if not callable(bounds):
             raise FilterError("--steps: this trace has no steps (it was recorded without "
                               "step markers); use --start/--end instead")
-        s0, s1 = bounds(*steps)
+        try:
+            s0, s1 = bounds(*steps)
+        except ValueError as e:  # no such step: say what the trace has, in one line
+            raise FilterError(f"--steps {steps[0]}:{steps[1]}: {e}") from None
         start_ns = int(s0) if start_ns is None else max(start_ns, int(s0))
         end_ns = int(s1) if end_ns is None else min(end_ns, int(s1))
     return start_ns, end_ns

@@ -35,7 +35,7 @@ is enabled (the thread that started it and autograd's workers), not other
 Python threads.
 
 **Rows** follow the convention of ``hooktrace.exporters.chrome`` (its
-:class:`~hooktrace.exporters.chrome.TrackLayout`, categories and track names). Perfetto
+:class:`~hooktrace.exporters._layout.TrackLayout`, categories and track names). Perfetto
 needs the slices of a row to nest strictly: a forward span shares its thread's
 row when it nests with every profiler slice on it (the usual case: a module
 call contains its ops); one that would cross a profiler slice goes to the
@@ -85,9 +85,8 @@ import torch
 from hooktrace._kineto import ProfilerTraceError, us_to_ns
 from hooktrace._output import check_output_path, open_output
 from hooktrace._profiler_events import ProfilerEvents, collect
+from hooktrace.exporters._layout import UNATTRIBUTED_CAT, TrackLayout
 from hooktrace.exporters.chrome import (
-    UNATTRIBUTED_CAT,
-    TrackLayout,
     _dumps,
     write_node_events,
     write_span_events,

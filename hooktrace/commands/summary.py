@@ -44,9 +44,9 @@ def run(args: argparse.Namespace) -> None:
     if args.steps and args.profiler is not None:
         raise CliError("--steps and --profiler are separate tables: give one of them")
     if args.steps:
-        from hooktrace.summary import StepTable
+        from hooktrace.summary import StepTable as Steps
 
-        table = StepTable.from_trace(load(args.run))
+        table = Steps.from_trace(load(args.run))
     elif args.profiler is not None:
         from hooktrace.merge import attribute
 

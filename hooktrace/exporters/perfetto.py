@@ -55,10 +55,11 @@ import torch  # noqa: F401  (loads libc10 for _C)
 from hooktrace import _C
 from hooktrace._filters import Filters
 from hooktrace._output import open_output
-from hooktrace.exporters.chrome import (
+from hooktrace.exporters._layout import (
     CHUNK_BYTES,
     NODE_CAT,
     SPAN_CATS,
+    STEP_CAT,
     UNATTRIBUTED_CAT,
     info_block,
     plan_export,
@@ -163,6 +164,29 @@ def _info_event(ts: int, block: Mapping[str, Any]) -> bytes:
     return _packet(_uint(8, ts) + _bytes(11, event))
 
 
+def _steps(trace: TraceData, plan: Any, uuid: int) -> tuple[bytes, int]:
+    """The "steps" track (a child of the process track, above its threads) with one
+    slice per step in the export's window, as in the Chrome export; and how many."""
+    steps = trace.steps()
+    lo, hi = plan.cut.window
+    lo = -(1 << 62) if lo is None else lo
+    hi = 1 << 62 if hi is None else hi
+    keep = np.flatnonzero((steps.end_ns > lo) & (steps.start_ns < hi))  # as chrome.py
+    if not len(keep):
+        return b"", 0
+    out = _packet(_bytes(60, _uint(1, uuid) + _uint(5, _PROCESS_UUID) + _str(2, "steps")
+                         + _uint(12, 0)))
+    for i in keep.tolist():
+        n = int(steps.number[i])
+        begin = (_uint(9, 1) + _uint(11, uuid) + _str(22, STEP_CAT) + _str(23, f"step {n}")
+                 + _bytes(4, _annotation("step", n))
+                 + _bytes(4, _annotation("complete", bool(steps.complete[i]))))
+        out += _packet(_uint(8, max(int(steps.start_ns[i]), lo)) + _bytes(11, begin))
+        out += _packet(_uint(8, min(int(steps.end_ns[i]), hi))
+                       + _bytes(11, _uint(9, 2) + _uint(11, uuid)))
+    return out, len(keep)
+
+
 def write_perfetto(
     trace: TraceData, f: BinaryIO | Any, *, nodes: bool = False,
     filters: Filters | None = None, chunk_bytes: int = CHUNK_BYTES,
@@ -235,6 +259,8 @@ def write_perfetto(
     all_start = col(start, np.int64)
     n_tracks = n_threads + len(layout.tracks)
     write(_descriptors(trace, os_threads, layout.tracks))
+    steps_packets, n_steps = _steps(trace, plan, 2 + n_tracks)
+    write(steps_packets)
     block = info_block(trace, plan)
     write(_info_event(int(all_start.min()) if len(all_start) else plan.base_ns, block))
     result = _C.write_perfetto_slices(

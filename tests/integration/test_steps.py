@@ -140,3 +140,24 @@ def test_steps_row_in_the_chrome_export() -> None:
     assert names[row] == "steps" and doc["hooktrace"]["steps"] == 3
     assert {"tid": row, "thread": 0, "kind": "steps", "lane": 0} in doc["hooktrace"]["tracks"]
     assert min(e["ts"] for e in doc["traceEvents"] if e["ph"] == "X") >= 0
+
+
+def test_export_steps_filter_keeps_exactly_those_steps(tmp_path: Path) -> None:
+    from hooktrace.cli import main
+
+    m, opt = model_and_opt()
+    with hooktrace.trace(m) as tr:
+        for _ in range(4):
+            train_step(m, opt)
+    path = tmp_path / "run.htrace"
+    tr.save(path)
+    out = tmp_path / "cut.json"
+    assert main(["export", str(path), "-o", str(out), "--steps", "1:2"]) == 0
+    doc = json.loads(out.read_text())
+    roots = [e for e in doc["traceEvents"] if e.get("cat") == "hooktrace.forward"
+             and e["args"]["module"] == ""]
+    steps = [e["args"]["step"] for e in doc["traceEvents"] if e.get("cat") == "hooktrace.step"]
+    # the root's forward calls of steps 1 and 2, whole; the steps row cut to them
+    assert len(roots) == 2 and not any(e["args"].get("clipped") for e in roots)
+    assert steps == [1, 2]
+    assert main(["export", str(path), "-o", str(out), "--steps", "7:9"]) == 1

@@ -144,7 +144,7 @@ def test_time_window_clips_crossing_spans_and_drops_the_rest():
 
 def test_steps_come_from_step_bounds_and_a_run_without_steps_is_refused():
     trace = build_trace(random_stream(6), clock=CLOCK)
-    with pytest.raises(FilterError, match="no steps"):
+    with pytest.raises(FilterError, match="no step marks"):
         select_spans(trace, steps=(1, 2))
     spans = trace.spans()
     lo, hi = int(np.median(spans.start_ns)), int(spans.end_ns.max())
@@ -205,7 +205,7 @@ def test_cli_steps_on_a_run_without_steps_is_one_line(tmp_path: Path, capsys):
     out = tmp_path / "t.pftrace"
     assert main(["export", str(run), "-o", str(out), "--steps", "1:2"]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "no steps" in err and not out.exists()
+    assert err.count("\n") == 1 and "no step marks" in err and not out.exists()
 
 
 def test_cli_warns_once_when_json_gets_too_big(tmp_path: Path, capsys, monkeypatch):
