@@ -7,11 +7,24 @@ from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 DEBUG = os.environ.get("DEBUG", "0") == "1"
+# SANITIZE=1: AddressSanitizer + UndefinedBehaviorSanitizer build for `make sanitize`,
+# which builds it in a copy of the tree (see the Makefile). The result only loads with
+# libasan preloaded (LD_PRELOAD), so never build it in place for normal use.
+SANITIZE = os.environ.get("SANITIZE", "0") == "1"
 
 # No -std flag: torch.utils.cpp_extension adds the standard its headers need
 # (C++20 for torch 2.13, whose headers warn under -std=c++17).
 extra_compile_args = ["-Wall", "-fvisibility=hidden"]
-extra_compile_args += ["-O0", "-g"] if DEBUG else ["-O3"]
+extra_link_args: list[str] = []
+if SANITIZE:
+    # -O1 keeps ASan fast enough for the suite while stack traces stay usable;
+    # -fno-sanitize-recover makes every UBSan finding fatal instead of a printed warning.
+    sanitize_flags = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"]
+    extra_compile_args += sanitize_flags + ["-fno-omit-frame-pointer", "-g"]
+    extra_compile_args += ["-O0"] if DEBUG else ["-O1"]
+    extra_link_args += sanitize_flags
+else:
+    extra_compile_args += ["-O0", "-g"] if DEBUG else ["-O3"]
 
 setup(
     ext_modules=[
@@ -19,6 +32,7 @@ setup(
             name="hooktrace._C",
             sources=sorted(glob.glob("csrc/*.cpp")),
             extra_compile_args=extra_compile_args,
+            extra_link_args=extra_link_args,
         )
     ],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
