@@ -209,3 +209,11 @@ def test_merge_into_a_directory_is_refused_up_front(demo_dir: Path, tmp_path: Pa
 def test_summary_profiler_refuses_a_hooktrace_export(demo_dir: Path) -> None:
     one_line_error(run_cli("summary", str(demo_dir / "demo.htrace"), "--profiler",
                            str(demo_dir / "demo.json")), "written by hooktrace")
+
+
+def test_export_to_dev_null_leaves_the_device_alone(demo_dir: Path) -> None:
+    before = os.stat("/dev/null")
+    r = run_cli("export", str(demo_dir / "demo.htrace"), "-o", "/dev/null")
+    assert r.returncode == 0, r.stderr
+    after = os.stat("/dev/null")
+    assert stat.S_ISCHR(after.st_mode) and after.st_rdev == before.st_rdev
