@@ -100,6 +100,7 @@ PYBIND11_MODULE(_C, m) {
         d["blocks"] = st.blocks;
         d["lost_events"] = st.lost_events;
         d["busy_ns"] = st.busy_ns;
+        d["cpu_ns"] = st.cpu_ns;
         d["error"] = st.error;
         return d;
       });

@@ -90,7 +90,9 @@ struct StreamStats {
   uint64_t bytes = 0;           // bytes written by this writer (blocks + payloads)
   uint64_t blocks = 0;
   uint64_t lost_events = 0;     // collected after a write error, not written
-  uint64_t busy_ns = 0;         // time spent collecting and writing (not waiting)
+  uint64_t busy_ns = 0;         // wall time spent collecting and writing (not waiting)
+  uint64_t cpu_ns = 0;          // the writer thread's CPU time (on a loaded machine
+                                // busy_ns also counts time it was preempted)
   std::string error;            // the first write error, "" if none
 };
 

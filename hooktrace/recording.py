@@ -365,7 +365,8 @@ class Trace(TraceData):
                 # the writer's own figures: how far memory went, how busy it was
                 "stream": {"chunks": int(stats["chunks"]), "rounds": int(written["rounds"]),
                            "blocks": int(written["blocks"]), "bytes": int(written["bytes"]),
-                           "busy_ns": int(written["busy_ns"])},
+                           "busy_ns": int(written["busy_ns"]),
+                           "cpu_ns": int(written["cpu_ns"])},
             }
             if written["error"]:
                 # Every block before the failed one is intact: the file loads up to it.
