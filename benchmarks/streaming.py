@@ -102,7 +102,7 @@ def long_run(folder: str, max_events: int, max_seconds: float) -> None:
           f"({recorded / wall / 1e6:.2f} M events/s recorded), file {size / 2**30:.2f} GiB")
     print(f"written {info['events'] / 1e6:.1f} M events, dropped {info['dropped_events']:,}; "
           f"chunks allocated at most {info['stream']['chunks']} "
-          f"({info["stream"]["chunks"] * 128 / 1024:.1f} MiB)")
+          f"({info['stream']['chunks'] * 128 / 1024:.1f} MiB)")
     busy, cpu = info["stream"]["busy_ns"] / 1e9, info["stream"]["cpu_ns"] / 1e9
     print(f"writer busy {busy:.1f} s (CPU {cpu:.1f} s) of {wall:.1f} s: drain rate "
           f"{info['events'] / cpu / 1e6:.1f} M events/s of writer CPU time "
