@@ -148,4 +148,10 @@ std::vector<std::string> node_names() {
   return g_names;
 }
 
+std::vector<std::string> node_names_since(size_t first) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (first >= g_names.size()) return {};
+  return std::vector<std::string>(g_names.begin() + first, g_names.end());
+}
+
 }  // namespace hooktrace

@@ -36,5 +36,8 @@ void remove_backward_session(const Session* s);
 
 // Process-wide table of autograd node names seen so far; ids never change.
 std::vector<std::string> node_names();
+// The names from index `first` on (the table only grows): what a stream
+// writer has not written yet.
+std::vector<std::string> node_names_since(size_t first);
 
 }  // namespace hooktrace

@@ -15,10 +15,12 @@
 #include "perfetto_writer.h"
 #include "session.h"
 #include "spans.h"
+#include "stream_writer.h"
 
 namespace py = pybind11;
 using hooktrace::Policy;
 using hooktrace::Session;
+using hooktrace::StreamWriter;
 
 namespace {
 
@@ -74,6 +76,7 @@ PYBIND11_MODULE(_C, m) {
              d["overwritten"] = st.overwritten;
              d["threads"] = st.threads;
              d["chunks"] = st.chunks;
+             d["free_chunks"] = st.free_chunks;
              return d;
            })
       .def("clock",
@@ -85,6 +88,26 @@ PYBIND11_MODULE(_C, m) {
       .def("record_step", &Session::record_step, py::arg("step"))
       .def("set_emit_names", &Session::set_emit_names, py::arg("names"))
       .def_property_readonly("emits", &Session::emits);
+  // --- streaming (stream_writer.h): waits release the GIL, the writer never takes it ---
+  py::class_<StreamWriter>(m, "StreamWriter")
+      .def(py::init<std::shared_ptr<Session>, int, uint32_t>(), py::arg("session"), py::arg("fd"),
+           py::arg("period_ms") = 10)
+      .def("start", &StreamWriter::start)
+      .def("flush", &StreamWriter::flush, py::call_guard<py::gil_scoped_release>())
+      .def("stop", &StreamWriter::stop, py::call_guard<py::gil_scoped_release>())
+      .def("stats", [](StreamWriter& w) {
+        auto st = w.stats();
+        py::dict d;
+        d["rounds"] = st.rounds;
+        d["events"] = st.events;
+        d["bytes"] = st.bytes;
+        d["blocks"] = st.blocks;
+        d["lost_events"] = st.lost_events;
+        d["busy_ns"] = st.busy_ns;
+        d["cpu_ns"] = st.cpu_ns;
+        d["error"] = st.error;
+        return d;
+      });
   m.def("add_backward_session", &hooktrace::add_backward_session, py::arg("session"));
   m.def("remove_backward_session", &hooktrace::remove_backward_session, py::arg("session"));
   m.def("node_names", &hooktrace::node_names);

@@ -50,7 +50,7 @@ Session::~Session() = default;
 
 void Session::start() {
   std::lock_guard<std::mutex> lock(mutex_);
-  clock_capture_ = std::make_unique<ClockCapture>();
+  clock_capture_ = std::make_shared<ClockCapture>();
   active_.store(true, std::memory_order_release);
 }
 
@@ -64,9 +64,14 @@ void Session::stop() {
 }
 
 ClockConversion Session::clock() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::shared_ptr<ClockCapture> capture;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!clock_capture_) return clock_;
+    capture = clock_capture_;
+  }
   // While recording, measured now: a snapshot's conversion is exact up to now.
-  return clock_capture_ ? clock_capture_->current() : clock_;
+  return capture->current();
 }
 
 ThreadBuffer* Session::buffer_slow() {
@@ -101,6 +106,11 @@ ThreadBuffer* Session::buffer_slow() {
 }
 
 bool Session::refill(ThreadBuffer* b) {
+  if (wakeup_) {
+    if (b->starved.load(std::memory_order_relaxed)) return false;
+    std::lock_guard<std::mutex> lock(mutex_);
+    return refill_streaming(b);
+  }
   if (full_.load(std::memory_order_relaxed) &&
       (policy_ == Policy::kDrop || b->chunks.empty()))
     return false;
@@ -126,6 +136,102 @@ bool Session::refill(ThreadBuffer* b) {
   b->pos = 0;
   b->limit = chunk_events_;
   return true;
+}
+
+void Session::enable_streaming(std::shared_ptr<Wakeup> wakeup) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (policy_ == Policy::kRing)
+    throw std::invalid_argument(
+        "streaming cannot use the ring policy: a ring recycles chunks the writer may be reading");
+  if (active() || !buffers_.empty())
+    throw std::logic_error("enable_streaming() must come before the session starts");
+  wakeup_ = std::move(wakeup);
+}
+
+bool Session::refill_streaming(ThreadBuffer* b) {
+  // The current chunk, once the consumer has taken all of it, is reused in
+  // place: otherwise a thread whose chunk is the whole capacity could never
+  // move on (its current chunk is never freed).
+  if (b->chunk && b->chunks.size() == 1 && b->read_pos == b->limit) {
+    b->chunk->count.store(0, std::memory_order_relaxed);  // readers take mutex_ first
+    b->read_pos = 0;
+    b->pos = 0;
+    return true;
+  }
+  std::unique_ptr<Chunk> c;
+  if (!free_chunks_.empty()) {
+    c = std::move(free_chunks_.back());
+    free_chunks_.pop_back();
+  } else if (chunks_allocated_ < max_chunks_) {
+    ++chunks_allocated_;
+    c = std::make_unique<Chunk>(chunk_events_);
+  } else {
+    // The writer is behind: drop (counted by the caller) until end_collect()
+    // consumes something and clears `starved`, which keeps drops off the mutex.
+    b->starved.store(true, std::memory_order_relaxed);
+    wakeup_->notify();
+    return false;
+  }
+  b->chunks.push_back(std::move(c));
+  b->chunk = b->chunks.back().get();
+  b->pos = 0;
+  b->limit = chunk_events_;
+  // Half the capacity in flight: wake the writer now rather than at its next
+  // period. Once per chunk at most, and a notify without a waiter is no syscall.
+  if (2 * (chunks_allocated_ - free_chunks_.size()) >= max_chunks_) wakeup_->notify();
+  return true;
+}
+
+void Session::begin_collect(std::vector<Segment>* out) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    ThreadBuffer* b = buffers_[i].get();
+    b->taken_chunks = 0;
+    b->taken_end = 0;
+    b->taken_events = 0;
+    uint64_t first = b->consumed;
+    for (size_t k = 0; k < b->chunks.size(); ++k) {
+      Chunk* c = b->chunks[k].get();
+      const uint32_t from = k == 0 ? b->read_pos : 0;
+      const uint32_t count = c->count.load(std::memory_order_acquire);
+      if (count <= from) continue;  // only chunk 0 (consumed) or a fresh last one
+      out->push_back(Segment{static_cast<uint32_t>(i), b->tid, first, c->events.get() + from,
+                             count - from});
+      first += count - from;
+      b->taken_events += count - from;
+      b->taken_chunks = static_cast<uint32_t>(k + 1);
+      b->taken_end = count;
+    }
+  }
+}
+
+void Session::end_collect() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  bool consumed_any = false;
+  for (auto& bp : buffers_) {
+    ThreadBuffer* b = bp.get();
+    if (b->taken_chunks == 0) continue;
+    consumed_any = true;
+    b->consumed += b->taken_events;
+    // Chunks before the last one read are full (a thread moves on only from a
+    // full chunk) and now consumed; the last one is consumed up to taken_end.
+    size_t drop = b->taken_chunks - 1;
+    b->read_pos = b->taken_end;
+    if (b->read_pos == chunk_events_ && b->chunks[drop].get() != b->chunk) {
+      ++drop;
+      b->read_pos = 0;
+    }
+    for (size_t k = 0; k < drop; ++k) {
+      b->chunks[k]->count.store(0, std::memory_order_relaxed);
+      free_chunks_.push_back(std::move(b->chunks[k]));
+    }
+    b->chunks.erase(b->chunks.begin(), b->chunks.begin() + drop);
+    b->taken_chunks = 0;
+    b->taken_events = 0;
+  }
+  // Any consumed event may make a chunk reusable (freed, or reusable in place).
+  if (consumed_any)
+    for (auto& b : buffers_) b->starved.store(false, std::memory_order_relaxed);
 }
 
 size_t Session::hook_enter(uint32_t slot, uintptr_t sp) {
@@ -166,6 +272,7 @@ SessionStats Session::stats() {
   SessionStats s;
   s.threads = buffers_.size();
   s.chunks = chunks_allocated_;
+  s.free_chunks = free_chunks_.size();
   for (auto& b : buffers_) {
     s.dropped += b->dropped.load(std::memory_order_relaxed);
     s.overwritten += b->overwritten.load(std::memory_order_relaxed);

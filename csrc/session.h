@@ -18,9 +18,30 @@
 //                  ring allocates one chunk more than the capacity, so a
 //                  thread recording alone keeps at least `capacity` newest
 //                  events after recycling.
+//
+// Streaming (enable_streaming(), issue #9): a consumer (csrc/stream_writer.h)
+// drains the chunks while recording goes on, so the capacity bounds the chunks
+// in flight rather than the run. Each ThreadBuffer then has a consumer cursor
+// and the session a pool of free chunks:
+//   begin_collect()  under the mutex: the unconsumed events of every thread,
+//                    from its cursor up to each chunk's acquire-loaded count;
+//   (the consumer reads them WITHOUT the mutex: refill takes it, and I/O under
+//    it would stall every recording thread that crosses a chunk boundary)
+//   end_collect()    under the mutex: advances the cursors; chunks that are
+//                    fully consumed and no longer their owner's current chunk
+//                    go to the free pool, which refill() takes from first.
+// A chunk handed out by begin_collect is never freed or reused before the
+// matching end_collect: only end_collect frees chunks, and refill reuses a
+// thread's current chunk in place only once it is fully consumed (so no
+// outstanding segment points into it). When no chunk is free the event is
+// dropped and counted, as in drop mode; a ring is refused (it would recycle
+// chunks the consumer may be reading). The hot path is unchanged: all of this
+// lives on the refill path, which runs once per chunk. Each recording thread
+// keeps its current chunk, so a capacity of k chunks serves at most k threads.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -66,6 +87,46 @@ struct ThreadBuffer {
   // Guarded by Session::mutex_. Oldest first once rotated in ring mode.
   std::vector<std::unique_ptr<Chunk>> chunks;
   size_t head = 0;  // index of the oldest chunk in `chunks`
+  // Streaming only, guarded by Session::mutex_: the consumer cursor. chunks[0]
+  // is consumed up to read_pos (chunks behind it were freed); `consumed` counts
+  // the thread's events consumed so far (the index of the next one handed
+  // out); taken_* is what the begin_collect in progress handed out.
+  uint32_t read_pos = 0;
+  uint64_t consumed = 0;
+  uint32_t taken_chunks = 0;  // chunks[0, taken_chunks) were read from,
+  uint32_t taken_end = 0;     // the last of them up to this count,
+  uint64_t taken_events = 0;  // that many events in all
+  // Streaming: set (under the mutex) when this thread found no free chunk, so
+  // its next events drop without taking the mutex; cleared by end_collect()
+  // once anything was consumed. Per thread, not full_: a thread whose own
+  // chunk became reusable must not be kept out by others that have none.
+  std::atomic<bool> starved{false};
+};
+
+// Wakes a stream consumer: notified by refill() when chunks run short, and by
+// the consumer's own controls (flush, stop). Its mutex is only ever taken
+// innermost (refill holds the session mutex when it notifies), so the
+// consumer must never hold it while calling into the Session.
+struct Wakeup {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool pending = false;  // guarded by mutex
+  void notify() {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      pending = true;
+    }
+    cv.notify_one();
+  }
+};
+
+// One thread's run of unconsumed events, as begin_collect() hands it out.
+struct Segment {
+  uint32_t thread;     // index of the thread's buffer in the session (stable)
+  uint32_t tid;        // gettid() of the thread
+  uint64_t first;      // index of events[0] among the thread's recorded events
+  const Event* events;
+  uint32_t count;
 };
 
 struct SessionStats {
@@ -73,7 +134,8 @@ struct SessionStats {
   uint64_t dropped = 0;      // events not recorded (capacity reached)
   uint64_t overwritten = 0;  // events recorded, then recycled (ring mode)
   uint64_t threads = 0;
-  uint64_t chunks = 0;
+  uint64_t chunks = 0;       // chunks allocated (in use or in the free pool)
+  uint64_t free_chunks = 0;  // streaming: chunks in the free pool
 };
 
 class Session {
@@ -108,6 +170,17 @@ class Session {
   const char* emit_name(uint32_t slot) const {
     return slot < emit_names_.size() ? emit_names_[slot].c_str() : "<module>";
   }
+
+  // Streaming mode (see the top of this file). Before start(); throws
+  // std::invalid_argument for a ring. `wakeup` is notified when half the
+  // capacity is in flight or an event had to be dropped.
+  void enable_streaming(std::shared_ptr<Wakeup> wakeup);
+  bool streaming() const { return wakeup_ != nullptr; }
+  // Appends the unconsumed events of every thread to `out` (one or more
+  // segments per thread, in recorded order). One collection at a time; each
+  // must be followed by end_collect() once the consumer is done reading.
+  void begin_collect(std::vector<Segment>* out);
+  void end_collect();
 
   SessionStats stats();
   // Copies every complete event, thread by thread in recorded order (oldest
@@ -170,6 +243,7 @@ class Session {
  private:
   inline ThreadBuffer* buffer();
   ThreadBuffer* buffer_slow();
+  bool refill_streaming(ThreadBuffer* b);  // mutex_ held
 
   // The slot for the thread's next event, or null when it must be dropped
   // (counted). The event becomes visible to collectors at publish().
@@ -197,9 +271,14 @@ class Session {
 
   std::mutex mutex_;
   uint32_t chunks_allocated_ = 0;                       // guarded by mutex_
+  std::vector<std::unique_ptr<Chunk>> free_chunks_;     // guarded by mutex_ (streaming)
+  std::shared_ptr<Wakeup> wakeup_;                      // set before start(): streaming
   std::vector<std::unique_ptr<ThreadBuffer>> buffers_;  // guarded by mutex_
   std::vector<std::string> emit_names_;
-  std::unique_ptr<ClockCapture> clock_capture_;
+  // Shared so that clock() measures (~1000 clock pairs, tens of us) outside
+  // mutex_, which every thread's refill takes: the stream writer asks for the
+  // clock while recording goes on.
+  std::shared_ptr<ClockCapture> clock_capture_;
   ClockConversion clock_;
 };
 

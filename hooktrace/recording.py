@@ -11,10 +11,12 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import os
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -32,7 +34,17 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from hooktrace import _C
 from hooktrace._events import EVENT_DTYPE, Clock
+from hooktrace._output import check_output_path
+from hooktrace.errors import OutputPathError
 from hooktrace.reading import TraceData
+from hooktrace.tracefile import (
+    BLOCK_FOOTER,
+    BLOCK_META,
+    encode_json,
+    read_trace,
+    stream_block,
+    stream_header,
+)
 
 Mode = Literal["auto", "wrap", "hooks"]
 Policy = Literal["drop", "ring"]
@@ -45,6 +57,13 @@ CHUNK_EVENTS = 4096
 # 2**40 events = 32 TiB of buffers: far beyond any real trace, yet small enough that the
 # chunk count fits the native session's 32-bit counter. Memory is allocated as recorded.
 MAX_CAPACITY = 1 << 40
+# Streaming (out=...): the capacity bounds the chunks in flight, not the run.
+# 1 Mi events x 32 B = 32 MiB at most, within issue #9's 64 MiB above the untraced
+# process; the writer wakes every STREAM_PERIOD_MS (or when half of it is in
+# flight), so this is ~40x what a 2.6 M events/s model (1000 x Identity, the
+# fastest the overhead benchmark records) records between two wake-ups.
+STREAM_CAPACITY = 1 << 20
+STREAM_PERIOD_MS = 10
 
 _traced_lock = threading.Lock()
 # module -> (the Trace instrumenting it, its qualified name there, that model's class);
@@ -88,7 +107,8 @@ class Trace(TraceData):
         mode: ``"wrap"`` replaces each instance's ``forward`` with a transparent compiled
             wrapper (the fastest; ``"auto"`` picks it); ``"hooks"`` registers compiled
             forward pre/post hooks instead.
-        capacity: number of events held (32 bytes each), an int from 1 to 2**40.
+        capacity: number of events held (32 bytes each), an int from 1 to 2**40;
+            by default 8 Mi (256 MiB), or 1 Mi (32 MiB) when streaming to ``out``.
             Rounded up to whole chunks of 4096 events (a capacity below 4096 is one
             chunk of exactly that size); ``info["capacity"]`` reports the effective
             value. Memory is allocated a chunk at a time as events are recorded.
@@ -102,6 +122,15 @@ class Trace(TraceData):
         emit_profiler: also open a ``torch.profiler`` user-scope range per module call
             (from C++), so module names show in the profiler's own trace, TensorBoard
             and HTA. Costs nothing measurable while no profiler runs.
+        out: stream the events to this ``.htrace`` file while the model runs: a
+            background thread drains full chunks to it, so memory stays within
+            ``capacity`` for any run length, and the file loads at every moment (a
+            killed run's file loads up to where it was cut, with ``info["cut"]``
+            saying so). When the writer falls behind, events are dropped and
+            counted rather than waited for. After the block the trace reads the
+            file (on first use); ``info["out"]`` is its path. The file is written
+            in place (an existing one is replaced when the block starts). Not with
+            ``policy="ring"``.
         dump_on: flight-recorder dumps (see :mod:`hooktrace.flight`): any of
             ``"exception"`` (an exception escapes the block), ``"signal"`` (the process
             receives ``dump_signal``; main thread only; a previous handler is still
@@ -132,7 +161,7 @@ class Trace(TraceData):
         model: nn.Module,
         *,
         mode: Mode = "auto",
-        capacity: int = DEFAULT_CAPACITY,
+        capacity: int | None = None,
         policy: Policy = "drop",
         backward: bool = True,
         emit_profiler: bool = False,
@@ -141,6 +170,7 @@ class Trace(TraceData):
         dump_dir: str | os.PathLike[str] = "hooktrace-dumps",
         hang_timeout: float = 300.0,
         dump_signal: int = signal.SIGUSR1,
+        out: str | os.PathLike[str] | None = None,
     ) -> None:
         # Everything is checked here, before the model is touched: a bad argument must
         # never leave a model half-instrumented.
@@ -174,7 +204,13 @@ class Trace(TraceData):
         self._dump_signal = dump_signal
         self._previous_handler: Any = None
         self._watchdog: Any = None
+        if capacity is None:
+            capacity = DEFAULT_CAPACITY if out is None else STREAM_CAPACITY
         capacity = _check_capacity(capacity)
+        self._out = None if out is None else _check_stream_path(out, policy)
+        self._writer: Any = None
+        self._stream_fd = -1
+        self._loaded = out is None  # a stream's data is read from its file on first use
         self._model_ref = weakref.ref(model)
         self._mode: Literal["wrap", "hooks"] = "hooks" if mode == "hooks" else "wrap"
         self._capacity = capacity
@@ -226,9 +262,13 @@ class Trace(TraceData):
                 self._claim(model, named)
                 self._modules_table = modules
                 self._start_unix_ns = time.time_ns()
+                if self._out is not None:
+                    self._open_stream(session)
                 self._session = session
                 self._state = "recording"  # from here on, _finish undoes what was done
                 session.start()
+                if self._writer is not None:
+                    self._writer.start()
                 if self._backward:
                     _C.add_backward_session(session)
                 if self._steps_from_optimizer:
@@ -242,6 +282,7 @@ class Trace(TraceData):
                 if self._state == "recording":
                     self._finish()
                 else:
+                    self._abandon_stream()
                     self._release()
                 raise
         return self
@@ -444,15 +485,102 @@ class Trace(TraceData):
             with _SigintDeferred():
                 errors = self._teardown()
         finally:
-            # The model is clean by now; reading the events out may be interrupted.
-            events, clock, info = self._collect(self._session, stop_unix_ns=time.time_ns())
-            self._session = None  # frees the chunks once no wrapper is referenced
-            TraceData.__init__(self, events, self._modules_table, _C.node_names(), clock, info)
+            if self._writer is not None:
+                with _SigintDeferred():
+                    self._finish_stream(stop_unix_ns=time.time_ns())
+            else:
+                # The model is clean by now; reading the events out may be interrupted.
+                events, clock, info = self._collect(self._session, stop_unix_ns=time.time_ns())
+                self._session = None  # frees the chunks once no wrapper is referenced
+                TraceData.__init__(self, events, self._modules_table, _C.node_names(), clock, info)
         interrupt = next((e for e in errors if not isinstance(e, Exception)), None)
         if interrupt is not None:
             raise interrupt
         if errors:
             raise RuntimeError(f"hooktrace: failed to remove instrumentation: {errors[0]!r}") from errors[0]
+
+    # -- streaming (out=...) ------------------------------------------------
+
+    def _open_stream(self, session: Any) -> None:
+        """Starts the file (header and META) and creates its writer; nothing else yet.
+
+        Written in place, not through a temporary file: the point of a stream is that
+        the file at ``out`` is readable at every moment, a killed run included.
+        """
+        assert self._out is not None
+        fd = os.open(self._out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+        self._stream_fd = fd
+        meta = self._run_info(session)
+        meta["modules"] = [[name, type_name] for name, type_name in self._modules_table]
+        _write_all(fd, stream_header() + stream_block(BLOCK_META, encode_json(meta)))
+        self._writer = _C.StreamWriter(session, fd, STREAM_PERIOD_MS)
+
+    def _abandon_stream(self) -> None:
+        """Entry failed before recording: the file holds no run, so it goes."""
+        if self._stream_fd >= 0:
+            os.close(self._stream_fd)
+            self._stream_fd = -1
+            self._writer = None
+            assert self._out is not None
+            with contextlib.suppress(OSError):
+                os.unlink(self._out)
+
+    def _finish_stream(self, stop_unix_ns: int) -> None:
+        """Drains the last events (the session is stopped), then the FOOTER, then closes."""
+        writer, session = self._writer, self._session
+        try:
+            writer.stop()
+            stats, written = session.stats(), writer.stats()
+            footer = {
+                "dropped_events": int(stats["dropped"]),
+                "overwritten_events": int(stats["overwritten"]),
+                "stop_unix_ns": stop_unix_ns,
+                "thread_names": _thread_names(),
+                "events": int(written["events"]),
+                # the writer's own figures: how far memory went, how busy it was
+                "stream": {"chunks": int(stats["chunks"]), "rounds": int(written["rounds"]),
+                           "blocks": int(written["blocks"]), "bytes": int(written["bytes"]),
+                           "busy_ns": int(written["busy_ns"]),
+                           "cpu_ns": int(written["cpu_ns"])},
+            }
+            if written["error"]:
+                # Every block before the failed one is intact: the file loads up to it.
+                warnings.warn(
+                    f"hooktrace: writing {self._out} failed at {written['error']}; "
+                    f"{int(written['lost_events']):,} events were lost and the file ends "
+                    "there (it loads up to that point)", RuntimeWarning, stacklevel=4)
+            else:
+                _write_all(self._stream_fd, stream_block(BLOCK_FOOTER, encode_json(footer)))
+        finally:
+            os.close(self._stream_fd)
+            self._stream_fd = -1
+            self._writer = None
+            self._session = None
+
+    def _load_stream(self) -> None:
+        assert self._out is not None
+        contents = read_trace(self._out)
+        info = dict(contents.info)
+        info["out"] = self._out
+        TraceData.__init__(self, contents.events, contents.modules, contents.node_names,
+                           contents.clock, info)
+        self._loaded = True
+
+    def _run_info(self, session: Any) -> dict[str, Any]:
+        """What describes the run itself (metadata of both file versions)."""
+        return {
+            "pid": os.getpid(),
+            "hostname": socket.gethostname(),
+            "torch_version": torch.__version__,
+            "hooktrace_version": _version(),
+            "mode": self._mode,
+            "backward": self._backward,
+            "emit_profiler": self._emit_profiler,
+            "policy": self._policy,
+            "capacity": int(session.capacity),
+            "start_unix_ns": self._start_unix_ns,
+            "thread_names": _thread_names(),
+        }
 
     def _collect(self, session: Any, stop_unix_ns: int) -> tuple[np.ndarray, Clock, dict[str, Any]]:
         """The session's events so far, its clock, and the run's metadata."""
@@ -474,7 +602,7 @@ class Trace(TraceData):
             "overwritten_events": int(stats["overwritten"]),
             "start_unix_ns": self._start_unix_ns,
             "stop_unix_ns": stop_unix_ns,
-            "thread_names": {str(t.native_id): t.name for t in threading.enumerate()},
+            "thread_names": _thread_names(),
         }
         return events, Clock(int(ticks0), int(unix_ns0), float(ns_per_tick)), info
 
@@ -494,6 +622,18 @@ class Trace(TraceData):
             return self
         if self._state != "recording":
             raise RuntimeError("hooktrace: this trace has not started; enter its with block first")
+        if self._writer is not None:
+            # Streaming: memory holds only what the writer has not drained; the file,
+            # once the writer has caught up with now, holds everything.
+            self._writer.flush()
+            contents = read_trace(self._out)  # type: ignore[arg-type]
+            stats = self._session.stats()
+            info = dict(contents.info)
+            info.pop("cut", None)  # not cut: still recording
+            info.update(dropped_events=int(stats["dropped"]), stop_unix_ns=time.time_ns(),
+                        thread_names=_thread_names(), out=self._out)
+            return TraceData(contents.events, contents.modules, contents.node_names,
+                             contents.clock, info)
         events, clock, info = self._collect(self._session, stop_unix_ns=time.time_ns())
         return TraceData(events, self._modules_table, _C.node_names(), clock, info)
 
@@ -502,6 +642,9 @@ class Trace(TraceData):
         # TraceData.__init__ sets when the block exits.
         if name in _DATA_ATTRS:
             state = self.__dict__.get("_state", "new")
+            if state == "done" and not self.__dict__.get("_loaded", True):
+                self._load_stream()
+                return self.__dict__[name]
             raise RuntimeError(
                 f"hooktrace: the trace is {'still recording' if state == 'recording' else 'not started'}"
                 f" ({name} is not available yet): read it after the with block, or use "
@@ -509,6 +652,9 @@ class Trace(TraceData):
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __repr__(self) -> str:
+        state = self.__dict__.get("_state", "new")
+        if state == "done" and not self.__dict__.get("_loaded", True):
+            return f"<Trace streamed to {self._out!r} (read from the file on first use)>"
         if "events" in self.__dict__:  # readable: the block has exited
             return TraceData.__repr__(self)
         state = self.__dict__.get("_state", "new")
@@ -586,6 +732,41 @@ def _check_dump_on(dump_on: object) -> frozenset[str]:
     if bad:
         raise ValueError(f"dump_on: unknown {bad}; choose from {list(DUMP_REASONS)}")
     return frozenset(items)
+
+
+def _thread_names() -> dict[str, str]:
+    return {str(t.native_id): t.name for t in threading.enumerate()}
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _check_stream_path(out: object, policy: str) -> str:
+    """The stream's path, or the one-line error saying why it cannot be one."""
+    if not isinstance(out, (str, os.PathLike)) or isinstance(os.fspath(out), bytes):
+        raise TypeError(f"out must be a file path (str or os.PathLike), got "
+                        f"{type(out).__name__} {out!r:.60}")
+    name = os.fspath(out)
+    if policy == "ring":
+        raise ValueError("out= cannot be combined with policy='ring': a ring recycles chunks "
+                         "the stream writer may still be reading; streaming drops (and counts) "
+                         "events when the writer falls behind")
+    if name == "-":
+        raise OutputPathError("-: a stream is read back when the block ends; give a file name")
+    check_output_path(name)
+    folder = os.path.dirname(os.path.abspath(name))
+    if os.path.exists(name):
+        if not stat.S_ISREG(os.stat(name).st_mode):
+            raise OutputPathError(f"{name}: not a regular file; a stream is read back when the "
+                                  "block ends, give a file name")
+        if not os.access(name, os.W_OK):
+            raise OutputPathError(f"{name}: is not writable")
+    elif not os.access(folder, os.W_OK | os.X_OK):
+        raise OutputPathError(f"{name}: the folder {folder} is not writable")
+    return name
 
 
 def _check_capacity(capacity: object) -> int:

@@ -1,6 +1,10 @@
 """The versioned ``.htrace`` binary trace file: writer and validating reader.
 
-Layout (little-endian; ``FORMAT_VERSION`` 2)::
+Two versions are read: 2, which ``save()`` writes (one run, laid out below), and 3,
+the stream format that ``hooktrace.trace(model, out=...)`` appends to while the
+model runs (``STREAM_FORMAT_VERSION``, laid out further below).
+
+Layout of version 2 (little-endian; ``FORMAT_VERSION``)::
 
     off size
     0   8   magic b"HTRACE\\x00\\x00"
@@ -29,6 +33,41 @@ this list; a NODE_END's id is the autograd graph task id). The keys the reader
 interprets (``pid``, ``hostname``, ``dropped_events``, ``overwritten_events``,
 ``capacity``, ``start_unix_ns``/``stop_unix_ns``, ``thread_names``, ...) are
 type- and range-checked; any other key is free-form run information.
+
+Layout of version 3, the stream (little-endian; csrc/stream_writer.h draws the same)::
+
+    off size
+    0   8   magic b"HTRACE\x00\x00"
+    8   4   u32 format version = 3
+    12  4   u32 header size = 16
+    16      blocks, each a 24-byte header then its payload:
+            0   4  u32 block type (BLOCK_* below)
+            4   4  u32 reserved, 0
+            8   8  u64 payload length
+            16  4  u32 crc32 of the payload
+            20  4  u32 crc32 of block header bytes 0-19
+
+    META (1)        JSON object, the first block: the run's metadata (the keys
+                    of version 2's, below) with ``modules`` as
+                    ``[[qualified name, class name], ...]``
+    CLOCK (2)       u64 ticks0, i64 unix_ns0, f64 ns_per_tick: the conversion
+                    measured so far; the last one applies to every event
+    NODE_NAMES (3)  u32 first, then a string table (u32 count, count x (u32
+                    byte length + UTF-8)): node names [first, first + count)
+    EVENTS (4)      u32 thread (its index in the session), u32 tid, u64 first
+                    (the index of the block's first event among the thread's),
+                    then 32-byte events of that one thread, in recorded order
+    STATS (5)       u64 dropped_events, u64 overwritten_events so far
+    FOOTER (6)      JSON object, the last block: dropped/overwritten counts,
+                    ``stop_unix_ns``, ``thread_names``, ``events`` (how many
+                    EVENTS carried in all); nothing follows it
+
+A stream is readable at every moment: a block that is truncated or fails its
+checksum ends the readable part (a killed process leaves a partly written last
+block); the events before it load and ``info["cut"]`` says, in one line, where
+and why the recording was cut. The complete blocks are validated like a version
+2 file; their events are returned thread by thread, as a recording in memory
+holds them.
 
 The reader refuses, with one ``TraceFileError`` line naming the file, the
 offset (or metadata key) and what it expected, anything that cannot be a
@@ -83,6 +122,18 @@ __all__ = [
     "TraceFileContents",
     "write_trace",
     "read_trace",
+    "STREAM_FORMAT_VERSION",
+    "STREAM_HEADER_SIZE",
+    "BLOCK_META",
+    "BLOCK_CLOCK",
+    "BLOCK_NODE_NAMES",
+    "BLOCK_EVENTS",
+    "BLOCK_STATS",
+    "BLOCK_FOOTER",
+    "READABLE_KINDS",
+    "stream_header",
+    "stream_block",
+    "encode_json",
 ]
 
 MAGIC = b"HTRACE\x00\x00"
@@ -109,6 +160,22 @@ _U32 = struct.Struct("<I")
 # Keys of the metadata block that the file format itself owns.
 _RESERVED_META = ("modules", "node_names")
 _CHUNK = 1 << 24  # bytes per crc32 / write step over the events block
+_VERSION_END = 12  # the version is readable once this many bytes are there
+
+STREAM_FORMAT_VERSION = 3
+_STREAM_HEADER = struct.Struct("<8sII")
+STREAM_HEADER_SIZE = _STREAM_HEADER.size
+_BLOCK = struct.Struct("<IIQII")
+_BLOCK_SIZE = _BLOCK.size
+assert (STREAM_HEADER_SIZE, _BLOCK_SIZE) == (16, 24)
+_BLOCK_CRC_AT = 20  # the last block header field: crc32 of the 20 bytes before it
+BLOCK_META, BLOCK_CLOCK, BLOCK_NODE_NAMES, BLOCK_EVENTS, BLOCK_STATS, BLOCK_FOOTER = range(1, 7)
+_BLOCK_NAMES = {BLOCK_META: "META", BLOCK_CLOCK: "CLOCK", BLOCK_NODE_NAMES: "NODE_NAMES",
+                BLOCK_EVENTS: "EVENTS", BLOCK_STATS: "STATS", BLOCK_FOOTER: "FOOTER"}
+_EVENTS_SUB = struct.Struct("<IIQ")  # thread index, tid, first event index
+_CLOCK_BLOCK = struct.Struct("<Qqd")
+_STATS_BLOCK = struct.Struct("<QQ")
+READABLE_KINDS = VALID_KINDS  # (STEP included: _events.py)
 
 
 class TraceFileError(HooktraceError):
@@ -146,9 +213,8 @@ def _field_offset(name: str) -> int:
     return int(EVENT_DTYPE.fields[name][1])
 
 
-def _crc_of(array: np.ndarray) -> int:
+def _crc_of(array: np.ndarray, crc: int = 0) -> int:
     flat = array.view(np.uint8).reshape(-1) if array.size else np.zeros(0, np.uint8)
-    crc = 0
     for start in range(0, flat.size, _CHUNK):
         crc = zlib.crc32(flat[start : start + _CHUNK].data, crc)
     return crc
@@ -253,6 +319,29 @@ def write_trace(
         _write_array(f, events)
 
 
+def stream_header() -> bytes:
+    """The 16 bytes a version 3 stream starts with."""
+    return _STREAM_HEADER.pack(MAGIC, STREAM_FORMAT_VERSION, STREAM_HEADER_SIZE)
+
+
+def stream_block(block_type: int, payload: bytes) -> bytes:
+    """One framed version 3 block (the Python-written ones: META and FOOTER).
+
+    Example:
+        >>> len(stream_block(BLOCK_FOOTER, b"{}"))
+        26
+    """
+    head = _BLOCK.pack(block_type, 0, len(payload), zlib.crc32(payload), 0)
+    return head[:_BLOCK_CRC_AT] + _U32.pack(zlib.crc32(head[:_BLOCK_CRC_AT])) + payload
+
+
+def encode_json(info: Mapping[str, Any]) -> bytes:
+    """Metadata as the compact UTF-8 JSON both versions store (numpy scalars allowed)."""
+    return json.dumps(
+        info, ensure_ascii=False, separators=(",", ":"), default=_json_default
+    ).encode("utf-8")
+
+
 def _json_default(value: Any) -> Any:
     """numpy scalars and arrays, as the recorder's counters may be, become JSON numbers/lists."""
     if isinstance(value, np.generic):
@@ -297,17 +386,26 @@ def read_trace(path: str | os.PathLike[str], *, mmap: bool = False) -> TraceFile
         size = os.fstat(f.fileno()).st_size
         head = f.read(HEADER_SIZE)
         _check_magic(name, head, size)
-        (
-            _magic, version, header_size, meta_len, strings_len, n_events,
-            ticks0, unix_ns0, ns_per_tick, crc_meta, crc_events, pid, crc_header,
-        ) = _HEADER.unpack(head)
+        (version,) = _U32.unpack_from(head, 8)
+        if version == STREAM_FORMAT_VERSION:
+            return _read_stream(name, f, size, head)
         if version != FORMAT_VERSION:
             age = "an older" if version < FORMAT_VERSION else "a newer"
             raise TraceFileError(
                 name, 8,
-                f"unsupported format version {version} (this hooktrace reads version "
-                f"{FORMAT_VERSION}; the file was written by {age} hooktrace)",
+                f"unsupported format version {version} (this hooktrace reads versions "
+                f"{FORMAT_VERSION} and {STREAM_FORMAT_VERSION}; the file was written by {age} "
+                "hooktrace)",
             )
+        if len(head) < HEADER_SIZE:
+            raise TraceFileError(
+                name, len(head),
+                f"truncated header: expected {HEADER_SIZE} bytes, file has {size}",
+            )
+        (
+            _magic, version, header_size, meta_len, strings_len, n_events,
+            ticks0, unix_ns0, ns_per_tick, crc_meta, crc_events, pid, crc_header,
+        ) = _HEADER.unpack(head)
         if header_size != HEADER_SIZE:
             raise TraceFileError(
                 name, 12, f"expected header size {HEADER_SIZE}, found {header_size}"
@@ -382,7 +480,8 @@ def read_trace(path: str | os.PathLike[str], *, mmap: bool = False) -> TraceFile
     _check_info(name, meta_bytes, meta, pid)
     clock = Clock(ticks0, unix_ns0, ns_per_tick)
     interval = _recorded_interval(name, meta_bytes, meta, clock)
-    _validate_events(name, events_off, events, len(modules), len(node_names), clock, interval)
+    _validate_events(name, lambda i: events_off + i * EVENT_DTYPE.itemsize, events,
+                     len(modules), len(node_names), clock, interval)
     meta.setdefault("pid", pid)
     return TraceFileContents(
         events=events,
@@ -392,6 +491,227 @@ def read_trace(path: str | os.PathLike[str], *, mmap: bool = False) -> TraceFile
         info=meta,
         pid=pid,
     )
+
+
+class _Cut(Exception):
+    """Where a stream's readable part ends, and why."""
+
+    def __init__(self, offset: int, why: str) -> None:
+        super().__init__(why)
+        self.offset = offset
+        self.why = why
+
+
+def _read_stream(name: str, f: BinaryIO, size: int, head: bytes) -> TraceFileContents:
+    """A version 3 stream: blocks up to the footer, or up to the first damaged one."""
+    if len(head) < STREAM_HEADER_SIZE:
+        raise TraceFileError(name, len(head), f"truncated header: expected {STREAM_HEADER_SIZE} "
+                                              f"bytes, file has {size}")
+    _magic, _version, header_size = _STREAM_HEADER.unpack_from(head)
+    if header_size != STREAM_HEADER_SIZE:
+        raise TraceFileError(name, 12, f"expected header size {STREAM_HEADER_SIZE}, found "
+                                       f"{header_size}")
+    # Events are read straight into one array, in file order; every block
+    # header is 40 bytes or more, so this bounds their number. Pages never
+    # written are never touched, so the slack costs address space only.
+    buf = np.empty(max(0, (size - STREAM_HEADER_SIZE) // EVENT_DTYPE.itemsize), EVENT_DTYPE)
+    n = 0
+    runs: list[tuple[int, int, int, int]] = []  # (thread, start in buf, count, file offset)
+    threads: dict[int, list[int]] = {}  # thread index -> [tid, events so far]
+    meta: dict[str, Any] | None = None
+    meta_at = footer_at = clock_at = 0
+    meta_bytes = footer_bytes = b""
+    footer: dict[str, Any] | None = None
+    clock: Clock | None = None
+    node_names: list[str] = []
+    stats = (0, 0)
+    cut: _Cut | None = None
+    pos = STREAM_HEADER_SIZE
+    f.seek(pos)
+    while True:
+        try:
+            btype, length, payload, events = _next_block(name, f, pos, size, buf[n:])
+        except _Cut as c:
+            cut = c
+            break
+        at = pos + _BLOCK_SIZE  # the payload's offset
+        what = _BLOCK_NAMES[btype]
+        if meta is None and btype != BLOCK_META:
+            raise TraceFileError(name, pos, f"expected the META block first, found {what}")
+        if btype == BLOCK_META:
+            if meta is not None:
+                raise TraceFileError(name, pos, "expected one META block, found a second one")
+            meta, meta_bytes, meta_at = _parse_meta(name, payload, at), payload, at
+        elif btype == BLOCK_CLOCK:
+            if length != _CLOCK_BLOCK.size:
+                raise TraceFileError(name, pos + 8, f"CLOCK block: expected {_CLOCK_BLOCK.size} "
+                                                    f"payload bytes, found {length}")
+            ticks0, unix_ns0, ns_per_tick = _CLOCK_BLOCK.unpack(payload)
+            problem = _clock_problem(ticks0, unix_ns0, ns_per_tick)
+            if problem:
+                field = 16 if "ns_per_tick" in problem else 8 if "unix_ns0" in problem else 0
+                raise TraceFileError(name, at + field, f"clock conversion: {problem}")
+            clock, clock_at = Clock(ticks0, unix_ns0, ns_per_tick), at
+        elif btype == BLOCK_NODE_NAMES:
+            if length < 4:
+                raise TraceFileError(name, pos + 8, f"NODE_NAMES block: expected at least 4 "
+                                                    f"payload bytes, found {length}")
+            (first,) = _U32.unpack_from(payload)
+            if first != len(node_names):
+                raise TraceFileError(name, at, f"NODE_NAMES block: expected names from index "
+                                               f"{len(node_names)} on, found {first}")
+            node_names += _parse_strings(name, at + 4, payload[4:])
+        elif btype == BLOCK_EVENTS:
+            assert events is not None
+            thread, tid, first = _EVENTS_SUB.unpack(payload)
+            if clock is None:
+                raise TraceFileError(name, pos, "expected a CLOCK block before the first EVENTS")
+            known = threads.setdefault(thread, [tid, 0])
+            if known[0] != tid:
+                raise TraceFileError(name, at + 4, f"EVENTS block: thread {thread} was tid "
+                                                   f"{known[0]} before, found tid {tid}")
+            if first != known[1]:
+                raise TraceFileError(name, at + 8, f"EVENTS block: expected thread {thread}'s "
+                                                   f"event {known[1]} next, found {first}")
+            other = np.flatnonzero(events["tid"] != tid)
+            if other.size:
+                i = int(other[0])
+                raise TraceFileError(
+                    name, at + _EVENTS_SUB.size + i * EVENT_DTYPE.itemsize + _field_offset("tid"),
+                    f"EVENTS block: expected every event on tid {tid}, event {i} is on "
+                    f"{int(events['tid'][i])}")
+            runs.append((thread, n, len(events), at + _EVENTS_SUB.size))
+            known[1] += len(events)
+            n += len(events)
+        elif btype == BLOCK_STATS:
+            if length != _STATS_BLOCK.size:
+                raise TraceFileError(name, pos + 8, f"STATS block: expected {_STATS_BLOCK.size} "
+                                                    f"payload bytes, found {length}")
+            stats = _STATS_BLOCK.unpack(payload)
+            if max(stats) > 2**63 - 1:
+                raise TraceFileError(name, at, f"STATS block: expected counts below 2**63, "
+                                               f"found {stats}")
+        else:  # BLOCK_FOOTER
+            footer, footer_bytes, footer_at = _parse_meta(name, payload, at), payload, at
+            end = at + length
+            if size > end:
+                raise TraceFileError(name, end, f"expected end of file after the FOOTER block, "
+                                                f"found {size - end} trailing bytes")
+            break
+        pos = at + length
+    if meta is None:
+        assert cut is not None
+        raise TraceFileError(name, cut.offset, f"truncated: expected a complete META block, "
+                                               f"found {cut.why}")
+
+    modules = _stream_modules(name, meta_bytes, meta_at, meta.pop("modules", None))
+    if "node_names" in meta:
+        _meta_error(name, meta_bytes, "node_names", "expected node names in NODE_NAMES blocks, "
+                                                   "not in META", meta_at)
+    pid = meta.get("pid")
+    if not (_is_int(pid) and 1 <= pid <= _MAX_PID):
+        _meta_error(name, meta_bytes, "pid", f"expected an int in [1, {_MAX_PID}], found "
+                                             f"{pid!r:.60}", meta_at)
+    _check_info(name, meta_bytes, meta, pid, meta_at)
+    info = dict(meta)
+    if footer is not None:
+        written = footer.pop("events", None)
+        if written != n:
+            _meta_error(name, footer_bytes, "events", f"expected the {n} events the EVENTS "
+                                                      f"blocks hold, found {written!r:.40}",
+                        footer_at)
+        _check_info(name, footer_bytes, footer, pid, footer_at)
+        info.update(footer)
+    else:
+        assert cut is not None
+        info["dropped_events"], info["overwritten_events"] = stats
+        info["cut"] = (f"{name}: recording cut at byte {cut.offset} ({cut.why}); {n:,} events "
+                       "before it loaded")
+    if clock is None:  # no events either
+        clock = Clock(0, int(info.get("start_unix_ns", 0)), 1.0)
+    interval = None
+    if footer is not None:
+        interval = _recorded_interval(name, footer_bytes, info, clock, footer_at, clock_at + 8)
+
+    # Thread by thread, as a recording in memory is (Session::copy_events).
+    order = sorted(range(len(runs)), key=lambda r: runs[r][0])
+    if order == list(range(len(runs))):
+        events = buf[:n]
+    else:
+        events = np.concatenate([buf[runs[r][1] : runs[r][1] + runs[r][2]] for r in order])
+    starts = np.cumsum([0] + [runs[r][2] for r in order])
+    offsets = [runs[r][3] for r in order]
+
+    def offset_of(i: int) -> int:
+        k = int(np.searchsorted(starts, i, side="right")) - 1
+        return offsets[k] + (i - int(starts[k])) * EVENT_DTYPE.itemsize
+
+    _validate_events(name, offset_of, events, len(modules), len(node_names), clock, interval)
+    return TraceFileContents(events=events, modules=modules, node_names=node_names, clock=clock,
+                             info=info, pid=pid)
+
+
+def _next_block(name: str, f: BinaryIO, pos: int, size: int, room: np.ndarray,
+                ) -> tuple[int, int, bytes, np.ndarray | None]:
+    """The intact block at ``pos``: (type, payload length, payload, events).
+
+    An EVENTS block's events are read into ``room`` (returned as a view of it) and
+    its payload holds the 16-byte sub-header only. Raises _Cut where the readable
+    part ends: a block that is truncated or fails a checksum."""
+    if pos == size:
+        raise _Cut(pos, "no footer: the process did not finish")
+    head = f.read(_BLOCK_SIZE)
+    if len(head) < _BLOCK_SIZE:
+        raise _Cut(pos, f"a partly written block header, {len(head)} of {_BLOCK_SIZE} bytes: "
+                        "the process did not finish")
+    btype, reserved, length, crc_payload, crc_head = _BLOCK.unpack(head)
+    if zlib.crc32(head[:_BLOCK_CRC_AT]) != crc_head:
+        raise _Cut(pos, "a block header that fails its checksum")
+    if length > size - pos - _BLOCK_SIZE:
+        raise _Cut(pos, f"a partly written block, {size - pos - _BLOCK_SIZE} of {length} payload "
+                        "bytes: the process did not finish")
+    # From here the header is intact: what it says is refused, not cut, when wrong.
+    if reserved != 0:
+        raise TraceFileError(name, pos + 4, f"expected a reserved 0 in the block header, "
+                                            f"found {reserved}")
+    if btype not in _BLOCK_NAMES:
+        raise TraceFileError(name, pos, f"unknown block type {btype} (expected 1-6; the file "
+                                        "was written by a newer hooktrace?)")
+    events: np.ndarray | None = None
+    if btype == BLOCK_EVENTS:
+        sub = _EVENTS_SUB.size
+        if length < sub or (length - sub) % EVENT_DTYPE.itemsize:
+            raise TraceFileError(name, pos + 8, f"EVENTS block: expected {sub} + a multiple of "
+                                                f"{EVENT_DTYPE.itemsize} payload bytes, found "
+                                                f"{length}")
+        payload = f.read(sub)
+        events = room[: (length - sub) // EVENT_DTYPE.itemsize]
+        got = f.readinto(memoryview(events.view(np.uint8)))  # type: ignore[attr-defined]
+        if len(payload) + (got or 0) != length:  # the file shrank under us
+            raise _Cut(pos, "a partly written block: the file shrank while read")
+        crc = _crc_of(events, zlib.crc32(payload))
+    else:
+        payload = f.read(length)
+        if len(payload) != length:
+            raise _Cut(pos, "a partly written block: the file shrank while read")
+        crc = zlib.crc32(payload)
+    if crc != crc_payload:
+        raise _Cut(pos, f"a block ({_BLOCK_NAMES[btype]}) whose payload fails its checksum")
+    return btype, length, payload, events
+
+
+def _stream_modules(name: str, meta_bytes: bytes, base: int, raw: Any) -> list[tuple[str, str]]:
+    if raw is None:
+        raw = []
+    if not isinstance(raw, list):
+        _meta_error(name, meta_bytes, "modules",
+                    f"expected a list of [name, class name], found {raw!r:.60}", base)
+    for i, entry in enumerate(raw):
+        if not (isinstance(entry, list) and len(entry) == 2
+                and all(isinstance(x, str) for x in entry)):
+            _meta_error(name, meta_bytes, "modules",
+                        f"[{i}]: expected [name, class name], found {entry!r:.60}", base)
+    return [(entry[0], entry[1]) for entry in raw]
 
 
 def _check_magic(name: str, head: bytes, size: int) -> None:
@@ -410,7 +730,7 @@ def _check_magic(name: str, head: bytes, size: int) -> None:
             what = "not a hooktrace file"
             raise TraceFileError(name, 0, f"{expected} ({what})")
         raise TraceFileError(name, 0, f"file is {what}, not a .htrace file ({expected})")
-    if len(head) < HEADER_SIZE:
+    if len(head) < _VERSION_END:
         raise TraceFileError(
             name, len(head),
             f"truncated header: expected {HEADER_SIZE} bytes, file has {size}",
@@ -486,41 +806,42 @@ def _nesting_depth(meta_bytes: bytes) -> tuple[int, int]:
     return int(depth[at]), at
 
 
-def _parse_meta(name: str, meta_bytes: bytes) -> dict[str, Any]:
+def _parse_meta(name: str, meta_bytes: bytes, base: int = HEADER_SIZE) -> dict[str, Any]:
+    """The JSON object in ``meta_bytes``, which starts at file offset ``base``."""
     try:
         text = meta_bytes.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise TraceFileError(name, HEADER_SIZE + e.start, "metadata is not valid UTF-8") from None
+        raise TraceFileError(name, base + e.start, "metadata is not valid UTF-8") from None
     depth, at = _nesting_depth(meta_bytes)
     if depth > _MAX_META_DEPTH:
         # json.loads would recurse once per level (RecursionError near 1000)
         raise TraceFileError(
-            name, HEADER_SIZE,
+            name, base,
             f"metadata nests {depth} levels deep (expected at most {_MAX_META_DEPTH})",
         )
     try:
         meta = json.loads(text, parse_int=_parse_int, parse_float=_parse_float,
                           parse_constant=_parse_constant)
     except json.JSONDecodeError as e:
-        offset = HEADER_SIZE + len(text[: e.pos].encode("utf-8"))
+        offset = base + len(text[: e.pos].encode("utf-8"))
         raise TraceFileError(name, offset, f"metadata is not valid JSON: {e.msg}") from None
     except _BadNumber as e:
         at = max(0, meta_bytes.find(e.literal.encode()))
         raise TraceFileError(
-            name, HEADER_SIZE + at,
+            name, base + at,
             f"metadata: expected {e.why}, found the number literal {e.literal!r:.60}",
         ) from None
     except RecursionError:  # not reached after the depth check; kept as a guard
-        raise TraceFileError(name, HEADER_SIZE, "metadata nests too deep") from None
+        raise TraceFileError(name, base, "metadata nests too deep") from None
     if not isinstance(meta, dict):
         raise TraceFileError(
-            name, HEADER_SIZE, f"expected a JSON object as metadata, found {type(meta).__name__}"
+            name, base, f"expected a JSON object as metadata, found {type(meta).__name__}"
         )
     bad = _unencodable(meta, "")
     if bad is not None:
         # "\ud800" escapes decode to lone surrogates, which no output can encode
         raise TraceFileError(
-            name, HEADER_SIZE,
+            name, base,
             f"metadata {bad}: expected text, found a lone UTF-16 surrogate escape",
         )
     return meta
@@ -548,14 +869,15 @@ def _unencodable(value: Any, where: str) -> str | None:
     return None
 
 
-def _key_offset(meta_bytes: bytes, key: str) -> int:
+def _key_offset(meta_bytes: bytes, key: str, base: int = HEADER_SIZE) -> int:
     """Offset of a top-level metadata key in the file (for messages), or the block's."""
     at = meta_bytes.find(json.dumps(key).encode("utf-8"))
-    return HEADER_SIZE + max(at, 0)
+    return base + max(at, 0)
 
 
-def _meta_error(name: str, meta_bytes: bytes, key: str, message: str) -> NoReturn:
-    raise TraceFileError(name, _key_offset(meta_bytes, key), f'metadata "{key}": {message}')
+def _meta_error(name: str, meta_bytes: bytes, key: str, message: str,
+                base: int = HEADER_SIZE) -> NoReturn:
+    raise TraceFileError(name, _key_offset(meta_bytes, key, base), f'metadata "{key}": {message}')
 
 
 def _int_in(lo: int, hi: int) -> Callable[[Any], str | None]:
@@ -597,35 +919,42 @@ _INFO_CHECKS: dict[str, Callable[[Any], str | None]] = {
     "start_unix_ns": _int_in(0, _MAX_UNIX_NS - 1),
     "stop_unix_ns": _int_in(0, _MAX_UNIX_NS - 1),
     "thread_names": _thread_names,
+    "cut": _of_type(str, "a string"),
 }
 
 
-def _check_info(name: str, meta_bytes: bytes, meta: dict[str, Any], pid: int) -> None:
+def _check_info(name: str, meta_bytes: bytes, meta: dict[str, Any], pid: int,
+                base: int = HEADER_SIZE) -> None:
     for key, check in _INFO_CHECKS.items():
         if key not in meta:
             continue
         expected = check(meta[key])
         if expected:
-            _meta_error(name, meta_bytes, key, f"expected {expected}, found {meta[key]!r:.60}")
+            _meta_error(name, meta_bytes, key, f"expected {expected}, found {meta[key]!r:.60}",
+                        base)
     if "pid" in meta and meta["pid"] != pid:
         _meta_error(name, meta_bytes, "pid", f"expected the header's pid {pid}, found "
-                                             f"{meta['pid']}")
+                                             f"{meta['pid']}", base)
 
 
-def _recorded_interval(name: str, meta_bytes: bytes, meta: dict[str, Any],
-                       clock: Clock) -> tuple[int, int] | None:
-    """[start, stop] widened by INTERVAL_SLACK_NS when the run recorded both, else None."""
+def _recorded_interval(name: str, meta_bytes: bytes, meta: dict[str, Any], clock: Clock,
+                       base: int = HEADER_SIZE, clock_offset: int = 48,
+                       ) -> tuple[int, int] | None:
+    """[start, stop] widened by INTERVAL_SLACK_NS when the run recorded both, else None.
+
+    ``meta_bytes`` (at file offset ``base``) holds stop_unix_ns; ``clock_offset`` is
+    where the clock's unix_ns0 lies, for messages."""
     if "start_unix_ns" not in meta or "stop_unix_ns" not in meta:
         return None
     start, stop = meta["start_unix_ns"], meta["stop_unix_ns"]
     if stop < start:
         _meta_error(name, meta_bytes, "stop_unix_ns",
-                    f"expected a time at or after start_unix_ns {start}, found {stop}")
+                    f"expected a time at or after start_unix_ns {start}, found {stop}", base)
     lo, hi = start - INTERVAL_SLACK_NS, stop + INTERVAL_SLACK_NS
     if not lo <= clock.unix_ns0 <= hi:
         # the conversion is measured at the session's start, inside the run
         raise TraceFileError(
-            name, 48, f"clock conversion: expected unix_ns0 within the recorded interval "
+            name, clock_offset, f"clock conversion: expected unix_ns0 within the recorded interval "
                       f"[{start}, {stop}] (+-{INTERVAL_SLACK_NS} ns), found {clock.unix_ns0}",
         )
     return lo, hi
@@ -709,27 +1038,28 @@ def _resolve_node_names(name: str, meta_bytes: bytes, raw: Any, strings: list[st
 
 
 def _validate_events(
-    name: str, events_off: int, events: np.ndarray, n_modules: int, n_nodes: int,
-    clock: Clock, interval: tuple[int, int] | None,
+    name: str, offset_of: Callable[[int], int], events: np.ndarray, n_modules: int,
+    n_nodes: int, clock: Clock, interval: tuple[int, int] | None,
 ) -> None:
-    """Vectorized checks that every event can be interpreted (no per-event Python)."""
+    """Vectorized checks that every event can be interpreted (no per-event Python).
+
+    ``offset_of(i)`` is the file offset of event i (for messages)."""
     if not len(events):
         return
-    itemsize = EVENT_DTYPE.itemsize
 
     def fail(bad: np.ndarray, field: str, message: str) -> NoReturn:
         i = int(bad[0])
         raise TraceFileError(
-            name, events_off + i * itemsize + _field_offset(field),
+            name, offset_of(i) + _field_offset(field),
             f"event {i}: {message.format(i=i)} ({bad.size} bad events in all)",
         )
 
     kind = np.ascontiguousarray(events["kind"])
     valid = np.zeros(256, dtype=bool)
-    valid[list(VALID_KINDS)] = True
+    valid[list(READABLE_KINDS)] = True
     bad = np.flatnonzero(~valid[kind])
     if bad.size:
-        fail(bad, "kind", f"expected kind in {list(VALID_KINDS)}, found {int(kind[bad[0]])}")
+        fail(bad, "kind", f"expected kind in {list(READABLE_KINDS)}, found {int(kind[bad[0]])}")
     ids = events["id"]
     is_forward = (kind == ENTER) | (kind == EXIT)
     bad = np.flatnonzero(is_forward & (ids >= n_modules))

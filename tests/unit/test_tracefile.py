@@ -166,7 +166,7 @@ def test_wrong_version(tmp_path, version, age):
     struct.pack_into("<I", data, 8, version)
     err = expect_error(rewrite(path, bytes(data)), 8)
     assert str(err) == (f"{path}: offset 8: unsupported format version {version} "
-                        f"(this hooktrace reads version {FORMAT_VERSION}; the file was "
+                        f"(this hooktrace reads versions {FORMAT_VERSION} and 3; the file was "
                         f"written by {age} hooktrace)")
     assert FORMAT_VERSION == 2
 

@@ -1,0 +1,155 @@
+// Streaming to disk (issue #9): a background thread drains a streaming
+// Session's chunks into a .htrace file while the model runs, so memory stays
+// bounded by the session's capacity for any run length. The recording threads
+// never wait for it: when it falls behind, chunks run out and events are
+// dropped and counted (session.h, "Streaming").
+//
+// The thread wakes every `period_ms`, or earlier when refill() finds half the
+// capacity in flight or had to drop (session.h Wakeup), collects every
+// thread's unconsumed events, appends them as framed blocks with plain
+// write(2)/writev(2) calls, and only then releases the chunks (end_collect).
+// It never takes the GIL. No fsync: a killed process loses nothing that write()
+// returned (it is in the page cache); only a machine crash can, and then the
+// reader loads the complete blocks before the damage.
+//
+// File format version 3 (the stream format; hooktrace/tracefile.py reads it
+// and documents the same layout). Little-endian throughout.
+//
+//   file header, 16 bytes (written by Python before the writer starts):
+//     off size
+//       0    8  magic "HTRACE\0\0"
+//       8    4  u32 format version = 3
+//      12    4  u32 header size = 16
+//   then blocks until the FOOTER, each a 24-byte header and a payload:
+//       0    4  u32 type (BlockType below)
+//       4    4  u32 reserved, 0
+//       8    8  u64 payload length in bytes
+//      16    4  u32 crc32 of the payload (zlib's CRC-32)
+//      20    4  u32 crc32 of header bytes 0-19
+//      24       payload
+//
+//   META (1)       UTF-8 JSON, the first block (Python): pid, hostname,
+//                  versions, mode, policy, capacity, start_unix_ns, modules
+//                  ([[qualified name, class name], ...], slot i = module i),
+//                  thread_names at the start.
+//   CLOCK (2)      24 bytes: u64 ticks0, i64 unix_ns0, f64 ns_per_tick; the
+//                  conversion measured up to now. Written before the first
+//                  EVENTS and at most every kClockPeriodMs after; the reader
+//                  applies the last one to every event.
+//   NODE_NAMES (3) u32 first, u32 count, count x (u32 byte length + UTF-8):
+//                  autograd node names [first, first + count) (the table
+//                  grows while recording); written before the EVENTS that
+//                  may use them, `first` = the names written so far.
+//   EVENTS (4)     16-byte sub-header: u32 thread (the thread's index in the
+//                  session), u32 tid, u64 first (index of the block's first
+//                  event among that thread's events: blocks of a thread are
+//                  contiguous, in order); then n x 32-byte events (event.h),
+//                  all of that thread, as recorded.
+//   STATS (5)      16 bytes: u64 dropped_events, u64 overwritten_events so far
+//                  (written when they change, so a killed run still counts).
+//   FOOTER (6)     UTF-8 JSON, the last block (Python, after the final drain):
+//                  dropped/overwritten counts, stop_unix_ns, thread_names,
+//                  events (the total written). Nothing follows it.
+//
+// A process killed at any moment leaves a file whose blocks up to the first
+// truncated one load; the reader says where it was cut.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "session.h"
+
+namespace hooktrace {
+
+enum BlockType : uint32_t {
+  kBlockMeta = 1,
+  kBlockClock = 2,
+  kBlockNodeNames = 3,
+  kBlockEvents = 4,
+  kBlockStats = 5,
+  kBlockFooter = 6,
+};
+
+constexpr size_t kBlockHeaderSize = 24;
+constexpr size_t kEventsSubHeaderSize = 16;
+
+// zlib's CRC-32 (reflected 0xEDB88320), continued from `crc` as zlib.crc32 is.
+uint32_t crc32(const void* data, size_t n, uint32_t crc = 0);
+
+struct StreamStats {
+  uint64_t rounds = 0;          // collections done
+  uint64_t events = 0;          // events written
+  uint64_t bytes = 0;           // bytes written by this writer (blocks + payloads)
+  uint64_t blocks = 0;
+  uint64_t lost_events = 0;     // collected after a write error, not written
+  uint64_t busy_ns = 0;         // wall time spent collecting and writing (not waiting)
+  uint64_t cpu_ns = 0;          // the writer thread's CPU time (on a loaded machine
+                                // busy_ns also counts time it was preempted)
+  std::string error;            // the first write error, "" if none
+};
+
+class StreamWriter {
+ public:
+  // A CLOCK block at most this often: a clock measurement is ~1000 clock-pair
+  // reads (tens of us), and the conversion's slope only gets more exact.
+  static constexpr int64_t kClockPeriodMs = 100;
+
+  // `fd` is open for writing and positioned after the META block; it stays
+  // the caller's (not closed here). Puts `session` into streaming mode, so it
+  // must not have started.
+  StreamWriter(std::shared_ptr<Session> session, int fd, uint32_t period_ms);
+  ~StreamWriter();
+  StreamWriter(const StreamWriter&) = delete;
+  StreamWriter& operator=(const StreamWriter&) = delete;
+
+  void start();
+  // Returns once a round that began after the call has written everything
+  // recorded before it (a live snapshot reads the file then).
+  void flush();
+  // A final round, then the thread ends. Stop the session first: the final
+  // round then drains every event, partial chunks included.
+  void stop();
+  StreamStats stats();
+
+ private:
+  void run();
+  void round(bool last);
+  void write_block(uint32_t type, const void* sub, size_t sub_len, const void* data,
+                   size_t data_len);
+
+  std::shared_ptr<Session> session_;
+  std::shared_ptr<Wakeup> wakeup_;
+  const int fd_;
+  const std::chrono::milliseconds period_;
+  std::thread thread_;
+
+  bool stop_requested_ = false;     // guarded by wakeup_->mutex
+  uint64_t rounds_started_ = 0;     // guarded by wakeup_->mutex
+  std::mutex done_mutex_;
+  std::condition_variable done_cv_;
+  uint64_t rounds_done_ = 0;        // guarded by done_mutex_
+  bool running_ = false;            // guarded by done_mutex_
+
+  // Writer thread only (or the caller's, once the thread is joined).
+  std::vector<Segment> segments_;
+  uint64_t offset_ = 0;             // file offset of the next block
+  size_t names_written_ = 0;
+  bool clock_written_ = false;
+  std::chrono::steady_clock::time_point last_clock_;
+  uint64_t last_dropped_ = 0;
+  bool failed_ = false;
+  bool stopped_ = false;            // caller's thread only
+
+  std::mutex stats_mutex_;
+  StreamStats stats_;               // guarded by stats_mutex_
+};
+
+}  // namespace hooktrace
