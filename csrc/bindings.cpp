@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -28,6 +29,15 @@ Policy parse_policy(const std::string& name) {
   if (name == "drop") return Policy::kDrop;
   if (name == "ring") return Policy::kRing;
   throw py::value_error("policy must be 'drop' or 'ring', got '" + name + "'");
+}
+
+// Session::drain as a uint8 array of the 32-byte events (Python views it as EVENT_DTYPE).
+py::array_t<uint8_t> drain_events(Session& s) {
+  std::vector<hooktrace::Event> events;
+  s.drain(&events);
+  py::array_t<uint8_t> out(static_cast<py::ssize_t>(events.size() * sizeof(hooktrace::Event)));
+  if (!events.empty()) std::memcpy(out.mutable_data(), events.data(), out.size());
+  return out;
 }
 
 uint64_t copy_events_into(Session& s, const py::buffer& out) {
@@ -86,6 +96,11 @@ PYBIND11_MODULE(_C, m) {
            })
       .def("copy_events", &copy_events_into, py::arg("out"))
       .def("record_step", &Session::record_step, py::arg("step"))
+      .def("enable_collection",
+           [](Session& s) { s.enable_streaming(std::make_shared<hooktrace::Wakeup>()); })
+      .def("drain", &drain_events)
+      .def("pause", &Session::pause)
+      .def("resume", &Session::resume)
       .def("set_emit_names", &Session::set_emit_names, py::arg("names"))
       .def_property_readonly("emits", &Session::emits);
   // --- streaming (stream_writer.h): waits release the GIL, the writer never takes it ---

@@ -205,6 +205,17 @@ void Session::begin_collect(std::vector<Segment>* out) {
   }
 }
 
+void Session::drain(std::vector<Event>* out) {
+  std::vector<Segment> segments;
+  begin_collect(&segments);
+  size_t total = 0;
+  for (const Segment& seg : segments) total += seg.count;
+  out->clear();
+  out->reserve(total);
+  for (const Segment& seg : segments) out->insert(out->end(), seg.events, seg.events + seg.count);
+  end_collect();
+}
+
 void Session::end_collect() {
   std::lock_guard<std::mutex> lock(mutex_);
   bool consumed_any = false;

@@ -181,6 +181,17 @@ class Session {
   // must be followed by end_collect() once the consumer is done reading.
   void begin_collect(std::vector<Segment>* out);
   void end_collect();
+  // Copies every unconsumed event into `out` (cleared first), thread by thread in
+  // recorded order, and consumes them: begin_collect + copy + end_collect. For
+  // schedule windows (hooktrace.recording): each window's events are drained at
+  // its end, so memory holds one window at most.
+  void drain(std::vector<Event>* out);
+
+  // Schedule windows: stop/resume recording between windows without touching the
+  // clock conversion (start()/stop() measure it): a paused session costs every
+  // module call what a disabled one does (one relaxed load, record()'s first test).
+  void pause() { active_.store(false, std::memory_order_release); }
+  void resume() { active_.store(true, std::memory_order_release); }
 
   SessionStats stats();
   // Copies every complete event, thread by thread in recorded order (oldest

@@ -18,8 +18,8 @@ from hooktrace import errors  # noqa: E402
 from hooktrace.errors import HooktraceError  # noqa: E402
 from hooktrace.reading import TraceData, load  # noqa: E402
 from hooktrace.merge import profile  # noqa: E402
-from hooktrace.recording import Trace, trace  # noqa: E402
+from hooktrace.recording import Trace, trace, window_handler  # noqa: E402
 from hooktrace.flight import dump  # noqa: E402
 
 __all__ = ["HooktraceError", "Trace", "TraceData", "__version__", "dump", "errors", "load",
-           "profile", "trace"]
+           "profile", "trace", "window_handler"]

@@ -710,9 +710,16 @@ class Profile:
             self._file = _merged_file(self.out, name.endswith(("/", os.sep)))
             if self._file.exists():
                 check_output_path(self._file)
-        self.trace: Trace = hooktrace.trace(model, **(trace_kwargs or {}))
+        trace_kwargs = dict(trace_kwargs or {})
+        self._window: TraceData | None = None
         if schedule is not None:
-            self.handler = MergedTraceHandler(self.trace, self.out)
+            # The trace follows the same schedule: it records only the active steps
+            # and drains each window at its last step, just before the profiler hands
+            # over its own (step() steps the trace first), so memory holds one window.
+            trace_kwargs.update(schedule=schedule, steps=None, on_window=self._keep_window)
+        self.trace: Trace = hooktrace.trace(model, **trace_kwargs)
+        if schedule is not None:
+            self.handler = MergedTraceHandler(self._run_for_window, self.out)
             profiler_kwargs.update(schedule=schedule, on_trace_ready=self.handler)
         self.profiler = torch.profiler.profile(**profiler_kwargs)
         self.outputs: list[str] = []
@@ -732,8 +739,20 @@ class Profile:
         return self
 
     def step(self) -> None:
-        """``torch.profiler.profile.step()``: call once per training step with a schedule."""
+        """Call once per training step with a schedule: ends the step of the trace
+        (a window's events are drained at its last step), then the profiler's
+        (whose ``on_trace_ready`` then merges that window)."""
+        self.trace.step()
         self.profiler.step()
+
+    def _keep_window(self, window: TraceData) -> None:
+        self._window = window
+
+    def _run_for_window(self) -> TraceData | Trace:
+        """The window the trace just handed over, else the trace as far as it is
+        recorded (a window the profiler saves on exit, before the trace's own exit)."""
+        window, self._window = self._window, None
+        return window if window is not None else self.trace
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -768,7 +787,9 @@ def profile(
     ``/``) that receives ``<host>_<pid>.merged.json.gz``. With a
     ``torch.profiler.schedule``, ``out`` is a directory receiving
     ``<host>_<pid>.<step>.merged.json.gz`` for each active window as soon as
-    the window ends (call ``.step()`` once per step). Output paths are checked
+    the window ends (call ``.step()`` once per step: it steps the trace and the
+    profiler; the trace then records only the active steps, with the same
+    schedule, so memory holds one window at most). Output paths are checked
     when the block starts. Other keyword arguments go to
     ``torch.profiler.profile``; ``trace_kwargs`` to ``hooktrace.trace``.
 

@@ -24,7 +24,7 @@ import warnings
 import weakref
 from dataclasses import dataclass
 from types import TracebackType
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -131,6 +131,19 @@ class Trace(TraceData):
             file (on first use); ``info["out"]`` is its path. The file is written
             in place (an existing one is replaced when the block starts). Not with
             ``policy="ring"``.
+        schedule: a ``torch.profiler.schedule(wait=, warmup=, active=, repeat=)`` (or
+            any callable step -> ``ProfilerAction``): only the steps it marks RECORD
+            or RECORD_AND_SAVE are recorded (during the others every module call
+            costs what a disabled trace does), and each window is handed to
+            ``on_window`` as its own read-only ``TraceData`` as soon as its last
+            step ends, then dropped, so memory holds one window at most. Without
+            ``on_window`` the windows are kept in ``trace.windows``. A window still
+            being recorded when the block ends is handed over too (its
+            ``info["window"]["complete"]`` is False) and is what the trace holds
+            after the block. Not with ``out=`` or ``policy="ring"``.
+        on_window: called with each window; :func:`window_handler` writes them to
+            ``DIR/<host>_<pid>[_rank<R>].<last step>.htrace``. An exception in it is
+            a warning, not the end of the training loop.
         dump_on: flight-recorder dumps (see :mod:`hooktrace.flight`): any of
             ``"exception"`` (an exception escapes the block), ``"signal"`` (the process
             receives ``dump_signal``; main thread only; a previous handler is still
@@ -171,6 +184,8 @@ class Trace(TraceData):
         hang_timeout: float = 300.0,
         dump_signal: int = signal.SIGUSR1,
         out: str | os.PathLike[str] | None = None,
+        schedule: Callable[[int], Any] | None = None,
+        on_window: Callable[[TraceData], Any] | None = None,
     ) -> None:
         # Everything is checked here, before the model is touched: a bad argument must
         # never leave a model half-instrumented.
@@ -207,6 +222,20 @@ class Trace(TraceData):
         if capacity is None:
             capacity = DEFAULT_CAPACITY if out is None else STREAM_CAPACITY
         capacity = _check_capacity(capacity)
+        if schedule is not None and not callable(schedule):
+            raise TypeError(f"schedule must be a torch.profiler.schedule(...) or a callable "
+                            f"step -> ProfilerAction, got {schedule!r:.60}")
+        if on_window is not None and (schedule is None or not callable(on_window)):
+            raise TypeError("on_window needs a schedule and must be callable(window)")
+        if schedule is not None and (out is not None or policy == "ring"):
+            raise ValueError("schedule= records windows and hands each to on_window; it cannot "
+                             "be combined with out= or policy='ring' (write each window with "
+                             "on_window=hooktrace.window_handler(DIR))")
+        self._schedule = schedule
+        self._on_window = on_window
+        self.windows: list[TraceData] = []  # windows kept when no on_window is given
+        self._window_first: int | None = None  # first step of the window being recorded
+        self._window_dropped = 0  # drops counted before the window being recorded
         self._out = None if out is None else _check_stream_path(out, policy)
         self._writer: Any = None
         self._stream_fd = -1
@@ -264,9 +293,13 @@ class Trace(TraceData):
                 self._start_unix_ns = time.time_ns()
                 if self._out is not None:
                     self._open_stream(session)
+                if self._schedule is not None:
+                    session.enable_collection()
                 self._session = session
                 self._state = "recording"  # from here on, _finish undoes what was done
                 session.start()
+                if self._schedule is not None:
+                    self._enter_step(0)
                 if self._writer is not None:
                     self._writer.start()
                 if self._backward:
@@ -366,7 +399,49 @@ class Trace(TraceData):
         ended = self._step
         self._session.record_step(ended)
         self._step += 1
+        if self._schedule is not None:
+            if _action_name(self._schedule(ended)) == "RECORD_AND_SAVE":
+                self._end_window(ended, complete=True)
+            self._enter_step(self._step)
         return ended
+
+    # -- schedule windows ----------------------------------------------------
+
+    def _enter_step(self, step: int) -> None:
+        """Record step ``step`` or not, as the schedule says (torch.profiler's actions:
+        NONE and WARMUP do not record, RECORD and RECORD_AND_SAVE do)."""
+        if _action_name(self._schedule(step)) in ("RECORD", "RECORD_AND_SAVE"):  # type: ignore[misc]
+            if self._window_first is None:
+                self._window_first = step
+            self._session.resume()
+        else:
+            self._session.pause()
+
+    def _end_window(self, last_step: int, *, complete: bool) -> TraceData | None:
+        """Hand the window's events to on_window (or keep it in ``windows``)."""
+        self._session.pause()
+        first, self._window_first = self._window_first, None
+        if first is None:
+            return None
+        window = self._drain_window(first, last_step, complete)
+        if self._on_window is None:
+            self.windows.append(window)
+            return window
+        try:
+            self._on_window(window)
+        except Exception as e:  # a failing handler must not stop the training loop
+            warnings.warn(f"hooktrace: on_window failed for steps {first}..{last_step}: {e!r}",
+                          RuntimeWarning, stacklevel=4)
+        return window
+
+    def _drain_window(self, first: int, last: int, complete: bool) -> TraceData:
+        events = self._session.drain().view(EVENT_DTYPE)
+        _, clock, info = self._collect(self._session, stop_unix_ns=time.time_ns(),
+                                       with_events=False)
+        dropped = int(info["dropped_events"])
+        info["dropped_events"], self._window_dropped = dropped - self._window_dropped, dropped
+        info["window"] = {"first_step": first, "last_step": last, "complete": complete}
+        return TraceData(events, self._modules_table, _C.node_names(), clock, info)
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self._steps_from_optimizer or self._state != "recording":
@@ -488,6 +563,16 @@ class Trace(TraceData):
             if self._writer is not None:
                 with _SigintDeferred():
                     self._finish_stream(stop_unix_ns=time.time_ns())
+            elif self._schedule is not None:
+                # Every finished window went to on_window; a window still being
+                # recorded is handed over too (as torch.profiler saves one on exit),
+                # and is what this trace holds.
+                last = self._end_window(self._step, complete=False)
+                if last is None:
+                    last = self._drain_window(self._step, self._step, False)
+                self._session = None
+                TraceData.__init__(self, last.events, last.modules, last.node_names,
+                                   last.clock, last.info)
             else:
                 # The model is clean by now; reading the events out may be interrupted.
                 events, clock, info = self._collect(self._session, stop_unix_ns=time.time_ns())
@@ -582,11 +667,12 @@ class Trace(TraceData):
             "thread_names": _thread_names(),
         }
 
-    def _collect(self, session: Any, stop_unix_ns: int) -> tuple[np.ndarray, Clock, dict[str, Any]]:
+    def _collect(self, session: Any, stop_unix_ns: int, *, with_events: bool = True
+                 ) -> tuple[np.ndarray, Clock, dict[str, Any]]:
         """The session's events so far, its clock, and the run's metadata."""
         stats = session.stats()
-        events = np.empty(stats["events"], dtype=EVENT_DTYPE)
-        events = events[: session.copy_events(events)]
+        events = np.empty(stats["events"] if with_events else 0, dtype=EVENT_DTYPE)
+        events = events[: session.copy_events(events)] if with_events else events
         ticks0, unix_ns0, ns_per_tick = session.clock()
         info: dict[str, Any] = {
             "pid": os.getpid(),
@@ -717,6 +803,38 @@ class _SigintDeferred:
         if self._pending and not isinstance(exc, KeyboardInterrupt):
             self._pending = False
             raise KeyboardInterrupt
+
+
+def _action_name(action: Any) -> str:
+    """torch.profiler.ProfilerAction (or its name) -> its name."""
+    return str(getattr(action, "name", action))
+
+
+def window_handler(directory: str | os.PathLike[str]) -> Callable[[TraceData], str]:
+    """An ``on_window`` handler writing each window to
+    ``DIR/<host>_<pid>[_rank<R>].<last step>.htrace`` as it ends; returns the path.
+
+    Example::
+
+        sched = torch.profiler.schedule(wait=5, warmup=1, active=2, repeat=10)
+        with hooktrace.trace(model, schedule=sched,
+                             on_window=hooktrace.window_handler("traces")):
+            train()
+    """
+    folder = os.fspath(directory)
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise OutputPathError(f"{folder}: exists and is not a directory; windows are written "
+                              "into a directory")
+
+    def write(window: TraceData) -> str:
+        os.makedirs(folder, exist_ok=True)
+        rank = os.environ.get("RANK")
+        stem = f"{window.hostname}_{window.pid}" + (f"_rank{rank}" if rank else "")
+        path = os.path.join(folder, f"{stem}.{window.info['window']['last_step']}.htrace")
+        window.save(path)
+        return path
+
+    return write
 
 
 def _check_dump_on(dump_on: object) -> frozenset[str]:

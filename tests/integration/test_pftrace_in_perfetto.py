@@ -33,7 +33,8 @@ def _web_dist() -> str | None:
 
 
 def perfetto_slices(path: Path) -> list[tuple[str, str, str, int, int]]:
-    """(row, name, category, start, end) of every thread-row slice Perfetto built."""
+    """(row, name, category, start, end) of every thread-row and steps-row slice Perfetto
+    built."""
     web = _web_dist()
     if web is None:
         pytest.skip("no Perfetto UI build cached (run the perfetto check once)")
@@ -46,6 +47,10 @@ def perfetto_slices(path: Path) -> list[tuple[str, str, str, int, int]]:
         rows = tp.query("select s.ts, s.dur, s.name, s.category as cat, "
                         "coalesce(tr.name, t.name) as row from slice s "
                         "join thread_track tr on s.track_id = tr.id join thread t using (utid)")
+        # the "steps" row: a named child track of the process, not of a thread
+        rows += tp.query("select s.ts, s.dur, s.name, s.category as cat, tr.name as row "
+                         "from slice s join track tr on s.track_id = tr.id "
+                         "where tr.name = 'steps'")
     finally:
         tp.close()
     return [(r["row"], r["name"], r["cat"], int(r["ts"]), int(r["ts"]) + int(r["dur"]))

@@ -231,27 +231,40 @@ def test_schedule_handler_merges_each_window_with_its_spans(tmp_path: Path) -> N
     assert not list((tmp_path / "traces").glob("*.profiler.json"))
 
 
-def test_long_schedule_with_a_full_buffer_reports_drops_not_another_run(
-        tmp_path: Path) -> None:
+def test_long_schedule_merges_every_window_with_bounded_memory(tmp_path: Path) -> None:
     # GIVEN the reproducer of issue #7: a repeating schedule over 16 steps and a
-    # buffer that fills up after 8 steps (501 modules: 1002 events per step)
+    # buffer that holds 8 of them (501 modules: 1002 events per step)
     model = nn.Sequential(*[nn.Identity() for _ in range(500)])
     x = torch.randn(2)
-    out = tmp_path / "traces"
     sched = torch.profiler.schedule(wait=2, warmup=1, active=1, repeat=4)
-    # WHEN profiled
+    with hooktrace.profile(model, tmp_path / "traces", schedule=sched, activities=CPU,
+                           trace_kwargs={"capacity": 8192}) as p:
+        for _ in range(16):
+            model(x)
+            p.step()
+    # THEN every window is merged (none refused as "another run"), each with all of
+    # its spans: the trace records only active steps and drains each window
+    assert len(p.outputs) == 4 and p.handler is not None and not p.handler.failed
+    for out in p.outputs:
+        block = load_json(Path(out))["hooktrace"]
+        assert block["shared"] == 501 and block["dropped_events"] == 0, out
+
+
+def test_a_window_bigger_than_the_buffer_reports_its_drops(tmp_path: Path) -> None:
+    model = nn.Sequential(*[nn.Identity() for _ in range(500)])
+    x = torch.randn(2)
+    sched = torch.profiler.schedule(wait=1, warmup=1, active=1, repeat=3)
     with pytest.warns(RuntimeWarning, match="events were dropped"):
-        with hooktrace.profile(model, out, schedule=sched, activities=CPU,
-                               trace_kwargs={"capacity": 8192}) as p:
-            for _ in range(16):
+        with hooktrace.profile(model, tmp_path / "traces", schedule=sched, activities=CPU,
+                               trace_kwargs={"capacity": 600}) as p:
+            for _ in range(9):
                 model(x)
                 p.step()
-    # THEN every window is merged (none refused as "another run") ...
-    assert len(p.outputs) == 4 and p.handler is not None and not p.handler.failed
-    blocks = [load_json(Path(o))["hooktrace"] for o in p.outputs]
-    # ... the first window has its spans, the later ones report the drops
-    assert blocks[0]["shared"] == 501 and blocks[0]["dropped_events"] == 0
-    assert blocks[-1]["dropped_events"] > 0 and blocks[-1]["shared"] == 0
+    assert len(p.outputs) == 3 and p.handler is not None and not p.handler.failed
+    for out in p.outputs:
+        block = load_json(Path(out))["hooktrace"]
+        # 1002 module events and the step mark, into room for 600
+        assert block["dropped_events"] == 1003 - 600 and block["shared"] < 501
 
 
 def test_profile_output_paths_are_checked_before_the_run(tmp_path: Path) -> None:
