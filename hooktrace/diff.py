@@ -138,7 +138,8 @@ class Diff:
     """A comparison of run B against run A (see the module docstring).
 
     ``rows``: dicts with the keys of ``COLUMNS`` (times in ns; ``*_change_pct``
-    relative to A; ``self_per_step_change_ns`` the change of self time, the sort key; ``share_a`` = the row's time per step over A's step time);
+    relative to A; ``self_per_step_change_ns`` the change of self time, the sort
+    key; ``share_a`` = the row's time per step over A's step time);
     ``step``: the same for the step itself, or None; ``only_a`` / ``only_b``:
     ``(module, phase)`` seen in one run only; ``per_step``: whether both runs
     had complete steps (otherwise "per step" means the whole run).
