@@ -278,13 +278,15 @@ UI (ui.perfetto.dev, "Open trace file") or in chrome://tracing ("Load"). This re
 network; the trace viewer is a web page.</div>
 <script>
 (function () {{
+  var config = {{displaylogo: false, responsive: true, showLink: false,
+                showSendToCloud: false}};
   var ice = {icicle};
   Plotly.newPlot("icicle", [{{
     type: "icicle", ids: ice.ids, labels: ice.labels, parents: ice.parents,
     values: ice.values, branchvalues: "remainder", customdata: ice.hover,
     hovertemplate: "%{{customdata}}<extra></extra>", tiling: {{orientation: "v"}},
     root: {{color: "#ddd"}}
-  }}], {{margin: {{t: 10, l: 10, r: 10, b: 10}}}}, {{displaylogo: false, responsive: true, showLink: false, showSendToCloud: false}});
+  }}], {{margin: {{t: 10, l: 10, r: 10, b: 10}}}}, config);
   var s = {steps};
   if (s.step.length) {{
     var bar = function (name, y) {{
@@ -293,7 +295,7 @@ network; the trace viewer is a web page.</div>
     Plotly.newPlot("steps", [bar("forward", s.forward), bar("backward", s.backward),
                              bar("other", s.other)],
       {{barmode: "stack", xaxis: {{title: {{text: "step"}}}}, yaxis: {{title: {{text: "ms"}}}},
-       margin: {{t: 10}}}}, {{displaylogo: false, responsive: true, showLink: false, showSendToCloud: false}});
+       margin: {{t: 10}}}}, config);
   }}
   var table = document.getElementById("summary");
   table.querySelectorAll("th").forEach(function (th) {{
