@@ -158,9 +158,9 @@ class Diff:
 
         A module row is compared on its time per step when both runs have steps
         (so more calls count as slower), else on its p50 time per call; rows
-        under ``min_share`` percent of A's step time are left out, because a
-        sub-microsecond module moves by tens of percent from run to run on its
-        own (measured: ReLU at ~300 ns varies ±40% between two identical runs).
+        under ``min_share`` percent of A's step time are left out: a module that
+        small moves by large percentages from run to run on timer resolution and
+        scheduling alone, and a gate on it would fail at random.
         """
         key = "per_step_change_pct" if self.per_step else "p50_change_pct"
         bad = []

@@ -3,14 +3,15 @@
 **Counting.** ``torch.utils.flop_counter.FlopCounterMode`` counts the FLOPs of
 every aten op and attributes them to the modules on the stack (inclusive: a
 block's count includes its children's). It costs a Python dispatch per op
-(~10-40x a plain CPU step on small models), so it runs on one root call per
+(11-28x a plain step on benchmarks/flops.py's MLP), so it runs on one root call per
 distinct input signature (shapes, dtypes, devices, ``requires_grad`` of the
 tensor arguments, the other arguments' values, ``model.training``, grad mode):
 the first time a signature is seen, the counter is entered just before that
-root call and left once its backward pass has ended (or at the next root call,
-step mark or the end of the block, whichever comes first, when no backward
-follows); the forward counts are read when the root call returns, the backward
-counts are the rest. Every later call with the same signature has the same
+root call and left at the next root call, step mark or the end of the block,
+whichever comes first, so that the call's backward pass is counted too; the
+forward counts are read when the root call returns, the backward counts are
+the rest (ops outside every module, the loss's and the optimizer's, count
+for no module). Every later call with the same signature has the same
 counts and runs uninstrumented.
 
 **Timing.** The counted calls run slower, so they are left out of TFLOP/s:
@@ -96,7 +97,6 @@ class FlopRecorder:
         self.counted: list[int] = []
         self._counter: Any = None  # the FlopCounterMode while one is open
         self._forward: dict[str, int] = {}
-        self._backward_done = False
         self._handles: list[Any] = []
 
     def start(self) -> None:
@@ -132,34 +132,23 @@ class FlopRecorder:
             # named by its class alone instead of its path.
             counter.mod_tracker._fw_pre_hook(model, args)
             self._counter = counter
-            self._backward_done = False
             self.counted.append(len(self.calls))
         self.calls.append(index)
 
     def _post(self, model: nn.Module, args: Any, output: Any) -> None:
         import torch
-        from torch.autograd.graph import register_multi_grad_hook
         from torch.utils._pytree import tree_flatten
 
         counter = self._counter
         if counter is None:
             return
         self._forward = _totals(counter.get_flop_counts())
-        outs = [t for t in tree_flatten(output)[0]
-                if isinstance(t, torch.Tensor) and t.requires_grad]
-        if not outs:
-            self.close()
-            return
-
-        def backward_started(grads: Any) -> None:
-            torch.autograd.Variable._execution_engine.queue_callback(self._backward_ended)
-
-        self._handles.append(register_multi_grad_hook(outs, backward_started, mode="any"))
-
-    def _backward_ended(self) -> None:
-        # Runs on the autograd engine's thread: only note it; the dispatch mode is
-        # left on the thread that entered it (next root call, step or exit).
-        self._backward_done = True
+        if not any(isinstance(t, torch.Tensor) and t.requires_grad
+                   for t in tree_flatten(output)[0]):
+            self.close()  # no backward can follow: stop the slow dispatch now
+        # Otherwise the mode stays until the next root call, step or exit: it is a
+        # thread-local dispatch mode, left on the thread that entered it, never from
+        # an autograd engine callback (which may run on another thread).
 
     def on_step(self) -> None:
         self.close()
