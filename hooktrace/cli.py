@@ -62,7 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        args.func(args)
+        # a verb returns an exit status when it has a verdict (`diff --fail-above`)
+        status = args.func(args)
         sys.stdout.flush()
     except BrokenPipeError:
         # The reader went away (`hooktrace summary RUN | head`): not an error.
@@ -76,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f": {e.filename}" if e.filename else ""
         print(f"hooktrace: error: {e.strerror or e}{where}", file=sys.stderr)
         return 1
-    return 0
+    return int(status or 0)
 
 
 if __name__ == "__main__":

@@ -119,6 +119,8 @@ class DemoResult:
     chrome: Path
     losses: list[float]
     summary_text: str
+    report: Path | None = None  # None when plotly is not installed
+    report_error: str = ""
 
 
 def run_demo(out_dir: str | Path, steps: int = 5, batch: int = 8, seed: int = 0) -> DemoResult:
@@ -141,4 +143,12 @@ def run_demo(out_dir: str | Path, steps: int = 5, batch: int = 8, seed: int = 0)
     chrome = out / "demo.json"
     tr.save(htrace)
     tr.export_chrome(chrome)
-    return DemoResult(htrace, chrome, losses, str(tr.summary()))
+    from hooktrace.reporters.html import ReportError, write_report
+
+    report: Path | None = out / "report.html"
+    error = ""
+    try:
+        write_report(tr, report, source=str(htrace), title="hooktrace demo: TinyGPT")
+    except ReportError as e:  # the report is optional (plotly); the trace files are not
+        report, error = None, str(e)
+    return DemoResult(htrace, chrome, losses, str(tr.summary()), report, error)

@@ -480,11 +480,12 @@ class TraceData:
         export_perfetto(self, path, nodes=nodes, filters=Filters(
             start=start, end=end, max_depth=max_depth, steps=steps))
 
-    def summary(self) -> Summary:
-        """Per-module call statistics (see ``hooktrace.summary.Summary``)."""
+    def summary(self, *, peak_tflops: float | None = None) -> Summary:
+        """Per-module call statistics (see ``hooktrace.summary.Summary``); ``peak_tflops``
+        gives MFU for a run recorded with ``flops=True``."""
         from hooktrace.summary import Summary
 
-        return Summary.from_trace(self)
+        return Summary.from_trace(self, peak_tflops=peak_tflops)
 
 
 def load(path: str | os.PathLike[str], *, mmap: bool = False) -> TraceData:

@@ -159,6 +159,9 @@ class Trace(TraceData):
             hook; other optimizers, e.g. a GAN's second one, do not end steps); None:
             only :meth:`step` marks steps. Calling :meth:`step` yourself switches the
             optimizer hook off for the rest of the block.
+        flops: count FLOPs per module, forward and backward, with torch's
+            ``FlopCounterMode`` on the root's first call of each input signature (see
+            :mod:`hooktrace.flops`); the summary gains ``flops``/``tflops`` columns.
 
     Example::
 
@@ -186,6 +189,7 @@ class Trace(TraceData):
         out: str | os.PathLike[str] | None = None,
         schedule: Callable[[int], Any] | None = None,
         on_window: Callable[[TraceData], Any] | None = None,
+        flops: bool = False,
     ) -> None:
         # Everything is checked here, before the model is touched: a bad argument must
         # never leave a model half-instrumented.
@@ -199,7 +203,8 @@ class Trace(TraceData):
                 error = ValueError if isinstance(value, str) else TypeError
                 choices = ", ".join(repr(a) for a in allowed)
                 raise error(f"{arg} must be one of {choices}; got {value!r}")
-        for flag, value in (("backward", backward), ("emit_profiler", emit_profiler)):
+        for flag, value in (("backward", backward), ("emit_profiler", emit_profiler),
+                            ("flops", flops)):
             if not isinstance(value, (bool, np.bool_)):
                 raise TypeError(f"{flag} must be True or False, got {type(value).__name__} {value!r}")
         if steps not in ("optimizer", None):
@@ -253,6 +258,8 @@ class Trace(TraceData):
         self._optimizer_hook: Any = None
         self._installed: list[_Installed] = []
         self._state: Literal["new", "recording", "done"] = "new"
+        self._flops = bool(flops)
+        self._flop_recorder: Any = None
 
     # -- context manager ---------------------------------------------------
 
@@ -309,6 +316,11 @@ class Trace(TraceData):
                         self._on_optimizer_step)
                 for slot, (_, m) in enumerate(named):
                     self._install(m, slot)
+                if self._flops:
+                    from hooktrace.flops import FlopRecorder
+
+                    self._flop_recorder = FlopRecorder(model)
+                    self._flop_recorder.start()
                 self._start_flight_recorder()
                 sigint.raise_pending()
             except BaseException:
@@ -396,6 +408,8 @@ class Trace(TraceData):
         return self._mark_step()
 
     def _mark_step(self) -> int:
+        if self._flop_recorder is not None:
+            self._flop_recorder.on_step()  # FlopCounterMode's slow dispatch ends here
         ended = self._step
         self._session.record_step(ended)
         self._step += 1
@@ -531,6 +545,8 @@ class Trace(TraceData):
         redone, all steps being idempotent. Returns what was raised."""
         session = self._session
         steps: list[Any] = [self._stop_flight_recorder, session.stop]
+        if self._flop_recorder is not None:
+            steps.insert(0, self._flop_recorder.stop)  # idempotent
         if self._optimizer_hook is not None:
             steps.append(self._optimizer_hook.remove)  # idempotent
         if self._backward:
@@ -690,6 +706,10 @@ class Trace(TraceData):
             "stop_unix_ns": stop_unix_ns,
             "thread_names": _thread_names(),
         }
+        if self._flop_recorder is not None:
+            info["flops"] = self._flop_recorder.to_info()
+            if torch.cuda.is_available():
+                info["device_name"] = torch.cuda.get_device_name()
         return events, Clock(int(ticks0), int(unix_ns0), float(ns_per_tick)), info
 
     def snapshot(self) -> TraceData:

@@ -43,6 +43,8 @@ _COLUMNS = ("module", "type", "calls", "total_ns", "self_ns", "mean_ns", "p50_ns
             "bwd_calls", "bwd_total_ns", "bwd_self_ns", "bwd_p50_ns", "bwd_p99_ns",
             "bwd_fwd_ratio", "recompute_calls", "recompute_total_ns", "step_p50_ns",
             "step_p99_ns")
+# Recorded only with trace(flops=True) (hooktrace.flops): added after the others.
+FLOP_COLUMNS = ("flops", "bwd_flops", "tflops", "bwd_tflops", "mfu")
 _FORWARD_KEYS = ("calls", "total_ns", "self_ns", "mean_ns", "p50_ns", "p99_ns",
                  "recompute_calls", "recompute_total_ns")
 
@@ -153,13 +155,16 @@ class Summary:
     """
 
     def __init__(self, rows: list[dict[str, Any]], counts: dict[str, int],
-                 notes: Sequence[str] = ()) -> None:
+                 notes: Sequence[str] = (), columns: Sequence[str] = _COLUMNS) -> None:
         self.rows = rows
         self.counts = counts
         self.notes = list(notes)  # about the file itself: a dump's where-abouts, a cut
+        self.columns = tuple(columns)  # the row keys, in CSV order
 
     @classmethod
-    def from_trace(cls, trace: TraceData) -> Summary:
+    def from_trace(cls, trace: TraceData, *, peak_tflops: float | None = None) -> Summary:
+        """The summary of ``trace``; ``peak_tflops`` (the device's peak, TFLOP/s) gives
+        the ``mfu`` column of a run recorded with FLOPs (default: known GPUs' peaks)."""
         spans = trace.spans()
         nodes = spans.nodes
         unattributed = nodes.span < 0
@@ -190,7 +195,11 @@ class Summary:
                  for line in describe(trace.info)]
         if isinstance(trace.info.get("cut"), str):
             notes.append(trace.info["cut"])
-        return cls(rows, counts, notes)
+        columns = _COLUMNS
+        if "flops" in trace.info:
+            columns += FLOP_COLUMNS
+            notes += _add_flops(rows, trace, peak_tflops)
+        return cls(rows, counts, notes, columns)
 
     @staticmethod
     def _rows(spans: Spans, modules: Sequence[tuple[str, str]],
@@ -267,11 +276,12 @@ class Summary:
         return "\n".join(lines)
 
     def to_text(self, top: int | None = None, *, wide: bool = False,
-                width: int = TEXT_WIDTH) -> str:
+                width: int = TEXT_WIDTH, flops: bool = False) -> str:
         """Aligned text table of the first ``top`` rows (all when None).
 
         Fits ``width`` columns (long module names are shortened from the left)
-        unless ``wide``, which shows every column and full names.
+        unless ``wide``, which shows every column and full names. ``flops`` adds
+        the FLOP columns to the narrow table (``wide`` has them when recorded).
         """
         rows = self._top(top)
         has_bwd = any(r["bwd_calls"] for r in self.rows)
@@ -283,6 +293,9 @@ class Summary:
         else:
             columns = list(_TEXT_NARROW) + (_TEXT_NARROW_BACKWARD if has_bwd else []) + (
                 _TEXT_RECOMPUTE[:1] if has_rec else [])
+        if "flops" in self.columns and (wide or flops):
+            columns += [c for c in _TEXT_FLOPS if wide or c[1] != "mfu" or any(
+                r.get("mfu") is not None for r in self.rows)]
         header = [title for title, _ in columns]
         table = [header] + [[_cell(r, key) for _, key in columns] for r in rows]
         widths = [max(len(line[i]) for line in table) for i in range(len(header))]
@@ -322,7 +335,7 @@ class Summary:
         """CSV text of the first ``top`` rows (all when None) with a header row
         (the keys above); durations in ns, None blank."""
         out = io.StringIO()
-        w = csv.DictWriter(out, fieldnames=list(_COLUMNS), lineterminator="\n")
+        w = csv.DictWriter(out, fieldnames=list(self.columns), lineterminator="\n")
         w.writeheader()
         w.writerows(self._top(top))
         return out.getvalue()
@@ -341,6 +354,8 @@ _TEXT_BACKWARD = [("bwd_calls", "bwd_calls"), ("bwd_total", "bwd_total_ns"),
                   ("bwd_p99", "bwd_p99_ns"), ("bwd/fwd", "bwd_fwd_ratio")]
 _TEXT_RECOMPUTE = [("recompute", "recompute_calls"), ("recompute_total", "recompute_total_ns")]
 _TEXT_STEPS = [("step_p50", "step_p50_ns"), ("step_p99", "step_p99_ns")]
+_TEXT_FLOPS = [("flops", "flops"), ("bwd_flops", "bwd_flops"), ("TFLOP/s", "tflops"),
+               ("bwd_TFLOP/s", "bwd_tflops"), ("MFU", "mfu")]
 # The default table: what fits 120 columns with typical module names.
 _TEXT_NARROW = [("module", "module"), ("type", "type"), ("calls", "calls"),
                 ("total", "total_ns"), ("self", "self_ns"), ("p50", "p50_ns")]
@@ -405,16 +420,24 @@ class StepTable:
         outer = spans.parent < 0
         rows = []
         t0 = int(steps.start_ns[0]) if len(steps) else 0
-        for i in range(len(steps)):
-            mine = row_of == i
-            fwd = mine & outer & (spans.cat == CAT_FORWARD)
-            bwd = mine & outer & (spans.cat == CAT_BACKWARD)
+        # One pass per column, not one per step: a mask per step made a 2,000-step,
+        # 1.1 M-span run take 9.4 s here (benchmarks/diff_report.py); this takes ~0.05 s.
+        n = len(steps)
+        dur = spans.duration_ns
+        inside = row_of >= 0
+
+        def per_step(sel: np.ndarray) -> np.ndarray:
+            return np.bincount(row_of[sel], weights=dur[sel], minlength=n).astype(np.int64)
+
+        fwd = per_step(inside & outer & (spans.cat == CAT_FORWARD))
+        bwd = per_step(inside & outer & (spans.cat == CAT_BACKWARD))
+        count = np.bincount(row_of[inside], minlength=n)
+        for i in range(n):
             rows.append({"step": int(steps.number[i]),
                          "start_s": (int(steps.start_ns[i]) - t0) / 1e9,
                          "duration_ns": int(steps.duration_ns[i]),
-                         "forward_ns": int(spans.duration_ns[fwd].sum()),
-                         "backward_ns": int(spans.duration_ns[bwd].sum()),
-                         "spans": int(mine.sum()), "complete": bool(steps.complete[i])})
+                         "forward_ns": int(fwd[i]), "backward_ns": int(bwd[i]),
+                         "spans": int(count[i]), "complete": bool(steps.complete[i])})
         return cls(rows)
 
     def _top(self, top: int | None) -> list[dict[str, Any]]:
@@ -466,6 +489,37 @@ def _stats(groups: _Groups, gid: int, prefix: str) -> dict[str, Any]:
             f"{prefix}mean_ns": None, f"{prefix}p50_ns": None, f"{prefix}p99_ns": None}
 
 
+def _format_count(value: float, unit: str) -> str:
+    """``1.23 GFLOP``-style: SI prefixes, three significant digits."""
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {prefix}{unit}"
+    return f"{value:.0f} {unit}"
+
+
+def _add_flops(rows: list[dict[str, Any]], trace: TraceData,
+               peak_tflops: float | None) -> list[str]:
+    """Fill the FLOP columns of ``rows`` from ``trace.info["flops"]``; returns notes."""
+    from hooktrace.flops import flop_columns, peak_tflops_for
+
+    info = trace.info["flops"]
+    peak = peak_tflops if peak_tflops is not None else peak_tflops_for(
+        trace.info.get("device_name"))
+    per_module = flop_columns(info, trace.spans(), trace.modules, peak)
+    for row in rows:
+        values = per_module.get(row["module"], {}) if row["module"] != UNATTRIBUTED else {}
+        for key in FLOP_COLUMNS:
+            row[key] = values.get(key)
+    counted = len(info.get("counted", []))
+    note = (f"FLOPs from torch's FlopCounterMode on {counted} root call(s), one per input "
+            "signature; TFLOP/s leaves those (slower) calls out")
+    if peak is None:
+        note += "; MFU needs --peak-tflops"
+    else:
+        note += f"; MFU against a peak of {peak:g} TFLOP/s"
+    return [note]
+
+
 def _cell(row: dict[str, Any], key: str) -> str:
     value = row[key]
     if key == "module":
@@ -474,6 +528,12 @@ def _cell(row: dict[str, Any], key: str) -> str:
         return ""
     if key == "bwd_fwd_ratio":
         return f"{value:.2f}"
+    if key in ("flops", "bwd_flops"):
+        return _format_count(value, "FLOP")
+    if key in ("tflops", "bwd_tflops"):
+        return f"{value:.3g}"
+    if key == "mfu":
+        return f"{value * 100:.1f}%"
     if key.endswith("_ns"):
         return format_ns(value)
     return str(value)

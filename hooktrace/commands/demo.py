@@ -25,4 +25,8 @@ def run(args: argparse.Namespace) -> None:
           f"{result.losses[-1]:.3f}\n")
     print(result.summary_text)
     print(f"\nwrote {result.htrace} and {result.chrome}")
+    if result.report is not None:
+        print(f"wrote {result.report}: open it in a web browser (it needs no network)")
+    else:
+        print(f"no HTML report: {result.report_error}")
     print(f"{OPEN_HINT}; or: hooktrace summary {result.htrace}")

@@ -29,6 +29,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="attribute this torch.profiler trace's ops (and kernels) to modules")
     p.add_argument("--top-ops", type=int, default=3,
                    help="with --profiler: ops listed per module (default: %(default)s)")
+    p.add_argument("--flops", action="store_true",
+                   help="add FLOPs and TFLOP/s per module to the table (recorded with "
+                        "trace(model, flops=True); --wide, --csv and --json always have them)")
+    p.add_argument("--peak-tflops", type=float, default=None, metavar="TFLOPS",
+                   help="the device's peak TFLOP/s, for MFU (default: known GPUs' peaks)")
     p.add_argument("--steps", action="store_true",
                    help="one row per training step (duration, forward and backward time)")
 
@@ -38,6 +43,8 @@ def run(args: argparse.Namespace) -> None:
 
     if args.top is not None and args.top < 1:
         raise CliError(f"--top must be at least 1, got {args.top}")
+    if args.peak_tflops is not None and not args.peak_tflops > 0:
+        raise CliError(f"--peak-tflops must be a positive number, got {args.peak_tflops}")
     if args.top_ops < 0:
         raise CliError(f"--top-ops must be at least 0, got {args.top_ops}")
     table: Summary | Attribution | StepTable
@@ -52,11 +59,17 @@ def run(args: argparse.Namespace) -> None:
 
         table = attribute(args.run, args.profiler, top_ops=args.top_ops)
     else:
-        table = load(args.run).summary()
+        run_ = load(args.run)
+        if args.flops and "flops" not in run_.info:
+            raise CliError(f"{args.run}: no FLOPs recorded; trace with "
+                           "hooktrace.trace(model, flops=True)")
+        table = run_.summary(peak_tflops=args.peak_tflops)
     # Both tables offer the same forms; --top applies to every one of them.
     if args.csv:
         sys.stdout.write(table.to_csv(top=args.top))
     elif args.json:
         print(table.to_json(top=args.top))
+    elif args.flops:  # (then the table is a Summary)
+        print(table.to_text(top=args.top, wide=args.wide, flops=True))  # type: ignore[call-arg]
     else:
         print(table.to_text(top=args.top, wide=args.wide))

@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "hooktrace"
 CORE = {"hooktrace.recording", "hooktrace.reading", "hooktrace.tracefile", "hooktrace._events",
         "hooktrace.errors", "hooktrace._output"}
 EDGE_PREFIXES = ("hooktrace.commands", "hooktrace.cli", "hooktrace.exporters",
-                 "hooktrace.integrations")
+                 "hooktrace.reporters", "hooktrace.integrations")
 
 
 def module_name(path: Path) -> str:

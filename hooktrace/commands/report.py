@@ -1,0 +1,25 @@
+"""``hooktrace report RUN -o report.html``: a self-contained HTML report of one run."""
+
+from __future__ import annotations
+
+import argparse
+
+NAME = "report"
+HELP = "write a self-contained HTML report (module icicle chart, steps, table)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run", help="the .htrace file")
+    p.add_argument("-o", "--output", required=True, help="the HTML file to write")
+    p.add_argument("--title", default=None, help="the page's title")
+
+
+def run(args: argparse.Namespace) -> None:
+    from hooktrace._output import check_output_path
+    from hooktrace.reading import load
+    from hooktrace.reporters.html import write_report
+
+    check_output_path(args.output, [args.run])
+    write_report(load(args.run), args.output, source=args.run, title=args.title)
+    if args.output != "-":
+        print(f"wrote {args.output}: open it in a web browser (it needs no network)")

@@ -1,0 +1,321 @@
+"""``hooktrace report``: one self-contained HTML file that opens offline.
+
+What it holds: the module hierarchy as an icicle chart (plotly.js's ``icicle``;
+width = time, forward and backward side by side under the run, click a box to
+zoom into it, click the top bar to zoom out), step times as a bar chart when
+the run has step marks, the summary table (click a header to sort), and how to
+open the full trace. plotly.js (~4.8 MB minified) is inlined from the installed
+``plotly`` Python package: the file needs no network access, and there is no
+hand-written chart code to maintain.
+
+How time maps to widths. Forward: each module's own box is its ``self`` time,
+so a box's width (its own plus its children's) is exactly its forward
+``total``. Backward: a module's ``bwd_total`` is not the sum of its
+children's (the engine's time between nodes, and children that overlap on
+several threads), so its own box is ``max(0, bwd_total - children's
+bwd_total)`` and its width is the larger of the two. Autograd nodes attributed
+to no module get one box, ``<unattributed>``. A module called under several
+parents (a shared module) appears once, under its name's parent.
+
+Example::
+
+    import hooktrace
+    from hooktrace.reporters.html import write_report
+    write_report(hooktrace.load("run.htrace"), "report.html", source="run.htrace")
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+from hooktrace._output import open_output
+from hooktrace.errors import HooktraceError
+from hooktrace.summary import UNATTRIBUTED, StepTable, Summary, format_ns
+
+if TYPE_CHECKING:
+    from hooktrace.reading import TraceData
+
+__all__ = ["ReportError", "plotly_js", "render_report", "write_report"]
+
+RUN_ID = "run"  # the icicle's root box
+
+
+class ReportError(HooktraceError):
+    """The report cannot be written (plotly is not installed)."""
+
+
+def plotly_js() -> str:
+    """The minified plotly.js bundled with the ``plotly`` Python package.
+
+    Read as a file rather than through ``plotly.offline.get_plotlyjs()``:
+    importing ``plotly.offline`` costs ~1 s of imports for nothing else used.
+    """
+    try:
+        path = resources.files("plotly") / "package_data" / "plotly.min.js"
+        return path.read_text(encoding="utf-8")
+    except (ModuleNotFoundError, FileNotFoundError) as e:
+        raise ReportError("the HTML report inlines plotly.js from the plotly package, which is "
+                          "not installed: pip install plotly") from e
+
+
+def _name_parent(name: str) -> str:
+    return name.rpartition(".")[0] if "." in name else ""
+
+
+def icicle_data(summary: Summary) -> dict[str, list[Any]]:
+    """The icicle's boxes: ``ids``, ``labels``, ``parents``, ``values`` (µs, own part),
+    ``hover`` text; see the module docstring for how widths are chosen."""
+    rows = [r for r in summary.rows if r["module"] != UNATTRIBUTED]
+    by_name = {r["module"]: r for r in rows}
+    boxes: dict[str, dict[str, Any]] = {}
+    order: list[str] = []
+
+    def box(id_: str, label: str, parent: str, value_ns: float, hover: str) -> None:
+        if id_ not in boxes:
+            order.append(id_)
+            boxes[id_] = {"label": label, "parent": parent, "value": 0.0, "hover": hover}
+        boxes[id_]["value"] += max(0.0, value_ns) / 1e3
+
+    def ensure(phase: str, name: str) -> str:
+        """The box id of module ``name`` in ``phase`` (``run/PHASE/NAME``), creating its
+        ancestors."""
+        pid = f"{RUN_ID}/{phase}"
+        if name == "" and "" not in by_name:
+            return pid
+        chain = []
+        n: str | None = name
+        while n is not None:
+            chain.append(n)
+            n = None if n == "" else _name_parent(n)
+        parent = pid
+        for n in reversed(chain):
+            id_ = f"{pid}/{n or '<root>'}"
+            row = by_name.get(n)
+            label = (n.rpartition(".")[2] if n else "<root>")
+            hover = f"{n or '<root>'}<br>{row['type']}" if row else f"{n}<br>(not called)"
+            box(id_, label, parent, 0.0, hover)
+            parent = id_
+        return parent
+
+    def called_ancestor(name: str) -> bool:
+        while name:
+            name = _name_parent(name)
+            if name in by_name and by_name[name]["calls"]:
+                return True
+        return False
+
+    fwd_total = sum(r["total_ns"] for r in rows if r["calls"] and not called_ancestor(r["module"]))
+    bwd_rows = [r for r in rows if r["bwd_calls"]]
+    box(RUN_ID, "run", "", 0.0, "the run: forward and backward time")
+    box(f"{RUN_ID}/forward", "forward", RUN_ID, 0.0, f"forward: {format_ns(fwd_total)}")
+    for r in rows:
+        if r["calls"]:
+            id_ = ensure("forward", r["module"])
+            boxes[id_]["value"] += r["self_ns"] / 1e3
+            boxes[id_]["hover"] += (f"<br>forward total {format_ns(r['total_ns'])} in "
+                                    f"{r['calls']} calls<br>self {format_ns(r['self_ns'])}")
+    if bwd_rows or any(r["module"] == UNATTRIBUTED for r in summary.rows):
+        box(f"{RUN_ID}/backward", "backward", RUN_ID, 0.0, "backward")
+        children_ns: dict[str, float] = {}
+        for r in bwd_rows:
+            # nearest called ancestor whose backward row exists gets the child's time
+            p = r["module"]
+            while p != "":
+                p = _name_parent(p)
+                if p in by_name and by_name[p]["bwd_calls"]:
+                    children_ns[p] = children_ns.get(p, 0.0) + r["bwd_total_ns"]
+                    break
+        for r in bwd_rows:
+            id_ = ensure("backward", r["module"])
+            own = r["bwd_total_ns"] - children_ns.get(r["module"], 0.0)
+            boxes[id_]["value"] += max(0.0, own) / 1e3
+            boxes[id_]["hover"] += (f"<br>backward total {format_ns(r['bwd_total_ns'])} in "
+                                    f"{r['bwd_calls']} spans<br>own nodes "
+                                    f"{format_ns(r['bwd_self_ns'])}")
+        loose = sum(r["bwd_total_ns"] for r in summary.rows if r["module"] == UNATTRIBUTED)
+        if loose:
+            box(f"{RUN_ID}/backward/{UNATTRIBUTED}", UNATTRIBUTED, f"{RUN_ID}/backward", loose,
+                f"autograd nodes of no module (AccumulateGrad, the loss's): {format_ns(loose)}")
+    return {"ids": order, "labels": [boxes[i]["label"] for i in order],
+            "parents": [boxes[i]["parent"] for i in order],
+            "values": [round(boxes[i]["value"], 3) for i in order],
+            "hover": [boxes[i]["hover"] for i in order]}
+
+
+def _table_columns(summary: Summary) -> list[str]:
+    """Summary's columns, in its order, that some row has a value for (so memory and
+    FLOP columns appear when recorded, recompute columns when there was any)."""
+    keys = list(summary.rows[0].keys()) if summary.rows else []
+    return [k for k in keys if any(r.get(k) is not None and r.get(k) != 0 for r in summary.rows)
+            or k in ("module", "type", "calls")]
+
+
+def _cell(key: str, value: Any) -> tuple[str, str]:
+    """(shown text, sort key) of one table cell."""
+    if value is None:
+        return "", ""
+    if key == "module":
+        return (value or "<root>"), value
+    if isinstance(value, float) and key.endswith("_ns"):
+        return format_ns(value), repr(value)
+    if isinstance(value, int) and key.endswith("_ns"):
+        return format_ns(value), str(value)
+    if key.endswith("_bytes"):
+        return _format_bytes(value), str(value)
+    if isinstance(value, float):
+        return f"{value:.3g}", repr(value)
+    return str(value), str(value)
+
+
+def _format_bytes(n: float) -> str:
+    a = abs(n)
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if a >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _table_html(summary: Summary) -> str:
+    cols = _table_columns(summary)
+    head = "".join(f'<th data-col="{i}" title="click to sort">{html.escape(c)}</th>'
+                   for i, c in enumerate(cols))
+    body = []
+    for r in summary.rows:
+        cells = []
+        for c in cols:
+            text, key = _cell(c, r.get(c))
+            num = c not in ("module", "type")
+            cells.append(f'<td data-v="{html.escape(key)}"{" class=n" if num else ""}>'
+                         f"{html.escape(text)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return (f'<table id="summary"><thead><tr>{head}</tr></thead>'
+            f"<tbody>{''.join(body)}</tbody></table>")
+
+
+def _script_json(value: Any) -> str:
+    # Module names end up inside <script>: "</" would close it early.
+    return json.dumps(value, ensure_ascii=False).replace("</", "<\\/")
+
+
+def render_report(trace: TraceData, *, source: str | None = None,
+                  title: str | None = None) -> str:
+    """The report's HTML text (see the module docstring)."""
+    js = plotly_js()
+    summary = trace.summary()
+    steps = StepTable.from_trace(trace)
+    ice = icicle_data(summary)
+    name = source or "the run"
+    title = title or f"hooktrace report: {os.path.basename(source) if source else 'run'}"
+    info = trace.info
+    facts = [f"{len(trace.spans())} spans", f"{len(trace.modules)} modules",
+             f"host {trace.hostname}, pid {trace.pid}"]
+    if info.get("torch_version"):
+        facts.append(f"torch {info['torch_version']}")
+    if summary.counts.get("steps"):
+        facts.append(f"{summary.counts['steps']} complete steps, p50 "
+                     f"{format_ns(summary.counts['step_p50_ns'])}")
+    step_data = {"step": [r["step"] for r in steps.rows],
+                 "forward": [r["forward_ns"] / 1e6 for r in steps.rows],
+                 "backward": [r["backward_ns"] / 1e6 for r in steps.rows],
+                 "other": [max(0, r["duration_ns"] - r["forward_ns"] - r["backward_ns"]) / 1e6
+                           for r in steps.rows]}
+    src = html.escape(source or "RUN.htrace")
+    return _TEMPLATE.format(
+        title=html.escape(title), plotly=js.replace("</script", "<\\/script"),
+        facts=html.escape(" · ".join(facts)), name=html.escape(name),
+        footer=html.escape(summary.footer()), table=_table_html(summary),
+        icicle=_script_json(ice), steps=_script_json(step_data), src=src,
+        steps_display="block" if steps.rows else "none",
+    )
+
+
+def write_report(trace: TraceData, path: str | os.PathLike[str], *,
+                 source: str | None = None, title: str | None = None) -> None:
+    """Write the report to ``path`` (through a temporary file, like every output)."""
+    text = render_report(trace, source=source, title=title)
+    with open_output(path, gzip_by_name=False) as f:
+        f.write(text.encode("utf-8"))
+
+
+_TEMPLATE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title}</title>
+<style>
+body {{ font: 14px system-ui, sans-serif; margin: 1.5em; color: #222; }}
+h1 {{ font-size: 1.4em; margin-bottom: .2em; }} h2 {{ font-size: 1.1em; margin-top: 1.6em; }}
+.facts, .hint {{ color: #555; }}
+#icicle {{ height: 560px; }} #steps {{ height: 300px; }}
+table {{ border-collapse: collapse; font-size: 12px; }}
+th, td {{ padding: 2px 8px; border-bottom: 1px solid #eee; white-space: nowrap; }}
+th {{ cursor: pointer; background: #f4f4f4; position: sticky; top: 0; user-select: none; }}
+th.asc::after {{ content: " ▲"; }} th.desc::after {{ content: " ▼"; }}
+td.n {{ text-align: right; font-variant-numeric: tabular-nums; }}
+pre {{ background: #f6f6f6; padding: .6em; white-space: pre-wrap; }}
+</style>
+<script>{plotly}</script>
+</head><body>
+<h1>{title}</h1>
+<div class="facts">{facts}</div>
+<h2>Where the time goes</h2>
+<div class="hint">Width = time; forward and backward side by side. Click a box to zoom in,
+the top bar to zoom out. Hover for totals and calls.</div>
+<div id="icicle"></div>
+<div id="steps-section" style="display:{steps_display}">
+<h2>Step times</h2><div id="steps"></div></div>
+<h2>Per module</h2>
+<div class="hint">Click a column header to sort.</div>
+{table}
+<pre>{footer}</pre>
+<h2>The full trace</h2>
+<div class="hint">Every call on a timeline: convert the run with
+<code>hooktrace export {src} -o trace.json.gz</code>, then open trace.json.gz in the Perfetto
+UI (ui.perfetto.dev, "Open trace file") or in chrome://tracing ("Load"). This report needs no
+network; the trace viewer is a web page.</div>
+<script>
+(function () {{
+  var config = {{displaylogo: false, responsive: true, showLink: false,
+                showSendToCloud: false}};
+  var ice = {icicle};
+  Plotly.newPlot("icicle", [{{
+    type: "icicle", ids: ice.ids, labels: ice.labels, parents: ice.parents,
+    values: ice.values, branchvalues: "remainder", customdata: ice.hover,
+    hovertemplate: "%{{customdata}}<extra></extra>", tiling: {{orientation: "v"}},
+    root: {{color: "#ddd"}}
+  }}], {{margin: {{t: 10, l: 10, r: 10, b: 10}}}}, config);
+  var s = {steps};
+  if (s.step.length) {{
+    var bar = function (name, y) {{
+      return {{type: "bar", name: name, x: s.step, y: y, hovertemplate: "%{{y:.3f}} ms"}};
+    }};
+    Plotly.newPlot("steps", [bar("forward", s.forward), bar("backward", s.backward),
+                             bar("other", s.other)],
+      {{barmode: "stack", xaxis: {{title: {{text: "step"}}}}, yaxis: {{title: {{text: "ms"}}}},
+       margin: {{t: 10}}}}, config);
+  }}
+  var table = document.getElementById("summary");
+  table.querySelectorAll("th").forEach(function (th) {{
+    th.addEventListener("click", function () {{
+      var col = +th.dataset.col, asc = !th.classList.contains("asc");
+      table.querySelectorAll("th").forEach(function (h) {{ h.classList.remove("asc", "desc"); }});
+      th.classList.add(asc ? "asc" : "desc");
+      var body = table.tBodies[0], rows = Array.prototype.slice.call(body.rows);
+      rows.sort(function (a, b) {{
+        var x = a.cells[col].dataset.v, y = b.cells[col].dataset.v;
+        var nx = parseFloat(x), ny = parseFloat(y), c;
+        if (x === "" || y === "") c = (x === "") - (y === "");
+        else if (!isNaN(nx) && !isNaN(ny)) c = nx - ny;
+        else c = x < y ? -1 : x > y ? 1 : 0;
+        return asc ? c : -c;
+      }});
+      rows.forEach(function (r) {{ body.appendChild(r); }});
+    }});
+  }});
+}})();
+</script>
+</body></html>
+"""

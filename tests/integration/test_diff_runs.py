@@ -1,0 +1,50 @@
+"""hooktrace diff on real recorded runs: one module slowed with a sleep."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import hooktrace
+from hooktrace.cli import main
+from hooktrace.diff import compare
+
+
+class Sleepy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.delay = 0.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.delay:
+            time.sleep(self.delay)
+        return self.fc(x)
+
+
+def record(path: Path, delay: float) -> hooktrace.TraceData:
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), Sleepy(), nn.Linear(16, 4))
+    model[2].delay = delay
+    with hooktrace.trace(model) as tr:
+        for _ in range(4):
+            model(torch.randn(8, 16)).sum().backward()
+            tr.step()
+    tr.save(path)
+    return tr
+
+
+def test_a_sleep_in_one_module_is_named_first_and_fails_the_gate(tmp_path: Path) -> None:
+    a = record(tmp_path / "a.htrace", 0.0)
+    b = record(tmp_path / "b.htrace", 0.02)
+    same = compare(a, a)
+    assert all(r["per_step_change_ns"] == 0 for r in same.rows) and not same.failures(1.0)
+    d = compare(a, b)
+    assert (d.rows[0]["module"], d.rows[0]["phase"]) == ("2", "forward")
+    assert d.rows[0]["self_per_step_change_ns"] > 15e6  # the 20 ms sleep, in its self time
+    assert main(["diff", str(tmp_path / "a.htrace"), str(tmp_path / "b.htrace"),
+                 "--fail-above", "100"]) == 1
+    assert main(["diff", str(tmp_path / "a.htrace"), str(tmp_path / "a.htrace"),
+                 "--fail-above", "0"]) == 0

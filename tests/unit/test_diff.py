@@ -1,0 +1,120 @@
+"""hooktrace.diff and `hooktrace diff` on synthetic runs with step marks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import build_trace
+from hooktrace._events import ENTER, EVENT_DTYPE, EXIT, STEP
+from hooktrace.cli import main
+from hooktrace.diff import compare
+from hooktrace.reading import TraceData
+
+MODULES = [("", "Net"), ("a", "Linear"), ("b", "Linear"), ("c", "ReLU")]
+
+
+def run(steps: int = 4, a_ns: int = 1000, b_ns: int = 5000, c_calls: int = 1,
+        modules: list[tuple[str, str]] = MODULES, jitter: int = 0) -> TraceData:
+    """Per step: root{ a, b, c x c_calls } then a step mark; durations as given."""
+    rows: list[tuple[int, int, int, int]] = []  # kind, id, t, seq
+    t = 0
+    for s in range(steps):
+        rows.append((ENTER, 0, t, 0))
+        t += 100
+        for mod, d in ((1, a_ns + jitter * s), (2, b_ns)):
+            rows += [(ENTER, mod, t, 0), (EXIT, mod, t + d, 0)]
+            t += d + 10
+        for _ in range(c_calls):
+            rows += [(ENTER, 3, t, 0), (EXIT, 3, t + 200, 0)]
+            t += 210
+        rows.append((EXIT, 0, t, 0))
+        t += 50
+        rows.append((STEP, 0, t, s))
+        t += 1
+    ev = np.zeros(len(rows), EVENT_DTYPE)
+    for i, (kind, mod, tt, seq) in enumerate(rows):
+        ev[i]["kind"], ev[i]["id"], ev[i]["t"], ev[i]["tid"], ev[i]["rf_tid"] = kind, mod, tt, 1, 1
+        ev[i]["seq"] = seq
+    return build_trace(ev, modules)
+
+
+def test_a_run_against_itself_shows_no_change() -> None:
+    r = run(jitter=7)
+    d = compare(r, r)
+    assert d.per_step and len(d.rows) == 4 and not d.only_a and not d.only_b
+    assert all(row["per_step_change_ns"] == 0 and row["p50_change_pct"] == 0 for row in d.rows)
+    assert d.step is not None and d.step["per_step_change_pct"] == 0
+    assert d.failures(0.0, min_share=0.0) == []
+
+
+def test_the_slowed_module_comes_first_and_fails_the_gate() -> None:
+    # GIVEN b three times slower, a unchanged
+    d = compare(run(), run(b_ns=15000))
+    # THEN b leads: the root's total grew as much, but only b's self time did
+    assert (d.rows[0]["module"], d.rows[0]["phase"]) == ("b", "forward")
+    assert d.rows[0]["self_per_step_change_ns"] == 10000
+    assert (d.rows[1]["module"], d.rows[1]["per_step_change_ns"]) == ("", 10000)
+    b = next(r for r in d.rows if r["module"] == "b")
+    assert b["p50_a_ns"] == 5000 and b["p50_b_ns"] == 15000
+    assert b["p50_change_pct"] == pytest.approx(200.0)
+    assert b["per_step_change_ns"] == 10000
+    a = next(r for r in d.rows if r["module"] == "a")
+    assert a["per_step_change_ns"] == 0
+    failed = d.failures(50.0)
+    assert any(f.startswith("b forward: +200.0%") for f in failed)
+    assert not any(f.startswith("a ") for f in failed)
+    assert d.failures(250.0) == []
+
+
+def test_a_slowed_leaf_sorts_above_an_unchanged_larger_module() -> None:
+    d = compare(run(b_ns=50_000), run(a_ns=4000, b_ns=50_000))
+    assert d.rows[0]["module"] == "a" and d.rows[0]["per_step_change_ns"] == 3000
+
+
+def test_more_calls_count_as_slower_per_step() -> None:
+    d = compare(run(), run(c_calls=3))
+    c = next(r for r in d.rows if r["module"] == "c")
+    assert (c["calls_a"], c["calls_b"]) == (1, 3)
+    assert c["p50_change_pct"] == 0 and c["per_step_change_pct"] == pytest.approx(200.0)
+    assert any(f.startswith("c forward") for f in d.failures(100.0, min_share=0.0))
+    # c is 200 ns of a ~6.5 µs step: under the default 1% floor? no, 3%: still gated
+    assert any(f.startswith("c forward") for f in d.failures(100.0))
+    assert not any(f.startswith("c forward") for f in d.failures(100.0, min_share=5.0))
+
+
+def test_modules_in_one_run_only_are_listed() -> None:
+    renamed = [("", "Net"), ("a", "Linear"), ("b2", "Linear"), ("c", "ReLU")]
+    d = compare(run(), run(modules=renamed))
+    assert d.only_a == [("b", "forward")] and d.only_b == [("b2", "forward")]
+    text = d.to_text()
+    assert "only in A: b forward" in text and "only in B: b2 forward" in text
+
+
+def test_without_steps_the_whole_run_is_compared() -> None:
+    ev = run(steps=1).events
+    ev = ev[ev["kind"] != STEP]
+    a = build_trace(ev, MODULES)
+    d = compare(a, a)
+    assert not d.per_step and d.step is None and "per run" in d.to_text()
+
+
+def test_cli_gate_exit_codes_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base, slow = tmp_path / "a.htrace", tmp_path / "b.htrace"
+    run().save(base)
+    run(b_ns=15000).save(slow)
+    assert main(["diff", str(base), str(base), "--fail-above", "5"]) == 0
+    capsys.readouterr()
+    assert main(["diff", str(base), str(slow), "--fail-above", "50", "--json"]) == 1
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert doc["per_step"] and doc["step"]["per_step_change_ns"] == 10000
+    assert any(f.startswith("b forward") for f in doc["failed"])
+    assert "slower by more than 50%" in err and "b forward" in err
+    assert main(["diff", str(base), str(slow)]) == 0  # no gate: no verdict
+    capsys.readouterr()
+    assert main(["diff", str(base), str(tmp_path / "missing.htrace")]) == 1
+    assert "missing.htrace" in capsys.readouterr().err
