@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 # torch is pinned here and only here; override with e.g. `make test TORCH=torch==2.6.0`.
 TORCH ?= torch==2.13.0
-TEST_DEPS ?= pytest transformers==5.23.0
+TEST_DEPS ?= pytest transformers==5.23.0 plotly selenium
 BUILD_DEPS ?= numpy ninja pybind11 setuptools wheel tqdm
 
 PY := $(VENV)/bin/python
@@ -18,7 +18,7 @@ STAMP := $(VENV)/.hooktrace-installed-$(shell printf '%s' '$(TORCH)' | tr -c 'A-
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
 
-$(STAMP): setup.py pyproject.toml $(wildcard csrc/*.cpp csrc/*.h)
+$(STAMP): Makefile setup.py pyproject.toml $(wildcard csrc/*.cpp csrc/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)" $(BUILD_DEPS) $(TEST_DEPS)

@@ -690,22 +690,9 @@ class Trace(TraceData):
         events = np.empty(stats["events"] if with_events else 0, dtype=EVENT_DTYPE)
         events = events[: session.copy_events(events)] if with_events else events
         ticks0, unix_ns0, ns_per_tick = session.clock()
-        info: dict[str, Any] = {
-            "pid": os.getpid(),
-            "hostname": socket.gethostname(),
-            "torch_version": torch.__version__,
-            "hooktrace_version": _version(),
-            "mode": self._mode,
-            "backward": self._backward,
-            "emit_profiler": self._emit_profiler,
-            "policy": self._policy,
-            "capacity": int(session.capacity),
-            "dropped_events": int(stats["dropped"]),
-            "overwritten_events": int(stats["overwritten"]),
-            "start_unix_ns": self._start_unix_ns,
-            "stop_unix_ns": stop_unix_ns,
-            "thread_names": _thread_names(),
-        }
+        info = self._run_info(session)
+        info.update(dropped_events=int(stats["dropped"]),
+                    overwritten_events=int(stats["overwritten"]), stop_unix_ns=stop_unix_ns)
         if self._flop_recorder is not None:
             info["flops"] = self._flop_recorder.to_info()
             if torch.cuda.is_available():
