@@ -179,7 +179,7 @@ def test_scan_copies_bytes_through_exactly(read_bytes: int, monkeypatch: pytest.
     ("text", "where"),
     [
         (b'{"traceEvents": [\n  {"ph": "X",, "ts": 1}\n]}', "line 2 column 14 (byte 31)"),
-        (b'{"traceEvents": [\n  {"ph": "X"}\n  {"ph": "X"}]}', "line 3 column 3 (byte 34)"),
+        (b'{"traceEvents": [\n  {"ph": "i"}\n  {"ph": "i"}]}', "line 3 column 3 (byte 34)"),
         (b'{"traceEvents": [\n  {"ph": "X", "ts": 1', "line 2 column 22 (byte 39)"),
         (b'{"a": 1}\n{"b": 2}', "line 2 column 1 (byte 9)"),
         (b"", "line 1 column 1 (byte 0)"),
