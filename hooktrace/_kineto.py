@@ -47,6 +47,7 @@ import json
 import math
 import os
 import re
+import sys
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from typing import IO, Any, BinaryIO
@@ -66,10 +67,11 @@ READ_BYTES = 4 << 20
 # from any caller; high enough that the check runs only for values longer than
 # 2 * MAX_DEPTH characters, which few kineto events are.
 MAX_DEPTH = 200
-# Bound of |ts| and |dur| in ns: with 0 <= baseTimeNanoseconds < 2**62, every
-# base + ts + dur then fits int64 (numpy columns, Chrome's int64 times) and is a
-# date datetime can print. 2**61 ns is 73 years.
-TIME_LIMIT_NS = 2**61
+# Bound of |ts| and |dur| in ns (146 years: old traces without a base give Unix
+# times as ts). With 0 <= baseTimeNanoseconds < 2**62 the sums stay far from
+# overflowing Python arithmetic, and collect() checks that base + ts + dur fits
+# int64 (its numpy columns).
+TIME_LIMIT_NS = 2**62
 _DEPTH_CHECK_CHARS = 2 * MAX_DEPTH
 
 _WS = re.compile(r"[ \t\n\r]*")
@@ -117,8 +119,11 @@ def _too_deep(value: Any, limit: int) -> bool:
 
 
 def show(value: Any, limit: int = 40) -> str:
-    """``repr(value)`` cut to ``limit`` characters, for one-line error messages."""
-    text = repr(value)
+    """``repr(value)`` cut to ``limit`` characters, for one-line error messages.
+
+    A :class:`JsonNumber` shows as the number it is, not as a quoted string.
+    """
+    text = str.__str__(value) if type(value) is JsonNumber else repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -156,7 +161,7 @@ def us_to_ns(value: Any) -> int:
     if ns is None:
         raise ValueError(f"not a number of microseconds: {show(value)}")
     if not -TIME_LIMIT_NS <= ns <= TIME_LIMIT_NS:
-        raise ValueError(f"{show(value)} microseconds is beyond +-2**61 ns (73 years)")
+        raise ValueError(f"{show(value)} microseconds, beyond +-2**62 ns (146 years)")
     return ns
 
 
@@ -300,10 +305,10 @@ class _Reader:
             except RecursionError:
                 raise self.error(f"the value starting here nests deeper than {MAX_DEPTH} "
                                  "levels") from None
-            except ValueError as e:  # int(): more digits than sys.get_int_max_str_digits()
-                raise self.error(f"the value starting here has a number of thousands of "
-                                 f"digits ({str(e).partition(':')[0]}); expected numbers that "
-                                 "fit 64 bits") from None
+            except ValueError:  # int(): more digits than sys.get_int_max_str_digits()
+                raise self.error("the value starting here has an integer of over "
+                                 f"{sys.get_int_max_str_digits()} digits; expected numbers "
+                                 "that fit 64 bits") from None
             # A number ending exactly at the block end may continue in the next.
             if end == len(self.buf) and self.more():
                 continue

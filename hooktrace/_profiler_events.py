@@ -51,8 +51,7 @@ CAT_LAUNCH = 1
 CAT_OTHER = 2  # user_annotation, python_function, ...: kept for nesting checks only
 
 
-# baseTimeNanoseconds: a Unix time in ns; below 2**62 (year 2116) so that base + ts
-# + dur fits int64 (see TIME_LIMIT_NS).
+# baseTimeNanoseconds: a Unix time in ns, below 2**62 (year 2116); see TIME_LIMIT_NS.
 BASE_LIMIT_NS = 2**62
 _INT64 = 2**63
 
@@ -68,7 +67,7 @@ def time_ns(e: dict[str, Any], key: str) -> int:
     if t is JsonNumber:
         # kineto's form, "4389865968648.250", at the cost of one int(): a JsonNumber
         # is a JSON number's text, so whole is [-]digits; at most 15 of them keep
-        # |ns| < 10**18 < TIME_LIMIT_NS. ("-1.250" + sign: int("-1250") is right.)
+        # |ns| < 10**18 < TIME_LIMIT_NS. (Negative: int("-1" + "250") is right.)
         whole, _, frac = v.partition(".")
         if len(frac) == 3 and len(whole) <= 15 and frac.isdigit():
             return int(whole + frac)
@@ -79,8 +78,9 @@ def time_ns(e: dict[str, Any], key: str) -> int:
         raise BadValue(f"{key!r} is {show(v)}, expected a number of microseconds")
     try:
         return us_to_ns(v)
-    except ValueError as err:
-        raise BadValue(f"{key!r} is {err}; expected a time in microseconds") from None
+    except ValueError:
+        raise BadValue(f"{key!r} is {show(v)}, expected a number of microseconds within "
+                       "+-2**62 ns (146 years)") from None
 
 
 def _row_id(e: dict[str, Any], key: str) -> int | str | None:
@@ -149,6 +149,7 @@ class ProfilerEvents:
     base_known: bool = False
     window: tuple[int, int] | None = None  # the "PyTorch Profiler (N)" span
     extent: tuple[int, int] | None = None  # min start, max end of all X events
+    max_end_event: int = -1  # index in traceEvents of the X event ending last
     _name_ids: dict[str, int] = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
@@ -193,7 +194,7 @@ class ProfilerEvents:
         index = self.n_events
         self.n_events += 1
         if type(e) is not dict:
-            raise BadValue(f"{show(e)}, expected an event object {{...}}")
+            raise BadValue(f"is {show(e)}, expected an event object {{...}}")
         ph = e.get("ph")
         pid = _row_id(e, "pid")
         tid = _row_id(e, "tid")
@@ -210,7 +211,7 @@ class ProfilerEvents:
         if ph == "X":
             if ts is None:
                 raise BadValue("an 'X' event without 'ts'")
-            self._add_slice(e, ts, pid, tid, cat)
+            self._add_slice(e, index, ts, pid, tid, cat)
         elif ph == "M":
             if e.get("name") == "thread_name" and pid == self.pid and type(tid) is int:
                 args = e.get("args")
@@ -225,11 +226,17 @@ class ProfilerEvents:
             else:
                 self.flow_finish[(pid, tid, ts)] = fid
 
-    def _add_slice(self, e: dict[str, Any], ts: int, pid: int | str | None,
+    def _add_slice(self, e: dict[str, Any], index: int, ts: int, pid: int | str | None,
                    tid: int | str | None, cat: str | None) -> None:
         dur = time_ns(e, "dur") if "dur" in e else 0
         ext = self.extent
-        self.extent = (ts, ts + dur) if ext is None else (min(ext[0], ts), max(ext[1], ts + dur))
+        end = ts + dur
+        if ext is None:
+            self.extent, self.max_end_event = (ts, end), index
+        else:
+            if end > ext[1]:
+                self.max_end_event = index
+            self.extent = (min(ext[0], ts), max(ext[1], end))
         if cat == "Trace" and str(e.get("name", "")).startswith("PyTorch Profiler"):
             w = self.window
             self.window = (ts, ts + dur) if w is None else (min(w[0], ts), max(w[1], ts + dur))
@@ -265,10 +272,16 @@ class ProfilerEvents:
         self.top = top
         self.base_known = "baseTimeNanoseconds" in top
         self.base_ns = check_base(self.path, top["baseTimeNanoseconds"]) if self.base_known else 0
+        # (Without a base, one may yet follow traceEvents: merge checks the start then.)
         if self.base_known and self.min_ts is not None and self.base_ns + self.min_ts < 0:
             raise ProfilerTraceError(
                 f"{self.path}: traceEvents[{self.min_ts_event}] is at {self.min_ts} ns from "
                 f"baseTimeNanoseconds {self.base_ns}, before 1970; expected Unix times")
+        if self.extent is not None and self.base_ns + self.extent[1] >= _INT64:
+            raise ProfilerTraceError(
+                f"{self.path}: traceEvents[{self.max_end_event}] ends {self.extent[1]} ns after "
+                f"baseTimeNanoseconds {self.base_ns}, beyond 2**63 ns; expected Unix times "
+                "that fit 64 bits")
 
 
 def _text(v: Any) -> str:

@@ -513,8 +513,8 @@ def merge_traces(
             raise _NegativeTime
         where = _top_level_ts(text)
         if where is None:
-            raise BadValue("expected exactly one top-level 'ts' key written as a number, to "
-                           "rebase")
+            raise BadValue("has several top-level 'ts' keys (json keeps the last) or none "
+                           "written as a plain number; expected exactly one, to rebase it")
         return text[: where[0]] + _micros(ns) + text[where[1]:]
 
     def array_end(out: IO[bytes]) -> Callable[[ProfilerEvents, bool], bytes]:
@@ -556,6 +556,9 @@ def merge_traces(
             pre = collect(profiler_path, pid=run.pid)
             known_base = pre.base_ns
             first = known_base + (pre.min_ts if pre.min_ts is not None else 0)
+            if first < 0:  # (a trace without baseTimeNanoseconds: its ts are Unix times)
+                raise ProfilerTraceError(f"{profiler_path}: traceEvents[{pre.min_ts_event}] is "
+                                         f"at {first} Unix ns, before 1970; expected Unix times")
             new_base = min(new_base, first // 10**9 * 10**9)
             delta.clear()
             result.clear()
