@@ -221,8 +221,7 @@ class _Reader:
         except UnicodeDecodeError as e:
             # e.start counts from the pending bytes, which precede data in buf
             at = len(self.buf) - len(data) - pending + e.start
-            bad = self.buf[max(at, 0)].encode("latin-1")[0] if 0 <= at < len(self.buf) else None
-            byte = f" 0x{bad:02x}" if bad is not None else ""
+            byte = f" 0x{ord(self.buf[at]):02x}" if 0 <= at < len(self.buf) else ""
             raise self.error(f"invalid UTF-8 (byte{byte}: {e.reason}); a JSON file must be "
                              "UTF-8", max(at, 0)) from None
 

@@ -6,6 +6,15 @@ GPU activities (kernels, memcpy, memset) with their correlation ids, the
 ``ac2g`` flow events that link launches to kernels, and the profiler window.
 Everything else is only counted.
 
+Every value used is checked first, so that a hostile or damaged trace is
+refused with what was expected rather than failing later (an OverflowError in
+``array('q')``, a TypeError for an unhashable key, a date out of range):
+events are objects; ``ts``/``dur`` JSON numbers (not strings) within
+±``TIME_LIMIT_NS``, an ``X`` event has a ``ts``; ``pid``/``tid`` int64 or
+strings; ``cat`` a string; flow ids ints or strings; the integer args used fit
+int64; ``baseTimeNanoseconds`` an int in [0, 2**62), with no event before 1970
+or ending past 2**63 ns.
+
 Example:
     >>> import io
     >>> src = (b'{"baseTimeNanoseconds": 1000000, "traceEvents": ['
@@ -54,10 +63,6 @@ CAT_OTHER = 2  # user_annotation, python_function, ...: kept for nesting checks 
 # baseTimeNanoseconds: a Unix time in ns, below 2**62 (year 2116); see TIME_LIMIT_NS.
 BASE_LIMIT_NS = 2**62
 _INT64 = 2**63
-
-
-def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def time_ns(e: dict[str, Any], key: str) -> int:

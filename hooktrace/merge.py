@@ -477,7 +477,8 @@ def merge_traces(
     gzip-compressed when it ends in ``.gz``. Raises :class:`MergeError` when the
     trace is of another process or does not overlap the run,
     :class:`~hooktrace._kineto.ProfilerTraceError` (naming file, line, column and
-    byte) when it is not valid trace JSON, and
+    byte, and the event's index or the key) when it is not valid trace JSON or a
+    value is unusable (see ``hooktrace._profiler_events``), and
     :class:`~hooktrace.errors.OutputPathError` for an unusable ``out_path``.
 
     Example::
