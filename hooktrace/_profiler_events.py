@@ -6,6 +6,15 @@ GPU activities (kernels, memcpy, memset) with their correlation ids, the
 ``ac2g`` flow events that link launches to kernels, and the profiler window.
 Everything else is only counted.
 
+Every value used is checked first, so that a hostile or damaged trace is
+refused with what was expected rather than failing later (an OverflowError in
+``array('q')``, a TypeError for an unhashable key, a date out of range):
+events are objects; ``ts``/``dur`` JSON numbers (not strings) within
+±``TIME_LIMIT_NS``, an ``X`` event has a ``ts``; ``pid``/``tid`` int64 or
+strings; ``cat`` a string; flow ids ints or strings; the integer args used fit
+int64; ``baseTimeNanoseconds`` an int in [0, 2**62), with no event before 1970
+or ending past 2**63 ns.
+
 Example:
     >>> import io
     >>> src = (b'{"baseTimeNanoseconds": 1000000, "traceEvents": ['
@@ -25,9 +34,19 @@ from typing import IO, Any
 
 import numpy as np
 
-from hooktrace._kineto import ProfilerTraceError, open_binary, scan, us_to_ns
+from hooktrace._kineto import (
+    TIME_LIMIT_NS,
+    BadValue,
+    JsonNumber,
+    ProfilerTraceError,
+    open_binary,
+    scan,
+    show,
+    us_to_ns,
+)
 
-__all__ = ["GPU_CATS", "NODE_PREFIX", "ProfilerEvents", "collect"]
+__all__ = ["BASE_LIMIT_NS", "GPU_CATS", "NODE_PREFIX", "ProfilerEvents", "check_base", "collect",
+           "time_ns"]
 
 # Categories of device-side activities in kineto traces.
 GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
@@ -41,8 +60,63 @@ CAT_LAUNCH = 1
 CAT_OTHER = 2  # user_annotation, python_function, ...: kept for nesting checks only
 
 
-def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
+# baseTimeNanoseconds: a Unix time in ns, below 2**62 (year 2116); see TIME_LIMIT_NS.
+BASE_LIMIT_NS = 2**62
+_INT64 = 2**63
+
+
+def time_ns(e: dict[str, Any], key: str) -> int:
+    """``e[key]`` (µs) as ns; BadValue unless it is a JSON number within ±TIME_LIMIT_NS."""
+    v = e[key]
+    t = type(v)
+    if t is JsonNumber:
+        # kineto's form, "4389865968648.250", at the cost of one int(): a JsonNumber
+        # is a JSON number's text, so whole is [-]digits; at most 15 of them keep
+        # |ns| < 10**18 < TIME_LIMIT_NS. (Negative: int("-1" + "250") is right.)
+        whole, _, frac = v.partition(".")
+        if len(frac) == 3 and len(whole) <= 15 and frac.isdigit():
+            return int(whole + frac)
+    elif t is int:
+        if -TIME_LIMIT_NS <= v * 1000 <= TIME_LIMIT_NS:
+            return v * 1000  # type: ignore[no-any-return]
+    else:  # (a JSON string holding digits is not a time)
+        raise BadValue(f"{key!r} is {show(v)}, expected a number of microseconds")
+    try:
+        return us_to_ns(v)
+    except ValueError:
+        raise BadValue(f"{key!r} is {show(v)}, expected a number of microseconds within "
+                       "+-2**62 ns (146 years)") from None
+
+
+def _row_id(e: dict[str, Any], key: str) -> int | str | None:
+    """``pid``/``tid``: an int64, a string (kineto's "Spans", "stream 7"), or absent (None)."""
+    v = e.get(key)
+    t = type(v)
+    if t is int:
+        if -_INT64 <= v < _INT64:
+            return v  # type: ignore[no-any-return]
+        raise BadValue(f"{key!r} is {show(v)}, expected an integer that fits 64 bits")
+    if t is str or (v is None and key not in e):
+        return v  # type: ignore[no-any-return]
+    raise BadValue(f"{key!r} is {show(v)}, expected an integer or a string")
+
+
+def _arg_int(args: dict[str, Any], key: str) -> int:
+    """An integer arg (sequence number, thread id, correlation), -1 when absent or not an int."""
+    v = args.get(key)
+    if type(v) is not int:
+        return -1
+    if -_INT64 <= v < _INT64:
+        return v  # type: ignore[no-any-return]
+    raise BadValue(f"args {key!r} is {show(v)}, expected an integer that fits 64 bits")
+
+
+def check_base(path: str, value: Any) -> int:
+    """``baseTimeNanoseconds`` as an int, else ProfilerTraceError naming ``path``."""
+    if type(value) is not int or not 0 <= value < BASE_LIMIT_NS:
+        raise ProfilerTraceError(f"{path}: 'baseTimeNanoseconds' is {show(value)}, expected an "
+                                 "integer number of Unix nanoseconds in [0, 2**62)")
+    return value  # type: ignore[no-any-return]
 
 
 @dataclass
@@ -76,9 +150,11 @@ class ProfilerEvents:
     flow_finish: dict[tuple[Any, Any, int], Any] = field(default_factory=dict)
     max_tid: int = -1  # largest integer tid of any event (synthetic track tids go above)
     min_ts: int | None = None  # earliest ts of any event but metadata ("M")
+    min_ts_event: int = -1  # index of that event in traceEvents
     base_known: bool = False
     window: tuple[int, int] | None = None  # the "PyTorch Profiler (N)" span
     extent: tuple[int, int] | None = None  # min start, max end of all X events
+    max_end_event: int = -1  # index in traceEvents of the X event ending last
     _name_ids: dict[str, int] = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
@@ -117,48 +193,55 @@ class ProfilerEvents:
     # -- the per-event callback -------------------------------------------
 
     def add(self, e: Any) -> None:
+        # Every value used below is checked (type, 64-bit range, hashable): a
+        # malformed event is refused here with what was expected (BadValue,
+        # which scan() reports with the event's index and position).
+        index = self.n_events
         self.n_events += 1
-        if not isinstance(e, dict):
-            return
+        if type(e) is not dict:
+            raise BadValue(f"is {show(e)}, expected an event object {{...}}")
         ph = e.get("ph")
-        tid = _int(e.get("tid"))
-        if tid is not None and tid > self.max_tid:
-            self.max_tid = tid
-        if ph != "M" and ph != "X" and "ts" in e:
-            try:
-                ts = us_to_ns(e["ts"])
-            except ValueError:
-                pass
-            else:
-                self.min_ts = ts if self.min_ts is None else min(self.min_ts, ts)
-        if ph == "X":
-            self._add_slice(e)
-        elif ph == "M":
-            if e.get("name") == "thread_name" and e.get("pid") == self.pid:
-                tid = _int(e.get("tid"))
-                args = e.get("args")
-                if tid is not None and isinstance(args, dict) and "name" in args:
-                    self.thread_names.setdefault(tid, _text(args["name"]))
-        elif ph in ("s", "f") and e.get("cat") == "ac2g" and "id" in e:
-            try:
-                ts = us_to_ns(e.get("ts"))
-            except ValueError:
-                return
-            if ph == "s":
-                self.flow_start[e["id"]] = (ts, e.get("tid"))
-            else:
-                self.flow_finish[(e.get("pid"), e.get("tid"), ts)] = e["id"]
-
-    def _add_slice(self, e: dict[str, Any]) -> None:
-        try:
-            ts = us_to_ns(e["ts"])
-            dur = us_to_ns(e.get("dur", 0))
-        except (KeyError, ValueError):
-            return
-        ext = self.extent
-        self.extent = (ts, ts + dur) if ext is None else (min(ext[0], ts), max(ext[1], ts + dur))
-        self.min_ts = ts if self.min_ts is None else min(self.min_ts, ts)
+        pid = _row_id(e, "pid")
+        tid = _row_id(e, "tid")
         cat = e.get("cat")
+        if cat is not None and type(cat) is not str:
+            raise BadValue(f"'cat' is {show(cat)}, expected a string")
+        if type(tid) is int and tid > self.max_tid:
+            self.max_tid = tid
+        ts: int | None = None
+        if ph != "M" and "ts" in e:  # (metadata's ts means nothing; merge leaves it)
+            ts = time_ns(e, "ts")
+            if self.min_ts is None or ts < self.min_ts:
+                self.min_ts, self.min_ts_event = ts, index
+        if ph == "X":
+            if ts is None:
+                raise BadValue("an 'X' event without 'ts'")
+            self._add_slice(e, index, ts, pid, tid, cat)
+        elif ph == "M":
+            if e.get("name") == "thread_name" and pid == self.pid and type(tid) is int:
+                args = e.get("args")
+                if isinstance(args, dict) and "name" in args:
+                    self.thread_names.setdefault(tid, _text(args["name"]))
+        elif (ph == "s" or ph == "f") and cat == "ac2g" and "id" in e and ts is not None:
+            fid = e["id"]
+            if type(fid) is not int and not isinstance(fid, str):  # (a dict key below)
+                raise BadValue(f"flow 'id' is {show(fid)}, expected an integer or a string")
+            if ph == "s":
+                self.flow_start[fid] = (ts, tid)
+            else:
+                self.flow_finish[(pid, tid, ts)] = fid
+
+    def _add_slice(self, e: dict[str, Any], index: int, ts: int, pid: int | str | None,
+                   tid: int | str | None, cat: str | None) -> None:
+        dur = time_ns(e, "dur") if "dur" in e else 0
+        ext = self.extent
+        end = ts + dur
+        if ext is None:
+            self.extent, self.max_end_event = (ts, end), index
+        else:
+            if end > ext[1]:
+                self.max_end_event = index
+            self.extent = (min(ext[0], ts), max(ext[1], end))
         if cat == "Trace" and str(e.get("name", "")).startswith("PyTorch Profiler"):
             w = self.window
             self.window = (ts, ts + dur) if w is None else (min(w[0], ts), max(w[1], ts + dur))
@@ -168,39 +251,42 @@ class ProfilerEvents:
         if cat in GPU_CATS:
             self.gpu_start.append(ts)
             self.gpu_dur.append(dur)
-            c = _int(args.get("correlation"))
-            self.gpu_corr.append(-1 if c is None else c)
-            self.gpu_where.append((e.get("pid"), e.get("tid")))
+            self.gpu_corr.append(_arg_int(args, "correlation"))
+            self.gpu_where.append((pid, tid))
             return
-        pid = _int(e.get("pid"))
-        if pid is None:
+        if type(pid) is not int:
             return
         self.pids.add(pid)
-        tid = _int(e.get("tid"))
-        if pid != self.pid or tid is None:
+        if pid != self.pid or type(tid) is not int:
             return
+        kind = CAT_CPU_OP if cat == "cpu_op" else CAT_LAUNCH if cat in LAUNCH_CATS else CAT_OTHER
+        seq = _arg_int(args, "Sequence number")
+        fwd = _arg_int(args, "Fwd thread id")
+        corr = _arg_int(args, "correlation")
         self.tid.append(tid)
         self.start.append(ts)
         self.dur.append(dur)
-        kind = CAT_CPU_OP if cat == "cpu_op" else CAT_LAUNCH if cat in LAUNCH_CATS else CAT_OTHER
         self.kind.append(kind)
         self.name.append(self.name_id(_text(e.get("name", ""))))
-        s = _int(args.get("Sequence number"))
-        f = _int(args.get("Fwd thread id"))
-        c = _int(args.get("correlation"))
-        self.seq.append(-1 if s is None else s)
-        self.fwd_tid.append(-1 if f is None else f)
-        self.corr.append(-1 if c is None or kind != CAT_LAUNCH else c)
+        self.seq.append(seq)
+        self.fwd_tid.append(fwd)
+        self.corr.append(corr if kind == CAT_LAUNCH else -1)
 
     def finish(self, top: dict[str, Any]) -> None:
         """Take the top-level keys; ``base_known`` says if baseTimeNanoseconds was among them."""
         self.top = top
         self.base_known = "baseTimeNanoseconds" in top
-        base = top.get("baseTimeNanoseconds", 0)
-        if not isinstance(base, int) or isinstance(base, bool):
-            raise ProfilerTraceError(f"{self.path}: baseTimeNanoseconds is {base!r}, expected an "
-                                     "integer number of nanoseconds")
-        self.base_ns = base
+        self.base_ns = check_base(self.path, top["baseTimeNanoseconds"]) if self.base_known else 0
+        # (Without a base, one may yet follow traceEvents: merge checks the start then.)
+        if self.base_known and self.min_ts is not None and self.base_ns + self.min_ts < 0:
+            raise ProfilerTraceError(
+                f"{self.path}: traceEvents[{self.min_ts_event}] is at {self.min_ts} ns from "
+                f"baseTimeNanoseconds {self.base_ns}, before 1970; expected Unix times")
+        if self.extent is not None and self.base_ns + self.extent[1] >= _INT64:
+            raise ProfilerTraceError(
+                f"{self.path}: traceEvents[{self.max_end_event}] ends {self.extent[1]} ns after "
+                f"baseTimeNanoseconds {self.base_ns}, beyond 2**63 ns; expected Unix times "
+                "that fit 64 bits")
 
 
 def _text(v: Any) -> str:

@@ -82,9 +82,9 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 
 import torch
-from hooktrace._kineto import ProfilerTraceError, us_to_ns
+from hooktrace._kineto import BadValue, ProfilerTraceError
 from hooktrace._output import check_output_path, open_output
-from hooktrace._profiler_events import ProfilerEvents, collect
+from hooktrace._profiler_events import ProfilerEvents, check_base, collect, time_ns
 from hooktrace.exporters._layout import UNATTRIBUTED_CAT, TrackLayout
 from hooktrace.exporters.chrome import (
     _dumps,
@@ -153,7 +153,10 @@ def _as_run(run_or_path: RunLike) -> TraceData:
 def _fmt_ns(unix_ns: int) -> str:
     import datetime
 
-    t = datetime.datetime.fromtimestamp(unix_ns // 10**9, datetime.timezone.utc)
+    try:
+        t = datetime.datetime.fromtimestamp(unix_ns // 10**9, datetime.timezone.utc)
+    except (OverflowError, OSError, ValueError):  # a date datetime cannot hold: say the ns
+        return f"{unix_ns} ns (Unix)"
     return f"{t:%Y-%m-%d %H:%M:%S}.{unix_ns % 10**9 // 1000:06d} UTC"
 
 
@@ -356,11 +359,14 @@ def place_spans(run: TraceData, p: ProfilerEvents, window: tuple[int, int]) -> _
     node_start = np.maximum(nodes.start_ns, w0)
     node_end = np.minimum(nodes.end_ns, w1)
     run_tids = np.union1d(np.union1d(spans.threads, spans.tid), nodes.tid).astype(np.int64)
-    layout = TrackLayout(
-        spans, span_start=start, span_end=end, node_start=node_start, node_end=node_end,
-        backward=bwd, nodes_on_backward=np.zeros(0, np.int64), unattributed=loose,
-        forward=moved, used_tids=np.append(run_tids, p.max_tid),
-    )
+    try:
+        layout = TrackLayout(
+            spans, span_start=start, span_end=end, node_start=node_start, node_end=node_end,
+            backward=bwd, nodes_on_backward=np.zeros(0, np.int64), unattributed=loose,
+            forward=moved, used_tids=np.append(run_tids, p.max_tid),
+        )
+    except ValueError as e:  # its one refusal: no 32-bit tids left above the trace's
+        raise MergeError(f"{p.path}: largest tid {p.max_tid}: {e}") from None
     row = spans.tid.astype(np.uint32)
     row[bwd] = layout.backward_tid
     row[moved] = layout.forward_tid
@@ -413,24 +419,40 @@ _TS_VALUE = re.compile(r'"ts"\s*:\s*(-?[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)'
 
 
 def _top_level_ts(text: str) -> tuple[int, int] | None:
-    """(start, end) of the event's own "ts" number in ``text`` (not one inside its args)."""
+    """(start, end) of the event's own "ts" number in ``text`` (not one inside its args).
+
+    None unless there is exactly one: with two "ts" keys json keeps the last, and
+    rewriting one of them would leave the event at a time that is not rebased.
+
+    Example:
+        >>> t = '{"args": {"ts": 1}, "a\\\\"ts": 2, "ts": 3}'
+        >>> t[slice(*_top_level_ts(t))], _top_level_ts('{"ts": 1, "ts": 2}')
+        ('3', None)
+    """
     found = list(_TS_VALUE.finditer(text))
-    if len(found) == 1:
+    if len(found) == 1:  # the event has a "ts" (the caller checked): this is it
         return found[0].span(1)
-    for m in found:  # rare: several "ts" keys; take the one at depth 1
-        depth, in_str, esc = 0, False, False
-        for ch in text[: m.start()]:
-            if in_str:
-                esc, in_str = (False, in_str) if esc else (ch == "\\", ch != '"')
+    # rare: "ts" in args too, or in a string; keep the matches outside strings at depth 1
+    starts = {m.start(): m for m in found}
+    top: list[re.Match[str]] = []
+    depth, in_str, esc = 0, False, False
+    for i, ch in enumerate(text):
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
             elif ch == '"':
-                in_str = True
-            elif ch in "{[":
-                depth += 1
-            elif ch in "}]":
-                depth -= 1
-        if depth == 1:
-            return m.span(1)
-    return None
+                in_str = False
+        elif ch == '"':
+            if depth == 1 and i in starts:
+                top.append(starts[i])
+            in_str = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+    return top[0].span(1) if len(top) == 1 else None
 
 
 def _micros(ns: int) -> str:
@@ -460,7 +482,8 @@ def merge_traces(
     gzip-compressed when it ends in ``.gz``. Raises :class:`MergeError` when the
     trace is of another process or does not overlap the run,
     :class:`~hooktrace._kineto.ProfilerTraceError` (naming file, line, column and
-    byte) when it is not valid trace JSON, and
+    byte, and the event's index or the key) when it is not valid trace JSON or a
+    value is unusable (see ``hooktrace._profiler_events``), and
     :class:`~hooktrace.errors.OutputPathError` for an unusable ``out_path``.
 
     Example::
@@ -481,10 +504,7 @@ def merge_traces(
     def rewrite_top(key: str, value: Any) -> str | None:
         if key != "baseTimeNanoseconds":
             return None
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise ProfilerTraceError(f"{profiler_path}: baseTimeNanoseconds is {value!r}, "
-                                     "expected an integer number of nanoseconds")
-        delta[:] = [value - new_base]
+        delta[:] = [check_base(os.fspath(profiler_path), value) - new_base]
         return str(new_base)
 
     def rewrite_event(event: Any, text: str) -> str | None:
@@ -494,15 +514,13 @@ def merge_traces(
             if known_base is None:
                 raise _BaseAfterEvents
             delta[:] = [known_base - new_base]
-        try:
-            ns = us_to_ns(event["ts"]) + delta[0]
-        except ValueError:
-            return None  # not a time: left as it is (Perfetto ignores the event too)
+        ns = time_ns(event, "ts") + delta[0]  # (collect checked it already: a number, in range)
         if ns < 0:
             raise _NegativeTime
         where = _top_level_ts(text)
         if where is None:
-            raise MergeError(f"{profiler_path}: cannot locate the 'ts' of the event {text[:80]!r}")
+            raise BadValue("has several top-level 'ts' keys (json keeps the last) or none "
+                           "written as a plain number; expected exactly one, to rebase it")
         return text[: where[0]] + _micros(ns) + text[where[1]:]
 
     def array_end(out: IO[bytes]) -> Callable[[ProfilerEvents, bool], bytes]:
@@ -547,6 +565,9 @@ def merge_traces(
             pre = collect(profiler_path, pid=run.pid)
             known_base = pre.base_ns
             first = known_base + (pre.min_ts if pre.min_ts is not None else 0)
+            if first < 0:  # (a trace without baseTimeNanoseconds: its ts are Unix times)
+                raise ProfilerTraceError(f"{profiler_path}: traceEvents[{pre.min_ts_event}] is "
+                                         f"at {first} Unix ns, before 1970; expected Unix times")
             new_base = min(new_base, first // 10**9 * 10**9)
             delta.clear()
             result.clear()

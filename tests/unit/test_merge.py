@@ -179,7 +179,7 @@ def test_scan_copies_bytes_through_exactly(read_bytes: int, monkeypatch: pytest.
     ("text", "where"),
     [
         (b'{"traceEvents": [\n  {"ph": "X",, "ts": 1}\n]}', "line 2 column 14 (byte 31)"),
-        (b'{"traceEvents": [\n  {"ph": "X"}\n  {"ph": "X"}]}', "line 3 column 3 (byte 34)"),
+        (b'{"traceEvents": [\n  {"ph": "i"}\n  {"ph": "i"}]}', "line 3 column 3 (byte 34)"),
         (b'{"traceEvents": [\n  {"ph": "X", "ts": 1', "line 2 column 22 (byte 39)"),
         (b'{"a": 1}\n{"b": 2}', "line 2 column 1 (byte 9)"),
         (b"", "line 1 column 1 (byte 0)"),
@@ -213,6 +213,83 @@ def test_malformed_line_in_a_large_file(tmp_path: Path) -> None:
     with pytest.raises(ProfilerTraceError, match=rf"big.json.gz: .* at line {k + 1} column {col} "):
         merge_traces(make_run(CALLS, MODULES), path, tmp_path / "out.json")
     assert not list(tmp_path.glob("*out.json*"))  # nothing left behind
+
+
+@pytest.mark.parametrize("read_bytes", [1, 2, 3, 5, 4 << 20])
+def test_utf8_is_checked_across_read_blocks(read_bytes: int, monkeypatch: pytest.MonkeyPatch
+                                            ) -> None:
+    # GIVEN names with 2-, 3- and 4-byte characters, cut anywhere by the read blocks
+    monkeypatch.setattr(_kineto, "READ_BYTES", read_bytes)
+    good = profiler_json([x("aten::\u00e9\u20ac\U0001f600", T0, T0 + 5)], window=WINDOW)
+    out = io.BytesIO()
+    _kineto.scan(io.BytesIO(good), "p.json", lambda e: None, out=out)
+    assert out.getvalue() == good
+    # WHEN one byte is not UTF-8 (a lone continuation byte, a cut sequence, a surrogate)
+    for bad in (b"\x80", b"\xe2\x82", b"\xed\xa0\x80", b"\xff"):
+        src = good.replace("\u20ac".encode(), bad, 1)
+        at = src.index(bad)
+        # THEN the error gives its byte offset, however the blocks fall
+        with pytest.raises(ProfilerTraceError, match=rf"^p.json: malformed profiler trace JSON "
+                           rf"at line \d+ column \d+ \(byte {at}\): invalid UTF-8"):
+            _kineto.scan(io.BytesIO(src), "p.json", lambda e: None)
+    # (a sequence cut by the end of the file, in a string left open)
+    with pytest.raises(ProfilerTraceError, match=r"\(byte 7\): invalid UTF-8"):
+        _kineto.scan(io.BytesIO(b'{"a": "\xc3'), "p.json", lambda e: None)
+
+
+@pytest.mark.parametrize(
+    ("event", "fragment"),
+    [
+        ('{"ph": "X", "ts": "12", "dur": 1}', "'ts' is '12', expected a number of microseconds"),
+        ('{"ph": "X", "dur": 1}', "an 'X' event without 'ts'"),
+        ('{"ph": "X", "ts": 1, "dur": 1e400}', "'dur' is 1e400, expected a number"),
+        ('{"ph": "X", "ts": 1, "tid": 18446744073709551616}', "'tid' is 18446744073709551616, "
+         "expected an integer that fits 64 bits"),
+        ('{"ph": "X", "ts": 1, "pid": null}', "'pid' is None, expected an integer or a string"),
+        ('{"ph": "s", "cat": "ac2g", "ts": 1, "id": {"a": 1}}', "flow 'id' is {'a': 1}"),
+        (f'{{"ph": "X", "ts": 1, "pid": {PID}, "tid": 1, "cat": "cuda_runtime", '
+         '"args": {"correlation": -9223372036854775809}}',
+         "args 'correlation' is -9223372036854775809"),
+        ('{"ph": "X", "ts": NaN}', "contains NaN, which is not JSON"),
+        ("7", "is 7, expected an event object"),
+    ],
+)
+def test_unusable_event_values_name_the_event_and_key(event: str, fragment: str) -> None:
+    src = ('{"baseTimeNanoseconds": 5,\n"traceEvents": [{"ph": "i", "ts": 0},\n  ' + event
+           + "]}").encode()
+    with pytest.raises(ProfilerTraceError) as info:
+        collect(io.BytesIO(src), "p.json", pid=PID)
+    msg = str(info.value)
+    assert fragment in msg and "line 3 column 3 (byte 67)" in msg, msg
+    assert msg.startswith("p.json: traceEvents[1] at ") or "NaN" in msg, msg
+
+
+@pytest.mark.parametrize(
+    ("base", "ts", "fragment"),
+    [
+        ("-1", "1", "'baseTimeNanoseconds' is -1, expected an integer number of Unix nanoseconds"),
+        (str(2**62), "1", "is 4611686018427387904, expected an integer"),
+        ("1e30", "1", "'baseTimeNanoseconds' is 1e30, expected an integer"),
+        ("1000", "-2.000", "traceEvents[0] is at -2000 ns from baseTimeNanoseconds 1000, before "
+         "1970"),
+        (str(2**62 - 1), str(2**62 // 1000), "traceEvents[0] ends 4611686018428387000 ns after"),
+    ],
+)
+def test_times_must_be_unix_times_that_fit_64_bits(base: str, ts: str, fragment: str) -> None:
+    src = (f'{{"baseTimeNanoseconds": {base}, '
+           f'"traceEvents": [{{"ph": "X", "ts": {ts}, "dur": 1000}}]}}')
+    with pytest.raises(ProfilerTraceError, match=re.escape(fragment)):
+        collect(io.BytesIO(src.encode()), "p.json", pid=PID)
+
+
+def test_merge_refuses_a_base_less_trace_before_1970(tmp_path: Path) -> None:
+    # no baseTimeNanoseconds: ts are Unix µs, and this one is negative
+    src = profiler_json([x("aten::mm", T0 + 1, T0 + 2)], window=WINDOW, base=None)
+    src = src.replace(b'"traceEvents": [', b'"traceEvents": [{"ph": "i", "ts": -5},', 1)
+    prof = write(tmp_path, "p.json", src)
+    with pytest.raises(ProfilerTraceError, match=r"traceEvents\[0\] is at -5000 Unix ns, before"):
+        merge_traces(make_run(CALLS, MODULES), prof, tmp_path / "m.json")
+    assert not (tmp_path / "m.json").exists()
 
 
 def test_truncated_gzip_is_a_clear_error(tmp_path: Path) -> None:
