@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import runpy
-import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,13 +76,15 @@ class RunOptions:
 
 def options_from_args(args: argparse.Namespace) -> RunOptions:
     """Checks the options and resolves the output names; raises CliError."""
+    from hooktrace._naming import env_rank, output_path
     from hooktrace._output import check_output_path
     from hooktrace.errors import OutputPathError
 
     if args.capacity is not None and not 1 <= args.capacity <= 1 << 40:
         raise CliError(f"--capacity must be between 1 and 2**40 events, got {args.capacity}")
-    output = output_path(args.output, ".htrace")
-    chrome = output_path(args.chrome, ".json") if args.chrome is not None else None
+    rank = env_rank()
+    output = output_path(args.output, ".htrace", rank)
+    chrome = output_path(args.chrome, ".json", rank) if args.chrome is not None else None
     for flag, path in (("--output", output), ("--chrome", chrome)):
         if path is None:
             continue
@@ -95,31 +96,6 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
     return RunOptions(output=output, chrome=chrome, backward=args.backward,
                       steps="optimizer" if args.steps == "optimizer" else None,
                       summary=args.summary, capacity=args.capacity)
-
-
-def output_path(template: str | None, suffix: str) -> Path:
-    """The file name for this process: ``template`` with {rank}/{pid}/{host} replaced;
-    a folder (existing, or ending in /) gets the default name; with RANK set (torchrun)
-    the rank is always in the name, so ranks never write the same file."""
-    rank = os.environ.get("RANK")
-    host, pid = socket.gethostname(), str(os.getpid())
-    default = f"hooktrace-{host}_{pid}" + (f"_rank{rank}" if rank is not None else "") + suffix
-    if template is None:
-        return Path(default)
-    if template.endswith(("/", os.sep)) or os.path.isdir(template):
-        return Path(template) / default
-    name = template.replace("{pid}", pid).replace("{host}", host)
-    if "{rank}" in template:
-        return Path(name.replace("{rank}", rank if rank is not None else "0"))
-    if rank is None:
-        return Path(name)
-    path = Path(name)
-    stem, ext = path.name, ""
-    for known in (".json.gz", ".htrace", ".json", ".pftrace", ".gz"):
-        if stem.endswith(known) and stem != known:
-            stem, ext = stem[: -len(known)], known
-            break
-    return path.with_name(f"{stem}_rank{rank}{ext}")
 
 
 def start(options: RunOptions) -> GlobalTrace:
