@@ -97,18 +97,9 @@ class SlotTable {
   size_t count_ = 0;
 };
 
-// --- per-thread open calls ------------------------------------------------------
-
-// The modules whose calls are open on this thread, outermost first, for the
-// rare path's naming (a module first seen inside another is named under it).
-// Deeper calls are counted, not stored: only the first kMaxStored matter.
-struct OpenCalls {
-  static constexpr uint32_t kMaxStored = 64;
-  PyObject* items[kMaxStored];
-  uint32_t depth = 0;
-  bool resolving = false;  // reentrancy guard around the Python rare path
-};
-thread_local OpenCalls tls_open;
+// Set on a thread while it runs the Python rare path, so a module called from
+// there is not resolved recursively. Read on the rare path only.
+thread_local bool tls_resolving = false;
 
 // --- the type -------------------------------------------------------------------
 
@@ -118,7 +109,7 @@ struct GlobalCall {
   Session* session;
   PyObject* owner;    // the Python Session: keeps `session` alive
   PyObject* wrapped;  // the original nn.Module.__call__
-  PyObject* resolve;  // resolve(module, open_modules) -> slot or -1
+  PyObject* resolve;  // resolve(module) -> slot or -1
   SlotTable* table;
   PyObject* weakrefs;
 };
@@ -130,18 +121,10 @@ constexpr uint32_t kNoSlot = UINT32_MAX;
 // must propagate (KeyboardInterrupt); any other error in hooktrace's own code is
 // reported as unraisable and the call goes on unrecorded.
 C10_NOINLINE uint32_t resolve_slot(GlobalCall* g, PyObject* module) {
-  OpenCalls& open = tls_open;
-  const uint32_t n = open.depth < OpenCalls::kMaxStored ? open.depth : OpenCalls::kMaxStored;
-  PyObject* outer = PyTuple_New(n);
-  if (!outer) return kNoSlot;
-  for (uint32_t i = 0; i < n; ++i) {
-    Py_INCREF(open.items[i]);
-    PyTuple_SET_ITEM(outer, i, open.items[i]);
-  }
-  open.resolving = true;
-  PyObject* r = PyObject_CallFunctionObjArgs(g->resolve, module, outer, nullptr);
-  open.resolving = false;
-  Py_DECREF(outer);
+  if (tls_resolving) return kNoSlot;
+  tls_resolving = true;
+  PyObject* r = PyObject_CallOneArg(g->resolve, module);
+  tls_resolving = false;
   long slot = -1;
   if (r) {
     slot = PyLong_AsLong(r);
@@ -157,8 +140,7 @@ C10_NOINLINE uint32_t resolve_slot(GlobalCall* g, PyObject* module) {
 
 PyObject* global_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   auto* g = reinterpret_cast<GlobalCall*>(self);
-  OpenCalls& open = tls_open;
-  if (C10_UNLIKELY(PyVectorcall_NARGS(nargsf) < 1 || !g->session->active() || open.resolving))
+  if (C10_UNLIKELY(PyVectorcall_NARGS(nargsf) < 1 || !g->session->active()))
     return PyObject_Vectorcall(g->wrapped, args, nargsf, kwnames);
   PyObject* module = args[0];
   uint32_t slot;
@@ -169,12 +151,9 @@ PyObject* global_call(PyObject* self, PyObject* const* args, size_t nargsf, PyOb
       return PyObject_Vectorcall(g->wrapped, args, nargsf, kwnames);
     }
   }
-  const uint32_t depth = open.depth++;
-  if (C10_LIKELY(depth < OpenCalls::kMaxStored)) open.items[depth] = module;
   g->session->record(slot, kEnter, 0);
   PyObject* result = PyObject_Vectorcall(g->wrapped, args, nargsf, kwnames);
   g->session->record(slot, kExit, result ? 0 : kFlagError);
-  open.depth = depth;
   return result;
 }
 

@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 import time
 import warnings
 import weakref
-from types import TracebackType
+from types import CodeType, FrameType, TracebackType
 from typing import Any, Literal
 
 import numpy as np
@@ -48,6 +49,8 @@ from hooktrace.reading import TraceData
 from hooktrace.recording import DEFAULT_CAPACITY, Policy, _check_capacity, _SigintDeferred, _version
 
 __all__ = ["GlobalTrace", "global_trace"]
+
+_WRAPPED_CALL_CODE = nn.Module._wrapped_call_impl.__code__
 
 # The one global recording of this process (nn.Module.__call__ can be replaced once).
 _active_lock = threading.Lock()
@@ -125,6 +128,8 @@ class GlobalTrace(TraceData):
                 _active = self
             try:
                 self._session, self._call, self._original_call = session, call, original
+                # the frames that mark an open module call, for _resolve
+                self._call_code = getattr(original, "__code__", _WRAPPED_CALL_CODE)
                 self._start_unix_ns = time.time_ns()
                 self._state = "recording"  # from here on, _finish undoes what was done
                 session.start()
@@ -176,15 +181,15 @@ class GlobalTrace(TraceData):
 
     # -- the rare path: a module's first call --------------------------------
 
-    def _resolve(self, module: Any, open_modules: tuple[Any, ...]) -> int:
+    def _resolve(self, module: Any) -> int:
         """Called by _C.GlobalCall for an instance it has no slot for; returns its slot.
 
-        ``open_modules``: the modules whose calls are open on this thread, outermost
-        first. Registers the module (and its unregistered submodules) so that its
-        next calls never come here.
+        Registers the module (and its unregistered submodules) so that its next
+        calls never come here.
         """
         if not isinstance(module, nn.Module) or self._state != "recording":
             return -1
+        open_modules = _open_modules(sys._getframe(1), self._call_code)
         with self._resolve_lock:
             slot = self._call.lookup(module)  # another thread may have registered it
             if slot >= 0:
@@ -366,6 +371,20 @@ class GlobalTrace(TraceData):
         if self.__dict__.get("_state") == "done":
             return TraceData.__repr__(self)
         return f"<GlobalTrace: {self.__dict__.get('_state', 'new')}, {len(self._slots)} modules>"
+
+
+def _open_modules(frame: FrameType | None, call_code: CodeType) -> list[nn.Module]:
+    """The modules whose calls are open on this thread, outermost first: the ``self`` of
+    each running ``nn.Module.__call__`` (``_wrapped_call_impl``) frame."""
+    found: list[nn.Module] = []
+    while frame is not None:
+        if frame.f_code is call_code:
+            m = frame.f_locals.get("self")
+            if isinstance(m, nn.Module):
+                found.append(m)
+        frame = frame.f_back
+    found.reverse()
+    return found
 
 
 def _join(prefix: str, name: str) -> str:

@@ -65,9 +65,9 @@ def test_names_children_added_later_temporaries_and_instance_forwards() -> None:
     assert tr.info["top_level_modules"] == ["Block", "Linear"]
 
 
-def test_deeper_than_the_stored_stack_and_exceptions_are_flagged() -> None:
+def test_deep_nesting_and_exceptions_are_flagged() -> None:
     model: nn.Module = nn.Identity()
-    for _ in range(80):  # deeper than the 64 open calls the recorder keeps for naming
+    for _ in range(80):
         model = nn.Sequential(model)
 
     class Fails(nn.Module):
