@@ -19,6 +19,7 @@ from hooktrace.errors import HooktraceError  # noqa: E402
 from hooktrace.reading import TraceData, load  # noqa: E402
 from hooktrace.merge import profile  # noqa: E402
 from hooktrace.recording import Trace, trace  # noqa: E402
+from hooktrace.global_recording import GlobalTrace, global_trace  # noqa: E402
 
-__all__ = ["HooktraceError", "Trace", "TraceData", "__version__", "errors", "load", "profile",
-           "trace"]
+__all__ = ["GlobalTrace", "HooktraceError", "Trace", "TraceData", "__version__", "errors",
+           "global_trace", "load", "profile", "trace"]

@@ -105,7 +105,10 @@ def start(options: RunOptions) -> GlobalTrace:
 
     trace = GlobalTrace(capacity=options.capacity or DEFAULT_CAPACITY,
                         backward=options.backward, steps=options.steps)
-    trace.__enter__()
+    try:
+        trace.__enter__()
+    except RuntimeError as e:  # another global trace in this process
+        raise CliError(str(e).removeprefix("hooktrace: ")) from None
     return trace
 
 
