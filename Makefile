@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 # torch is pinned here and only here; override with e.g. `make test TORCH=torch==2.6.0`.
 TORCH ?= torch==2.13.0
-TEST_DEPS ?= pytest transformers==5.23.0 plotly selenium
+TEST_DEPS ?= pytest transformers==5.23.0 accelerate==1.15.0 lightning==2.6.6 plotly selenium
 BUILD_DEPS ?= numpy ninja pybind11 setuptools wheel tqdm
 
 PY := $(VENV)/bin/python

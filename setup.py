@@ -4,6 +4,7 @@ import glob
 import os
 
 from setuptools import setup
+from setuptools.command.build_py import build_py
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 DEBUG = os.environ.get("DEBUG", "0") == "1"
@@ -26,6 +27,25 @@ if SANITIZE:
 else:
     extra_compile_args += ["-O0", "-g"] if DEBUG else ["-O3"]
 
+# The environment switch (HOOKTRACE=1, issue #10) is a .pth file at the top of
+# site-packages, which Python runs at startup; its one line costs a dict lookup
+# unless the variable is set. Packages cannot place files there, so build_py
+# copies it: into the wheel's root for a wheel, and for `pip install -e .` into
+# the editable wheel's root (setuptools points `install_lib` there in editable
+# mode; build_lib is a throw-away folder then).
+AUTOSTART_PTH = "hooktrace-autostart.pth"
+
+
+class BuildPyWithPth(build_py):
+    def run(self) -> None:
+        super().run()
+        if self.editable_mode:
+            target = self.get_finalized_command("install").install_lib
+        else:
+            target = self.build_lib
+        self.copy_file(AUTOSTART_PTH, os.path.join(target, AUTOSTART_PTH))
+
+
 setup(
     ext_modules=[
         CppExtension(
@@ -35,5 +55,5 @@ setup(
             extra_link_args=extra_link_args,
         )
     ],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True), "build_py": BuildPyWithPth},
 )

@@ -12,6 +12,7 @@
 #include "chrome_writer.h"
 #include "event.h"
 #include "forward.h"
+#include "global_forward.h"
 #include "lanes.h"
 #include "perfetto_writer.h"
 #include "session.h"
@@ -129,4 +130,5 @@ PYBIND11_MODULE(_C, m) {
   m.def("now_ticks", &hooktrace::now_ticks);
 
   if (hooktrace::add_forward_types(m.ptr()) < 0) throw py::error_already_set();
+  if (hooktrace::add_global_forward_type(m.ptr()) < 0) throw py::error_already_set();
 }

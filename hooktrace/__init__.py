@@ -20,6 +20,7 @@ from hooktrace.reading import TraceData, load  # noqa: E402
 from hooktrace.merge import profile  # noqa: E402
 from hooktrace.recording import Trace, trace, window_handler  # noqa: E402
 from hooktrace.flight import dump  # noqa: E402
+from hooktrace.global_recording import GlobalTrace, global_trace  # noqa: E402
 
-__all__ = ["HooktraceError", "Trace", "TraceData", "__version__", "dump", "errors", "load",
-           "profile", "trace", "window_handler"]
+__all__ = ["GlobalTrace", "HooktraceError", "Trace", "TraceData", "__version__", "dump", "errors",
+           "global_trace", "load", "profile", "trace", "window_handler"]

@@ -7,7 +7,8 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "hooktrace"
-CORE = {"hooktrace.recording", "hooktrace.reading", "hooktrace.tracefile", "hooktrace._events",
+CORE = {"hooktrace.recording", "hooktrace.global_recording", "hooktrace._naming",
+        "hooktrace.reading", "hooktrace.tracefile", "hooktrace._events",
         "hooktrace.errors", "hooktrace._output"}
 EDGE_PREFIXES = ("hooktrace.commands", "hooktrace.cli", "hooktrace.exporters",
                  "hooktrace.reporters", "hooktrace.integrations")

@@ -1,0 +1,71 @@
+"""The environment switch: ``HOOKTRACE=1 python train.py`` traces the whole process.
+
+Imported at interpreter startup by ``hooktrace-autostart.pth`` (installed at the
+top of site-packages with the package) only when ``HOOKTRACE`` is ``1``; without
+it the .pth line costs one environment lookup and imports nothing. For launchers
+whose command line cannot be changed (a job scheduler, a notebook kernel, a
+framework's own launcher).
+
+``HOOKTRACE_OUT``: the output file or folder (``hooktrace run -o``'s rules: with
+RANK set, one file per rank). ``HOOKTRACE_OPTIONS``: any other ``hooktrace run``
+options, e.g. ``"--no-backward --summary --chrome out/"``. The trace is written
+at interpreter exit (atexit: after an uncaught exception or ``sys.exit`` too;
+not after ``os._exit`` or a fatal signal), and only by a process that called a
+module: a launcher's parent process or a worker that only loads data writes nothing.
+
+A bad option or any failure here prints one line and leaves the program
+untraced: the switch must never stop the program it was set for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import os
+import shlex
+import sys
+from typing import Any
+
+_trace: Any = None  # the running global trace, if this process was started traced
+
+
+def _start() -> None:
+    global _trace
+    from hooktrace.commands.run import add_options, options_from_args, start
+
+    parser = argparse.ArgumentParser(prog="HOOKTRACE_OPTIONS", add_help=False, exit_on_error=False)
+    add_options(parser)
+    args, unknown = parser.parse_known_args(shlex.split(os.environ.get("HOOKTRACE_OPTIONS", "")))
+    if unknown:
+        raise ValueError(f"unknown option(s) {' '.join(unknown)}")
+    if args.output is None and os.environ.get("HOOKTRACE_OUT"):
+        args.output = os.environ["HOOKTRACE_OUT"]
+    options = options_from_args(args)
+    _trace = start(options)
+    atexit.register(_finish, _trace, options)
+
+
+def cancel() -> None:
+    """Ends the switch's trace without writing it (``hooktrace run`` takes over)."""
+    global _trace
+    if _trace is not None:
+        atexit.unregister(_finish)
+        _trace.__exit__(None, None, None)
+        _trace = None
+
+
+def _finish(trace: Any, options: Any) -> None:
+    from hooktrace.commands.run import write_outputs
+
+    try:
+        trace.__exit__(None, None, None)
+        if trace.modules:
+            write_outputs(trace, options)
+    except Exception as e:
+        print(f"hooktrace: error: HOOKTRACE=1: could not write the trace: {e}", file=sys.stderr)
+
+
+try:
+    _start()
+except (Exception, SystemExit) as e:  # argparse's errors too: never exit the program
+    print(f"hooktrace: error: HOOKTRACE=1: not tracing this process: {e}", file=sys.stderr)

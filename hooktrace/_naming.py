@@ -1,0 +1,53 @@
+"""Output file names that never collide between processes or ranks (issue #10).
+
+``output_path(template, suffix, rank)``: ``None`` gives the default
+``hooktrace-<host>_<pid>[_rank<R>]<suffix>`` in the current folder; a folder
+(existing, or a name ending in ``/``) gets that default name inside it; any
+other name has ``{rank}``, ``{pid}`` and ``{host}`` replaced, and when a rank
+is given and the name has no ``{rank}``, ``_rank<R>`` goes before its
+extension, so ranks writing "the same" file write one each.
+
+Example:
+    >>> output_path("out/run.htrace", ".htrace", rank=1).as_posix()
+    'out/run_rank1.htrace'
+    >>> output_path("t.json.gz", ".json", rank=None).as_posix()
+    't.json.gz'
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+__all__ = ["env_rank", "output_path"]
+
+_EXTENSIONS = (".json.gz", ".htrace", ".json", ".pftrace", ".gz")
+
+
+def env_rank() -> int | None:
+    """The process's rank as torchrun (and most launchers) set it in ``RANK``."""
+    rank = os.environ.get("RANK")
+    return int(rank) if rank is not None and rank.strip().isdigit() else None
+
+
+def output_path(template: str | os.PathLike[str] | None, suffix: str, rank: int | None) -> Path:
+    host, pid = socket.gethostname(), str(os.getpid())
+    default = f"hooktrace-{host}_{pid}" + (f"_rank{rank}" if rank is not None else "") + suffix
+    if template is None:
+        return Path(default)
+    text = os.fspath(template)
+    if text.endswith(("/", os.sep)) or os.path.isdir(text):
+        return Path(text) / default
+    name = text.replace("{pid}", pid).replace("{host}", host)
+    if "{rank}" in name:
+        return Path(name.replace("{rank}", str(rank if rank is not None else 0)))
+    path = Path(name)
+    if rank is None:
+        return path
+    stem, ext = path.name, ""
+    for known in _EXTENSIONS:
+        if stem.endswith(known) and stem != known:
+            stem, ext = stem[: -len(known)], known
+            break
+    return path.with_name(f"{stem}_rank{rank}{ext}")

@@ -1,0 +1,68 @@
+"""Trainer adapters: each a small callback over :func:`hooktrace.trace`.
+
+``hooktrace.integrations.hf``: a Hugging Face ``transformers.TrainerCallback``;
+``hooktrace.integrations.lightning``: a Lightning ``Callback``. Each imports its
+framework, an optional extra (``pip install hooktrace[hf]`` /
+``hooktrace[lightning]``); the core never imports them. Both trace the trainer's
+model from the start of training to its end, mark a step at each of the
+trainer's own optimizer steps, and write one file per rank.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from hooktrace._naming import output_path
+from hooktrace.recording import DEFAULT_CAPACITY, Trace
+
+__all__ = ["TraceSession"]
+
+
+class TraceSession:
+    """What both callbacks do: trace a model, mark steps, write the files at the end.
+
+    ``output``/``chrome``: as ``hooktrace run -o``/``--chrome`` (a file, a folder, or
+    None for ``hooktrace-<host>_<pid>_rank<R>.htrace`` in the current folder); the
+    rank is always part of the name in a multi-process run.
+    """
+
+    def __init__(self, output: str | os.PathLike[str] | None, *, chrome: str | os.PathLike[str] | None,
+                 backward: bool, capacity: int, summary: bool) -> None:
+        self.output, self.chrome = output, chrome
+        self.backward, self.capacity, self.summary = backward, capacity, summary
+        self.trace: Trace | None = None
+        self.written: list[str] = []
+
+    def start(self, model: Any) -> None:
+        if self.trace is not None:
+            return  # a second fit() on the same callback traces from its first one
+        # steps=None: the trainer's own step events end steps (an optimizer hook
+        # would count a GAN's or an accumulation step's optimizers differently)
+        self.trace = Trace(model, steps=None, backward=self.backward, capacity=self.capacity)
+        self.trace.__enter__()
+
+    def step(self) -> None:
+        if self.trace is not None:
+            self.trace.step()
+
+    def finish(self, rank: int, world_size: int) -> None:
+        trace, self.trace = self.trace, None
+        if trace is None:
+            return
+        trace.__exit__(None, None, None)
+        named_rank = rank if world_size > 1 or self.output is None else None
+        path = output_path(self.output, ".htrace", named_rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        trace.save(path)
+        self.written = [str(path)]
+        if self.chrome is not None:
+            chrome = output_path(self.chrome, ".json", named_rank)
+            chrome.parent.mkdir(parents=True, exist_ok=True)
+            trace.export_chrome(chrome)
+            self.written.append(str(chrome))
+        if self.summary and rank == 0:
+            print(trace.summary(), file=sys.stderr)
+        print(f"hooktrace: wrote {' and '.join(self.written)}", file=sys.stderr)
+

@@ -1,0 +1,132 @@
+"""The global mode in-process (hooktrace.global_recording, issue #10): what it
+records, how it names modules, and that it leaves nn.Module exactly as it was."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+import hooktrace
+from hooktrace.global_recording import global_trace
+from hooktrace.reading import CAT_FORWARD
+from test_run import calls_per_module
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # a module made inside forward: not a child, named under its caller
+        y = nn.ReLU()(self.fc(x))
+        return self.extra(y) if hasattr(self, "extra") else y
+
+
+def test_restores_module_call_exactly_even_after_an_error() -> None:
+    original = nn.Module.__dict__["__call__"]
+    with pytest.raises(ZeroDivisionError):
+        with global_trace():
+            assert nn.Module.__dict__["__call__"] is not original
+            1 / 0
+    assert nn.Module.__dict__["__call__"] is original
+    assert nn.Linear(2, 2).__call__.__func__ is original
+
+
+def test_one_global_trace_at_a_time() -> None:
+    with global_trace():
+        with pytest.raises(RuntimeError, match="already recording"):
+            global_trace().__enter__()
+    with global_trace():  # the first one's exit freed the place
+        pass
+
+
+def test_names_children_added_later_temporaries_and_instance_forwards() -> None:
+    block = Block()
+    plain = nn.Linear(4, 4)
+    plain.forward = lambda x: x * 2  # type: ignore[method-assign]  # an instance attribute
+    x = torch.ones(1, 4)
+    with global_trace(backward=False) as tr:
+        for _ in range(3):
+            block(x)
+        block.extra = nn.Identity()  # added after the model's first call
+        block(x)
+        plain(x)
+    calls = calls_per_module(tr)
+    assert calls["Block"] == 4 and calls["Block.fc"] == 4
+    assert calls["Block.extra"] == 1  # found among its caller's children
+    assert calls["Block.(ReLU)"] == 4  # four temporaries, one row
+    assert calls["Linear"] == 1  # its forward is an instance attribute: recorded anyway
+    assert len(tr.modules) == len(set(tr.modules))
+    assert tr.info["top_level_modules"] == ["Block", "Linear"]
+
+
+def test_deep_nesting_and_exceptions_are_flagged() -> None:
+    model: nn.Module = nn.Identity()
+    for _ in range(80):
+        model = nn.Sequential(model)
+
+    class Fails(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            raise ValueError("inside")
+
+    failing = nn.Sequential(Fails())
+    with global_trace() as tr:
+        model(torch.ones(1))
+        with pytest.raises(ValueError):
+            failing(torch.ones(1))
+        model(torch.ones(1))
+    spans = tr.spans()
+    assert spans.unfinished == 0 and spans.orphan_exits == 0
+    errors = {tr.modules[int(m)][0] for m, f in zip(spans.module, spans.flags) if f & 1}
+    assert errors == {"Sequential#2", "Sequential#2.0"}
+    calls = calls_per_module(tr)
+    assert calls["Sequential"] == 2 and calls["Sequential" + ".0" * 80] == 2
+    assert int(spans.depth.max()) == 80
+
+
+def test_gradients_and_outputs_bit_identical() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 2))
+    x = torch.randn(5, 8)
+
+    def grads() -> list[torch.Tensor]:
+        model.zero_grad()
+        model(x).pow(2).sum().backward()
+        return [p.grad.clone() for p in model.parameters()]  # type: ignore[union-attr]
+
+    before = grads()
+    with global_trace() as tr:
+        during = grads()
+    assert all(torch.equal(a, b) for a, b in zip(before, during))
+    assert len(tr.spans().nodes) > 0
+    assert tr.modules[0] == ("", "Sequential")
+
+
+def test_threads_trace_and_a_per_model_trace_inside_records_too() -> None:
+    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    with global_trace(backward=False) as tr:
+        with hooktrace.trace(model, backward=False) as inner:
+            model(torch.ones(1, 2))
+        worker = threading.Thread(target=lambda: model(torch.ones(1, 2)))
+        worker.start()
+        worker.join()
+    assert calls_per_module(tr) == {"": 2, "0": 2, "1": 2}
+    spans = tr.spans()
+    assert len(set(spans.tid[spans.cat == CAT_FORWARD].tolist())) == 2
+    assert len(inner.spans()) == 3
+
+
+def test_a_rebuilt_model_reuses_its_rows() -> None:
+    with global_trace(backward=False) as tr:
+        for _ in range(3):
+            model = nn.Sequential(nn.Linear(2, 2))
+            model(torch.ones(1, 2))
+            del model
+            gc.collect()
+    assert tr.modules == [("", "Sequential"), ("0", "Linear")]
+    assert calls_per_module(tr) == {"": 3, "0": 3}

@@ -1,0 +1,306 @@
+"""``hooktrace run`` and the HOOKTRACE=1 switch, end to end (issue #10).
+
+Every script is written to a temporary folder (never importable from the test
+suite) and run in a subprocess twice, untraced (``python script.py``) and under
+``python -m hooktrace run``; what the script prints (its losses, its argv) must
+be the same, and the trace file must hold its modules.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import venv
+from pathlib import Path
+
+import pytest
+
+import hooktrace
+from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def env(**extra: str) -> dict[str, str]:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [e.get("PYTHONPATH")])])
+    for name in ("HOOKTRACE", "HOOKTRACE_OUT", "HOOKTRACE_OPTIONS", "RANK"):
+        e.pop(name, None)
+    e.update(extra)
+    return e
+
+
+def python(*args: str | Path, cwd: Path, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *map(str, args)], cwd=cwd, env=env(**extra_env),
+                          capture_output=True, text=True, timeout=300)
+
+
+def write(path: Path, source: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+def traced_and_untraced(tmp_path: Path, script: Path, *args: str,
+                        options: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess[str],
+                                                                hooktrace.TraceData]:
+    """Runs the script both ways; asserts the same stdout and exit code."""
+    plain = python(script, *args, cwd=tmp_path)
+    out = tmp_path / f"{script.stem}.htrace"
+    traced = python("-m", "hooktrace", "run", "-o", out, *options, script, *args, cwd=tmp_path)
+    assert traced.stdout == plain.stdout, traced.stderr
+    assert traced.returncode == plain.returncode, traced.stderr
+    assert f"hooktrace: wrote {out}" in traced.stderr
+    return traced, hooktrace.load(out)
+
+
+def calls_per_module(trace: hooktrace.TraceData) -> dict[str, int]:
+    spans = trace.spans()
+    fwd = spans.cat == CAT_FORWARD
+    counts: dict[str, int] = {}
+    for m in spans.module[fwd]:
+        name = trace.modules[int(m)][0]
+        counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def test_student_teacher_names_are_prefixed_and_losses_unchanged(tmp_path: Path) -> None:
+    # GIVEN a distillation loop with two top-level models and a loss module
+    script = write(tmp_path / "distill.py", """
+        import torch
+        from torch import nn
+
+        class Student(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.encoder = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+            def forward(self, x):
+                return self.encoder(x)
+
+        class Teacher(Student):
+            pass
+
+        torch.manual_seed(0)
+        student, teacher = Student(), Teacher()
+        loss_fn = nn.MSELoss()
+        opt = torch.optim.SGD(student.parameters(), lr=0.1)
+        x = torch.randn(32, 8)
+        for step in range(3):
+            with torch.no_grad():
+                target = teacher(x)
+            loss = loss_fn(student(x), target)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            print(f"step {step} loss {loss.item():.10f}")
+            print("grad", float(student.encoder[0].weight.grad.abs().sum()))
+    """)
+    # WHEN it runs untraced and under hooktrace run
+    _, trace = traced_and_untraced(tmp_path, script)
+    # THEN names are qualified under each top-level module's class, each called per step
+    calls = calls_per_module(trace)
+    for name in ("Student", "Student.encoder", "Student.encoder.0", "Student.encoder.2",
+                 "Teacher", "Teacher.encoder.1", "MSELoss"):
+        assert calls.get(name) == 3, (name, calls)
+    assert dict(trace.modules)["Teacher.encoder.0"] == "Linear"
+    assert trace.info["mode"] == "global"
+    assert len(trace.steps()) == 3  # from the optimizer's step()
+    # backward spans for the student only (the teacher ran under no_grad)
+    spans = trace.spans()
+    bwd_modules = {trace.modules[int(m)][0] for m in spans.module[spans.cat == CAT_BACKWARD]}
+    assert "Student.encoder.0" in bwd_modules
+    assert not any(name.startswith("Teacher") for name in bwd_modules)
+
+
+def test_model_built_inside_a_function_one_top_level_module(tmp_path: Path) -> None:
+    script = write(tmp_path / "fn.py", """
+        import torch
+        from torch import nn
+
+        def build():
+            return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+
+        def main():
+            torch.manual_seed(1)
+            model = build()
+            model.add_module("extra", nn.Identity())  # a module added after start
+            for _ in range(2):
+                loss = nn.functional.mse_loss(model(torch.randn(5, 4)), torch.zeros(5, 1))
+                loss.backward()
+                print(f"{loss.item():.10f}")
+
+        if __name__ == "__main__":
+            main()
+    """)
+    _, trace = traced_and_untraced(tmp_path, script, options=("--no-backward",))
+    # one top-level module: the names are named_modules()'s, no class prefix
+    assert trace.modules[:4] == [("", "Sequential"), ("0", "Linear"), ("1", "Tanh"),
+                                 ("2", "Linear")]
+    assert calls_per_module(trace) == {"": 2, "0": 2, "1": 2, "2": 2, "extra": 2}
+    assert trace.info["backward"] is False and len(trace.spans().nodes) == 0
+
+
+def test_raising_script_keeps_exit_code_and_traceback_and_writes_the_trace(tmp_path: Path) -> None:
+    script = write(tmp_path / "fails.py", """
+        import torch
+        from torch import nn
+        model = nn.Linear(2, 2)
+        model(torch.ones(1, 2))
+        print("before")
+        raise ValueError("boom from the script")
+    """)
+    plain = python(script, cwd=tmp_path)
+    out = tmp_path / "fails.htrace"
+    r = python("-m", "hooktrace", "run", "-o", out, "--chrome", tmp_path / "fails.json", script,
+               cwd=tmp_path)
+    assert (r.returncode, r.stdout) == (plain.returncode, plain.stdout) == (1, "before\n")
+    # the same traceback as python's: the script's frame, nothing of runpy or hooktrace
+    assert r.stderr.endswith(plain.stderr), r.stderr
+    assert f'File "{script}", line 7, in <module>' in r.stderr
+    assert "runpy" not in r.stderr and "hooktrace/commands" not in r.stderr
+    assert calls_per_module(hooktrace.load(out)) == {"": 1}
+    assert (tmp_path / "fails.json").stat().st_size > 0
+
+
+def test_argv_main_path_and_exit_code_as_python_gives_them(tmp_path: Path) -> None:
+    script = write(tmp_path / "sub dir" / "args.py", """
+        import json, os, sys
+        import torch
+        torch.nn.ReLU()(torch.ones(1))
+        print(json.dumps({"argv": sys.argv, "name": __name__, "file": __file__,
+                          "path0": sys.path[0], "main": sys.modules["__main__"].__dict__ is globals(),
+                          "stdin": sys.stdin.read()}))
+        sys.exit(int(sys.argv[-1]))
+    """)
+    args = ("--lr", "0.1", "-o", "x", "-m", "not.ours", "3")
+    plain = subprocess.run([sys.executable, str(script), *args], cwd=tmp_path, env=env(),
+                           input="piped in", capture_output=True, text=True, timeout=120)
+    traced = subprocess.run([sys.executable, "-m", "hooktrace", "run", "-o", "t.htrace",
+                             str(script), *args], cwd=tmp_path, env=env(), input="piped in",
+                            capture_output=True, text=True, timeout=120)
+    assert plain.returncode == traced.returncode == 3
+    assert traced.stdout == plain.stdout, traced.stderr
+    assert '"main": true' in plain.stdout and '"stdin": "piped in"' in plain.stdout
+    assert (tmp_path / "t.htrace").exists()
+
+
+def test_dash_m_module(tmp_path: Path) -> None:
+    write(tmp_path / "pkg" / "__init__.py", "")
+    write(tmp_path / "pkg" / "train.py", """
+        import sys
+        import torch
+        from torch import nn
+        torch.manual_seed(2)
+        model = nn.Sequential(nn.Linear(3, 3))
+        print(sys.argv[1:], __name__, f"{model(torch.ones(1, 3)).sum().item():.8f}")
+    """)
+    plain = python("-m", "pkg.train", "--epochs", "1", cwd=tmp_path)
+    traced = python("-m", "hooktrace", "run", "-o", "m.htrace", "-m", "pkg.train", "--epochs", "1",
+                    cwd=tmp_path)
+    assert plain.returncode == traced.returncode == 0, traced.stderr
+    assert traced.stdout == plain.stdout
+    assert calls_per_module(hooktrace.load(tmp_path / "m.htrace")) == {"": 1, "0": 1}
+    missing = python("-m", "hooktrace", "run", "-m", "pkg.nothing", cwd=tmp_path)
+    assert missing.returncode == 1
+    assert missing.stderr.startswith("hooktrace: error: -m pkg.nothing: no module named")
+
+
+def test_default_output_name_carries_host_pid_and_rank(tmp_path: Path) -> None:
+    script = write(tmp_path / "one.py", "import torch\ntorch.nn.ReLU()(torch.ones(1))\n")
+    r = python("-m", "hooktrace", "run", script, cwd=tmp_path, RANK="1")
+    assert r.returncode == 0, r.stderr
+    (written,) = tmp_path.glob("*.htrace")
+    assert written.name.startswith("hooktrace-") and written.name.endswith("_rank1.htrace")
+    assert hooktrace.load(written).hostname in written.name
+
+
+def make_venv_with_switch(tmp_path: Path) -> Path:
+    """A venv whose site-packages holds hooktrace-autostart.pth, as an install puts it,
+    and a .pth putting this checkout and the current environment's packages on sys.path
+    (sorted before it, as the installed package's own entries are)."""
+    root = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False).create(root)
+    bin_python = root / "bin" / "python"
+    site = subprocess.run([bin_python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    here = [str(REPO), *(p for p in sys.path if p.endswith("site-packages"))]
+    Path(site, "00-paths.pth").write_text("\n".join(here) + "\n")
+    Path(site, "hooktrace-autostart.pth").write_text((REPO / "hooktrace-autostart.pth").read_text())
+    return bin_python
+
+
+def test_environment_switch_traces_at_startup_and_costs_nothing_when_off(tmp_path: Path) -> None:
+    bin_python = make_venv_with_switch(tmp_path)
+    script = write(tmp_path / "plain.py", """
+        import sys
+        import torch
+        print("hooktrace imported:", "hooktrace" in sys.modules)
+        model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+        model(torch.ones(1, 2)).sum().backward()
+    """)
+    clean = {k: v for k, v in env().items() if k != "PYTHONPATH"}
+    off = subprocess.run([bin_python, script], cwd=tmp_path, env=clean, capture_output=True,
+                         text=True, timeout=120)
+    assert off.returncode == 0, off.stderr
+    assert off.stdout == "hooktrace imported: False\n" and not list(tmp_path.glob("*.htrace"))
+    out = tmp_path / "traces"
+    on = subprocess.run([bin_python, script], cwd=tmp_path, capture_output=True, text=True,
+                        timeout=120, env={**clean, "HOOKTRACE": "1", "HOOKTRACE_OUT": f"{out}/",
+                                          "HOOKTRACE_OPTIONS": "--no-backward"})
+    assert on.returncode == 0, on.stderr
+    assert on.stdout == "hooktrace imported: True\n"
+    (written,) = out.glob("hooktrace-*.htrace")
+    trace = hooktrace.load(written)
+    assert calls_per_module(trace) == {"": 1, "0": 1, "1": 1}
+    assert trace.info["backward"] is False
+    bad = subprocess.run([bin_python, script], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120, env={**clean, "HOOKTRACE": "1",
+                                           "HOOKTRACE_OPTIONS": "--frobnicate"})
+    assert bad.returncode == 0  # the program still runs, untraced
+    assert "hooktrace: error: HOOKTRACE=1: not tracing this process: unknown option" in bad.stderr
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="torchrun with gloo is tested on Linux")
+def test_torchrun_ddp_two_ranks_one_file_each(tmp_path: Path) -> None:
+    script = write(tmp_path / "ddp.py", """
+        import os
+        import torch
+        import torch.distributed as dist
+        from torch import nn
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        torch.manual_seed(0)
+        model = DDP(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        torch.manual_seed(rank)
+        for step in range(2):
+            loss = model(torch.randn(8, 4)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            # one write per line: two ranks share the pipe
+            os.write(1, f"rank {rank} step {step} loss {loss.item():.10f}\\n".encode())
+        dist.destroy_process_group()
+    """)
+    torchrun = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
+    plain = python(*torchrun, script, cwd=tmp_path, OMP_NUM_THREADS="1")
+    if plain.returncode != 0 and "Traceback" not in plain.stderr.split("ChildFailedError")[0]:
+        pytest.skip(f"torchrun cannot start workers here: {plain.stderr[-500:]}")
+    assert plain.returncode == 0, plain.stderr
+    traced = python(*torchrun, "-m", "hooktrace", "run", "-o", "out/ddp.htrace", script,
+                    cwd=tmp_path, OMP_NUM_THREADS="1")
+    assert traced.returncode == 0, traced.stderr
+    assert sorted(traced.stdout.splitlines()) == sorted(plain.stdout.splitlines())
+    files = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert files == ["ddp_rank0.htrace", "ddp_rank1.htrace"]
+    for name in files:
+        trace = hooktrace.load(tmp_path / "out" / name)
+        calls = calls_per_module(trace)
+        # DDP is the top-level module; the wrapped model is its "module"
+        assert calls["module.0"] == 2 and calls["module.2"] == 2, calls
+        assert dict(trace.modules)[""] == "DistributedDataParallel"
+        assert len(trace.steps()) == 2
