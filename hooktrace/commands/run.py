@@ -47,6 +47,10 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chrome", metavar="OUT.json", default=None,
                    help="also export Chrome trace JSON (.json or .json.gz) at exit; "
                         "same naming rules as --output")
+    p.add_argument("--pftrace", metavar="OUT.pftrace", default=None,
+                   help="also export a Perfetto protobuf trace at exit; same naming rules")
+    p.add_argument("--ring", action="store_true",
+                   help="flight recorder: keep the newest --capacity events, not the oldest")
     p.add_argument("--summary", action="store_true",
                    help="print the per-module table to stderr at exit")
     p.add_argument("--capacity", type=int, default=None, metavar="N",
@@ -68,6 +72,8 @@ class RunOptions:
 
     output: Path
     chrome: Path | None
+    pftrace: Path | None
+    ring: bool
     backward: bool
     steps: Literal["optimizer"] | None
     summary: bool
@@ -85,7 +91,8 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
     rank = env_rank()
     output = output_path(args.output, ".htrace", rank)
     chrome = output_path(args.chrome, ".json", rank) if args.chrome is not None else None
-    for flag, path in (("--output", output), ("--chrome", chrome)):
+    pftrace = output_path(args.pftrace, ".pftrace", rank) if args.pftrace is not None else None
+    for flag, path in (("--output", output), ("--chrome", chrome), ("--pftrace", pftrace)):
         if path is None:
             continue
         try:  # checked before the script runs, not after hours of training
@@ -93,7 +100,8 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
             check_output_path(path)
         except (OutputPathError, OSError) as e:
             raise CliError(f"{flag}: {e}") from None
-    return RunOptions(output=output, chrome=chrome, backward=args.backward,
+    return RunOptions(output=output, chrome=chrome, pftrace=pftrace, ring=args.ring,
+                      backward=args.backward,
                       steps="optimizer" if args.steps == "optimizer" else None,
                       summary=args.summary, capacity=args.capacity)
 
@@ -104,6 +112,7 @@ def start(options: RunOptions) -> GlobalTrace:
     from hooktrace.recording import DEFAULT_CAPACITY
 
     trace = GlobalTrace(capacity=options.capacity or DEFAULT_CAPACITY,
+                        policy="ring" if options.ring else "drop",
                         backward=options.backward, steps=options.steps)
     try:
         trace.__enter__()
@@ -119,6 +128,9 @@ def write_outputs(trace: GlobalTrace, options: RunOptions) -> None:
     if options.chrome is not None:
         trace.export_chrome(options.chrome)
         written.append(str(options.chrome))
+    if options.pftrace is not None:
+        trace.export_perfetto(options.pftrace)
+        written.append(str(options.pftrace))
     if options.summary:
         print(trace.summary(), file=sys.stderr)
     print(f"hooktrace: wrote {' and '.join(written)} ({len(trace.modules)} modules, "

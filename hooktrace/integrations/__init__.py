@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from hooktrace._naming import output_path
-from hooktrace.recording import DEFAULT_CAPACITY, Trace
+from hooktrace.recording import Trace
 
 __all__ = ["TraceSession"]
 

@@ -304,3 +304,19 @@ def test_torchrun_ddp_two_ranks_one_file_each(tmp_path: Path) -> None:
         assert calls["module.0"] == 2 and calls["module.2"] == 2, calls
         assert dict(trace.modules)[""] == "DistributedDataParallel"
         assert len(trace.steps()) == 2
+
+
+def test_pftrace_and_ring_options(tmp_path: Path) -> None:
+    script = write(tmp_path / "loop.py", """
+        import torch
+        from torch import nn
+        m = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+        for _ in range(200):
+            m(torch.randn(2, 4))
+        print("done")
+    """)
+    _, trace = traced_and_untraced(tmp_path, script, options=(
+        "--ring", "--capacity", "256", "--pftrace", str(tmp_path / "loop.pftrace")))
+    # the ring kept the newest events (the run recorded 1200), counting the rest
+    assert trace.info["policy"] == "ring" and trace.overwritten_events > 0
+    assert (tmp_path / "loop.pftrace").stat().st_size > 0
