@@ -31,6 +31,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from hooktrace import _C
 from hooktrace._events import EVENT_DTYPE, Clock
+from hooktrace.distributed import apply_test_clock_offset, rank_info
 from hooktrace.reading import TraceData
 
 Mode = Literal["auto", "wrap", "hooks"]
@@ -389,7 +390,12 @@ class Trace(TraceData):
             "stop_unix_ns": stop_unix_ns,
             "thread_names": {str(t.native_id): t.name for t in threading.enumerate()},
         }
-        return events, Clock(int(ticks0), int(unix_ns0), float(ns_per_tick)), info
+        clock = Clock(int(ticks0), int(unix_ns0), float(ns_per_tick))
+        # Many ranks (issue #11, hooktrace/distributed.py): rank, world size, backend and
+        # the clock offset to rank 0 measured by align_clocks(); {} in a single process.
+        clock = apply_test_clock_offset(clock, info)  # the identity unless a test sets one
+        info.update(rank_info(info["start_unix_ns"], info["stop_unix_ns"]))
+        return events, clock, info
 
     def snapshot(self) -> TraceData:
         """The events recorded so far, readable while recording goes on.

@@ -25,6 +25,6 @@ class CliError(HooktraceError):
 
 def all_commands() -> list[ModuleType]:
     """The verb modules, in the order ``hooktrace --help`` lists them."""
-    from hooktrace.commands import demo, export, merge, summary
+    from hooktrace.commands import demo, export, merge, merge_ranks, summary
 
-    return [demo, export, summary, merge]
+    return [demo, export, summary, merge, merge_ranks]
