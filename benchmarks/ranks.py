@@ -18,6 +18,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -60,14 +61,46 @@ def write_rank(path: Path, rank: int, world: int, n_events: int) -> None:
     write_trace(path, ev, MODULES, [], Clock(0, T0, 1.0), info)
 
 
+def _descendants_peak_kib(stop: threading.Event, peak: list[int]) -> None:
+    """Polls /proc: the workers are children of the forkserver, not of this process, so
+    RUSAGE_CHILDREN never sees them; their VmHWM is read while they live."""
+    me = os.getpid()
+    while not stop.wait(0.2):
+        parent: dict[int, int] = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat") as f:
+                        parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+                except OSError:
+                    pass
+        for pid in parent:
+            p, depth = pid, 0
+            while p in parent and p != me and depth < 4:
+                p, depth = parent[p], depth + 1
+            if p == me and pid != me:
+                try:
+                    with open(f"/proc/{pid}/status") as f:
+                        for line in f:
+                            if line.startswith("VmHWM:"):
+                                peak[0] = max(peak[0], int(line.split()[1]))
+                except OSError:
+                    pass
+
+
 def measure(directory: str, workers: int | None) -> None:
     from hooktrace.stragglers import analyze
 
+    stop, peak = threading.Event(), [0]
+    poller = threading.Thread(target=_descendants_peak_kib, args=(stop, peak), daemon=True)
+    poller.start()
     t = time.perf_counter()
     report = analyze([directory], workers=workers)
     wall = time.perf_counter() - t
+    stop.set()
+    poller.join()
     me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    kids = peak[0] / 1024
     print(json.dumps({"wall_s": round(wall, 2), "parent_peak_mib": round(me),
                       "worker_peak_mib": round(kids), "ranks": len(report.ranks),
                       "stragglers": [(s["rank"], s["module"], s["step"])

@@ -27,15 +27,17 @@ tensor in which each rank writes its own row:
 * The bounds of all rounds are intersected; the offset is the middle of the
   intersection and the uncertainty its half width, a hard bound (not a
   standard deviation) as long as the clocks do not drift or step during the
-  few milliseconds of the measurement. If the intersection is empty (a clock
-  stepped), the narrowest single round is used.
+  measurement. One round's width is the two ranks' round trips added, so the
+  uncertainty is about one round trip. If the intersection is empty (a clock
+  stepped), the narrowest single round is used (``consistent`` False).
 
-Cost, measured with gloo on loopback on the project's busy 2-core machine: one
-all-reduce of this size takes 100-200 µs (a few ms when the machine stalls),
-so the default 8 rounds take ~1.5 ms per measurement and the uncertainty is
-about half the fastest round trip, ~50-100 µs; across hosts add the network
-latency (tens of µs on a cluster fabric). The data is ``16 * world`` bytes per
-round: 160 KB at 10 000 ranks, a few ms per round there.
+Cost, measured with gloo on loopback on the project's 2-core machine: one
+all-reduce of this size takes 100-200 µs when the machine is quiet; in the
+integration test's job (2 ranks, machine shared and loaded) the fastest round
+trip was 257-463 µs, the uncertainty 266-444 µs and a whole measurement
+(9 all-reduces) 28-72 ms. Across hosts add the network latency (tens of µs on
+a cluster fabric), still far below NTP's milliseconds. The data is
+``16 * world`` bytes per round: 160 KB at 10 000 ranks.
 
 **Why an explicit call, not a ``trace()`` argument.** A collective hangs unless
 every rank of the group calls it, and ``__enter__``/``__exit__`` of a trace
@@ -92,8 +94,8 @@ __all__ = [
     "rank_info",
 ]
 
-# 8 round trips: with gloo on loopback the fastest of 8 is within ~20% of the
-# fastest of 50 (measured: 98-130 µs vs 80 µs), and 9 all-reduces cost ~1.5 ms.
+# 8 round trips: with gloo on loopback the fastest of 8 all-reduces is within ~20% of
+# the fastest of 50 (measured: 98-130 µs vs 80 µs; quiet machine).
 DEFAULT_ROUNDS = 8
 TEST_OFFSET_ENV = "HOOKTRACE_TEST_CLOCK_OFFSET_NS"
 # The measurements a process keeps (a trace takes those inside its interval).
