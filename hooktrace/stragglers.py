@@ -23,8 +23,8 @@ was slow is named, not the root.
 **Who waits.** The other ranks then wait in the next collective. With the
 ranks' torch.profiler traces: the straggler's first collective after the slow
 span (``gloo:*`` on gloo's thread, NCCL kernels on the GPU), matched on every
-other rank to the collective instance ending nearest to it (a collective ends
-at about the same time everywhere); a rank's wait is how long it was inside
+other rank to the collective instance overlapping it most (every rank is
+inside it when the last one enters); a rank's wait is how long it was inside
 that collective before the straggler entered it. Without profiler traces:
 how much more time each other rank spent outside every module span in that
 step than the straggler did (DDP waits for its gradient all-reduce after the
@@ -448,13 +448,20 @@ def _waits(stats: list[RankStats], i: int, step: int, slow_end: int) -> dict[str
         k = int(np.searchsorted(s.coll_start_ns, slow_end, "left"))
         if k < len(s.coll_start_ns):
             entered, ended = int(s.coll_start_ns[k]), int(s.coll_end_ns[k])
+            # The same collective is the one that overlaps it most on each other rank
+            # (all ranks are inside it when the last one enters). Not the nearest end:
+            # under load a rank records the end of a ring all-reduce up to 5 ms after
+            # another (measured, 2 ranks on the busy 2-core machine).
             waits = []
             for j in others:
                 o = stats[j]
-                m = int(np.argmin(np.abs(o.coll_end_ns - ended)))
-                waits.append(max(0, entered - int(o.coll_start_ns[m])))
-            return {"others_wait_ns": float(np.median(waits)), "others_wait_max_ns": max(waits),
-                    "wait_source": "profiler"}
+                overlap = np.minimum(o.coll_end_ns, ended) - np.maximum(o.coll_start_ns, entered)
+                m = int(np.argmax(overlap))
+                if overlap[m] > 0:
+                    waits.append(max(0, entered - int(o.coll_start_ns[m])))
+            if waits:
+                return {"others_wait_ns": float(np.median(waits)),
+                        "others_wait_max_ns": max(waits), "wait_source": "profiler"}
     row = np.flatnonzero(s.step_number == step)
     if not len(row):
         return none
