@@ -36,6 +36,7 @@ from hooktrace import _C
 from hooktrace._events import EVENT_DTYPE, Clock
 from hooktrace._output import check_output_path
 from hooktrace.errors import OutputPathError
+from hooktrace.distributed import apply_test_clock_offset, rank_info
 from hooktrace.reading import TraceData
 from hooktrace.tracefile import (
     BLOCK_FOOTER,
@@ -697,7 +698,12 @@ class Trace(TraceData):
             info["flops"] = self._flop_recorder.to_info()
             if torch.cuda.is_available():
                 info["device_name"] = torch.cuda.get_device_name()
-        return events, Clock(int(ticks0), int(unix_ns0), float(ns_per_tick)), info
+        clock = Clock(int(ticks0), int(unix_ns0), float(ns_per_tick))
+        # Many ranks (issue #11, hooktrace/distributed.py): rank, world size, backend and
+        # the clock offset to rank 0 measured by align_clocks(); {} in a single process.
+        clock = apply_test_clock_offset(clock, info)  # the identity unless a test sets one
+        info.update(rank_info(info["start_unix_ns"], info["stop_unix_ns"]))
+        return events, clock, info
 
     def snapshot(self) -> TraceData:
         """The events recorded so far, readable while recording goes on.

@@ -902,6 +902,22 @@ def _thread_names(value: Any) -> str | None:
     return None
 
 
+def _clock_sync(value: Any) -> str | None:
+    expected = ("a list of clock measurements {offset_ns, uncertainty_ns >= 0, at_unix_ns, "
+                "rounds, rtt_min_ns, cost_ns: ints}")
+    if not isinstance(value, list):
+        return expected
+    for m in value:
+        if not (isinstance(m, dict) and all(_is_int(m.get(f)) for f in _CLOCK_SYNC_FIELDS)
+                and m["uncertainty_ns"] >= 0 and abs(m["offset_ns"]) < _MAX_UNIX_NS):
+            return f"{expected}; entry {m!r:.60} is not"
+    return None
+
+
+_CLOCK_SYNC_FIELDS = ("offset_ns", "uncertainty_ns", "at_unix_ns", "rounds", "rtt_min_ns",
+                      "cost_ns")
+_MAX_RANK = 2**31 - 1
+
 # Metadata keys the reader and its consumers (summary, Chrome export, merge) use,
 # each with what it must be when present; other keys are free-form.
 _INFO_CHECKS: dict[str, Callable[[Any], str | None]] = {
@@ -920,6 +936,17 @@ _INFO_CHECKS: dict[str, Callable[[Any], str | None]] = {
     "stop_unix_ns": _int_in(0, _MAX_UNIX_NS - 1),
     "thread_names": _thread_names,
     "cut": _of_type(str, "a string"),
+    # many ranks (issue #11, hooktrace/distributed.py)
+    "rank": _int_in(0, _MAX_RANK - 1),
+    "world_size": _int_in(1, _MAX_RANK),
+    "local_rank": _int_in(0, _MAX_RANK - 1),
+    "local_world_size": _int_in(1, _MAX_RANK),
+    "backend": _of_type(str, "a string"),
+    "rank_source": _of_type(str, "a string"),
+    "clock_offset_ns": _int_in(-_MAX_UNIX_NS, _MAX_UNIX_NS),
+    "clock_offset_uncertainty_ns": _int_in(0, _MAX_UNIX_NS),
+    "clock_offset_injected_ns": _int_in(-_MAX_UNIX_NS, _MAX_UNIX_NS),
+    "clock_sync": _clock_sync,
 }
 
 
@@ -932,6 +959,9 @@ def _check_info(name: str, meta_bytes: bytes, meta: dict[str, Any], pid: int,
         if expected:
             _meta_error(name, meta_bytes, key, f"expected {expected}, found {meta[key]!r:.60}",
                         base)
+    if "rank" in meta and "world_size" in meta and meta["rank"] >= meta["world_size"]:
+        _meta_error(name, meta_bytes, "rank", f"expected a rank below world_size "
+                                              f"{meta['world_size']}, found {meta['rank']}", base)
     if "pid" in meta and meta["pid"] != pid:
         _meta_error(name, meta_bytes, "pid", f"expected the header's pid {pid}, found "
                                              f"{meta['pid']}", base)

@@ -25,6 +25,16 @@ class CliError(HooktraceError):
 
 def all_commands() -> list[ModuleType]:
     """The verb modules, in the order ``hooktrace --help`` lists them."""
-    from hooktrace.commands import demo, diff, export, merge, report, run, stacks, summary
+    from hooktrace.commands import (
+        demo,
+        diff,
+        export,
+        merge,
+        merge_ranks,
+        report,
+        run,
+        stacks,
+        summary,
+    )
 
-    return [run, demo, export, summary, diff, report, merge, stacks]
+    return [run, demo, export, summary, diff, report, merge, merge_ranks, stacks]

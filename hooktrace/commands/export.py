@@ -27,7 +27,8 @@ JSON_WARN_BYTES = 500_000_000
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run", help="the .htrace file")
+    p.add_argument("run", help="the .htrace file, or a directory of ranks' files (one "
+                               "process per rank, as merge-ranks)")
     p.add_argument("-o", "--output", required=True,
                    help="OUT.pftrace or OUT.perfetto-trace (Perfetto protobuf, smallest), "
                         "OUT.json, OUT.json.gz to compress, or - for standard output (JSON)")
@@ -60,6 +61,12 @@ def run(args: argparse.Namespace) -> None:
     from hooktrace._progress import WriteTo, progress_write
     from hooktrace.reading import load
 
+    if os.path.isdir(args.run):  # many ranks (issue #11)
+        from hooktrace.commands import merge_ranks
+
+        merge_ranks.run(argparse.Namespace(inputs=[args.run], output=args.output, profiler=[],
+                                           workers=None))
+        return
     filters = Filters(start=args.start, end=args.end, max_depth=args.max_depth,
                       steps=None if args.steps is None else parse_steps(args.steps))
     check_output_path(args.output, [args.run])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -17,7 +18,8 @@ HELP = "per-module time table of a .htrace file"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run", help="the .htrace file")
+    p.add_argument("run", nargs="+", help="the .htrace file; a directory or several files: the "
+                                          "ranks' straggler tables")
     p.add_argument("--top", type=int, default=None,
                    help="only the N rows with most time (all output forms)")
     p.add_argument("--wide", action="store_true",
@@ -36,11 +38,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the device's peak TFLOP/s, for MFU (default: known GPUs' peaks)")
     p.add_argument("--steps", action="store_true",
                    help="one row per training step (duration, forward and backward time)")
+    ranks = p.add_argument_group("many ranks (a directory or several files)")
+    ranks.add_argument("--threshold", type=float, default=None,
+                       help="straggler: over (1 + T) x the other ranks' median (default: 0.5)")
+    ranks.add_argument("--min-excess-ms", type=float, default=None,
+                       help="straggler: and more than this over it (default: 1 ms)")
+    ranks.add_argument("--workers", type=int, default=None,
+                       help="processes reading ranks (default: one per CPU from 4 ranks on)")
 
 
 def run(args: argparse.Namespace) -> None:
     from hooktrace.reading import load
 
+    if len(args.run) > 1 or os.path.isdir(args.run[0]):
+        _run_ranks(args)
+        return
+    if args.threshold is not None or args.min_excess_ms is not None or args.workers is not None:
+        raise CliError("--threshold, --min-excess-ms and --workers apply to many ranks: give a "
+                       "directory or several .htrace files")
+    args.run = args.run[0]
     if args.top is not None and args.top < 1:
         raise CliError(f"--top must be at least 1, got {args.top}")
     if args.peak_tflops is not None and not args.peak_tflops > 0:
@@ -73,3 +89,31 @@ def run(args: argparse.Namespace) -> None:
         print(table.to_text(top=args.top, wide=args.wide, flops=True))  # type: ignore[call-arg]
     else:
         print(table.to_text(top=args.top, wide=args.wide))
+
+
+def _run_ranks(args: argparse.Namespace) -> None:
+    """The straggler tables over the ranks' files (hooktrace.stragglers)."""
+    import warnings
+
+    from hooktrace.stragglers import DEFAULT_MIN_EXCESS_NS, DEFAULT_THRESHOLD, analyze
+
+    if args.top is not None and args.top < 1:
+        raise CliError(f"--top must be at least 1, got {args.top}")
+    if args.steps or args.csv:
+        raise CliError("--steps and --csv are for one run; the ranks' tables are text or --json")
+    if args.workers is not None and args.workers < 1:
+        raise CliError(f"--workers must be at least 1, got {args.workers}")
+    threshold = DEFAULT_THRESHOLD if args.threshold is None else args.threshold
+    min_excess = (DEFAULT_MIN_EXCESS_NS if args.min_excess_ms is None
+                  else int(args.min_excess_ms * 1e6))
+    if threshold < 0 or min_excess < 0:
+        raise CliError("--threshold and --min-excess-ms must be at least 0")
+    profilers = [args.profiler] if args.profiler is not None else []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # problems are part of the report
+        report = analyze(args.run, profilers=profilers, threshold=threshold,
+                         min_excess_ns=min_excess, workers=args.workers)
+    if args.json:
+        print(report.to_json(top=args.top))
+    else:
+        print(report.to_text(top=args.top, wide=args.wide))

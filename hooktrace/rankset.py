@@ -1,0 +1,243 @@
+"""The trace files of many ranks (issue #11), read one rank per worker.
+
+``find_rank_files(["traces/"])`` lists the ``.htrace`` files under a directory
+(recursively) or as given; ``RankSet.scan(paths)`` reads each one (in worker
+processes for 4 files or more) and keeps only its metadata: rank, world size,
+host, pid, clock offset to rank 0 and recorded interval. A file that is missing,
+truncated or corrupt is one line in ``problems`` naming its path (and a rank
+that no file holds, when the ranks' ``world_size`` says it should exist); the
+other ranks go on. Ranks come in rank order (files without a rank after them,
+by path).
+
+Times: a rank's ``clock_offset_ns`` (its clock minus rank 0's, measured by
+``hooktrace.distributed.align_clocks``) is subtracted from all its times, so
+every rank is on rank 0's clock; ``uncertainty_ns`` says how well.
+
+**Workers.** ``map_ranks(fn, paths)`` runs ``fn(path)`` for each file in a
+``ProcessPoolExecutor`` with the ``forkserver`` start method (torch in a forked
+child of a threaded parent can deadlock), each worker holding one rank's events
+at a time and returning a small result. Starting a worker costs an import of
+torch (~1-2 s on the project's 2-core machine), so fewer than
+``PARALLEL_FROM`` files are read in this process, one at a time.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from hooktrace.errors import HooktraceError
+from hooktrace.reading import TraceData, load
+
+__all__ = ["PARALLEL_FROM", "RankFile", "RankSet", "RankSetError", "find_rank_files",
+           "map_ranks", "rank_label"]
+
+PARALLEL_FROM = 4
+T = TypeVar("T")
+PathLike = str | os.PathLike[str]
+
+
+class RankSetError(HooktraceError):
+    """No rank could be read at all, or an input names nothing usable."""
+
+
+def rank_label(rank: int | None, hostname: str, pid: int) -> str:
+    """How a rank's process is named in merged traces and tables.
+
+    Example:
+        >>> rank_label(3, "node7", 4242), rank_label(None, "h", 1)
+        ('rank 3 · node7:4242', 'h:1')
+    """
+    where = f"{hostname}:{pid}"
+    return f"rank {rank} · {where}" if rank is not None else where
+
+
+@dataclass
+class RankFile:
+    """One rank's trace file: its metadata, without its events."""
+
+    path: str
+    rank: int | None
+    world_size: int | None
+    hostname: str
+    pid: int
+    offset_ns: int  # the rank's clock minus rank 0's; subtract from its times
+    uncertainty_ns: int
+    aligned: bool  # whether an offset was measured (rank 0 and single hosts need none)
+    start_ns: int  # recorded interval, on rank 0's clock
+    stop_ns: int
+    events: int
+    backend: str | None = None
+    out_pid: int = 0  # the process id in merged outputs (unique among ranks)
+
+    @property
+    def label(self) -> str:
+        return rank_label(self.rank, self.hostname, self.pid)
+
+    @classmethod
+    def from_trace(cls, path: str, run: TraceData) -> RankFile:
+        info = run.info
+        offset = int(info.get("clock_offset_ns", 0))
+        start = info.get("start_unix_ns")
+        stop = info.get("stop_unix_ns")
+        spans = run.spans()
+        if not isinstance(start, int):
+            start = int(spans.start_ns.min()) if len(spans) else int(run.clock.unix_ns0)
+        if not isinstance(stop, int):
+            stop = int(spans.end_ns.max()) if len(spans) else start
+        rank = info.get("rank")
+        return cls(path=path, rank=rank if isinstance(rank, int) else None,
+                   world_size=info.get("world_size") if isinstance(info.get("world_size"), int)
+                   else None, hostname=run.hostname, pid=run.pid, offset_ns=offset,
+                   uncertainty_ns=int(info.get("clock_offset_uncertainty_ns", 0)),
+                   aligned="clock_offset_ns" in info, start_ns=start - offset,
+                   stop_ns=stop - offset, events=len(run.events),
+                   backend=info.get("backend") if isinstance(info.get("backend"), str) else None)
+
+
+def _peek(path: str) -> RankFile:
+    return RankFile.from_trace(path, load(path))
+
+
+def find_rank_files(inputs: Sequence[PathLike]) -> tuple[list[str], list[str]]:
+    """The ``.htrace`` files named by ``inputs`` (directories searched recursively,
+    sorted), and one problem line per input that does not exist."""
+    files: list[str] = []
+    problems: list[str] = []
+    for item in inputs:
+        name = os.fspath(item)
+        if os.path.isdir(name):
+            found = sorted(os.fspath(p) for p in Path(name).rglob("*.htrace") if p.is_file())
+            if not found:
+                problems.append(f"{name}: a directory with no .htrace file in it")
+            files += found
+        elif os.path.exists(name):
+            files.append(name)
+        else:
+            problems.append(f"{name}: no such file")
+    seen: set[str] = set()
+    unique = [f for f in files if not (os.path.realpath(f) in seen or seen.add(os.path.realpath(f)))]
+    return unique, problems
+
+
+def _mp_context() -> Any:
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+
+
+def _call(fn: Callable[..., T], path: str, *extra: Any) -> T | str:
+    """``fn(path, *extra)``, or the one-line reason it failed (a bad file must not stop
+    the others)."""
+    try:
+        return fn(path, *extra)
+    except (HooktraceError, OSError, ValueError) as e:
+        text = str(e)
+        return text if text.startswith(path) else f"{path}: {text}"
+
+
+def map_ranks(fn: Callable[..., T], paths: Sequence[str], extras: Sequence[Any] | None = None,
+              *, workers: int | None = None) -> list[T | str]:
+    """``fn(path)`` (``fn(path, extra)`` with ``extras``) for every path, in order; a
+    failure is its one-line message instead.
+
+    ``fn`` must be a module-level function (it is pickled to the workers).
+    ``workers``: processes to use (default: one per CPU, at most one per file, and
+    none below ``PARALLEL_FROM`` files: 1 reads in this process). Each worker holds
+    one rank at a time.
+    """
+    n = len(paths)
+    args: list[tuple[Any, ...]] = [(p,) if extras is None else (p, extras[i])
+                                   for i, p in enumerate(paths)]
+    if workers is None:
+        workers = min(os.cpu_count() or 1, n) if n >= PARALLEL_FROM else 1
+    if workers <= 1 or n <= 1:
+        return [_call(fn, *a) for a in args]
+    with ProcessPoolExecutor(max_workers=min(workers, n), mp_context=_mp_context()) as pool:
+        # chunksize 1: ranks differ in size, and each result is small
+        return list(pool.map(_call, [fn] * n, *zip(*args), chunksize=1))
+
+
+@dataclass
+class RankSet:
+    """The readable ranks, in rank order, and one line per problem."""
+
+    files: list[RankFile]
+    problems: list[str] = field(default_factory=list)
+
+    @classmethod
+    def scan(cls, inputs: Sequence[PathLike], *, workers: int | None = None,
+             warn: bool = True) -> RankSet:
+        """Read the metadata of every rank file under ``inputs``.
+
+        Raises :class:`RankSetError` when no file can be read; otherwise each
+        unreadable input is a line in ``problems`` (and a RuntimeWarning when
+        ``warn``).
+        """
+        paths, problems = find_rank_files(inputs)
+        results = map_ranks(_peek, paths, workers=workers)
+        return cls.from_results(paths, results, problems, warn=warn)
+
+    @classmethod
+    def from_results(cls, paths: Sequence[str], results: Iterable[RankFile | str],
+                     problems: list[str], *, warn: bool = True) -> RankSet:
+        files = []
+        for result in results:
+            if isinstance(result, str):
+                problems.append(result)
+            else:
+                files.append(result)
+        files.sort(key=lambda f: (f.rank is None, f.rank if f.rank is not None else 0, f.path))
+        by_rank: dict[int, list[str]] = {}
+        for f in files:
+            if f.rank is not None:
+                by_rank.setdefault(f.rank, []).append(f.path)
+        for rank, names in by_rank.items():
+            if len(names) > 1:
+                problems.append(f"rank {rank}: {len(names)} files ({', '.join(names)}); all "
+                                "are kept, in path order")
+        sizes = {f.world_size for f in files if f.world_size is not None}
+        if len(sizes) == 1:
+            world = sizes.pop()
+            missing = sorted(set(range(world)) - set(by_rank))
+            if missing:
+                shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
+                problems.append(f"ranks {shown} of world size {world}: no readable file")
+        elif len(sizes) > 1:
+            problems.append(f"the files disagree on world_size ({sorted(sizes)}): traces of "
+                            "different jobs?")
+        if not files:
+            raise RankSetError("no rank trace could be read: " + "; ".join(problems)
+                               if problems else "no .htrace file given")
+        rs = cls(files, problems)
+        rs._assign_pids()
+        if warn:
+            for line in problems:
+                warnings.warn(f"hooktrace: {line}", RuntimeWarning, stacklevel=3)
+        return rs
+
+    def _assign_pids(self) -> None:
+        """Each rank's process id in a merged trace: its OS pid when no other rank has
+        the same (ranks on different hosts can), else a number above every pid."""
+        count: dict[int, int] = {}
+        for f in self.files:
+            count[f.pid] = count.get(f.pid, 0) + 1
+        fresh = max(count) + 1
+        for f in self.files:
+            if count[f.pid] == 1:
+                f.out_pid = f.pid
+            else:
+                f.out_pid, fresh = fresh, fresh + 1
+
+    @property
+    def max_pid(self) -> int:
+        return max(f.out_pid for f in self.files)
+
+    @property
+    def start_ns(self) -> int:
+        return min(f.start_ns for f in self.files)

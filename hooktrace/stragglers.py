@@ -1,0 +1,477 @@
+"""Straggler tables over many ranks (issue #11): which rank is slow, where, and who waits.
+
+Each rank is read by a worker (:func:`hooktrace.rankset.map_ranks`) that
+reduces it to small arrays: per (module, phase, step) the total time of its
+spans (forward or backward; a span counts in the step it starts in) and per
+step the time the rank spent outside every module span; the parent combines
+them, so memory is one rank's events per worker plus
+``ranks x (modules x 2 x steps)`` numbers, and time is linear in the events.
+
+**Tables.** Per module x phase: the time per step (total over the complete
+and incomplete steps of the run, divided by the steps) on every rank; the
+median over ranks; the slowest rank, its time and its excess over the median
+of the *other* ranks (absolute and as a ratio). The other ranks' median, not
+all ranks': with 2 ranks the median of all would be half the straggler itself.
+
+**Stragglers.** A (rank, module, phase, step) whose time exceeds the median of
+the other ranks by more than ``threshold`` times that median and by more than
+``min_excess_ns``. A slow module makes its ancestors slow too: an entry is left
+out when one of its descendants, on the same rank, phase and step, is a
+straggler explaining at least ``EXPLAINED`` of its excess, so the module that
+was slow is named, not the root.
+
+**Who waits.** The other ranks then wait in the next collective. With the
+ranks' torch.profiler traces: the straggler's first collective after the slow
+span (``gloo:*`` on gloo's thread, NCCL kernels on the GPU), matched on every
+other rank to the collective instance overlapping it most (every rank is
+inside it when the last one enters); a rank's wait is how long it was inside
+that collective before the straggler entered it. Without profiler traces:
+how much more time each other rank spent outside every module span in that
+step than the straggler did (DDP waits for its gradient all-reduce after the
+last autograd node, outside every span).
+
+Example::
+
+    from hooktrace.stragglers import analyze
+    report = analyze(["traces/"])
+    print(report.to_text())
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hooktrace._kineto import ProfilerTraceError, open_binary, scan, us_to_ns
+from hooktrace.rankset import RankFile, RankSet, find_rank_files, map_ranks
+from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, load
+from hooktrace.summary import format_ns
+
+__all__ = ["EXPLAINED", "PHASES", "RankStats", "RanksSummary", "analyze", "rank_stats"]
+
+PHASES = ("fwd", "bwd")
+EXPLAINED = 0.8
+DEFAULT_THRESHOLD = 0.5  # a rank 1.5x the others' median ...
+DEFAULT_MIN_EXCESS_NS = 1_000_000  # ... and at least 1 ms over it
+# Profiler events that are a collective's execution, waiting included: gloo runs
+# each collective as a "gloo:<op>" range on its own thread (measured, torch 2.13);
+# NCCL's execution is its GPU kernel.
+_COLLECTIVE_PREFIXES = ("gloo:", "ncclKernel", "ncclDevKernel")
+
+
+@dataclass
+class RankStats:
+    """One rank reduced to what the tables need (times on rank 0's clock)."""
+
+    file: RankFile
+    modules: list[str]
+    types: list[str]
+    module: np.ndarray  # per (module, phase, step) entry: module slot (int64)
+    phase: np.ndarray  # 0 forward, 1 backward
+    step: np.ndarray  # step number
+    total_ns: np.ndarray
+    calls: np.ndarray
+    last_end_ns: np.ndarray  # end of the entry's last span
+    step_number: np.ndarray  # per step of the rank
+    step_start_ns: np.ndarray
+    step_end_ns: np.ndarray
+    outside_ns: np.ndarray  # time of the step outside every module span
+    coll_start_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    coll_end_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    profiler: str | None = None
+
+
+def _union_per_step(start: np.ndarray, end: np.ndarray, step_start: np.ndarray,
+                    step_end: np.ndarray) -> np.ndarray:
+    """Per step: the length of the union of the intervals, clipped to the step."""
+    covered = np.zeros(len(step_start), np.int64)
+    if not len(start) or not len(step_start):
+        return covered
+    o = np.argsort(start, kind="stable")
+    s, e = start[o], end[o]
+    reach = np.maximum.accumulate(e)
+    new = np.r_[True, s[1:] > reach[:-1]]  # a segment starts past everything before
+    seg_start = s[new]
+    seg_end = np.maximum.reduceat(e, np.flatnonzero(new))
+    for i in range(len(step_start)):  # steps are few; segments are sliced by searchsorted
+        a, b = int(step_start[i]), int(step_end[i])
+        lo = np.searchsorted(seg_end, a, "right")
+        hi = np.searchsorted(seg_start, b, "left")
+        if hi > lo:
+            covered[i] = int((np.minimum(seg_end[lo:hi], b) - np.maximum(seg_start[lo:hi], a))
+                             .clip(0).sum())
+    return covered
+
+
+def _collectives(path: str, offset_ns: int) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) on rank 0's clock of the collectives' executions in a profiler trace."""
+    starts: list[int] = []
+    ends: list[int] = []
+
+    def on_event(e: Any) -> None:
+        if not (isinstance(e, dict) and e.get("ph") == "X"):
+            return
+        name = e.get("name")
+        if isinstance(name, str) and name.startswith(_COLLECTIVE_PREFIXES):
+            try:
+                t, d = us_to_ns(e["ts"]), us_to_ns(e.get("dur", 0))
+            except (KeyError, ValueError):
+                return
+            starts.append(t)
+            ends.append(t + d)
+
+    with open_binary(path) as f:
+        top = scan(f, path, on_event)
+    base = top.get("baseTimeNanoseconds", 0)
+    if not isinstance(base, int):
+        raise ProfilerTraceError(f"{path}: baseTimeNanoseconds is {base!r}, expected an integer")
+    s = np.asarray(starts, np.int64) + base - offset_ns
+    o = np.argsort(s, kind="stable")
+    return s[o], (np.asarray(ends, np.int64) + base - offset_ns)[o]
+
+
+def rank_stats(path: str, profiler: str | None = None) -> RankStats:
+    """Read one rank and reduce it (runs in a worker process)."""
+    run = load(path)
+    f = RankFile.from_trace(path, run)
+    off = f.offset_ns
+    spans = run.spans()
+    steps = run.steps()
+    row = run.span_steps()
+    sel = ((spans.cat == CAT_FORWARD) | (spans.cat == CAT_BACKWARD)) & (row >= 0)
+    phase = (spans.cat[sel] == CAT_BACKWARD).astype(np.int64)
+    module = spans.module[sel].astype(np.int64)
+    step = steps.number[row[sel]] if len(steps) else np.zeros(0, np.int64)
+    n_mod = max(len(run.modules), int(module.max(initial=-1)) + 1)
+    n_step = int(step.max(initial=-1)) + 1
+    key = (module * 2 + phase) * max(n_step, 1) + step
+    uniq, inv = np.unique(key, return_inverse=True)
+    dur = spans.duration_ns[sel]
+    total = np.bincount(inv, weights=dur, minlength=len(uniq)).astype(np.int64)
+    calls = np.bincount(inv, minlength=len(uniq)).astype(np.int64)
+    last_end = np.full(len(uniq), np.iinfo(np.int64).min, np.int64)
+    np.maximum.at(last_end, inv, spans.end_ns[sel] - off)
+    top = np.flatnonzero(sel & (spans.parent < 0))
+    covered = _union_per_step(spans.start_ns[top], spans.end_ns[top], steps.start_ns,
+                              steps.end_ns)
+    names = [name for name, _ in run.modules] + [f"<module {m}>"
+                                                 for m in range(len(run.modules), n_mod)]
+    types = [t for _, t in run.modules] + ["?"] * (n_mod - len(run.modules))
+    stats = RankStats(
+        file=f, modules=names, types=types,
+        module=uniq // max(n_step, 1) // 2, phase=uniq // max(n_step, 1) % 2,
+        step=uniq % max(n_step, 1), total_ns=total, calls=calls, last_end_ns=last_end,
+        step_number=steps.number.copy(), step_start_ns=steps.start_ns - off,
+        step_end_ns=steps.end_ns - off, outside_ns=steps.duration_ns - covered)
+    if profiler is not None:
+        stats.coll_start_ns, stats.coll_end_ns = _collectives(profiler, off)
+        stats.profiler = profiler
+    return stats
+
+
+def _median_of_others(v: np.ndarray) -> np.ndarray:
+    """Per element of ``v`` (ranks x keys, NaN = absent): the median of the other ranks'
+    values in its column; NaN where fewer than one other value.
+
+    Example:
+        >>> import numpy as np
+        >>> _median_of_others(np.array([[1.0], [2.0], [9.0]])).ravel().tolist()
+        [5.5, 5.0, 1.5]
+    """
+    n_rank, n_key = v.shape
+    order = np.argsort(v, axis=0, kind="stable")  # NaN sort last
+    s = np.take_along_axis(v, order, axis=0)
+    pos = np.empty_like(order)
+    np.put_along_axis(pos, order, np.arange(n_rank)[:, None].repeat(n_key, 1), axis=0)
+    n = np.count_nonzero(~np.isnan(v), axis=0)[None, :].repeat(n_rank, 0)
+    m = n - 1  # values left when one is taken out
+    lo_i, hi_i = (m - 1) // 2, m // 2
+    lo = np.clip(lo_i + (lo_i >= pos), 0, n_rank - 1)
+    hi = np.clip(hi_i + (hi_i >= pos), 0, n_rank - 1)
+    cols = np.arange(n_key)[None, :].repeat(n_rank, 0)
+    out = (s[lo, cols] + s[hi, cols]) / 2
+    out[(m < 1) | np.isnan(v)] = np.nan
+    return out
+
+
+@dataclass
+class RanksSummary:
+    """The tables of :func:`analyze`; ``to_text()``, ``to_json()``."""
+
+    ranks: list[dict[str, Any]]
+    rows: list[dict[str, Any]]  # per module x phase, time per step
+    per_step: list[dict[str, Any]]  # per module x phase x step
+    stragglers: list[dict[str, Any]]
+    problems: list[str]
+    settings: dict[str, Any]
+
+    def to_json(self, top: int | None = None) -> str:
+        return json.dumps({"ranks": self.ranks, "rows": self.rows[:top], "per_step":
+                           self.per_step, "stragglers": self.stragglers[:top],
+                           "problems": self.problems, "settings": self.settings})
+
+    def to_text(self, top: int | None = None, *, wide: bool = False) -> str:
+        lines: list[str] = []
+        rk = [r["rank"] for r in self.ranks if r["rank"] is not None]
+        offsets = [r for r in self.ranks if r["clock_aligned"]]
+        head = f"{len(self.ranks)} ranks"
+        if rk:
+            head += f" (rank {min(rk)}-{max(rk)})"
+        head += f", {self.settings['steps']} steps"
+        if offsets:
+            worst = max(offsets, key=lambda r: abs(r["clock_offset_ns"]))
+            unc = max(r["clock_offset_uncertainty_ns"] for r in offsets)
+            head += (f"; clocks aligned to rank 0 (largest offset {format_ns(worst['clock_offset_ns'])}"
+                     f" on rank {worst['rank']}, uncertainty up to {format_ns(unc)})")
+        else:
+            head += "; clocks not aligned (no align_clocks measurement): one host assumed"
+        lines.append(head)
+        for p in self.problems:
+            lines.append(f"warning: {p}")
+        lines.append("")
+        lines.append("per module and phase, time per step: median over ranks, and the slowest "
+                     "rank against the other ranks' median")
+        header = ["module", "phase", "median", "slowest rank", "its time", "excess", "x"]
+        table = [header]
+        for r in self.rows[:top]:
+            table.append([r["module"] or "<root>", r["phase"], format_ns(r["median_ns"]),
+                          str(r["slowest_rank"]), format_ns(r["slowest_ns"]),
+                          _signed(r["excess_ns"]), _ratio(r["ratio"])])
+        lines += _align(table)
+        if top is not None and len(self.rows) > top:
+            lines.append(f"... {len(self.rows) - top} more rows")
+        lines.append("")
+        th = self.settings
+        lines.append(f"stragglers (a rank over {1 + th['threshold']:.2g}x the other ranks' median "
+                     f"and more than {format_ns(th['min_excess_ns'])} over it):")
+        if not self.stragglers:
+            lines.append("none")
+        else:
+            table = [["rank", "module", "phase", "step", "time", "others' median", "excess", "x",
+                      "others waited (median / max)", "from"]]
+            for s in self.stragglers[:top]:
+                waited = ("" if s["others_wait_ns"] is None else
+                          f"{format_ns(s['others_wait_ns'])} / {format_ns(s['others_wait_max_ns'])}")
+                table.append([str(s["rank"]), s["module"] or "<root>", s["phase"], str(s["step"]),
+                              format_ns(s["time_ns"]), format_ns(s["others_median_ns"]),
+                              _signed(s["excess_ns"]), _ratio(s["ratio"]), waited,
+                              s["wait_source"]])
+            lines += _align(table)
+            if top is not None and len(self.stragglers) > top:
+                lines.append(f"... {len(self.stragglers) - top} more")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+
+def _signed(ns: float | None) -> str:
+    if ns is None or ns != ns:
+        return ""
+    return ("+" if ns >= 0 else "-") + format_ns(abs(ns))
+
+
+def _ratio(x: float | None) -> str:
+    if x is None or x != x:
+        return ""
+    return f"{x:.1f}x" if x < 100 else f"{x:.0f}x"
+
+
+def _align(table: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    return ["  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+                      for i, (c, w) in enumerate(zip(row, widths))).rstrip() for row in table]
+
+
+def _num(x: float) -> float | None:
+    return None if x != x else float(x)
+
+
+def analyze(inputs: Sequence[str | os.PathLike[str]], *,
+            profilers: Sequence[str | os.PathLike[str]] = (),
+            threshold: float = DEFAULT_THRESHOLD, min_excess_ns: int = DEFAULT_MIN_EXCESS_NS,
+            workers: int | None = None) -> RanksSummary:
+    """Straggler tables of the ranks under ``inputs`` (see the module docstring).
+
+    Unreadable rank files are left out with a line in ``problems`` (and a
+    RuntimeWarning); raises :class:`~hooktrace.rankset.RankSetError` when none is
+    readable.
+    """
+    if threshold < 0 or min_excess_ns < 0:
+        raise ValueError(f"threshold and min_excess_ns must be >= 0, got {threshold}, "
+                         f"{min_excess_ns}")
+    paths, problems = find_rank_files(inputs)
+    prof_of: dict[str, str] = {}
+    if profilers:
+        # matching needs the ranks' metadata: a cheap first pass over the headers
+        from hooktrace.exporters.ranks import match_profilers
+
+        prelim = RankSet.scan(paths, workers=workers, warn=False)
+        prof_of = match_profilers(prelim, profilers, problems)
+    results = map_ranks(rank_stats, paths, [prof_of.get(p) for p in paths], workers=workers)
+    stats: list[RankStats] = []
+    for r in results:
+        if isinstance(r, str):
+            problems.append(r)
+        else:
+            stats.append(r)
+    rs = RankSet.from_results(paths, [s.file for s in stats], problems)
+    order = {id(f): i for i, f in enumerate(rs.files)}
+    stats.sort(key=lambda s: order[id(s.file)])
+    return _combine(stats, rs.problems, threshold, min_excess_ns)
+
+
+def _combine(stats: list[RankStats], problems: list[str], threshold: float,
+             min_excess_ns: int) -> RanksSummary:
+    n_rank = len(stats)
+    names: dict[str, int] = {}  # qualified module name -> column, across ranks
+    type_of: dict[str, str] = {}
+    gmods = []
+    for s in stats:
+        for n, t in zip(s.modules, s.types):
+            type_of.setdefault(n, t)
+        g = np.array([names.setdefault(n, len(names)) for n in s.modules], np.int64)
+        gmods.append(g[s.module] if len(s.module) else np.zeros(0, np.int64))
+    types = [type_of[n] for n in names]
+    all_steps = np.unique(np.concatenate([s.step for s in stats] + [np.zeros(0, np.int64)]))
+    n_step = max(int(all_steps.max(initial=-1)) + 1, 1)
+    keys = [(g * 2 + s.phase) * n_step + s.step for g, s in zip(gmods, stats)]
+    uniq = np.unique(np.concatenate(keys + [np.zeros(0, np.int64)]))
+    v = np.full((n_rank, len(uniq)), np.nan)
+    last_end = np.full((n_rank, len(uniq)), np.iinfo(np.int64).min, np.int64)
+    for i, (k, s) in enumerate(zip(keys, stats)):
+        col = np.searchsorted(uniq, k)
+        v[i, col] = s.total_ns
+        last_end[i, col] = s.last_end_ns
+    k_mod, k_phase, k_step = uniq // n_step // 2, uniq // n_step % 2, uniq % n_step
+    names_list = list(names)
+    rank_ids = [s.file.rank if s.file.rank is not None else i for i, s in enumerate(stats)]
+
+    # per module x phase: time per step (NaN where a rank never ran it)
+    mp, mp_inv = np.unique(k_mod * 2 + k_phase, return_inverse=True)
+    steps_of = np.array([max(len(s.step_number), 1) for s in stats], np.float64)
+    agg = np.zeros((n_rank, len(mp)))
+    seen = np.zeros((n_rank, len(mp)), bool)
+    for j in range(len(mp)):  # (columns of one module x phase: its steps)
+        block = v[:, mp_inv == j]
+        seen[:, j] = ~np.isnan(block).all(axis=1)
+        agg[:, j] = np.nansum(block, axis=1) / steps_of
+    agg[~seen] = np.nan
+    rows = _rows(agg, mp // 2, mp % 2, names_list, types, rank_ids)
+    per_step = _rows(v, k_mod, k_phase, names_list, types, rank_ids, steps=k_step)
+
+    # stragglers
+    others = _median_of_others(v)
+    excess = v - others
+    with np.errstate(invalid="ignore"):
+        flagged = (excess > min_excess_ns) & (excess > threshold * others)
+    entries = []
+    for i, c in zip(*np.nonzero(flagged)):
+        entries.append({"rank": rank_ids[i], "_i": int(i), "_c": int(c),
+                        "module": names_list[int(k_mod[c])], "type": types[int(k_mod[c])],
+                        "phase": PHASES[int(k_phase[c])], "step": int(k_step[c]),
+                        "time_ns": int(v[i, c]), "others_median_ns": float(others[i, c]),
+                        "excess_ns": float(excess[i, c]),
+                        "ratio": _num(v[i, c] / others[i, c]) if others[i, c] > 0 else None})
+    entries = _explained_left_out(entries)
+    for e in entries:
+        e.update(_waits(stats, e["_i"], e["step"], int(last_end[e["_i"], e["_c"]])))
+        del e["_i"], e["_c"]
+    entries.sort(key=lambda e: (-e["excess_ns"], e["rank"], e["step"]))
+    ranks = [{"rank": s.file.rank, "label": s.file.label, "path": s.file.path,
+              "events": s.file.events, "clock_offset_ns": s.file.offset_ns,
+              "clock_offset_uncertainty_ns": s.file.uncertainty_ns,
+              "clock_aligned": s.file.aligned, "profiler": s.profiler} for s in stats]
+    settings = {"threshold": threshold, "min_excess_ns": min_excess_ns,
+                "steps": int(len(all_steps)), "explained": EXPLAINED}
+    return RanksSummary(ranks, rows, per_step, entries, problems, settings)
+
+
+def _rows(v: np.ndarray, mod: np.ndarray, phase: np.ndarray, names: list[str],
+          types: list[str], rank_ids: list[int], steps: np.ndarray | None = None,
+          ) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if not v.size:
+        return out
+    with np.errstate(invalid="ignore"):
+        median = np.nanmedian(v, axis=0) if len(v) else np.zeros(0)
+        others = _median_of_others(v)
+    filled = np.where(np.isnan(v), -np.inf, v)
+    slow = np.argmax(filled, axis=0)
+    cols = np.arange(v.shape[1])
+    slow_v = v[slow, cols]
+    slow_others = others[slow, cols]
+    for c in range(v.shape[1]):
+        row: dict[str, Any] = {"module": names[int(mod[c])], "type": types[int(mod[c])],
+                               "phase": PHASES[int(phase[c])]}
+        if steps is not None:
+            row["step"] = int(steps[c])
+        row.update(ranks=int(np.count_nonzero(~np.isnan(v[:, c]))), median_ns=_num(median[c]),
+                   slowest_rank=rank_ids[int(slow[c])], slowest_ns=_num(slow_v[c]),
+                   others_median_ns=_num(slow_others[c]),
+                   excess_ns=_num(slow_v[c] - slow_others[c]),
+                   ratio=_num(slow_v[c] / slow_others[c]) if slow_others[c] > 0 else None)
+        out.append(row)
+    out.sort(key=lambda r: -(r["median_ns"] or 0))
+    return out
+
+
+def _explained_left_out(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Drop entries whose excess a straggling descendant explains (see the module doc)."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for e in entries:
+        groups.setdefault((e["_i"], e["phase"], e["step"]), []).append(e)
+    kept = []
+    for group in groups.values():
+        for e in group:
+            prefix = e["module"] + "." if e["module"] else ""
+            if not any(o is not e and o["module"].startswith(prefix) and o["module"]
+                       and o["module"] != e["module"]
+                       and o["excess_ns"] >= EXPLAINED * e["excess_ns"] for o in group):
+                kept.append(e)
+    return kept
+
+
+def _waits(stats: list[RankStats], i: int, step: int, slow_end: int) -> dict[str, Any]:
+    """How long the other ranks waited for rank ``i`` in the next collective."""
+    none = {"others_wait_ns": None, "others_wait_max_ns": None, "wait_source": ""}
+    others = [j for j in range(len(stats)) if j != i]
+    if not others:
+        return none
+    s = stats[i]
+    if len(s.coll_start_ns) and all(len(stats[j].coll_start_ns) for j in others):
+        k = int(np.searchsorted(s.coll_start_ns, slow_end, "left"))
+        if k < len(s.coll_start_ns):
+            entered, ended = int(s.coll_start_ns[k]), int(s.coll_end_ns[k])
+            # The same collective is the one that overlaps it most on each other rank
+            # (all ranks are inside it when the last one enters). Not the nearest end:
+            # under load a rank records the end of a ring all-reduce up to 5 ms after
+            # another (measured, 2 ranks on the busy 2-core machine).
+            waits = []
+            for j in others:
+                o = stats[j]
+                overlap = np.minimum(o.coll_end_ns, ended) - np.maximum(o.coll_start_ns, entered)
+                m = int(np.argmax(overlap))
+                if overlap[m] > 0:
+                    waits.append(max(0, entered - int(o.coll_start_ns[m])))
+            if waits:
+                return {"others_wait_ns": float(np.median(waits)),
+                        "others_wait_max_ns": max(waits), "wait_source": "profiler"}
+    row = np.flatnonzero(s.step_number == step)
+    if not len(row):
+        return none
+    mine = int(s.outside_ns[row[0]])
+    waits = []
+    for j in others:
+        r = np.flatnonzero(stats[j].step_number == step)
+        if len(r):
+            waits.append(max(0, int(stats[j].outside_ns[r[0]]) - mine))
+    if not waits:
+        return none
+    return {"others_wait_ns": float(np.median(waits)), "others_wait_max_ns": max(waits),
+            "wait_source": "spans"}
