@@ -25,6 +25,7 @@ Example::
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import threading
@@ -40,7 +41,7 @@ from hooktrace.reading import CAT_FORWARD, SPAN_ERROR, SPAN_UNFINISHED, TraceDat
 if TYPE_CHECKING:
     from hooktrace.recording import Trace
 
-__all__ = ["DUMP_REASONS", "describe", "dump", "open_calls", "write_dump"]
+__all__ = ["DUMP_REASONS", "FlightRecorder", "describe", "dump", "open_calls", "write_dump"]
 
 DUMP_REASONS = ("exception", "signal", "hang")
 
@@ -206,3 +207,99 @@ class HangWatchdog:
                     self._trace._dump("hang")
                 except Exception as e:  # a failed dump must not kill the watchdog silently
                     print(f"hooktrace: hang dump failed: {e}", file=sys.stderr)
+
+
+def check_dump_on(dump_on: object) -> frozenset[str]:
+    """``dump_on`` as a set of reasons, or the one-line error saying what is wrong."""
+    if dump_on is None:
+        return frozenset()
+    items = (dump_on,) if isinstance(dump_on, str) else dump_on
+    if not isinstance(items, (tuple, list, set, frozenset)) or not all(
+            isinstance(i, str) for i in items):
+        raise TypeError(f"dump_on must be a string or a sequence of strings, got {dump_on!r}")
+    bad = [i for i in items if i not in DUMP_REASONS]
+    if bad:
+        raise ValueError(f"dump_on: unknown {bad}; choose from {list(DUMP_REASONS)}")
+    return frozenset(items)
+
+
+class FlightRecorder:
+    """The flight recorder of a recording (``hooktrace.trace`` and ``global_trace``):
+    ``dump_on=``, ``dump()``. The class using it has ``_state``, ``_step``,
+    ``_session`` and ``snapshot()``, checks its arguments with
+    :meth:`_init_flight_recorder` before touching anything, calls
+    :meth:`_start_flight_recorder` once recording and :meth:`_stop_flight_recorder`
+    (idempotent) in its teardown."""
+
+    _state: str
+    _step: int
+    _session: Any
+
+    def snapshot(self) -> TraceData:  # provided by the recording class
+        raise NotImplementedError
+
+    def _init_flight_recorder(self, dump_on: object, dump_dir: str | os.PathLike[str],
+                              hang_timeout: float, dump_signal: int) -> None:
+        self._dump_on = check_dump_on(dump_on)
+        if os.path.exists(dump_dir) and not os.path.isdir(dump_dir):
+            raise ValueError(f"dump_dir {os.fspath(dump_dir)!r} exists and is not a directory")
+        if not isinstance(hang_timeout, (int, float)) or not hang_timeout > 0:
+            raise ValueError(f"hang_timeout must be a positive number of seconds, got "
+                             f"{hang_timeout!r}")
+        if dump_signal not in signal.valid_signals() or dump_signal in (signal.SIGKILL,
+                                                                        signal.SIGSTOP):
+            raise ValueError(f"dump_signal must be a signal that can be handled, got "
+                             f"{dump_signal!r}")
+        self._dump_dir = dump_dir
+        self._hang_timeout = float(hang_timeout)
+        self._dump_signal = dump_signal
+        self._previous_handler: Any = None
+        self._watchdog: HangWatchdog | None = None
+
+    def _check_flight_recorder_thread(self) -> None:
+        if "signal" in self._dump_on and threading.current_thread() is not threading.main_thread():
+            raise ValueError("dump_on='signal' needs the trace to start on the main thread "
+                             "(Python runs signal handlers there only)")
+
+    def dump(self, directory: str | os.PathLike[str] | None = None) -> str:
+        """Write a flight-recorder dump of this trace now; returns the file's path."""
+        if self._state != "recording":
+            raise RuntimeError("hooktrace: trace.dump() dumps a trace inside its with block")
+        return os.fspath(self._dump("request", directory=directory))
+
+    def _dump(self, reason: str, *, exc: BaseException | None = None,
+              directory: str | os.PathLike[str] | None = None,
+              quiet_errors: bool = False) -> str:
+        try:
+            return os.fspath(write_dump(self, reason,  # type: ignore[arg-type]
+                                        directory or self._dump_dir, exc))
+        except Exception as e:
+            if not quiet_errors:
+                raise
+            # (an exception is already escaping: a failed dump must not replace it)
+            print(f"hooktrace: {reason} dump failed: {e}", file=sys.stderr)
+            return ""
+
+    def _start_flight_recorder(self) -> None:
+        register(self)  # type: ignore[arg-type]
+        if "signal" in self._dump_on:
+            self._previous_handler = signal.signal(self._dump_signal, self._on_dump_signal)
+        if "hang" in self._dump_on:
+            self._watchdog = HangWatchdog(self, self._hang_timeout)  # type: ignore[arg-type]
+            self._watchdog.start()
+
+    def _stop_flight_recorder(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.stop()
+            self._watchdog = None
+        if self._previous_handler is not None:
+            if signal.getsignal(self._dump_signal) == self._on_dump_signal:
+                signal.signal(self._dump_signal, self._previous_handler)
+            self._previous_handler = None
+        unregister(self)  # type: ignore[arg-type]
+
+    def _on_dump_signal(self, signum: int, frame: Any) -> None:
+        self._dump("signal", quiet_errors=True)
+        previous = self._previous_handler
+        if callable(previous):  # "safe with other handlers": theirs still runs
+            previous(signum, frame)

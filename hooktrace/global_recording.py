@@ -29,6 +29,7 @@ rebuilt each epoch stays one row).
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import threading
@@ -36,6 +37,7 @@ import time
 import warnings
 import weakref
 from types import CodeType, FrameType, TracebackType
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -45,6 +47,8 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from hooktrace import _C
 from hooktrace._events import EVENT_DTYPE, Clock
+from hooktrace.distributed import rank_info
+from hooktrace.flight import FlightRecorder
 from hooktrace.reading import TraceData
 from hooktrace.recording import DEFAULT_CAPACITY, Policy, _check_capacity, _SigintDeferred, _version
 
@@ -57,7 +61,7 @@ _active_lock = threading.Lock()
 _active: GlobalTrace | None = None
 
 
-class GlobalTrace(TraceData):
+class GlobalTrace(FlightRecorder, TraceData):
     """``hooktrace.global_trace()``: record every module call in the process in a ``with`` block.
 
     Modules created inside the block (and in functions, threads, libraries) are
@@ -67,7 +71,9 @@ class GlobalTrace(TraceData):
     One at a time per process.
 
     Args:
-        capacity, policy, backward, steps: as for :class:`hooktrace.Trace`.
+        capacity, policy, backward, steps, dump_on, dump_dir, hang_timeout, dump_signal:
+            as for :class:`hooktrace.Trace` (the flight recorder: ``policy="ring"`` with
+            ``dump_on=("exception", "signal", "hang")``).
 
     Example::
 
@@ -83,6 +89,10 @@ class GlobalTrace(TraceData):
         policy: Policy = "drop",
         backward: bool = True,
         steps: Literal["optimizer"] | None = "optimizer",
+        dump_on: str | Sequence[str] | None = None,
+        dump_dir: str | os.PathLike[str] = "hooktrace-dumps",
+        hang_timeout: float = 300.0,
+        dump_signal: int = signal.SIGUSR1,
     ) -> None:
         if not isinstance(policy, str) or policy not in ("drop", "ring"):
             raise ValueError(f"policy must be 'drop' or 'ring'; got {policy!r}")
@@ -91,6 +101,7 @@ class GlobalTrace(TraceData):
         if steps not in ("optimizer", None):
             raise ValueError(f"steps must be 'optimizer' or None, got {steps!r}")
         self._capacity = _check_capacity(capacity)
+        self._init_flight_recorder(dump_on, dump_dir, hang_timeout, dump_signal)
         self._policy: Policy = policy
         self._backward = bool(backward)
         self._steps_from_optimizer = steps == "optimizer"
@@ -116,6 +127,7 @@ class GlobalTrace(TraceData):
         global _active
         if self._state != "new":
             raise RuntimeError("a hooktrace.GlobalTrace can be entered only once; make another")
+        self._check_flight_recorder_thread()
         original = nn.Module.__dict__["__call__"]
         session = _C.Session(self._capacity, self._policy)
         call = _C.GlobalCall(session, original, self._resolve)
@@ -139,6 +151,7 @@ class GlobalTrace(TraceData):
                     self._optimizer_hook = register_optimizer_step_post_hook(self._on_optimizer_step)
                 # Every subclass that does not define its own __call__ now finds this one.
                 nn.Module.__call__ = call  # type: ignore[method-assign]
+                self._start_flight_recorder()
                 sigint.raise_pending()
             except BaseException:
                 self._finish()
@@ -151,6 +164,8 @@ class GlobalTrace(TraceData):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if exc is not None and "exception" in self._dump_on and self._state == "recording":
+            self._dump("exception", exc=exc, quiet_errors=True)
         self._finish()
 
     # -- steps (as Trace's) ------------------------------------------------
@@ -282,7 +297,7 @@ class GlobalTrace(TraceData):
                     "trace; leaving the replacement in place (it calls the stopped recorder)",
                     RuntimeWarning, stacklevel=4)
 
-        steps: list[Any] = [session.stop, restore]
+        steps: list[Any] = [self._stop_flight_recorder, session.stop, restore]
         if self._optimizer_hook is not None:
             steps.append(self._optimizer_hook.remove)
         if self._backward:
@@ -349,6 +364,8 @@ class GlobalTrace(TraceData):
             "thread_names": {str(t.native_id): t.name for t in threading.enumerate()},
             "top_level_modules": list(self._roots),
         }
+        # rank, world size and clock offsets, as trace() records them (issue #11)
+        info.update(rank_info(self._start_unix_ns, stop_unix_ns))
         return events, Clock(int(ticks0), int(unix_ns0), float(ns_per_tick)), info
 
     def snapshot(self) -> TraceData:

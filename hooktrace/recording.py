@@ -37,6 +37,7 @@ from hooktrace._events import EVENT_DTYPE, Clock
 from hooktrace._output import check_output_path
 from hooktrace.errors import OutputPathError
 from hooktrace.distributed import apply_test_clock_offset, rank_info
+from hooktrace.flight import FlightRecorder
 from hooktrace.reading import TraceData
 from hooktrace.tracefile import (
     BLOCK_FOOTER,
@@ -93,7 +94,7 @@ class _Installed:
     applied: bool = False
 
 
-class Trace(TraceData):
+class Trace(FlightRecorder, TraceData):
     """``hooktrace.trace(model, ...)``: record every submodule's calls inside a ``with`` block.
 
     Inside the block every module of ``model.named_modules()`` is recorded
@@ -210,21 +211,7 @@ class Trace(TraceData):
                 raise TypeError(f"{flag} must be True or False, got {type(value).__name__} {value!r}")
         if steps not in ("optimizer", None):
             raise ValueError(f"steps must be 'optimizer' or None, got {steps!r}")
-        self._dump_on = _check_dump_on(dump_on)
-        if os.path.exists(dump_dir) and not os.path.isdir(dump_dir):
-            raise ValueError(f"dump_dir {os.fspath(dump_dir)!r} exists and is not a directory")
-        if not isinstance(hang_timeout, (int, float)) or not hang_timeout > 0:
-            raise ValueError(f"hang_timeout must be a positive number of seconds, got "
-                             f"{hang_timeout!r}")
-        if dump_signal not in signal.valid_signals() or dump_signal in (signal.SIGKILL,
-                                                                        signal.SIGSTOP):
-            raise ValueError(f"dump_signal must be a signal that can be handled, got "
-                             f"{dump_signal!r}")
-        self._dump_dir = dump_dir
-        self._hang_timeout = float(hang_timeout)
-        self._dump_signal = dump_signal
-        self._previous_handler: Any = None
-        self._watchdog: Any = None
+        self._init_flight_recorder(dump_on, dump_dir, hang_timeout, dump_signal)
         if capacity is None:
             capacity = DEFAULT_CAPACITY if out is None else STREAM_CAPACITY
         capacity = _check_capacity(capacity)
@@ -267,9 +254,7 @@ class Trace(TraceData):
     def __enter__(self) -> Trace:
         if self._state != "new":
             raise RuntimeError("a hooktrace.Trace can be entered only once; call hooktrace.trace() again")
-        if "signal" in self._dump_on and threading.current_thread() is not threading.main_thread():
-            raise ValueError("dump_on='signal' needs the trace to start on the main thread "
-                             "(Python runs signal handlers there only)")
+        self._check_flight_recorder_thread()
         model = self._model_ref()
         if model is None:
             raise RuntimeError("the traced model no longer exists")
@@ -342,57 +327,6 @@ class Trace(TraceData):
         if exc is not None and "exception" in self._dump_on and self._state == "recording":
             self._dump("exception", exc=exc, quiet_errors=True)
         self._finish()
-
-    # -- flight recorder (hooktrace.flight) ----------------------------------
-
-    def dump(self, directory: str | os.PathLike[str] | None = None) -> str:
-        """Write a flight-recorder dump of this trace now; returns the file's path."""
-        if self._state != "recording":
-            raise RuntimeError("hooktrace: trace.dump() dumps a trace inside its with block")
-        return os.fspath(self._dump("request", directory=directory))
-
-    def _dump(self, reason: str, *, exc: BaseException | None = None,
-              directory: str | os.PathLike[str] | None = None,
-              quiet_errors: bool = False) -> str:
-        from hooktrace.flight import write_dump
-
-        try:
-            return os.fspath(write_dump(self, reason, directory or self._dump_dir, exc))
-        except Exception as e:
-            if not quiet_errors:
-                raise
-            # (an exception is already escaping: a failed dump must not replace it)
-            print(f"hooktrace: {reason} dump failed: {e}", file=sys.stderr)
-            return ""
-
-    def _start_flight_recorder(self) -> None:
-        from hooktrace import flight
-
-        flight.register(self)
-        if "signal" in self._dump_on:
-            self._previous_handler = signal.signal(self._dump_signal, self._on_dump_signal)
-        if "hang" in self._dump_on:
-            self._watchdog = flight.HangWatchdog(self, self._hang_timeout)
-            self._watchdog.start()
-
-    def _stop_flight_recorder(self) -> None:
-        """Idempotent, like every teardown step."""
-        from hooktrace import flight
-
-        if self._watchdog is not None:
-            self._watchdog.stop()
-            self._watchdog = None
-        if self._previous_handler is not None:
-            if signal.getsignal(self._dump_signal) == self._on_dump_signal:
-                signal.signal(self._dump_signal, self._previous_handler)
-            self._previous_handler = None
-        flight.unregister(self)
-
-    def _on_dump_signal(self, signum: int, frame: Any) -> None:
-        self._dump("signal", quiet_errors=True)
-        previous = self._previous_handler
-        if callable(previous):  # "safe with other handlers": theirs still runs
-            previous(signum, frame)
 
     # -- steps -------------------------------------------------------------
 
@@ -848,21 +782,6 @@ def window_handler(directory: str | os.PathLike[str]) -> Callable[[TraceData], s
         return path
 
     return write
-
-
-def _check_dump_on(dump_on: object) -> frozenset[str]:
-    from hooktrace.flight import DUMP_REASONS
-
-    if dump_on is None:
-        return frozenset()
-    items = (dump_on,) if isinstance(dump_on, str) else dump_on
-    if not isinstance(items, (tuple, list, set, frozenset)) or not all(
-            isinstance(i, str) for i in items):
-        raise TypeError(f"dump_on must be a string or a sequence of strings, got {dump_on!r}")
-    bad = [i for i in items if i not in DUMP_REASONS]
-    if bad:
-        raise ValueError(f"dump_on: unknown {bad}; choose from {list(DUMP_REASONS)}")
-    return frozenset(items)
 
 
 def _thread_names() -> dict[str, str]:

@@ -51,6 +51,15 @@ def add_options(p: argparse.ArgumentParser) -> None:
                    help="also export a Perfetto protobuf trace at exit; same naming rules")
     p.add_argument("--ring", action="store_true",
                    help="flight recorder: keep the newest --capacity events, not the oldest")
+    p.add_argument("--dump-on", metavar="WHEN", default=None,
+                   help="flight-recorder dumps, any of exception,signal,hang (comma-separated): "
+                        "the events, Python stacks and open module calls of every thread, "
+                        "to --dump-dir; with --ring, the newest events")
+    p.add_argument("--dump-dir", metavar="DIR", default="hooktrace-dumps",
+                   help="where dumps go (default: %(default)s)")
+    p.add_argument("--hang-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="with --dump-on hang: seconds without a module call or step that "
+                        "count as a hang (default: %(default)s)")
     p.add_argument("--summary", action="store_true",
                    help="print the per-module table to stderr at exit")
     p.add_argument("--capacity", type=int, default=None, metavar="N",
@@ -74,6 +83,9 @@ class RunOptions:
     chrome: Path | None
     pftrace: Path | None
     ring: bool
+    dump_on: tuple[str, ...]
+    dump_dir: str
+    hang_timeout: float
     backward: bool
     steps: Literal["optimizer"] | None
     summary: bool
@@ -100,7 +112,18 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
             check_output_path(path)
         except (OutputPathError, OSError) as e:
             raise CliError(f"{flag}: {e}") from None
+    from hooktrace.flight import check_dump_on
+
+    dump_on = tuple(w.strip() for w in args.dump_on.split(",")) if args.dump_on else ()
+    try:
+        check_dump_on(dump_on)
+    except (TypeError, ValueError) as e:
+        raise CliError(f"--dump-on: {e}") from None
+    if not args.hang_timeout > 0:
+        raise CliError(f"--hang-timeout must be a positive number of seconds, got "
+                       f"{args.hang_timeout}")
     return RunOptions(output=output, chrome=chrome, pftrace=pftrace, ring=args.ring,
+                      dump_on=dump_on, dump_dir=args.dump_dir, hang_timeout=args.hang_timeout,
                       backward=args.backward,
                       steps="optimizer" if args.steps == "optimizer" else None,
                       summary=args.summary, capacity=args.capacity)
@@ -113,7 +136,9 @@ def start(options: RunOptions) -> GlobalTrace:
 
     trace = GlobalTrace(capacity=options.capacity or DEFAULT_CAPACITY,
                         policy="ring" if options.ring else "drop",
-                        backward=options.backward, steps=options.steps)
+                        backward=options.backward, steps=options.steps,
+                        dump_on=options.dump_on, dump_dir=options.dump_dir,
+                        hang_timeout=options.hang_timeout)
     try:
         trace.__enter__()
     except RuntimeError as e:  # another global trace in this process
@@ -164,7 +189,9 @@ def run(args: argparse.Namespace) -> None:
     except BaseException as e:  # the script's own exception: reported as python would
         failure = e
     finally:
-        trace.__exit__(None, None, None)
+        # the script's exception goes in, so that dump_on="exception" dumps it
+        trace.__exit__(*((type(failure), failure, failure.__traceback__) if failure is not None
+                         else (None, None, None)))
         try:
             write_outputs(trace, options)
         except Exception as e:

@@ -108,9 +108,7 @@ def main() -> None:
                           lambda m: f'"baseTimeNanoseconds": {int(m.group(1)) + shift}', text)
             with open(prof_path, "w") as f:
                 f.write(text)
-    # without a barrier, a rank that destroys the group while the other still
-    # runs a gloo op aborts it ('terminate called without an active exception':
-    # 1 run in 6 here, 0 in 16 with the barrier)
+    # (fewer torch aborts at exit with a barrier first: tests/torchrun_retry.py)
     dist.barrier()
     dist.destroy_process_group()
 

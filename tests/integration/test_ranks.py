@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torchrun_retry
 
 import hooktrace
 from hooktrace.cli import main
@@ -30,9 +30,9 @@ def torchrun(out: Path, *args: str, nproc: int = 2, env: dict[str, str] | None =
     full_env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(REPO), os.environ.get("PYTHONPATH", "")]), GLOO_SOCKET_IFNAME="lo",
         OMP_NUM_THREADS="1", **(env or {}))
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                        str(nproc), str(JOB), str(out), *args],
-                       capture_output=True, text=True, timeout=300, env=full_env)
+    r = torchrun_retry.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                            "--nproc-per-node", str(nproc), str(JOB), str(out), *args],
+                           timeout=300, env=full_env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
 

@@ -16,6 +16,7 @@ import venv
 from pathlib import Path
 
 import pytest
+import torchrun_retry
 
 import hooktrace
 from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD
@@ -33,8 +34,8 @@ def env(**extra: str) -> dict[str, str]:
 
 
 def python(*args: str | Path, cwd: Path, **extra_env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, *map(str, args)], cwd=cwd, env=env(**extra_env),
-                          capture_output=True, text=True, timeout=300)
+    return torchrun_retry.run([sys.executable, *map(str, args)], cwd=cwd, env=env(**extra_env),
+                              timeout=300)
 
 
 def write(path: Path, source: str) -> Path:
@@ -284,9 +285,7 @@ def test_torchrun_ddp_two_ranks_one_file_each(tmp_path: Path) -> None:
             opt.step()
             # one write per line: two ranks share the pipe
             os.write(1, f"rank {rank} step {step} loss {loss.item():.10f}\\n".encode())
-        # without a barrier, a rank that destroys the group while the other still
-        # runs a gloo op aborts it ('terminate called without an active exception':
-        # 1 run in 6 here, 0 in 16 with the barrier)
+        del model, opt  # (DDP's reducer first: fewer torch aborts at exit, torchrun_retry.py)
         dist.barrier()
         dist.destroy_process_group()
     """)
@@ -324,3 +323,34 @@ def test_pftrace_and_ring_options(tmp_path: Path) -> None:
     # the ring kept the newest events (the run recorded 1200), counting the rest
     assert trace.info["policy"] == "ring" and trace.overwritten_events > 0
     assert (tmp_path / "loop.pftrace").stat().st_size > 0
+
+
+def test_flight_recorder_options_dump_on_hang_and_exception(tmp_path: Path) -> None:
+    script = write(tmp_path / "stuck.py", """
+        import sys, time
+        import torch
+        from torch import nn
+
+        class Stuck(nn.Module):
+            def forward(self, x):
+                time.sleep(1.5)
+                if sys.argv[1] == "raise":
+                    raise RuntimeError("stuck for good")
+                return x
+
+        model = nn.Sequential(nn.Linear(2, 2), Stuck())
+        model(torch.randn(1, 2))
+    """)
+    dumps = tmp_path / "dumps"
+    r = python("-m", "hooktrace", "run", "-o", tmp_path / "s.htrace", "--ring",
+               "--dump-on", "hang,exception", "--hang-timeout", "0.5", "--dump-dir", dumps,
+               script, "raise", cwd=tmp_path)
+    assert r.returncode == 1 and "RuntimeError: stuck for good" in r.stderr
+    hang = hooktrace.load(next(dumps.glob("*.hang-*.htrace"))).info["dump"]
+    (inside,) = [t for t in hang["threads"] if t["open"]]
+    assert inside["open"] == ["Sequential", "1"] and inside["since_ns"] >= 0.5e9
+    exc = hooktrace.load(next(dumps.glob("*.exception-*.htrace"))).info["dump"]
+    assert exc["error_in"] == "1" and exc["exception"] == "RuntimeError: stuck for good"
+    assert "MainThread is inside 1 forward" in r.stderr
+    r = python("-m", "hooktrace", "run", "--dump-on", "oom", script, "ok", cwd=tmp_path)
+    assert r.returncode == 1 and "--dump-on: dump_on: unknown ['oom']" in r.stderr
