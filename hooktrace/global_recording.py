@@ -37,7 +37,7 @@ import time
 import warnings
 import weakref
 from types import CodeType, FrameType, TracebackType
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -47,6 +47,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from hooktrace import _C
 from hooktrace._events import EVENT_DTYPE, Clock
+from hooktrace._windows import ScheduleWindows
 from hooktrace.distributed import rank_info
 from hooktrace.flight import FlightRecorder
 from hooktrace.reading import TraceData
@@ -61,7 +62,7 @@ _active_lock = threading.Lock()
 _active: GlobalTrace | None = None
 
 
-class GlobalTrace(FlightRecorder, TraceData):
+class GlobalTrace(ScheduleWindows, FlightRecorder, TraceData):
     """``hooktrace.global_trace()``: record every module call in the process in a ``with`` block.
 
     Modules created inside the block (and in functions, threads, libraries) are
@@ -71,9 +72,10 @@ class GlobalTrace(FlightRecorder, TraceData):
     One at a time per process.
 
     Args:
-        capacity, policy, backward, steps, dump_on, dump_dir, hang_timeout, dump_signal:
-            as for :class:`hooktrace.Trace` (the flight recorder: ``policy="ring"`` with
-            ``dump_on=("exception", "signal", "hang")``).
+        capacity, policy, backward, steps, dump_on, dump_dir, hang_timeout, dump_signal,
+            schedule, on_window: as for :class:`hooktrace.Trace` (the flight recorder:
+            ``policy="ring"`` with ``dump_on=("exception", "signal", "hang")``; windows:
+            ``schedule=torch.profiler.schedule(...)``).
 
     Example::
 
@@ -93,6 +95,8 @@ class GlobalTrace(FlightRecorder, TraceData):
         dump_dir: str | os.PathLike[str] = "hooktrace-dumps",
         hang_timeout: float = 300.0,
         dump_signal: int = signal.SIGUSR1,
+        schedule: Callable[[int], Any] | None = None,
+        on_window: Callable[[TraceData], Any] | None = None,
     ) -> None:
         if not isinstance(policy, str) or policy not in ("drop", "ring"):
             raise ValueError(f"policy must be 'drop' or 'ring'; got {policy!r}")
@@ -102,6 +106,7 @@ class GlobalTrace(FlightRecorder, TraceData):
             raise ValueError(f"steps must be 'optimizer' or None, got {steps!r}")
         self._capacity = _check_capacity(capacity)
         self._init_flight_recorder(dump_on, dump_dir, hang_timeout, dump_signal)
+        self._init_windows(schedule, on_window, policy)
         self._policy: Policy = policy
         self._backward = bool(backward)
         self._steps_from_optimizer = steps == "optimizer"
@@ -143,8 +148,12 @@ class GlobalTrace(FlightRecorder, TraceData):
                 # the frames that mark an open module call, for _resolve
                 self._call_code = getattr(original, "__code__", _WRAPPED_CALL_CODE)
                 self._start_unix_ns = time.time_ns()
+                if self._schedule is not None:
+                    session.enable_collection()
                 self._state = "recording"  # from here on, _finish undoes what was done
                 session.start()
+                if self._schedule is not None:
+                    self._enter_step(0)
                 if self._backward:
                     _C.add_backward_session(session)
                 if self._steps_from_optimizer:
@@ -182,6 +191,8 @@ class GlobalTrace(FlightRecorder, TraceData):
         ended = self._step
         self._session.record_step(ended)
         self._step += 1
+        if self._schedule is not None:
+            self._step_ended(ended)
         return ended
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -328,7 +339,11 @@ class GlobalTrace(FlightRecorder, TraceData):
             with _SigintDeferred():
                 errors = self._teardown()
         finally:
-            events, clock, info = self._collect(stop_unix_ns=time.time_ns())
+            if self._schedule is not None:  # the windows went to on_window; the last too
+                last = self._final_window(self._step)
+                events, clock, info = last.events, last.clock, last.info
+            else:
+                events, clock, info = self._collect(stop_unix_ns=time.time_ns())
             modules = self.modules_table()
             self._refs.clear()  # dropped without their callbacks running
             self._session = self._call = None
@@ -341,11 +356,12 @@ class GlobalTrace(FlightRecorder, TraceData):
         if errors:
             raise RuntimeError(f"hooktrace: failed to end the global trace: {errors[0]!r}") from errors[0]
 
-    def _collect(self, stop_unix_ns: int) -> tuple[np.ndarray, Clock, dict[str, Any]]:
+    def _collect(self, stop_unix_ns: int, *, with_events: bool = True
+                 ) -> tuple[np.ndarray, Clock, dict[str, Any]]:
         session = self._session
         stats = session.stats()
-        events = np.empty(stats["events"], dtype=EVENT_DTYPE)
-        events = events[: session.copy_events(events)]
+        events = np.empty(stats["events"] if with_events else 0, dtype=EVENT_DTYPE)
+        events = events[: session.copy_events(events)] if with_events else events
         ticks0, unix_ns0, ns_per_tick = session.clock()
         info: dict[str, Any] = {
             "pid": os.getpid(),
@@ -367,6 +383,13 @@ class GlobalTrace(FlightRecorder, TraceData):
         # rank, world size and clock offsets, as trace() records them (issue #11)
         info.update(rank_info(self._start_unix_ns, stop_unix_ns))
         return events, Clock(int(ticks0), int(unix_ns0), float(ns_per_tick)), info
+
+    def _window_meta(self) -> tuple[Clock, dict[str, Any]]:
+        _, clock, info = self._collect(stop_unix_ns=time.time_ns(), with_events=False)
+        return clock, info
+
+    def _window_modules(self) -> list[tuple[str, str]]:
+        return self.modules_table()
 
     def snapshot(self) -> TraceData:
         """The events and modules recorded so far (a copy; recording goes on)."""

@@ -37,6 +37,7 @@ from hooktrace._events import EVENT_DTYPE, Clock
 from hooktrace._output import check_output_path
 from hooktrace.errors import OutputPathError
 from hooktrace.distributed import apply_test_clock_offset, rank_info
+from hooktrace._windows import ScheduleWindows
 from hooktrace.flight import FlightRecorder
 from hooktrace.reading import TraceData
 from hooktrace.tracefile import (
@@ -94,7 +95,7 @@ class _Installed:
     applied: bool = False
 
 
-class Trace(FlightRecorder, TraceData):
+class Trace(ScheduleWindows, FlightRecorder, TraceData):
     """``hooktrace.trace(model, ...)``: record every submodule's calls inside a ``with`` block.
 
     Inside the block every module of ``model.named_modules()`` is recorded
@@ -215,20 +216,7 @@ class Trace(FlightRecorder, TraceData):
         if capacity is None:
             capacity = DEFAULT_CAPACITY if out is None else STREAM_CAPACITY
         capacity = _check_capacity(capacity)
-        if schedule is not None and not callable(schedule):
-            raise TypeError(f"schedule must be a torch.profiler.schedule(...) or a callable "
-                            f"step -> ProfilerAction, got {schedule!r:.60}")
-        if on_window is not None and (schedule is None or not callable(on_window)):
-            raise TypeError("on_window needs a schedule and must be callable(window)")
-        if schedule is not None and (out is not None or policy == "ring"):
-            raise ValueError("schedule= records windows and hands each to on_window; it cannot "
-                             "be combined with out= or policy='ring' (write each window with "
-                             "on_window=hooktrace.window_handler(DIR))")
-        self._schedule = schedule
-        self._on_window = on_window
-        self.windows: list[TraceData] = []  # windows kept when no on_window is given
-        self._window_first: int | None = None  # first step of the window being recorded
-        self._window_dropped = 0  # drops counted before the window being recorded
+        self._init_windows(schedule, on_window, policy, streaming=out is not None)
         self._out = None if out is None else _check_stream_path(out, policy)
         self._writer: Any = None
         self._stream_fd = -1
@@ -349,48 +337,18 @@ class Trace(FlightRecorder, TraceData):
         self._session.record_step(ended)
         self._step += 1
         if self._schedule is not None:
-            if _action_name(self._schedule(ended)) == "RECORD_AND_SAVE":
-                self._end_window(ended, complete=True)
-            self._enter_step(self._step)
+            self._step_ended(ended)
         return ended
 
-    # -- schedule windows ----------------------------------------------------
+    # -- schedule windows (hooktrace._windows.ScheduleWindows) -------------
 
-    def _enter_step(self, step: int) -> None:
-        """Record step ``step`` or not, as the schedule says (torch.profiler's actions:
-        NONE and WARMUP do not record, RECORD and RECORD_AND_SAVE do)."""
-        if _action_name(self._schedule(step)) in ("RECORD", "RECORD_AND_SAVE"):  # type: ignore[misc]
-            if self._window_first is None:
-                self._window_first = step
-            self._session.resume()
-        else:
-            self._session.pause()
-
-    def _end_window(self, last_step: int, *, complete: bool) -> TraceData | None:
-        """Hand the window's events to on_window (or keep it in ``windows``)."""
-        self._session.pause()
-        first, self._window_first = self._window_first, None
-        if first is None:
-            return None
-        window = self._drain_window(first, last_step, complete)
-        if self._on_window is None:
-            self.windows.append(window)
-            return window
-        try:
-            self._on_window(window)
-        except Exception as e:  # a failing handler must not stop the training loop
-            warnings.warn(f"hooktrace: on_window failed for steps {first}..{last_step}: {e!r}",
-                          RuntimeWarning, stacklevel=4)
-        return window
-
-    def _drain_window(self, first: int, last: int, complete: bool) -> TraceData:
-        events = self._session.drain().view(EVENT_DTYPE)
+    def _window_meta(self) -> tuple[Clock, dict[str, Any]]:
         _, clock, info = self._collect(self._session, stop_unix_ns=time.time_ns(),
                                        with_events=False)
-        dropped = int(info["dropped_events"])
-        info["dropped_events"], self._window_dropped = dropped - self._window_dropped, dropped
-        info["window"] = {"first_step": first, "last_step": last, "complete": complete}
-        return TraceData(events, self._modules_table, _C.node_names(), clock, info)
+        return clock, info
+
+    def _window_modules(self) -> list[tuple[str, str]]:
+        return self._modules_table
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if not self._steps_from_optimizer or self._state != "recording":
@@ -518,9 +476,7 @@ class Trace(FlightRecorder, TraceData):
                 # Every finished window went to on_window; a window still being
                 # recorded is handed over too (as torch.profiler saves one on exit),
                 # and is what this trace holds.
-                last = self._end_window(self._step, complete=False)
-                if last is None:
-                    last = self._drain_window(self._step, self._step, False)
+                last = self._final_window(self._step)
                 self._session = None
                 TraceData.__init__(self, last.events, last.modules, last.node_names,
                                    last.clock, last.info)
@@ -750,11 +706,6 @@ class _SigintDeferred:
         if self._pending and not isinstance(exc, KeyboardInterrupt):
             self._pending = False
             raise KeyboardInterrupt
-
-
-def _action_name(action: Any) -> str:
-    """torch.profiler.ProfilerAction (or its name) -> its name."""
-    return str(getattr(action, "name", action))
 
 
 def window_handler(directory: str | os.PathLike[str]) -> Callable[[TraceData], str]:

@@ -49,6 +49,10 @@ def add_options(p: argparse.ArgumentParser) -> None:
                         "same naming rules as --output")
     p.add_argument("--pftrace", metavar="OUT.pftrace", default=None,
                    help="also export a Perfetto protobuf trace at exit; same naming rules")
+    p.add_argument("--schedule", metavar="WAIT,WARMUP,ACTIVE[,REPEAT]", default=None,
+                   help="record only some steps, as torch.profiler.schedule(wait, warmup, "
+                        "active, repeat) would; each window is written as it ends to "
+                        "OUTPUT's folder as <stem>.<last step>.htrace")
     p.add_argument("--ring", action="store_true",
                    help="flight recorder: keep the newest --capacity events, not the oldest")
     p.add_argument("--dump-on", metavar="WHEN", default=None,
@@ -83,6 +87,7 @@ class RunOptions:
     chrome: Path | None
     pftrace: Path | None
     ring: bool
+    schedule: tuple[int, int, int, int] | None
     dump_on: tuple[str, ...]
     dump_dir: str
     hang_timeout: float
@@ -122,7 +127,21 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
     if not args.hang_timeout > 0:
         raise CliError(f"--hang-timeout must be a positive number of seconds, got "
                        f"{args.hang_timeout}")
+    schedule = None
+    if args.schedule is not None:
+        try:
+            parts = [int(p) for p in args.schedule.split(",")]
+        except ValueError:
+            parts = []
+        if len(parts) not in (3, 4) or min(parts) < 0 or parts[2] < 1:
+            raise CliError(f"--schedule must be WAIT,WARMUP,ACTIVE[,REPEAT] (integers, "
+                           f"ACTIVE >= 1), got {args.schedule!r}")
+        schedule = (parts[0], parts[1], parts[2], parts[3] if len(parts) == 4 else 0)
+        if args.ring:
+            raise CliError("--schedule and --ring cannot be combined: windows are drained "
+                           "as they end")
     return RunOptions(output=output, chrome=chrome, pftrace=pftrace, ring=args.ring,
+                      schedule=schedule,
                       dump_on=dump_on, dump_dir=args.dump_dir, hang_timeout=args.hang_timeout,
                       backward=args.backward,
                       steps="optimizer" if args.steps == "optimizer" else None,
@@ -138,12 +157,32 @@ def start(options: RunOptions) -> GlobalTrace:
                         policy="ring" if options.ring else "drop",
                         backward=options.backward, steps=options.steps,
                         dump_on=options.dump_on, dump_dir=options.dump_dir,
-                        hang_timeout=options.hang_timeout)
+                        hang_timeout=options.hang_timeout, **_windows(options))
     try:
         trace.__enter__()
     except RuntimeError as e:  # another global trace in this process
         raise CliError(str(e).removeprefix("hooktrace: ")) from None
     return trace
+
+
+def _windows(options: RunOptions) -> dict[str, Any]:
+    """schedule= and an on_window writing <output stem>.<last step>.htrace beside it."""
+    if options.schedule is None:
+        return {}
+    import torch
+
+    wait, warmup, active, repeat = options.schedule
+    output = options.output
+
+    def write(window: Any) -> None:
+        path = output.with_name(f"{output.stem}.{window.info['window']['last_step']}"
+                                f"{output.suffix}")
+        window.save(path)
+        print(f"hooktrace: wrote window {path}", file=sys.stderr)
+
+    return {"schedule": torch.profiler.schedule(wait=wait, warmup=warmup, active=active,
+                                                repeat=repeat),
+            "on_window": write}
 
 
 def write_outputs(trace: GlobalTrace, options: RunOptions) -> None:

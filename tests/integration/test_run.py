@@ -354,3 +354,28 @@ def test_flight_recorder_options_dump_on_hang_and_exception(tmp_path: Path) -> N
     assert "MainThread is inside 1 forward" in r.stderr
     r = python("-m", "hooktrace", "run", "--dump-on", "oom", script, "ok", cwd=tmp_path)
     assert r.returncode == 1 and "--dump-on: dump_on: unknown ['oom']" in r.stderr
+
+
+def test_schedule_option_writes_each_window(tmp_path: Path) -> None:
+    script = write(tmp_path / "train.py", """
+        import torch
+        from torch import nn
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        for _ in range(6):
+            m(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        print("done")
+    """)
+    traced_and_untraced(tmp_path, script, options=("--schedule", "1,0,1,2"))
+    windows = {p.name: hooktrace.load(p) for p in tmp_path.glob("train.*.htrace")}
+    # steps 1 and 3 are the active ones: one file each, holding exactly that step
+    assert sorted(windows) == ["train.1.htrace", "train.3.htrace"]
+    for name, w in windows.items():
+        step = int(name.split(".")[1])
+        assert w.info["window"] == {"first_step": step, "last_step": step, "complete": True}
+        assert calls_per_module(w)[""] == 1 and w.steps().number.tolist() == [step]
+    r = python("-m", "hooktrace", "run", "--schedule", "1,x", script, cwd=tmp_path)
+    assert r.returncode == 1 and "--schedule must be WAIT,WARMUP,ACTIVE" in r.stderr

@@ -1,0 +1,110 @@
+"""Schedule windows, shared by ``hooktrace.trace`` and the global mode.
+
+With ``schedule=`` (a ``torch.profiler.schedule`` or any callable step ->
+``ProfilerAction``) a recording records only the steps marked RECORD or
+RECORD_AND_SAVE: the session is paused during the others (every module call then
+costs what a disabled trace does) and drained at each window's last step into
+its own read-only ``TraceData``, handed to ``on_window`` (or kept in
+``windows``), so memory holds one window at most.
+
+The class using this mixin has ``_session`` (a ``_C.Session`` on which
+``enable_collection()`` was called before ``start()``), calls :meth:`_enter_step`
+with 0 once recording and with each next step after marking one, and provides
+``_window_meta()`` (the clock and metadata now) and ``_window_modules()``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from hooktrace import _C
+from hooktrace._events import EVENT_DTYPE, Clock
+from hooktrace.reading import TraceData
+
+__all__ = ["ScheduleWindows", "action_name"]
+
+
+def action_name(action: Any) -> str:
+    """torch.profiler.ProfilerAction (or its name) -> its name."""
+    return str(getattr(action, "name", action))
+
+
+class ScheduleWindows:
+    _session: Any
+
+    def _window_meta(self) -> tuple[Clock, dict[str, Any]]:  # provided by the recorder
+        raise NotImplementedError
+
+    def _window_modules(self) -> list[tuple[str, str]]:  # provided by the recorder
+        raise NotImplementedError
+
+    def _init_windows(self, schedule: Callable[[int], Any] | None,
+                      on_window: Callable[[TraceData], Any] | None, policy: str, *,
+                      streaming: bool = False) -> None:
+        """Checks the arguments (before anything is touched) and sets the state up."""
+        if schedule is not None and not callable(schedule):
+            raise TypeError(f"schedule must be a torch.profiler.schedule(...) or a callable "
+                            f"step -> ProfilerAction, got {schedule!r:.60}")
+        if on_window is not None and (schedule is None or not callable(on_window)):
+            raise TypeError("on_window needs a schedule and must be callable(window)")
+        if schedule is not None and (streaming or policy == "ring"):
+            raise ValueError("schedule= records windows and hands each to on_window; it cannot "
+                             "be combined with out= or policy='ring' (write each window with "
+                             "on_window=hooktrace.window_handler(DIR))")
+        self._schedule = schedule
+        self._on_window = on_window
+        self.windows: list[TraceData] = []  # windows kept when no on_window is given
+        self._window_first: int | None = None  # first step of the window being recorded
+        self._window_dropped = 0  # drops counted before the window being recorded
+
+    def _enter_step(self, step: int) -> None:
+        """Record step ``step`` or not, as the schedule says (torch.profiler's actions:
+        NONE and WARMUP do not record, RECORD and RECORD_AND_SAVE do)."""
+        assert self._schedule is not None
+        if action_name(self._schedule(step)) in ("RECORD", "RECORD_AND_SAVE"):
+            if self._window_first is None:
+                self._window_first = step
+            self._session.resume()
+        else:
+            self._session.pause()
+
+    def _step_ended(self, ended: int) -> None:
+        """After the mark of step ``ended``: end its window if it was the last step of
+        one, then record the next step or not."""
+        assert self._schedule is not None
+        if action_name(self._schedule(ended)) == "RECORD_AND_SAVE":
+            self._end_window(ended, complete=True)
+        self._enter_step(ended + 1)
+
+    def _end_window(self, last_step: int, *, complete: bool) -> TraceData | None:
+        """Hand the window's events to on_window (or keep it in ``windows``)."""
+        self._session.pause()
+        first, self._window_first = self._window_first, None
+        if first is None:
+            return None
+        window = self._drain_window(first, last_step, complete)
+        if self._on_window is None:
+            self.windows.append(window)
+            return window
+        try:
+            self._on_window(window)
+        except Exception as e:  # a failing handler must not stop the training loop
+            warnings.warn(f"hooktrace: on_window failed for steps {first}..{last_step}: {e!r}",
+                          RuntimeWarning, stacklevel=4)
+        return window
+
+    def _final_window(self, step: int) -> TraceData:
+        """At the end of the block: the window being recorded (handed over too, as
+        torch.profiler saves one on exit), else an empty one: what the recorder holds."""
+        last = self._end_window(step, complete=False)
+        return last if last is not None else self._drain_window(step, step, False)
+
+    def _drain_window(self, first: int, last: int, complete: bool) -> TraceData:
+        events = self._session.drain().view(EVENT_DTYPE)
+        clock, info = self._window_meta()
+        dropped = int(info["dropped_events"])
+        info["dropped_events"], self._window_dropped = dropped - self._window_dropped, dropped
+        info["window"] = {"first_step": first, "last_step": last, "complete": complete}
+        return TraceData(events, self._window_modules(), _C.node_names(), clock, info)
