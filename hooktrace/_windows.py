@@ -1,4 +1,9 @@
-"""Schedule windows, shared by ``hooktrace.trace`` and the global mode.
+"""Steps and schedule windows, shared by ``hooktrace.trace`` and the global mode.
+
+:class:`StepMarks`: a step ends at ``step()``, or at each ``step()`` of the first
+``torch.optim.Optimizer`` that steps while recording (a global post hook; other
+optimizers of the same iteration do not end another step); calling ``step()``
+switches the optimizer hook off, so no step counts twice.
 
 With ``schedule=`` (a ``torch.profiler.schedule`` or any callable step ->
 ``ProfilerAction``) a recording records only the steps marked RECORD or
@@ -16,14 +21,17 @@ with 0 once recording and with each next step after marking one, and provides
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
+
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from hooktrace import _C
 from hooktrace._events import EVENT_DTYPE, Clock
 from hooktrace.reading import TraceData
 
-__all__ = ["ScheduleWindows", "action_name"]
+__all__ = ["ScheduleWindows", "StepMarks", "action_name"]
 
 
 def action_name(action: Any) -> str:
@@ -108,3 +116,58 @@ class ScheduleWindows:
         info["dropped_events"], self._window_dropped = dropped - self._window_dropped, dropped
         info["window"] = {"first_step": first, "last_step": last, "complete": complete}
         return TraceData(events, self._window_modules(), _C.node_names(), clock, info)
+
+
+class StepMarks(ScheduleWindows):
+    """Step marks (and, through :class:`ScheduleWindows`, windows of steps). The class
+    using it calls :meth:`_init_steps` with its other argument checks,
+    :meth:`_start_steps` once recording and removes ``_optimizer_hook`` (idempotent)
+    in its teardown."""
+
+    _state: str
+
+    def _init_steps(self, steps: str | None) -> None:
+        if steps not in ("optimizer", None):
+            raise ValueError(f"steps must be 'optimizer' or None, got {steps!r}")
+        self._steps_from_optimizer = steps == "optimizer"
+        self._step = 0  # the number of the step being recorded
+        self._lead_optimizer: weakref.ref[Any] | None = None
+        self._optimizer_hook: Any = None
+
+    def _start_steps(self) -> None:
+        if self._steps_from_optimizer:
+            self._optimizer_hook = register_optimizer_step_post_hook(self._on_optimizer_step)
+
+    def step(self) -> int:
+        """Mark the end of a training step; returns the number of the step that ended.
+
+        Steps are numbered from 0. Calling this switches off the default steps
+        from ``Optimizer.step`` for the rest of the block, so no step is counted
+        twice.
+        """
+        if self._state != "recording":
+            raise RuntimeError("hooktrace: trace.step() marks steps inside the with block")
+        self._steps_from_optimizer = False
+        return self._mark_step()
+
+    def _before_step_mark(self) -> None:
+        """What the recorder does first at each step mark (nothing by default)."""
+
+    def _mark_step(self) -> int:
+        self._before_step_mark()
+        ended = self._step
+        self._session.record_step(ended)
+        self._step += 1
+        if self._schedule is not None:
+            self._step_ended(ended)
+        return ended
+
+    def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self._steps_from_optimizer or self._state != "recording":
+            return
+        lead = self._lead_optimizer() if self._lead_optimizer is not None else None
+        if lead is None:
+            self._lead_optimizer = weakref.ref(optimizer)
+        elif lead is not optimizer:
+            return  # one step per iteration, however many optimizers step in it
+        self._mark_step()

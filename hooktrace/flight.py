@@ -280,6 +280,11 @@ class FlightRecorder:
             print(f"hooktrace: {reason} dump failed: {e}", file=sys.stderr)
             return ""
 
+    def _dump_on_exception(self, exc: BaseException | None) -> None:
+        """At the block's exit: a dump if an exception escapes it and dump_on asks."""
+        if exc is not None and "exception" in self._dump_on and self._state == "recording":
+            self._dump("exception", exc=exc, quiet_errors=True)
+
     def _start_flight_recorder(self) -> None:
         register(self)  # type: ignore[arg-type]
         if "signal" in self._dump_on:

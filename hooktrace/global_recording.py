@@ -43,11 +43,10 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from torch import nn
-from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from hooktrace import _C
 from hooktrace._events import EVENT_DTYPE, Clock
-from hooktrace._windows import ScheduleWindows
+from hooktrace._windows import StepMarks
 from hooktrace.distributed import rank_info
 from hooktrace.flight import FlightRecorder
 from hooktrace.reading import TraceData
@@ -62,7 +61,7 @@ _active_lock = threading.Lock()
 _active: GlobalTrace | None = None
 
 
-class GlobalTrace(ScheduleWindows, FlightRecorder, TraceData):
+class GlobalTrace(StepMarks, FlightRecorder, TraceData):
     """``hooktrace.global_trace()``: record every module call in the process in a ``with`` block.
 
     Modules created inside the block (and in functions, threads, libraries) are
@@ -102,17 +101,12 @@ class GlobalTrace(ScheduleWindows, FlightRecorder, TraceData):
             raise ValueError(f"policy must be 'drop' or 'ring'; got {policy!r}")
         if not isinstance(backward, (bool, np.bool_)):
             raise TypeError(f"backward must be True or False, got {type(backward).__name__} {backward!r}")
-        if steps not in ("optimizer", None):
-            raise ValueError(f"steps must be 'optimizer' or None, got {steps!r}")
+        self._init_steps(steps)
         self._capacity = _check_capacity(capacity)
         self._init_flight_recorder(dump_on, dump_dir, hang_timeout, dump_signal)
         self._init_windows(schedule, on_window, policy)
         self._policy: Policy = policy
         self._backward = bool(backward)
-        self._steps_from_optimizer = steps == "optimizer"
-        self._step = 0
-        self._lead_optimizer: weakref.ref[Any] | None = None
-        self._optimizer_hook: Any = None
         self._session: Any = None
         self._call: Any = None  # the _C.GlobalCall installed as nn.Module.__call__
         self._original_call: Any = None
@@ -156,8 +150,7 @@ class GlobalTrace(ScheduleWindows, FlightRecorder, TraceData):
                     self._enter_step(0)
                 if self._backward:
                     _C.add_backward_session(session)
-                if self._steps_from_optimizer:
-                    self._optimizer_hook = register_optimizer_step_post_hook(self._on_optimizer_step)
+                self._start_steps()
                 # Every subclass that does not define its own __call__ now finds this one.
                 nn.Module.__call__ = call  # type: ignore[method-assign]
                 self._start_flight_recorder()
@@ -173,37 +166,10 @@ class GlobalTrace(ScheduleWindows, FlightRecorder, TraceData):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc is not None and "exception" in self._dump_on and self._state == "recording":
-            self._dump("exception", exc=exc, quiet_errors=True)
+        self._dump_on_exception(exc)
         self._finish()
 
-    # -- steps (as Trace's) ------------------------------------------------
-
-    def step(self) -> int:
-        """Mark the end of a training step; returns its number. Switches off the
-        optimizer's steps for the rest of the block, so no step is counted twice."""
-        if self._state != "recording":
-            raise RuntimeError("hooktrace: step() marks steps while the global trace records")
-        self._steps_from_optimizer = False
-        return self._mark_step()
-
-    def _mark_step(self) -> int:
-        ended = self._step
-        self._session.record_step(ended)
-        self._step += 1
-        if self._schedule is not None:
-            self._step_ended(ended)
-        return ended
-
-    def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if not self._steps_from_optimizer or self._state != "recording":
-            return
-        lead = self._lead_optimizer() if self._lead_optimizer is not None else None
-        if lead is None:
-            self._lead_optimizer = weakref.ref(optimizer)
-        elif lead is not optimizer:
-            return  # one step per iteration, however many optimizers step in it
-        self._mark_step()
+    # -- steps and windows: hooktrace._windows.StepMarks ------------------
 
     # -- the rare path: a module's first call --------------------------------
 

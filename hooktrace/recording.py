@@ -30,14 +30,13 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from torch import nn
-from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from hooktrace import _C
 from hooktrace._events import EVENT_DTYPE, Clock
 from hooktrace._output import check_output_path
 from hooktrace.errors import OutputPathError
 from hooktrace.distributed import apply_test_clock_offset, rank_info
-from hooktrace._windows import ScheduleWindows
+from hooktrace._windows import StepMarks
 from hooktrace.flight import FlightRecorder
 from hooktrace.reading import TraceData
 from hooktrace.tracefile import (
@@ -95,7 +94,7 @@ class _Installed:
     applied: bool = False
 
 
-class Trace(ScheduleWindows, FlightRecorder, TraceData):
+class Trace(StepMarks, FlightRecorder, TraceData):
     """``hooktrace.trace(model, ...)``: record every submodule's calls inside a ``with`` block.
 
     Inside the block every module of ``model.named_modules()`` is recorded
@@ -210,8 +209,7 @@ class Trace(ScheduleWindows, FlightRecorder, TraceData):
                             ("flops", flops)):
             if not isinstance(value, (bool, np.bool_)):
                 raise TypeError(f"{flag} must be True or False, got {type(value).__name__} {value!r}")
-        if steps not in ("optimizer", None):
-            raise ValueError(f"steps must be 'optimizer' or None, got {steps!r}")
+        self._init_steps(steps)
         self._init_flight_recorder(dump_on, dump_dir, hang_timeout, dump_signal)
         if capacity is None:
             capacity = DEFAULT_CAPACITY if out is None else STREAM_CAPACITY
@@ -228,10 +226,6 @@ class Trace(ScheduleWindows, FlightRecorder, TraceData):
         self._backward = bool(backward)
         self._emit_profiler = bool(emit_profiler)
         self._session: Any = None
-        self._steps_from_optimizer = steps == "optimizer"
-        self._step = 0  # the number of the step being recorded
-        self._lead_optimizer: weakref.ref[Any] | None = None
-        self._optimizer_hook: Any = None
         self._installed: list[_Installed] = []
         self._state: Literal["new", "recording", "done"] = "new"
         self._flops = bool(flops)
@@ -285,9 +279,7 @@ class Trace(ScheduleWindows, FlightRecorder, TraceData):
                     self._writer.start()
                 if self._backward:
                     _C.add_backward_session(session)
-                if self._steps_from_optimizer:
-                    self._optimizer_hook = register_optimizer_step_post_hook(
-                        self._on_optimizer_step)
+                self._start_steps()
                 for slot, (_, m) in enumerate(named):
                     self._install(m, slot)
                 if self._flops:
@@ -312,35 +304,14 @@ class Trace(ScheduleWindows, FlightRecorder, TraceData):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc is not None and "exception" in self._dump_on and self._state == "recording":
-            self._dump("exception", exc=exc, quiet_errors=True)
+        self._dump_on_exception(exc)
         self._finish()
 
-    # -- steps -------------------------------------------------------------
+    # -- steps and windows (hooktrace._windows.StepMarks) -----------------
 
-    def step(self) -> int:
-        """Mark the end of a training step; returns the number of the step that ended.
-
-        Steps are numbered from 0. Calling this switches off the default steps
-        from ``Optimizer.step`` for the rest of the block, so no step is counted
-        twice.
-        """
-        if self._state != "recording":
-            raise RuntimeError("hooktrace: trace.step() marks steps inside the with block")
-        self._steps_from_optimizer = False
-        return self._mark_step()
-
-    def _mark_step(self) -> int:
+    def _before_step_mark(self) -> None:
         if self._flop_recorder is not None:
             self._flop_recorder.on_step()  # FlopCounterMode's slow dispatch ends here
-        ended = self._step
-        self._session.record_step(ended)
-        self._step += 1
-        if self._schedule is not None:
-            self._step_ended(ended)
-        return ended
-
-    # -- schedule windows (hooktrace._windows.ScheduleWindows) -------------
 
     def _window_meta(self) -> tuple[Clock, dict[str, Any]]:
         _, clock, info = self._collect(self._session, stop_unix_ns=time.time_ns(),
@@ -350,15 +321,6 @@ class Trace(ScheduleWindows, FlightRecorder, TraceData):
     def _window_modules(self) -> list[tuple[str, str]]:
         return self._modules_table
 
-    def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if not self._steps_from_optimizer or self._state != "recording":
-            return
-        lead = self._lead_optimizer() if self._lead_optimizer is not None else None
-        if lead is None:
-            self._lead_optimizer = weakref.ref(optimizer)
-        elif lead is not optimizer:
-            return  # one step per iteration, however many optimizers step in it
-        self._mark_step()
 
     # -- instrumentation ---------------------------------------------------
 
