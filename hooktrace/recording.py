@@ -497,6 +497,8 @@ class Trace(StepMarks, FlightRecorder, TraceData):
                            "busy_ns": int(written["busy_ns"]),
                            "cpu_ns": int(written["cpu_ns"])},
             }
+            # rank, world size and clock offsets (issue #11), as save()d files have them
+            footer.update(rank_info(self._start_unix_ns, stop_unix_ns))
             if written["error"]:
                 # Every block before the failed one is intact: the file loads up to it.
                 warnings.warn(

@@ -290,3 +290,18 @@ def test_failed_entry_leaves_no_stream_file(tmp_path: Path) -> None:
             with hooktrace.trace(model, out=tmp_path / "run.htrace"):
                 pass
     assert not (tmp_path / "run.htrace").exists()
+
+
+def test_streamed_file_carries_the_rank_metadata(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a launcher's environment (torchrun sets these)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    with hooktrace.trace(model, out=tmp_path / "r.htrace") as tr:
+        model(torch.randn(1, 2))
+    # THEN the stream's footer holds them, as a save()d file's metadata would
+    info = hooktrace.load(tmp_path / "r.htrace").info
+    assert (info["rank"], info["world_size"], info["local_rank"]) == (1, 2, 1)
+    assert tr.info["rank"] == 1
