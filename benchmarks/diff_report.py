@@ -35,13 +35,20 @@ def synthetic_run(steps: int, slow_leaf: int | None = None) -> TraceData:
     kind, slot, gap = [ENTER], [0], [100]
     for b in range(BLOCKS):
         bs = 1 + b * (LEAVES + 1)
-        kind.append(ENTER); slot.append(bs); gap.append(50)
+        kind.append(ENTER)
+        slot.append(bs)
+        gap.append(50)
         for j in range(LEAVES):
             leaf = bs + 1 + j
-            kind += [ENTER, EXIT]; slot += [leaf, leaf]
+            kind += [ENTER, EXIT]
+            slot += [leaf, leaf]
             gap += [1500 if leaf == slow_leaf else 1000, 20]
-        kind.append(EXIT); slot.append(bs); gap.append(30)
-    kind += [EXIT, STEP]; slot += [0, 0]; gap += [200, 10]
+        kind.append(EXIT)
+        slot.append(bs)
+        gap.append(30)
+    kind += [EXIT, STEP]
+    slot += [0, 0]
+    gap += [200, 10]
     per = len(kind)
     ev = np.zeros(per * steps, EVENT_DTYPE)
     ev["kind"] = np.tile(kind, steps)

@@ -187,7 +187,7 @@ def offset_of(blocks: list[bytes], index: int) -> int:
         (7, stream_block(BLOCK_STATS, b"\0" * 8), 8, ["STATS block: expected 16"]),
         (9, stream_block(BLOCK_FOOTER, js({"events": 9})), '"events"', ['"events"', "expected the 8"]),
         (9, stream_block(BLOCK_FOOTER, js({"events": 8, "dropped_events": -1})), '"dropped_events"',
-        
+
          ['"dropped_events"', "expected an int"]),
         (9, stream_block(BLOCK_FOOTER, js({"events": 8, "stop_unix_ns": START - 1})),
          '"stop_unix_ns"',
