@@ -93,8 +93,9 @@ def _row_id(e: dict[str, Any], key: str) -> int | str | None:
     v = e.get(key)
     t = type(v)
     if t is int:
+        assert isinstance(v, int)  # (for the type checker: `type(v) is int` above)
         if -_INT64 <= v < _INT64:
-            return v  # type: ignore[no-any-return]
+            return v
         raise BadValue(f"{key!r} is {show(v)}, expected an integer that fits 64 bits")
     if t is str or (v is None and key not in e):
         return v  # type: ignore[no-any-return]

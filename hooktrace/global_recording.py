@@ -28,6 +28,7 @@ rebuilt each epoch stays one row).
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -235,7 +236,7 @@ class GlobalTrace(StepMarks, FlightRecorder, TraceData):
                 slot = self._slot_of[key] = len(self._slots)
                 self._slots.append(key)
             try:
-                ref = weakref.ref(m, lambda _, address=id(m): self._forget(address))
+                ref = weakref.ref(m, functools.partial(self._forget_ref, id(m)))
             except TypeError:  # no weak references: cannot know when it dies, so no cache
                 if m is module:
                     return slot
@@ -245,6 +246,10 @@ class GlobalTrace(StepMarks, FlightRecorder, TraceData):
             if m is module:
                 mine = slot
         return mine
+
+    def _forget_ref(self, address: int, _ref: Any) -> None:
+        """The weak reference's callback: the module at ``address`` died."""
+        self._forget(address)
 
     def _forget(self, address: int) -> None:
         # Runs before the module's memory is freed, so no new module at the same

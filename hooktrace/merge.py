@@ -616,7 +616,7 @@ def _snapshot(run: TraceData | Trace | Callable[[], Any]) -> TraceData:
     snapshot = getattr(run, "snapshot", None)
     if snapshot is not None and getattr(run, "_state", "done") != "done":
         return snapshot()  # type: ignore[no-any-return]
-    return _as_run(run)
+    return _as_run(run)  # type: ignore[arg-type]
 
 
 class MergedTraceHandler:

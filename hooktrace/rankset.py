@@ -122,7 +122,12 @@ def find_rank_files(inputs: Sequence[PathLike]) -> tuple[list[str], list[str]]:
         else:
             problems.append(f"{name}: no such file")
     seen: set[str] = set()
-    unique = [f for f in files if not (os.path.realpath(f) in seen or seen.add(os.path.realpath(f)))]
+    unique = []
+    for f in files:
+        real = os.path.realpath(f)
+        if real not in seen:
+            seen.add(real)
+            unique.append(f)
     return unique, problems
 
 

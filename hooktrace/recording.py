@@ -205,10 +205,12 @@ class Trace(StepMarks, FlightRecorder, TraceData):
                 error = ValueError if isinstance(value, str) else TypeError
                 choices = ", ".join(repr(a) for a in allowed)
                 raise error(f"{arg} must be one of {choices}; got {value!r}")
-        for flag, value in (("backward", backward), ("emit_profiler", emit_profiler),
-                            ("flops", flops)):
-            if not isinstance(value, (bool, np.bool_)):
-                raise TypeError(f"{flag} must be True or False, got {type(value).__name__} {value!r}")
+        flag_values: tuple[tuple[str, object], ...] = (
+            ("backward", backward), ("emit_profiler", emit_profiler), ("flops", flops))
+        for flag, flag_value in flag_values:
+            if not isinstance(flag_value, (bool, np.bool_)):
+                raise TypeError(f"{flag} must be True or False, got "
+                                f"{type(flag_value).__name__} {flag_value!r}")
         self._init_steps(steps)
         self._init_flight_recorder(dump_on, dump_dir, hang_timeout, dump_signal)
         if capacity is None:

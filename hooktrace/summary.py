@@ -195,7 +195,7 @@ class Summary:
                  for line in describe(trace.info)]
         if isinstance(trace.info.get("cut"), str):
             notes.append(trace.info["cut"])
-        columns = _COLUMNS
+        columns: tuple[str, ...] = _COLUMNS
         if "flops" in trace.info:
             columns += FLOP_COLUMNS
             notes += _add_flops(rows, trace, peak_tflops)

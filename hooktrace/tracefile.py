@@ -316,7 +316,7 @@ def write_trace(
         f.write(meta_bytes)
         f.write(strings_bytes)
         f.write(b"\x00" * padding)
-        _write_array(f, events)
+        _write_array(f, events)  # type: ignore[arg-type]
 
 
 def stream_header() -> bytes:
@@ -609,7 +609,7 @@ def _read_stream(name: str, f: BinaryIO, size: int, head: bytes) -> TraceFileCon
         _meta_error(name, meta_bytes, "node_names", "expected node names in NODE_NAMES blocks, "
                                                    "not in META", meta_at)
     pid = meta.get("pid")
-    if not (_is_int(pid) and 1 <= pid <= _MAX_PID):
+    if not (isinstance(pid, int) and _is_int(pid) and 1 <= pid <= _MAX_PID):
         _meta_error(name, meta_bytes, "pid", f"expected an int in [1, {_MAX_PID}], found "
                                              f"{pid!r:.60}", meta_at)
     _check_info(name, meta_bytes, meta, pid, meta_at)
@@ -686,7 +686,7 @@ def _next_block(name: str, f: BinaryIO, pos: int, size: int, room: np.ndarray,
                                                 f"{length}")
         payload = f.read(sub)
         events = room[: (length - sub) // EVENT_DTYPE.itemsize]
-        got = f.readinto(memoryview(events.view(np.uint8)))  # type: ignore[attr-defined]
+        got = f.readinto(memoryview(events.view(np.uint8)))  # type: ignore[attr-defined,arg-type]
         if len(payload) + (got or 0) != length:  # the file shrank under us
             raise _Cut(pos, "a partly written block: the file shrank while read")
         crc = _crc_of(events, zlib.crc32(payload))

@@ -222,7 +222,7 @@ def run(args: argparse.Namespace) -> None:
     code: Any = 0
     failure: BaseException | None = None
     try:
-        code = _run_main(target, argv, is_module)
+        _run_main(target, argv, is_module)
     except SystemExit as e:
         code = e.code
     except BaseException as e:  # the script's own exception: reported as python would
