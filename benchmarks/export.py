@@ -71,7 +71,7 @@ def fresh_spans(run: TraceData) -> None:
     run.spans()
 
 
-def timed(fn: Callable[[], None], rounds: int) -> float:
+def timed(fn: Callable[[], object], rounds: int) -> float:
     best = float("inf")
     for _ in range(rounds):
         t0 = time.perf_counter()

@@ -15,24 +15,14 @@ import argparse
 import os
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from export import fresh_spans, synthetic_run  # noqa: E402
+from export import fresh_spans, synthetic_run, timed  # noqa: E402
 
 from hooktrace.exporters.chrome import export_chrome  # noqa: E402
 from hooktrace.exporters.perfetto import export_perfetto  # noqa: E402
-
-
-def timed(fn: Callable[[], object], rounds: int) -> float:
-    best = float("inf")
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ import os
 import socket
 from pathlib import Path
 
-__all__ = ["env_rank", "output_path"]
+__all__ = ["env_rank", "output_path", "process_stem"]
 
 _EXTENSIONS = (".json.gz", ".htrace", ".json", ".pftrace", ".gz")
 
@@ -31,9 +31,15 @@ def env_rank() -> int | None:
     return int(rank) if rank is not None and rank.strip().isdigit() else None
 
 
+def process_stem(rank: int | None) -> str:
+    """``<host>_<pid>[_rank<R>]``: this process in a file name, shared by every writer
+    (outputs, windows, dumps) so no two processes or ranks collide."""
+    return f"{socket.gethostname()}_{os.getpid()}" + (f"_rank{rank}" if rank is not None else "")
+
+
 def output_path(template: str | os.PathLike[str] | None, suffix: str, rank: int | None) -> Path:
     host, pid = socket.gethostname(), str(os.getpid())
-    default = f"hooktrace-{host}_{pid}" + (f"_rank{rank}" if rank is not None else "") + suffix
+    default = f"hooktrace-{process_stem(rank)}{suffix}"
     if template is None:
         return Path(default)
     text = os.fspath(template)

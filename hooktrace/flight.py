@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -36,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hooktrace._naming import env_rank, process_stem
 from hooktrace.reading import CAT_FORWARD, SPAN_ERROR, SPAN_UNFINISHED, TraceData
 
 if TYPE_CHECKING:
@@ -157,8 +157,7 @@ def write_dump(trace: Trace, reason: str, directory: str | os.PathLike[str],
     info = dict(data.info, dump=block)
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
-    rank = os.environ.get("RANK")
-    stem = f"{socket.gethostname()}_{os.getpid()}" + (f"_rank{rank}" if rank else "")
+    stem = process_stem(env_rank())
     with _active_lock:  # numbered per process: several traces may dump to one folder
         global _dumps_written
         n = _dumps_written

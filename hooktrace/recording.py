@@ -36,6 +36,7 @@ from hooktrace._events import EVENT_DTYPE, Clock
 from hooktrace._output import check_output_path
 from hooktrace.errors import OutputPathError
 from hooktrace.distributed import apply_test_clock_offset, rank_info
+from hooktrace._naming import env_rank, process_stem
 from hooktrace._windows import StepMarks
 from hooktrace.flight import FlightRecorder
 from hooktrace.reading import TraceData
@@ -692,9 +693,8 @@ def window_handler(directory: str | os.PathLike[str]) -> Callable[[TraceData], s
 
     def write(window: TraceData) -> str:
         os.makedirs(folder, exist_ok=True)
-        rank = os.environ.get("RANK")
-        stem = f"{window.hostname}_{window.pid}" + (f"_rank{rank}" if rank else "")
-        path = os.path.join(folder, f"{stem}.{window.info['window']['last_step']}.htrace")
+        path = os.path.join(folder, f"{process_stem(env_rank())}.{window.info['window']['last_step']}"
+                                    ".htrace")
         window.save(path)
         return path
 
