@@ -397,7 +397,7 @@ class _SkipFirstComma:
 
 
 def write_spans(write: Callable[[bytes], Any], run: TraceData, place: _Placement,
-                base_ns: int, window: tuple[int, int], max_tid: int) -> list[dict[str, Any]]:
+                base_ns: int, window: tuple[int, int]) -> list[dict[str, Any]]:
     """Write the placed spans, unattributed nodes, steps and their rows' metadata as
     ``,\\n{event}`` items; return the ``"tracks"`` table."""
     meta = place.layout.metadata(run.pid, run.info.get("thread_names"), named=place.thread_rows,
@@ -409,8 +409,7 @@ def write_spans(write: Callable[[bytes], Any], run: TraceData, place: _Placement
     write_node_events(write, run, n, place.node_start[n], place.node_end[n], place.node_row,
                       UNATTRIBUTED_CAT, base_ns)
     tracks = place.layout.track_table()
-    first_free = max([t["tid"] for t in tracks] + [max_tid, 0]) + 1
-    step_track = write_steps(write, run, first_free, base_ns, window)
+    step_track = write_steps(write, run, place.layout.next_tid, base_ns, window)
     return tracks + ([step_track] if step_track is not None else [])
 
 
@@ -530,11 +529,8 @@ def merge_traces(
             window = check_compatible(run, p, run_name)
             place = place_spans(run, p, window)
             result.update(place.result, profiler_events=p.n_events)
-            spans = run.spans()
-            run_tids = np.union1d(spans.threads, spans.nodes.tid).astype(np.int64)
-            max_tid = max([p.max_tid] + run_tids.tolist())
             place_tracks[:] = [write_spans(_SkipFirstComma(out.write, not nonempty), run, place,
-                                           new_base, window, max_tid)]
+                                           new_base, window)]
             return b""
         return insert
 

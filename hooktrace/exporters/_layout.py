@@ -127,6 +127,7 @@ class TrackLayout:
         # (synthetic tid, OS tid, kind, lane), in tid order = display order
         self.tracks = [(first + i, int(k >> 32), int(k >> 30) & 3, int(k) & 0x3FFF_FFFF)
                        for i, k in enumerate(track_keys.tolist())]
+        self.next_tid = first + len(track_keys)  # the first tid above every used one
         self.lanes = max((lane + 1 for _, _, kind, lane in self.tracks if kind == KIND_BACKWARD),
                          default=0)
 

@@ -276,10 +276,8 @@ def write_chrome(
                           chunk_bytes=chunk_bytes,
                           flags=flags if plan.cut.filters.active else None)
 
-    first_free = max([t["tid"] for t in plan.layout.track_table()]
-                     + plan.os_threads.tolist() + [0]) + 1
     lo, hi = plan.cut.window
-    step_track = write_steps(f.write, trace, first_free, base_ns,
+    step_track = write_steps(f.write, trace, plan.layout.next_tid, base_ns,
                              None if lo is None and hi is None else
                              (-(1 << 62) if lo is None else lo, 1 << 62 if hi is None else hi))
     tail = (

@@ -209,9 +209,8 @@ class ChromeRankWriter:
         write_node_events(self._items, run, loose, node_start[loose], node_end[loose],
                           layout.unattributed_tid, UNATTRIBUTED_CAT, self.base_ns)
         tracks = layout.track_table()
-        first_free = max([t["tid"] for t in tracks] + os_threads.tolist() + [0]) + 1
         # write_steps writes step time - base: with base + offset that is aligned time - base
-        step_track = write_steps(self._items, run, first_free, self.base_ns + off)
+        step_track = write_steps(self._items, run, layout.next_tid, self.base_ns + off)
         if step_track is not None:
             tracks.append(step_track)
         return {"spans": len(spans), "backward_spans": len(backward),
