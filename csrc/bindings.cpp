@@ -103,6 +103,9 @@ PYBIND11_MODULE(_C, m) {
       .def("pause", &Session::pause)
       .def("resume", &Session::resume)
       .def("set_emit_names", &Session::set_emit_names, py::arg("names"))
+      .def("set_memory", &Session::set_memory, py::arg("cpu"), py::arg("cuda_device") = -1)
+      .def_property_readonly("memory_cpu", &Session::memory_cpu)
+      .def_property_readonly("memory_cuda_device", &Session::memory_cuda_device)
       .def_property_readonly("emits", &Session::emits);
   // --- streaming (stream_writer.h): waits release the GIL, the writer never takes it ---
   py::class_<StreamWriter>(m, "StreamWriter")
@@ -128,6 +131,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("remove_backward_session", &hooktrace::remove_backward_session, py::arg("session"));
   m.def("node_names", &hooktrace::node_names);
   m.def("now_ticks", &hooktrace::now_ticks);
+  m.def("cpu_memory_installed", &hooktrace::cpu_memory_installed,
+        "Whether hooktrace's counting CPU allocator is installed (memory=True).");
+  m.def("cpu_memory_current", [] {
+    return hooktrace::cpu_memory.current.load(std::memory_order_relaxed);
+  }, "CPU bytes alive among the allocations hooktrace's counting allocator made.");
 
   if (hooktrace::add_forward_types(m.ptr()) < 0) throw py::error_already_set();
   if (hooktrace::add_global_forward_type(m.ptr()) < 0) throw py::error_already_set();

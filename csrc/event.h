@@ -10,14 +10,16 @@
 //                        by the session's clock conversion, never on the hot path
 //        8    8  seq     forward: at::sequence_number::peek() on the calling
 //                        thread at the event; backward node: the node's seqNr();
-//                        kStep: the number of the step that just ended
+//                        kStep: the number of the step that just ended;
+//                        kMemCpu/kMemCuda: bytes allocated now (int64)
 //       16    4  id      forward: module slot in the session's module table;
 //                        kNodeBegin: index into the node-name table;
 //                        kNodeEnd: the autograd graph task id (backward.h);
-//                        kStep: 0
+//                        kStep: 0; kMem*: low 32 bits of the peak bytes
 //       20    4  tid     OS thread id (gettid) of the recording thread
 //       24    4  rf_tid  forward: at::RecordFunction::currentThreadId() of the
-//                        recording thread; backward node: forwardThreadId()
+//                        recording thread; backward node: forwardThreadId();
+//                        kMem*: high 32 bits of the peak bytes
 //       28    1  kind    EventKind below
 //       29    1  flags   EventFlags below
 //       30    2  pad     always zero
@@ -35,6 +37,13 @@ enum EventKind : uint8_t {
   kNodeBegin = 3,  // autograd node starts running in backward
   kNodeEnd = 4,    // autograd node finished
   kStep = 5,       // a training step ended (Trace.step() or Optimizer.step())
+  // Memory samples (trace(memory=True), memory.h): recorded right after the
+  // enter/exit/node event they belong to, on the same thread, with its `t`.
+  // kMemCpu: CPU bytes allocated now through hooktrace's counting allocator, and
+  // the peak since the previous CPU sample (any thread's). kMemCuda: the CUDA
+  // device's allocated bytes now, and its high-water mark.
+  kMemCpu = 6,
+  kMemCuda = 7,
 };
 
 enum EventFlags : uint8_t {

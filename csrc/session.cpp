@@ -46,17 +46,69 @@ Session::Session(uint64_t capacity_events, Policy policy, uint32_t chunk_events)
                                 " events");
 }
 
-Session::~Session() = default;
+Session::~Session() {
+  if (cpu_counting_) uninstall_cpu_memory();
+}
 
 void Session::start() {
   std::lock_guard<std::mutex> lock(mutex_);
+  if ((memory_ & kMemoryCpu) && !cpu_counting_) {
+    install_cpu_memory();  // throws before anything is recorded
+    cpu_counting_ = true;
+  }
   clock_capture_ = std::make_shared<ClockCapture>();
   active_.store(true, std::memory_order_release);
+}
+
+void Session::set_memory(bool cpu, int cuda_device) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (active()) throw std::logic_error("set_memory must be called before start()");
+  c10::DeviceAllocator* cuda = nullptr;
+  if (cuda_device >= 0) {
+    cuda = cuda_device_allocator();
+    if (cuda == nullptr)
+      throw std::runtime_error("no CUDA allocator is registered (a CPU-only torch build)");
+  }
+  memory_ = static_cast<uint8_t>((cpu ? kMemoryCpu : 0) | (cuda ? kMemoryCuda : 0));
+  cuda_allocator_ = cuda;
+  cuda_device_ = cuda_device;
+}
+
+void Session::record_memory(ThreadBuffer* b, uint64_t t) {
+  int64_t current = 0, peak = 0;
+  if (memory_ & kMemoryCpu) {
+    sample_cpu_memory(&current, &peak);
+    write_memory(b, t, kMemCpu, current, peak);
+  }
+  if (cuda_allocator_ != nullptr) {
+    sample_cuda_memory(cuda_allocator_, cuda_device_, &current, &peak);
+    write_memory(b, t, kMemCuda, current, peak);
+  }
+}
+
+void Session::write_memory(ThreadBuffer* b, uint64_t t, uint8_t kind, int64_t current,
+                           int64_t peak) {
+  Event* e = next_slot(b);
+  if (e == nullptr) return;  // counted as dropped
+  const auto p = static_cast<uint64_t>(peak);
+  e->t = t;
+  e->seq = static_cast<uint64_t>(current);
+  e->id = static_cast<uint32_t>(p);
+  e->tid = b->tid;
+  e->rf_tid = static_cast<uint32_t>(p >> 32);
+  e->kind = kind;
+  e->flags = 0;
+  e->pad = 0;
+  publish(b);
 }
 
 void Session::stop() {
   active_.store(false, std::memory_order_release);
   std::lock_guard<std::mutex> lock(mutex_);
+  if (cpu_counting_) {
+    uninstall_cpu_memory();
+    cpu_counting_ = false;
+  }
   if (clock_capture_) {
     clock_ = clock_capture_->current();
     clock_capture_.reset();

@@ -55,6 +55,7 @@
 
 #include "clock.h"
 #include "event.h"
+#include "memory.h"
 
 namespace hooktrace {
 
@@ -205,7 +206,8 @@ class Session {
     ThreadBuffer* b = buffer();
     Event* e = next_slot(b);
     if (C10_UNLIKELY(!e)) return;
-    e->t = now_ticks();
+    const uint64_t t = now_ticks();
+    e->t = t;
     e->seq = at::sequence_number::peek();
     e->id = id;
     e->tid = b->tid;
@@ -214,6 +216,7 @@ class Session {
     e->flags = flags;
     e->pad = 0;
     publish(b);
+    if (C10_UNLIKELY(memory_)) record_memory(b, t);
   }
 
   // An autograd node event from the backward callback (backward.cpp): `seq`
@@ -224,7 +227,8 @@ class Session {
     ThreadBuffer* b = buffer();
     Event* e = next_slot(b);
     if (C10_UNLIKELY(!e)) return;
-    e->t = now_ticks();
+    const uint64_t t = now_ticks();
+    e->t = t;
     e->seq = seq;
     e->id = id;
     e->tid = b->tid;
@@ -233,11 +237,20 @@ class Session {
     e->flags = 0;
     e->pad = 0;
     publish(b);
+    if (C10_UNLIKELY(memory_ && kind != kStep)) record_memory(b, t);
   }
 
   // A step boundary (Python's Trace.step(), never per module call): `step` is
   // the number of the step that just ended.
   void record_step(uint64_t step) { record_node(kStep, step, 0, 0); }
+
+  // Memory per call (memory.h), before start(): `cpu` counts CPU allocations
+  // (the counting allocator is installed from start() to stop()); `cuda_device`
+  // >= 0 also samples that CUDA device's allocator. Throws std::runtime_error
+  // when CUDA is asked for and no CUDA allocator is registered.
+  void set_memory(bool cpu, int cuda_device);
+  bool memory_cpu() const { return memory_ & kMemoryCpu; }
+  int memory_cuda_device() const { return cuda_allocator_ ? cuda_device_ : -1; }
 
   bool refill(ThreadBuffer* b);
 
@@ -255,6 +268,10 @@ class Session {
   inline ThreadBuffer* buffer();
   ThreadBuffer* buffer_slow();
   bool refill_streaming(ThreadBuffer* b);  // mutex_ held
+  // The memory samples following an event at tick `t` (memory.h); out of line:
+  // only memory traces take it.
+  void record_memory(ThreadBuffer* b, uint64_t t);
+  void write_memory(ThreadBuffer* b, uint64_t t, uint8_t kind, int64_t current, int64_t peak);
 
   // The slot for the thread's next event, or null when it must be dropped
   // (counted). The event becomes visible to collectors at publish().
@@ -276,6 +293,12 @@ class Session {
   const uint64_t capacity_chunks_;
   const uint32_t max_chunks_;  // capacity_chunks_, plus the ring's spare chunk
   std::atomic<bool> active_{false};
+  // Memory sampling (set_memory), fixed before start(): read on the hot path.
+  static constexpr uint8_t kMemoryCpu = 1, kMemoryCuda = 2;
+  uint8_t memory_ = 0;
+  bool cpu_counting_ = false;  // guarded by mutex_: start() installed the counting allocator
+  c10::DeviceAllocator* cuda_allocator_ = nullptr;
+  int cuda_device_ = -1;
   // Set once capacity is exhausted in drop mode, so the full-buffer path
   // counts the drop without taking the mutex.
   std::atomic<bool> full_{false};

@@ -28,7 +28,12 @@ EXIT = 2
 NODE_BEGIN = 3
 NODE_END = 4
 STEP = 5  # a training step ended: seq = its number, id = 0
-VALID_KINDS = (ENTER, EXIT, NODE_BEGIN, NODE_END, STEP)
+# Memory samples (trace(memory=True), hooktrace.memory): right after the event they
+# belong to, same thread and t; seq = bytes allocated now, id | rf_tid << 32 = peak.
+MEM_CPU = 6
+MEM_CUDA = 7
+MEM_KINDS = (MEM_CPU, MEM_CUDA)
+VALID_KINDS = (ENTER, EXIT, NODE_BEGIN, NODE_END, STEP, MEM_CPU, MEM_CUDA)
 
 FLAG_ERROR = 1
 

@@ -165,6 +165,10 @@ class Trace(StepMarks, FlightRecorder, TraceData):
         flops: count FLOPs per module, forward and backward, with torch's
             ``FlopCounterMode`` on the root's first call of each input signature (see
             :mod:`hooktrace.flops`); the summary gains ``flops``/``tflops`` columns.
+        memory: record the bytes allocated at every module enter and exit, forward and
+            backward, and the peak in between, on CPU and the current CUDA device
+            (:mod:`hooktrace.memory`); the summary gains ``mem_net``/``mem_peak``
+            columns and the exports a memory counter track.
 
     Example::
 
@@ -193,6 +197,7 @@ class Trace(StepMarks, FlightRecorder, TraceData):
         schedule: Callable[[int], Any] | None = None,
         on_window: Callable[[TraceData], Any] | None = None,
         flops: bool = False,
+        memory: bool = False,
     ) -> None:
         # Everything is checked here, before the model is touched: a bad argument must
         # never leave a model half-instrumented.
@@ -207,7 +212,8 @@ class Trace(StepMarks, FlightRecorder, TraceData):
                 choices = ", ".join(repr(a) for a in allowed)
                 raise error(f"{arg} must be one of {choices}; got {value!r}")
         flag_values: tuple[tuple[str, object], ...] = (
-            ("backward", backward), ("emit_profiler", emit_profiler), ("flops", flops))
+            ("backward", backward), ("emit_profiler", emit_profiler), ("flops", flops),
+            ("memory", memory))
         for flag, flag_value in flag_values:
             if not isinstance(flag_value, (bool, np.bool_)):
                 raise TypeError(f"{flag} must be True or False, got "
@@ -233,6 +239,8 @@ class Trace(StepMarks, FlightRecorder, TraceData):
         self._state: Literal["new", "recording", "done"] = "new"
         self._flops = bool(flops)
         self._flop_recorder: Any = None
+        self._memory = bool(memory)
+        self._memory_info: dict[str, Any] | None = None
 
     # -- context manager ---------------------------------------------------
 
@@ -262,6 +270,10 @@ class Trace(StepMarks, FlightRecorder, TraceData):
             # nothing in the profiler's trace, "Sequential.0" does.
             root = type(model).__name__
             session.set_emit_names([f"{root}.{name}" if name else root for name, _ in modules])
+        if self._memory:
+            from hooktrace.memory import enable
+
+            self._memory_info = enable(session)
         # All or nothing: a Ctrl-C is held off until the model is fully instrumented,
         # then aborts the entry like any exception, undoing every step taken.
         with _SigintDeferred() as sigint:
@@ -539,6 +551,7 @@ class Trace(StepMarks, FlightRecorder, TraceData):
             "capacity": int(session.capacity),
             "start_unix_ns": self._start_unix_ns,
             "thread_names": _thread_names(),
+            **({"memory": self._memory_info} if self._memory_info is not None else {}),
         }
 
     def _collect(self, session: Any, stop_unix_ns: int, *, with_events: bool = True

@@ -108,6 +108,8 @@ from hooktrace._events import (
     ENTER,
     EXIT,
     FLAG_ERROR,
+    MEM_CPU,
+    MEM_CUDA,
     NODE_BEGIN,
     STEP,
     VALID_KINDS,
@@ -920,6 +922,16 @@ _MAX_RANK = 2**31 - 1
 
 # Metadata keys the reader and its consumers (summary, Chrome export, merge) use,
 # each with what it must be when present; other keys are free-form.
+def _memory_info(value: Any) -> str | None:
+    """trace(memory=True)'s block: {"devices": ["cpu" | "cuda:N", ...], ...}."""
+    devices = value.get("devices") if isinstance(value, dict) else None
+    if not isinstance(devices, list) or not all(
+            isinstance(d, str) and (d == "cpu" or re.fullmatch(r"cuda:\d{1,3}", d))
+            for d in devices):
+        return 'an object with "devices": a list of "cpu" or "cuda:N"'
+    return None
+
+
 _INFO_CHECKS: dict[str, Callable[[Any], str | None]] = {
     "pid": _int_in(1, _MAX_PID),
     "hostname": _of_type(str, "a string"),
@@ -947,6 +959,7 @@ _INFO_CHECKS: dict[str, Callable[[Any], str | None]] = {
     "clock_offset_uncertainty_ns": _int_in(0, _MAX_UNIX_NS),
     "clock_offset_injected_ns": _int_in(-_MAX_UNIX_NS, _MAX_UNIX_NS),
     "clock_sync": _clock_sync,
+    "memory": _memory_info,
 }
 
 
@@ -1104,6 +1117,17 @@ def _validate_events(
     bad = np.flatnonzero((kind == STEP) & (ids != 0))
     if bad.size:
         fail(bad, "id", f"expected id 0 on a step mark, found {int(ids[bad[0]])}")
+    # memory samples: bytes now (seq) and the peak (id | rf_tid << 32) are int64 >= 0
+    mem = np.flatnonzero((kind == MEM_CPU) | (kind == MEM_CUDA))
+    if mem.size:
+        bad = mem[(events["seq"][mem] >> np.uint64(62)) != 0]
+        if bad.size:
+            fail(bad, "seq", f"expected a memory sample's bytes below 2**62, found "
+                             f"{int(events['seq'][bad[0]])}")
+        bad = mem[(events["rf_tid"][mem] >> np.uint32(30)) != 0]
+        if bad.size:
+            fail(bad, "rf_tid", "expected a memory sample's peak below 2**62, found high "
+                                f"bits {int(events['rf_tid'][bad[0]])}")
     # The recorder sets FLAG_ERROR on EXITs only and never writes the padding.
     # (Each check scans the nonzero/too-large values only: a load is I/O bound.)
     flagged = np.flatnonzero(events["flags"])

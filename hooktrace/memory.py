@@ -1,0 +1,229 @@
+"""Memory per module call: what ``trace(model, memory=True)`` recorded, per span.
+
+**Recording** (``csrc/memory.h``). Right after every module enter/exit and
+autograd node begin/end, on the same thread and with the same time, the
+recorder writes a memory sample: ``MEM_CPU`` (CPU bytes allocated now through
+hooktrace's counting CPU allocator, and the highest value since the previous
+CPU sample of any thread) and, on a CUDA run, ``MEM_CUDA`` (the device's
+allocated bytes now, and its high-water mark, as
+``torch.cuda.memory_allocated``/``max_memory_allocated`` report them).
+
+**Per call** (:func:`span_memory`), for forward and backward spans alike:
+
+* ``enter``/``exit``: bytes allocated at the call's first and last event (a
+  backward span's first node begin and last node end);
+* ``peak``: the highest value in between. CPU: exact, from every thread's
+  samples in time order (the counter is process-wide). CUDA: exact when the
+  device's high-water mark rose during the call (the new mark is the peak);
+  otherwise the highest sampled value, a lower bound (``exact`` False), since
+  hooktrace never resets the mark the user may be reading;
+* ``net`` = exit - enter: what the call left allocated (forward: activations
+  kept for backward plus its output); ``peak_above`` = peak - enter.
+
+The CPU counter counts tensors allocated while a memory trace records: a tensor
+allocated before it started and freed inside a call is not subtracted (as
+``torch.profiler``'s ``profile_memory`` does not). A span whose enter or exit
+sample is missing (dropped with a full buffer, an unfinished call) has
+``known`` False and counts in no column.
+
+Example:
+    >>> import numpy as np
+    >>> from hooktrace._events import EVENT_DTYPE, Clock
+    >>> from hooktrace.reading import TraceData
+    >>> ev = np.zeros(4, EVENT_DTYPE)
+    >>> ev["kind"] = [1, 6, 2, 6]      # ENTER, its CPU sample, EXIT, its CPU sample
+    >>> ev["t"] = [10, 10, 30, 30]
+    >>> ev["seq"] = [0, 100, 0, 400]   # samples: bytes allocated now
+    >>> ev["id"] = [0, 100, 0, 900]    # samples: the peak since the previous one
+    >>> trace = TraceData(ev, [("", "Net")], [], Clock(0, 0, 1.0),
+    ...                   {"pid": 1, "hostname": "h", "dropped_events": 0,
+    ...                    "overwritten_events": 0, "memory": {"devices": ["cpu"]}})
+    >>> m = span_memory(trace, "cpu")
+    >>> m.net.tolist(), m.peak_above.tolist()
+    ([300], [800])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from hooktrace._events import ENTER, EXIT, MEM_CPU, MEM_CUDA, NODE_BEGIN, NODE_END
+
+if TYPE_CHECKING:
+    from hooktrace.reading import TraceData
+
+__all__ = ["MemorySamples", "SpanMemory", "memory_devices", "samples", "span_memory"]
+
+
+def memory_devices(trace: TraceData) -> list[str]:
+    """The devices whose memory ``trace`` recorded: ``"cpu"``, ``"cuda:N"``; [] when
+    it was recorded without ``memory=True``."""
+    mem = trace.info.get("memory")
+    devices = mem.get("devices") if isinstance(mem, dict) else None
+    return [str(d) for d in devices] if isinstance(devices, list) else []
+
+
+def _kind_of(device: str) -> int:
+    return MEM_CPU if device == "cpu" else MEM_CUDA
+
+
+@dataclass(frozen=True)
+class MemorySamples:
+    """A device's samples, all threads, in time order (stable: recorded order per thread).
+
+    ``bytes``: allocated at the sample; ``peak``: CPU, the highest value since the
+    previous sample; CUDA, the device's high-water mark. ``owner``: the kind of the
+    event the sample follows (ENTER, EXIT, NODE_BEGIN, NODE_END). ``index``: the
+    sample's row in ``trace.events``.
+    """
+
+    device: str
+    t_ns: np.ndarray
+    bytes: np.ndarray
+    peak: np.ndarray
+    tid: np.ndarray
+    owner: np.ndarray
+    index: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.t_ns)
+
+
+def samples(trace: TraceData, device: str) -> MemorySamples:
+    """The samples of ``device`` that follow an event of their own thread."""
+    ev = trace.events
+    kind = ev["kind"]
+    is_sample = (kind == MEM_CPU) | (kind == MEM_CUDA)
+    # Each thread's events in recorded order (the file keeps it per thread).
+    order = np.argsort(ev["tid"], kind="stable")
+    k, tid = kind[order], ev["tid"][order]
+    pos = np.arange(len(order))
+    # the last non-sample event at or before each position, and its thread
+    last = np.maximum.accumulate(np.where(is_sample[order], -1, pos)) if len(pos) else pos
+    mine = np.flatnonzero((k == _kind_of(device)) & (last >= 0))
+    owner_pos = last[mine]
+    ok = tid[owner_pos] == tid[mine]
+    owner_kind = k[owner_pos]
+    ok &= np.isin(owner_kind, (ENTER, EXIT, NODE_BEGIN, NODE_END))
+    rows = order[mine[ok]]
+    owner_kind = owner_kind[ok]
+    t_ns = trace.clock.to_unix_ns(ev["t"][rows])
+    by_time = np.argsort(t_ns, kind="stable")
+    rows, owner_kind, t_ns = rows[by_time], owner_kind[by_time], t_ns[by_time]
+    sel = ev[rows]
+    peak = (sel["id"].astype(np.uint64) | (sel["rf_tid"].astype(np.uint64) << np.uint64(32)))
+    return MemorySamples(device, t_ns, sel["seq"].view(np.int64).copy(),
+                         peak.view(np.int64), sel["tid"].copy(), owner_kind.astype(np.uint8),
+                         rows.astype(np.int64))
+
+
+@dataclass(frozen=True)
+class SpanMemory:
+    """Per span of ``trace.spans()`` (same order): bytes at enter and exit, the peak in
+    between (-1 where unknown), whether both samples were found (``known``) and whether
+    the peak is exact (``exact``; CUDA may give a lower bound)."""
+
+    device: str
+    enter: np.ndarray
+    exit: np.ndarray
+    peak: np.ndarray
+    known: np.ndarray
+    exact: np.ndarray
+
+    @property
+    def net(self) -> np.ndarray:
+        """exit - enter (0 where unknown)."""
+        return np.where(self.known, self.exit - self.enter, 0)
+
+    @property
+    def peak_above(self) -> np.ndarray:
+        """peak - enter (0 where unknown)."""
+        return np.where(self.known, self.peak - self.enter, 0)
+
+
+def _lookup(times: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """Index in sorted ``times`` equal to each ``wanted``, -1 when absent."""
+    i = np.searchsorted(times, wanted)
+    i_c = np.minimum(i, max(len(times) - 1, 0))
+    hit = (i < len(times)) & (times[i_c] == wanted) if len(times) else np.zeros(len(wanted), bool)
+    return np.where(hit, i_c, -1)
+
+
+def span_memory(trace: TraceData, device: str) -> SpanMemory:
+    """Memory of every span of ``trace`` on ``device`` (see the module docstring)."""
+    from hooktrace.reading import CAT_BACKWARD
+
+    spans = trace.spans()
+    n = len(spans)
+    s = samples(trace, device)
+    pos_enter = np.full(n, -1, np.int64)
+    pos_exit = np.full(n, -1, np.int64)
+    backward = spans.cat == CAT_BACKWARD
+    # Forward (and recompute) calls: the samples after their ENTER and EXIT, found on
+    # their own thread by time (a thread's ENTER times strictly increase).
+    fwd = np.flatnonzero(~backward)
+    for tid in np.unique(spans.tid[fwd]).tolist():
+        calls = fwd[spans.tid[fwd] == tid]
+        on_thread = s.tid == tid
+        for owner, wanted, out in ((ENTER, spans.start_ns, pos_enter),
+                                   (EXIT, spans.end_ns, pos_exit)):
+            where = np.flatnonzero(on_thread & (s.owner == owner))
+            hit = _lookup(s.t_ns[where], wanted[calls])
+            out[calls[hit >= 0]] = where[hit[hit >= 0]]
+    # Backward spans: the sample after the first node's begin and the last node's end,
+    # whichever thread ran them.
+    bwd = np.flatnonzero(backward)
+    if len(bwd):
+        for owner, wanted, out in ((NODE_BEGIN, spans.start_ns, pos_enter),
+                                   (NODE_END, spans.end_ns, pos_exit)):
+            where = np.flatnonzero(s.owner == owner)
+            hit = _lookup(s.t_ns[where], wanted[bwd])
+            out[bwd[hit >= 0]] = where[hit[hit >= 0]]
+    known = (pos_enter >= 0) & (pos_exit > pos_enter)
+    enter = np.where(known, s.bytes[np.maximum(pos_enter, 0)] if len(s) else 0, -1)
+    exit_ = np.where(known, s.bytes[np.maximum(pos_exit, 0)] if len(s) else 0, -1)
+    peak = np.full(n, -1, np.int64)
+    exact = np.zeros(n, bool)
+    k = np.flatnonzero(known)
+    if len(k):
+        lo, hi = pos_enter[k] + 1, pos_exit[k] + 1  # samples (enter, exit]
+        bounds = np.empty(2 * len(k), np.int64)
+        bounds[0::2], bounds[1::2] = lo, hi
+        # reduceat over consecutive pairs; index len(s) is not allowed, so pad one
+        if device == "cpu":
+            high = np.maximum.reduceat(np.append(s.peak, 0), bounds)[0::2]
+            peak[k] = np.maximum(high, enter[k])
+            exact[k] = True
+        else:
+            high = np.maximum.reduceat(np.append(s.bytes, 0), bounds)[0::2]
+            sampled = np.maximum(high, enter[k])
+            mark_in, mark_out = s.peak[pos_enter[k]], s.peak[pos_exit[k]]
+            rose = mark_out > mark_in
+            peak[k] = np.where(rose, np.maximum(mark_out, sampled), sampled)
+            exact[k] = rose
+    return SpanMemory(device, enter, exit_, peak, known, exact)
+
+
+def enable(session: object) -> dict[str, object]:
+    """Turn memory sampling on for a ``_C.Session`` not yet started; returns the run's
+    ``info["memory"]`` block. CUDA is sampled on the current device when torch can use
+    CUDA. Raises :class:`~hooktrace.errors.HooktraceError` when it cannot be set up."""
+    import torch
+
+    from hooktrace.errors import HooktraceError
+
+    cuda = torch.cuda.current_device() if torch.cuda.is_available() else -1
+    try:
+        session.set_memory(True, cuda)  # type: ignore[attr-defined]
+    except RuntimeError as e:
+        raise HooktraceError(f"memory=True: {e}") from None
+    devices = ["cpu"] + ([f"cuda:{cuda}"] if cuda >= 0 else [])
+    return {"devices": devices,
+            "cpu": "bytes allocated through hooktrace's counting CPU allocator while "
+                   "recording (tensors allocated before the trace are not subtracted "
+                   "when freed)",
+            **({"cuda": "the caching allocator's allocated bytes and high-water mark"}
+               if cuda >= 0 else {})}

@@ -1,0 +1,218 @@
+"""trace(model, memory=True): bytes per module call against torch.profiler's own counts.
+
+The reference is the usual recipe run separately on the same deterministic step:
+forward hooks opening ``record_function`` ranges under
+``torch.profiler.profile(profile_memory=True)``. Per forward call, the profiler's
+``cpu_memory_usage`` of the range (net bytes) and the highest running sum of its
+``[memory]`` events inside the range (peak above enter) must equal hooktrace's, byte
+for byte. Backward spans are checked in one run with both recorders against the
+profiler's ``[memory]`` events inside each span.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections import defaultdict
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, profile, record_function
+
+import hooktrace
+from hooktrace import _C
+from hooktrace.memory import span_memory
+from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD
+from models import ConvNet, tiny_bert
+
+HEADER = 64  # csrc/memory.cpp: what the counting allocator adds in front of each block
+
+
+def tiny_gpt2() -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=4,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return GPT2LMHeadModel(cfg).eval()
+
+
+def _tokens(model: nn.Module) -> torch.Tensor:
+    torch.manual_seed(1)
+    return torch.randint(0, 64, (2, 16))
+
+
+MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[[nn.Module], torch.Tensor]]] = {
+    "gpt2": (tiny_gpt2, _tokens),
+    "bert": (tiny_bert, _tokens),
+    "resnet": (ConvNet, lambda m: torch.randn(2, 3, 16, 16)),
+}
+
+
+def _loss(out: Any) -> torch.Tensor:
+    t = out if isinstance(out, torch.Tensor) else out[0]
+    return t.float().pow(2).mean()
+
+
+def _step(model: nn.Module, x: torch.Tensor) -> None:
+    _loss(model(x)).backward()
+
+
+def profiler_reference(model: nn.Module, x: torch.Tensor, steps: int
+                       ) -> dict[str, list[tuple[int, int]]]:
+    """Per module qualified name, per forward call in order: (net bytes, peak above enter)
+    from torch.profiler(profile_memory=True) around record_function hooks."""
+    handles = []
+    open_ranges: dict[str, list[Any]] = defaultdict(list)
+    for name, mod in model.named_modules():
+        def pre(_m: nn.Module, _a: Any, n: str = name) -> None:
+            r = record_function("mod::" + n)
+            r.__enter__()
+            open_ranges[n].append(r)
+
+        def post(_m: nn.Module, _a: Any, _o: Any, n: str = name) -> None:
+            open_ranges[n].pop().__exit__(None, None, None)
+        handles += [mod.register_forward_pre_hook(pre), mod.register_forward_hook(post)]
+    try:
+        _step(model, x)  # warm-up outside the profiler, as the traced run does
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            for _ in range(steps):
+                _step(model, x)
+    finally:
+        for h in handles:
+            h.remove()
+    events = prof.profiler.kineto_results.events()
+    mem = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+    mem_t = np.array([t for t, _ in mem], np.int64)
+    mem_b = np.array([b for _, b in mem], np.int64)
+    out: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    ranges = sorted((e.start_ns(), e.end_ns(), e.name()[5:]) for e in events
+                    if e.name().startswith("mod::"))
+    for start, end, name in ranges:
+        lo, hi = np.searchsorted(mem_t, start, "left"), np.searchsorted(mem_t, end, "right")
+        running = np.cumsum(mem_b[lo:hi])
+        net = int(running[-1]) if len(running) else 0
+        peak = max(0, int(running.max())) if len(running) else 0
+        out[name].append((net, peak))
+    return out
+
+
+def hooktrace_calls(trace: hooktrace.Trace) -> dict[str, list[tuple[int, int]]]:
+    spans = trace.spans()
+    mem = span_memory(trace, "cpu")
+    out: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    fwd = np.flatnonzero(spans.cat == CAT_FORWARD)
+    for i in fwd[np.argsort(spans.start_ns[fwd], kind="stable")].tolist():
+        assert mem.known[i] and mem.exact[i]
+        out[trace.modules[spans.module[i]][0]].append(
+            (int(mem.net[i]), int(mem.peak_above[i])))
+    return out
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_forward_bytes_equal_the_profilers_per_call(name: str) -> None:
+    make, inputs = MODELS[name]
+    model = make()
+    x = inputs(model)
+    steps = 2
+    expected = profiler_reference(model, x, steps)
+    model.zero_grad(set_to_none=False)
+    _step(model, x)  # same warm-up: gradients exist before the measured steps
+    with hooktrace.trace(model, memory=True) as tr:
+        for _ in range(steps):
+            _step(model, x)
+    got = hooktrace_calls(tr)
+    assert set(got) == set(expected)
+    mismatched = {k: (got[k], expected[k]) for k in got if got[k] != expected[k]}
+    assert not mismatched, mismatched
+    # something real was measured: activations are kept for backward
+    assert got[""][0][0] > 0 and all(p >= n for calls in got.values() for n, p in calls)
+
+
+def test_backward_spans_match_the_profilers_memory_events() -> None:
+    model = tiny_gpt2()
+    x = _tokens(model)
+    _step(model, x)
+    with hooktrace.trace(model, memory=True) as tr:
+        _step(model, x)  # gradients exist: the profiled step frees only its own blocks
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            _step(model, x)
+    events = prof.profiler.kineto_results.events()
+    mem = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+    assert mem
+    t0 = mem[0][0]
+    # the profiler sees each block 64 bytes larger (it counts the counting allocator's
+    # inner allocation): undo that per event
+    mem_t = np.array([t for t, _ in mem], np.int64)
+    mem_b = np.array([b - HEADER if b > 0 else b + HEADER for _, b in mem], np.int64)
+    spans = tr.spans()
+    m = span_memory(tr, "cpu")
+    bwd = np.flatnonzero((spans.cat == CAT_BACKWARD) & (spans.start_ns > t0))
+    assert len(bwd) > 10
+    for i in bwd.tolist():
+        assert m.known[i]
+        lo = np.searchsorted(mem_t, spans.start_ns[i], "right")
+        hi = np.searchsorted(mem_t, spans.end_ns[i], "right")
+        running = np.cumsum(mem_b[lo:hi])
+        net = int(running[-1]) if len(running) else 0
+        peak = max(0, int(running.max())) if len(running) else 0
+        name = tr.modules[spans.module[i]][0]
+        assert (int(m.net[i]), int(m.peak_above[i])) == (net, peak), name
+    # backward frees the activations forward kept: over the whole pass, memory goes down
+    root = [i for i in bwd.tolist() if spans.module[i] == 0]
+    assert root and all(m.net[i] < 0 for i in root)
+
+
+def test_memory_off_records_no_samples_and_leaves_the_allocator_alone() -> None:
+    model = nn.Linear(8, 8)
+    with hooktrace.trace(model) as tr:
+        assert not _C.cpu_memory_installed()
+        model(torch.randn(2, 8)).sum().backward()
+    assert "memory" not in tr.info
+    assert not np.isin(tr.events["kind"], (6, 7)).any()
+
+
+def test_allocator_is_restored_after_an_exception_and_nested_traces() -> None:
+    a, b = nn.Linear(8, 8), nn.Linear(8, 8)
+    with pytest.raises(ZeroDivisionError):
+        with hooktrace.trace(a, memory=True):
+            assert _C.cpu_memory_installed()
+            a(torch.randn(2, 8))
+            1 / 0
+    assert not _C.cpu_memory_installed()
+    with hooktrace.trace(a, memory=True) as ta:
+        with hooktrace.trace(b, memory=True) as tb:
+            b(a(torch.randn(2, 8)))
+        assert _C.cpu_memory_installed()  # ta still records
+    assert not _C.cpu_memory_installed()
+    for tr in (ta, tb):
+        m = span_memory(tr, "cpu")
+        assert m.known.all() and (m.net > 0).all()
+    # a tensor made while counting can be freed after the allocator was removed
+    with hooktrace.trace(a, memory=True):
+        kept = torch.empty(1 << 20, dtype=torch.uint8)
+    before = _C.cpu_memory_current()
+    del kept
+    gc.collect()
+    assert _C.cpu_memory_current() == before - (1 << 20)
+
+
+def test_memory_survives_save_load_and_a_stream(tmp_path: Any) -> None:
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    x = torch.randn(4, 16)
+    _step(model, x)  # gradients exist in both traced steps
+    with hooktrace.trace(model, memory=True) as tr:
+        _step(model, x)
+    tr.save(tmp_path / "run.htrace")
+    loaded = hooktrace.load(tmp_path / "run.htrace")
+    a, b = span_memory(tr, "cpu"), span_memory(loaded, "cpu")
+    assert (a.net == b.net).all() and (a.peak == b.peak).all()
+    with hooktrace.trace(model, memory=True, out=tmp_path / "stream.htrace") as st:
+        _step(model, x)
+    streamed = hooktrace.load(tmp_path / "stream.htrace")
+    assert streamed.info["memory"]["devices"] == ["cpu"]
+    s = span_memory(streamed, "cpu")
+    assert s.known.all() and (s.net == a.net).all()
+    del st
