@@ -53,9 +53,11 @@ import numpy as np
 from hooktrace._events import ENTER, EXIT, MEM_CPU, MEM_CUDA, NODE_BEGIN, NODE_END
 
 if TYPE_CHECKING:
+    from hooktrace import _C
     from hooktrace.reading import TraceData
 
-__all__ = ["MemorySamples", "SpanMemory", "memory_devices", "samples", "span_memory"]
+__all__ = ["MemorySamples", "SpanMemory", "counter_name", "counter_points", "memory_devices",
+           "samples", "span_memory"]
 
 
 def memory_devices(trace: TraceData) -> list[str]:
@@ -207,7 +209,7 @@ def span_memory(trace: TraceData, device: str) -> SpanMemory:
     return SpanMemory(device, enter, exit_, peak, known, exact)
 
 
-def enable(session: object) -> dict[str, object]:
+def enable(session: _C.Session) -> dict[str, object]:
     """Turn memory sampling on for a ``_C.Session`` not yet started; returns the run's
     ``info["memory"]`` block. CUDA is sampled on the current device when torch can use
     CUDA. Raises :class:`~hooktrace.errors.HooktraceError` when it cannot be set up."""
@@ -217,7 +219,7 @@ def enable(session: object) -> dict[str, object]:
 
     cuda = torch.cuda.current_device() if torch.cuda.is_available() else -1
     try:
-        session.set_memory(True, cuda)  # type: ignore[attr-defined]
+        session.set_memory(True, cuda)
     except RuntimeError as e:
         raise HooktraceError(f"memory=True: {e}") from None
     devices = ["cpu"] + ([f"cuda:{cuda}"] if cuda >= 0 else [])
@@ -227,3 +229,24 @@ def enable(session: object) -> dict[str, object]:
                    "when freed)",
             **({"cuda": "the caching allocator's allocated bytes and high-water mark"}
                if cuda >= 0 else {})}
+
+
+def counter_name(device: str) -> str:
+    """The name of ``device``'s counter track in the exports."""
+    return f"memory {device} (hooktrace)"
+
+
+def counter_points(trace: TraceData, device: str, window: tuple[int, int] | None = None,
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """(Unix ns, bytes allocated) of ``device``'s counter track: every sample where the
+    value changes (and the first and last), inside ``window`` when given."""
+    s = samples(trace, device)
+    t, b = s.t_ns, s.bytes
+    if window is not None:
+        keep = (t >= window[0]) & (t <= window[1])
+        t, b = t[keep], b[keep]
+    if len(t) > 2:
+        change = np.r_[True, b[1:] != b[:-1]]
+        change[-1] = True
+        t, b = t[change], b[change]
+    return t, b

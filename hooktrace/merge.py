@@ -89,6 +89,7 @@ from hooktrace.exporters._layout import UNATTRIBUTED_CAT, TrackLayout
 from hooktrace.exporters.chrome import (
     _dumps,
     write_node_events,
+    write_memory_counters,
     write_span_events,
     write_steps,
 )
@@ -410,6 +411,7 @@ def write_spans(write: Callable[[bytes], Any], run: TraceData, place: _Placement
                       UNATTRIBUTED_CAT, base_ns)
     tracks = place.layout.track_table()
     step_track = write_steps(write, run, place.layout.next_tid, base_ns, window)
+    write_memory_counters(write, run, base_ns, window)
     return tracks + ([step_track] if step_track is not None else [])
 
 

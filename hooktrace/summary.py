@@ -45,6 +45,18 @@ _COLUMNS = ("module", "type", "calls", "total_ns", "self_ns", "mean_ns", "p50_ns
             "step_p99_ns")
 # Recorded only with trace(flops=True) (hooktrace.flops): added after the others.
 FLOP_COLUMNS = ("flops", "bwd_flops", "tflops", "bwd_tflops", "mfu")
+# Recorded only with trace(memory=True) (hooktrace.memory): per device, net bytes a
+# call leaves allocated (mean over calls) and the peak above its enter (max over calls).
+MEMORY_KEYS = ("mem_net", "mem_peak", "bwd_mem_net", "bwd_mem_peak")
+
+
+def memory_columns(device: str) -> tuple[str, ...]:
+    """The summary's memory columns of ``device`` (``"cpu"`` unprefixed, ``"cuda:N"``
+    as ``cuda_...``)."""
+    prefix = "" if device == "cpu" else "cuda_"
+    return tuple(prefix + k for k in MEMORY_KEYS)
+
+
 _FORWARD_KEYS = ("calls", "total_ns", "self_ns", "mean_ns", "p50_ns", "p99_ns",
                  "recompute_calls", "recompute_total_ns")
 
@@ -199,6 +211,11 @@ class Summary:
         if "flops" in trace.info:
             columns += FLOP_COLUMNS
             notes += _add_flops(rows, trace, peak_tflops)
+        from hooktrace.memory import memory_devices
+
+        for device in memory_devices(trace):
+            columns += memory_columns(device)
+            notes += _add_memory(rows, trace, device)
         return cls(rows, counts, notes, columns)
 
     @staticmethod
@@ -276,12 +293,14 @@ class Summary:
         return "\n".join(lines)
 
     def to_text(self, top: int | None = None, *, wide: bool = False,
-                width: int = TEXT_WIDTH, flops: bool = False) -> str:
+                width: int = TEXT_WIDTH, flops: bool = False, memory: bool = False) -> str:
         """Aligned text table of the first ``top`` rows (all when None).
 
         Fits ``width`` columns (long module names are shortened from the left)
-        unless ``wide``, which shows every column and full names. ``flops`` adds
-        the FLOP columns to the narrow table (``wide`` has them when recorded).
+        unless ``wide``, which shows every column and full names. ``flops`` and
+        ``memory`` add the FLOP and memory columns to the narrow table (``wide``
+        has them when recorded; the narrow one shows the CUDA device's memory when
+        recorded, else the CPU's).
         """
         rows = self._top(top)
         has_bwd = any(r["bwd_calls"] for r in self.rows)
@@ -296,6 +315,13 @@ class Summary:
         if "flops" in self.columns and (wide or flops):
             columns += [c for c in _TEXT_FLOPS if wide or c[1] != "mfu" or any(
                 r.get("mfu") is not None for r in self.rows)]
+        mem_keys = [k for k in self.columns if k.startswith(("mem_", "bwd_mem_", "cuda_"))]
+        if mem_keys and (wide or memory):
+            if not wide and any(k.startswith("cuda_") for k in mem_keys):
+                mem_keys = [k for k in mem_keys if k.startswith("cuda_")]
+            if not has_bwd:
+                mem_keys = [k for k in mem_keys if "bwd_" not in k]
+            columns += [(k, k) for k in mem_keys]
         header = [title for title, _ in columns]
         table = [header] + [[_cell(r, key) for _, key in columns] for r in rows]
         widths = [max(len(line[i]) for line in table) for i in range(len(header))]
@@ -520,6 +546,59 @@ def _add_flops(rows: list[dict[str, Any]], trace: TraceData,
     return [note]
 
 
+def _add_memory(rows: list[dict[str, Any]], trace: TraceData, device: str) -> list[str]:
+    """Fill ``device``'s memory columns of ``rows``; returns notes."""
+    from hooktrace.memory import span_memory
+
+    spans = trace.spans()
+    mem = span_memory(trace, device)
+    keys = memory_columns(device)
+    by_module: dict[str, dict[str, int]] = {}
+    for phase, cats in ((0, (CAT_FORWARD,)), (2, (CAT_BACKWARD,))):
+        sel = np.flatnonzero(np.isin(spans.cat, cats) & mem.known)
+        if not len(sel):
+            continue
+        module = spans.module[sel].astype(np.int64)
+        n = int(module.max()) + 1
+        calls = np.bincount(module, minlength=n)
+        net = np.bincount(module, weights=mem.net[sel].astype(np.float64), minlength=n)
+        peak = np.full(n, np.iinfo(np.int64).min, np.int64)
+        np.maximum.at(peak, module, mem.peak_above[sel])
+        for m in np.flatnonzero(calls).tolist():
+            values = by_module.setdefault(trace.modules[m][0], {})
+            values[keys[phase]] = int(round(net[m] / calls[m]))
+            values[keys[phase + 1]] = int(peak[m])
+    for row in rows:
+        values = by_module.get(row["module"], {}) if row["module"] != UNATTRIBUTED else {}
+        for key in keys:
+            row[key] = values.get(key)
+    unknown = int(np.count_nonzero(~mem.known))
+    note = (f"memory ({device}): {keys[0]} = bytes a call leaves allocated, mean over calls; "
+            f"{keys[1]} = peak above the call's start, max over calls")
+    if unknown:
+        note += f"; {unknown} call(s) without both samples left out"
+    if device != "cpu" and len(mem.exact) and not mem.exact[mem.known].all():
+        note += ("; where the device's high-water mark did not rise in a call, its peak "
+                 "is the highest sampled value (a lower bound)")
+    return [note]
+
+
+def format_bytes(n: float) -> str:
+    """Human-readable byte count (binary units, signed).
+
+    Example:
+        >>> format_bytes(512), format_bytes(98304), format_bytes(-3 * 2**20), format_bytes(0)
+        ('512 B', '96.0 KiB', '-3.00 MiB', '0 B')
+    """
+    a = abs(n)
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if a >= scale:
+            v = n / scale
+            digits = 0 if abs(v) >= 100 else 1 if abs(v) >= 10 else 2
+            return f"{v:.{digits}f} {unit}"
+    return f"{n:.0f} B"
+
+
 def _cell(row: dict[str, Any], key: str) -> str:
     value = row[key]
     if key == "module":
@@ -534,6 +613,8 @@ def _cell(row: dict[str, Any], key: str) -> str:
         return f"{value:.3g}"
     if key == "mfu":
         return f"{value * 100:.1f}%"
+    if "mem_" in key:
+        return format_bytes(value)
     if key.endswith("_ns"):
         return format_ns(value)
     return str(value)

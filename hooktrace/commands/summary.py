@@ -34,6 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--flops", action="store_true",
                    help="add FLOPs and TFLOP/s per module to the table (recorded with "
                         "trace(model, flops=True); --wide, --csv and --json always have them)")
+    p.add_argument("--memory", action="store_true",
+                   help="add memory per module call to the table (recorded with "
+                        "trace(model, memory=True); --wide, --csv and --json always have it)")
     p.add_argument("--peak-tflops", type=float, default=None, metavar="TFLOPS",
                    help="the device's peak TFLOP/s, for MFU (default: known GPUs' peaks)")
     p.add_argument("--steps", action="store_true",
@@ -79,14 +82,18 @@ def run(args: argparse.Namespace) -> None:
         if args.flops and "flops" not in run_.info:
             raise CliError(f"{args.run}: no FLOPs recorded; trace with "
                            "hooktrace.trace(model, flops=True)")
+        if args.memory and "memory" not in run_.info:
+            raise CliError(f"{args.run}: no memory recorded; trace with "
+                           "hooktrace.trace(model, memory=True)")
         table = run_.summary(peak_tflops=args.peak_tflops)
     # Both tables offer the same forms; --top applies to every one of them.
     if args.csv:
         sys.stdout.write(table.to_csv(top=args.top))
     elif args.json:
         print(table.to_json(top=args.top))
-    elif args.flops:  # (then the table is a Summary)
-        print(table.to_text(top=args.top, wide=args.wide, flops=True))  # type: ignore[call-arg]
+    elif args.flops or args.memory:  # (then the table is a Summary)
+        print(table.to_text(top=args.top, wide=args.wide,  # type: ignore[call-arg]
+                            flops=args.flops, memory=args.memory))
     else:
         print(table.to_text(top=args.top, wide=args.wide))
 

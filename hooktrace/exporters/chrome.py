@@ -89,6 +89,7 @@ __all__ = [
     "export_chrome",
     "plan_export",
     "write_chrome",
+    "write_memory_counters",
     "write_steps",
 ]
 
@@ -161,6 +162,27 @@ def write_steps(write: Any, trace: TraceData, tid: int, base_ns: int,
                  f'"args":{{"step":{n},"complete":{"true" if steps.complete[i] else "false"}}}}}')
     write(text.encode("utf-8"))
     return {"tid": tid, "thread": 0, "kind": "steps", "lane": 0}
+
+
+def write_memory_counters(write: Any, trace: TraceData, base_ns: int,
+                          window: tuple[int, int] | None = None) -> int:
+    """One counter track per recorded device (``trace(memory=True)``): ``C`` events
+    named ``memory <device> (hooktrace)`` with arg ``allocated_bytes``, at every sample
+    where the value changes, clipped to ``window``; returns how many were written."""
+    from hooktrace.memory import counter_name, counter_points, memory_devices
+
+    written = 0
+    pid = trace.pid
+    for device in memory_devices(trace):
+        t, b = counter_points(trace, device, window)
+        name = _dumps(counter_name(device))
+        parts = [f',\n{{"ph":"C","name":{name},"pid":{pid},"ts":{_micros(ts - base_ns)},'
+                 f'"args":{{"allocated_bytes":{v}}}}}'
+                 for ts, v in zip(t.tolist(), b.tolist())]
+        for i in range(0, len(parts), 65536):
+            write("".join(parts[i:i + 65536]).encode("utf-8"))
+        written += len(parts)
+    return written
 
 
 def _micros(ns: int) -> str:
@@ -277,9 +299,10 @@ def write_chrome(
                           flags=flags if plan.cut.filters.active else None)
 
     lo, hi = plan.cut.window
-    step_track = write_steps(f.write, trace, plan.layout.next_tid, base_ns,
-                             None if lo is None and hi is None else
-                             (-(1 << 62) if lo is None else lo, 1 << 62 if hi is None else hi))
+    window = (None if lo is None and hi is None else
+              (-(1 << 62) if lo is None else lo, 1 << 62 if hi is None else hi))
+    step_track = write_steps(f.write, trace, plan.layout.next_tid, base_ns, window)
+    write_memory_counters(f.write, trace, base_ns, window)
     tail = (
         '\n],\n"displayTimeUnit":"ns","baseTimeNanoseconds":' + str(base_ns)
         + ',\n"hooktrace":' + _dumps(info_block(trace, plan, step_track)) + "}\n"

@@ -77,6 +77,8 @@ PERFETTO_SUFFIXES = (".pftrace", ".perfetto-trace")
 INFO_CAT = "hooktrace.info"
 _SLICE_NODE = 0x80  # csrc/perfetto_writer.h kSliceNode
 _PROCESS_UUID = 1
+_TYPE_COUNTER = 4  # TrackEvent.Type
+_UNIT_SIZE_BYTES = 3  # CounterDescriptor.Unit
 _DESCRIPTOR_SEQUENCE = 1  # descriptors and the info event; tracks use 2, 3, ...
 _CHILD_ORDERING_EXPLICIT = 3
 
@@ -187,6 +189,27 @@ def _steps(trace: TraceData, plan: Any, uuid: int) -> tuple[bytes, int]:
     return out, len(keep)
 
 
+def _memory_counters(trace: TraceData, plan: Any, first_uuid: int) -> bytes:
+    """Per recorded device, a counter track (bytes, a child of the process track)
+    with the Chrome export's points: TrackEvent TYPE_COUNTER with counter_value."""
+    from hooktrace.memory import counter_name, counter_points, memory_devices
+
+    lo, hi = plan.cut.window
+    window = None if lo is None and hi is None else (
+        -(1 << 62) if lo is None else lo, 1 << 62 if hi is None else hi)
+    out = b""
+    for k, device in enumerate(memory_devices(trace)):
+        uuid = first_uuid + k
+        counter = _uint(3, _UNIT_SIZE_BYTES)  # CounterDescriptor.unit
+        out += _packet(_bytes(60, _uint(1, uuid) + _uint(5, _PROCESS_UUID)
+                              + _str(2, counter_name(device)) + _bytes(8, counter)))
+        t, b = counter_points(trace, device, window)
+        head = _uint(9, _TYPE_COUNTER) + _uint(11, uuid)
+        out += b"".join(_packet(_uint(8, ts) + _bytes(11, head + _uint(30, v)))
+                        for ts, v in zip(t.tolist(), b.tolist()))
+    return out
+
+
 def write_perfetto(
     trace: TraceData, f: BinaryIO | Any, *, nodes: bool = False,
     filters: Filters | None = None, chunk_bytes: int = CHUNK_BYTES,
@@ -261,6 +284,7 @@ def write_perfetto(
     write(_descriptors(trace, os_threads, layout.tracks))
     steps_packets, n_steps = _steps(trace, plan, 2 + n_tracks)
     write(steps_packets)
+    write(_memory_counters(trace, plan, 3 + n_tracks))
     block = info_block(trace, plan)
     write(_info_event(int(all_start.min()) if len(all_start) else plan.base_ns, block))
     result = _C.write_perfetto_slices(
