@@ -97,6 +97,7 @@ class GlobalTrace(StepMarks, FlightRecorder, TraceData):
         dump_signal: int = signal.SIGUSR1,
         schedule: Callable[[int], Any] | None = None,
         on_window: Callable[[TraceData], Any] | None = None,
+        memory: bool = False,
     ) -> None:
         if not isinstance(policy, str) or policy not in ("drop", "ring"):
             raise ValueError(f"policy must be 'drop' or 'ring'; got {policy!r}")
@@ -108,6 +109,10 @@ class GlobalTrace(StepMarks, FlightRecorder, TraceData):
         self._init_windows(schedule, on_window, policy)
         self._policy: Policy = policy
         self._backward = bool(backward)
+        if not isinstance(memory, (bool, np.bool_)):
+            raise TypeError(f"memory must be True or False, got {type(memory).__name__} {memory!r}")
+        self._memory = bool(memory)
+        self._memory_info: dict[str, Any] | None = None
         self._session: Any = None
         self._call: Any = None  # the _C.GlobalCall installed as nn.Module.__call__
         self._original_call: Any = None
@@ -130,6 +135,10 @@ class GlobalTrace(StepMarks, FlightRecorder, TraceData):
         self._check_flight_recorder_thread()
         original = nn.Module.__dict__["__call__"]
         session = _C.Session(self._capacity, self._policy)
+        if self._memory:
+            from hooktrace.memory import enable
+
+            self._memory_info = enable(session)
         call = _C.GlobalCall(session, original, self._resolve)
         with _SigintDeferred() as sigint:
             with _active_lock:
@@ -348,6 +357,7 @@ class GlobalTrace(StepMarks, FlightRecorder, TraceData):
             "overwritten_events": int(stats["overwritten"]),
             "start_unix_ns": self._start_unix_ns,
             "stop_unix_ns": stop_unix_ns,
+            **({"memory": self._memory_info} if self._memory_info is not None else {}),
             "thread_names": {str(t.native_id): t.name for t in threading.enumerate()},
             "top_level_modules": list(self._roots),
         }

@@ -64,6 +64,9 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hang-timeout", type=float, default=300.0, metavar="SECONDS",
                    help="with --dump-on hang: seconds without a module call or step that "
                         "count as a hang (default: %(default)s)")
+    p.add_argument("--memory", action="store_true",
+                   help="also record the bytes allocated at every module call and the peak "
+                        "inside it (CPU, and the current CUDA device when there is one)")
     p.add_argument("--summary", action="store_true",
                    help="print the per-module table to stderr at exit")
     p.add_argument("--capacity", type=int, default=None, metavar="N",
@@ -95,6 +98,7 @@ class RunOptions:
     steps: Literal["optimizer"] | None
     summary: bool
     capacity: int | None
+    memory: bool = False
 
 
 def options_from_args(args: argparse.Namespace) -> RunOptions:
@@ -145,7 +149,8 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
                       dump_on=dump_on, dump_dir=args.dump_dir, hang_timeout=args.hang_timeout,
                       backward=args.backward,
                       steps="optimizer" if args.steps == "optimizer" else None,
-                      summary=args.summary, capacity=args.capacity)
+                      summary=args.summary, capacity=args.capacity,
+                      memory=bool(getattr(args, "memory", False)))
 
 
 def start(options: RunOptions) -> GlobalTrace:
@@ -157,7 +162,8 @@ def start(options: RunOptions) -> GlobalTrace:
                         policy="ring" if options.ring else "drop",
                         backward=options.backward, steps=options.steps,
                         dump_on=options.dump_on, dump_dir=options.dump_dir,
-                        hang_timeout=options.hang_timeout, **_windows(options))
+                        hang_timeout=options.hang_timeout, memory=options.memory,
+                        **_windows(options))
     try:
         trace.__enter__()
     except RuntimeError as e:  # another global trace in this process

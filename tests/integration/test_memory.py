@@ -258,3 +258,41 @@ def test_counter_tracks_load_in_perfetto_with_the_recorded_values(tmp_path: Any)
         got_t = np.array([int(r["ts"]) for r in mine])
         # the JSON's timestamps are relative to its base, in exact decimal microseconds
         assert (np.diff(got_t) == np.diff(t)).all(), path
+
+
+def test_hooktrace_run_memory_records_an_unmodified_script(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\n"
+        "from torch import nn\n"
+        "m = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8))\n"
+        "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for _ in range(3):\n"
+        "    m(torch.randn(16, 32)).sum().backward(); opt.step(); opt.zero_grad()\n")
+    out = tmp_path / "run.htrace"
+    r = subprocess.run([sys.executable, "-m", "hooktrace", "run", "--memory", "-o", str(out),
+                        str(script)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    run = hooktrace.load(out)
+    assert run.info["memory"]["devices"] == ["cpu"]
+    r = subprocess.run([sys.executable, "-m", "hooktrace", "summary", "--memory", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    header = r.stdout.splitlines()[0].split()
+    assert "mem_net" in header and "bwd_mem_peak" in header
+    # the first Linear keeps 16 x 64 floats (its output, ReLU's input... and output)
+    row = next(line for line in r.stdout.splitlines() if line.split()[:2] == ["0", "Linear"])
+    assert "4.00 KiB" in row
+    # asking for memory of a run recorded without it: one line, rc 1
+    plain = tmp_path / "plain.htrace"
+    lin = nn.Linear(2, 2)
+    with hooktrace.trace(lin) as tr:
+        lin(torch.zeros(1, 2))
+    tr.save(plain)
+    r = subprocess.run([sys.executable, "-m", "hooktrace", "summary", "--memory", str(plain)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "no memory recorded" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

@@ -1,0 +1,156 @@
+"""The cost of memory per module call (``trace(model, memory=True)``), issue #12.
+
+One process, variants interleaved round by round, min of N rounds, against no
+tracing measured in the same run:
+
+* ``hooktrace (time only)``: the forward bar, ``trace(model)``;
+* ``hooktrace memory=True``: adds a memory sample after every event and counts
+  every CPU allocation (hooktrace's counting allocator);
+* ``profile_memory recipe``: what people use today for memory per module on
+  CPU: ``record_function`` ranges from forward hooks under
+  ``torch.profiler.profile(profile_memory=True)``.
+
+The table gives the added ns per module call and ``vs time-only``: the added
+cost over the forward bar's (issue #12's target: at most 2x).
+
+    python benchmarks/memory.py            # full run (~1 min on 2 cores)
+    python benchmarks/memory.py --quick    # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, profile, record_function
+
+import hooktrace
+from hooktrace.demo import GPTConfig, TinyGPT
+
+
+@contextlib.contextmanager
+def none(model: nn.Module) -> Iterator[None]:
+    yield
+
+
+@contextlib.contextmanager
+def time_only(model: nn.Module) -> Iterator[None]:
+    with hooktrace.trace(model, backward=False, steps=None, capacity=1 << 24):
+        yield
+
+
+@contextlib.contextmanager
+def memory(model: nn.Module) -> Iterator[None]:
+    with hooktrace.trace(model, backward=False, steps=None, capacity=1 << 24, memory=True):
+        yield
+
+
+@contextlib.contextmanager
+def profile_memory_recipe(model: nn.Module) -> Iterator[None]:
+    handles = []
+    stack: list[Any] = []
+    for name, m in model.named_modules():
+        def pre(_m: nn.Module, _a: Any, n: str = name) -> None:
+            r = record_function(n or "root")
+            r.__enter__()
+            stack.append(r)
+
+        def post(_m: nn.Module, _a: Any, _o: Any) -> None:
+            stack.pop().__exit__(None, None, None)
+        handles += [m.register_forward_pre_hook(pre), m.register_forward_hook(post)]
+    try:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True):
+            yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+VARIANTS: dict[str, Callable[[nn.Module], contextlib.AbstractContextManager[Any]]] = {
+    "none": none,
+    "hooktrace (time only)": time_only,
+    "hooktrace memory=True": memory,
+    "profile_memory recipe": profile_memory_recipe,
+}
+
+
+def identity_chain() -> tuple[nn.Module, Callable[[], Any], int]:
+    model = nn.Sequential(*[nn.Identity() for _ in range(1000)])
+    x = torch.zeros(1)
+    return model, lambda: model(x), 1001
+
+
+def linear_relu() -> tuple[nn.Module, Callable[[], Any], int]:
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(200):
+        layers += [nn.Linear(16, 16), nn.ReLU()]
+    model = nn.Sequential(*layers)
+    x = torch.randn(4, 16)
+    return model, lambda: model(x), 401
+
+
+def tiny_gpt() -> tuple[nn.Module, Callable[[], Any], int]:
+    torch.manual_seed(0)
+    cfg = GPTConfig(layers=2, context=16)
+    model = TinyGPT(cfg)
+    x = torch.randint(0, cfg.vocab, (1, cfg.context))
+    return model, lambda: model(x), len(list(model.named_modules()))
+
+
+MODELS = {
+    "1000 x Identity (forward, no allocation)": identity_chain,
+    "200 x (Linear+ReLU) (forward)": linear_relu,
+    "TinyGPT 2 layers (forward)": tiny_gpt,
+}
+
+
+def measure(run: Callable[[], Any], inner: int) -> float:
+    gc.disable()
+    try:
+        t0 = time.perf_counter_ns()
+        for _ in range(inner):
+            run()
+        return (time.perf_counter_ns() - t0) / inner / 1e9
+    finally:
+        gc.enable()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="few rounds, for a smoke test")
+    ap.add_argument("--rounds", type=int, default=7)
+    args = ap.parse_args()
+    rounds = 2 if args.quick else args.rounds
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, hooktrace {hooktrace.__version__}, 1 intra-op thread")
+    for title, make in MODELS.items():
+        model, run, calls = make()
+        inner = 5 if args.quick else 40
+        best = {v: float("inf") for v in VARIANTS}
+        with torch.no_grad():
+            for _ in range(rounds):
+                for name, install in VARIANTS.items():
+                    with install(model):
+                        run()
+                        best[name] = min(best[name], measure(run, inner))
+        base = best["none"]
+        bar = best["hooktrace (time only)"] - base
+        print(f"\n{title}: {calls} module calls per run, min of {rounds} rounds x {inner}")
+        print(f"{'variant':28} {'per run':>11} {'added/call':>12} {'vs time-only':>13}")
+        for name in VARIANTS:
+            added = best[name] - base
+            ratio = added / bar if bar > 0 else float("nan")
+            print(f"{name:28} {best[name] * 1e6:9.1f}us {added / calls * 1e9:10.1f}ns "
+                  f"{ratio:12.2f}x")
+
+
+if __name__ == "__main__":
+    main()
