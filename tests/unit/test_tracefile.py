@@ -14,7 +14,7 @@ import pytest
 from conftest import build_events, build_trace, random_stream
 
 import hooktrace.reading as reading
-from hooktrace._events import ENTER, EVENT_DTYPE, EXIT, NODE_BEGIN, NODE_END, Clock
+from hooktrace._events import ENTER, EVENT_DTYPE, EXIT, MEM_CPU, NODE_BEGIN, NODE_END, Clock
 from hooktrace.tracefile import (
     FORMAT_VERSION,
     HEADER_SIZE,
@@ -501,3 +501,30 @@ def test_time_going_back_inside_one_run_of_a_thread_is_refused(tmp_path):
     ev = build_events([(2, ENTER, 0, 5), (1, ENTER, 0, 50), (1, EXIT, 0, 49), (2, EXIT, 0, 60)])
     path = events_at(tmp_path, ev)
     expect_error(path, event_offset(path, ev, 2, 0), "event 2", "49 ns after 50 ns at event 1")
+
+
+def test_memory_samples_are_range_checked(tmp_path):
+    """A memory sample's bytes and peak are int64 >= 0 (hooktrace.memory); a wild value
+    is named with its event and field, never read as a negative byte count."""
+    ev = build_events([(1, ENTER, 0, 1), (1, MEM_CPU, 0, 1), (1, EXIT, 0, 2),
+                       (1, MEM_CPU, 0, 2)])
+    ev["seq"][3] = 1 << 63
+    path = forge(tmp_path, events=ev, name="bytes.htrace")
+    events_off = len(path.read_bytes()) - ev.nbytes
+    expect_error(path, events_off + 3 * 32 + 8, "event 3", "bytes below 2**62")
+    ev["seq"][3] = 500
+    ev["rf_tid"][1] = 1 << 31  # the peak's high 32 bits
+    path = forge(tmp_path, events=ev, name="peak.htrace")
+    expect_error(path, events_off + 32 + 24, "event 1", "peak below 2**62")
+    ev["rf_tid"][1] = 0
+    ev["id"][1] = 700
+    contents = read_trace(forge(tmp_path, events=ev, name="ok.htrace"))
+    assert contents.events["kind"].tolist() == [ENTER, MEM_CPU, EXIT, MEM_CPU]
+
+
+@pytest.mark.parametrize("value", [["gpu"], "cpu", {"devices": "cpu"}, {"devices": ["cuda:x"]}])
+def test_memory_metadata_is_checked(tmp_path, value):
+    meta = {"modules": [[0, 1]], "node_names": [2], "pid": 1, "memory": value}
+    path = forge(tmp_path, meta=json.dumps(meta).encode())
+    offset = HEADER_SIZE + json.dumps(meta).encode().index(b'"memory"')
+    expect_error(path, offset, 'metadata "memory"', '"devices"')
