@@ -65,6 +65,7 @@ class FileMeta:
     window: tuple[int, int, bool] | None  # first step, last step, complete
     start_ns: int  # recorded interval, on rank 0's clock
     stop_ns: int
+    cut: bool = False  # a stream cut before its footer (which carries the rank)
 
     @property
     def process(self) -> str:
@@ -87,7 +88,7 @@ def file_meta(path: str, trace: TraceData) -> FileMeta:
                                  "{first_step, last_step, complete} as window_handler writes")
         window = (raw["first_step"], raw["last_step"], raw["complete"])
     return FileMeta(path, rf.rank, rf.world_size, rf.hostname, rf.pid, window, rf.start_ns,
-                    rf.stop_ns)
+                    rf.stop_ns, cut="cut" in trace.info)
 
 
 def parse_spec(spec: str) -> tuple[str, int | None]:
@@ -218,10 +219,13 @@ def group(spec: str, path: str, window: int | None, metas: Sequence[FileMeta]) -
     ranked = [f for f in metas if f.rank is not None]
     plain = [f for f in metas if f.rank is None]
     if ranked and plain:
+        cut = next((f for f in plain if f.cut), None)
+        why = (f"{name(cut)} is a stream cut before its footer, which carries the rank: "
+               "move it out, or name one file" if cut is not None else
+               "traces of different runs? Keep one run's files per directory")
         raise DiffInputError(
             f"{spec}: mixes files with a rank ({name(ranked[0])}: rank {ranked[0].rank}) and "
-            f"without one ({name(plain[0])}): traces of different runs? Keep one run's "
-            "files per directory")
+            f"without one ({name((cut or plain[0]))}): {why}")
     sizes: dict[int, FileMeta] = {}
     for f in ranked:
         if f.world_size is not None:

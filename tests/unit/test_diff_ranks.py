@@ -243,6 +243,10 @@ def bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], list[str]]]:
     trace(rank=2, world=4, pid=1002).save(sizes / "x.rank2.htrace")
     plain = rank_dir(tmp_path / "plain", world=2)
     trace(pid=77).save(plain / "single.htrace")
+    killed = rank_dir(tmp_path / "killed", world=2, ranks=[0])
+    cut = trace(pid=1001)  # a killed rank's stream: loads, but has no footer, so no rank
+    cut.info["cut"] = "rank1.htrace: recording cut at byte 4096 (truncated block)"
+    cut.save(killed / "rank1.htrace")
     late = rank_dir(tmp_path / "late", world=2, ranks=[0])
     trace(rank=1, world=2, pid=1001, start=T0 + 3600 * 10**9).save(late / "rank1.htrace")
     corrupt = rank_dir(tmp_path / "corrupt", world=2)
@@ -270,6 +274,8 @@ def bad_inputs(tmp_path: Path) -> dict[str, tuple[list[str], list[str]]]:
         "world_sizes": ([str(good), str(sizes)], [str(sizes), "world size", "x.rank2.htrace"]),
         "with_and_without_rank": ([str(plain), str(good)], [str(plain), "single.htrace",
                                                             "without"]),
+        "killed_rank": ([str(good), str(killed)], [str(killed), "rank1.htrace",
+                                                   "cut before its footer"]),
         "not_at_the_same_time": ([str(good), str(late)], [str(late), "rank1.htrace",
                                                           "different runs"]),
         "corrupt_file": ([str(good), str(corrupt)], [str(target)]),
