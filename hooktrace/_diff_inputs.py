@@ -169,7 +169,7 @@ class Side:
         return doc
 
     def text(self) -> str:
-        """One phrase: what the input was."""
+        """One phrase: what the input was ("" for a file named as such)."""
         sel = self.selected()
         if self.ranked:
             n = len(sel)
@@ -185,7 +185,7 @@ class Side:
             return what
         files = next(iter(sel.values()))
         if files[0].window is None:
-            return "one file"
+            return f"one file, {_rel(files[0].path, self.path)}" if self.is_dir else ""
         total = len(next(iter(self.processes.values())))
         if self.window is not None:
             return f"window {self.window % total} of {total}, {_steps(files)}"
@@ -225,7 +225,7 @@ def group(spec: str, path: str, window: int | None, metas: Sequence[FileMeta]) -
                "traces of different runs? Keep one run's files per directory")
         raise DiffInputError(
             f"{spec}: mixes files with a rank ({name(ranked[0])}: rank {ranked[0].rank}) and "
-            f"without one ({name((cut or plain[0]))}): {why}")
+            f"without one ({name(cut or plain[0])}): {why}")
     sizes: dict[int, FileMeta] = {}
     for f in ranked:
         if f.world_size is not None:

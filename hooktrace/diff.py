@@ -276,7 +276,7 @@ class Diff:
 
     Rank directories (``ranks`` is not None): ``by_rank`` holds each rank's own
     comparison; a row is the rank where the module slowed most (its numbers, and
-    ``rank``), plus ``ranks`` (how many ranks ran it in both runs) and
+    ``rank``), plus ``n_ranks`` (how many ranks ran it in both runs) and
     ``median_per_step_change_ns`` / ``_pct`` over those ranks; ``only_a`` /
     ``only_b`` are over all ranks, and ``ranks_only_a`` / ``ranks_only_b`` the
     ranks found in one run only. ``sources``: what A and B were (``--json``'s
@@ -412,8 +412,8 @@ class Diff:
         if top is not None and len(self.rows) > top:
             lines.append(f"... {len(self.rows) - top} more rows")
         src = self.sources
-        a = self.names[0] + (f" ({src[0]['text']})" if src else "")
-        b = self.names[1] + (f" ({src[1]['text']})" if src else "")
+        a = self.names[0] + (f" ({src[0]['text']})" if src and src[0]["text"] else "")
+        b = self.names[1] + (f" ({src[1]['text']})" if src and src[1]["text"] else "")
         lines.append(f"A = {a}, B = {b}; sorted by |Δ self time per {unit}|, largest first; "
                      "Δ% relative to A")
         if by_rank:
@@ -539,7 +539,7 @@ def _with_rank_columns(row: dict[str, Any], rank: int, all_rows: Sequence[dict[s
                        ) -> dict[str, Any]:
     out = dict(row)
     pcts = [r["per_step_change_pct"] for r in all_rows if r["per_step_change_pct"] is not None]
-    out.update(rank=rank, ranks=len(all_rows),
+    out.update(rank=rank, n_ranks=len(all_rows),
                median_per_step_change_ns=float(np.median([r["per_step_change_ns"]
                                                           for r in all_rows])),
                median_per_step_change_pct=float(np.median(pcts)) if pcts else None)

@@ -93,7 +93,7 @@ def test_a_rank_dir_against_itself_shows_no_change(tmp_path: Path,
     d = compare_paths(str(a), str(a), workers=1)
     assert d.ranks == [0, 1, 2, 3] and not d.ranks_only_a and not d.ranks_only_b
     assert len(d.rows) == 3 and all(r["per_step_change_ns"] == 0 for r in d.rows)
-    assert all(r["ranks"] == 4 and r["median_per_step_change_ns"] == 0 for r in d.rows)
+    assert all(r["n_ranks"] == 4 and r["median_per_step_change_ns"] == 0 for r in d.rows)
     assert d.step is not None and d.step["per_step_change_pct"] == 0
     assert d.failures(0.0, min_share=0.0) == [] and not d.notes
     assert main(["diff", str(a), str(a), "--fail-above", "0", "--min-share", "0", "--workers", "1"]) == 0
@@ -110,7 +110,7 @@ def test_the_slowed_module_and_rank_come_first_and_fail_the_gate(
     top = d.rows[0]
     assert (top["module"], top["phase"], top["rank"]) == ("b", "forward", 2)
     assert top["per_step_change_ns"] == 60_000 and top["p50_change_pct"] == pytest.approx(200)
-    assert top["ranks"] == 4 and top["median_per_step_change_ns"] == 0
+    assert top["n_ranks"] == 4 and top["median_per_step_change_ns"] == 0
     assert row(d, "a")["per_step_change_ns"] == 0
     assert d.step is not None and d.step["rank"] == 2
     assert d.by_rank[0].rows[0]["per_step_change_ns"] == 0  # each rank's own comparison
