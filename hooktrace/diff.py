@@ -44,6 +44,12 @@ one directory (with and without ranks, different world sizes, two processes for
 one rank, ranks whose recorded intervals do not overlap, overlapping windows),
 a corrupt file (named), a window index a process lacks.
 
+**Cost.** Every file is read once, by :func:`hooktrace.rankset.map_ranks`
+(worker processes from 4 files on, ``workers=``), and reduced there to
+per-(module, phase) numbers per complete step; a window file also keeps every
+call's duration (8 bytes per call), since a p50 over pooled windows needs them
+all. A file given on both sides is read once.
+
 Example:
     >>> import numpy as np
     >>> from hooktrace._events import EVENT_DTYPE, Clock

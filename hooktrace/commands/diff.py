@@ -33,7 +33,7 @@ unreadable file is an error naming the path and the file.
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.description = ("Per module and phase: p50 time per call and per step in A and B, "
+    p.description = ("Per module and phase: p50 time per call and per step in A and B,\n"
                      "their change, and calls per step, sorted by the change of self time.")
     p.epilog = EPILOG
     p.formatter_class = argparse.RawDescriptionHelpFormatter
