@@ -15,6 +15,41 @@ complete steps.
 Modules are matched by qualified name, so the same model traced twice (or a
 model whose code changed inside one module) compares row for row.
 
+**Inputs** (:func:`compare_paths`, ``hooktrace diff A B``; the rules in
+``hooktrace._diff_inputs``). A and B are each a ``.htrace`` file or a directory
+(searched recursively), grouped by the files' metadata:
+
+* *Schedule windows* (files written by ``hooktrace.window_handler(DIR)``, with
+  ``info["window"]``) of one process are **pooled**: p50 per call over every
+  call of every window, time per step as the median over every complete step
+  of every window. ``PATH:N`` compares window ``N`` alone (in step order; 0 the
+  first, -1 the last), e.g. ``diff traces:0 traces:-1`` to see a run drift.
+* *Rank directories* (files with a ``rank``, one process per rank, e.g. what
+  ``hooktrace.distributed.default_output_name("DIR/")`` names) are compared
+  **rank by rank** with another rank directory; each rank's files may be
+  windows, pooled or picked with ``:N`` as above. A row shows the rank where
+  the module slowed most (largest change of self time per step, then of time
+  per step; in synchronous training the slowest rank sets the pace), that
+  rank's numbers, and the median change per step over the ranks that ran the
+  module in both runs. Ranks in one run only are listed, as are modules in
+  one run only (with their ranks unless on every rank). The gate checks every
+  rank and names the rank of each failing module.
+* One process on each side (a file, a window directory, a directory with one
+  rank) is the plain comparison above. A single process against a rank
+  directory of several ranks is refused (name one rank's file instead).
+
+Anything that is not one run is refused with a one-line :class:`DiffInputError`
+naming the path and the files: an empty directory, files of different runs in
+one directory (with and without ranks, different world sizes, two processes for
+one rank, ranks whose recorded intervals do not overlap, overlapping windows),
+a corrupt file (named), a window index a process lacks.
+
+**Cost.** Every file is read once, by :func:`hooktrace.rankset.map_ranks`
+(worker processes from 4 files on, ``workers=``), and reduced there to
+per-(module, phase) numbers per complete step; a window file also keeps every
+call's duration (8 bytes per call), since a p50 over pooled windows needs them
+all. A file given on both sides is read once.
+
 Example:
     >>> import numpy as np
     >>> from hooktrace._events import EVENT_DTYPE, Clock
@@ -31,20 +66,36 @@ Example:
     [('fc', 'forward', 1000.0, 3000.0), ('', 'forward', 3000.0, 5000.0)]
     >>> d.failures(50.0, min_share=0.0)
     ['fc forward: +200.0%', '<root> forward: +66.7%']
+    >>> r = compare_ranks({0: run(1000), 1: run(1000)}, {0: run(1000), 1: run(3000)})
+    >>> [(x["module"], x["rank"], x["median_per_step_change_ns"]) for x in r.rows]
+    [('fc', 1, 1000.0), ('', 1, 1000.0)]
+    >>> r.failures(50.0, min_share=0.0)
+    ['fc forward on rank 1: +200.0%', '<root> forward on rank 1: +66.7%']
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, TraceData
+from hooktrace._diff_inputs import (
+    DiffInputError,
+    FileMeta,
+    Side,
+    file_meta,
+    find_files,
+    group,
+    parse_spec,
+)
+from hooktrace.rankset import map_ranks
+from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, TraceData, load
 
-__all__ = ["Diff", "PHASES", "compare"]
+__all__ = ["PHASES", "Diff", "DiffInputError", "compare", "compare_paths", "compare_ranks"]
 
 PHASES = {"forward": CAT_FORWARD, "backward": CAT_BACKWARD}
 _STEP = "<step>"  # the row name of the step itself
@@ -52,6 +103,9 @@ _STEP = "<step>"  # the row name of the step itself
 _COLUMNS = ("module", "type", "phase", "p50_a_ns", "p50_b_ns", "p50_change_ns", "p50_change_pct",
             "per_step_a_ns", "per_step_b_ns", "per_step_change_ns", "per_step_change_pct",
             "self_per_step_change_ns", "calls_a", "calls_b", "share_a")
+
+
+Key = tuple[str, str]  # (module, phase)
 
 
 @dataclass
@@ -67,13 +121,35 @@ class _PhaseStats:
 
 @dataclass
 class _RunStats:
-    per_key: dict[tuple[str, str], _PhaseStats]
+    per_key: dict[Key, _PhaseStats]
     steps: int  # complete steps (0: the whole run counts as one)
     step_p50_ns: float | None
     total_ns: float  # time per step of the root calls, forward + backward: the run's scale
 
 
-def _stats(trace: TraceData) -> _RunStats:
+@dataclass
+class _Part:
+    """One trace's numbers per (module, phase), in the form that pools: the windows of
+    one process are pooled by concatenating their calls and their steps.
+
+    ``total`` / ``self_ns`` / ``calls``: one value per column, a column being a
+    complete step (``n_steps`` of them), or the whole run when there is none.
+    ``calls_ns``: every call's duration, sorted, kept only when the part may be
+    pooled (a window); ``p50`` is exact for the part alone.
+    """
+
+    types: dict[Key, str]
+    p50: dict[Key, float]
+    calls_ns: dict[Key, np.ndarray] | None
+    total: dict[Key, np.ndarray]
+    self_ns: dict[Key, np.ndarray]
+    calls: dict[Key, np.ndarray]
+    n_steps: int
+    step_ns: np.ndarray  # the complete steps' durations
+    root_ns: float  # the root calls' time in the columns, summed
+
+
+def _part(trace: TraceData, keep_calls: bool = False) -> _Part:
     spans = trace.spans()
     steps = trace.steps()
     complete = np.flatnonzero(steps.complete)
@@ -88,8 +164,8 @@ def _stats(trace: TraceData) -> _RunStats:
         span_col = np.zeros(len(spans), np.int64)
     width = max(n_steps, 1)
     dur = spans.duration_ns
-    out: dict[tuple[str, str], _PhaseStats] = {}
-    root_total = 0.0
+    part = _Part({}, {}, {} if keep_calls else None, {}, {}, {}, n_steps,
+                 steps.duration_ns[complete].astype(np.int64), 0.0)
     for phase, cat in PHASES.items():
         sel = np.flatnonzero(spans.cat == cat)
         if not len(sel):
@@ -115,14 +191,74 @@ def _stats(trace: TraceData) -> _RunStats:
         for k, m in enumerate(ids.tolist()):
             name, type_name = (trace.modules[m] if m < len(trace.modules)
                                else (f"<module {m}>", "?"))
-            out[(name, phase)] = _PhaseStats(type_name, float(p50[k]),
-                                             float(np.percentile(per_step[m], 50)),
-                                             float(np.percentile(self_step[m], 50)),
-                                             float(np.percentile(calls[m], 50)))
+            key = (name, phase)
+            part.types[key] = type_name
+            part.p50[key] = float(p50[k])
+            if part.calls_ns is not None:
+                part.calls_ns[key] = d_sorted[starts[k]:starts[k] + counts[k]].copy()
+            part.total[key] = per_step[m].copy()
+            part.self_ns[key] = self_step[m].copy()
+            part.calls[key] = calls[m].astype(np.float64)
         roots = spans.parent[sel] < 0
-        root_total += float(dur[sel][roots & (span_col[sel] >= 0)].sum()) / width
-    step_p50 = (float(np.percentile(steps.duration_ns[complete], 50)) if n_steps else None)
+        part.root_ns += float(dur[sel][roots & (span_col[sel] >= 0)].sum())
+    return part
+
+
+def _pool(parts: Sequence[_Part]) -> _RunStats:
+    """One run's numbers from its parts (a file, or the windows of one process): p50
+    per call over all their calls, medians over all their complete steps (their sums
+    when no part has complete steps: then the run has no steps)."""
+    if len(parts) == 1:
+        p = parts[0]
+        width = max(p.n_steps, 1)
+        out = {key: _PhaseStats(p.types[key], p.p50[key],
+                                float(np.percentile(p.total[key], 50)),
+                                float(np.percentile(p.self_ns[key], 50)),
+                                float(np.percentile(p.calls[key], 50)))
+               for key in p.types}
+        step_p50 = float(np.percentile(p.step_ns, 50)) if p.n_steps else None
+        root_total = p.root_ns / width
+        return _RunStats(out, p.n_steps, step_p50, step_p50 if step_p50 else root_total)
+    stepped = [p for p in parts if p.n_steps]
+    n_steps = sum(p.n_steps for p in stepped)
+    keys: dict[Key, str] = {}
+    for p in parts:
+        for key, type_name in p.types.items():
+            keys.setdefault(key, type_name)
+    out = {}
+    for key, type_name in keys.items():
+        calls_ns = []
+        for p in parts:
+            if key in p.types:
+                if p.calls_ns is None:
+                    raise ValueError("hooktrace.diff: a part to pool was made without its calls")
+                calls_ns.append(p.calls_ns[key])
+        p50 = float(np.median(np.concatenate(calls_ns)))
+
+        out[key] = _PhaseStats(type_name, p50, *(_pooled_column(parts, stepped, f, key)
+                                                 for f in ("total", "self_ns", "calls")))
+    step_p50 = (float(np.median(np.concatenate([p.step_ns for p in stepped])))
+                if n_steps else None)
+    root_total = (sum(p.root_ns for p in stepped) / n_steps if n_steps
+                  else sum(p.root_ns for p in parts))
     return _RunStats(out, n_steps, step_p50, step_p50 if step_p50 else root_total)
+
+
+def _pooled_column(parts: Sequence[_Part], stepped: Sequence[_Part], field: str, key: Key
+                   ) -> float:
+    """The median over every complete step of every part, or the sum of the parts'
+    whole-run values when none has complete steps."""
+    if stepped:
+        return float(np.median(np.concatenate([
+            getattr(p, field).get(key, np.zeros(p.n_steps)) for p in stepped])))
+    return float(sum(getattr(p, field)[key][0] for p in parts if key in p.types))
+
+
+def _stats(trace: TraceData | Sequence[TraceData]) -> _RunStats:
+    traces = [trace] if isinstance(trace, TraceData) else list(trace)
+    if not traces:
+        raise ValueError("hooktrace.diff: a run of no trace")
+    return _pool([_part(t, keep_calls=len(traces) > 1) for t in traces])
 
 
 def _change(a: float | None, b: float | None) -> tuple[float | None, float | None]:
@@ -143,15 +279,41 @@ class Diff:
     ``step``: the same for the step itself, or None; ``only_a`` / ``only_b``:
     ``(module, phase)`` seen in one run only; ``per_step``: whether both runs
     had complete steps (otherwise "per step" means the whole run).
+
+    Rank directories (``ranks`` is not None): ``by_rank`` holds each rank's own
+    comparison; a row is the rank where the module slowed most (its numbers, and
+    ``rank``), plus ``n_ranks`` (how many ranks ran it in both runs) and
+    ``median_per_step_change_ns`` / ``_pct`` over those ranks; ``only_a`` /
+    ``only_b`` are over all ranks, and ``ranks_only_a`` / ``ranks_only_b`` the
+    ranks found in one run only. ``sources``: what A and B were (``--json``'s
+    ``sources``); ``notes``: lines about the inputs (e.g. ranks without a file).
     """
 
     rows: list[dict[str, Any]]
     step: dict[str, Any] | None
-    only_a: list[tuple[str, str]]
-    only_b: list[tuple[str, str]]
+    only_a: list[Key]
+    only_b: list[Key]
     per_step: bool
     names: tuple[str, str] = ("A", "B")
     COLUMNS: tuple[str, ...] = field(default=_COLUMNS, repr=False)
+    ranks: list[int] | None = None
+    ranks_only_a: list[int] = field(default_factory=list)
+    ranks_only_b: list[int] = field(default_factory=list)
+    by_rank: dict[int, Diff] = field(default_factory=dict, repr=False)
+    sources: tuple[dict[str, Any], dict[str, Any]] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def _failing(self, pct: float, min_share: float) -> list[tuple[dict[str, Any], float]]:
+        key = "per_step_change_pct" if self.per_step else "p50_change_pct"
+        bad = []
+        for r in ([self.step] if self.step else []) + self.rows:
+            change = r[key] if r is not self.step else r["per_step_change_pct"]
+            if change is None or change <= pct:
+                continue
+            if r is not self.step and (r["share_a"] or 0.0) * 100.0 < min_share:
+                continue
+            bad.append((r, float(change)))
+        return bad
 
     def failures(self, pct: float, *, min_share: float = 1.0) -> list[str]:
         """Rows (and the step) that got slower by more than ``pct`` percent, one line each.
@@ -161,25 +323,60 @@ class Diff:
         under ``min_share`` percent of A's step time are left out: a module that
         small moves by large percentages from run to run on timer resolution and
         scheduling alone, and a gate on it would fail at random.
+
+        Rank directories: every rank is gated on its own comparison; a line per
+        (module, phase) names the rank where it slowed most and, when several
+        did, how many.
         """
-        key = "per_step_change_pct" if self.per_step else "p50_change_pct"
-        bad = []
-        for r in ([self.step] if self.step else []) + self.rows:
-            change = r[key] if r is not self.step else r["per_step_change_pct"]
-            if change is None or change <= pct:
-                continue
-            if r is not self.step and (r["share_a"] or 0.0) * 100.0 < min_share:
-                continue
-            bad.append(f"{r['module'] or '<root>'} {r['phase']}: +{change:.1f}%")
-        return bad
+        if self.ranks is None:
+            return [f"{_label(r)}: +{c:.1f}%" for r, c in self._failing(pct, min_share)]
+        worst: dict[Key, tuple[float, int]] = {}
+        count: dict[Key, int] = {}
+        for rank in sorted(self.by_rank):
+            for r, c in self.by_rank[rank]._failing(pct, min_share):
+                k = (r["module"], r["phase"])
+                count[k] = count.get(k, 0) + 1
+                if k not in worst or c > worst[k][0]:
+                    worst[k] = (c, rank)
+        order = [(r["module"], r["phase"]) for r in ([self.step] if self.step else [])
+                 + self.rows]
+        order += [k for k in worst if k not in order]
+        lines = []
+        for k in order:
+            if k in worst:
+                c, rank = worst[k]
+                more = (f" ({count[k]} of {len(self.ranks)} ranks above {pct:g}%)"
+                        if count[k] > 1 else "")
+                lines.append(f"{_label({'module': k[0], 'phase': k[1]})} on rank {rank}: "
+                             f"+{c:.1f}%{more}")
+        return lines
+
+    def _only_ranks(self, which: str, key: Key) -> list[int]:
+        return [r for r, d in sorted(self.by_rank.items())
+                if key in (d.only_a if which == "a" else d.only_b)]
 
     def to_json(self, top: int | None = None, failed: Sequence[str] | None = None) -> str:
+        def only(which: str, items: list[Key]) -> list[dict[str, Any]]:
+            out = []
+            for m, p in items:
+                entry: dict[str, Any] = {"module": m, "phase": p}
+                if self.ranks is not None:
+                    entry["ranks"] = self._only_ranks(which, (m, p))
+                out.append(entry)
+            return out
+
         doc: dict[str, Any] = {
             "a": self.names[0], "b": self.names[1], "per_step": self.per_step,
             "step": self.step, "rows": self.rows if top is None else self.rows[:top],
-            "only_a": [{"module": m, "phase": p} for m, p in self.only_a],
-            "only_b": [{"module": m, "phase": p} for m, p in self.only_b],
+            "only_a": only("a", self.only_a), "only_b": only("b", self.only_b),
         }
+        if self.ranks is not None:
+            doc.update(ranks=self.ranks, ranks_only_a=self.ranks_only_a,
+                       ranks_only_b=self.ranks_only_b)
+        if self.sources is not None:
+            doc["sources"] = {"a": self.sources[0], "b": self.sources[1]}
+        if self.notes:
+            doc["notes"] = list(self.notes)
         if failed is not None:
             doc["failed"] = list(failed)
         return json.dumps(doc, ensure_ascii=False, allow_nan=False, default=_json_number)
@@ -188,24 +385,31 @@ class Diff:
         from hooktrace.summary import format_ns
 
         unit = "step" if self.per_step else "run"
-        header = ["module", "phase", "p50 A", "p50 B", "Δ/call", f"per {unit} A",
-                  f"per {unit} B", f"Δ/{unit}", f"Δself/{unit}", "calls A→B"]
+        by_rank = self.ranks is not None
+        header = ["module", "phase"] + (["rank"] if by_rank else []) + [
+            "p50 A", "p50 B", "Δ/call", f"per {unit} A", f"per {unit} B", f"Δ/{unit}",
+            f"Δself/{unit}"] + ([f"median Δ/{unit}"] if by_rank else []) + ["calls A→B"]
         body = []
         shown = self.rows if top is None else self.rows[:top]
         for r in ([self.step] if self.step else []) + shown:
             is_step = r is self.step
             calls = "" if is_step else (_num(r["calls_a"]) if r["calls_a"] == r["calls_b"]
                                         else f"{_num(r['calls_a'])}→{_num(r['calls_b'])}")
-            body.append([
-                r["module"] or "<root>", r["phase"],
+            line = [r["module"] or "<root>", r["phase"]]
+            if by_rank:
+                line.append(str(r["rank"]))
+            line += [
                 "" if is_step else format_ns(r["p50_a_ns"]),
                 "" if is_step else format_ns(r["p50_b_ns"]),
                 "" if is_step else _pct(r["p50_change_pct"]),
                 format_ns(r["per_step_a_ns"]), format_ns(r["per_step_b_ns"]),
                 f"{_signed_ns(r['per_step_change_ns'])} ({_pct(r['per_step_change_pct'])})",
                 "" if is_step else _signed_ns(r["self_per_step_change_ns"]),
-                calls,
-            ])
+            ]
+            if by_rank:
+                line.append(f"{_signed_ns(r['median_per_step_change_ns'])} "
+                            f"({_pct(r['median_per_step_change_pct'])})")
+            body.append(line + [calls])
         table = [header] + body
         widths = [max(len(line[i]) for line in table) for i in range(len(header))]
         lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w)
@@ -213,24 +417,54 @@ class Diff:
                  for line in table]
         if top is not None and len(self.rows) > top:
             lines.append(f"... {len(self.rows) - top} more rows")
-        lines.append(f"A = {self.names[0]}, B = {self.names[1]}; sorted by |Δ self time per "
-                     f"{unit}|, largest first; Δ% relative to A")
+        src = self.sources
+        a = self.names[0] + (f" ({src[0]['text']})" if src and src[0]["text"] else "")
+        b = self.names[1] + (f" ({src[1]['text']})" if src and src[1]["text"] else "")
+        lines.append(f"A = {a}, B = {b}; sorted by |Δ self time per {unit}|, largest first; "
+                     "Δ% relative to A")
+        if by_rank:
+            assert self.ranks is not None
+            lines.append(f"each row: the rank where the module slowed most (largest Δself/"
+                         f"{unit}) of the {len(self.ranks)} ranks in both runs, and the median "
+                         "change over the ranks that ran it")
         if not self.per_step:
             lines.append("note: a run has no complete steps, so 'per run' is the whole run's "
                          "time: compare runs of the same length")
         for which, items in (("A", self.only_a), ("B", self.only_b)):
             if items:
                 lines.append(f"only in {which}: " + ", ".join(
-                    f"{m or '<root>'} {p}" for m, p in items))
+                    f"{m or '<root>'} {p}" + self._ranks_note(which.lower(), (m, p))
+                    for m, p in items))
+        for which, ranks in (("A", self.ranks_only_a), ("B", self.ranks_only_b)):
+            if ranks:
+                lines.append(f"ranks only in {which}: " + ", ".join(map(str, ranks)))
+        lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+    def _ranks_note(self, which: str, key: Key) -> str:
+        if self.ranks is None:
+            return ""
+        ranks = self._only_ranks(which, key)
+        if len(ranks) == len(self.ranks):
+            return ""
+        return f" (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})"
 
     def __str__(self) -> str:
         return self.to_text()
 
 
-def compare(a: TraceData, b: TraceData, names: tuple[str, str] = ("A", "B")) -> Diff:
-    """Compare run ``b`` against run ``a`` (see the module docstring)."""
-    sa, sb = _stats(a), _stats(b)
+def _label(row: dict[str, Any]) -> str:
+    return f"{row['module'] or '<root>'} {row['phase']}"
+
+
+def compare(a: TraceData | Sequence[TraceData], b: TraceData | Sequence[TraceData],
+            names: tuple[str, str] = ("A", "B")) -> Diff:
+    """Compare run ``b`` against run ``a`` (see the module docstring). A run is one
+    trace, or a sequence of traces (the schedule windows of one process), pooled."""
+    return _compare_stats(_stats(a), _stats(b), names)
+
+
+def _compare_stats(sa: _RunStats, sb: _RunStats, names: tuple[str, str]) -> Diff:
     per_step = bool(sa.steps and sb.steps)
     rows: list[dict[str, Any]] = []
     for key in [k for k in sa.per_key if k in sb.per_key]:
@@ -259,6 +493,135 @@ def compare(a: TraceData, b: TraceData, names: tuple[str, str] = ("A", "B")) -> 
     only_a = [k for k in sa.per_key if k not in sb.per_key]
     only_b = [k for k in sb.per_key if k not in sa.per_key]
     return Diff(rows, step, only_a, only_b, per_step, names)
+
+
+def compare_ranks(a: Mapping[int, TraceData | Sequence[TraceData]],
+                  b: Mapping[int, TraceData | Sequence[TraceData]],
+                  names: tuple[str, str] = ("A", "B")) -> Diff:
+    """Compare two multi-rank runs rank by rank (``{rank: trace or its windows}``);
+    see the module docstring."""
+    return _compare_rank_stats({r: _stats(t) for r, t in a.items()},
+                               {r: _stats(t) for r, t in b.items()}, names)
+
+
+def _compare_rank_stats(sa: Mapping[int, _RunStats], sb: Mapping[int, _RunStats],
+                        names: tuple[str, str]) -> Diff:
+    common = sorted(set(sa) & set(sb))
+    if not common:
+        raise DiffInputError(f"{names[0]} and {names[1]} have no rank in common (ranks "
+                             f"{_ranks(sa)} and {_ranks(sb)})")
+    by_rank = {r: _compare_stats(sa[r], sb[r], names) for r in common}
+    rows = _worst_rows(by_rank, [k for r in common for k in sa[r].per_key if k in sb[r].per_key])
+    rows.sort(key=lambda r: (-abs(r["self_per_step_change_ns"]), -abs(r["per_step_change_ns"])))
+    steps = {r: d.step for r, d in by_rank.items() if d.step is not None}
+    step = None
+    if steps and len(steps) == len(by_rank):
+        worst = max(steps, key=lambda r: (steps[r]["per_step_change_ns"], -r))
+        step = _with_rank_columns(steps[worst], worst, list(steps.values()))
+    only_a = list(dict.fromkeys(k for d in by_rank.values() for k in d.only_a))
+    only_b = list(dict.fromkeys(k for d in by_rank.values() for k in d.only_b))
+    return Diff(rows, step, only_a, only_b, all(d.per_step for d in by_rank.values()), names,
+                ranks=common, ranks_only_a=sorted(set(sa) - set(sb)),
+                ranks_only_b=sorted(set(sb) - set(sa)), by_rank=by_rank)
+
+
+def _worst_rows(by_rank: Mapping[int, Diff], order: Sequence[Key]) -> list[dict[str, Any]]:
+    """Per (module, phase): the row of the rank where it slowed most (self time per
+    step, then time per step; the lowest rank on a tie), with the median over ranks."""
+    per_key: dict[Key, list[tuple[int, dict[str, Any]]]] = {}
+    for rank, d in by_rank.items():
+        for row in d.rows:
+            per_key.setdefault((row["module"], row["phase"]), []).append((rank, row))
+    out = []
+    for key in dict.fromkeys(order):
+        cands = per_key[key]
+        rank, row = max(cands, key=lambda c: (c[1]["self_per_step_change_ns"],
+                                             c[1]["per_step_change_ns"], -c[0]))
+        out.append(_with_rank_columns(row, rank, [c[1] for c in cands]))
+    return out
+
+
+def _with_rank_columns(row: dict[str, Any], rank: int, all_rows: Sequence[dict[str, Any]]
+                       ) -> dict[str, Any]:
+    out = dict(row)
+    pcts = [r["per_step_change_pct"] for r in all_rows if r["per_step_change_pct"] is not None]
+    out.update(rank=rank, n_ranks=len(all_rows),
+               median_per_step_change_ns=float(np.median([r["per_step_change_ns"]
+                                                          for r in all_rows])),
+               median_per_step_change_pct=float(np.median(pcts)) if pcts else None)
+    return out
+
+
+def _ranks(stats: Mapping[int, Any]) -> str:
+    return ", ".join(map(str, sorted(stats))) or "none"
+
+
+# -- paths: files, rank directories, windows -------------------------------------------
+
+
+def _file_part(path: str) -> tuple[FileMeta, _Part]:
+    """Read one file and reduce it (runs in a worker process for many files)."""
+    trace = load(path)
+    meta = file_meta(path, trace)
+    return meta, _part(trace, keep_calls=meta.window is not None)
+
+
+def compare_paths(a: str, b: str, *, workers: int | None = None) -> Diff:
+    """Compare the runs at ``a`` and ``b``: each a ``.htrace`` file, a rank directory or
+    a directory of schedule windows, optionally ``PATH:N`` for window N (see the
+    module docstring). Raises :class:`DiffInputError` (one line, naming the path and
+    file) for inputs that are not one run or cannot be compared."""
+    specs = [parse_spec(a), parse_spec(b)]
+    files = [find_files(path) for path, _ in specs]
+    unique = list(dict.fromkeys(os.path.realpath(f) for fs in files for f in fs))
+    first_name: dict[str, str] = {}
+    for fs in files:
+        for f in fs:
+            first_name.setdefault(os.path.realpath(f), f)
+    results = dict(zip(unique, map_ranks(_file_part, [first_name[u] for u in unique],
+                                         workers=workers)))
+    bad = [r for r in results.values() if isinstance(r, str)]
+    if bad:
+        more = f" (and {len(bad) - 1} more unreadable files)" if len(bad) > 1 else ""
+        raise DiffInputError(bad[0] + more)
+    sides = []
+    for (path, window), spec, fs in zip(specs, (a, b), files):
+        metas = []
+        for f in fs:
+            res = results[os.path.realpath(f)]
+            assert not isinstance(res, str)
+            metas.append(replace(res[0], path=f))
+        sides.append(group(spec, path, window, metas))
+    sa, sb = sides
+
+    def pooled(side: Side) -> dict[int | None, _RunStats]:
+        return {rank: _pool([_result_part(results, f.path) for f in fs])
+                for rank, fs in side.selected().items()}
+
+    names = (a, b)
+    if sa.ranked and sb.ranked:
+        ra, rb = pooled(sa), pooled(sb)
+        d = _compare_rank_stats({r: s for r, s in ra.items() if r is not None},
+                                {r: s for r, s in rb.items() if r is not None}, names)
+    elif len(sa.processes) == 1 and len(sb.processes) == 1:
+        d = _compare_stats(next(iter(pooled(sa).values())), next(iter(pooled(sb).values())),
+                           names)
+    else:
+        multi, single = (sa, sb) if len(sa.processes) > 1 else (sb, sa)
+        example = next(iter(multi.processes.values()))[0].path
+        raise DiffInputError(
+            f"{single.spec} is one process's run ({single.kind}) and {multi.spec} a rank "
+            f"directory of {len(multi.processes)} ranks: compare two rank directories, or "
+            f"{single.spec} with one rank's file (e.g. {example})")
+    d.sources = ({**sa.describe(), "text": sa.text()}, {**sb.describe(), "text": sb.text()})
+    d.notes = sa.notes + sb.notes
+    return d
+
+
+def _result_part(results: Mapping[str, tuple[FileMeta, _Part] | str], path: str) -> _Part:
+    res = results[os.path.realpath(path)]
+    assert not isinstance(res, str)
+    return res[1]
 
 
 def _num(x: float) -> str:

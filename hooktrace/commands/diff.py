@@ -8,25 +8,53 @@ import sys
 from hooktrace.commands import CliError
 
 NAME = "diff"
-HELP = "compare two .htrace files per module (a CI gate with --fail-above)"
+HELP = ("compare two runs (files, rank directories or schedule windows) per module "
+        "(a CI gate with --fail-above)")
+
+EPILOG = """\
+A and B are each one of:
+  RUN.htrace      one trace file
+  DIR             a directory (searched recursively) holding either
+                    - one run's rank files (each with its rank in its metadata):
+                      compared rank by rank with another rank directory; each row
+                      shows the rank where the module slowed most, plus the median
+                      change over the ranks; ranks in one run only are listed
+                    - schedule windows of one process (hooktrace.window_handler(DIR)),
+                      pooled: every call and every complete step of every window
+                    (rank files that are windows: each rank's windows pooled)
+  DIR:N, FILE:N   window N only (in step order: 0 the first, -1 the last), of the
+                  process or of every rank, e.g. `hooktrace diff traces:0 traces:-1`
+A file (or one process's windows) against a rank directory of several ranks is
+refused: name one rank's file instead. A directory mixing runs (files with and
+without ranks, different world sizes, two processes for one rank, ranks that did
+not record at the same time, overlapping windows), an empty directory or an
+unreadable file is an error naming the path and the file.
+"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("a", metavar="A", help="the baseline .htrace file")
-    p.add_argument("b", metavar="B", help="the .htrace file compared with it")
+    p.description = ("Per module and phase: p50 time per call and per step in A and B,\n"
+                     "their change, and calls per step, sorted by the change of self time.")
+    p.epilog = EPILOG
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("a", metavar="A", help="the baseline: a .htrace file, a rank directory or "
+                                          "a directory of windows (PATH:N for window N)")
+    p.add_argument("b", metavar="B", help="the run compared with it (the same kinds)")
     p.add_argument("--top", type=int, default=None, help="only the N rows of largest change")
     p.add_argument("--json", action="store_true", help="JSON instead of a table (times in ns)")
     p.add_argument("--fail-above", type=float, default=None, metavar="PCT",
                    help="exit 1 when the step or any module got slower by more than PCT "
-                        "percent (per step when both runs have steps, else p50 per call)")
+                        "percent (per step when both runs have steps, else p50 per call); "
+                        "rank directories: on any rank, named in the verdict")
     p.add_argument("--min-share", type=float, default=1.0, metavar="PCT",
                    help="with --fail-above: ignore modules below PCT percent of A's step "
                         "time (default: %(default)s)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="processes reading files (default: one per CPU from 4 files on)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from hooktrace.diff import compare
-    from hooktrace.reading import load
+    from hooktrace.diff import compare_paths
 
     if args.top is not None and args.top < 1:
         raise CliError(f"--top must be at least 1, got {args.top}")
@@ -34,7 +62,9 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--fail-above must be a percentage >= 0, got {args.fail_above}")
     if not args.min_share >= 0:
         raise CliError(f"--min-share must be a percentage >= 0, got {args.min_share}")
-    d = compare(load(args.a), load(args.b), names=(args.a, args.b))
+    if args.workers is not None and args.workers < 1:
+        raise CliError(f"--workers must be at least 1, got {args.workers}")
+    d = compare_paths(args.a, args.b, workers=args.workers)
     failed = (d.failures(args.fail_above, min_share=args.min_share)
               if args.fail_above is not None else None)
     if args.json:

@@ -1,0 +1,292 @@
+"""What ``hooktrace diff`` was given: a file, a rank directory or a directory of windows.
+
+An input is ``PATH`` or ``PATH:N``. ``PATH`` is a ``.htrace`` file or a directory,
+searched recursively for ``.htrace`` files (as ``hooktrace merge-ranks`` does). Every
+file's metadata says which process wrote it (``hostname``, ``pid``), which rank it was
+(``rank``, ``world_size``; none in a single process) and, for a file written by
+``hooktrace.window_handler``, which schedule window (``window``: first and last step).
+The files are grouped by rank, and each rank (or the one process without a rank)
+must be one process whose files are either one trace or schedule windows that do not
+overlap. ``:N`` picks each process's window N in step order (0 the first, -1 the
+last); without it a process's windows are pooled.
+
+Anything that cannot be one run is refused with a :class:`DiffInputError` naming the
+path and the files concerned: an empty directory; files with and without a rank, or
+of different world sizes, or two processes claiming one rank (or, without ranks, two
+processes), or ranks whose recorded intervals do not overlap (ranks of one job record
+at the same time), all signs of traces of different runs in one directory; two files
+of one process that are not distinct windows; a window index that a process lacks.
+
+This module only reads metadata (:class:`FileMeta`, built from a loaded trace);
+``hooktrace.diff`` computes the numbers.
+
+Example:
+    >>> import tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> parse_spec(d + ":-1") == (d, -1), parse_spec(d) == (d, None)
+    (True, True)
+    >>> parse_spec("no/such/dir:2")  # not an existing path with ':2' after it
+    ('no/such/dir:2', None)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import Any
+
+from hooktrace.errors import HooktraceError
+from hooktrace.rankset import RankFile, find_rank_files
+from hooktrace.reading import TraceData
+
+__all__ = ["DiffInputError", "FileMeta", "Side", "file_meta", "find_files", "group",
+           "parse_spec"]
+
+_SPEC = re.compile(r"^(.+):(-?\d+)$")
+
+
+class DiffInputError(HooktraceError):
+    """An input of ``hooktrace diff`` that is not one run (or two that cannot be compared)."""
+
+
+@dataclass(frozen=True)
+class FileMeta:
+    """One trace file's identity: who wrote it, as which rank, which window."""
+
+    path: str
+    rank: int | None
+    world_size: int | None
+    hostname: str
+    pid: int
+    window: tuple[int, int, bool] | None  # first step, last step, complete
+    start_ns: int  # recorded interval, on rank 0's clock
+    stop_ns: int
+    cut: bool = False  # a stream cut before its footer (which carries the rank)
+
+    @property
+    def process(self) -> str:
+        return f"{self.hostname}:{self.pid}"
+
+
+def file_meta(path: str, trace: TraceData) -> FileMeta:
+    """The metadata of a loaded trace file (raises :class:`DiffInputError` on a
+    malformed ``window`` entry)."""
+    rf = RankFile.from_trace(path, trace)
+    raw = trace.info.get("window")
+    window = None
+    if raw is not None:
+        ok = (isinstance(raw, dict) and all(type(raw.get(k)) is int
+                                            for k in ("first_step", "last_step"))
+              and isinstance(raw.get("complete"), bool)
+              and 0 <= raw["first_step"] <= raw["last_step"])
+        if not ok:
+            raise DiffInputError(f"{path}: metadata 'window' is {raw!r:.80}, expected "
+                                 "{first_step, last_step, complete} as window_handler writes")
+        window = (raw["first_step"], raw["last_step"], raw["complete"])
+    return FileMeta(path, rf.rank, rf.world_size, rf.hostname, rf.pid, window, rf.start_ns,
+                    rf.stop_ns, cut="cut" in trace.info)
+
+
+def parse_spec(spec: str) -> tuple[str, int | None]:
+    """``PATH`` or ``PATH:N`` -> (path, window index or None). A path that exists as
+    written is a path even when it ends in ``:N``."""
+    m = _SPEC.match(spec)
+    if os.path.exists(spec) or m is None or not os.path.exists(m.group(1)):
+        return spec, None
+    return m.group(1), int(m.group(2))
+
+
+def find_files(path: str) -> list[str]:
+    """The ``.htrace`` files of an input path (a directory searched recursively)."""
+    if not os.path.exists(path):
+        raise DiffInputError(f"{path}: no such file or directory")
+    files, problems = find_rank_files([path])
+    if problems:
+        raise DiffInputError(problems[0])
+    return files
+
+
+@dataclass
+class Side:
+    """One input: its files grouped by rank (``None``: a process without a rank), each
+    rank's files in step order, and the window picked (``None``: all pooled)."""
+
+    spec: str
+    path: str
+    is_dir: bool
+    window: int | None
+    processes: dict[int | None, list[FileMeta]]
+    world_size: int | None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ranked(self) -> bool:
+        """A rank directory: compared rank by rank with another one."""
+        return self.is_dir and None not in self.processes
+
+    @property
+    def kind(self) -> str:
+        if self.ranked:
+            return "ranks"
+        files = next(iter(self.processes.values()))
+        return "windows" if files[0].window is not None else "file"
+
+    def selected(self) -> dict[int | None, list[FileMeta]]:
+        """Per rank, the files to pool: all of them, or window ``:N``."""
+        if self.window is None:
+            return self.processes
+        out = {}
+        for rank, files in self.processes.items():
+            who = f"rank {rank}" if rank is not None else f"process {files[0].process}"
+            if files[0].window is None:
+                raise DiffInputError(
+                    f"{self.spec}: ':{self.window}' picks a schedule window, but "
+                    f"{files[0].path} ({who}) is not one (no 'window' in its metadata)")
+            if not -len(files) <= self.window < len(files):
+                raise DiffInputError(
+                    f"{self.spec}: {who} has {len(files)} window"
+                    f"{'s' if len(files) != 1 else ''} ({_steps(files)}), no window "
+                    f"{self.window}")
+            out[rank] = [files[self.window]]
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        """What the input was, for ``--json``."""
+        sel = self.selected()
+        doc: dict[str, Any] = {"path": self.path, "kind": self.kind,
+                               "files": sum(len(f) for f in sel.values()),
+                               "window": self.window}
+        if self.ranked:
+            doc["ranks"] = sorted(r for r in sel if r is not None)
+            doc["world_size"] = self.world_size
+        first = next(iter(sel.values()))
+        if first[0].window is not None and not self.ranked:
+            doc["windows"] = [[f.window[0], f.window[1]] for f in first if f.window]
+        return doc
+
+    def text(self) -> str:
+        """One phrase: what the input was ("" for a file named as such)."""
+        sel = self.selected()
+        if self.ranked:
+            n = len(sel)
+            counts = {len(f) for f in sel.values()}
+            world = f" of world size {self.world_size}" if self.world_size else ""
+            what = f"{n} rank{'s' if n != 1 else ''}{world}"
+            if self.window is not None:
+                return f"{what}, window {self.window} of each"
+            if next(iter(sel.values()))[0].window is not None:
+                per = (f"{counts.pop()} windows each" if len(counts) == 1
+                       else "their windows")
+                return f"{what}, {per} pooled"
+            return what
+        files = next(iter(sel.values()))
+        if files[0].window is None:
+            return f"one file, {_rel(files[0].path, self.path)}" if self.is_dir else ""
+        total = len(next(iter(self.processes.values())))
+        if self.window is not None:
+            return f"window {self.window % total} of {total}, {_steps(files)}"
+        return f"{len(files)} window{'s' if len(files) != 1 else ''} pooled, {_steps(files)}"
+
+
+def _steps(files: Sequence[FileMeta]) -> str:
+    spans = [f"{w[0]}-{w[1]}" if w[0] != w[1] else f"{w[0]}"
+             for w in (f.window for f in files) if w is not None]
+    shown = ", ".join(spans[:6]) + (", ..." if len(spans) > 6 else "")
+    return f"step{'s' if len(spans) != 1 or '-' in shown else ''} {shown}"
+
+
+def _when(ns: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ns / 1e9))
+
+
+def _rel(path: str, root: str) -> str:
+    rel = os.path.relpath(path, root) if os.path.isdir(root) else path
+    return rel if not rel.startswith("..") else path
+
+
+def group(spec: str, path: str, window: int | None, metas: Sequence[FileMeta]) -> Side:
+    """Group one input's files into processes by rank, refusing anything that is not
+    one run (see the module docstring)."""
+    is_dir = os.path.isdir(path)
+
+    def name(f: FileMeta) -> str:
+        return _rel(f.path, path)
+
+    ranked = [f for f in metas if f.rank is not None]
+    plain = [f for f in metas if f.rank is None]
+    if ranked and plain:
+        cut = next((f for f in plain if f.cut), None)
+        why = (f"{name(cut)} is a stream cut before its footer, which carries the rank: "
+               "move it out, or name one file" if cut is not None else
+               "traces of different runs? Keep one run's files per directory")
+        raise DiffInputError(
+            f"{spec}: mixes files with a rank ({name(ranked[0])}: rank {ranked[0].rank}) and "
+            f"without one ({name(cut or plain[0])}): {why}")
+    sizes: dict[int, FileMeta] = {}
+    for f in ranked:
+        if f.world_size is not None:
+            sizes.setdefault(f.world_size, f)
+    if len(sizes) > 1:
+        (s1, f1), (s2, f2) = list(sizes.items())[:2]
+        raise DiffInputError(
+            f"{spec}: the files disagree on the world size ({name(f1)}: {s1}, {name(f2)}: "
+            f"{s2}): ranks of different runs? Keep one run's files per directory")
+    world = next(iter(sizes), None)
+    by_rank: dict[int | None, list[FileMeta]] = {}
+    for f in sorted(metas, key=lambda f: (f.rank if f.rank is not None else -1,
+                                          f.window[0] if f.window else -1, f.path)):
+        by_rank.setdefault(f.rank, []).append(f)
+    for rank, files in by_rank.items():
+        procs: dict[str, FileMeta] = {}
+        for f in files:
+            procs.setdefault(f.process, f)
+        if len(procs) > 1:
+            (p1, f1), (p2, f2) = list(procs.items())[:2]
+            what = (f"{len(procs)} processes wrote rank {rank}" if rank is not None else
+                    f"holds the traces of {len(procs)} processes without a rank")
+            raise DiffInputError(
+                f"{spec}: {what} ({name(f1)} by {p1}, {name(f2)} by {p2}): traces of "
+                "different runs? Keep one run's files per directory, or name one file")
+        who = (f"rank {rank} ({files[0].process})" if rank is not None
+               else f"process {files[0].process}")
+        if world is not None and rank is not None and rank >= world:
+            raise DiffInputError(f"{spec}: {name(files[0])} is rank {rank}, but the files' "
+                                 f"world size is {world}")
+        if len(files) > 1:
+            loose = [f for f in files if f.window is None]
+            if loose:
+                other = files[0] if files[0] is not loose[0] else files[1]
+                raise DiffInputError(
+                    f"{spec}: {name(loose[0])} and {name(other)} are both traces of {who}, "
+                    f"and {name(loose[0])} is not a schedule window: which one is the run? "
+                    "Name one file")
+            for prev, cur in pairwise(files):
+                assert prev.window is not None and cur.window is not None
+                if cur.window[0] <= prev.window[1]:
+                    raise DiffInputError(
+                        f"{spec}: {name(prev)} (steps {prev.window[0]}-{prev.window[1]}) and "
+                        f"{name(cur)} (steps {cur.window[0]}-{cur.window[1]}) are overlapping "
+                        f"windows of {who}: a copy of a window?")
+    if len(by_rank) > 1:
+        spans = {r: (min(f.start_ns for f in fs), max(f.stop_ns for f in fs))
+                 for r, fs in by_rank.items()}
+        late = max(spans, key=lambda r: spans[r][0])
+        early = min(spans, key=lambda r: spans[r][1])
+        if spans[late][0] > spans[early][1]:
+            raise DiffInputError(
+                f"{spec}: rank {early} ({name(by_rank[early][0])}) stopped recording at "
+                f"{_when(spans[early][1])}, before rank {late} ({name(by_rank[late][0])}) "
+                f"started at {_when(spans[late][0])}: ranks of different runs? Ranks of one "
+                "job record at the same time")
+    side = Side(spec, path, is_dir, window, by_rank, world)
+    if world is not None and is_dir:
+        missing = sorted(set(range(world)) - set(by_rank))
+        if missing:
+            shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
+            side.notes.append(f"{spec}: no file for rank{'s' if len(missing) > 1 else ''} "
+                              f"{shown} of world size {world}")
+    return side
