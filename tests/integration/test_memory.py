@@ -84,7 +84,9 @@ def profiler_reference(model: nn.Module, x: torch.Tensor, steps: int
         for h in handles:
             h.remove()
     events = prof.profiler.kineto_results.events()
-    mem = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+    # by time only: events at the same ns keep the order they were recorded in
+    mem = sorted(((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]"),
+                 key=lambda m: m[0])
     mem_t = np.array([t for t, _ in mem], np.int64)
     mem_b = np.array([b for _, b in mem], np.int64)
     out: dict[str, list[tuple[int, int]]] = defaultdict(list)
@@ -140,7 +142,9 @@ def test_backward_spans_match_the_profilers_memory_events() -> None:
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             _step(model, x)
     events = prof.profiler.kineto_results.events()
-    mem = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+    # by time only: events at the same ns keep the order they were recorded in
+    mem = sorted(((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]"),
+                 key=lambda m: m[0])
     assert mem
     t0 = mem[0][0]
     # the profiler sees each block 64 bytes larger (it counts the counting allocator's
