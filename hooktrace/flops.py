@@ -136,15 +136,11 @@ class FlopRecorder:
         self.calls.append(index)
 
     def _post(self, model: nn.Module, args: Any, output: Any) -> None:
-        import torch
-        from torch.utils._pytree import tree_flatten
-
         counter = self._counter
         if counter is None:
             return
         self._forward = _totals(counter.get_flop_counts())
-        if not any(isinstance(t, torch.Tensor) and t.requires_grad
-                   for t in tree_flatten(output)[0]):
+        if not _may_need_grad(output):
             self.close()  # no backward can follow: stop the slow dispatch now
         # Otherwise the mode stays until the next root call, step or exit: it is a
         # thread-local dispatch mode, left on the thread that entered it, never from
@@ -184,6 +180,27 @@ class FlopRecorder:
 
     def to_info(self) -> dict[str, Any]:
         return {"signatures": self.signatures, "calls": self.calls, "counted": self.counted}
+
+
+def _may_need_grad(output: Any, depth: int = 0) -> bool:
+    """Whether a backward pass can follow a root call that returned ``output``: a tensor
+    in it requires grad (looking through pytrees and dataclasses), or it holds an
+    object that cannot be looked into (then the count stays open, to be safe)."""
+    import dataclasses
+
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    for x in tree_flatten(output)[0]:
+        if isinstance(x, torch.Tensor):
+            if x.requires_grad:
+                return True
+        elif dataclasses.is_dataclass(x) and not isinstance(x, type) and depth < 8:
+            if _may_need_grad([getattr(x, f.name) for f in dataclasses.fields(x)], depth + 1):
+                return True
+        elif not isinstance(x, (int, float, complex, bool, str, bytes, type(None))):
+            return True
+    return False
 
 
 def _totals(counts: Mapping[str, Mapping[Any, int]]) -> dict[str, int]:
