@@ -18,6 +18,27 @@ counts and runs uninstrumented.
 ``tflops`` = the module's FLOPs over its time, summed over the root calls that
 were *not* counted. Their spans stay in every time column (they did run).
 
+**On the spans.** Exports (``hooktrace export``, JSON and ``.pftrace``) and
+traces merged with torch.profiler give every forward and backward module span
+of a root call the args ``flops`` (that call's FLOPs, an integer) and, for the
+root calls that were not counted, ``tflops`` (``flops`` over the span's own
+duration, in TFLOP/s, rounded to 4 significant digits; left out when
+``flops`` is 0, for unfinished spans and for empty ones). Spans of a counted
+root call carry ``flops`` and ``flops_counted: true`` instead of ``tflops``:
+they ran under the counter, so their time says nothing about the speed.
+FlopCounterMode counts a module's FLOPs per root call, not per call: when a
+module runs k times in one root call (a shared layer, a loop; or k backward
+passes), its count is divided evenly among those k spans of the phase, as
+integers (the first ``count mod k`` calls, in call order, get one FLOP more),
+so that a module's spans of one root call add up to FlopCounterMode's count
+exactly; the summary's ``flops`` column is the mean of these over every call.
+Recompute spans (activation checkpointing) and spans outside every root call
+get no FLOP args; so do spans of runs recorded without ``flops=True``. A
+count with no span of its module and phase in that root call is on no span (it
+is in the ancestors' counts): FlopCounterMode gives backward FLOPs to an
+eval-mode ``Dropout``, which returns its input and so has no autograd node and
+no backward span (the summary has no ``bwd_flops`` for it either).
+
 **Recorded** in ``info["flops"]``: ``signatures`` (per signature, ``forward``
 and ``backward``: module qualified name -> FLOPs of one root call), ``calls``
 (the signature index of each root call, in order) and ``counted`` (the root
@@ -46,7 +67,8 @@ if TYPE_CHECKING:
 
     from hooktrace.reading import Spans
 
-__all__ = ["FlopRecorder", "PEAK_TFLOPS", "flop_columns", "peak_tflops_for"]
+__all__ = ["FlopRecorder", "PEAK_TFLOPS", "SpanFlops", "flop_columns", "peak_tflops_for",
+           "span_flops"]
 
 # Dense BF16/FP16 tensor-core peaks (TFLOP/s, no sparsity) from the vendors' data
 # sheets, for MFU when no --peak-tflops is given; matched by substring of
@@ -295,4 +317,126 @@ def flop_columns(info: Any, spans: Spans, modules: Sequence[tuple[str, str]],
         ns = (row.pop("_ns", 0.0) or 0.0) + (row.pop("_bwd_ns", 0.0) or 0.0)
         row["mfu"] = ((fl + bfl) / ns / 1e3 / peak_tflops
                       if peak_tflops and ns > 0 and fl + bfl > 0 else None)
+    return out
+
+
+class SpanFlops:
+    """FLOP args of every span of a run (see "On the spans" in the module docstring).
+
+    Per span (indexed like :class:`~hooktrace.reading.Spans`): ``flops`` (int64,
+    -1 where the span gets no FLOP args), ``tflops`` (float64 TFLOP/s rounded to 4
+    significant digits, NaN where left out) and ``counted`` (bool: its root call
+    ran under FlopCounterMode).
+    """
+
+    def __init__(self, flops: np.ndarray, tflops: np.ndarray, counted: np.ndarray) -> None:
+        self.flops, self.tflops, self.counted = flops, tflops, counted
+
+
+def span_flops(info: Any, spans: Spans, modules: Sequence[tuple[str, str]]) -> SpanFlops:
+    """The FLOP args of ``spans`` from a run's ``info["flops"]`` (vectorized: one
+    lookup table of the recorded counts, one sort of the spans that get args).
+
+    Example (two root calls of ``Net``, the first one counted; ``fc`` runs twice per
+    root call, 1 µs each, so its 7 MFLOPs are split 3.5 M + 3.5 M, 3.5 TFLOP/s):
+        >>> import numpy as np
+        >>> from hooktrace._events import EVENT_DTYPE, Clock
+        >>> from hooktrace.reading import Spans
+        >>> ev = np.zeros(12, EVENT_DTYPE); ev["kind"] = [1, 1, 2, 1, 2, 2] * 2
+        >>> ev["id"] = [0, 1, 1, 1, 1, 0] * 2; ev["t"] = np.arange(12) * 1000
+        >>> spans = Spans.from_events(ev, Clock(0, 0, 1.0))
+        >>> info = {"signatures": [{"forward": {"": 9_000_001, "fc": 7_000_001},
+        ...                         "backward": {}}], "calls": [0, 0], "counted": [0]}
+        >>> f = span_flops(info, spans, [("", "Net"), ("fc", "Linear")])
+        >>> f.flops.tolist()
+        [9000001, 3500001, 3500000, 9000001, 3500001, 3500000]
+        >>> f.tflops.tolist()[3:], f.counted.tolist()
+        ([1.8, 3.5, 3.5], [True, True, True, False, False, False])
+    """
+    from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_UNFINISHED
+
+    sigs, calls, counted_calls = _parse(info)
+    n = len(spans)
+    flops = np.full(n, -1, np.int64)
+    tflops = np.full(n, np.nan)
+    counted = np.zeros(n, bool)
+    if not n or not calls:
+        return SpanFlops(flops, tflops, counted)
+    root_call = _root_call(spans)
+    sel = np.flatnonzero((root_call >= 0) & (root_call < len(calls))
+                         & ((spans.cat == CAT_FORWARD) | (spans.cat == CAT_BACKWARD)))
+    if not len(sel):
+        return SpanFlops(flops, tflops, counted)
+    rc = root_call[sel]
+    module = spans.module[sel].astype(np.int64)
+    phase = (spans.cat[sel] == CAT_BACKWARD).astype(np.int64)
+    n_slots = max(len(modules), int(module.max()) + 1)
+
+    # The recorded counts as a sorted table keyed (signature, module slot, phase).
+    slots: dict[str, list[int]] = {}
+    for slot, (name, _) in enumerate(modules):
+        slots.setdefault(name, []).append(slot)
+    keys: list[int] = []
+    values: list[int] = []
+    for s, sig in enumerate(sigs):
+        for p, ph in enumerate(("forward", "backward")):
+            for name, count in sig[ph].items():
+                for slot in slots.get(name, ()):
+                    keys.append((s * n_slots + slot) * 2 + p)
+                    values.append(count)
+    table_order = np.argsort(np.asarray(keys, np.int64), kind="stable")
+    table_keys = np.asarray(keys, np.int64)[table_order]
+    table_values = np.asarray(values, np.int64)[table_order]
+    want = (np.asarray(calls, np.int64)[rc] * n_slots + module) * 2 + phase
+    pos = np.minimum(np.searchsorted(table_keys, want), max(len(table_keys) - 1, 0))
+    total = (np.where(table_keys[pos] == want, table_values[pos], 0) if len(table_keys)
+             else np.zeros(len(sel), np.int64))
+
+    # Split each count among the module's spans of that phase in that root call.
+    group = (rc * n_slots + module) * 2 + phase
+    order = np.lexsort((spans.start_ns[sel], spans.call[sel], group))
+    g = group[order]
+    starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+    sizes = np.diff(np.r_[starts, len(g)])
+    rank = np.empty(len(sel), np.int64)
+    rank[order] = np.arange(len(g)) - np.repeat(starts, sizes)
+    k = np.empty(len(sel), np.int64)
+    k[order] = np.repeat(sizes, sizes)
+    per_call = total // k + (rank < total % k)
+    flops[sel] = per_call
+
+    is_counted = np.zeros(len(calls), bool)
+    is_counted[[c for c in counted_calls if 0 <= c < len(calls)]] = True
+    counted[sel] = is_counted[rc]
+    dur = spans.duration_ns[sel]
+    timed = ((per_call > 0) & ~counted[sel] & (dur > 0)
+             & ((spans.flags[sel] & SPAN_UNFINISHED) == 0))
+    tflops[sel[timed]] = round_significant(per_call[timed] / dur[timed] / 1e3, 4)
+    return SpanFlops(flops, tflops, counted)
+
+
+def round_significant(x: np.ndarray, digits: int) -> np.ndarray:
+    """Positive finite ``x`` rounded to ``digits`` significant digits, each the double
+    nearest its decimal (so that the shortest repr shows at most ``digits`` digits).
+
+    Example:
+        >>> round_significant(np.array([0.0123456, 123456.0, 9.99996e-9]), 4).tolist()
+        [0.01235, 123500.0, 1e-08]
+    """
+    x = np.asarray(x, np.float64)
+    out = np.zeros_like(x)
+    ok = x > 0
+    if not ok.any():
+        return out
+    v = x[ok]
+    e = (digits - 1 - np.floor(np.log10(v))).astype(np.int64)
+    e = np.minimum(e, 22)  # 10**e exact below 1e23
+    up = e >= 0
+    res = np.empty_like(v)
+    # an integer divided (or multiplied) by an exact power of ten, rounded once:
+    # the double nearest the decimal
+    scale = 10.0 ** np.abs(e)
+    res[up] = np.round(v[up] * scale[up]) / scale[up]
+    res[~up] = np.round(v[~up] / scale[~up]) * scale[~up]
+    out[ok] = res
     return out
