@@ -34,7 +34,8 @@ from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, CAT_RECOMPUTE, Spans
 if TYPE_CHECKING:
     from hooktrace.reading import TraceData
 
-__all__ = ["StepTable", "Summary", "TEXT_WIDTH", "format_ns", "UNATTRIBUTED"]
+__all__ = ["FLOP_COLUMNS", "StepTable", "Summary", "TEXT_WIDTH", "UNATTRIBUTED", "format_count",
+           "format_ns"]
 
 UNATTRIBUTED = "<unattributed>"  # "module" of the rows for unattributed autograd nodes
 TEXT_WIDTH = 120  # the default text table fits this many columns (issue #7)
@@ -489,7 +490,7 @@ def _stats(groups: _Groups, gid: int, prefix: str) -> dict[str, Any]:
             f"{prefix}mean_ns": None, f"{prefix}p50_ns": None, f"{prefix}p99_ns": None}
 
 
-def _format_count(value: float, unit: str) -> str:
+def format_count(value: float, unit: str) -> str:
     """``1.23 GFLOP``-style: SI prefixes, three significant digits."""
     for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(value) >= scale:
@@ -529,7 +530,7 @@ def _cell(row: dict[str, Any], key: str) -> str:
     if key == "bwd_fwd_ratio":
         return f"{value:.2f}"
     if key in ("flops", "bwd_flops"):
-        return _format_count(value, "FLOP")
+        return format_count(value, "FLOP")
     if key in ("tflops", "bwd_tflops"):
         return f"{value:.3g}"
     if key == "mfu":
