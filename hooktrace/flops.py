@@ -392,17 +392,28 @@ def span_flops(info: Any, spans: Spans, modules: Sequence[tuple[str, str]]) -> S
     total = (np.where(table_keys[pos] == want, table_values[pos], 0) if len(table_keys)
              else np.zeros(len(sel), np.int64))
 
-    # Split each count among the module's spans of that phase in that root call.
+    # Split each count among the module's spans of that phase in that root call, in
+    # call order (spans of one call, several backward passes, in span order).
     group = (rc * n_slots + module) * 2 + phase
-    order = np.lexsort((spans.start_ns[sel], spans.call[sel], group))
+    call = spans.call[sel].astype(np.int64)
+    n_calls = int(call.max()) + 1
+    if int(group.max()) < (1 << 62) // n_calls:  # one sort of a packed key
+        order = np.argsort(group * n_calls + call, kind="stable")
+    else:
+        order = np.lexsort((call, group))
     g = group[order]
-    starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
-    sizes = np.diff(np.r_[starts, len(g)])
-    rank = np.empty(len(sel), np.int64)
-    rank[order] = np.arange(len(g)) - np.repeat(starts, sizes)
-    k = np.empty(len(sel), np.int64)
-    k[order] = np.repeat(sizes, sizes)
-    per_call = total // k + (rank < total % k)
+    first = np.empty(len(g), bool)
+    first[0] = True
+    np.not_equal(g[1:], g[:-1], out=first[1:])
+    per_call = total
+    if not first.all():  # some module ran several times in a root call
+        starts = np.flatnonzero(first)
+        sizes = np.diff(np.append(starts, len(g)))
+        rank = np.arange(len(g)) - np.repeat(starts, sizes)
+        k = np.repeat(sizes, sizes)
+        t = total[order]
+        per_call = np.empty_like(total)
+        per_call[order] = t // k + (rank < t % k)
     flops[sel] = per_call
 
     is_counted = np.zeros(len(calls), bool)
@@ -417,26 +428,25 @@ def span_flops(info: Any, spans: Spans, modules: Sequence[tuple[str, str]]) -> S
 
 def round_significant(x: np.ndarray, digits: int) -> np.ndarray:
     """Positive finite ``x`` rounded to ``digits`` significant digits, each the double
-    nearest its decimal (so that the shortest repr shows at most ``digits`` digits).
+    nearest its decimal (so that the shortest repr shows at most ``digits`` digits);
+    0 where ``x`` is not positive.
 
     Example:
         >>> round_significant(np.array([0.0123456, 123456.0, 9.99996e-9]), 4).tolist()
         [0.01235, 123500.0, 1e-08]
     """
     x = np.asarray(x, np.float64)
-    out = np.zeros_like(x)
     ok = x > 0
-    if not ok.any():
-        return out
-    v = x[ok]
-    e = (digits - 1 - np.floor(np.log10(v))).astype(np.int64)
-    e = np.minimum(e, 22)  # 10**e exact below 1e23
-    up = e >= 0
-    res = np.empty_like(v)
-    # an integer divided (or multiplied) by an exact power of ten, rounded once:
-    # the double nearest the decimal
-    scale = 10.0 ** np.abs(e)
-    res[up] = np.round(v[up] * scale[up]) / scale[up]
-    res[~up] = np.round(v[~up] / scale[~up]) * scale[~up]
-    out[ok] = res
-    return out
+    v = x if ok.all() else np.where(ok, x, 1.0)
+    # 10**e puts the digits-th significant digit in the units; an integer divided by
+    # (or times) an exact power of ten, rounded once, is the double nearest the decimal
+    e = np.clip(digits - 1 - np.floor(np.log10(v)).astype(np.int64), -22, 22)
+    scale = _POW10[np.abs(e)]
+    if (e >= 0).all():  # the usual case (values below 10**digits): one expression
+        out = np.round(v * scale) / scale
+    else:
+        out = np.where(e >= 0, np.round(v * scale) / scale, np.round(v / scale) * scale)
+    return out if ok.all() else np.where(ok, out, 0.0)
+
+
+_POW10 = 10.0 ** np.arange(23)  # exact doubles
