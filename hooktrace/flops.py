@@ -42,7 +42,11 @@ no backward span (the summary has no ``bwd_flops`` for it either).
 **Recorded** in ``info["flops"]``: ``signatures`` (per signature, ``forward``
 and ``backward``: module qualified name -> FLOPs of one root call), ``calls``
 (the signature index of each root call, in order) and ``counted`` (the root
-calls that ran under the counter).
+calls that ran under the counter). Root call k is the root module's span with
+``call`` k: a schedule window's ``calls`` and ``counted`` are its own root calls,
+numbered from 0 as its spans number them; a streamed file (``out=``) has the
+block in its footer; a ring buffer that overwrote its oldest events holds the
+newest root calls, which :func:`run_flop_info` matches to its spans.
 
 Example::
 
@@ -65,10 +69,10 @@ from hooktrace.errors import HooktraceError
 if TYPE_CHECKING:
     from torch import nn
 
-    from hooktrace.reading import Spans
+    from hooktrace.reading import Spans, TraceData
 
 __all__ = ["FlopRecorder", "PEAK_TFLOPS", "SpanFlops", "flop_columns", "peak_tflops_for",
-           "span_flops"]
+           "run_flop_info", "span_flops"]
 
 # Dense BF16/FP16 tensor-core peaks (TFLOP/s, no sparsity) from the vendors' data
 # sheets, for MFU when no --peak-tflops is given; matched by substring of
@@ -200,8 +204,12 @@ class FlopRecorder:
             return key[len(self._root_name) + 1:]
         return None
 
-    def to_info(self) -> dict[str, Any]:
-        return {"signatures": self.signatures, "calls": self.calls, "counted": self.counted}
+    def to_info(self, first_call: int = 0) -> dict[str, Any]:
+        """``info["flops"]`` of the root calls from ``first_call`` on (a schedule
+        window's: its spans number them from 0), as copies."""
+        return {"signatures": [{p: dict(s[p]) for p in s} for s in self.signatures],
+                "calls": self.calls[first_call:],
+                "counted": [c - first_call for c in self.counted if c >= first_call]}
 
 
 def _may_need_grad(output: Any, depth: int = 0) -> bool:
@@ -255,6 +263,28 @@ def _parse(info: Any) -> tuple[list[dict[str, dict[str, int]]], list[int], set[i
     if not all(isinstance(c, int) for c in counted):
         raise bad("counted must be root call numbers")
     return sigs, calls, set(counted)
+
+
+def run_flop_info(trace: TraceData) -> Any:
+    """``trace.info["flops"]`` with its root calls matched to the trace's spans, which
+    number the root's calls from 0: a ring buffer that overwrote its oldest events
+    (``overwritten_events``) holds the newest root calls, so with n root calls in the
+    spans, the spans' root call k is the recorder's ``len(calls) - n + k``. (A schedule
+    window's info is made relative to the window when it is recorded.)"""
+    from hooktrace.reading import CAT_FORWARD
+
+    info = trace.info["flops"]
+    if not trace.overwritten_events or not isinstance(info, dict):
+        return info
+    calls, counted = info.get("calls"), info.get("counted")
+    if not isinstance(calls, list) or not isinstance(counted, list):
+        return info  # (_parse says what is wrong)
+    spans = trace.spans()
+    start = len(calls) - int(np.count_nonzero((spans.module == 0) & (spans.cat == CAT_FORWARD)))
+    if start <= 0:
+        return info
+    return dict(info, calls=calls[start:],
+                counted=[c - start for c in counted if isinstance(c, int) and c >= start])
 
 
 def _root_call(spans: Spans) -> np.ndarray:

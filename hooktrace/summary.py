@@ -501,9 +501,9 @@ def format_count(value: float, unit: str) -> str:
 def _add_flops(rows: list[dict[str, Any]], trace: TraceData,
                peak_tflops: float | None) -> list[str]:
     """Fill the FLOP columns of ``rows`` from ``trace.info["flops"]``; returns notes."""
-    from hooktrace.flops import flop_columns, peak_tflops_for
+    from hooktrace.flops import flop_columns, peak_tflops_for, run_flop_info
 
-    info = trace.info["flops"]
+    info = run_flop_info(trace)
     peak = peak_tflops if peak_tflops is not None else peak_tflops_for(
         trace.info.get("device_name"))
     per_module = flop_columns(info, trace.spans(), trace.modules, peak)
@@ -512,8 +512,12 @@ def _add_flops(rows: list[dict[str, Any]], trace: TraceData,
         for key in FLOP_COLUMNS:
             row[key] = values.get(key)
     counted = len(info.get("counted", []))
-    note = (f"FLOPs from torch's FlopCounterMode on {counted} root call(s), one per input "
-            "signature; TFLOP/s leaves those (slower) calls out")
+    if counted:
+        note = (f"FLOPs from torch's FlopCounterMode on {counted} root call(s), one per input "
+                "signature; TFLOP/s leaves those (slower) calls out")
+    else:  # a window or a ring buffer's newest calls: counted before
+        note = ("FLOPs from torch's FlopCounterMode on earlier root calls of the same input "
+                "signatures; TFLOP/s over every call")
     if peak is None:
         note += "; MFU needs --peak-tflops"
     else:

@@ -18,7 +18,7 @@ import numpy as np
 import torch  # noqa: F401  (loads libc10 for _C)
 from hooktrace import _C
 from hooktrace._filters import SPAN_CLIPPED, Cut, Filters, cut
-from hooktrace.flops import SpanFlops, span_flops
+from hooktrace.flops import SpanFlops, run_flop_info, span_flops
 from hooktrace.reading import CAT_BACKWARD, CAT_NAMES, Spans
 from hooktrace.tracefile import FORMAT_VERSION
 
@@ -181,7 +181,7 @@ def flop_args(trace: TraceData, index: np.ndarray
     None when the run was recorded without ``flops=True``."""
     if "flops" not in trace.info:
         return None
-    f: SpanFlops = span_flops(trace.info["flops"], trace.spans(), trace.modules)
+    f: SpanFlops = span_flops(run_flop_info(trace), trace.spans(), trace.modules)
     return (np.ascontiguousarray(f.flops[index]), np.ascontiguousarray(f.tflops[index]),
             np.where(f.counted[index], SPAN_FLOPS_COUNTED, 0).astype(np.uint8))
 

@@ -4,6 +4,7 @@ torch.profiler carry per call the FLOPs FlopCounterMode counts, and Perfetto rea
 from __future__ import annotations
 
 import copy
+import gzip
 import json
 import sys
 from collections import Counter, defaultdict
@@ -94,7 +95,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
 
 
 def span_events(path: Path) -> list[dict[str, Any]]:
-    doc = json.loads(path.read_bytes(), parse_float=Decimal)
+    data = path.read_bytes()
+    doc = json.loads(gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data,
+                     parse_float=Decimal)
     return [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") in SPAN_CATS]
 
 
@@ -283,3 +286,60 @@ def test_perfetto_reads_the_flop_args(runs, tmp_path: Path) -> None:
         want = {e["args"]["flops"] for e in span_events(run["json"])}
         if path == run["json"] or path == run["pftrace"]:
             assert {r["i"] for r in rows if r["key"] == f"{prefix}.flops"} == want
+
+
+def test_schedule_windows_number_their_own_root_calls(tmp_path: Path) -> None:
+    # GIVEN hooktrace.profile with a schedule recording steps 2 and 5 (one window each),
+    # the input's shape changing at step 5 (a new signature, counted in that window)
+    model = Shared()
+    sched = torch.profiler.schedule(wait=1, warmup=1, active=1, repeat=2)
+    with hooktrace.profile(model, tmp_path / "w", schedule=sched, activities=CPU,
+                           trace_kwargs={"flops": True}) as p:
+        for i in range(6):
+            step(model, torch.randn(2 if i < 5 else 3, 4))
+            p.step()
+    assert len(p.outputs) == 2
+    first, second = (span_events(Path(o)) for o in sorted(p.outputs))
+    # THEN the first window's call ran at a known signature: timed, not counted
+    shared = lambda events: [e["args"] for e in events  # noqa: E731
+                             if e["cat"] == SPAN_CATS[0] and e["args"]["module"] == "shared"]
+    assert [a["flops"] for a in shared(first)] == [2 * 2 * 4 * 4] * 3
+    assert all("tflops" in a and "flops_counted" not in a for a in shared(first))
+    # AND the second window's call is the new signature's counted one
+    assert [a["flops"] for a in shared(second)] == [2 * 3 * 4 * 4] * 3
+    assert all(a.get("flops_counted") is True for a in shared(second))
+
+
+def test_a_streamed_run_keeps_its_flops(tmp_path: Path) -> None:
+    model, x = Shared(), torch.randn(2, 4)
+    with hooktrace.trace(model, flops=True, out=tmp_path / "s.htrace"):
+        for _ in range(2):
+            step(model, x)
+    run = hooktrace.load(tmp_path / "s.htrace")
+    assert run.info["flops"]["calls"] == [0, 0]
+    run.export_chrome(tmp_path / "s.json")
+    shared = [e["args"] for e in span_events(tmp_path / "s.json")
+              if e["cat"] == SPAN_CATS[0] and e["args"]["module"] == "shared"]
+    assert [a["flops"] for a in shared] == [2 * 2 * 4 * 4] * 6
+    assert sum(bool(a.get("flops_counted")) for a in shared) == 3
+
+
+def test_a_ring_buffer_holds_the_newest_root_calls(tmp_path: Path) -> None:
+    # GIVEN a ring buffer too small for the run: the first (counted) calls are gone
+    model = Shared()
+    with hooktrace.trace(model, flops=True, policy="ring", capacity=4096) as tr:
+        for i in range(200):
+            step(model, torch.randn(2 if i < 199 else 3, 4))  # the last call: a new shape
+    assert tr.overwritten_events > 0
+    tr.export_chrome(tmp_path / "r.json")
+    roots = [e for e in span_events(tmp_path / "r.json")
+             if e["cat"] == SPAN_CATS[0] and e["args"]["module"] == ""]
+    # THEN the newest root calls have their own signature's FLOPs; only the last is counted
+    assert len(roots) >= 2
+    sigs = tr.info["flops"]["signatures"]
+    assert [r["args"]["flops"] for r in roots] == (
+        [sigs[0]["forward"][""]] * (len(roots) - 1) + [sigs[1]["forward"][""]])
+    assert [bool(r["args"].get("flops_counted")) for r in roots] == [False] * (
+        len(roots) - 1) + [True]
+    row = {r["module"]: r for r in tr.summary().rows}[""]
+    assert row["flops"] == pytest.approx(sum(r["args"]["flops"] for r in roots) / len(roots))
