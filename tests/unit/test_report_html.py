@@ -69,7 +69,7 @@ def test_the_report_command_writes_the_file(tmp_path: Path,
 
 
 def _flops_run():
-    from test_flops_args import flops_trace
+    from test_span_flops import flops_trace
 
     return flops_trace(0)
 
