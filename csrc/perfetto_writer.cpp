@@ -271,7 +271,11 @@ py::dict write_perfetto_slices(py::object write, py::array_t<int64_t> start_ns,
     }
     interned.clear();
     for (size_t c = 0; c < cats.size(); ++c) interned.entry(f::kEventCategories, c + 1, cats[c]);
-    for (uint64_t a = 0; a < sizeof kAnnNames / sizeof kAnnNames[0]; ++a) {
+    // (the FLOP argument names only when there are FLOPs: a run without them is
+    // written byte for byte as before they existed)
+    const uint64_t n_ann = fp != nullptr || tf != nullptr
+                               ? sizeof kAnnNames / sizeof kAnnNames[0] : kAnnClipped;
+    for (uint64_t a = 0; a < n_ann; ++a) {
       interned.entry(f::kAnnotationNames, a + 1, kAnnNames[a]);
     }
     pkt.message(f::kInternedData, interned);

@@ -171,6 +171,8 @@ def test_a_run_without_flops_has_no_flop_args() -> None:
     for args in ([e["args"] for e in span_events(chrome(trace, nodes=True))]
                  + [dict(s[5]) for s in decode(pftrace(trace, nodes=True))["slices"]]):
         assert not {"flops", "tflops", "flops_counted"} & set(args)
+    # not even the argument names (the files are as before FLOP args existed)
+    assert b"flops" not in chrome(trace, nodes=True) + pftrace(trace, nodes=True)
 
 
 def test_an_unreadable_flops_block_fails_the_export_in_one_line() -> None:
