@@ -24,8 +24,9 @@ from hooktrace._events import ENTER, EVENT_DTYPE, EXIT, Clock
 from hooktrace.reading import TraceData
 
 
-def synthetic_run(n_events: int) -> TraceData:
-    """Calls of a root with children with grandchildren, 100 ns apart."""
+def synthetic_run(n_events: int, families: int = 8) -> TraceData:
+    """Calls of a root with children with grandchildren, 100 ns apart; root calls
+    spread over ``families`` module families (1: every call under module slot 0)."""
     per_root = 2 * (1 + 10 + 10 * 2)  # events per root call: 1 root, 10 children, 2 grandchildren each
     roots = max(1, n_events // per_root)
     kinds: list[int] = []
@@ -43,12 +44,24 @@ def synthetic_run(n_events: int) -> TraceData:
     ev = np.zeros(roots * len(one_kind), EVENT_DTYPE)
     ev["kind"] = np.tile(one_kind, roots)
     # 250 module slots: spread root calls over 8 module families
-    ev["id"] = np.tile(one_id, roots) + (np.repeat(np.arange(roots) % 8, len(one_kind)) * 31).astype(np.uint32)
+    ev["id"] = np.tile(one_id, roots) + (
+        np.repeat(np.arange(roots) % families, len(one_kind)) * 31).astype(np.uint32)
     ev["t"] = np.arange(len(ev), dtype=np.uint64) * 100
     ev["tid"] = 1234
     modules = [("", "Net")] + [(f"layer.{i}", "Linear") for i in range(1, 8 * 31 + 1)]
     info = {"pid": os.getpid(), "hostname": "bench", "dropped_events": 0, "overwritten_events": 0}
     return TraceData(ev, modules, [], Clock(0, 1_700_000_000_000_000_000, 1.0), info)
+
+
+def with_flops(run: TraceData) -> TraceData:
+    """``run`` as if recorded with ``flops=True``: one input signature, every module
+    with forward FLOPs, the first root call counted (as hooktrace.flops records)."""
+    spans = run.spans()
+    roots = int(np.count_nonzero((spans.module == 0) & (spans.depth == 0)))
+    forward = {name: 1_000_003 * (i + 1) for i, (name, _) in enumerate(run.modules)}
+    info = dict(run.info, flops={"signatures": [{"forward": forward, "backward": {}}],
+                                 "calls": [0] * roots, "counted": [0]})
+    return TraceData(run.events, run.modules, run.node_names, run.clock, info)
 
 
 def naive_chrome(run: TraceData, path: str) -> None:

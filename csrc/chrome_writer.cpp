@@ -1,6 +1,7 @@
 #include "chrome_writer.h"
 
 #include <charconv>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -31,6 +32,12 @@ class Buffer {
   template <typename Int>
   void integer(Int v) {
     char tmp[24];
+    auto r = std::to_chars(tmp, tmp + sizeof tmp, v);
+    data_.append(tmp, r.ptr);
+  }
+  // The shortest decimal that reads back as v (finite v only).
+  void real(double v) {
+    char tmp[32];
     auto r = std::to_chars(tmp, tmp + sizeof tmp, v);
     data_.append(tmp, r.ptr);
   }
@@ -72,7 +79,8 @@ uint64_t write_chrome_events(py::object write, py::array_t<int64_t> start_ns,
                              py::array_t<int64_t> end_ns, py::array_t<uint32_t> module,
                              py::array_t<uint32_t> tid, py::array_t<uint32_t> call,
                              py::array_t<uint8_t> flags, py::array_t<uint8_t> cat,
-                             py::array_t<int64_t> nodes, py::sequence names_json,
+                             py::array_t<int64_t> nodes, py::array_t<int64_t> flops,
+                             py::array_t<double> tflops, py::sequence names_json,
                              py::sequence args_json, py::sequence cat_names, int64_t base_ns,
                              uint32_t pid, size_t chunk_bytes) {
   const size_t n = static_cast<size_t>(start_ns.shape(0));
@@ -85,6 +93,9 @@ uint64_t write_chrome_events(py::object write, py::array_t<int64_t> start_ns,
   const uint8_t* ct = checked(cat, n, "cat");
   // Forward-only traces pass no counts: no per-event branch cost beyond one test.
   const int64_t* nd = nodes.size() == 0 ? nullptr : checked(nodes, n, "nodes");
+  // Only runs recorded with flops=True pass FLOPs.
+  const int64_t* fp = flops.size() == 0 ? nullptr : checked(flops, n, "flops");
+  const double* tf = tflops.size() == 0 ? nullptr : checked(tflops, n, "tflops");
   const std::vector<std::string> names = to_strings(names_json);
   const std::vector<std::string> args = to_strings(args_json);
   const std::vector<std::string> cats = to_strings(cat_names);
@@ -128,6 +139,15 @@ uint64_t write_chrome_events(py::object write, py::array_t<int64_t> start_ns,
       buf.lit(",\"nodes\":");
       buf.integer(nd[i]);
     }
+    if (fp != nullptr && fp[i] >= 0) {
+      buf.lit(",\"flops\":");
+      buf.integer(fp[i]);
+    }
+    if (tf != nullptr && std::isfinite(tf[i])) {
+      buf.lit(",\"tflops\":");
+      buf.real(tf[i]);
+    }
+    if (fl[i] & kSpanFlopsCounted) buf.lit(",\"flops_counted\":true");
     if (fl[i] & kSpanClipped) buf.lit(",\"clipped\":true");
     buf.lit("}}");
     if (buf.size() >= chunk_bytes) buf.flush(write);

@@ -26,14 +26,18 @@ namespace hooktrace {
 // (plain, JSON-safe). `tid` is the row to draw on (the OS tid, or a synthetic
 // track tid for backward spans). `nodes`: empty, or one count per span written
 // as args "nodes" when >= 0 (autograd nodes attributed directly to the span).
-// flags: kSpanError, kSpanUnfinished, kSpanClipped add "error", "unfinished",
-// "clipped": true.
+// `flops`: empty, or one FLOP count per span written as args "flops" when >= 0;
+// `tflops`: empty, or per span, written as args "tflops" (shortest round-trip
+// decimal) when finite (hooktrace/flops.py computes both).
+// flags: kSpanError, kSpanUnfinished, kSpanFlopsCounted, kSpanClipped add "error",
+// "unfinished", "flops_counted", "clipped": true.
 // Returns the number of events written.
 uint64_t write_chrome_events(pybind11::object write, pybind11::array_t<int64_t> start_ns,
                              pybind11::array_t<int64_t> end_ns,
                              pybind11::array_t<uint32_t> module, pybind11::array_t<uint32_t> tid,
                              pybind11::array_t<uint32_t> call, pybind11::array_t<uint8_t> flags,
                              pybind11::array_t<uint8_t> cat, pybind11::array_t<int64_t> nodes,
+                             pybind11::array_t<int64_t> flops, pybind11::array_t<double> tflops,
                              pybind11::sequence names_json, pybind11::sequence args_json,
                              pybind11::sequence cat_names, int64_t base_ns, uint32_t pid,
                              size_t chunk_bytes);

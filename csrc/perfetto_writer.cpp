@@ -1,6 +1,7 @@
 #include "perfetto_writer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -26,7 +27,8 @@ constexpr uint32_t kClocks = 1, kClockId = 1, kClockTimestamp = 2, kClockIncreme
 // TrackEvent
 constexpr uint32_t kCategoryIids = 3, kDebugAnnotations = 4, kType = 9, kNameIid = 10;
 // DebugAnnotation
-constexpr uint32_t kAnnNameIid = 1, kBoolValue = 2, kIntValue = 4, kStringValueIid = 17;
+constexpr uint32_t kAnnNameIid = 1, kBoolValue = 2, kIntValue = 4, kDoubleValue = 5,
+                   kStringValueIid = 17;
 // InternedData; each entry is {iid = 1, name/str = 2}
 constexpr uint32_t kEventCategories = 1, kEventNames = 2, kAnnotationNames = 3,
                    kAnnotationStrings = 29;
@@ -42,10 +44,11 @@ constexpr uint64_t kSliceBegin = 1, kSliceEnd = 2;
 // (hooktrace/exporters/chrome.py), in the order Chrome's args list them.
 enum Ann : uint64_t {
   kAnnModule = 1, kAnnType, kAnnCall, kAnnError, kAnnUnfinished, kAnnNodes, kAnnSeq, kAnnPass,
-  kAnnClipped,
+  kAnnClipped, kAnnFlops, kAnnTflops, kAnnFlopsCounted,
 };
-const char* const kAnnNames[] = {"module", "type", "call", "error", "unfinished", "nodes",
-                                 "seq", "pass", "clipped"};
+const char* const kAnnNames[] = {"module", "type",  "call",   "error",         "unfinished",
+                                 "nodes",  "seq",   "pass",   "clipped",       "flops",
+                                 "tflops", "flops_counted"};
 
 // Append-only protobuf encoding into a std::string.
 class Proto {
@@ -113,6 +116,13 @@ inline size_t varint_size(uint64_t v) {
 }
 inline char* put_uint(char* p, uint32_t field, uint64_t v) {
   return put_varint(put_varint(p, static_cast<uint64_t>(field) << 3), v);
+}
+inline char* put_double(char* p, uint32_t field, double v) {  // wire type 1 (I64)
+  p = put_varint(p, (static_cast<uint64_t>(field) << 3) | 1);
+  uint64_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  for (int k = 0; k < 8; ++k) *p++ = static_cast<char>(bits >> (8 * k));  // little-endian
+  return p;
 }
 inline char* put_len(char* p, uint32_t field, size_t n) {
   return put_varint(put_varint(p, (static_cast<uint64_t>(field) << 3) | 2), n);
@@ -185,7 +195,8 @@ py::dict write_perfetto_slices(py::object write, py::array_t<int64_t> start_ns,
                                py::array_t<uint32_t> name, py::array_t<uint8_t> cat,
                                py::array_t<uint8_t> flags, py::array_t<int64_t> str_a,
                                py::array_t<int64_t> str_b, py::array_t<int64_t> int_a,
-                               py::array_t<int64_t> int_b, py::array_t<uint64_t> track_uuid,
+                               py::array_t<int64_t> int_b, py::array_t<int64_t> flops,
+                               py::array_t<double> tflops, py::array_t<uint64_t> track_uuid,
                                py::sequence names, py::sequence strings, py::sequence cat_names,
                                uint32_t first_sequence_id, size_t chunk_bytes) {
   const size_t n = static_cast<size_t>(start_ns.shape(0));
@@ -199,6 +210,8 @@ py::dict write_perfetto_slices(py::object write, py::array_t<int64_t> start_ns,
   const int64_t* sb = checked(str_b, n, "str_b");
   const int64_t* ia = checked(int_a, n, "int_a");
   const int64_t* ib = checked(int_b, n, "int_b");
+  const int64_t* fp = flops.size() == 0 ? nullptr : checked(flops, n, "flops");
+  const double* tf = tflops.size() == 0 ? nullptr : checked(tflops, n, "tflops");
   const size_t n_tracks = static_cast<size_t>(track_uuid.shape(0));
   const uint64_t* uuid = checked(track_uuid, n_tracks, "track_uuid");
   const std::vector<std::string> name_table = to_strings(names);
@@ -258,7 +271,11 @@ py::dict write_perfetto_slices(py::object write, py::array_t<int64_t> start_ns,
     }
     interned.clear();
     for (size_t c = 0; c < cats.size(); ++c) interned.entry(f::kEventCategories, c + 1, cats[c]);
-    for (uint64_t a = 0; a < sizeof kAnnNames / sizeof kAnnNames[0]; ++a) {
+    // (the FLOP argument names only when there are FLOPs: a run without them is
+    // written byte for byte as before they existed)
+    const uint64_t n_ann = fp != nullptr || tf != nullptr
+                               ? sizeof kAnnNames / sizeof kAnnNames[0] : kAnnClipped;
+    for (uint64_t a = 0; a < n_ann; ++a) {
       interned.entry(f::kAnnotationNames, a + 1, kAnnNames[a]);
     }
     pkt.message(f::kInternedData, interned);
@@ -310,6 +327,11 @@ py::dict write_perfetto_slices(py::object write, py::array_t<int64_t> start_ns,
       char* r = put_uint(put_uint(a, f::kAnnNameIid, name_iid), value_field, v);
       return put_message(q, f::kDebugAnnotations, a, r);
     };
+    auto annotate_double = [](char* q, uint64_t name_iid, double v) {
+      char a[24];
+      char* r = put_double(put_uint(a, f::kAnnNameIid, name_iid), f::kDoubleValue, v);
+      return put_message(q, f::kDebugAnnotations, a, r);
+    };
     auto string_iid = [&](size_t s) -> uint64_t {
       if (!string_seen[s]) {
         string_seen[s] = 1;
@@ -319,8 +341,9 @@ py::dict write_perfetto_slices(py::object write, py::array_t<int64_t> start_ns,
     };
     auto emit_begin = [&](size_t i) {
       interned.clear();
-      // type, name_iid, category_iids and at most 7 annotations of <= 2+1+2+10 bytes
-      char ev[160];
+      // type, name_iid, category_iids (<= 2+6+6 bytes) and at most 10 annotations of
+      // <= 2+1+2+10 bytes
+      char ev[192];
       char* q = put_uint(ev, f::kType, kSliceBegin);
       if (!name_seen[nm[i]]) {
         name_seen[nm[i]] = 1;
@@ -345,6 +368,11 @@ py::dict write_perfetto_slices(py::object write, py::array_t<int64_t> start_ns,
         if (fl[i] & kSpanError) q = annotate(q, kAnnError, f::kBoolValue, 1);
         if (fl[i] & kSpanUnfinished) q = annotate(q, kAnnUnfinished, f::kBoolValue, 1);
         if (ib[i] >= 0) q = annotate(q, kAnnNodes, f::kIntValue, static_cast<uint64_t>(ib[i]));
+        if (fp != nullptr && fp[i] >= 0) {
+          q = annotate(q, kAnnFlops, f::kIntValue, static_cast<uint64_t>(fp[i]));
+        }
+        if (tf != nullptr && std::isfinite(tf[i])) q = annotate_double(q, kAnnTflops, tf[i]);
+        if (fl[i] & kSpanFlopsCounted) q = annotate(q, kAnnFlopsCounted, f::kBoolValue, 1);
       }
       if (fl[i] & kSpanClipped) q = annotate(q, kAnnClipped, f::kBoolValue, 1);
       emit(start[i], ev, q);

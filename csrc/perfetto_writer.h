@@ -40,10 +40,12 @@
 
 namespace hooktrace {
 
-// flags: kSpanError | kSpanUnfinished | kSpanClipped (spans.h), plus
-// kSliceNode for an autograd node. Arguments written (debug annotations):
+// flags: kSpanError | kSpanUnfinished | kSpanFlopsCounted | kSpanClipped (spans.h),
+// plus kSliceNode for an autograd node. Arguments written (debug annotations):
 //   span: module = strings[str_a], type = strings[str_b], call = int_a,
-//         error / unfinished / clipped = true when set, nodes = int_b if >= 0;
+//         error / unfinished / flops_counted / clipped = true when set,
+//         nodes = int_b if >= 0, flops = flops[i] if >= 0 (int), tflops =
+//         tflops[i] if finite (double); `flops` and `tflops` may be empty (none);
 //   node: seq = int_a, module = strings[str_a] ("" when str_a < 0),
 //         pass = int_b if >= 0, clipped = true when set.
 // name[i] indexes `names` (the event name), cat[i] `cat_names`, track[i]
@@ -54,6 +56,7 @@ pybind11::dict write_perfetto_slices(
     pybind11::array_t<uint8_t> cat, pybind11::array_t<uint8_t> flags,
     pybind11::array_t<int64_t> str_a, pybind11::array_t<int64_t> str_b,
     pybind11::array_t<int64_t> int_a, pybind11::array_t<int64_t> int_b,
+    pybind11::array_t<int64_t> flops, pybind11::array_t<double> tflops,
     pybind11::array_t<uint64_t> track_uuid, pybind11::sequence names, pybind11::sequence strings,
     pybind11::sequence cat_names, uint32_t first_sequence_id, size_t chunk_bytes);
 

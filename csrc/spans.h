@@ -34,6 +34,7 @@ enum SpanFlags : uint8_t {
   kSpanError = 1,       // the EXIT carried kFlagError: forward raised
   kSpanUnfinished = 2,  // no matching EXIT was recorded; end is a lower bound
   kSpanClipped = 4,     // set by the exporters only: cut at a --start/--end/--steps edge
+  kSpanFlopsCounted = 8,  // set by the exporters only: the call ran under FlopCounterMode
 };
 
 enum SpanCat : uint8_t {

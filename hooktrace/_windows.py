@@ -15,7 +15,8 @@ its own read-only ``TraceData``, handed to ``on_window`` (or kept in
 The class using this mixin has ``_session`` (a ``_C.Session`` on which
 ``enable_collection()`` was called before ``start()``), calls :meth:`_enter_step`
 with 0 once recording and with each next step after marking one, and provides
-``_window_meta()`` (the clock and metadata now) and ``_window_modules()``.
+``_window_meta()`` (the clock and metadata now, of the window being drained) and
+``_window_modules()``; it may override ``_window_opened()``.
 """
 
 from __future__ import annotations
@@ -74,9 +75,13 @@ class ScheduleWindows:
         if action_name(self._schedule(step)) in ("RECORD", "RECORD_AND_SAVE"):
             if self._window_first is None:
                 self._window_first = step
+                self._window_opened()
             self._session.resume()
         else:
             self._session.pause()
+
+    def _window_opened(self) -> None:
+        """What the recorder does when a window starts recording (nothing by default)."""
 
     def _step_ended(self, ended: int) -> None:
         """After the mark of step ``ended``: end its window if it was the last step of

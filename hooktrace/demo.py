@@ -123,8 +123,10 @@ class DemoResult:
     report_error: str = ""
 
 
-def run_demo(out_dir: str | Path, steps: int = 5, batch: int = 8, seed: int = 0) -> DemoResult:
-    """Train TinyGPT for ``steps`` steps under hooktrace; write the trace files to ``out_dir``."""
+def run_demo(out_dir: str | Path, steps: int = 5, batch: int = 8, seed: int = 0,
+             flops: bool = False) -> DemoResult:
+    """Train TinyGPT for ``steps`` steps under hooktrace; write the trace files to ``out_dir``.
+    ``flops`` records FLOPs per module too (``hooktrace.trace(flops=True)``)."""
     import hooktrace
 
     out = Path(out_dir)
@@ -136,7 +138,7 @@ def run_demo(out_dir: str | Path, steps: int = 5, batch: int = 8, seed: int = 0)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     train_step(model, opt, *synthetic_batch(cfg, batch, gen))  # warm-up, untraced
     losses: list[float] = []
-    with hooktrace.trace(model) as tr:
+    with hooktrace.trace(model, flops=flops) as tr:
         for _ in range(steps):
             losses.append(train_step(model, opt, *synthetic_batch(cfg, batch, gen)))
     htrace = out / "demo.htrace"
@@ -151,4 +153,4 @@ def run_demo(out_dir: str | Path, steps: int = 5, batch: int = 8, seed: int = 0)
         write_report(tr, out / "report.html", source=str(htrace), title="hooktrace demo: TinyGPT")
     except ReportError as e:  # the report is optional (plotly); the trace files are not
         report, error = None, str(e)
-    return DemoResult(htrace, chrome, losses, str(tr.summary()), report, error)
+    return DemoResult(htrace, chrome, losses, tr.summary().to_text(flops=flops), report, error)

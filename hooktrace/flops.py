@@ -18,10 +18,35 @@ counts and runs uninstrumented.
 ``tflops`` = the module's FLOPs over its time, summed over the root calls that
 were *not* counted. Their spans stay in every time column (they did run).
 
+**On the spans.** Exports (``hooktrace export``, JSON and ``.pftrace``) and
+traces merged with torch.profiler give every forward and backward module span
+of a root call the args ``flops`` (that call's FLOPs, an integer) and, for the
+root calls that were not counted, ``tflops`` (``flops`` over the span's own
+duration, in TFLOP/s, rounded to 4 significant digits; left out when
+``flops`` is 0, for unfinished spans and for empty ones). Spans of a counted
+root call carry ``flops`` and ``flops_counted: true`` instead of ``tflops``:
+they ran under the counter, so their time says nothing about the speed.
+FlopCounterMode counts a module's FLOPs per root call, not per call: when a
+module runs k times in one root call (a shared layer, a loop; or k backward
+passes), its count is divided evenly among those k spans of the phase, as
+integers (the first ``count mod k`` calls, in call order, get one FLOP more),
+so that a module's spans of one root call add up to FlopCounterMode's count
+exactly; the summary's ``flops`` column is the mean of these over every call.
+Recompute spans (activation checkpointing) and spans outside every root call
+get no FLOP args; so do spans of runs recorded without ``flops=True``. A
+count with no span of its module and phase in that root call is on no span (it
+is in the ancestors' counts): FlopCounterMode gives backward FLOPs to an
+eval-mode ``Dropout``, which returns its input and so has no autograd node and
+no backward span (the summary has no ``bwd_flops`` for it either).
+
 **Recorded** in ``info["flops"]``: ``signatures`` (per signature, ``forward``
 and ``backward``: module qualified name -> FLOPs of one root call), ``calls``
 (the signature index of each root call, in order) and ``counted`` (the root
-calls that ran under the counter).
+calls that ran under the counter). Root call k is the root module's span with
+``call`` k: a schedule window's ``calls`` and ``counted`` are its own root calls,
+numbered from 0 as its spans number them; a streamed file (``out=``) has the
+block in its footer; a ring buffer that overwrote its oldest events holds the
+newest root calls, which :func:`run_flop_info` matches to its spans.
 
 Example::
 
@@ -44,9 +69,10 @@ from hooktrace.errors import HooktraceError
 if TYPE_CHECKING:
     from torch import nn
 
-    from hooktrace.reading import Spans
+    from hooktrace.reading import Spans, TraceData
 
-__all__ = ["FlopRecorder", "PEAK_TFLOPS", "flop_columns", "peak_tflops_for"]
+__all__ = ["FlopRecorder", "PEAK_TFLOPS", "SpanFlops", "flop_columns", "peak_tflops_for",
+           "run_flop_info", "span_flops"]
 
 # Dense BF16/FP16 tensor-core peaks (TFLOP/s, no sparsity) from the vendors' data
 # sheets, for MFU when no --peak-tflops is given; matched by substring of
@@ -136,15 +162,11 @@ class FlopRecorder:
         self.calls.append(index)
 
     def _post(self, model: nn.Module, args: Any, output: Any) -> None:
-        import torch
-        from torch.utils._pytree import tree_flatten
-
         counter = self._counter
         if counter is None:
             return
         self._forward = _totals(counter.get_flop_counts())
-        if not any(isinstance(t, torch.Tensor) and t.requires_grad
-                   for t in tree_flatten(output)[0]):
+        if not _may_need_grad(output):
             self.close()  # no backward can follow: stop the slow dispatch now
         # Otherwise the mode stays until the next root call, step or exit: it is a
         # thread-local dispatch mode, left on the thread that entered it, never from
@@ -182,8 +204,33 @@ class FlopRecorder:
             return key[len(self._root_name) + 1:]
         return None
 
-    def to_info(self) -> dict[str, Any]:
-        return {"signatures": self.signatures, "calls": self.calls, "counted": self.counted}
+    def to_info(self, first_call: int = 0) -> dict[str, Any]:
+        """``info["flops"]`` of the root calls from ``first_call`` on (a schedule
+        window's: its spans number them from 0), as copies."""
+        return {"signatures": [{p: dict(s[p]) for p in s} for s in self.signatures],
+                "calls": self.calls[first_call:],
+                "counted": [c - first_call for c in self.counted if c >= first_call]}
+
+
+def _may_need_grad(output: Any, depth: int = 0) -> bool:
+    """Whether a backward pass can follow a root call that returned ``output``: a tensor
+    in it requires grad (looking through pytrees and dataclasses), or it holds an
+    object that cannot be looked into (then the count stays open, to be safe)."""
+    import dataclasses
+
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    for x in tree_flatten(output)[0]:
+        if isinstance(x, torch.Tensor):
+            if x.requires_grad:
+                return True
+        elif dataclasses.is_dataclass(x) and not isinstance(x, type) and depth < 8:
+            if _may_need_grad([getattr(x, f.name) for f in dataclasses.fields(x)], depth + 1):
+                return True
+        elif not isinstance(x, (int, float, complex, bool, str, bytes, type(None))):
+            return True
+    return False
 
 
 def _totals(counts: Mapping[str, Mapping[Any, int]]) -> dict[str, int]:
@@ -216,6 +263,28 @@ def _parse(info: Any) -> tuple[list[dict[str, dict[str, int]]], list[int], set[i
     if not all(isinstance(c, int) for c in counted):
         raise bad("counted must be root call numbers")
     return sigs, calls, set(counted)
+
+
+def run_flop_info(trace: TraceData) -> Any:
+    """``trace.info["flops"]`` with its root calls matched to the trace's spans, which
+    number the root's calls from 0: a ring buffer that overwrote its oldest events
+    (``overwritten_events``) holds the newest root calls, so with n root calls in the
+    spans, the spans' root call k is the recorder's ``len(calls) - n + k``. (A schedule
+    window's info is made relative to the window when it is recorded.)"""
+    from hooktrace.reading import CAT_FORWARD
+
+    info = trace.info["flops"]
+    if not trace.overwritten_events or not isinstance(info, dict):
+        return info
+    calls, counted = info.get("calls"), info.get("counted")
+    if not isinstance(calls, list) or not isinstance(counted, list):
+        return info  # (_parse says what is wrong)
+    spans = trace.spans()
+    start = len(calls) - int(np.count_nonzero((spans.module == 0) & (spans.cat == CAT_FORWARD)))
+    if start <= 0:
+        return info
+    return dict(info, calls=calls[start:],
+                counted=[c - start for c in counted if isinstance(c, int) and c >= start])
 
 
 def _root_call(spans: Spans) -> np.ndarray:
@@ -279,3 +348,135 @@ def flop_columns(info: Any, spans: Spans, modules: Sequence[tuple[str, str]],
         row["mfu"] = ((fl + bfl) / ns / 1e3 / peak_tflops
                       if peak_tflops and ns > 0 and fl + bfl > 0 else None)
     return out
+
+
+class SpanFlops:
+    """FLOP args of every span of a run (see "On the spans" in the module docstring).
+
+    Per span (indexed like :class:`~hooktrace.reading.Spans`): ``flops`` (int64,
+    -1 where the span gets no FLOP args), ``tflops`` (float64 TFLOP/s rounded to 4
+    significant digits, NaN where left out) and ``counted`` (bool: its root call
+    ran under FlopCounterMode).
+    """
+
+    def __init__(self, flops: np.ndarray, tflops: np.ndarray, counted: np.ndarray) -> None:
+        self.flops, self.tflops, self.counted = flops, tflops, counted
+
+
+def span_flops(info: Any, spans: Spans, modules: Sequence[tuple[str, str]]) -> SpanFlops:
+    """The FLOP args of ``spans`` from a run's ``info["flops"]`` (vectorized: one
+    lookup table of the recorded counts, one sort of the spans that get args).
+
+    Example (two root calls of ``Net``, the first one counted; ``fc`` runs twice per
+    root call, 1 µs each, so its 7 MFLOPs are split 3.5 M + 3.5 M, 3.5 TFLOP/s):
+        >>> import numpy as np
+        >>> from hooktrace._events import EVENT_DTYPE, Clock
+        >>> from hooktrace.reading import Spans
+        >>> ev = np.zeros(12, EVENT_DTYPE); ev["kind"] = [1, 1, 2, 1, 2, 2] * 2
+        >>> ev["id"] = [0, 1, 1, 1, 1, 0] * 2; ev["t"] = np.arange(12) * 1000
+        >>> spans = Spans.from_events(ev, Clock(0, 0, 1.0))
+        >>> info = {"signatures": [{"forward": {"": 9_000_001, "fc": 7_000_001},
+        ...                         "backward": {}}], "calls": [0, 0], "counted": [0]}
+        >>> f = span_flops(info, spans, [("", "Net"), ("fc", "Linear")])
+        >>> f.flops.tolist()
+        [9000001, 3500001, 3500000, 9000001, 3500001, 3500000]
+        >>> f.tflops.tolist()[3:], f.counted.tolist()
+        ([1.8, 3.5, 3.5], [True, True, True, False, False, False])
+    """
+    from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_UNFINISHED
+
+    sigs, calls, counted_calls = _parse(info)
+    n = len(spans)
+    flops = np.full(n, -1, np.int64)
+    tflops = np.full(n, np.nan)
+    counted = np.zeros(n, bool)
+    if not n or not calls:
+        return SpanFlops(flops, tflops, counted)
+    root_call = _root_call(spans)
+    sel = np.flatnonzero((root_call >= 0) & (root_call < len(calls))
+                         & ((spans.cat == CAT_FORWARD) | (spans.cat == CAT_BACKWARD)))
+    if not len(sel):
+        return SpanFlops(flops, tflops, counted)
+    rc = root_call[sel]
+    module = spans.module[sel].astype(np.int64)
+    phase = (spans.cat[sel] == CAT_BACKWARD).astype(np.int64)
+    n_slots = max(len(modules), int(module.max()) + 1)
+
+    # The recorded counts as a sorted table keyed (signature, module slot, phase).
+    slots: dict[str, list[int]] = {}
+    for slot, (name, _) in enumerate(modules):
+        slots.setdefault(name, []).append(slot)
+    keys: list[int] = []
+    values: list[int] = []
+    for s, sig in enumerate(sigs):
+        for p, ph in enumerate(("forward", "backward")):
+            for name, count in sig[ph].items():
+                for slot in slots.get(name, ()):
+                    keys.append((s * n_slots + slot) * 2 + p)
+                    values.append(count)
+    table_order = np.argsort(np.asarray(keys, np.int64), kind="stable")
+    table_keys = np.asarray(keys, np.int64)[table_order]
+    table_values = np.asarray(values, np.int64)[table_order]
+    want = (np.asarray(calls, np.int64)[rc] * n_slots + module) * 2 + phase
+    pos = np.minimum(np.searchsorted(table_keys, want), max(len(table_keys) - 1, 0))
+    total = (np.where(table_keys[pos] == want, table_values[pos], 0) if len(table_keys)
+             else np.zeros(len(sel), np.int64))
+
+    # Split each count among the module's spans of that phase in that root call, in
+    # call order (spans of one call, several backward passes, in span order).
+    group = (rc * n_slots + module) * 2 + phase
+    call = spans.call[sel].astype(np.int64)
+    n_calls = int(call.max()) + 1
+    if int(group.max()) < (1 << 62) // n_calls:  # one sort of a packed key
+        order = np.argsort(group * n_calls + call, kind="stable")
+    else:
+        order = np.lexsort((call, group))
+    g = group[order]
+    first = np.empty(len(g), bool)
+    first[0] = True
+    np.not_equal(g[1:], g[:-1], out=first[1:])
+    per_call = total
+    if not first.all():  # some module ran several times in a root call
+        starts = np.flatnonzero(first)
+        sizes = np.diff(np.append(starts, len(g)))
+        rank = np.arange(len(g)) - np.repeat(starts, sizes)
+        k = np.repeat(sizes, sizes)
+        t = total[order]
+        per_call = np.empty_like(total)
+        per_call[order] = t // k + (rank < t % k)
+    flops[sel] = per_call
+
+    is_counted = np.zeros(len(calls), bool)
+    is_counted[[c for c in counted_calls if 0 <= c < len(calls)]] = True
+    counted[sel] = is_counted[rc]
+    dur = spans.duration_ns[sel]
+    timed = ((per_call > 0) & ~counted[sel] & (dur > 0)
+             & ((spans.flags[sel] & SPAN_UNFINISHED) == 0))
+    tflops[sel[timed]] = round_significant(per_call[timed] / dur[timed] / 1e3, 4)
+    return SpanFlops(flops, tflops, counted)
+
+
+def round_significant(x: np.ndarray, digits: int) -> np.ndarray:
+    """Positive finite ``x`` rounded to ``digits`` significant digits, each the double
+    nearest its decimal (so that the shortest repr shows at most ``digits`` digits);
+    0 where ``x`` is not positive.
+
+    Example:
+        >>> round_significant(np.array([0.0123456, 123456.0, 9.99996e-9]), 4).tolist()
+        [0.01235, 123500.0, 1e-08]
+    """
+    x = np.asarray(x, np.float64)
+    ok = x > 0
+    v = x if ok.all() else np.where(ok, x, 1.0)
+    # 10**e puts the digits-th significant digit in the units; an integer divided by
+    # (or times) an exact power of ten, rounded once, is the double nearest the decimal
+    e = np.clip(digits - 1 - np.floor(np.log10(v)).astype(np.int64), -22, 22)
+    scale = _POW10[np.abs(e)]
+    if (e >= 0).all():  # the usual case (values below 10**digits): one expression
+        out = np.round(v * scale) / scale
+    else:
+        out = np.where(e >= 0, np.round(v * scale) / scale, np.round(v / scale) * scale)
+    return out if ok.all() else np.where(ok, out, 0.0)
+
+
+_POW10 = 10.0 ** np.arange(23)  # exact doubles

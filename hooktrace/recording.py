@@ -241,6 +241,7 @@ class Trace(StepMarks, FlightRecorder, TraceData):
         self._flop_recorder: Any = None
         self._memory = bool(memory)
         self._memory_info: dict[str, Any] | None = None
+        self._flop_window_start = 0  # the FLOP recorder's root calls before this window
 
     # -- context manager ---------------------------------------------------
 
@@ -328,9 +329,16 @@ class Trace(StepMarks, FlightRecorder, TraceData):
         if self._flop_recorder is not None:
             self._flop_recorder.on_step()  # FlopCounterMode's slow dispatch ends here
 
+    def _window_opened(self) -> None:
+        if self._flop_recorder is not None:
+            self._flop_window_start = len(self._flop_recorder.calls)
+
     def _window_meta(self) -> tuple[Clock, dict[str, Any]]:
         _, clock, info = self._collect(self._session, stop_unix_ns=time.time_ns(),
                                        with_events=False)
+        if self._flop_recorder is not None:
+            # A window's spans number its root calls from 0: its FLOP calls likewise
+            info["flops"] = self._flop_recorder.to_info(first_call=self._flop_window_start)
         return clock, info
 
     def _window_modules(self) -> list[tuple[str, str]]:
@@ -514,6 +522,10 @@ class Trace(StepMarks, FlightRecorder, TraceData):
             }
             # rank, world size and clock offsets (issue #11), as save()d files have them
             footer.update(rank_info(self._start_unix_ns, stop_unix_ns))
+            if self._flop_recorder is not None:  # (stopped by now: every count closed)
+                footer["flops"] = self._flop_recorder.to_info()
+                if torch.cuda.is_available():
+                    footer["device_name"] = torch.cuda.get_device_name()
             if written["error"]:
                 # Every block before the failed one is intact: the file loads up to it.
                 warnings.warn(

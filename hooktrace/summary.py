@@ -34,7 +34,8 @@ from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, CAT_RECOMPUTE, Spans
 if TYPE_CHECKING:
     from hooktrace.reading import TraceData
 
-__all__ = ["StepTable", "Summary", "TEXT_WIDTH", "format_ns", "UNATTRIBUTED"]
+__all__ = ["FLOP_COLUMNS", "StepTable", "Summary", "TEXT_WIDTH", "UNATTRIBUTED", "format_count",
+           "format_ns"]
 
 UNATTRIBUTED = "<unattributed>"  # "module" of the rows for unattributed autograd nodes
 TEXT_WIDTH = 120  # the default text table fits this many columns (issue #7)
@@ -515,7 +516,7 @@ def _stats(groups: _Groups, gid: int, prefix: str) -> dict[str, Any]:
             f"{prefix}mean_ns": None, f"{prefix}p50_ns": None, f"{prefix}p99_ns": None}
 
 
-def _format_count(value: float, unit: str) -> str:
+def format_count(value: float, unit: str) -> str:
     """``1.23 GFLOP``-style: SI prefixes, three significant digits."""
     for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(value) >= scale:
@@ -526,9 +527,9 @@ def _format_count(value: float, unit: str) -> str:
 def _add_flops(rows: list[dict[str, Any]], trace: TraceData,
                peak_tflops: float | None) -> list[str]:
     """Fill the FLOP columns of ``rows`` from ``trace.info["flops"]``; returns notes."""
-    from hooktrace.flops import flop_columns, peak_tflops_for
+    from hooktrace.flops import flop_columns, peak_tflops_for, run_flop_info
 
-    info = trace.info["flops"]
+    info = run_flop_info(trace)
     peak = peak_tflops if peak_tflops is not None else peak_tflops_for(
         trace.info.get("device_name"))
     per_module = flop_columns(info, trace.spans(), trace.modules, peak)
@@ -537,8 +538,12 @@ def _add_flops(rows: list[dict[str, Any]], trace: TraceData,
         for key in FLOP_COLUMNS:
             row[key] = values.get(key)
     counted = len(info.get("counted", []))
-    note = (f"FLOPs from torch's FlopCounterMode on {counted} root call(s), one per input "
-            "signature; TFLOP/s leaves those (slower) calls out")
+    if counted:
+        note = (f"FLOPs from torch's FlopCounterMode on {counted} root call(s), one per input "
+                "signature; TFLOP/s leaves those (slower) calls out")
+    else:  # a window or a ring buffer's newest calls: counted before
+        note = ("FLOPs from torch's FlopCounterMode on earlier root calls of the same input "
+                "signatures; TFLOP/s over every call")
     if peak is None:
         note += "; MFU needs --peak-tflops"
     else:
@@ -608,7 +613,7 @@ def _cell(row: dict[str, Any], key: str) -> str:
     if key == "bwd_fwd_ratio":
         return f"{value:.2f}"
     if key in ("flops", "bwd_flops"):
-        return _format_count(value, "FLOP")
+        return format_count(value, "FLOP")
     if key in ("tflops", "bwd_tflops"):
         return f"{value:.3g}"
     if key == "mfu":

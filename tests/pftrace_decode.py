@@ -8,6 +8,7 @@ clock_snapshot.proto) only as far as hooktrace uses them; anything else fails.
 from __future__ import annotations
 
 import json
+import struct
 from collections import defaultdict
 from decimal import Decimal
 from typing import Any
@@ -30,6 +31,9 @@ def fields(buf: bytes) -> list[tuple[int, int, Any]]:
             v = buf[i:i + n]
             assert len(v) == n, "truncated message"
             i += n
+        elif wire == 1:  # I64: a double
+            v = struct.unpack_from("<d", buf, i)[0]
+            i += 8
         else:
             raise AssertionError(f"wire type {wire} is not used by hooktrace")
         out.append((field, wire, v))
@@ -115,6 +119,11 @@ def decode(data: bytes) -> dict[str, Any]:
                 if g == 4:
                     info[one(a, 10).decode()] = _value(a, None)
             info["_ts"], info["_track"] = ts, track
+        elif kind == 1 and st is None:  # the steps row: inline names (sequence 1)
+            name, cat = one(ev, 23).decode(), one(ev, 22).decode()
+            args = tuple(sorted((one(a, 10).decode(), _value(a, None))
+                                for g, _, a in fields(ev) if g == 4))
+            open_slices[track].append((ts, name, cat, args))
         elif kind == 1:
             name = st["names"][one(ev, 10)]
             cat = st["cats"][one(ev, 3)]
@@ -139,6 +148,8 @@ def _value(a: bytes, st: dict[str, Any] | None) -> Any:
             return bool(v)
         if f == 4:
             return _int64(v)
+        if f == 5:
+            return v
         if f == 6:
             return v.decode()
         if f == 17 and st is not None:
@@ -149,7 +160,8 @@ def _value(a: bytes, st: dict[str, Any] | None) -> Any:
 
 
 def chrome_slices(data: bytes) -> list[Slice]:
-    """The Chrome export's X events as slices on their named rows (null args left out)."""
+    """The Chrome export's X events as slices on their named rows (null args left out;
+    real-valued args as floats, as the .pftrace's doubles)."""
     doc = json.loads(data, parse_float=Decimal)
     names = {e["tid"]: e["args"]["name"] for e in doc["traceEvents"]
              if e["ph"] == "M" and e["name"] == "thread_name"}
@@ -159,7 +171,8 @@ def chrome_slices(data: bytes) -> list[Slice]:
         if e["ph"] != "X":
             continue
         start = base + int(e["ts"] * 1000)
-        args = tuple(sorted((k, v) for k, v in e["args"].items() if v is not None))
+        args = tuple(sorted((k, float(v) if isinstance(v, Decimal) else v)
+                            for k, v in e["args"].items() if v is not None))
         out.append((names[e["tid"]], e["name"], e["cat"], start,
                     start + int(e["dur"] * 1000), args))
     return out

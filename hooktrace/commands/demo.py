@@ -13,6 +13,8 @@ HELP = "trace a built-in small GPT-style model for a few steps"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="hooktrace-demo", help="output folder (default: %(default)s)")
     p.add_argument("--steps", type=int, default=5, help="training steps (default: %(default)s)")
+    p.add_argument("--flops", action="store_true",
+                   help="record FLOPs per module too (trace(model, flops=True))")
 
 
 def run(args: argparse.Namespace) -> None:
@@ -20,7 +22,7 @@ def run(args: argparse.Namespace) -> None:
 
     if args.steps < 1:
         raise CliError(f"--steps must be at least 1, got {args.steps}")
-    result = run_demo(args.out, steps=args.steps)
+    result = run_demo(args.out, steps=args.steps, flops=args.flops)
     print(f"trained TinyGPT for {args.steps} steps: loss {result.losses[0]:.3f} -> "
           f"{result.losses[-1]:.3f}\n")
     print(result.summary_text)

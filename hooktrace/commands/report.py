@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from hooktrace.commands import CliError
+
 NAME = "report"
 HELP = "write a self-contained HTML report (module icicle chart, steps, table)"
 
@@ -12,6 +14,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run", help="the .htrace file")
     p.add_argument("-o", "--output", required=True, help="the HTML file to write")
     p.add_argument("--title", default=None, help="the page's title")
+    p.add_argument("--peak-tflops", type=float, default=None, metavar="TFLOPS",
+                   help="the device's peak TFLOP/s, for the MFU column of a run recorded "
+                        "with flops=True (default: known GPUs' peaks)")
 
 
 def run(args: argparse.Namespace) -> None:
@@ -19,7 +24,10 @@ def run(args: argparse.Namespace) -> None:
     from hooktrace.reading import load
     from hooktrace.reporters.html import write_report
 
+    if args.peak_tflops is not None and not args.peak_tflops > 0:
+        raise CliError(f"--peak-tflops must be a positive number, got {args.peak_tflops}")
     check_output_path(args.output, [args.run])
-    write_report(load(args.run), args.output, source=args.run, title=args.title)
+    write_report(load(args.run), args.output, source=args.run, title=args.title,
+                 peak_tflops=args.peak_tflops)
     if args.output != "-":
         print(f"wrote {args.output}: open it in a web browser (it needs no network)")

@@ -18,6 +18,7 @@ import numpy as np
 import torch  # noqa: F401  (loads libc10 for _C)
 from hooktrace import _C
 from hooktrace._filters import SPAN_CLIPPED, Cut, Filters, cut
+from hooktrace.flops import SpanFlops, run_flop_info, span_flops
 from hooktrace.reading import CAT_BACKWARD, CAT_NAMES, Spans
 from hooktrace.tracefile import FORMAT_VERSION
 
@@ -32,6 +33,9 @@ CHUNK_BYTES = 1 << 20
 SPAN_CATS = tuple(f"hooktrace.{c}" for c in CAT_NAMES)  # indexed by Spans.cat
 NODE_CAT = "hooktrace.autograd_node"
 UNATTRIBUTED_CAT = "hooktrace.autograd_unattributed"
+
+# Exporter-only span flag (csrc/spans.h kSpanFlopsCounted): args "flops_counted": true.
+SPAN_FLOPS_COUNTED = 8
 
 # Track kinds, in the order a thread's tracks are listed below it.
 KIND_FORWARD, KIND_BACKWARD, KIND_UNATTRIBUTED = 0, 1, 2
@@ -167,6 +171,19 @@ class TrackLayout:
 
 
 STEP_CAT = "hooktrace.step"
+
+
+def flop_args(trace: TraceData, index: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The FLOP args of spans ``index`` (``hooktrace.flops``: "On the spans"): ``flops``
+    (int64, -1 for none), ``tflops`` (float64, NaN for none) and the flag to OR into
+    their written flags (SPAN_FLOPS_COUNTED where the call was counted, else 0);
+    None when the run was recorded without ``flops=True``."""
+    if "flops" not in trace.info:
+        return None
+    f: SpanFlops = span_flops(run_flop_info(trace), trace.spans(), trace.modules)
+    return (np.ascontiguousarray(f.flops[index]), np.ascontiguousarray(f.tflops[index]),
+            np.where(f.counted[index], SPAN_FLOPS_COUNTED, 0).astype(np.uint8))
 
 
 @dataclass

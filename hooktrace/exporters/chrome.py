@@ -16,7 +16,9 @@ reason.
 * categories: ``hooktrace.forward``, ``hooktrace.backward``,
   ``hooktrace.recompute`` (spans; args ``module``, ``type``, ``call``, and
   ``error``/``unfinished`` when set, ``nodes`` on backward spans of an
-  export), ``hooktrace.autograd_node`` and ``hooktrace.autograd_unattributed``
+  export; in a run recorded with ``flops=True``, ``flops`` and ``tflops`` or
+  ``flops_counted`` on forward and backward spans, see :mod:`hooktrace.flops`),
+  ``hooktrace.autograd_node`` and ``hooktrace.autograd_unattributed``
   (autograd nodes; args ``seq``, ``module``, ``pass``);
 * rows: forward and recompute spans on their OS thread's own row (named by the
   Python thread name), in a merge the profiler's row for that thread; then,
@@ -71,6 +73,7 @@ from hooktrace.exporters._layout import (
     UNATTRIBUTED_CAT,
     ExportPlan,
     TrackLayout,
+    flop_args,
     info_block,
     plan_export,
 )
@@ -197,9 +200,17 @@ def write_span_events(
     chunk_bytes: int = CHUNK_BYTES, flags: np.ndarray | None = None,
 ) -> None:
     """Spans ``index`` (with these times and rows) as ``,\\n{event}`` items;
-    ``flags`` (per written span) replaces the spans' own (adds SPAN_CLIPPED)."""
+    ``flags`` (per written span) replaces the spans' own (adds SPAN_CLIPPED). A run
+    recorded with ``flops=True`` adds the FLOP args (``hooktrace.flops``)."""
     spans = trace.spans()
     names_json, args_json = module_json(trace.modules)
+    flags = spans.flags[index] if flags is None else flags
+    no_int, no_real = np.zeros(0, np.int64), np.zeros(0, np.float64)
+    flops, tflops = no_int, no_real
+    fl = flop_args(trace, index)
+    if fl is not None:
+        flops, tflops = fl[0], fl[1]
+        flags = flags | fl[2]
     _C.write_chrome_events(
         write,
         np.ascontiguousarray(start, np.int64),
@@ -207,10 +218,11 @@ def write_span_events(
         np.ascontiguousarray(spans.module[index]),
         np.ascontiguousarray(tid, np.uint32),
         np.ascontiguousarray(spans.call[index]),
-        np.ascontiguousarray(spans.flags[index] if flags is None else flags, np.uint8),
+        np.ascontiguousarray(flags, np.uint8),
         np.ascontiguousarray(spans.cat[index]),
-        np.zeros(0, np.int64) if node_counts is None
-        else np.ascontiguousarray(node_counts[index]),
+        no_int if node_counts is None else np.ascontiguousarray(node_counts[index]),
+        flops,
+        tflops,
         names_json,
         args_json,
         list(SPAN_CATS),

@@ -19,7 +19,8 @@ Tracks (TrackDescriptor):
   EXPLICIT + ``sibling_order_rank``): no synthetic tids at all.
 
 Arguments are debug annotations (``module``, ``type``, ``call``, ``error``,
-``unfinished``, ``nodes``, ``clipped``; nodes: ``seq``, ``module``, ``pass``;
+``unfinished``, ``nodes``, ``flops`` (int), ``tflops`` (double),
+``flops_counted``, ``clipped``; nodes: ``seq``, ``module``, ``pass``;
 a node's unknown pass, ``null`` in the JSON, is left out). What the Chrome
 file's top-level ``"hooktrace"`` block holds (versions, dropped / overwritten
 events, orphan exits, unfinished spans, node counts, filters) is on an instant
@@ -61,6 +62,7 @@ from hooktrace.exporters._layout import (
     SPAN_CATS,
     STEP_CAT,
     UNATTRIBUTED_CAT,
+    flop_args,
     info_block,
     plan_export,
     thread_label,
@@ -255,6 +257,11 @@ def write_perfetto(
     name = [spans.module[span_index].astype(np.uint32)]
     cat = [spans.cat[span_index].astype(np.uint8)]
     flags = [plan.flags.astype(np.uint8)]
+    fl = flop_args(trace, span_index)
+    flops = [fl[0]] if fl is not None else []
+    tflops = [fl[1]] if fl is not None else []
+    if fl is not None:
+        flags[0] = flags[0] | fl[2]
     str_a = [spans.module[span_index].astype(np.int64)]
     str_b = [n_modules + spans.module[span_index].astype(np.int64)]
     int_a = [spans.call[span_index].astype(np.int64)]
@@ -275,8 +282,13 @@ def write_perfetto(
         int_a.append(node_table.seq[idx].astype(np.int64))
         pass_id = node_table.pass_id[idx].astype(np.int64)
         int_b.append(np.where(node_table.pass_id[idx] == NO_PASS, -1, pass_id))
+        if fl is not None:
+            flops.append(np.full(len(idx), -1, np.int64))
+            tflops.append(np.full(len(idx), np.nan))
 
     def col(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
+        if not parts:  # (FLOPs of a run recorded without them: none)
+            return np.zeros(0, dtype)
         return np.ascontiguousarray(np.concatenate(parts).astype(dtype, copy=False))
 
     all_start = col(start, np.int64)
@@ -290,8 +302,8 @@ def write_perfetto(
     result = _C.write_perfetto_slices(
         write, all_start, col(end, np.int64), col(track, np.uint32), col(name, np.uint32),
         col(cat, np.uint8), col(flags, np.uint8), col(str_a, np.int64), col(str_b, np.int64),
-        col(int_a, np.int64), col(int_b, np.int64),
-        np.arange(2, 2 + n_tracks, dtype=np.uint64), names, strings, cats,
+        col(int_a, np.int64), col(int_b, np.int64), col(flops, np.int64),
+        col(tflops, np.float64), np.arange(2, 2 + n_tracks, dtype=np.uint64), names, strings, cats,
         _DESCRIPTOR_SEQUENCE + 1, chunk_bytes,
     )
     return {"slices": int(result["slices"]), "not_nested": int(result["not_nested"])}

@@ -17,6 +17,12 @@ bwd_total)`` and its width is the larger of the two. Autograd nodes attributed
 to no module get one box, ``<unattributed>``. A module called under several
 parents (a shared module) appears once, under its name's parent.
 
+FLOPs. For a run recorded with ``trace(model, flops=True)`` the table has the
+summary's FLOP columns (``flops`` and ``bwd_flops`` per call, ``TFLOP/s`` and
+``bwd_TFLOP/s`` achieved, and ``MFU`` when a peak is known: ``peak_tflops``,
+``hooktrace report --peak-tflops``, or the device's known peak), the icicle's
+hover text gives each module's TFLOP/s, and the facts line the root module's.
+
 Example::
 
     import hooktrace
@@ -34,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from hooktrace._output import open_output
 from hooktrace.errors import HooktraceError
-from hooktrace.summary import UNATTRIBUTED, StepTable, Summary, format_ns
+from hooktrace.summary import UNATTRIBUTED, StepTable, Summary, format_count, format_ns
 
 if TYPE_CHECKING:
     from hooktrace.reading import TraceData
@@ -42,6 +48,18 @@ if TYPE_CHECKING:
 __all__ = ["ReportError", "plotly_js", "render_report", "write_report"]
 
 RUN_ID = "run"  # the icicle's root box
+
+# Table headers (and their tooltips) that differ from the summary's keys: the FLOP
+# columns, titled as in `hooktrace summary --flops`.
+_HEADERS = {
+    "flops": ("flops", "forward FLOPs per call (torch's FlopCounterMode)"),
+    "bwd_flops": ("bwd_flops", "backward FLOPs per forward call"),
+    "tflops": ("TFLOP/s", "achieved forward TFLOP/s (the calls run under the FLOP "
+                          "counter, slower, left out)"),
+    "bwd_tflops": ("bwd_TFLOP/s", "achieved backward TFLOP/s"),
+    "mfu": ("MFU", "model FLOPs utilization: forward + backward FLOPs over their time, "
+                   "against the peak"),
+}
 
 
 class ReportError(HooktraceError):
@@ -117,7 +135,8 @@ def icicle_data(summary: Summary) -> dict[str, list[Any]]:
             id_ = ensure("forward", r["module"])
             boxes[id_]["value"] += r["self_ns"] / 1e3
             boxes[id_]["hover"] += (f"<br>forward total {format_ns(r['total_ns'])} in "
-                                    f"{r['calls']} calls<br>self {format_ns(r['self_ns'])}")
+                                    f"{r['calls']} calls<br>self {format_ns(r['self_ns'])}"
+                                    + _flop_hover(r, ""))
     if bwd_rows or any(r["module"] == UNATTRIBUTED for r in summary.rows):
         box(f"{RUN_ID}/backward", "backward", RUN_ID, 0.0, "backward")
         children_ns: dict[str, float] = {}
@@ -135,7 +154,7 @@ def icicle_data(summary: Summary) -> dict[str, list[Any]]:
             boxes[id_]["value"] += max(0.0, own) / 1e3
             boxes[id_]["hover"] += (f"<br>backward total {format_ns(r['bwd_total_ns'])} in "
                                     f"{r['bwd_calls']} spans<br>own nodes "
-                                    f"{format_ns(r['bwd_self_ns'])}")
+                                    f"{format_ns(r['bwd_self_ns'])}" + _flop_hover(r, "bwd_"))
         loose = sum(r["bwd_total_ns"] for r in summary.rows if r["module"] == UNATTRIBUTED)
         if loose:
             box(f"{RUN_ID}/backward/{UNATTRIBUTED}", UNATTRIBUTED, f"{RUN_ID}/backward", loose,
@@ -144,6 +163,15 @@ def icicle_data(summary: Summary) -> dict[str, list[Any]]:
             "parents": [boxes[i]["parent"] for i in order],
             "values": [round(boxes[i]["value"], 3) for i in order],
             "hover": [boxes[i]["hover"] for i in order]}
+
+
+def _flop_hover(row: dict[str, Any], prefix: str) -> str:
+    """``<br>1.2 MFLOP per call, 0.5 TFLOP/s`` for a row of a run with FLOPs, else ""."""
+    flops, tflops = row.get(f"{prefix}flops"), row.get(f"{prefix}tflops")
+    if not flops:
+        return ""
+    text = f"<br>{format_count(flops, 'FLOP')} per call"
+    return text + (f", {tflops:.3g} TFLOP/s" if tflops is not None else "")
 
 
 def _table_columns(summary: Summary) -> list[str]:
@@ -166,6 +194,10 @@ def _cell(key: str, value: Any) -> tuple[str, str]:
         return format_ns(value), str(value)
     if key.endswith("_bytes"):
         return _format_bytes(value), str(value)
+    if key in ("flops", "bwd_flops"):
+        return format_count(value, "FLOP"), repr(value)
+    if key == "mfu":
+        return f"{value * 100:.1f}%", repr(value)
     if isinstance(value, float):
         return f"{value:.3g}", repr(value)
     return str(value), str(value)
@@ -181,8 +213,11 @@ def _format_bytes(n: float) -> str:
 
 def _table_html(summary: Summary) -> str:
     cols = _table_columns(summary)
-    head = "".join(f'<th data-col="{i}" title="click to sort">{html.escape(c)}</th>'
-                   for i, c in enumerate(cols))
+    head = "".join(
+        f'<th data-col="{i}" data-key="{c}" title="{html.escape(_HEADERS.get(c, ("", ""))[1])}'
+        f'{"; " if c in _HEADERS else ""}click to sort">'
+        f"{html.escape(_HEADERS.get(c, (c, ''))[0])}</th>"
+        for i, c in enumerate(cols))
     body = []
     for r in summary.rows:
         cells = []
@@ -202,10 +237,11 @@ def _script_json(value: Any) -> str:
 
 
 def render_report(trace: TraceData, *, source: str | None = None,
-                  title: str | None = None) -> str:
-    """The report's HTML text (see the module docstring)."""
+                  title: str | None = None, peak_tflops: float | None = None) -> str:
+    """The report's HTML text (see the module docstring); ``peak_tflops`` (TFLOP/s)
+    gives the MFU column of a run recorded with FLOPs."""
     js = plotly_js()
-    summary = trace.summary()
+    summary = trace.summary(peak_tflops=peak_tflops)
     steps = StepTable.from_trace(trace)
     ice = icicle_data(summary)
     name = source or "the run"
@@ -218,6 +254,13 @@ def render_report(trace: TraceData, *, source: str | None = None,
     if summary.counts.get("steps"):
         facts.append(f"{summary.counts['steps']} complete steps, p50 "
                      f"{format_ns(summary.counts['step_p50_ns'])}")
+    root = next((r for r in summary.rows if r["module"] == ""), None)
+    if "flops" in summary.columns and root is not None:
+        achieved = [f"{root[k]:.3g} TFLOP/s {phase}" for k, phase in
+                    (("tflops", "forward"), ("bwd_tflops", "backward")) if root.get(k)]
+        if root.get("mfu") is not None:
+            achieved.append(f"MFU {root['mfu'] * 100:.1f}%")
+        facts.append("model " + (", ".join(achieved) if achieved else "FLOPs recorded"))
     step_data = {"step": [r["step"] for r in steps.rows],
                  "forward": [r["forward_ns"] / 1e6 for r in steps.rows],
                  "backward": [r["backward_ns"] / 1e6 for r in steps.rows],
@@ -234,9 +277,10 @@ def render_report(trace: TraceData, *, source: str | None = None,
 
 
 def write_report(trace: TraceData, path: str | os.PathLike[str], *,
-                 source: str | None = None, title: str | None = None) -> None:
+                 source: str | None = None, title: str | None = None,
+                 peak_tflops: float | None = None) -> None:
     """Write the report to ``path`` (through a temporary file, like every output)."""
-    text = render_report(trace, source=source, title=title)
+    text = render_report(trace, source=source, title=title, peak_tflops=peak_tflops)
     with open_output(path, gzip_by_name=False) as f:
         f.write(text.encode("utf-8"))
 

@@ -123,3 +123,11 @@ def tiny_bert() -> nn.Module:
     )
     torch.manual_seed(0)
     return BertModel(cfg).eval()
+
+
+def tiny_gpt2() -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=4)
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(cfg).eval()

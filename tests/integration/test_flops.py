@@ -96,3 +96,28 @@ def test_flops_must_be_a_bool_and_off_records_nothing() -> None:
     with hooktrace.trace(model) as tr:
         model(torch.randn(1, 2))
     assert "flops" not in tr.info and "flops" not in tr.summary().columns
+
+
+def test_a_root_returning_a_dataclass_still_counts_its_backward() -> None:
+    # GIVEN a model whose output is a dataclass (not a pytree) holding the tensor
+    from models import Shared
+
+    torch.manual_seed(0)
+    model, x = Shared(), torch.randn(2, 4)
+
+    class Hidden(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.model(x).hidden
+
+    _, bwd_ref = reference(copy.deepcopy(Hidden()), x)
+    # WHEN traced with flops=True
+    with hooktrace.trace(model, flops=True) as tr:
+        model(x).hidden.float().pow(2).mean().backward()
+    # THEN the counter stayed open for the backward pass: FlopCounterMode's counts
+    bwd = tr.info["flops"]["signatures"][0]["backward"]
+    assert bwd and bwd == {k.removeprefix("model."): v for k, v in bwd_ref.items()
+                           if k.startswith("model.")}

@@ -1,6 +1,7 @@
 """The HTML report of a real run, opened in headless Chromium (skipped without it).
 
-The screenshot is kept as a test artifact under out/test-artifacts/.
+Two runs: the plain demo, and the demo recorded with FLOPs (the table's FLOP columns).
+The screenshots are kept as test artifacts under out/test-artifacts/.
 """
 
 from __future__ import annotations
@@ -20,16 +21,20 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 
 
-@pytest.fixture(scope="module")
-def demo_report(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    result = run_demo(tmp_path_factory.mktemp("demo"), steps=2)
+@pytest.fixture(scope="module", params=[False, True], ids=["plain", "flops"])
+def demo_report(request: pytest.FixtureRequest,
+                tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bool]:
+    flops = request.param
+    result = run_demo(tmp_path_factory.mktemp("demo"), steps=2, flops=flops)
     assert result.report is not None, result.report_error
-    return result.report
+    return result.report, flops
 
 
 @pytest.mark.skipif(CHROMIUM is None or CHROMEDRIVER is None,
                     reason="needs Debian's chromium and chromium-driver (apt-get install)")
-def test_the_report_renders_in_headless_chromium(demo_report: Path, tmp_path: Path) -> None:
+def test_the_report_renders_in_headless_chromium(demo_report: tuple[Path, bool],
+                                                 tmp_path: Path) -> None:
+    report, flops = demo_report
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
 
@@ -45,7 +50,7 @@ def test_the_report_renders_in_headless_chromium(demo_report: Path, tmp_path: Pa
     driver = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER)))
     try:
         # WHEN it opens the demo's report
-        driver.get(demo_report.as_uri())
+        driver.get(report.as_uri())
         labels = driver.execute_script(
             "return Array.from(document.querySelectorAll('#icicle text'))"
             ".map(e => e.textContent)")
@@ -57,16 +62,39 @@ def test_the_report_renders_in_headless_chromium(demo_report: Path, tmp_path: Pa
         driver.execute_script("document.querySelectorAll('#summary th')[2].click()")
         first_calls = driver.execute_script(
             "return document.querySelector('#summary tbody tr').cells[2].textContent")
+        headers = driver.execute_script(
+            "return Array.from(document.querySelectorAll('#summary th'))"
+            ".map(e => e.textContent)")
+        facts = driver.execute_script("return document.querySelector('.facts').textContent")
+        # and, with FLOPs, sorts by TFLOP/s (ascending: blanks last)
+        tflops = []
+        if "TFLOP/s" in headers:
+            col = headers.index("TFLOP/s")
+            driver.execute_script(f"document.querySelectorAll('#summary th')[{col}].click()")
+            tflops = driver.execute_script(
+                "return Array.from(document.querySelectorAll('#summary tbody tr'))"
+                f".map(r => r.cells[{col}].textContent)")
         log = driver.get_log("browser")
         shot = tmp_path / "report.png"
         driver.save_screenshot(str(shot))
     finally:
         driver.quit()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    shutil.copy(shot, ARTIFACTS / "report.png")
+    shutil.copy(shot, ARTIFACTS / ("report-flops.png" if flops else "report.png"))
     # THEN nothing went wrong on the console, and the chart shows the model's modules
     errors = [e for e in log if e.get("level") in ("SEVERE", "WARNING")]
     assert not errors, errors
     assert {"run", "forward", "backward", "<root>", "blocks", "head", "ln_f"} <= set(labels)
     assert rows >= 20 and step_bars >= 2
     assert first_calls == "1" or int(first_calls) <= 2  # ascending: the fewest calls first
+    # THEN a run with FLOPs has the FLOP columns, filled, and the model's TFLOP/s on top;
+    # a run without has none
+    flop_headers = {"flops", "bwd_flops", "TFLOP/s", "bwd_TFLOP/s"}
+    if not flops:
+        assert not flop_headers & set(headers) and "TFLOP/s" not in facts
+        return
+    assert flop_headers <= set(headers), headers
+    assert "TFLOP/s forward" in facts and "TFLOP/s backward" in facts
+    values = [float(v) for v in tflops if v]
+    assert len(values) >= 10 and all(v > 0 for v in values)
+    assert values == sorted(values) and tflops[:len(values)] == [v for v in tflops if v]

@@ -66,3 +66,50 @@ def test_the_report_command_writes_the_file(tmp_path: Path,
     assert out.read_text().startswith("<!DOCTYPE html>")
     assert main(["report", str(src), "-o", str(tmp_path)]) == 1
     assert "is a directory" in capsys.readouterr().err
+
+
+def _flops_run():
+    from test_span_flops import flops_trace
+
+    return flops_trace(0)
+
+
+def test_a_run_with_flops_has_the_flop_columns() -> None:
+    # GIVEN a run recorded with FLOPs, and one without
+    with_flops = render_report(_flops_run(), source="f.htrace")
+    without = render_report(backward_trace(0), source="b.htrace")
+    headers = re.findall(r'<th data-col="\d+" data-key="(\w+)"[^>]*>([^<]*)</th>', with_flops)
+    shown = dict(headers)
+    # THEN the first has the FLOP columns, titled as `hooktrace summary --flops` does,
+    # MFU only with a peak, and the model's TFLOP/s among the facts
+    assert {k: shown.get(k) for k in ("flops", "bwd_flops", "tflops", "bwd_tflops")} == {
+        "flops": "flops", "bwd_flops": "bwd_flops", "tflops": "TFLOP/s",
+        "bwd_tflops": "bwd_TFLOP/s"}
+    assert "mfu" not in shown and "MFLOP" in with_flops
+    assert re.search(r"model [0-9.e+-]+ TFLOP/s forward, [0-9.e+-]+ TFLOP/s backward", with_flops)
+    assert "TFLOP/s" not in without.split("<script>", 2)[-1].split("var ice")[0]
+    assert "data-key=\"tflops\"" not in without
+    # AND with a peak, MFU
+    peaked = render_report(_flops_run(), source="f.htrace", peak_tflops=100.0)
+    assert 'data-key="mfu"' in peaked and re.search(r"MFU \d+\.\d%", peaked)
+    # AND the icicle's hover text gives a module's FLOPs and TFLOP/s
+    ice = json.loads(re.search(r"var ice = (\{.*?\});\n", with_flops).group(1))
+    assert any("FLOP per call" in h and "TFLOP/s" in h for h in ice["hover"])
+
+
+def test_the_report_command_takes_a_peak(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    import hooktrace
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    with hooktrace.trace(model, flops=True) as tr:
+        for _ in range(2):
+            model(torch.randn(4, 8)).sum().backward()
+    src, out = tmp_path / "f.htrace", tmp_path / "r.html"
+    tr.save(src)
+    assert main(["report", str(src), "-o", str(out), "--peak-tflops", "50"]) == 0
+    assert 'data-key="mfu"' in out.read_text()
+    assert main(["report", str(src), "-o", str(out), "--peak-tflops", "0"]) == 1
+    assert "--peak-tflops must be a positive number" in capsys.readouterr().err
