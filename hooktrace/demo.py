@@ -138,7 +138,7 @@ def run_demo(out_dir: str | Path, steps: int = 5, batch: int = 8, seed: int = 0,
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     train_step(model, opt, *synthetic_batch(cfg, batch, gen))  # warm-up, untraced
     losses: list[float] = []
-    with hooktrace.trace(model, flops=flops) as tr:
+    with hooktrace.trace(model, flops=flops, memory=True) as tr:
         for _ in range(steps):
             losses.append(train_step(model, opt, *synthetic_batch(cfg, batch, gen)))
     htrace = out / "demo.htrace"

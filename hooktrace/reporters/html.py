@@ -40,7 +40,14 @@ from typing import TYPE_CHECKING, Any
 
 from hooktrace._output import open_output
 from hooktrace.errors import HooktraceError
-from hooktrace.summary import UNATTRIBUTED, StepTable, Summary, format_count, format_ns
+from hooktrace.summary import (
+    UNATTRIBUTED,
+    StepTable,
+    Summary,
+    format_bytes,
+    format_count,
+    format_ns,
+)
 
 if TYPE_CHECKING:
     from hooktrace.reading import TraceData
@@ -57,6 +64,13 @@ _HEADERS = {
     "tflops": ("TFLOP/s", "achieved forward TFLOP/s (the calls run under the FLOP "
                           "counter, slower, left out)"),
     "bwd_tflops": ("bwd_TFLOP/s", "achieved backward TFLOP/s"),
+    **{prefix + key: (prefix + key, what) for prefix in ("", "cuda_") for key, what in (
+        ("mem_net", "bytes a forward call leaves allocated (activations kept for backward and "
+                    "its output), mean over calls (trace(memory=True))"),
+        ("mem_peak", "peak allocated bytes above the forward call's start, max over calls"),
+        ("bwd_mem_net", "bytes a backward span leaves allocated, mean over calls"),
+        ("bwd_mem_peak", "peak allocated bytes above the backward span's start, max over calls"),
+    )},
     "mfu": ("MFU", "model FLOPs utilization: forward + backward FLOPs over their time, "
                    "against the peak"),
 }
@@ -192,8 +206,8 @@ def _cell(key: str, value: Any) -> tuple[str, str]:
         return format_ns(value), repr(value)
     if isinstance(value, int) and key.endswith("_ns"):
         return format_ns(value), str(value)
-    if key.endswith("_bytes"):
-        return _format_bytes(value), str(value)
+    if key.endswith("_bytes") or "mem_" in key:
+        return format_bytes(value), str(value)
     if key in ("flops", "bwd_flops"):
         return format_count(value, "FLOP"), repr(value)
     if key == "mfu":
@@ -201,14 +215,6 @@ def _cell(key: str, value: Any) -> tuple[str, str]:
     if isinstance(value, float):
         return f"{value:.3g}", repr(value)
     return str(value), str(value)
-
-
-def _format_bytes(n: float) -> str:
-    a = abs(n)
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if a >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n:.0f} B"
 
 
 def _table_html(summary: Summary) -> str:
@@ -261,6 +267,11 @@ def render_report(trace: TraceData, *, source: str | None = None,
         if root.get("mfu") is not None:
             achieved.append(f"MFU {root['mfu'] * 100:.1f}%")
         facts.append("model " + (", ".join(achieved) if achieved else "FLOPs recorded"))
+    for prefix, device in (("cuda_", "CUDA"), ("", "CPU")):
+        if root is not None and root.get(f"{prefix}mem_peak") is not None:
+            facts.append(f"{device} memory: forward peak +{format_bytes(root[prefix + 'mem_peak'])}"
+                         f", keeps {format_bytes(root[prefix + 'mem_net'])} for backward")
+            break
     step_data = {"step": [r["step"] for r in steps.rows],
                  "forward": [r["forward_ns"] / 1e6 for r in steps.rows],
                  "backward": [r["backward_ns"] / 1e6 for r in steps.rows],
@@ -333,11 +344,14 @@ network; the trace viewer is a web page.</div>
   }}], {{margin: {{t: 10, l: 10, r: 10, b: 10}}}}, config);
   var s = {steps};
   if (s.step.length) {{
-    var bar = function (name, y) {{
-      return {{type: "bar", name: name, x: s.step, y: y, hovertemplate: "%{{y:.3f}} ms"}};
+    // the icicle's colours: its first branch (backward) takes plotly's first colour
+    var bar = function (name, y, color) {{
+      return {{type: "bar", name: name, x: s.step, y: y, marker: {{color: color}},
+               hovertemplate: "%{{y:.3f}} ms"}};
     }};
-    Plotly.newPlot("steps", [bar("forward", s.forward), bar("backward", s.backward),
-                             bar("other", s.other)],
+    Plotly.newPlot("steps", [bar("forward", s.forward, "#ff7f0e"),
+                             bar("backward", s.backward, "#1f77b4"),
+                             bar("other", s.other, "#2ca02c")],
       {{barmode: "stack", xaxis: {{title: {{text: "step"}}}}, yaxis: {{title: {{text: "ms"}}}},
        margin: {{t: 10}}}}, config);
   }}

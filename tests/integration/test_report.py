@@ -1,6 +1,7 @@
 """The HTML report of a real run, opened in headless Chromium (skipped without it).
 
-Two runs: the plain demo, and the demo recorded with FLOPs (the table's FLOP columns).
+Two runs: the plain demo, and the demo recorded with FLOPs (the table's FLOP columns);
+both record memory (the memory columns and the facts line).
 The screenshots are kept as test artifacts under out/test-artifacts/.
 """
 
@@ -87,6 +88,9 @@ def test_the_report_renders_in_headless_chromium(demo_report: tuple[Path, bool],
     assert {"run", "forward", "backward", "<root>", "blocks", "head", "ln_f"} <= set(labels)
     assert rows >= 20 and step_bars >= 2
     assert first_calls == "1" or int(first_calls) <= 2  # ascending: the fewest calls first
+    # THEN the demo records memory: its columns are there and the facts line says it
+    assert {"mem_net", "mem_peak", "bwd_mem_net", "bwd_mem_peak"} <= set(headers), headers
+    assert "CPU memory: forward peak +" in facts
     # THEN a run with FLOPs has the FLOP columns, filled, and the model's TFLOP/s on top;
     # a run without has none
     flop_headers = {"flops", "bwd_flops", "TFLOP/s", "bwd_TFLOP/s"}
