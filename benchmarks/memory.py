@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -31,7 +29,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function
 
 import hooktrace
-from hooktrace.demo import GPTConfig, TinyGPT
+from overhead import identity_chain, linear_relu, measure, tiny_gpt  # benchmarks/overhead.py
 
 
 @contextlib.contextmanager
@@ -80,46 +78,11 @@ VARIANTS: dict[str, Callable[[nn.Module], contextlib.AbstractContextManager[Any]
 }
 
 
-def identity_chain() -> tuple[nn.Module, Callable[[], Any], int]:
-    model = nn.Sequential(*[nn.Identity() for _ in range(1000)])
-    x = torch.zeros(1)
-    return model, lambda: model(x), 1001
-
-
-def linear_relu() -> tuple[nn.Module, Callable[[], Any], int]:
-    torch.manual_seed(0)
-    layers: list[nn.Module] = []
-    for _ in range(200):
-        layers += [nn.Linear(16, 16), nn.ReLU()]
-    model = nn.Sequential(*layers)
-    x = torch.randn(4, 16)
-    return model, lambda: model(x), 401
-
-
-def tiny_gpt() -> tuple[nn.Module, Callable[[], Any], int]:
-    torch.manual_seed(0)
-    cfg = GPTConfig(layers=2, context=16)
-    model = TinyGPT(cfg)
-    x = torch.randint(0, cfg.vocab, (1, cfg.context))
-    return model, lambda: model(x), len(list(model.named_modules()))
-
-
 MODELS = {
     "1000 x Identity (forward, no allocation)": identity_chain,
     "200 x (Linear+ReLU) (forward)": linear_relu,
     "TinyGPT 2 layers (forward)": tiny_gpt,
 }
-
-
-def measure(run: Callable[[], Any], inner: int) -> float:
-    gc.disable()
-    try:
-        t0 = time.perf_counter_ns()
-        for _ in range(inner):
-            run()
-        return (time.perf_counter_ns() - t0) / inner / 1e9
-    finally:
-        gc.enable()
 
 
 def main() -> None:
