@@ -578,14 +578,15 @@ def _add_memory(rows: list[dict[str, Any]], trace: TraceData, device: str) -> li
         for key in keys:
             row[key] = values.get(key)
     unknown = int(np.count_nonzero(~mem.known))
-    note = (f"memory ({device}): {keys[0]} = bytes a call leaves allocated, mean over calls; "
-            f"{keys[1]} = peak above the call's start, max over calls")
+    # (each note fits the 120-column table with its "note: " prefix)
+    notes = [f"memory ({device}): {keys[0]} = bytes a call leaves allocated (mean over calls), "
+             f"{keys[1]} = peak above its start (max)"]
     if unknown:
-        note += f"; {unknown} call(s) without both samples left out"
+        notes.append(f"memory ({device}): {unknown} call(s) without both samples left out")
     if device != "cpu" and len(mem.exact) and not mem.exact[mem.known].all():
-        note += ("; where the device's high-water mark did not rise in a call, its peak "
-                 "is the highest sampled value (a lower bound)")
-    return [note]
+        notes.append(f"memory ({device}): where the device's high-water mark did not rise in "
+                     "a call, its peak is a lower bound")
+    return notes
 
 
 def format_bytes(n: float) -> str:
