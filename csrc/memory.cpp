@@ -23,23 +23,17 @@ struct Header {
   void* inner_context;
   c10::DeleterFnPtr inner_deleter;
   size_t nbytes;
-  uint64_t magic;
 };
 static_assert(sizeof(Header) <= kHeader, "the header must fit in front of the data");
-constexpr uint64_t kMagic = 0x686f6f6b6d656d31ULL;  // "hookmem1"
 
 void count_alloc(int64_t n) {
-  int64_t now = cpu_memory.current.fetch_add(n, std::memory_order_relaxed) + n;
-  int64_t p = cpu_memory.peak.load(std::memory_order_relaxed);
-  while (p < now && !cpu_memory.peak.compare_exchange_weak(p, now, std::memory_order_relaxed)) {
-  }
+  raise_cpu_peak(cpu_memory.current.fetch_add(n, std::memory_order_relaxed) + n);
 }
 
 void counting_delete(void* data) {
   if (data == nullptr) return;
   auto* h = reinterpret_cast<Header*>(static_cast<char*>(data) - kHeader);
   cpu_memory.current.fetch_sub(static_cast<int64_t>(h->nbytes), std::memory_order_relaxed);
-  h->magic = 0;
   c10::DeleterFnPtr deleter = h->inner_deleter;
   void* context = h->inner_context;
   if (deleter != nullptr) deleter(context);
@@ -59,8 +53,7 @@ struct CountingCPUAllocator final : c10::Allocator {
     h->inner_context = context;
     h->inner_deleter = deleter;
     h->nbytes = nbytes;
-    h->magic = kMagic;
-    count_alloc(static_cast<int64_t>(nbytes));
+      count_alloc(static_cast<int64_t>(nbytes));
     void* data = base + kHeader;
     return {data, data, &counting_delete, device};
   }

@@ -52,6 +52,15 @@ void install_cpu_memory();
 void uninstall_cpu_memory();
 bool cpu_memory_installed();
 
+// peak = max(peak, value), atomically (the allocator after each allocation, the
+// sample below for an allocation that raced it).
+inline void raise_cpu_peak(int64_t value) {
+  int64_t p = cpu_memory.peak.load(std::memory_order_relaxed);
+  while (p < value &&
+         !cpu_memory.peak.compare_exchange_weak(p, value, std::memory_order_relaxed)) {
+  }
+}
+
 // One CPU sample: bytes allocated now, and the highest value since the
 // previous sample (>= now).
 inline void sample_cpu_memory(int64_t* current, int64_t* peak) {
@@ -60,12 +69,7 @@ inline void sample_cpu_memory(int64_t* current, int64_t* peak) {
   // An allocation between the two loads raised `current` after `now` was read:
   // keep it as the next interval's starting peak.
   int64_t after = cpu_memory.current.load(std::memory_order_relaxed);
-  if (after > now) {
-    int64_t p = cpu_memory.peak.load(std::memory_order_relaxed);
-    while (p < after &&
-           !cpu_memory.peak.compare_exchange_weak(p, after, std::memory_order_relaxed)) {
-    }
-  }
+  if (after > now) raise_cpu_peak(after);
   *current = now;
   *peak = high > now ? high : now;
 }
