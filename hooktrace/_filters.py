@@ -47,10 +47,12 @@ from hooktrace.errors import HooktraceError
 if TYPE_CHECKING:
     from hooktrace.reading import TraceData
 
-__all__ = ["SPAN_CLIPPED", "Cut", "FilterError", "Filters", "cut", "parse_steps",
+__all__ = ["OPEN_WINDOW", "SPAN_CLIPPED", "Cut", "FilterError", "Filters", "cut", "parse_steps",
            "select_nodes", "select_spans", "trace_origin_ns"]
 
 SPAN_CLIPPED = 4  # exporter-only span/node flag (csrc/spans.h kSpanClipped)
+# A window open at both ends, as closed bounds (Unix ns).
+OPEN_WINDOW = (-(1 << 62), 1 << 62)
 
 
 class FilterError(HooktraceError):
@@ -194,6 +196,14 @@ class Cut:
     node_clipped: np.ndarray
     window: tuple[int | None, int | None]  # absolute Unix ns, None = open
     filters: Filters
+
+    @property
+    def bounds(self) -> tuple[int, int] | None:
+        """``window`` with an open end as OPEN_WINDOW's; None when both ends are open."""
+        lo, hi = self.window
+        if lo is None and hi is None:
+            return None
+        return (OPEN_WINDOW[0] if lo is None else lo, OPEN_WINDOW[1] if hi is None else hi)
 
     def summary(self) -> dict[str, Any]:
         """For the exported file's info block (filtered exports only)."""

@@ -17,7 +17,7 @@ import numpy as np
 
 import torch  # noqa: F401  (loads libc10 for _C)
 from hooktrace import _C
-from hooktrace._filters import SPAN_CLIPPED, Cut, Filters, cut
+from hooktrace._filters import OPEN_WINDOW, SPAN_CLIPPED, Cut, Filters, cut
 from hooktrace.flops import SpanFlops, run_flop_info, span_flops
 from hooktrace.reading import CAT_BACKWARD, CAT_NAMES, Spans
 from hooktrace.tracefile import FORMAT_VERSION
@@ -232,10 +232,9 @@ def plan_export(trace: TraceData, *, nodes: bool = False,
         used_tids=os_threads,
     )
     steps = trace.steps()
-    lo, hi = c.window
-    in_window = ((steps.end_ns >= (lo if lo is not None else -(1 << 62)))
-                 & (steps.start_ns <= (hi if hi is not None else 1 << 62)))
-    step_starts = np.maximum(steps.start_ns[in_window], lo if lo is not None else -(1 << 62))
+    lo, hi = c.bounds or OPEN_WINDOW
+    in_window = (steps.end_ns >= lo) & (steps.start_ns <= hi)
+    step_starts = np.maximum(steps.start_ns[in_window], lo)
     starts = [int(a.min()) for a in (c.span_start[kept], c.node_start[on_backward],
                                      c.node_start[loose], step_starts) if len(a)]
     if starts:

@@ -63,7 +63,7 @@ import numpy as np
 
 import torch  # noqa: F401  (loads libc10 for _C)
 from hooktrace import _C
-from hooktrace._filters import Filters
+from hooktrace._filters import OPEN_WINDOW, Filters
 from hooktrace._output import open_output
 from hooktrace.exporters._layout import (
     CHUNK_BYTES,
@@ -145,7 +145,7 @@ def write_steps(write: Any, trace: TraceData, tid: int, base_ns: int,
     and ``complete``: False for the last one when no mark ended it).
     """
     steps = trace.steps()
-    lo, hi = window if window is not None else (-(1 << 62), 1 << 62)
+    lo, hi = window if window is not None else OPEN_WINDOW
     # (strictly: a step that only touches the window's edge would be drawn empty)
     keep = np.flatnonzero((steps.end_ns > lo) & (steps.start_ns < hi))
     if not len(keep):
@@ -310,9 +310,7 @@ def write_chrome(
                           chunk_bytes=chunk_bytes,
                           flags=flags if plan.cut.filters.active else None)
 
-    lo, hi = plan.cut.window
-    window = (None if lo is None and hi is None else
-              (-(1 << 62) if lo is None else lo, 1 << 62 if hi is None else hi))
+    window = plan.cut.bounds
     step_track = write_steps(f.write, trace, plan.layout.next_tid, base_ns, window)
     write_memory_counters(f.write, trace, base_ns, window)
     tail = (

@@ -54,7 +54,7 @@ import numpy as np
 
 import torch  # noqa: F401  (loads libc10 for _C)
 from hooktrace import _C
-from hooktrace._filters import Filters
+from hooktrace._filters import OPEN_WINDOW, Filters
 from hooktrace._output import open_output
 from hooktrace.exporters._layout import (
     CHUNK_BYTES,
@@ -172,9 +172,7 @@ def _steps(trace: TraceData, plan: Any, uuid: int) -> tuple[bytes, int]:
     """The "steps" track (a child of the process track, above its threads) with one
     slice per step in the export's window, as in the Chrome export; and how many."""
     steps = trace.steps()
-    lo, hi = plan.cut.window
-    lo = -(1 << 62) if lo is None else lo
-    hi = 1 << 62 if hi is None else hi
+    lo, hi = plan.cut.bounds or OPEN_WINDOW
     keep = np.flatnonzero((steps.end_ns > lo) & (steps.start_ns < hi))  # as chrome.py
     if not len(keep):
         return b"", 0
@@ -196,9 +194,7 @@ def _memory_counters(trace: TraceData, plan: Any, first_uuid: int) -> bytes:
     with the Chrome export's points: TrackEvent TYPE_COUNTER with counter_value."""
     from hooktrace.memory import counter_name, counter_points, memory_devices
 
-    lo, hi = plan.cut.window
-    window = None if lo is None and hi is None else (
-        -(1 << 62) if lo is None else lo, 1 << 62 if hi is None else hi)
+    window = plan.cut.bounds
     out = b""
     for k, device in enumerate(memory_devices(trace)):
         uuid = first_uuid + k
