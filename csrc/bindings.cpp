@@ -11,9 +11,8 @@
 #include "backward.h"
 #include "chrome_writer.h"
 #include "event.h"
-#include "forward.h"
-#include "global_forward.h"
 #include "lanes.h"
+#include "module_call.h"
 #include "perfetto_writer.h"
 #include "session.h"
 #include "spans.h"
@@ -65,7 +64,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("write_perfetto_slices", &hooktrace::write_perfetto_slices,
         "Stream slices as Perfetto TrackEvent packets, one sequence per track.");
 
-  // --- recorder side (session.h, forward.h) ---
+  // --- recorder side (session.h, module_call.h) ---
   py::class_<Session, std::shared_ptr<Session>>(m, "Session")
       .def(py::init([](uint64_t capacity, const std::string& policy, uint32_t chunk_events) {
              return std::make_shared<Session>(capacity, parse_policy(policy), chunk_events);
@@ -103,6 +102,7 @@ PYBIND11_MODULE(_C, m) {
       .def("pause", &Session::pause)
       .def("resume", &Session::resume)
       .def("set_emit_names", &Session::set_emit_names, py::arg("names"))
+      .def("add_emit_name", &Session::add_emit_name, py::arg("name"))
       .def("set_memory", &Session::set_memory, py::arg("cpu"), py::arg("cuda_device") = -1)
       .def_property_readonly("memory_cpu", &Session::memory_cpu)
       .def_property_readonly("memory_cuda_device", &Session::memory_cuda_device)
@@ -137,6 +137,5 @@ PYBIND11_MODULE(_C, m) {
     return hooktrace::cpu_memory.current.load(std::memory_order_relaxed);
   }, "CPU bytes alive among the allocations hooktrace's counting allocator made.");
 
-  if (hooktrace::add_forward_types(m.ptr()) < 0) throw py::error_already_set();
-  if (hooktrace::add_global_forward_type(m.ptr()) < 0) throw py::error_already_set();
+  if (hooktrace::add_module_call_type(m.ptr()) < 0) throw py::error_already_set();
 }

@@ -297,39 +297,6 @@ void Session::end_collect() {
     for (auto& b : buffers_) b->starved.store(false, std::memory_order_relaxed);
 }
 
-size_t Session::hook_enter(uint32_t slot, uintptr_t sp) {
-  if (C10_UNLIKELY(!active())) return 0;
-  ThreadBuffer* b = buffer();
-  size_t closed = 0;
-  while (!b->open.empty() && b->open.back().second <= sp) {
-    record(b->open.back().first, kExit, kFlagError);
-    b->open.pop_back();
-    ++closed;
-  }
-  b->open.emplace_back(slot, sp);
-  record(slot, kEnter, 0);
-  return closed;
-}
-
-size_t Session::hook_exit(uint32_t slot, uint8_t flags) {
-  if (C10_UNLIKELY(!active())) return 0;
-  ThreadBuffer* b = buffer();
-  size_t closed = 0;
-  for (size_t i = b->open.size(); i-- > 0;) {
-    if (b->open[i].first != slot) continue;
-    // Calls above this one exited without their hooks running.
-    for (size_t j = b->open.size() - 1; j > i; --j) {
-      record(b->open[j].first, kExit, kFlagError);
-      ++closed;
-    }
-    b->open.resize(i);
-    break;
-  }
-  // (not found: entered before the trace started; an orphan exit, as before)
-  record(slot, kExit, flags);
-  return closed;
-}
-
 SessionStats Session::stats() {
   std::lock_guard<std::mutex> lock(mutex_);
   SessionStats s;

@@ -44,6 +44,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -81,10 +82,6 @@ struct ThreadBuffer {
   // owner writes them.
   std::atomic<uint64_t> dropped{0};
   std::atomic<uint64_t> overwritten{0};
-  // Hooks mode only, owner thread only: the calls entered and not yet exited, as
-  // (slot, C stack address of the pre-hook). nn.Module runs always_call hooks only
-  // for an Exception, so a KeyboardInterrupt skips the exit: see hook_enter().
-  std::vector<std::pair<uint32_t, uintptr_t>> open;
   // Guarded by Session::mutex_. Oldest first once rotated in ring mode.
   std::vector<std::unique_ptr<Chunk>> chunks;
   size_t head = 0;  // index of the oldest chunk in `chunks`
@@ -164,10 +161,17 @@ class Session {
   // recording (for live snapshots).
   ClockConversion clock();
 
-  // Module names for profiler emission (profiler_emit.h); empty = no emission.
-  // Set before any forward callable is created for the session.
-  void set_emit_names(std::vector<std::string> names) { emit_names_ = std::move(names); }
-  bool emits() const { return !emit_names_.empty(); }
+  // Module names for profiler emission (profiler_emit.h), by slot. Emission is
+  // on once set_emit_names() was called, before start(): a model scope names
+  // every slot then, a process scope appends each slot's name as it names the
+  // module (under the GIL, as every reader). A deque: names never move, so a
+  // RecordFunction may keep pointing at one.
+  void set_emit_names(std::vector<std::string> names) {
+    emit_ = true;
+    emit_names_.assign(names.begin(), names.end());
+  }
+  void add_emit_name(std::string name) { emit_names_.push_back(std::move(name)); }
+  bool emits() const { return emit_; }
   const char* emit_name(uint32_t slot) const {
     return slot < emit_names_.size() ? emit_names_[slot].c_str() : "<module>";
   }
@@ -199,7 +203,7 @@ class Session {
   // first), into out[0, max_events). Returns how many were copied.
   uint64_t copy_events(Event* out, uint64_t max_events);
 
-  // The hot path: one module enter/exit. Inline so the callers in forward.cpp
+  // The hot path: one module enter/exit. Inline so the caller in module_call.cpp
   // get it without a call.
   inline void record(uint32_t id, uint8_t kind, uint8_t flags) {
     if (C10_UNLIKELY(!active())) return;
@@ -254,16 +258,6 @@ class Session {
 
   bool refill(ThreadBuffer* b);
 
-  // Forward hooks (hooks mode). `sp` is the pre-hook's C stack address: a module
-  // call runs its children in deeper C frames (each call recurses through
-  // tp_call), so an open call whose pre-hook ran at or below `sp` is no longer
-  // on the stack: its exit was skipped by a BaseException (KeyboardInterrupt)
-  // caught further up. Such calls get an error exit before the new enter, and
-  // hook_exit() closes the calls above its own the same way. Returns how many
-  // were closed (the caller closes as many profiler ranges).
-  size_t hook_enter(uint32_t slot, uintptr_t sp);
-  size_t hook_exit(uint32_t slot, uint8_t flags);
-
  private:
   inline ThreadBuffer* buffer();
   ThreadBuffer* buffer_slow();
@@ -308,7 +302,8 @@ class Session {
   std::vector<std::unique_ptr<Chunk>> free_chunks_;     // guarded by mutex_ (streaming)
   std::shared_ptr<Wakeup> wakeup_;                      // set before start(): streaming
   std::vector<std::unique_ptr<ThreadBuffer>> buffers_;  // guarded by mutex_
-  std::vector<std::string> emit_names_;
+  bool emit_ = false;
+  std::deque<std::string> emit_names_;
   // Shared so that clock() measures (~1000 clock pairs, tens of us) outside
   // mutex_, which every thread's refill takes: the stream writer asks for the
   // clock while recording goes on.

@@ -56,3 +56,21 @@ class Clock:
         # uint64 subtraction wraps modulo 2**64; viewed as int64 it is the signed delta.
         delta = (np.asarray(ticks, dtype=np.uint64) - np.uint64(self.ticks0)).view(np.int64)
         return np.int64(self.unix_ns0) + np.rint(delta * self.ns_per_tick).astype(np.int64)
+
+
+# What a module's forward span covers (issue #16), recorded as info["span_definition"]:
+# 1 = its `forward` alone, module hooks outside (trace() before the definition was
+# recorded); 2 = its whole call: global and module forward pre-hooks, forward (or the
+# compiled call) and forward hooks, in every scope (`hooktrace run` always did this).
+SPAN_DEFINITION = 2
+SPAN_DEFINITIONS = {1: "forward only, module hooks outside",
+                    2: "the whole call, hooks included"}
+
+
+def span_definition(info: dict[str, object]) -> int:
+    """The span definition a run was recorded under (files from before it was
+    recorded: the global mode's spans were whole calls, trace()'s were not)."""
+    value = info.get("span_definition")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return 2 if info.get("mode") == "global" else 1

@@ -93,7 +93,7 @@ from hooktrace._diff_inputs import (
     parse_spec,
 )
 from hooktrace.rankset import map_ranks
-from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, TraceData, load
+from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, TraceData, as_data, load
 
 __all__ = ["PHASES", "Diff", "DiffInputError", "compare", "compare_paths", "compare_ranks"]
 
@@ -255,7 +255,8 @@ def _pooled_column(parts: Sequence[_Part], stepped: Sequence[_Part], field: str,
 
 
 def _stats(trace: TraceData | Sequence[TraceData]) -> _RunStats:
-    traces = [trace] if isinstance(trace, TraceData) else list(trace)
+    trace = as_data(trace)
+    traces = [trace] if isinstance(trace, TraceData) else [as_data(t) for t in trace]
     if not traces:
         raise ValueError("hooktrace.diff: a run of no trace")
     return _pool([_part(t, keep_calls=len(traces) > 1) for t in traces])

@@ -94,7 +94,7 @@ from hooktrace.exporters.chrome import (
     write_steps,
 )
 from hooktrace.errors import HooktraceError, OutputPathError
-from hooktrace.reading import CAT_BACKWARD, TraceData, load
+from hooktrace.reading import CAT_BACKWARD, TraceData, as_data, load
 
 if TYPE_CHECKING:
     from hooktrace.attribution import Attribution
@@ -143,10 +143,11 @@ class MergeResult:
 
 
 def _as_run(run_or_path: RunLike) -> TraceData:
+    if getattr(run_or_path, "_state", "done") != "done":
+        raise MergeError("the hooktrace.trace() block has not exited yet: merge after the "
+                         "with block, or merge trace.snapshot()")
+    run_or_path = as_data(run_or_path)
     if isinstance(run_or_path, TraceData):
-        if getattr(run_or_path, "_state", "done") != "done":
-            raise MergeError("the hooktrace.trace() block has not exited yet: merge after the "
-                             "with block, or merge trace.snapshot()")
         return run_or_path
     return load(run_or_path)
 
@@ -609,7 +610,7 @@ def _hostname() -> str:
 
 def _snapshot(run: TraceData | Trace | Callable[[], Any]) -> TraceData:
     """The run as far as it is recorded: a live trace's snapshot, or the finished data."""
-    if not isinstance(run, TraceData) and callable(run):
+    if not isinstance(run, TraceData) and not hasattr(run, "snapshot") and callable(run):
         run = run()
     snapshot = getattr(run, "snapshot", None)
     if snapshot is not None and getattr(run, "_state", "done") != "done":

@@ -488,6 +488,17 @@ class TraceData:
         return Summary.from_trace(self, peak_tflops=peak_tflops)
 
 
+def as_data(obj: Any) -> Any:
+    """``obj`` itself, or, for a recorder (``hooktrace.trace()`` and the like, which
+    hand back their result rather than being it), its result: the recorder's own
+    one-line error if its block has not exited. Anything else is returned as is."""
+    if isinstance(obj, TraceData):
+        return obj
+    if isinstance(getattr(type(obj), "result", None), property):
+        return obj.result
+    return obj
+
+
 def load(path: str | os.PathLike[str], *, mmap: bool = False) -> TraceData:
     """Load a ``.htrace`` file written by ``TraceData.save``.
 

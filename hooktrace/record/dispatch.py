@@ -1,0 +1,170 @@
+"""The one place that replaces ``nn.Module.__call__`` (issue #16).
+
+While any recorder is active (``hooktrace.trace()``, ``hooktrace run``,
+``global_trace()``), ``nn.Module.__call__`` is one process-wide
+``_C.ModuleCall`` (csrc/module_call.h): every module call reaches it, and it
+records the calls of the modules that the active scopes registered. When the
+last recorder ends, the class attribute is restored exactly.
+
+torch.compile must not see it. Dynamo decides how to trace a module call by
+comparing ``type(m).__call__`` with the ``nn.Module.__call__`` it saw when it was
+imported (``torch/_dynamo/variables/nn_module.py``: ``mod.__call__.__func__ is
+unpatched_nn_module_call``); anything else is traced as an opaque callable and
+graph-breaks. So while Dynamo compiles (its compile-start/-end callbacks,
+``torch/_dynamo/callback.py``) the original ``__call__`` is put back, and if
+Dynamo is first imported while ours is in place, its saved "unpatched" value is
+corrected to the original. Dynamo then traces exactly what it would untraced:
+the same graphs, the same guards, no graph break, no extra recompile, and the
+compiled code runs inside the span of the module whose call entered it.
+Module calls made by other threads while a compile runs are not recorded (the
+swap is process-wide).
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+import threading
+import types
+import warnings
+from typing import Any
+
+from torch import nn
+
+from hooktrace import _C
+
+__all__ = ["acquire", "release", "installed"]
+
+_lock = threading.RLock()
+_call: Any = None  # the _C.ModuleCall, kept across recordings (compiled wrappers may hold it)
+_original: Any = None  # the nn.Module.__call__ it replaced
+_users = 0
+_swapped = False  # a compile is running with the original put back
+
+
+def installed() -> Any:
+    """The ModuleCall in place as ``nn.Module.__call__``, or None."""
+    return _call if _users else None
+
+
+def acquire() -> Any:
+    """Puts the ModuleCall in place (first user) and returns it."""
+    global _call, _original, _users
+    with _lock:
+        if _users == 0:
+            current = nn.Module.__dict__["__call__"]
+            if _call is None or _call.__wrapped__ is not current:
+                _call = _C.ModuleCall(current)
+            _original = current
+            _watch_dynamo()
+            nn.Module.__call__ = _call  # type: ignore[method-assign]
+        _users += 1
+        return _call
+
+
+def release() -> None:
+    """The last user gone: the original ``nn.Module.__call__`` is back. Idempotent per
+    acquire only: call it exactly once for each acquire()."""
+    global _users
+    with _lock:
+        if _users == 0:
+            return
+        _users -= 1
+        if _users:
+            return
+        current = nn.Module.__dict__.get("__call__")
+        if current is _call or (_swapped and current is _original):
+            nn.Module.__call__ = _original  # type: ignore[method-assign]
+        else:
+            warnings.warn(
+                "hooktrace: nn.Module.__call__ was replaced by other code while recording; "
+                "leaving the replacement in place (it calls the stopped recorder)",
+                RuntimeWarning, stacklevel=3)
+
+
+# -- torch.compile -------------------------------------------------------------------
+
+_dynamo_hooked = False
+
+
+def _on_compile_start(_args: Any) -> None:
+    global _swapped
+    with _lock:
+        if _users and nn.Module.__dict__.get("__call__") is _call:
+            nn.Module.__call__ = _original  # type: ignore[method-assign]
+            _swapped = True
+
+
+def _on_compile_end(_args: Any) -> None:
+    global _swapped
+    with _lock:
+        if _swapped:
+            _swapped = False
+            if _users and nn.Module.__dict__.get("__call__") is _original:
+                nn.Module.__call__ = _call  # type: ignore[method-assign]
+
+
+def _hook_dynamo() -> None:
+    """Dynamo is imported: register the callbacks once, and make sure the
+    ``__call__`` it takes for nn.Module's own is the original."""
+    global _dynamo_hooked
+    with _lock:
+        utils = sys.modules.get("torch._dynamo.utils")
+        nn_module = sys.modules.get("torch._dynamo.variables.nn_module")
+        for mod in (utils, nn_module):
+            saved = getattr(mod, "unpatched_nn_module_call", None)
+            if isinstance(saved, _C.ModuleCall):
+                mod.unpatched_nn_module_call = saved.__wrapped__  # type: ignore[union-attr]
+        if _dynamo_hooked:
+            return
+        callback = sys.modules.get("torch._dynamo.callback")
+        if callback is None:
+            return
+        callback.callback_handler.register_start_callback(_on_compile_start)
+        callback.callback_handler.register_end_callback(_on_compile_end)
+        _dynamo_hooked = True
+
+
+class _DynamoImportWatcher(importlib.abc.MetaPathFinder):
+    """Runs :func:`_hook_dynamo` right after ``torch._dynamo`` is imported. Importing
+    it eagerly would cost every run ~1.5 s; this costs nothing until it happens."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != "torch._dynamo":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _HookedLoader(spec.loader)
+        return spec
+
+
+class _HookedLoader(importlib.abc.Loader):
+    """torch._dynamo's own loader, calling :func:`_hook_dynamo` once it has run; the
+    module keeps its real loader."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def create_module(self, spec: Any) -> Any:
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        module.__loader__ = self._inner
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._inner
+        self._inner.exec_module(module)
+        if _watcher in sys.meta_path:
+            sys.meta_path.remove(_watcher)
+        _hook_dynamo()
+
+
+_watcher = _DynamoImportWatcher()
+
+
+def _watch_dynamo() -> None:
+    if "torch._dynamo.callback" in sys.modules:
+        _hook_dynamo()
+    elif _watcher not in sys.meta_path:
+        sys.meta_path.insert(0, _watcher)

@@ -1,0 +1,382 @@
+"""What a recording covers: the given models, or every module in the process.
+
+Both scopes register modules with the one ``_C.ModuleCall`` (record/dispatch.py)
+and name them; the recorder is the same for both (record/recorder.py).
+
+:class:`ModelScope` (``hooktrace.trace(model)``): the modules of
+``model.named_modules()``, named as there, registered when the block starts. A
+module is claimed by one model scope at a time.
+
+:class:`ProcessScope` (``hooktrace run``, ``HOOKTRACE=1``, ``global_trace()``):
+every module called while it records, named lazily on its first call (issue
+#10). Names are qualified under the *top-level* module, the outermost module
+called (not called from inside another module's call). With one top-level
+module they are exactly ``named_modules()``'s; with several (a model and its
+loss, a teacher and a student) each is prefixed with its top-level module's
+class, ``Student.encoder.0``, a second live top-level module of the same class
+being ``Student#2``. A module first called inside another's call but not found
+among its children (created in ``forward``, or held elsewhere) is named
+``parent.(Class)``. A module that dies keeps its row, and a new module with the
+same name, class and top-level module reuses it (a model rebuilt each epoch
+stays one row).
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import sys
+import threading
+import weakref
+from collections.abc import Callable
+from types import CodeType, FrameType
+from typing import Any, NamedTuple
+
+from torch import nn
+
+__all__ = ["ModelScope", "ProcessScope", "Scope"]
+
+# module -> (the scope recording it, its qualified name there, that model's class);
+# weak so tracing never keeps a model alive.
+_claimed_lock = threading.Lock()
+_claimed: weakref.WeakKeyDictionary[nn.Module, tuple[Any, str, str]] = weakref.WeakKeyDictionary()
+
+_WRAPPED_CALL_CODE = nn.Module._wrapped_call_impl.__code__
+
+
+class Scope:
+    """The interface the recorder uses."""
+
+    kind: str  # "model" or "process", recorded as info["scope"]
+
+    def check(self) -> None:
+        """Before anything is touched: raise if the scope cannot record now."""
+
+    def attach(self, call: Any, session: Any) -> None:
+        """Register the modules with ``call`` (a _C.ModuleCall) into ``session``."""
+        raise NotImplementedError
+
+    def detach(self, call: Any, session: Any) -> None:
+        """Undo :meth:`attach` (idempotent)."""
+        raise NotImplementedError
+
+    def modules_table(self) -> list[tuple[str, str]]:
+        """(qualified name, class name) per slot."""
+        raise NotImplementedError
+
+    def info(self) -> dict[str, Any]:
+        return {}
+
+    def flops_root(self) -> nn.Module | None:
+        """The module whose calls FLOP counting starts from (None: not known yet)."""
+        return None
+
+
+class ModelScope(Scope):
+    kind = "model"
+
+    def __init__(self, model: nn.Module) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"hooktrace.trace expects a torch.nn.Module, got {type(model).__name__}")
+        self._model_ref = weakref.ref(model)
+        self._root = type(model).__name__
+        self._members: list[tuple[int, weakref.ref[nn.Module]]] = []
+        self._table: list[tuple[str, str]] = []
+        self._refs: list[weakref.ref[nn.Module]] = []
+
+    def model(self) -> nn.Module:
+        model = self._model_ref()
+        if model is None:
+            raise RuntimeError("the traced model no longer exists")
+        return model
+
+    def check(self) -> None:
+        model = self.model()
+        named = _named_modules(model)
+        with _claimed_lock:
+            for row in named:
+                for m in row.members:
+                    if m in _claimed:
+                        _, owner_name, owner_type = _claimed[m]
+                        where = f"module {owner_name!r} of " if owner_name else ""
+                        what = f"its submodule {row.name!r}" if row.name else type(model).__name__
+                        raise RuntimeError(
+                            f"hooktrace: {type(model).__name__} is already being traced: {what} "
+                            f"is {where}the {owner_type} instrumented by another active "
+                            "hooktrace.trace(); exit that trace first")
+            for row in named:
+                for m in row.members:
+                    _claimed[m] = (self, row.name, type(model).__name__)
+        self._table = [(row.name, row.cls) for row in named]
+        members = [(slot, m) for slot, row in enumerate(named) for m in row.members]
+        # A module torch.compile() wrapped before now (outside the model) runs through
+        # its wrapper, which calls the module's code directly: record the wrapper's call.
+        wrappers = _compiled_wrappers({m for _, m in members})
+        members += [(slot, w) for slot, m in members for w in wrappers.get(m, ())]
+        self._members = [(slot, weakref.ref(m)) for slot, m in members]
+
+    def emit_names(self) -> list[str]:
+        # Qualified under the root's class: a bare "0" (a Sequential's child) says
+        # nothing in the profiler's trace, "Sequential.0" does.
+        return [f"{self._root}.{name}" if name else self._root for name, _ in self._table]
+
+    def attach(self, call: Any, session: Any) -> None:
+        for slot, ref in self._members:
+            m = ref()
+            if m is None:
+                continue
+            # A module that dies while traced: its address may be reused by a new object.
+            self._refs.append(weakref.ref(m, functools.partial(_forget, call, id(m))))
+            call.register_model(m, session, slot)
+
+    def detach(self, call: Any, session: Any) -> None:
+        call.release(session)
+        self._refs.clear()  # dropped without their callbacks running
+        with _claimed_lock:
+            for key, (owner, _, _) in list(_claimed.items()):
+                if owner is self:
+                    del _claimed[key]
+
+    def modules_table(self) -> list[tuple[str, str]]:
+        return list(self._table)
+
+    def flops_root(self) -> nn.Module | None:
+        return self._model_ref()
+
+
+class ProcessScope(Scope):
+    kind = "process"
+
+    def __init__(self) -> None:
+        # The module table, grown by _resolve: per slot (top-level index, name under
+        # it, class name); the top-level modules' class-based names and weak refs.
+        self._slots: list[tuple[int, str, str]] = []
+        self._slot_of: dict[tuple[int, str, str], int] = {}
+        self._roots: list[str] = []
+        self._root_refs: list[weakref.ref[nn.Module]] = []
+        self._refs: dict[int, weakref.ref[nn.Module]] = {}
+        self._lock = threading.Lock()
+        self._call: Any = None
+        self._session: Any = None
+        self._call_code: CodeType = _WRAPPED_CALL_CODE
+        self._recording = False
+        # Called with each new slot's emitted name (emit_profiler), and with each new
+        # top-level module (FLOP counting starts from the first).
+        self.on_new_slot: Callable[[int, str], None] | None = None
+        self.on_new_root: Callable[[nn.Module], None] | None = None
+
+    def attach(self, call: Any, session: Any) -> None:
+        self._call, self._session = call, session
+        # the frames that mark an open module call, for _resolve
+        self._call_code = getattr(call.__wrapped__, "__code__", _WRAPPED_CALL_CODE)
+        self._recording = True
+        call.set_global(session, self._resolve)
+
+    def detach(self, call: Any, session: Any) -> None:
+        self._recording = False
+        if self._call is not None:
+            call.clear_global()
+        self._refs.clear()
+        self._call = None
+
+    def info(self) -> dict[str, Any]:
+        return {"top_level_modules": list(self._roots)}
+
+    def flops_root(self) -> nn.Module | None:
+        return self._root_refs[0]() if self._root_refs else None
+
+    # -- the rare path: a module's first call -------------------------------------
+
+    def _resolve(self, module: Any) -> int:
+        """Called by _C.ModuleCall for an instance it has no slot for; returns its slot.
+
+        Registers the module (and its unregistered submodules) so that its next
+        calls never come here.
+        """
+        if not isinstance(module, nn.Module) or not self._recording:
+            return -1
+        call = self._call
+        open_modules = _open_modules(sys._getframe(1), self._call_code)
+        with self._lock:
+            slot = call.lookup(module)  # another thread may have registered it
+            if slot >= 0:
+                return int(slot)
+            # Usually the innermost open call is the module's parent: look at the direct
+            # children of the open modules, innermost first (a full search of a large
+            # model on every call of a module made in forward would not be rare).
+            for parent in reversed(open_modules):
+                pslot = call.lookup(parent)
+                if pslot < 0:
+                    continue
+                root, prefix, _ = self._slots[pslot]
+                for name, child in parent._modules.items():
+                    if child is module:
+                        return self._register_tree(module, root, _join(prefix, name))
+            if open_modules:
+                pslot = call.lookup(open_modules[-1])
+                if pslot >= 0:
+                    root, prefix, _ = self._slots[pslot]
+                    return self._register_tree(
+                        module, root, _join(prefix, f"({type(module).__name__})"))
+            return self._register_tree(module, self._new_root(module), "")
+
+    def _new_root(self, module: nn.Module) -> int:
+        """The top-level index for a new top-level module: its class name, or the first
+        ``Class#k`` whose previous module is gone (so rebuilding a model reuses its rows)."""
+        optimized = _optimized_module_type()
+        named = module._orig_mod if optimized and isinstance(module, optimized) else module
+        base = type(named).__name__
+        k = 1
+        while True:
+            name = base if k == 1 else f"{base}#{k}"
+            try:
+                index = self._roots.index(name)
+            except ValueError:
+                self._roots.append(name)
+                self._root_refs.append(weakref.ref(module))
+                if self.on_new_root is not None:
+                    self.on_new_root(module)
+                return len(self._roots) - 1
+            if self._root_refs[index]() is None:
+                self._root_refs[index] = weakref.ref(module)
+                return index
+            k += 1
+
+    def _register_tree(self, module: nn.Module, root: int, prefix: str) -> int:
+        """Slots for ``module`` and its submodules not registered yet; returns the module's
+        (-1 for a torch.compile() wrapper whose module's call is the span)."""
+        call = self._call
+        mine = -1
+        for row in _named_modules(module):
+            for m in row.skipped:
+                call.skip(m)
+            if row.members[0] is not module and call.lookup(row.members[0]) >= 0:
+                continue  # already known (shared, or registered under another name)
+            key = (root, _join(prefix, row.name), row.cls)
+            slot = self._slot_of.get(key)
+            if slot is None:
+                slot = self._slot_of[key] = len(self._slots)
+                self._slots.append(key)
+                if self.on_new_slot is not None:
+                    self.on_new_slot(slot, _join(self._roots[root], key[1]))
+            for m in row.members:
+                try:
+                    ref = weakref.ref(m, functools.partial(_forget, call, id(m)))
+                except TypeError:  # no weak references: cannot know when it dies, so no cache
+                    if m is module:
+                        return slot
+                    continue
+                self._refs[id(m)] = ref
+                call.register(m, slot)
+                if m is module:
+                    mine = slot
+        return mine
+
+    def modules_table(self) -> list[tuple[str, str]]:
+        """(qualified name, class name) per slot, named as the module docstring says."""
+        several = len(self._roots) > 1
+        return [((_join(self._roots[root], rel) if several else rel), typ)
+                for root, rel, typ in self._slots]
+
+
+def _optimized_module_type() -> type | None:
+    # No import: importing torch._dynamo takes ~1.5 s; an OptimizedModule exists only
+    # once it was imported.
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    return getattr(eval_frame, "OptimizedModule", None)
+
+
+def _calls_through(wrapper: nn.Module, call_type: type) -> bool:
+    """Whether a torch.compile() wrapper calls its module through ``nn.Module.__call__``
+    as it was when it was made being ``call_type`` (it was made while recording)."""
+    forward = wrapper.__dict__.get("_forward", wrapper.__dict__.get("forward"))
+    inner = getattr(forward, "_torchdynamo_orig_callable", None)
+    return isinstance(getattr(inner, "__func__", None), call_type)
+
+
+class Named(NamedTuple):
+    """One row of the module table and the objects whose calls it records."""
+
+    name: str
+    cls: str
+    members: list[nn.Module]  # the module; with a torch.compile() wrapper, that too
+    skipped: list[nn.Module]  # a wrapper made while recording: its module's call is the span
+
+
+def _named_modules(model: nn.Module) -> list[Named]:
+    """``named_modules()`` with torch.compile()'s wrappers transparent: an
+    ``OptimizedModule`` and the module it wraps are one row, named and classed as the
+    module, and the ``_orig_mod`` component is dropped from every name below it.
+
+    Which of the two records the span: a wrapper made before recording calls its
+    module's code directly (it holds the original ``nn.Module.__call__``), so its own
+    call is recorded; one made while recording calls the module through the recorder,
+    so the module's call is, and the wrapper's is skipped (else one call would be two
+    nested spans)."""
+    from hooktrace import _C
+
+    optimized = _optimized_module_type()
+    out: list[Named] = []
+    seen: set[int] = set()
+
+    def walk(m: nn.Module, name: str) -> None:
+        if id(m) in seen:
+            return
+        seen.add(id(m))
+        if optimized is not None and isinstance(m, optimized):
+            inner = m._orig_mod
+            seen.add(id(inner))
+            if _calls_through(m, _C.ModuleCall):
+                out.append(Named(name, type(inner).__name__, [inner], [m]))
+            else:
+                out.append(Named(name, type(inner).__name__, [m, inner], []))
+            m = inner
+        else:
+            out.append(Named(name, type(m).__name__, [m], []))
+        for child_name, child in m._modules.items():
+            if child is not None:
+                walk(child, f"{name}.{child_name}" if name else child_name)
+
+    walk(model, "")
+    return out
+
+
+def _compiled_wrappers(modules: set[nn.Module]) -> dict[nn.Module, list[nn.Module]]:
+    """The torch.compile() wrappers (made before now, outside any recording) of these
+    modules. A heap walk (~0.1 s per 400k objects), only once Dynamo is imported."""
+    optimized = _optimized_module_type()
+    if optimized is None:
+        return {}
+    from hooktrace import _C
+
+    found: dict[nn.Module, list[nn.Module]] = {}
+    for obj in gc.get_objects():
+        if issubclass(type(obj), optimized) and not _calls_through(obj, _C.ModuleCall):
+            inner = obj.__dict__.get("_modules", {}).get("_orig_mod")
+            if inner in modules:
+                found.setdefault(inner, []).append(obj)
+    return found
+
+
+def _forget(call: Any, address: int, _ref: Any) -> None:
+    """A weak reference's callback: the module at ``address`` died. Runs before its
+    memory is freed, so no new module at the same address can be looked up in between."""
+    call.forget(address)
+
+
+def _open_modules(frame: FrameType | None, call_code: CodeType) -> list[nn.Module]:
+    """The modules whose calls are open on this thread, outermost first: the ``self`` of
+    each running ``nn.Module.__call__`` (``_wrapped_call_impl``) frame."""
+    found: list[nn.Module] = []
+    while frame is not None:
+        if frame.f_code is call_code:
+            m = frame.f_locals.get("self")
+            if isinstance(m, nn.Module):
+                found.append(m)
+        frame = frame.f_back
+    found.reverse()
+    return found
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix and name else prefix or name
