@@ -22,6 +22,7 @@ namespace {
 std::array<std::atomic<Session*>, kMaxBackwardSessions> g_slots{};
 // Callbacks currently reading g_slots; removal waits for it to reach zero.
 std::atomic<uint32_t> g_inflight{0};
+std::atomic<bool> g_compiling{false};
 
 std::mutex g_mutex;  // guards everything below
 std::vector<std::shared_ptr<Session>> g_owned;
@@ -75,6 +76,7 @@ struct InflightGuard {
 };
 
 std::unique_ptr<at::ObserverContext> on_node_start(const at::RecordFunction& fn) {
+  if (g_compiling.load(std::memory_order_relaxed)) [[unlikely]] return nullptr;
   InflightGuard guard;
   const uint32_t name = intern(fn.name());
   const uint64_t seq = static_cast<uint64_t>(fn.seqNr());
@@ -85,6 +87,7 @@ std::unique_ptr<at::ObserverContext> on_node_start(const at::RecordFunction& fn)
 }
 
 void on_node_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  if (g_compiling.load(std::memory_order_relaxed)) [[unlikely]] return;
   InflightGuard guard;
   const uint32_t task = static_cast<uint32_t>(torch::autograd::get_current_graph_task_id());
   const uint64_t seq = static_cast<uint64_t>(fn.seqNr());
@@ -94,6 +97,8 @@ void on_node_end(const at::RecordFunction& fn, at::ObserverContext*) {
 }
 
 }  // namespace
+
+void set_compiling(bool compiling) { g_compiling.store(compiling, std::memory_order_relaxed); }
 
 void add_backward_session(const std::shared_ptr<Session>& s) {
   std::lock_guard<std::mutex> lock(g_mutex);

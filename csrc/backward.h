@@ -34,6 +34,15 @@ void add_backward_session(const std::shared_ptr<Session>& s);
 // the session is kept alive forever rather than risk a use after free).
 void remove_backward_session(const Session* s);
 
+// While torch.compile compiles, AOTAutograd traces the backward graph through
+// the autograd engine on fake tensors: those nodes are not the program's
+// backward, so they are not recorded (issue #16: they made a second "backward"
+// span inside the forward of each newly compiled module). Set by the Dynamo
+// compile-start/-end callbacks (hooktrace/record/dispatch.py). Process-wide, as
+// the swap of nn.Module.__call__ is: another thread's real backward during a
+// compile is not recorded.
+void set_compiling(bool compiling);
+
 // Process-wide table of autograd node names seen so far; ids never change.
 std::vector<std::string> node_names();
 // The names from index `first` on (the table only grows): what a stream

@@ -124,6 +124,47 @@ std::vector<int64_t> innermost_calls(const SpanTable& s) {
   return call;
 }
 
+// Each outermost node's extent, hooks included (issue #16: a module's backward
+// hooks are inside its backward span). The autograd engine runs a node's
+// pre-hooks (tensor hooks; FSDP2's pre-backward unshard and its wait) on the
+// node's thread just before the node's RecordFunction opens, and its
+// post-hooks just after it closes: neither is inside any node. So the gap
+// between two outermost nodes of one pass on one thread goes to the later
+// node (its pre-hooks), except after a node named in `post_hook_names`
+// (BackwardHookFunctionBackward, where register_full_backward_hook's hooks run
+// as post-hooks), where it goes to that node. Extent only: self time stays the
+// nodes' own, since a gap also holds the engine's work, which cannot be told
+// apart from the hooks.
+struct Extents {
+  std::vector<int64_t> from, to;
+};
+
+Extents hook_extents(const NodeTable& nd, const std::vector<uint32_t>& post_hook_names) {
+  const size_t n = nd.start_ns.size();
+  Extents e{std::vector<int64_t>(nd.start_ns.begin(), nd.start_ns.end()),
+            std::vector<int64_t>(nd.end_ns.begin(), nd.end_ns.end())};
+  std::vector<size_t> outer;
+  for (size_t i = 0; i < n; ++i)
+    if (nd.parent[i] < 0) outer.push_back(i);
+  std::sort(outer.begin(), outer.end(), [&](size_t a, size_t b) {
+    return std::make_tuple(nd.tid[a], nd.pass[a], nd.start_ns[a], a) <
+           std::make_tuple(nd.tid[b], nd.pass[b], nd.start_ns[b], b);
+  });
+  for (size_t j = 1; j < outer.size(); ++j) {
+    const size_t prev = outer[j - 1], i = outer[j];
+    if (nd.tid[prev] != nd.tid[i] || nd.pass[prev] != nd.pass[i] ||
+        nd.end_ns[prev] > nd.start_ns[i])
+      continue;
+    const bool post = std::find(post_hook_names.begin(), post_hook_names.end(),
+                                nd.name[prev]) != post_hook_names.end();
+    if (post)
+      e.to[prev] = nd.start_ns[i];
+    else
+      e.from[i] = nd.end_ns[prev];
+  }
+  return e;
+}
+
 struct Bwd {
   int64_t call_span;  // the forward span it belongs to
   uint32_t pass;
@@ -135,7 +176,7 @@ struct Bwd {
 
 }  // namespace
 
-void add_backward_spans(SpanTable& s) {
+void add_backward_spans(SpanTable& s, const std::vector<uint32_t>& post_hook_names) {
   link_recomputes(s);
   NodeTable& nd = s.nodes;
   const size_t n_nodes = nd.start_ns.size();
@@ -169,13 +210,14 @@ void add_backward_spans(SpanTable& s) {
     b.end = std::max(b.end, end);
   };
 
+  const Extents ext = hook_extents(nd, post_hook_names);
   // Each node counts for its own call first ...
   for (size_t i = 0; i < n_nodes; ++i) {
     const int64_t call = innermost[i];
     const int64_t owner = call < 0 ? -1 : s.owner[call];
     if (owner < 0) continue;
     const size_t k = get(owner, nd.pass[i]);
-    cover(bwd[k], nd.start_ns[i], nd.end_ns[i], i, nd.tid[i]);
+    cover(bwd[k], ext.from[i], ext.to[i], i, nd.tid[i]);
     bwd[k].self += nd.self_ns[i];
     nd.span[i] = static_cast<int64_t>(k);  // remapped below
   }

@@ -29,6 +29,8 @@ namespace hooktrace {
 
 // Appends the backward spans to `s` (sorted by tid, start, depth) and fills
 // s.owner, the recompute spans' call, s.nodes.pass and s.nodes.span.
-void add_backward_spans(SpanTable& s);
+// `post_hook_names`: node name ids whose post-hooks belong to the node's module
+// (BackwardHookFunctionBackward: register_full_backward_hook runs there).
+void add_backward_spans(SpanTable& s, const std::vector<uint32_t>& post_hook_names = {});
 
 }  // namespace hooktrace

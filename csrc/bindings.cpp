@@ -55,7 +55,8 @@ PYBIND11_MODULE(_C, m) {
   m.attr("EVENT_SIZE") = sizeof(hooktrace::Event);
 
   // --- reader side (spans.h, lanes.h, chrome_writer.h, perfetto_writer.h) ---
-  m.def("build_spans", &hooktrace::build_spans, "Pair ENTER/EXIT events into spans.");
+  m.def("build_spans", &hooktrace::build_spans, "Pair ENTER/EXIT events into spans.",
+        py::arg("events"), py::arg("t_ns"), py::arg("post_hook_names") = std::vector<uint32_t>{});
   m.def("assign_lanes", &hooktrace::assign_lanes, "Lanes in which intervals nest strictly.",
         py::arg("start_ns"), py::arg("end_ns"), py::arg("group"), py::arg("prefer") = py::none());
   m.def("write_chrome_events", &hooktrace::write_chrome_events, "Stream spans as Chrome X events.");
@@ -129,6 +130,7 @@ PYBIND11_MODULE(_C, m) {
       });
   m.def("add_backward_session", &hooktrace::add_backward_session, py::arg("session"));
   m.def("remove_backward_session", &hooktrace::remove_backward_session, py::arg("session"));
+  m.def("set_compiling", &hooktrace::set_compiling, py::arg("compiling"));
   m.def("node_names", &hooktrace::node_names);
   m.def("now_ticks", &hooktrace::now_ticks);
   m.def("cpu_memory_installed", &hooktrace::cpu_memory_installed,

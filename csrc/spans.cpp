@@ -152,7 +152,8 @@ py::array_t<T> to_numpy(std::vector<T>&& v) {
 
 }  // namespace
 
-SpanTable build_span_table(const Event* events, const int64_t* t_ns, size_t n) {
+SpanTable build_span_table(const Event* events, const int64_t* t_ns, size_t n,
+                           const std::vector<uint32_t>& post_hook_names) {
   SpanTable s;
   std::vector<size_t> bounds;
   const std::vector<size_t> order = group_by_tid(events, n, s.threads, bounds);
@@ -280,11 +281,12 @@ SpanTable build_span_table(const Event* events, const int64_t* t_ns, size_t n) {
     while (!node_stack.empty()) close_node(last_t, UINT32_MAX, true);
   }
   assign_call_index(s);
-  add_backward_spans(s);
+  add_backward_spans(s, post_hook_names);
   return s;
 }
 
-py::dict build_spans(py::array events, py::array_t<int64_t> t_ns) {
+py::dict build_spans(py::array events, py::array_t<int64_t> t_ns,
+                     std::vector<uint32_t> post_hook_names) {
   if (events.ndim() != 1 || events.itemsize() != sizeof(Event) ||
       !(events.flags() & py::array::c_style)) {
     throw std::invalid_argument("build_spans: events must be a contiguous 1-D array of " +
@@ -301,7 +303,7 @@ py::dict build_spans(py::array events, py::array_t<int64_t> t_ns) {
   SpanTable s;
   {
     py::gil_scoped_release nogil;
-    s = build_span_table(ev, t, n);
+    s = build_span_table(ev, t, n, post_hook_names);
   }
   py::dict out;
   out["start_ns"] = to_numpy(std::move(s.start_ns));

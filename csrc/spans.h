@@ -75,10 +75,14 @@ struct SpanTable {
 };
 
 // `t_ns[i]` is events[i].t already converted to Unix ns (hooktrace.Clock).
-SpanTable build_span_table(const Event* events, const int64_t* t_ns, size_t n);
+// `post_hook_names`: node name ids whose post-hooks are their module's (see
+// hook_extents in backward_spans.cpp).
+SpanTable build_span_table(const Event* events, const int64_t* t_ns, size_t n,
+                           const std::vector<uint32_t>& post_hook_names = {});
 
 // Python entry: events is a contiguous EVENT_DTYPE array (any 32-byte records),
 // t_ns a matching int64 array. Returns a dict of numpy arrays and counts.
-pybind11::dict build_spans(pybind11::array events, pybind11::array_t<int64_t> t_ns);
+pybind11::dict build_spans(pybind11::array events, pybind11::array_t<int64_t> t_ns,
+                           std::vector<uint32_t> post_hook_names);
 
 }  // namespace hooktrace

@@ -93,6 +93,7 @@ from hooktrace._diff_inputs import (
     parse_spec,
 )
 from hooktrace.rankset import map_ranks
+from hooktrace._events import SPAN_DEFINITION, SPAN_DEFINITIONS, span_definition
 from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, TraceData, as_data, load
 
 __all__ = ["PHASES", "Diff", "DiffInputError", "compare", "compare_paths", "compare_ranks"]
@@ -125,6 +126,7 @@ class _RunStats:
     steps: int  # complete steps (0: the whole run counts as one)
     step_p50_ns: float | None
     total_ns: float  # time per step of the root calls, forward + backward: the run's scale
+    span_definition: int = SPAN_DEFINITION  # what a span covers (hooktrace._events)
 
 
 @dataclass
@@ -147,6 +149,7 @@ class _Part:
     n_steps: int
     step_ns: np.ndarray  # the complete steps' durations
     root_ns: float  # the root calls' time in the columns, summed
+    span_definition: int = SPAN_DEFINITION
 
 
 def _part(trace: TraceData, keep_calls: bool = False) -> _Part:
@@ -165,7 +168,8 @@ def _part(trace: TraceData, keep_calls: bool = False) -> _Part:
     width = max(n_steps, 1)
     dur = spans.duration_ns
     part = _Part({}, {}, {} if keep_calls else None, {}, {}, {}, n_steps,
-                 steps.duration_ns[complete].astype(np.int64), 0.0)
+                 steps.duration_ns[complete].astype(np.int64), 0.0,
+                 span_definition(trace.info))
     for phase, cat in PHASES.items():
         sel = np.flatnonzero(spans.cat == cat)
         if not len(sel):
@@ -208,6 +212,12 @@ def _pool(parts: Sequence[_Part]) -> _RunStats:
     """One run's numbers from its parts (a file, or the windows of one process): p50
     per call over all their calls, medians over all their complete steps (their sums
     when no part has complete steps: then the run has no steps)."""
+    definitions = sorted({p.span_definition for p in parts})
+    if len(definitions) > 1:
+        raise DiffInputError(
+            "hooktrace diff: one run's files were recorded under different span definitions "
+            f"({', '.join(_definition(d) for d in definitions)}); re-record them with one "
+            "hooktrace version")
     if len(parts) == 1:
         p = parts[0]
         width = max(p.n_steps, 1)
@@ -218,7 +228,8 @@ def _pool(parts: Sequence[_Part]) -> _RunStats:
                for key in p.types}
         step_p50 = float(np.percentile(p.step_ns, 50)) if p.n_steps else None
         root_total = p.root_ns / width
-        return _RunStats(out, p.n_steps, step_p50, step_p50 if step_p50 else root_total)
+        return _RunStats(out, p.n_steps, step_p50, step_p50 if step_p50 else root_total,
+                         p.span_definition)
     stepped = [p for p in parts if p.n_steps]
     n_steps = sum(p.n_steps for p in stepped)
     keys: dict[Key, str] = {}
@@ -241,7 +252,8 @@ def _pool(parts: Sequence[_Part]) -> _RunStats:
                 if n_steps else None)
     root_total = (sum(p.root_ns for p in stepped) / n_steps if n_steps
                   else sum(p.root_ns for p in parts))
-    return _RunStats(out, n_steps, step_p50, step_p50 if step_p50 else root_total)
+    return _RunStats(out, n_steps, step_p50, step_p50 if step_p50 else root_total,
+                     definitions[0])
 
 
 def _pooled_column(parts: Sequence[_Part], stepped: Sequence[_Part], field: str, key: Key
@@ -465,7 +477,22 @@ def compare(a: TraceData | Sequence[TraceData], b: TraceData | Sequence[TraceDat
     return _compare_stats(_stats(a), _stats(b), names)
 
 
+def _definition(d: int) -> str:
+    return f"{d}: {SPAN_DEFINITIONS.get(d, 'unknown')}"
+
+
+def _check_definitions(sa: _RunStats, sb: _RunStats, names: tuple[str, str]) -> None:
+    """Module times recorded under different span definitions differ by the hooks'
+    time (FSDP2's all-gathers: 80-120 ms per block): refuse rather than report it."""
+    if sa.span_definition != sb.span_definition:
+        raise DiffInputError(
+            f"hooktrace diff: {names[0]} and {names[1]} define a module span differently "
+            f"({_definition(sa.span_definition)} vs {_definition(sb.span_definition)}), so "
+            "their times are not comparable; re-record the older one with this hooktrace")
+
+
 def _compare_stats(sa: _RunStats, sb: _RunStats, names: tuple[str, str]) -> Diff:
+    _check_definitions(sa, sb, names)
     per_step = bool(sa.steps and sb.steps)
     rows: list[dict[str, Any]] = []
     for key in [k for k in sa.per_key if k in sb.per_key]:

@@ -176,14 +176,18 @@ def span_memory(trace: TraceData, device: str) -> SpanMemory:
             hit = _lookup(s.t_ns[where], wanted[calls])
             out[calls[hit >= 0]] = where[hit[hit >= 0]]
     # Backward spans: the sample after the first node's begin and the last node's end,
-    # whichever thread ran them.
+    # whichever thread ran them. A span reaching over its module's hooks starts at the
+    # previous node's end, or ends at the next node's begin (csrc/backward_spans.cpp):
+    # then the other kind's sample is the one at that time.
     bwd = np.flatnonzero(backward)
     if len(bwd):
-        for owner, wanted, out in ((NODE_BEGIN, spans.start_ns, pos_enter),
-                                   (NODE_END, spans.end_ns, pos_exit)):
-            where = np.flatnonzero(s.owner == owner)
-            hit = _lookup(s.t_ns[where], wanted[bwd])
-            out[bwd[hit >= 0]] = where[hit[hit >= 0]]
+        for owners, wanted, out in (((NODE_BEGIN, NODE_END), spans.start_ns, pos_enter),
+                                    ((NODE_END, NODE_BEGIN), spans.end_ns, pos_exit)):
+            for owner in owners:
+                todo = bwd[out[bwd] < 0]
+                where = np.flatnonzero(s.owner == owner)
+                hit = _lookup(s.t_ns[where], wanted[todo])
+                out[todo[hit >= 0]] = where[hit[hit >= 0]]
     known = (pos_enter >= 0) & (pos_exit > pos_enter)
     enter = np.where(known, s.bytes[np.maximum(pos_enter, 0)] if len(s) else 0, -1)
     exit_ = np.where(known, s.bytes[np.maximum(pos_exit, 0)] if len(s) else 0, -1)

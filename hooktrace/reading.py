@@ -82,6 +82,10 @@ _NODE_FIELDS: dict[str, np.dtype[Any]] = {
 }
 # Optional: zeros when not given (synthetic tables, or none recorded).
 _OPTIONAL_NODE_FIELDS: dict[str, np.dtype[Any]] = {"fwd_tid": np.dtype(np.uint32)}
+# Autograd nodes whose post-hooks are their module's backward hooks
+# (torch.utils.hooks.BackwardHook: register_full_backward_hook), csrc/backward_spans.cpp.
+_POST_HOOK_NODES = frozenset({"BackwardHookFunctionBackward"})
+
 # build_spans' dict key for each Nodes field
 _NODE_KEYS = {name: "node_pass" if name == "pass_id" else f"node_{name}"
               for name in (*_NODE_FIELDS, *_OPTIONAL_NODE_FIELDS)}
@@ -235,13 +239,17 @@ class Spans:
                              f"for {n} spans")
 
     @classmethod
-    def from_events(cls, events: np.ndarray, clock: Clock) -> Spans:
-        """Pair ENTER/EXIT events into spans (C++; rules in ``csrc/spans.h``)."""
+    def from_events(cls, events: np.ndarray, clock: Clock,
+                    node_names: Sequence[str] = ()) -> Spans:
+        """Pair ENTER/EXIT events into spans (C++; rules in ``csrc/spans.h``).
+        ``node_names`` (the trace's autograd node names) lets a module's
+        ``register_full_backward_hook`` hooks count in its backward span."""
         events = np.ascontiguousarray(events)
         if events.dtype != EVENT_DTYPE or events.ndim != 1:
             raise TypeError(f"events must be a 1-D array of EVENT_DTYPE, got {events.dtype}")
         t_ns = np.ascontiguousarray(clock.to_unix_ns(events["t"]), dtype=np.int64)
-        out = _C.build_spans(events, t_ns)
+        post_hooks = [i for i, name in enumerate(node_names) if name in _POST_HOOK_NODES]
+        out = _C.build_spans(events, t_ns, post_hooks)
         nodes = None
         if "node_start_ns" in out:
             nodes = Nodes({name: out[key] for name, key in _NODE_KEYS.items()})
@@ -416,7 +424,7 @@ class TraceData:
         """The run's spans (computed once, then cached)."""
         spans = getattr(self, "_spans", None)
         if spans is None:
-            spans = self._spans = Spans.from_events(self.events, self.clock)
+            spans = self._spans = Spans.from_events(self.events, self.clock, self.node_names)
         return spans
 
     def steps(self) -> Steps:

@@ -39,39 +39,38 @@ __all__ = ["acquire", "release", "installed"]
 _lock = threading.RLock()
 _call: Any = None  # the _C.ModuleCall, kept across recordings (compiled wrappers may hold it)
 _original: Any = None  # the nn.Module.__call__ it replaced
-_users = 0
+_holders: set[int] = set()  # id() of each recorder holding it
 _swapped = False  # a compile is running with the original put back
 
 
 def installed() -> Any:
     """The ModuleCall in place as ``nn.Module.__call__``, or None."""
-    return _call if _users else None
+    return _call if _holders else None
 
 
-def acquire() -> Any:
-    """Puts the ModuleCall in place (first user) and returns it."""
-    global _call, _original, _users
+def acquire(holder: object) -> Any:
+    """Puts the ModuleCall in place (first holder) and returns it."""
+    global _call, _original
     with _lock:
-        if _users == 0:
+        if not _holders:
             current = nn.Module.__dict__["__call__"]
             if _call is None or _call.__wrapped__ is not current:
                 _call = _C.ModuleCall(current)
             _original = current
             _watch_dynamo()
             nn.Module.__call__ = _call  # type: ignore[method-assign]
-        _users += 1
+        _holders.add(id(holder))
         return _call
 
 
-def release() -> None:
-    """The last user gone: the original ``nn.Module.__call__`` is back. Idempotent per
-    acquire only: call it exactly once for each acquire()."""
-    global _users
+def release(holder: object) -> None:
+    """``holder`` is done; the last one gone, the original ``nn.Module.__call__`` is
+    back. Idempotent: a teardown step cut short by a Ctrl-C is simply run again."""
     with _lock:
-        if _users == 0:
+        if id(holder) not in _holders:
             return
-        _users -= 1
-        if _users:
+        _holders.discard(id(holder))
+        if _holders:
             return
         current = nn.Module.__dict__.get("__call__")
         if current is _call or (_swapped and current is _original):
@@ -90,23 +89,25 @@ _dynamo_hooked = False
 
 def _on_compile_start(_args: Any) -> None:
     global _swapped
+    _C.set_compiling(True)  # AOTAutograd's fake backward is not the program's
     with _lock:
-        if _users and nn.Module.__dict__.get("__call__") is _call:
+        if _holders and nn.Module.__dict__.get("__call__") is _call:
             nn.Module.__call__ = _original  # type: ignore[method-assign]
             _swapped = True
 
 
 def _on_compile_end(_args: Any) -> None:
     global _swapped
+    _C.set_compiling(False)
     with _lock:
         if _swapped:
             _swapped = False
-            if _users and nn.Module.__dict__.get("__call__") is _original:
+            if _holders and nn.Module.__dict__.get("__call__") is _original:
                 nn.Module.__call__ = _call  # type: ignore[method-assign]
 
 
 def _hook_dynamo() -> None:
-    """Dynamo is imported: register the callbacks once, and make sure the
+    """Dynamo is imported: make sure our callbacks are registered, and that the
     ``__call__`` it takes for nn.Module's own is the original."""
     global _dynamo_hooked
     with _lock:
@@ -116,14 +117,30 @@ def _hook_dynamo() -> None:
             saved = getattr(mod, "unpatched_nn_module_call", None)
             if isinstance(saved, _C.ModuleCall):
                 mod.unpatched_nn_module_call = saved.__wrapped__  # type: ignore[union-attr]
-        if _dynamo_hooked:
-            return
         callback = sys.modules.get("torch._dynamo.callback")
         if callback is None:
             return
-        callback.callback_handler.register_start_callback(_on_compile_start)
-        callback.callback_handler.register_end_callback(_on_compile_end)
-        _dynamo_hooked = True
+        handler = callback.callback_handler
+        _register(handler)
+        if not _dynamo_hooked:
+            # torch._dynamo.reset() clears every callback (callback_handler.clear()):
+            # a reset between two compiles inside one recording must not let the second
+            # compile see our __call__ (7 graph breaks on a 3-block model).
+            original_clear = handler.clear
+
+            def clear() -> None:
+                original_clear()
+                _register(handler)
+
+            handler.clear = clear
+            _dynamo_hooked = True
+
+
+def _register(handler: Any) -> None:
+    if _on_compile_start not in handler.start_callbacks:
+        handler.register_start_callback(_on_compile_start)
+    if _on_compile_end not in handler.end_callbacks:
+        handler.register_end_callback(_on_compile_end)
 
 
 class _DynamoImportWatcher(importlib.abc.MetaPathFinder):
@@ -164,7 +181,7 @@ _watcher = _DynamoImportWatcher()
 
 
 def _watch_dynamo() -> None:
-    if "torch._dynamo.callback" in sys.modules:
+    if "torch._dynamo.callback" in sys.modules:  # also re-registers after a reset
         _hook_dynamo()
     elif _watcher not in sys.meta_path:
         sys.meta_path.insert(0, _watcher)

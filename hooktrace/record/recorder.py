@@ -235,12 +235,6 @@ class Recorder(StepMarks, FlightRecorder):
         # allocates nothing until the first event).
         session = _C.Session(self._capacity, self._policy)
         scope = self._scope
-        if self._emit_profiler:
-            if isinstance(scope, ModelScope):
-                session.set_emit_names(scope.emit_names())
-            else:
-                session.set_emit_names([])
-                scope.on_new_slot = lambda slot, name: session.add_emit_name(name)
         if self._memory:
             from hooktrace.memory import enable
 
@@ -256,10 +250,16 @@ class Recorder(StepMarks, FlightRecorder):
                             "(hooktrace run, HOOKTRACE=1 or global_trace()); exit it first")
                     _process_recorder = self
             try:
-                scope.check()
+                scope.check()  # a model scope's module table is known from here on
             except BaseException:
                 self._release_process_slot()
                 raise
+            if self._emit_profiler:
+                if isinstance(scope, ModelScope):
+                    session.set_emit_names(scope.emit_names())
+                else:
+                    session.set_emit_names([])
+                    scope.on_new_slot = lambda slot, name: session.add_emit_name(name)
             try:
                 self._start_unix_ns = time.time_ns()
                 if self._out is not None:
@@ -276,7 +276,7 @@ class Recorder(StepMarks, FlightRecorder):
                 if self._backward:
                     _C.add_backward_session(session)
                 self._start_steps()
-                self._call = dispatch.acquire()
+                self._call = dispatch.acquire(self)
                 scope.attach(self._call, session)
                 if self._flops:
                     self._start_flops()
@@ -377,9 +377,7 @@ class Recorder(StepMarks, FlightRecorder):
         return errors
 
     def _release_call(self) -> None:
-        if self._call is not None:
-            self._call = None
-            dispatch.release()
+        dispatch.release(self)  # idempotent
 
     def _finish(self) -> None:
         if self._state != "recording":
@@ -639,9 +637,10 @@ class Trace(Recorder):
 
     def __init__(self, model: nn.Module, *, mode: str = "auto", **options: Any) -> None:
         if mode != "auto":
-            raise ValueError(
-                f"mode={mode!r} is gone: every span is now the module's whole call (hooks "
-                "included), recorded one way in every mode; drop the mode argument")
+            error = ValueError if isinstance(mode, str) else TypeError
+            raise error(
+                f"hooktrace: mode={mode!r} is gone: there is one way to record a module call "
+                "now, its whole call (hooks included) in every mode; drop the mode argument")
         super().__init__(ModelScope(model), **options)
 
 

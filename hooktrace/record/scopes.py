@@ -27,6 +27,7 @@ import functools
 import gc
 import sys
 import threading
+import warnings
 import weakref
 from collections.abc import Callable
 from types import CodeType, FrameType
@@ -114,6 +115,14 @@ class ModelScope(Scope):
         wrappers = _compiled_wrappers({m for _, m in members})
         members += [(slot, w) for slot, m in members for w in wrappers.get(m, ())]
         self._members = [(slot, weakref.ref(m)) for slot, m in members]
+        compiled = [self._table[slot][0] or "<root>" for slot, m in members
+                    if _is_compiled(m) or m in wrappers]
+        if compiled:
+            names = ", ".join(repr(n) for n in dict.fromkeys(compiled))
+            warnings.warn(
+                f"hooktrace: compiled regions are recorded as one span each ({names}); "
+                "the modules inside a compiled region are not recorded", UserWarning,
+                stacklevel=4)
 
     def emit_names(self) -> list[str]:
         # Qualified under the root's class: a bare "0" (a Sequential's child) says
@@ -284,6 +293,13 @@ def _optimized_module_type() -> type | None:
     # once it was imported.
     eval_frame = sys.modules.get("torch._dynamo.eval_frame")
     return getattr(eval_frame, "OptimizedModule", None)
+
+
+def _is_compiled(m: nn.Module) -> bool:
+    """A torch.compile() wrapper, or a module whose ``.compile()`` was called."""
+    optimized = _optimized_module_type()
+    return (optimized is not None and isinstance(m, optimized)) or \
+        m.__dict__.get("_compiled_call_impl") is not None
 
 
 def _calls_through(wrapper: nn.Module, call_type: type) -> bool:

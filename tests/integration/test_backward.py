@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from typing import Any
 
@@ -297,3 +298,44 @@ def test_backward_trace_round_trips_through_the_file(tmp_path: Any) -> None:
         assert getattr(a, field).tolist() == getattr(b, field).tolist()
     assert a.nodes.span.tolist() == b.nodes.span.tolist()
     assert run.node_names == tr.node_names
+
+
+def test_module_backward_hooks_are_inside_its_backward_span() -> None:
+    # Issue #16: a module's backward span covers its backward hooks, as its forward
+    # span covers its forward hooks. The engine runs them outside every autograd node:
+    # register_full_backward_pre_hook's before the module's first node, and
+    # register_full_backward_hook's and tensor hooks as node hooks.
+    class Blk(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x).relu()
+
+    model = nn.Sequential(nn.Linear(8, 8), Blk(), nn.Linear(8, 1))
+    marks: list[tuple[str, int, int]] = []
+
+    def slow(tag: str) -> Any:
+        def hook(*_: Any) -> None:
+            t0 = time.time_ns()
+            time.sleep(0.003)
+            marks.append((tag, t0, time.time_ns()))
+        return hook
+
+    model[1].register_full_backward_pre_hook(slow("pre"))
+    model[1].register_full_backward_hook(slow("post"))
+    def on_output(m: nn.Module, args: Any, out: torch.Tensor) -> None:
+        out.register_hook(slow("tensor"))  # as FSDP2 registers its pre-backward
+
+    model[2].register_forward_hook(on_output)
+    with hooktrace.trace(model) as tr:
+        model(torch.randn(4, 8, requires_grad=True)).sum().backward()
+    s = tr.spans()
+    bwd = {tr.modules[int(s.module[i])][0]: (int(s.start_ns[i]), int(s.end_ns[i]))
+           for i in range(len(s)) if s.cat[i] == CAT_BACKWARD}
+    assert set(bwd) == {"", "0", "1", "1.lin", "2"}
+    owner = {"pre": "1", "post": "1", "tensor": "2"}
+    for tag, t0, t1 in marks:
+        inside = [name for name, (a, b) in bwd.items() if a <= t0 and t1 <= b]
+        assert sorted(inside) == sorted(["", owner[tag]]), (tag, inside)

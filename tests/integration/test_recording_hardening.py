@@ -18,20 +18,18 @@ import torch
 from torch import nn
 
 import hooktrace
-from hooktrace import recording
+from hooktrace.record import dispatch, scopes
 from hooktrace._events import ENTER, EXIT
 from hooktrace.reading import SPAN_ERROR
 from models import ConvNet
 from test_forward import reference_calls, state_snapshot, traced_calls
 
-# One way to record a call since issue #16 ("wrap" and "hooks" are refused).
-MODES = ["auto"]
-
-
 def assert_untraced(model: nn.Module, before: dict[str, Any]) -> None:
     """The model is exactly as before tracing, and free to be traced again."""
     assert state_snapshot(model) == before
-    assert not any(m in recording._traced for m in model.modules())
+    assert type(nn.Module.__dict__["__call__"]).__name__ != "ModuleCall"
+    assert dispatch.installed() is None
+    assert not any(m in scopes._claimed for m in model.modules())
     x = torch.randn(1, 3, 8, 8)
     expected = reference_calls(model, lambda: model(x))
     with hooktrace.trace(model) as tr:
@@ -53,8 +51,9 @@ def assert_untraced(model: nn.Module, before: dict[str, Any]) -> None:
         ({"capacity": 1e6}, TypeError, "float"),
         ({"capacity": True}, TypeError, "bool"),
         ({"capacity": "4096"}, TypeError, "str"),
-        ({"mode": "wrapped"}, ValueError, "mode must be one of 'auto', 'wrap', 'hooks'; got 'wrapped'"),
-        ({"mode": None}, TypeError, "mode must be one of"),
+        ({"mode": "wrapped"}, ValueError, "mode='wrapped' is gone"),
+        ({"mode": "hooks"}, ValueError, "one way to record a module call"),
+        ({"mode": None}, TypeError, "mode"),
         ({"policy": "newest"}, ValueError, "policy must be one of 'drop', 'ring'; got 'newest'"),
         ({"policy": 1}, TypeError, "policy"),
         ({"backward": 1}, TypeError, "backward must be True or False, got int 1"),
@@ -124,59 +123,98 @@ def test_ring_always_keeps_at_least_capacity_newest_events(capacity: int) -> Non
 # -- interrupts: deterministic ---------------------------------------------------
 
 
-def _interrupt_at(monkeypatch: pytest.MonkeyPatch, method: str, k: int, *, after: bool,
-                  exc: type[BaseException] = KeyboardInterrupt) -> list[int]:
-    """Make the k-th call of Trace.<method> raise, before or after doing its work."""
-    original = getattr(hooktrace.Trace, method)
-    calls = [0]
+class _Interrupting:
+    """The recorder's ModuleCall, whose k-th ``method`` call raises before or after
+    doing its work (a Ctrl-C or an error in the middle of registering a model)."""
 
-    def patched(self: Any, *args: Any) -> Any:
-        calls[0] += 1
-        if calls[0] == k and not after:
-            raise exc
-        result = original(self, *args)
-        if calls[0] == k:
-            raise exc
-        return result
+    def __init__(self, call: Any, method: str, k: int, after: bool,
+                 exc: type[BaseException]) -> None:
+        self._call, self._method, self._k, self._after, self._exc = call, method, k, after, exc
+        self.calls = 0
 
-    monkeypatch.setattr(hooktrace.Trace, method, patched)
-    return calls
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self._call, name)
+        if name != self._method:
+            return target
+
+        def interrupting(*args: Any) -> Any:
+            self.calls += 1
+            if self.calls == self._k and not self._after:
+                raise self._exc
+            result = target(*args)
+            if self.calls == self._k:
+                raise self._exc
+            return result
+
+        return interrupting
 
 
-@pytest.mark.parametrize("mode", MODES)
+def _interrupt_call(monkeypatch: pytest.MonkeyPatch, method: str, k: int, *, after: bool,
+                    exc: type[BaseException] = KeyboardInterrupt) -> list[_Interrupting]:
+    made: list[_Interrupting] = []
+    acquire = dispatch.acquire
+
+    def acquire_interrupting(holder: object) -> Any:
+        made.append(_Interrupting(acquire(holder), method, k, after, exc))
+        return made[-1]
+
+    monkeypatch.setattr(dispatch, "acquire", acquire_interrupting)
+    return made
+
+
 @pytest.mark.parametrize("k", [1, 2, 7, 12])
 @pytest.mark.parametrize("after", [False, True])
 @pytest.mark.parametrize("exc", [KeyboardInterrupt, RuntimeError])
 def test_interrupted_install_leaves_model_as_before(
-    monkeypatch: pytest.MonkeyPatch, mode: str, k: int, after: bool, exc: type[BaseException]
+    monkeypatch: pytest.MonkeyPatch, k: int, after: bool, exc: type[BaseException]
 ) -> None:
-    model = ConvNet()  # 12 modules
+    model = ConvNet()  # 12 modules, registered one by one
     before = state_snapshot(model)
-    calls = _interrupt_at(monkeypatch, "_install", k, after=after, exc=exc)
+    made = _interrupt_call(monkeypatch, "register_model", k, after=after, exc=exc)
     with pytest.raises(exc):
-        with hooktrace.trace(model, mode=mode):
+        with hooktrace.trace(model):
             pytest.fail("the block must not run")
-    assert calls[0] == k
+    assert made[0].calls == k
     monkeypatch.undo()
     assert_untraced(model, before)
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("k", [1, 2, 7, 12])
+@pytest.mark.parametrize("step", ["Recorder._stop_flight_recorder", "ModelScope.detach",
+                                  "dispatch.release", "Recorder._release_call"])
 @pytest.mark.parametrize("after", [False, True])
 def test_interrupted_uninstall_still_removes_everything(
-    monkeypatch: pytest.MonkeyPatch, mode: str, k: int, after: bool
+    monkeypatch: pytest.MonkeyPatch, step: str, after: bool
 ) -> None:
+    # A Ctrl-C that cannot be deferred (not the main thread's handler) cuts a teardown
+    # step short: the step is redone, the others still run, and the interrupt is raised.
+    from hooktrace.record import recorder
+
+    owner_name, method = step.split(".")
+    owner = {"Recorder": recorder.Recorder, "ModelScope": scopes.ModelScope,
+             "dispatch": dispatch}[owner_name]
+    original = getattr(owner, method)
+    calls = [0]
+
+    def interrupted(*args: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 1 and not after:
+            raise KeyboardInterrupt
+        result = original(*args)
+        if calls[0] == 1:
+            raise KeyboardInterrupt
+        return result
+
+    monkeypatch.setattr(owner, method, interrupted)
     model = ConvNet()
     before = state_snapshot(model)
     x = torch.randn(1, 3, 8, 8)
-    _interrupt_at(monkeypatch, "_uninstall", k, after=after)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # redoing an interrupted step warns of nothing
         with pytest.raises(KeyboardInterrupt):
-            with hooktrace.trace(model, mode=mode) as tr:
+            with hooktrace.trace(model) as tr:
                 model(x)
     monkeypatch.undo()
+    assert calls[0] >= 1
     # the recording is complete and readable, and the model is clean
     assert [n for n, _, _ in traced_calls(tr)] == [n for n, _, _ in reference_calls(model, lambda: model(x))]
     assert_untraced(model, before)
@@ -209,14 +247,13 @@ def default_sigint() -> Iterator[None]:
     signal.setitimer(signal.ITIMER_REAL, 0)
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_random_sigints_never_leave_the_model_instrumented(mode: str, default_sigint: None) -> None:
+def test_random_sigints_never_leave_the_model_instrumented(default_sigint: None) -> None:
     # GIVEN a 3,001-module model and a Ctrl-C sent at a random moment of each trace
     # (an alarm's handler sends it, so it lands on the main thread like a real one)
     model = nn.Sequential(*[nn.Sequential(nn.Identity(), nn.Identity()) for _ in range(1000)])
     x = torch.zeros(1)
     start = time.perf_counter()
-    with hooktrace.trace(model, mode=mode):
+    with hooktrace.trace(model):
         model(x)
     cycle = time.perf_counter() - start
     previous_alarm = signal.signal(signal.SIGALRM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
@@ -227,7 +264,7 @@ def test_random_sigints_never_leave_the_model_instrumented(mode: str, default_si
             try:
                 try:
                     signal.setitimer(signal.ITIMER_REAL, rng.uniform(1e-4, cycle))
-                    with hooktrace.trace(model, mode=mode, backward=False) as tr:
+                    with hooktrace.trace(model, backward=False) as tr:
                         model(x)
                     completed += 1
                 finally:
@@ -241,12 +278,14 @@ def test_random_sigints_never_leave_the_model_instrumented(mode: str, default_si
             assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
             assert not any("forward" in m.__dict__ for m in model.modules())
             assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
-            assert not any(m in recording._traced for m in model.modules())
+            assert dispatch.installed() is None
+            assert type(nn.Module.__dict__["__call__"]).__name__ != "ModuleCall"
+            assert not any(m in scopes._claimed for m in model.modules())
     finally:
         signal.signal(signal.SIGALRM, previous_alarm)
     assert interrupted > 0
     # and the model traces again, completely
-    with hooktrace.trace(model, mode=mode) as tr:
+    with hooktrace.trace(model) as tr:
         model(x)
     assert len(tr.spans()) == 3001 and tr.spans().unfinished == 0
 
@@ -257,19 +296,26 @@ def test_sigint_during_entry_aborts_it_after_a_clean_undo(
     # A Ctrl-C in the middle of instrumentation is held off, then aborts the entry.
     model = ConvNet()
     before = state_snapshot(model)
-    original = hooktrace.Trace._install
+    acquire = dispatch.acquire
     calls = [0]
 
-    def install(self: Any, m: nn.Module, slot: int) -> None:
-        calls[0] += 1
-        if calls[0] == 3:
-            os.kill(os.getpid(), signal.SIGINT)
-            # the handler has run by now: it must only have recorded the signal
-            for _ in range(1000):
-                pass
-        original(self, m, slot)
+    class SigintOnThird:
+        def __init__(self, call: Any) -> None:
+            self._call = call
 
-    monkeypatch.setattr(hooktrace.Trace, "_install", install)
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._call, name)
+
+        def register_model(self, *args: Any) -> None:
+            calls[0] += 1
+            if calls[0] == 3:
+                os.kill(os.getpid(), signal.SIGINT)
+                # the handler has run by now: it must only have recorded the signal
+                for _ in range(1000):
+                    pass
+            self._call.register_model(*args)
+
+    monkeypatch.setattr(dispatch, "acquire", lambda holder: SigintOnThird(acquire(holder)))
     with pytest.raises(KeyboardInterrupt):
         with hooktrace.trace(model):
             pytest.fail("the block must not run")
@@ -390,11 +436,10 @@ def _error_flags(tr: hooktrace.Trace) -> list[tuple[str, bool]]:
     return [(tr.modules[int(s.module[i])][0], bool(s.flags[i] & SPAN_ERROR)) for i in order]
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_keyboard_interrupt_in_forward_caught_outside_closes_its_spans(mode: str) -> None:
+def test_keyboard_interrupt_in_forward_caught_outside_closes_its_spans() -> None:
     model = nn.Sequential(Block(), nn.Identity())
     x = torch.zeros(1)
-    with hooktrace.trace(model, mode=mode, backward=False) as tr:
+    with hooktrace.trace(model, backward=False) as tr:
         model[0].stop.armed = True
         with pytest.raises(KeyboardInterrupt):
             model(x)
@@ -407,11 +452,10 @@ def test_keyboard_interrupt_in_forward_caught_outside_closes_its_spans(mode: str
     assert [e for _, e in _error_flags(tr)] == [True, True, False, True] + [False] * 5
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_keyboard_interrupt_in_forward_caught_inside_keeps_nesting(mode: str) -> None:
+def test_keyboard_interrupt_in_forward_caught_inside_keeps_nesting() -> None:
     model = CatchesInside()
     model.block.stop.armed = True
-    with hooktrace.trace(model, mode=mode, backward=False) as tr:
+    with hooktrace.trace(model, backward=False) as tr:
         model(torch.zeros(1))
         model(torch.zeros(1))
     s = tr.spans()

@@ -106,7 +106,7 @@ def test_student_teacher_names_are_prefixed_and_losses_unchanged(tmp_path: Path)
                  "Teacher", "Teacher.encoder.1", "MSELoss"):
         assert calls.get(name) == 3, (name, calls)
     assert dict(trace.modules)["Teacher.encoder.0"] == "Linear"
-    assert trace.info["mode"] == "global"
+    assert trace.info["scope"] == "process" and trace.info["span_definition"] == 2
     assert len(trace.steps()) == 3  # from the optimizer's step()
     # backward spans for the student only (the teacher ran under no_grad)
     spans = trace.spans()

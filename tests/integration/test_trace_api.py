@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,9 @@ def test_repr_works_in_every_state() -> None:
     with tr:
         assert repr(tr) == "<Trace of Sequential: recording>"
         model(torch.randn(1, 2))
-    assert repr(tr).startswith("<Trace 4 events, 2 modules, pid ")
+    # the recorder hands back a result; it does not become it
+    assert re.match(r"<Trace done: <\w+ 4 events, 2 modules, pid ", repr(tr)), repr(tr)
+    assert repr(tr.result).startswith(f"<{type(tr.result).__name__} 4 events, 2 modules, pid ")
 
 
 @pytest.mark.parametrize("read", ["summary", "save", "export_chrome", "spans", "events", "pid"])
@@ -53,4 +56,4 @@ def test_snapshot_reads_the_events_so_far_while_recording_goes_on() -> None:
     # times, to the conversion's precision (both map the same ticks, ~100 ns)
     diff = first.spans().start_ns - tr.spans().start_ns[:3]
     assert abs(diff).max() < 1000
-    assert tr.snapshot() is tr
+    assert tr.snapshot() is tr.result  # done: the snapshot is the result

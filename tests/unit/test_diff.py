@@ -11,7 +11,7 @@ import pytest
 from conftest import build_trace
 from hooktrace._events import ENTER, EVENT_DTYPE, EXIT, STEP
 from hooktrace.cli import main
-from hooktrace.diff import compare
+from hooktrace.diff import DiffInputError, compare
 from hooktrace.reading import TraceData
 
 MODULES = [("", "Net"), ("a", "Linear"), ("b", "Linear"), ("c", "ReLU")]
@@ -118,3 +118,26 @@ def test_cli_gate_exit_codes_and_json(tmp_path: Path, capsys: pytest.CaptureFixt
     capsys.readouterr()
     assert main(["diff", str(base), str(tmp_path / "missing.htrace")]) == 1
     assert "missing.htrace" in capsys.readouterr().err
+
+
+def test_runs_recorded_under_different_span_definitions_are_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # A file from before issue #16 (trace(): module hooks outside the span) against
+    # one from now (the whole call): the hooks' time would read as a change.
+    old, new = run(), run()
+    old.info.pop("span_definition", None)
+    old.info["mode"] = "wrap"
+    new.info["span_definition"] = 2
+    with pytest.raises(DiffInputError, match="define a module span differently"):
+        compare(old, new)
+    assert compare(new, new).rows  # same definition: compared
+    a, b = tmp_path / "old.htrace", tmp_path / "new.htrace"
+    old.save(a)
+    new.save(b)
+    assert main(["diff", str(a), str(b)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "1: forward only" in err and "2: the whole call" in err
+    assert "Traceback" not in err
+    # the windows of one run must agree too
+    with pytest.raises(DiffInputError, match="different span definitions"):
+        compare([old, new], [new])

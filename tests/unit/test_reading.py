@@ -61,8 +61,8 @@ def test_from_events_fills_nodes_from_build_spans(monkeypatch):
     # GIVEN a build_spans that also returns the node arrays (issue #3 layout)
     real = reading._C.build_spans
 
-    def with_nodes(events, t_ns):
-        out = dict(real(events, t_ns))
+    def with_nodes(events, t_ns, post_hook_names=()):
+        out = dict(real(events, t_ns, post_hook_names))
         out.update(node_start_ns=np.array([5, 9], np.int64), node_end_ns=np.array([7, 12]),
                    node_self_ns=np.array([2, 3]), node_seq=np.array([4, 3], np.uint64),
                    node_name=np.array([1, 0], np.uint32), node_tid=np.array([1, 1], np.uint32),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -27,7 +28,8 @@ NO_SEQ = 2**64 - 1
 NODE_FIELDS = ("start_ns", "end_ns", "self_ns", "seq", "name", "tid", "pass", "span")
 
 
-def reference_spans(events: np.ndarray, clock: Clock) -> dict:
+def reference_spans(events: np.ndarray, clock: Clock, post_hook_names: Sequence[int] = ()
+                    ) -> dict:
     """The span rules written as plainly as possible (one Python object per event).
 
     Forward/recompute spans by pairing ENTER/EXIT per thread; autograd nodes by
@@ -139,6 +141,21 @@ def reference_spans(events: np.ndarray, clock: Clock) -> dict:
             root = nodes[root["parent"]]
         nd["pass"] = root["task"]
 
+    # extents, hooks included: the gap before an outermost node (same thread, same pass)
+    # goes to that node (its pre-hooks), or to the previous node when that one's name
+    # is in post_hook_names (its post-hooks)
+    for nd in nodes:
+        nd["from"], nd["to"] = nd["start_ns"], nd["end_ns"]
+    outer = sorted((k for k, nd in enumerate(nodes) if nd["parent"] < 0),
+                   key=lambda k: (nodes[k]["tid"], nodes[k]["pass"], nodes[k]["start_ns"], k))
+    for prev, cur in zip(outer, outer[1:]):
+        a, b = nodes[prev], nodes[cur]
+        if a["tid"] == b["tid"] and a["pass"] == b["pass"] and a["end_ns"] <= b["start_ns"]:
+            if a["name"] in post_hook_names:
+                a["to"] = b["start_ns"]
+            else:
+                b["from"] = a["end_ns"]
+
     # attribution: the innermost call on the forward thread whose range holds the seq
     n_calls = len(spans)
     bwd: dict[tuple[int, int], dict] = {}
@@ -159,9 +176,9 @@ def reference_spans(events: np.ndarray, clock: Clock) -> dict:
         a = o
         while a >= 0:
             b = bwd.setdefault((a, nd["pass"]), dict(start=None, end=None, self=0, tid=0))
-            if b["start"] is None or nd["start_ns"] < b["start"]:
-                b["start"], b["tid"] = nd["start_ns"], nd["tid"]
-            b["end"] = nd["end_ns"] if b["end"] is None else max(b["end"], nd["end_ns"])
+            if b["start"] is None or nd["from"] < b["start"]:
+                b["start"], b["tid"] = nd["from"], nd["tid"]
+            b["end"] = nd["to"] if b["end"] is None else max(b["end"], nd["to"])
             if a == o:
                 b["self"] += nd["self_ns"]
             a = spans[a]["parent"]
@@ -369,13 +386,42 @@ def test_backward_nodes_are_attributed_by_sequence_number_on_the_forward_thread(
     bwd = np.flatnonzero(s.cat == CAT_BACKWARD)
     got = {int(s.module[i]): (int(s.start_ns[i]), int(s.end_ns[i]), int(s.self_ns[i]),
                               int(s.tid[i]), int(s.call[i])) for i in bwd}
-    assert got == {0: (210, 270, 0, 9, 0), 1: (240, 270, 30, 9, 0), 2: (210, 230, 20, 9, 0)}
+    # (a's span reaches back over the gap before its first node, where the engine runs
+    # that node's pre-hooks: from AccumulateGrad's end, 232)
+    assert got == {0: (210, 270, 0, 9, 0), 1: (232, 270, 30, 9, 0), 2: (210, 230, 20, 9, 0)}
     root_bwd = [i for i in bwd if s.module[i] == 0][0]
     assert all(s.parent[i] == root_bwd for i in bwd if s.module[i] != 0)
     # and the loss and AccumulateGrad are kept, unattributed
     assert raw["node_span"].tolist()[0] == -1 and raw["node_span"].tolist()[2] == -1
     assert raw["node_pass"].tolist() == [5] * 5
     assert_same(s, reference_spans(ev, IDENTITY_CLOCK), raw)
+
+
+def test_the_gap_after_a_backward_hook_node_is_its_modules():
+    # GIVEN module 1's BackwardHookFunctionBackward node (name 3), whose post-hooks run
+    # register_full_backward_hook's hooks, then module 0's node after a 20 ns gap
+    rows = [
+        (7, ENTER, 0, 100, 10), (7, ENTER, 1, 110, 11), (7, EXIT, 1, 120, 12),
+        (7, EXIT, 0, 150, 13),
+        (9, NODE_BEGIN, 3, 200, 11), (9, NODE_END, 5, 210, 11),   # module 1's hook node
+        (9, NODE_BEGIN, 4, 230, 10), (9, NODE_END, 5, 240, 10),   # module 0's node
+    ]
+    ev = fb_events(rows)
+    names = ["A", "B", "C", "BackwardHookFunctionBackward", "AddmmBackward0"]
+    # WHEN spans are built knowing the node names
+    s = Spans.from_events(ev, IDENTITY_CLOCK, names)
+    bwd = np.flatnonzero(s.cat == CAT_BACKWARD)
+    got = {int(s.module[i]): (int(s.start_ns[i]), int(s.end_ns[i]), int(s.self_ns[i]))
+           for i in bwd}
+    # THEN the gap is module 1's (extent only; self stays the node's own)
+    assert got == {0: (200, 240, 10), 1: (200, 230, 10)}
+    assert_same(s, reference_spans(ev, IDENTITY_CLOCK, [3]))
+    # and without the names it is module 0's (the pre-hooks of its node)
+    s = Spans.from_events(ev, IDENTITY_CLOCK)
+    got = {int(s.module[i]): (int(s.start_ns[i]), int(s.end_ns[i])) for i in
+           np.flatnonzero(s.cat == CAT_BACKWARD)}
+    assert got == {0: (200, 240), 1: (200, 210)}
+    assert_same(s, reference_spans(ev, IDENTITY_CLOCK))
 
 
 def test_passes_over_one_forward_are_separate_spans():
@@ -424,7 +470,8 @@ def test_attribution_uses_the_forward_thread_not_just_the_sequence_number():
             (3, NODE_BEGIN, 0, 30, 6, 11), (3, NODE_END, 1, 35, 6, 11)]
     s = Spans.from_events(fb_events(rows), IDENTITY_CLOCK)
     bwd = np.flatnonzero(s.cat == CAT_BACKWARD)
-    assert {int(s.module[i]): int(s.start_ns[i]) for i in bwd} == {1: 20, 0: 30}
+    # (module 0's node starts after module 1's on thread 3: the gap 25-30 is its hooks')
+    assert {int(s.module[i]): int(s.start_ns[i]) for i in bwd} == {1: 20, 0: 25}
 
 
 def test_equal_sequence_ranges_go_to_the_inner_call():
