@@ -96,9 +96,9 @@ def with_profiler(inner: Installer, model: nn.Module) -> Iterator[None]:
             yield
 
 
-def hooktrace_mode(mode: str, **kwargs: Any) -> Installer:
+def hooktrace_trace(**kwargs: Any) -> Installer:
     def install(model: nn.Module) -> contextlib.AbstractContextManager[Any]:
-        return hooktrace.trace(model, mode=mode, **kwargs)  # type: ignore[arg-type]
+        return hooktrace.trace(model, **kwargs)
 
     return install
 
@@ -141,11 +141,10 @@ VARIANTS: dict[str, Installer] = {
     "record_function recipe + profiler": lambda m: with_profiler(record_function_recipe, m),
     "_RecordFunctionFast recipe": record_function_fast_recipe,
     "_RecordFunctionFast + profiler": lambda m: with_profiler(record_function_fast_recipe, m),
-    "hooktrace hooks": hooktrace_mode("hooks"),
-    "hooktrace wrap (default)": hooktrace_mode("wrap"),
-    "hooktrace wrap, emit_profiler": hooktrace_mode("wrap", emit_profiler=True),
-    "hooktrace wrap, emit_profiler + profiler": lambda m: with_profiler(
-        hooktrace_mode("wrap", emit_profiler=True), m
+    "hooktrace trace(model)": hooktrace_trace(),
+    "hooktrace, emit_profiler": hooktrace_trace(emit_profiler=True),
+    "hooktrace, emit_profiler + profiler": lambda m: with_profiler(
+        hooktrace_trace(emit_profiler=True), m
     ),
 }
 BASELINE = "record_function recipe"
@@ -153,8 +152,8 @@ BASELINE = "record_function recipe"
 TRAIN_VARIANTS: dict[str, Installer] = {
     "none": no_tracing,
     "recipe: record_function + full backward hooks": recipe_with_full_backward_hooks,
-    "hooktrace wrap, backward=False": hooktrace_mode("wrap", backward=False),
-    "hooktrace wrap (default, with backward)": hooktrace_mode("wrap"),
+    "hooktrace, backward=False": hooktrace_trace(backward=False),
+    "hooktrace (default, with backward)": hooktrace_trace(),
 }
 TRAIN_BASELINE = "recipe: record_function + full backward hooks"
 
@@ -249,9 +248,9 @@ def train_step_section(rounds: int, inner: int) -> None:
     with hooktrace.trace(model) as tr:
         step()
     nodes = len(tr.spans().nodes)
-    per_node = (best["hooktrace wrap (default, with backward)"]
-                - best["hooktrace wrap, backward=False"]) / nodes * 1e9
-    added = best["hooktrace wrap (default, with backward)"] - best["none"]
+    per_node = (best["hooktrace (default, with backward)"]
+                - best["hooktrace, backward=False"]) / nodes * 1e9
+    added = best["hooktrace (default, with backward)"] - best["none"]
     recipe = best[TRAIN_BASELINE] - best["none"]
     print(f"autograd nodes per step: {nodes}; backward recording adds {per_node:.0f} ns per node")
     print(f"hooktrace's added time per step is 1/{recipe / added:.0f} of the recipe's"

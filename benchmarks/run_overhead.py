@@ -2,7 +2,7 @@
 
 The same harness and models as overhead.py (one process, variants interleaved
 round by round, min of N rounds): no tracing, the per-model ``hooktrace.trace``
-(wrap mode) and ``hooktrace.global_trace()`` (what ``hooktrace run`` and
+and ``hooktrace.global_trace()`` (what ``hooktrace run`` and
 HOOKTRACE=1 install). Each variant runs one warm-up call inside its block first,
 so the global mode's one-off first call per module (naming it) is not timed.
 
@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 import hooktrace
-from hooktrace.global_recording import global_trace
-from overhead import MODELS, Installer, bench, hooktrace_mode, linear_relu, no_tracing
+from hooktrace import global_trace
+from overhead import MODELS, Installer, bench, hooktrace_trace, linear_relu, no_tracing
 
 
 @contextlib.contextmanager
@@ -32,12 +32,12 @@ def global_mode(model: nn.Module, backward: bool = True) -> Iterator[None]:
 
 VARIANTS: dict[str, Installer] = {
     "none": no_tracing,
-    "trace(model), wrap": hooktrace_mode("wrap"),
+    "trace(model)": hooktrace_trace(),
     "global (hooktrace run)": global_mode,
 }
 TRAIN_VARIANTS: dict[str, Installer] = {
     "none": no_tracing,
-    "trace(model), wrap, with backward": hooktrace_mode("wrap"),
+    "trace(model), with backward": hooktrace_trace(),
     "global, --no-backward": lambda m: global_mode(m, backward=False),
     "global, with backward": global_mode,
 }
@@ -55,7 +55,7 @@ def main() -> None:
     for name, make in MODELS.items():
         inner = 5 if args.quick else (30 if "Identity" in name else 50)
         model, run, calls = make()
-        bench(name, VARIANTS, "trace(model), wrap", model, run, calls, rounds, inner, grad=False)
+        bench(name, VARIANTS, "trace(model)", model, run, calls, rounds, inner, grad=False)
     torch.manual_seed(0)
     model, forward, calls = linear_relu()
 
@@ -65,7 +65,7 @@ def main() -> None:
         forward().sum().backward()
 
     bench("200 x (Linear+ReLU) training step (forward + backward)", TRAIN_VARIANTS,
-          "trace(model), wrap, with backward", model, step, calls, rounds,
+          "trace(model), with backward", model, step, calls, rounds,
           3 if args.quick else 20, grad=True)
 
 

@@ -158,10 +158,12 @@ C10_NOINLINE uint32_t resolve_slot(ModuleCall* g, PyObject* module) {
 // One side of a span in one session. `on` is whether it emitted a profiler
 // range at enter, so exit closes exactly what enter opened.
 inline bool span_enter(Session* s, uint32_t slot) {
-  const bool on = C10_UNLIKELY(s->emits()) && s->active();
-  if (on) emit_enter(s->emit_name(slot));
   s->record(slot, kEnter, 0);
-  return on;
+  // Rare (emit_profiler=True): tested after the record, so the common path costs
+  // one predictable branch here.
+  if (C10_LIKELY(!s->emits()) || !s->active()) return false;
+  emit_enter(s->emit_name(slot));
+  return true;
 }
 
 inline void span_exit(Session* s, uint32_t slot, uint8_t flags, bool on) {
