@@ -37,3 +37,14 @@ def test_no_language_standard_is_forced_on_torch() -> None:
     # torch's cpp_extension adds the -std its headers need (C++20 for torch 2.13, whose
     # headers warn under -std=c++17): setup.py must not override it
     assert "-std=" not in (REPO / "setup.py").read_text().split("extra_compile_args")[1]
+
+
+def test_the_type_stub_names_exactly_what_the_native_core_exports() -> None:
+    import re
+
+    from hooktrace import _C
+
+    text = (REPO / "hooktrace" / "_C.pyi").read_text()
+    stub = set(re.findall(r"^(?:class|def) (\w+)", text, re.M)) | set(
+        re.findall(r"^(\w+):", text, re.M))
+    assert stub == {n for n in dir(_C) if not n.startswith("_")}
