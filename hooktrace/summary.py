@@ -275,7 +275,7 @@ class Summary:
         if any(r["bwd_calls"] for r in self.rows):
             lines.append("bwd_total: first to last autograd node of a call and its submodules; "
                          "bwd_self: in its own nodes;\n"
-                         "bwd_total - bwd_self - submodules' bwd_total: time between nodes "
+                         "bwd_total - bwd_self - submodules' bwd_total: time between nodes\n"
                          "(autograd engine, unattributed nodes, the module's backward hooks)")
         lost = [(c.get("dropped_events", 0), "events dropped (buffer full)"),
                 (c.get("overwritten_events", 0), "events overwritten (ring buffer)"),
