@@ -31,7 +31,7 @@ T0 = 1_790_000_000 * 10**9
 
 def write_rank(path: Path, rank: int, world: int, n_events: int) -> None:
     from hooktrace._events import ENTER, EVENT_DTYPE, EXIT, STEP, Clock
-    from hooktrace.tracefile import write_trace
+    from hooktrace.format import write_trace
 
     per_step = max((n_events - STEPS) // STEPS // 2 - 1, 1)  # child calls per step
     calls = per_step + 1

@@ -1,7 +1,7 @@
 // The fixed-size event record shared by the recorder (writer) and the trace
 // file (reader). It is written as-is into per-thread chunks on the hot path and
 // copied as-is into the .htrace file, so its layout is part of the file format:
-// changing it means bumping hooktrace.tracefile.FORMAT_VERSION.
+// changing it means bumping hooktrace.format.FORMAT_VERSION.
 //
 //   offset size  field
 //   ------ ----  -------------------------------------------------------------

@@ -12,7 +12,7 @@
 // returned (it is in the page cache); only a machine crash can, and then the
 // reader loads the complete blocks before the damage.
 //
-// File format version 3 (the stream format; hooktrace/tracefile.py reads it
+// File format version 3 (the stream format; hooktrace/format/stream.py reads it
 // and documents the same layout). Little-endian throughout.
 //
 //   file header, 16 bytes (written by Python before the writer starts):

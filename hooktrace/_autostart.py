@@ -31,7 +31,7 @@ _trace: Any = None  # the running global trace, if this process was started trac
 
 def _start() -> None:
     global _trace
-    from hooktrace.commands.run import add_options, options_from_args, start
+    from hooktrace.launch import add_options, options_from_args, start
 
     parser = argparse.ArgumentParser(prog="HOOKTRACE_OPTIONS", add_help=False, exit_on_error=False)
     add_options(parser)
@@ -55,11 +55,11 @@ def cancel() -> None:
 
 
 def _finish(trace: Any, options: Any) -> None:
-    from hooktrace.commands.run import write_outputs
+    from hooktrace.launch import write_outputs
 
     try:
         trace.__exit__(None, None, None)
-        if trace.modules:
+        if trace.result.modules:
             write_outputs(trace, options)
     except Exception as e:
         print(f"hooktrace: error: HOOKTRACE=1: could not write the trace: {e}", file=sys.stderr)

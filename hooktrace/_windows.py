@@ -9,7 +9,7 @@ With ``schedule=`` (a ``torch.profiler.schedule`` or any callable step ->
 ``ProfilerAction``) a recording records only the steps marked RECORD or
 RECORD_AND_SAVE: the session is paused during the others (every module call then
 costs what a disabled trace does) and drained at each window's last step into
-its own read-only ``TraceData``, handed to ``on_window`` (or kept in
+its own read-only ``TraceResult``, handed to ``on_window`` (or kept in
 ``windows``), so memory holds one window at most.
 
 The class using this mixin has ``_session`` (a ``_C.Session`` on which
@@ -28,9 +28,9 @@ from typing import Any
 
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from hooktrace import _C
+import hooktrace._C as _C
 from hooktrace._events import EVENT_DTYPE, Clock
-from hooktrace.reading import TraceData
+from hooktrace.result import TraceResult
 
 __all__ = ["ScheduleWindows", "StepMarks", "action_name"]
 
@@ -50,7 +50,7 @@ class ScheduleWindows:
         raise NotImplementedError
 
     def _init_windows(self, schedule: Callable[[int], Any] | None,
-                      on_window: Callable[[TraceData], Any] | None, policy: str, *,
+                      on_window: Callable[[TraceResult], Any] | None, policy: str, *,
                       streaming: bool = False) -> None:
         """Checks the arguments (before anything is touched) and sets the state up."""
         if schedule is not None and not callable(schedule):
@@ -64,7 +64,7 @@ class ScheduleWindows:
                              "on_window=hooktrace.window_handler(DIR))")
         self._schedule = schedule
         self._on_window = on_window
-        self.windows: list[TraceData] = []  # windows kept when no on_window is given
+        self.windows: list[TraceResult] = []  # windows kept when no on_window is given
         self._window_first: int | None = None  # first step of the window being recorded
         self._window_dropped = 0  # drops counted before the window being recorded
 
@@ -91,7 +91,7 @@ class ScheduleWindows:
             self._end_window(ended, complete=True)
         self._enter_step(ended + 1)
 
-    def _end_window(self, last_step: int, *, complete: bool) -> TraceData | None:
+    def _end_window(self, last_step: int, *, complete: bool) -> TraceResult | None:
         """Hand the window's events to on_window (or keep it in ``windows``)."""
         self._session.pause()
         first, self._window_first = self._window_first, None
@@ -108,19 +108,19 @@ class ScheduleWindows:
                           RuntimeWarning, stacklevel=4)
         return window
 
-    def _final_window(self, step: int) -> TraceData:
+    def _final_window(self, step: int) -> TraceResult:
         """At the end of the block: the window being recorded (handed over too, as
         torch.profiler saves one on exit), else an empty one: what the recorder holds."""
         last = self._end_window(step, complete=False)
         return last if last is not None else self._drain_window(step, step, False)
 
-    def _drain_window(self, first: int, last: int, complete: bool) -> TraceData:
+    def _drain_window(self, first: int, last: int, complete: bool) -> TraceResult:
         events = self._session.drain().view(EVENT_DTYPE)
         clock, info = self._window_meta()
         dropped = int(info["dropped_events"])
         info["dropped_events"], self._window_dropped = dropped - self._window_dropped, dropped
         info["window"] = {"first_step": first, "last_step": last, "complete": complete}
-        return TraceData(events, self._window_modules(), _C.node_names(), clock, info)
+        return TraceResult(events, self._window_modules(), _C.node_names(), clock, info)
 
 
 class StepMarks(ScheduleWindows):

@@ -59,7 +59,7 @@ from hooktrace._profiler_events import (
     ProfilerEvents,
 )
 from hooktrace.reading import CAT_BACKWARD, TraceData
-from hooktrace.summary import format_ns
+from hooktrace.text import format_ns
 
 __all__ = ["Attribution", "attribute_events", "UNATTRIBUTED"]
 

@@ -33,7 +33,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from hooktrace import __version__
+    from hooktrace._version import __version__
 
     p = _Parser(prog="hooktrace", description="Low-overhead per-module tracing for PyTorch.")
     p.add_argument("--version", action="version",

@@ -127,7 +127,7 @@ def run_demo(out_dir: str | Path, steps: int = 5, batch: int = 8, seed: int = 0,
              flops: bool = False) -> DemoResult:
     """Train TinyGPT for ``steps`` steps under hooktrace; write the trace files to ``out_dir``.
     ``flops`` records FLOPs per module too (``hooktrace.trace(flops=True)``)."""
-    import hooktrace
+    from hooktrace.record import trace
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -138,7 +138,7 @@ def run_demo(out_dir: str | Path, steps: int = 5, batch: int = 8, seed: int = 0,
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     train_step(model, opt, *synthetic_batch(cfg, batch, gen))  # warm-up, untraced
     losses: list[float] = []
-    with hooktrace.trace(model, flops=flops, memory=True) as tr:
+    with trace(model, flops=flops, memory=True) as tr:
         for _ in range(steps):
             losses.append(train_step(model, opt, *synthetic_batch(cfg, batch, gen)))
     htrace = out / "demo.htrace"

@@ -395,7 +395,7 @@ class Diff:
         return json.dumps(doc, ensure_ascii=False, allow_nan=False, default=_json_number)
 
     def to_text(self, top: int | None = None) -> str:
-        from hooktrace.summary import format_ns
+        from hooktrace.text import format_ns
 
         unit = "step" if self.per_step else "run"
         by_rank = self.ranks is not None
@@ -663,7 +663,7 @@ def _pct(p: float | None) -> str:
 
 
 def _signed_ns(ns: float | None) -> str:
-    from hooktrace.summary import format_ns
+    from hooktrace.text import format_ns
 
     if ns is None:
         return ""

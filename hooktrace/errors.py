@@ -10,7 +10,7 @@ Example:
 
 from __future__ import annotations
 
-__all__ = ["HooktraceError", "OutputPathError"]
+__all__ = ["HooktraceError", "OptionError", "OutputPathError"]
 
 
 class HooktraceError(ValueError):
@@ -19,3 +19,7 @@ class HooktraceError(ValueError):
 
 class OutputPathError(HooktraceError):
     """An output path that cannot be written (a directory, an input, a missing folder)."""
+
+
+class OptionError(HooktraceError):
+    """A bad option of a traced launch (``hooktrace run``, ``HOOKTRACE_OPTIONS``)."""

@@ -31,31 +31,29 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from hooktrace._naming import env_rank, process_stem
 from hooktrace.reading import CAT_FORWARD, SPAN_ERROR, SPAN_UNFINISHED, TraceData
-
-if TYPE_CHECKING:
-    from hooktrace.recording import Trace
+from hooktrace.text import describe_dump as describe
 
 __all__ = ["DUMP_REASONS", "FlightRecorder", "describe", "dump", "open_calls", "write_dump"]
 
 DUMP_REASONS = ("exception", "signal", "hang")
 
 _active_lock = threading.Lock()
-_active: list[Trace] = []  # recording traces that hooktrace.dump() covers
+_active: list[FlightRecorder] = []  # recording traces that hooktrace.dump() covers
 _dumps_written = 0
 
 
-def register(trace: Trace) -> None:
+def register(trace: FlightRecorder) -> None:
     with _active_lock:
         _active.append(trace)
 
 
-def unregister(trace: Trace) -> None:
+def unregister(trace: FlightRecorder) -> None:
     with _active_lock:
         if trace in _active:
             _active.remove(trace)
@@ -116,28 +114,7 @@ def python_stacks() -> dict[str, list[str]]:
     return out
 
 
-def describe(info: dict[str, Any]) -> list[str]:
-    """One line per thread of a dump's ``info["dump"]``: where it was."""
-    d = info.get("dump")
-    if not isinstance(d, dict):
-        return []
-    step = d.get("step")
-    where = f", step {step}" if isinstance(step, int) else ""
-    lines = []
-    if d.get("error_in"):
-        lines.append(f"{d.get('exception', 'an exception')} raised inside "
-                     f"{d['error_in']} forward{where}")
-    for t in d.get("threads", []):
-        if not isinstance(t, dict) or not t.get("open"):
-            continue
-        lines.append(f"{t.get('name')} is inside {t['open'][-1]} forward{where}, for "
-                     f"{t.get('since_ns', 0) / 1e9:.1f} s")
-    if not lines:
-        lines.append(f"no thread is inside a traced module call{where}")
-    return lines
-
-
-def write_dump(trace: Trace, reason: str, directory: str | os.PathLike[str],
+def write_dump(trace: FlightRecorder, reason: str, directory: str | os.PathLike[str],
                exc: BaseException | None = None) -> Path:
     """Write ``trace``'s events so far with the dump block; print where threads are."""
     data = trace.snapshot()
@@ -174,7 +151,7 @@ class HangWatchdog:
     ``timeout`` seconds, and re-arms when progress resumes. Not on the hot path:
     it polls the session's counters a few times per timeout."""
 
-    def __init__(self, trace: Trace, timeout: float) -> None:
+    def __init__(self, trace: FlightRecorder, timeout: float) -> None:
         self._trace = trace
         self._timeout = timeout
         self._stop = threading.Event()

@@ -53,7 +53,7 @@ import numpy as np
 from hooktrace._events import ENTER, EXIT, MEM_CPU, MEM_CUDA, NODE_BEGIN, NODE_END
 
 if TYPE_CHECKING:
-    from hooktrace import _C
+    import hooktrace._C as _C
     from hooktrace.reading import TraceData
 
 __all__ = ["MemorySamples", "SpanMemory", "counter_name", "counter_points", "memory_devices",

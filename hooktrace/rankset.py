@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -32,11 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from hooktrace._kineto import ProfilerTraceError, open_binary, scan
 from hooktrace.errors import HooktraceError
 from hooktrace.reading import TraceData, load
 
 __all__ = ["PARALLEL_FROM", "RankFile", "RankSet", "RankSetError", "find_rank_files",
-           "map_ranks", "rank_label"]
+           "map_ranks", "match_profilers", "rank_label"]
 
 PARALLEL_FROM = 4
 T = TypeVar("T")
@@ -246,3 +248,68 @@ class RankSet:
     @property
     def start_ns(self) -> int:
         return min(f.start_ns for f in self.files)
+
+
+# -- which torch.profiler trace is which rank's -----------------------------------
+
+_RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)(?!\d)")
+
+
+def _profiler_rank(path: str) -> tuple[int | None, set[int]]:
+    """The rank a torch.profiler trace says it is of (its ``distributedInfo``), and its pids."""
+    pids: set[int] = set()
+
+    def on_event(e: Any) -> None:
+        if isinstance(e, dict) and isinstance(e.get("pid"), int) and e.get("ph") == "X":
+            pids.add(e["pid"])
+
+    with open_binary(path) as f:
+        top = scan(f, path, on_event)
+    info = top.get("distributedInfo")
+    rank = info.get("rank") if isinstance(info, dict) else None
+    return (rank if isinstance(rank, int) else None), pids
+
+
+def match_profilers(ranks: RankSet, profilers: Sequence[str | os.PathLike[str]],
+                    problems: list[str]) -> dict[str, str]:
+    """Rank file path -> its profiler trace: by the trace's ``distributedInfo`` rank, else
+    by a process id only one rank has, else by ``rankN`` in the file name. A trace that
+    matches no rank is a line in ``problems``."""
+    files: list[str] = []
+    for item in profilers:
+        name = os.fspath(item)
+        if os.path.isdir(name):
+            files += sorted(os.path.join(d, n) for d, _, ns in os.walk(name) for n in ns
+                            if n.endswith((".json", ".json.gz")))
+        elif os.path.exists(name):
+            files.append(name)
+        else:
+            problems.append(f"{name}: no such profiler trace")
+    by_rank = {f.rank: f for f in ranks.files if f.rank is not None}
+    pid_count: dict[int, int] = {}
+    for f in ranks.files:
+        pid_count[f.pid] = pid_count.get(f.pid, 0) + 1
+    out: dict[str, str] = {}
+    for path in files:
+        try:
+            rank, pids = _profiler_rank(path)
+        except ProfilerTraceError as e:
+            problems.append(str(e))
+            continue
+        target = by_rank.get(rank) if rank is not None else None
+        if target is None:
+            owners = [f for f in ranks.files if f.pid in pids and pid_count[f.pid] == 1]
+            if len(owners) == 1:
+                target = owners[0]
+        if target is None:
+            m = _RANK_IN_NAME.search(os.path.basename(path))
+            target = by_rank.get(int(m.group(1))) if m else None
+        if target is None:
+            problems.append(f"{path}: matches no rank (distributedInfo rank {rank}, pids "
+                            f"{sorted(pids)[:4]}); left out")
+        elif target.path in out:
+            problems.append(f"{path}: a second profiler trace for {target.label} (first: "
+                            f"{out[target.path]}); left out")
+        else:
+            out[target.path] = path
+    return out

@@ -1,8 +1,9 @@
 """One recorded run, in memory: events, module table, clock, and what derives from them.
 
-``TraceData`` is what ``load`` returns and what the recorder's ``Trace`` extends;
-``Spans`` is the paired-up view of its module calls (forward, backward,
-recompute) and ``Nodes`` the autograd node executions behind the backward ones.
+``TraceData`` is the data every analysis and output reads (``hooktrace.result.TraceResult``,
+what ``hooktrace.load`` and a recorder hand back, adds the output methods); ``Spans`` is the
+paired-up view of its module calls (forward, backward, recompute) and ``Nodes`` the autograd
+node executions behind the backward ones.
 
 Example:
     >>> import numpy as np
@@ -20,17 +21,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 import torch  # noqa: F401  (loads libc10 for _C)
-from hooktrace import _C
+import hooktrace._C as _C
 from hooktrace._events import EVENT_DTYPE, STEP, Clock
-from hooktrace.tracefile import read_trace, write_trace
+from hooktrace.format import read_trace, write_trace
 
-if TYPE_CHECKING:
-    from hooktrace.summary import Summary
 
 __all__ = [
     "SPAN_ERROR",
@@ -394,6 +393,16 @@ class TraceData:
         self._spans: Spans | None = None
         self._steps: Steps | None = None
 
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for a missing attribute: the outputs live on the result above
+        # the exporters (hooktrace.result), so this class imports none of them.
+        if name in _RESULT_METHODS:
+            raise AttributeError(
+                f"TraceData.{name}() is a method of hooktrace.TraceResult (what hooktrace.load "
+                f"and a recorder's .result return): hooktrace.load(path).{name}(...), or "
+                f"hooktrace.TraceResult.of(data).{name}(...)")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     def __repr__(self) -> str:
         return (f"<{type(self).__name__} {len(self.events)} events, {len(self.modules)} modules, "
                 f"pid {self.pid} on {self.hostname!r}>")
@@ -461,39 +470,8 @@ class TraceData:
             raise ValueError(f"no step in {first}..{last}: the trace has {have}")
         return int(steps.start_ns[sel].min()), int(steps.end_ns[sel].max())
 
-    def export_chrome(self, path: str | os.PathLike[str], *, nodes: bool = False) -> None:
-        """Write a Chrome/Perfetto trace JSON; gzip-compressed when ``path`` ends in ``.gz``.
 
-        ``nodes=True`` adds one event per attributed autograd node (unattributed
-        nodes are always written); see ``hooktrace.exporters.chrome``.
-        """
-        from hooktrace.exporters.chrome import export_chrome
-
-        export_chrome(self, path, nodes=nodes)
-
-    def export_perfetto(
-        self, path: str | os.PathLike[str], *, nodes: bool = False, start: float | None = None,
-        end: float | None = None, max_depth: int | None = None,
-        steps: tuple[int, int] | None = None,
-    ) -> None:
-        """Write a Perfetto protobuf trace (``.pftrace``): the Chrome export's
-        slices and rows at about 1/3 of its size; see ``hooktrace.exporters.perfetto``.
-
-        ``start``/``end`` (seconds after the run's first event), ``steps=(a, b)``
-        and ``max_depth`` cut the run down first (``hooktrace._filters``).
-        """
-        from hooktrace._filters import Filters
-        from hooktrace.exporters.perfetto import export_perfetto
-
-        export_perfetto(self, path, nodes=nodes, filters=Filters(
-            start=start, end=end, max_depth=max_depth, steps=steps))
-
-    def summary(self, *, peak_tflops: float | None = None) -> Summary:
-        """Per-module call statistics (see ``hooktrace.summary.Summary``); ``peak_tflops``
-        gives MFU for a run recorded with ``flops=True``."""
-        from hooktrace.summary import Summary
-
-        return Summary.from_trace(self, peak_tflops=peak_tflops)
+_RESULT_METHODS = frozenset({"summary", "export_chrome", "export_perfetto"})
 
 
 def as_data(obj: Any) -> Any:
@@ -510,7 +488,7 @@ def as_data(obj: Any) -> Any:
 def load(path: str | os.PathLike[str], *, mmap: bool = False) -> TraceData:
     """Load a ``.htrace`` file written by ``TraceData.save``.
 
-    Raises ``hooktrace.tracefile.TraceFileError`` (a ValueError), one line naming
+    Raises ``hooktrace.format.TraceFileError`` (a ValueError), one line naming
     the file, the byte offset or metadata key and what was expected, when the
     file is truncated, corrupt, of another version or holds values no recorder
     writes. The events are read into memory; ``mmap=True`` maps them instead

@@ -50,7 +50,7 @@ import numpy as np
 from hooktrace._kineto import ProfilerTraceError, open_binary, scan, us_to_ns
 from hooktrace.rankset import RankFile, RankSet, find_rank_files, map_ranks
 from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, load
-from hooktrace.summary import format_ns
+from hooktrace.text import format_ns
 
 __all__ = ["EXPLAINED", "PHASES", "RankStats", "RanksSummary", "analyze", "rank_stats"]
 
@@ -309,7 +309,7 @@ def analyze(inputs: Sequence[str | os.PathLike[str]], *,
     prof_of: dict[str, str] = {}
     if profilers:
         # matching needs the ranks' metadata: a cheap first pass over the headers
-        from hooktrace.exporters.ranks import match_profilers
+        from hooktrace.rankset import match_profilers
 
         prelim = RankSet.scan(paths, workers=workers, warn=False)
         prof_of = match_profilers(prelim, profilers, problems)

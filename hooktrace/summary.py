@@ -9,7 +9,7 @@ Example:
     >>> trace = TraceData(ev, [("", "Net"), ("fc", "Linear")], [], Clock(0, 0, 1.0),
     ...                   {"pid": 1, "hostname": "h", "dropped_events": 0,
     ...                    "overwritten_events": 0})
-    >>> s = trace.summary()
+    >>> s = Summary.from_trace(trace)
     >>> [(r["module"], r["calls"], r["total_ns"], r["self_ns"]) for r in s.rows]
     [('', 1, 5000, 3000), ('fc', 1, 2000, 2000)]
     >>> print(s)  # doctest: +NORMALIZE_WHITESPACE
@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, CAT_RECOMPUTE, Spans
+from hooktrace.text import describe_dump, format_bytes, format_count, format_ns
 
 if TYPE_CHECKING:
     from hooktrace.reading import TraceData
@@ -60,24 +61,6 @@ def memory_columns(device: str) -> tuple[str, ...]:
 
 _FORWARD_KEYS = ("calls", "total_ns", "self_ns", "mean_ns", "p50_ns", "p99_ns",
                  "recompute_calls", "recompute_total_ns")
-
-
-def format_ns(ns: float) -> str:
-    """Human-readable duration.
-
-    Example:
-        >>> format_ns(850), format_ns(12_345), format_ns(4_560_000), format_ns(2.5e9)
-        ('850 ns', '12.3 µs', '4.56 ms', '2.50 s')
-    """
-    a = abs(ns)
-    if a < 1e3:
-        return f"{ns:.0f} ns"
-    for scale, unit in ((1e3, "µs"), (1e6, "ms")):
-        if a < scale * 1e3:
-            v = ns / scale
-            digits = 2 if abs(v) < 10 else 1 if abs(v) < 100 else 0
-            return f"{v:.{digits}f} {unit}"
-    return f"{ns / 1e9:.2f} s"
 
 
 def _percentile_sorted(values: np.ndarray, starts: np.ndarray, counts: np.ndarray,
@@ -202,10 +185,8 @@ class Summary:
             d = steps.duration_ns[complete]
             counts["step_p50_ns"] = int(np.percentile(d, 50))
             counts["step_p99_ns"] = int(np.percentile(d, 99))
-        from hooktrace.flight import describe
-
         notes = [f"dump ({trace.info['dump'].get('reason')}): {line}"
-                 for line in describe(trace.info)]
+                 for line in describe_dump(trace.info)]
         if isinstance(trace.info.get("cut"), str):
             notes.append(trace.info["cut"])
         columns: tuple[str, ...] = _COLUMNS
@@ -516,14 +497,6 @@ def _stats(groups: _Groups, gid: int, prefix: str) -> dict[str, Any]:
             f"{prefix}mean_ns": None, f"{prefix}p50_ns": None, f"{prefix}p99_ns": None}
 
 
-def format_count(value: float, unit: str) -> str:
-    """``1.23 GFLOP``-style: SI prefixes, three significant digits."""
-    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(value) >= scale:
-            return f"{value / scale:.3g} {prefix}{unit}"
-    return f"{value:.0f} {unit}"
-
-
 def _add_flops(rows: list[dict[str, Any]], trace: TraceData,
                peak_tflops: float | None) -> list[str]:
     """Fill the FLOP columns of ``rows`` from ``trace.info["flops"]``; returns notes."""
@@ -587,22 +560,6 @@ def _add_memory(rows: list[dict[str, Any]], trace: TraceData, device: str) -> li
         notes.append(f"memory ({device}): where the device's high-water mark did not rise in "
                      "a call, its peak is a lower bound")
     return notes
-
-
-def format_bytes(n: float) -> str:
-    """Human-readable byte count (binary units, signed).
-
-    Example:
-        >>> format_bytes(512), format_bytes(98304), format_bytes(-3 * 2**20), format_bytes(0)
-        ('512 B', '96.0 KiB', '-3.00 MiB', '0 B')
-    """
-    a = abs(n)
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if a >= scale:
-            v = n / scale
-            digits = 0 if abs(v) >= 100 else 1 if abs(v) >= 10 else 2
-            return f"{v:.{digits}f} {unit}"
-    return f"{n:.0f} B"
 
 
 def _cell(row: dict[str, Any], key: str) -> str:

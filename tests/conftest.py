@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from hooktrace._events import ENTER, EVENT_DTYPE, EXIT, FLAG_ERROR, NODE_BEGIN, NODE_END, Clock
-from hooktrace.reading import CAT_BACKWARD, CAT_RECOMPUTE, NO_PASS, Nodes, Spans, TraceData
+from hooktrace.reading import CAT_BACKWARD, CAT_RECOMPUTE, NO_PASS, Nodes, Spans
+from hooktrace.result import TraceResult
 
 IDENTITY_CLOCK = Clock(ticks0=0, unix_ns0=0, ns_per_tick=1.0)
 
@@ -39,8 +40,8 @@ def build_trace(
     node_names: Sequence[str] = (),
     clock: Clock = IDENTITY_CLOCK,
     **info: Any,
-) -> TraceData:
-    """A TraceData with sensible defaults; ``modules`` default to enough slots."""
+) -> TraceResult:
+    """A TraceResult with sensible defaults; ``modules`` default to enough slots."""
     if modules is None:
         n = int(events["id"].max()) + 1 if len(events) else 1
         modules = default_modules(n)
@@ -51,7 +52,7 @@ def build_trace(
         "overwritten_events": 0,
     }
     full_info.update(info)
-    return TraceData(events, list(modules), list(node_names), clock, full_info)
+    return TraceResult(events, list(modules), list(node_names), clock, full_info)
 
 
 def random_stream(
@@ -301,8 +302,8 @@ def backward_spans(
                  node_events=2 * len(nodes), nodes=nodes)
 
 
-def backward_trace(seed: int, **kwargs: Any) -> TraceData:
-    """A TraceData whose spans are ``backward_spans(seed, **kwargs)``."""
+def backward_trace(seed: int, **kwargs: Any) -> TraceResult:
+    """A TraceResult whose spans are ``backward_spans(seed, **kwargs)``."""
     n_modules = kwargs.get("n_modules", 7)
     trace = build_trace(build_events([]), default_modules(n_modules), node_names=NODE_NAMES)
     trace._spans = backward_spans(seed, **kwargs)
@@ -310,8 +311,8 @@ def backward_trace(seed: int, **kwargs: Any) -> TraceData:
 
 
 def trace_with_spans(spans: Spans, modules: Sequence[tuple[str, str]],
-                     node_names: Sequence[str] = (), **info: Any) -> TraceData:
-    """A TraceData whose spans are the given ones (events are not consulted)."""
+                     node_names: Sequence[str] = (), **info: Any) -> TraceResult:
+    """A TraceResult whose spans are the given ones (events are not consulted)."""
     trace = build_trace(build_events([]), modules, node_names=node_names, **info)
     trace._spans = spans
     return trace
@@ -323,5 +324,5 @@ def make_events() -> Callable[[Iterable[Sequence[int]]], np.ndarray]:
 
 
 @pytest.fixture
-def make_trace() -> Callable[..., TraceData]:
+def make_trace() -> Callable[..., TraceResult]:
     return build_trace

@@ -11,12 +11,9 @@ from __future__ import annotations
 from types import ModuleType
 
 from hooktrace.errors import HooktraceError
+from hooktrace.text import OPEN_HINT
 
 __all__ = ["CliError", "OPEN_HINT", "all_commands"]
-
-OPEN_HINT = (
-    "open it at https://ui.perfetto.dev (Open trace file) or in chrome://tracing (Load)"
-)
 
 
 class CliError(HooktraceError):

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> None:
     from hooktrace._filters import Filters, cut, parse_steps
     from hooktrace._output import check_output_path, open_output
     from hooktrace._progress import WriteTo, progress_write
-    from hooktrace.reading import load
+    from hooktrace.result import load
 
     if os.path.isdir(args.run):  # many ranks (issue #11)
         from hooktrace.commands import merge_ranks

@@ -51,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from hooktrace.reading import load
+    from hooktrace.result import load
 
     if len(args.run) > 1 or os.path.isdir(args.run[0]):
         _run_ranks(args)

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 import torch  # noqa: F401  (loads libc10 for _C)
-from hooktrace import _C
+import hooktrace._C as _C
 from hooktrace._filters import OPEN_WINDOW, SPAN_CLIPPED, Cut, Filters, cut
 from hooktrace.flops import SpanFlops, run_flop_info, span_flops
 from hooktrace.reading import CAT_BACKWARD, CAT_NAMES, Spans
-from hooktrace.tracefile import FORMAT_VERSION
+from hooktrace.format import FORMAT_VERSION
 
 if TYPE_CHECKING:
     from hooktrace.reading import TraceData
@@ -261,7 +261,7 @@ def plan_export(trace: TraceData, *, nodes: bool = False,
 def info_block(trace: TraceData, plan: ExportPlan,
                step_track: dict[str, Any] | None = None) -> dict[str, Any]:
     """The export's ``"hooktrace"`` block: versions, loss counts, steps, tracks, filters."""
-    from hooktrace import __version__
+    from hooktrace._version import __version__
 
     spans = trace.spans()
     node_table = spans.nodes

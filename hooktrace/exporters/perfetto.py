@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import numpy as np
 
 import torch  # noqa: F401  (loads libc10 for _C)
-from hooktrace import _C
+import hooktrace._C as _C
 from hooktrace._filters import OPEN_WINDOW, Filters
 from hooktrace._output import open_output
 from hooktrace.exporters._layout import (

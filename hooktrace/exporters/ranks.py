@@ -47,7 +47,7 @@ from typing import IO, Any, Protocol
 
 import numpy as np
 
-from hooktrace._kineto import ProfilerTraceError, open_binary, scan, us_to_ns
+from hooktrace._kineto import open_binary, scan, us_to_ns
 from hooktrace._output import check_output_path, open_output
 from hooktrace.errors import HooktraceError
 from hooktrace.exporters.chrome import (
@@ -60,9 +60,9 @@ from hooktrace.exporters.chrome import (
     write_steps,
 )
 from hooktrace.merge import BASE_MARGIN_NS, merge_traces
-from hooktrace.rankset import RankFile, RankSet
+from hooktrace.rankset import RankFile, RankSet, match_profilers
 from hooktrace.reading import CAT_BACKWARD, TraceData, load
-from hooktrace.tracefile import FORMAT_VERSION
+from hooktrace.format import FORMAT_VERSION
 
 __all__ = ["ChromeRankWriter", "MergeRanksResult", "RankWriter", "match_profilers",
            "merge_ranks"]
@@ -320,69 +320,6 @@ class ChromeRankWriter:
 
 # -- profiler traces per rank --------------------------------------------------
 
-_RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)(?!\d)")
-
-
-def _profiler_rank(path: str) -> tuple[int | None, set[int]]:
-    """The rank a torch.profiler trace says it is of (its ``distributedInfo``), and its pids."""
-    pids: set[int] = set()
-
-    def on_event(e: Any) -> None:
-        if isinstance(e, dict) and isinstance(e.get("pid"), int) and e.get("ph") == "X":
-            pids.add(e["pid"])
-
-    with open_binary(path) as f:
-        top = scan(f, path, on_event)
-    info = top.get("distributedInfo")
-    rank = info.get("rank") if isinstance(info, dict) else None
-    return (rank if isinstance(rank, int) else None), pids
-
-
-def match_profilers(ranks: RankSet, profilers: Sequence[str | os.PathLike[str]],
-                    problems: list[str]) -> dict[str, str]:
-    """Rank file path -> its profiler trace: by the trace's ``distributedInfo`` rank, else
-    by a process id only one rank has, else by ``rankN`` in the file name. A trace that
-    matches no rank is a line in ``problems``."""
-    files: list[str] = []
-    for item in profilers:
-        name = os.fspath(item)
-        if os.path.isdir(name):
-            files += sorted(os.path.join(d, n) for d, _, ns in os.walk(name) for n in ns
-                            if n.endswith((".json", ".json.gz")))
-        elif os.path.exists(name):
-            files.append(name)
-        else:
-            problems.append(f"{name}: no such profiler trace")
-    by_rank = {f.rank: f for f in ranks.files if f.rank is not None}
-    pid_count: dict[int, int] = {}
-    for f in ranks.files:
-        pid_count[f.pid] = pid_count.get(f.pid, 0) + 1
-    out: dict[str, str] = {}
-    for path in files:
-        try:
-            rank, pids = _profiler_rank(path)
-        except ProfilerTraceError as e:
-            problems.append(str(e))
-            continue
-        target = by_rank.get(rank) if rank is not None else None
-        if target is None:
-            owners = [f for f in ranks.files if f.pid in pids and pid_count[f.pid] == 1]
-            if len(owners) == 1:
-                target = owners[0]
-        if target is None:
-            m = _RANK_IN_NAME.search(os.path.basename(path))
-            target = by_rank.get(int(m.group(1))) if m else None
-        if target is None:
-            problems.append(f"{path}: matches no rank (distributedInfo rank {rank}, pids "
-                            f"{sorted(pids)[:4]}); left out")
-        elif target.path in out:
-            problems.append(f"{path}: a second profiler trace for {target.label} (first: "
-                            f"{out[target.path]}); left out")
-        else:
-            out[target.path] = path
-    return out
-
-
 # -- the merge -----------------------------------------------------------------
 
 
@@ -437,7 +374,7 @@ def merge_ranks(
             entry.update(w.add_rank(index, f, run))
             written.append(entry)
             del run  # one rank in memory at a time
-        from hooktrace import __version__
+        from hooktrace._version import __version__
 
         w.finish({"version": __version__, "format_version": FORMAT_VERSION,
                   "ranks": written, "problems": problems})

@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from hooktrace._naming import output_path
-from hooktrace.recording import Trace
+from hooktrace.record import Trace
 
 __all__ = ["TraceSession"]
 

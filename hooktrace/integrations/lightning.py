@@ -21,7 +21,7 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback
 
 from hooktrace.integrations import TraceSession
-from hooktrace.recording import DEFAULT_CAPACITY
+from hooktrace.record import DEFAULT_CAPACITY
 
 __all__ = ["HooktraceCallback"]
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from torch import nn
 
-from hooktrace import _C
+import hooktrace._C as _C
 
 __all__ = ["acquire", "release", "installed"]
 

@@ -7,7 +7,7 @@ and take the same options. A module's forward span is its whole call, hooks
 included, in both (``info["span_definition"]``, hooktrace/_events.py).
 
 The recorder is not its result: after the ``with`` block, :attr:`Recorder.result`
-is the recorded :class:`~hooktrace.reading.TraceData`; the reading methods
+is the recorded :class:`~hooktrace.result.TraceResult`; the reading methods
 (``summary()``, ``export_chrome()``, ``save()``, ``spans()``, ...) are forwarded to
 it for convenience, and raise one clear error while the block still runs.
 
@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from hooktrace import _C
+import hooktrace._C as _C
 from hooktrace._events import EVENT_DTYPE, SPAN_DEFINITION, Clock
 from hooktrace._naming import env_rank, process_stem
 from hooktrace._output import check_output_path
@@ -47,10 +47,10 @@ from hooktrace._windows import StepMarks
 from hooktrace.distributed import apply_test_clock_offset, rank_info
 from hooktrace.errors import OutputPathError
 from hooktrace.flight import FlightRecorder
-from hooktrace.reading import TraceData
+from hooktrace.result import TraceResult
 from hooktrace.record import dispatch
 from hooktrace.record.scopes import ModelScope, ProcessScope, Scope
-from hooktrace.tracefile import (
+from hooktrace.format import (
     BLOCK_FOOTER,
     BLOCK_META,
     encode_json,
@@ -96,7 +96,7 @@ class Recorder(StepMarks, FlightRecorder):
     Inside the block every module of the scope is recorded (forward calls, each span
     the module's whole call, hooks included; and backward spans from autograd nodes);
     on exit (exception or not) everything is undone and :attr:`result` holds the
-    events as a :class:`~hooktrace.reading.TraceData`. ``snapshot()`` reads the events
+    events as a :class:`~hooktrace.result.TraceResult`. ``snapshot()`` reads the events
     so far while recording goes on.
 
     Args:
@@ -178,7 +178,7 @@ class Recorder(StepMarks, FlightRecorder):
         dump_signal: int = signal.SIGUSR1,
         out: str | os.PathLike[str] | None = None,
         schedule: Callable[[int], Any] | None = None,
-        on_window: Callable[[TraceData], Any] | None = None,
+        on_window: Callable[[TraceResult], Any] | None = None,
         flops: bool = False,
         memory: bool = False,
     ) -> None:
@@ -220,7 +220,7 @@ class Recorder(StepMarks, FlightRecorder):
         self._flop_recorder: Any = None
         self._memory_info: dict[str, Any] | None = None
         self._flop_window_start = 0  # the FLOP recorder's root calls before this window
-        self._result: TraceData | None = None
+        self._result: TraceResult | None = None
         self._start_unix_ns = 0
 
     # -- context manager ---------------------------------------------------
@@ -400,7 +400,7 @@ class Recorder(StepMarks, FlightRecorder):
             else:
                 # The model is clean by now; reading the events out may be interrupted.
                 events, clock, info = self._collect(stop_unix_ns=time.time_ns())
-                self._result = TraceData(events, self._scope.modules_table(), _C.node_names(),
+                self._result = TraceResult(events, self._scope.modules_table(), _C.node_names(),
                                          clock, info)
             self._session = None  # frees the chunks
             self._release_process_slot()
@@ -413,7 +413,7 @@ class Recorder(StepMarks, FlightRecorder):
     # -- the result ------------------------------------------------------------
 
     @property
-    def result(self) -> TraceData:
+    def result(self) -> TraceResult:
         """What was recorded, once the block has exited."""
         if self._result is None:
             if self._state == "done" and self._out is not None:
@@ -500,7 +500,7 @@ class Recorder(StepMarks, FlightRecorder):
             if torch.cuda.is_available():
                 info["device_name"] = torch.cuda.get_device_name()
 
-    def snapshot(self) -> TraceData:
+    def snapshot(self) -> TraceResult:
         """The events recorded so far, readable while recording goes on.
 
         A copy: recording continues unchanged. Spans still open now are marked
@@ -526,10 +526,10 @@ class Recorder(StepMarks, FlightRecorder):
             info.pop("cut", None)  # not cut: still recording
             info.update(dropped_events=int(stats["dropped"]), stop_unix_ns=time.time_ns(),
                         thread_names=_thread_names(), out=self._out)
-            return TraceData(contents.events, contents.modules, contents.node_names,
+            return TraceResult(contents.events, contents.modules, contents.node_names,
                              contents.clock, info)
         events, clock, info = self._collect(stop_unix_ns=time.time_ns())
-        return TraceData(events, self._scope.modules_table(), _C.node_names(), clock, info)
+        return TraceResult(events, self._scope.modules_table(), _C.node_names(), clock, info)
 
     # -- streaming (out=...) ------------------------------------------------
 
@@ -591,18 +591,18 @@ class Recorder(StepMarks, FlightRecorder):
             self._stream_fd = -1
             self._writer = None
 
-    def _load_stream(self) -> TraceData:
+    def _load_stream(self) -> TraceResult:
         assert self._out is not None
         contents = read_trace(self._out)
         info = dict(contents.info)
         info["out"] = self._out
-        return TraceData(contents.events, contents.modules, contents.node_names,
+        return TraceResult(contents.events, contents.modules, contents.node_names,
                          contents.clock, info)
 
 
 # The result's attributes and methods that the recorder forwards.
 _RESULT_ATTRS = frozenset(
-    {n for n in dir(TraceData) if not n.startswith("__")} | _DATA_ATTRS)
+    {n for n in dir(TraceResult) if not n.startswith("__")} | _DATA_ATTRS)
 
 
 class _NoCall:
@@ -722,7 +722,7 @@ class _SigintDeferred:
             raise KeyboardInterrupt
 
 
-def window_handler(directory: str | os.PathLike[str]) -> Callable[[TraceData], str]:
+def window_handler(directory: str | os.PathLike[str]) -> Callable[[TraceResult], str]:
     """An ``on_window`` handler writing each window to
     ``DIR/<host>_<pid>[_rank<R>].<last step>.htrace`` as it ends; returns the path.
 
@@ -738,7 +738,7 @@ def window_handler(directory: str | os.PathLike[str]) -> Callable[[TraceData], s
         raise OutputPathError(f"{folder}: exists and is not a directory; windows are written "
                               "into a directory")
 
-    def write(window: TraceData) -> str:
+    def write(window: TraceResult) -> str:
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, f"{process_stem(env_rank())}.{window.info['window']['last_step']}"
                                     ".htrace")
@@ -793,53 +793,8 @@ def _check_capacity(capacity: object) -> int:
     return value
 
 
-def _thread_names() -> dict[str, str]:
-    return {str(t.native_id): t.name for t in threading.enumerate()}
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def _check_stream_path(out: object, policy: str) -> str:
-    """The stream's path, or the one-line error saying why it cannot be one."""
-    if not isinstance(out, (str, os.PathLike)) or isinstance(os.fspath(out), bytes):
-        raise TypeError(f"out must be a file path (str or os.PathLike), got "
-                        f"{type(out).__name__} {out!r:.60}")
-    name = os.fspath(out)
-    if policy == "ring":
-        raise ValueError("out= cannot be combined with policy='ring': a ring recycles chunks "
-                         "the stream writer may still be reading; streaming drops (and counts) "
-                         "events when the writer falls behind")
-    if name == "-":
-        raise OutputPathError("-: a stream is read back when the block ends; give a file name")
-    check_output_path(name)
-    folder = os.path.dirname(os.path.abspath(name))
-    if os.path.exists(name):
-        if not stat.S_ISREG(os.stat(name).st_mode):
-            raise OutputPathError(f"{name}: not a regular file; a stream is read back when the "
-                                  "block ends, give a file name")
-        if not os.access(name, os.W_OK):
-            raise OutputPathError(f"{name}: is not writable")
-    elif not os.access(folder, os.W_OK | os.X_OK):
-        raise OutputPathError(f"{name}: the folder {folder} is not writable")
-    return name
-
-
-def _check_capacity(capacity: object) -> int:
-    # bool is an int, and int(2.5) truncates silently: both are refused.
-    if isinstance(capacity, (bool, np.bool_)) or not isinstance(capacity, (int, np.integer)):
-        raise TypeError(f"capacity must be an int number of events, got {type(capacity).__name__} {capacity!r}")
-    value = operator.index(capacity)
-    if not 1 <= value <= MAX_CAPACITY:
-        raise ValueError(f"capacity must be between 1 and 2**40 events, got {value}")
-    return value
-
-
 def _version() -> str:
-    from hooktrace import __version__
+    from hooktrace._version import __version__
 
     return __version__
 

@@ -329,7 +329,7 @@ def _named_modules(model: nn.Module) -> list[Named]:
     call is recorded; one made while recording calls the module through the recorder,
     so the module's call is, and the wrapper's is skipped (else one call would be two
     nested spans)."""
-    from hooktrace import _C
+    import hooktrace._C as _C
 
     optimized = _optimized_module_type()
     out: list[Named] = []
@@ -363,7 +363,7 @@ def _compiled_wrappers(modules: set[nn.Module]) -> dict[nn.Module, list[nn.Modul
     optimized = _optimized_module_type()
     if optimized is None:
         return {}
-    from hooktrace import _C
+    import hooktrace._C as _C
 
     found: dict[nn.Module, list[nn.Module]] = {}
     for obj in gc.get_objects():

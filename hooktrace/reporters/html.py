@@ -247,7 +247,7 @@ def render_report(trace: TraceData, *, source: str | None = None,
     """The report's HTML text (see the module docstring); ``peak_tflops`` (TFLOP/s)
     gives the MFU column of a run recorded with FLOPs."""
     js = plotly_js()
-    summary = trace.summary(peak_tflops=peak_tflops)
+    summary = Summary.from_trace(trace, peak_tflops=peak_tflops)
     steps = StepTable.from_trace(trace)
     ice = icicle_data(summary)
     name = source or "the run"

@@ -6,7 +6,10 @@ root) on gloo, logging each FSDP unshard wait (forward and backward) with time.t
 "trace": records with hooktrace.trace(model) and writes OUT_PREFIX_rank<R>.htrace;
 "run": records nothing itself (run it under `hooktrace run`). Both write
 OUT_PREFIX_rank<R>.waits.json: [fqn, "pre_forward"|"pre_backward", start_ns, end_ns]."""
-import json, os, sys, time
+import json
+import os
+import sys
+import time
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -23,7 +26,8 @@ def logged(name):
         finally:
             waits.append((self._module_fqn or "", name, t0, time.time_ns()))
     setattr(FSDPParamGroup, name, f)
-logged("pre_forward"); logged("pre_backward")
+logged("pre_forward")
+logged("pre_backward")
 
 class Block(nn.Module):
     def __init__(self, d):
@@ -58,7 +62,8 @@ def train():
         torch.manual_seed(100 + rank + step)
         loss = model(torch.randn(16, 256)).pow(2).mean()
         loss.backward()
-        opt.step(); opt.zero_grad()
+        opt.step()
+        opt.zero_grad()
 if how == "trace":
     import hooktrace
     with hooktrace.trace(model) as tr:

@@ -9,7 +9,6 @@ import inspect
 import io
 import pickle
 import threading
-import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any

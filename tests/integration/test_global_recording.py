@@ -1,4 +1,4 @@
-"""The global mode in-process (hooktrace.global_recording, issue #10): what it
+"""The global mode in-process (hooktrace.record, issue #10): what it
 records, how it names modules, and that it leaves nn.Module exactly as it was."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import hooktrace
-from hooktrace.global_recording import global_trace
+from hooktrace.record import global_trace
 from hooktrace.reading import CAT_FORWARD
 from test_run import calls_per_module
 

@@ -14,7 +14,8 @@ from torch import nn
 
 import hooktrace
 from hooktrace._kineto import ProfilerTraceError, us_to_ns
-from hooktrace.merge import MergeError, attribute, merge_traces, merged_trace_handler
+from hooktrace.merge import MergeError, attribute, merge_traces
+from hooktrace.profiling import merged_trace_handler
 from models import ConvNet, tiny_bert, tiny_llama
 from trace_rows import load_json, our_rows, rows_of, strict_nesting_violations
 

@@ -15,7 +15,7 @@ from conftest import build_events, build_trace, random_stream
 from hooktrace import __version__
 from hooktrace._events import ENTER, EXIT, FLAG_ERROR, Clock
 from hooktrace.exporters.chrome import write_chrome
-from hooktrace.tracefile import FORMAT_VERSION
+from hooktrace.format import FORMAT_VERSION
 
 CLOCK = Clock(ticks0=5, unix_ns0=1_700_000_000_123_456_789, ns_per_tick=0.913)
 

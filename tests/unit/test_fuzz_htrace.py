@@ -32,8 +32,9 @@ from conftest import build_events
 
 from hooktrace import _C  # noqa: F401  (the extension must be built)
 from hooktrace._events import ENTER, EVENT_DTYPE, EXIT, NODE_BEGIN, NODE_END, Clock
-from hooktrace.reading import TraceData, load
-from hooktrace.tracefile import HEADER_SIZE, INTERVAL_SLACK_NS, TraceFileError
+from hooktrace.reading import TraceData
+from hooktrace.result import load
+from hooktrace.format import HEADER_SIZE, INTERVAL_SLACK_NS, TraceFileError
 
 REPO = Path(__file__).resolve().parents[2]
 START_NS = 1_760_000_000_000_000_000

@@ -25,7 +25,7 @@ from hooktrace.exporters.ranks import merge_ranks
 from hooktrace.rankset import RankSet, RankSetError
 from hooktrace.reading import TraceData, load
 from hooktrace.stragglers import _median_of_others, analyze
-from hooktrace.tracefile import TraceFileError
+from hooktrace.format import TraceFileError
 
 T0 = 1_790_000_000 * 10**9  # a Unix time in ns
 MODULES = [("", "Net"), ("a", "Linear"), ("b", "Linear")]

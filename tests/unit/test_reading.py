@@ -8,8 +8,10 @@ from conftest import IDENTITY_CLOCK, backward_spans, build_events, build_trace, 
 
 from hooktrace import reading
 from hooktrace._events import EVENT_DTYPE
-from hooktrace.reading import NO_PASS, Nodes, Spans, TraceData, load
-from hooktrace.tracefile import TraceFileError
+from hooktrace.reading import NO_PASS, Nodes, Spans, TraceData
+from hooktrace.result import load
+from hooktrace.summary import Summary
+from hooktrace.format import TraceFileError
 
 
 def test_required_info_keys():
@@ -36,7 +38,7 @@ def test_subclass_with_own_constructor():
                                               "overwritten_events": 0})
 
     t = Trace()
-    assert len(t.spans()) == 1 and t.summary().rows[0]["total_ns"] == 9
+    assert len(t.spans()) == 1 and Summary.from_trace(t).rows[0]["total_ns"] == 9
 
 
 def test_load_raises_trace_file_error(tmp_path):

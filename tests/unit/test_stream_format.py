@@ -1,4 +1,4 @@
-"""The version 3 stream format (tracefile.py): blocks, cuts, and what is refused."""
+"""The version 3 stream format (hooktrace/format/stream.py): blocks, cuts, and what is refused."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from conftest import build_events
 from hooktrace._events import ENTER, EVENT_DTYPE, EXIT
 from hooktrace.reading import load
-from hooktrace.tracefile import (
+from hooktrace.format import (
     BLOCK_CLOCK,
     BLOCK_EVENTS,
     BLOCK_FOOTER,

@@ -1,0 +1,318 @@
+"""Version 3, the stream that ``hooktrace.trace(model, out=...)`` appends to while
+the model runs: its blocks and their reader.
+
+Layout of version 3, the stream (little-endian; csrc/stream_writer.h draws the same)::
+
+    off size
+    0   8   magic b"HTRACE\x00\x00"
+    8   4   u32 format version = 3
+    12  4   u32 header size = 16
+    16      blocks, each a 24-byte header then its payload:
+            0   4  u32 block type (BLOCK_* below)
+            4   4  u32 reserved, 0
+            8   8  u64 payload length
+            16  4  u32 crc32 of the payload
+            20  4  u32 crc32 of block header bytes 0-19
+
+    META (1)        JSON object, the first block: the run's metadata (the keys
+                    of version 2's, below) with ``modules`` as
+                    ``[[qualified name, class name], ...]``
+    CLOCK (2)       u64 ticks0, i64 unix_ns0, f64 ns_per_tick: the conversion
+                    measured so far; the last one applies to every event
+    NODE_NAMES (3)  u32 first, then a string table (u32 count, count x (u32
+                    byte length + UTF-8)): node names [first, first + count)
+    EVENTS (4)      u32 thread (its index in the session), u32 tid, u64 first
+                    (the index of the block's first event among the thread's),
+                    then 32-byte events of that one thread, in recorded order
+    STATS (5)       u64 dropped_events, u64 overwritten_events so far
+    FOOTER (6)      JSON object, the last block: dropped/overwritten counts,
+                    ``stop_unix_ns``, ``thread_names``, ``events`` (how many
+                    EVENTS carried in all); nothing follows it
+
+A stream is readable at every moment: a block that is truncated or fails its
+checksum ends the readable part (a killed process leaves a partly written last
+block); the events before it load and ``info["cut"]`` says, in one line, where
+and why the recording was cut. The complete blocks are validated like a version
+2 file; their events are returned thread by thread, as a recording in memory
+holds them.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from hooktrace._events import EVENT_DTYPE, Clock
+from hooktrace.format.meta import (
+    BLOCK_CLOCK,
+    BLOCK_EVENTS,
+    BLOCK_META,
+    BLOCK_NODE_NAMES,
+    BLOCK_STATS,
+    MAGIC,
+    STREAM_FORMAT_VERSION,
+    STREAM_HEADER_SIZE,
+    TraceFileContents,
+    TraceFileError,
+    _BLOCK,
+    _BLOCK_CRC_AT,
+    _BLOCK_NAMES,
+    _BLOCK_SIZE,
+    _CLOCK_BLOCK,
+    _EVENTS_SUB,
+    _MAX_PID,
+    _STATS_BLOCK,
+    _STREAM_HEADER,
+    _U32,
+    _check_info,
+    _clock_problem,
+    _crc_of,
+    _field_offset,
+    _is_int,
+    _meta_error,
+    _parse_meta,
+    _parse_strings,
+    _recorded_interval,
+    _validate_events,
+)
+
+
+def stream_header() -> bytes:
+    """The 16 bytes a version 3 stream starts with."""
+    return _STREAM_HEADER.pack(MAGIC, STREAM_FORMAT_VERSION, STREAM_HEADER_SIZE)
+
+
+def stream_block(block_type: int, payload: bytes) -> bytes:
+    """One framed version 3 block (the Python-written ones: META and FOOTER).
+
+    Example:
+        >>> len(stream_block(BLOCK_FOOTER, b"{}"))
+        26
+    """
+    head = _BLOCK.pack(block_type, 0, len(payload), zlib.crc32(payload), 0)
+    return head[:_BLOCK_CRC_AT] + _U32.pack(zlib.crc32(head[:_BLOCK_CRC_AT])) + payload
+
+
+
+
+class _Cut(Exception):
+    """Where a stream's readable part ends, and why."""
+
+    def __init__(self, offset: int, why: str) -> None:
+        super().__init__(why)
+        self.offset = offset
+        self.why = why
+
+
+def _read_stream(name: str, f: BinaryIO, size: int, head: bytes) -> TraceFileContents:
+    """A version 3 stream: blocks up to the footer, or up to the first damaged one."""
+    if len(head) < STREAM_HEADER_SIZE:
+        raise TraceFileError(name, len(head), f"truncated header: expected {STREAM_HEADER_SIZE} "
+                                              f"bytes, file has {size}")
+    _magic, _version, header_size = _STREAM_HEADER.unpack_from(head)
+    if header_size != STREAM_HEADER_SIZE:
+        raise TraceFileError(name, 12, f"expected header size {STREAM_HEADER_SIZE}, found "
+                                       f"{header_size}")
+    # Events are read straight into one array, in file order; every block
+    # header is 40 bytes or more, so this bounds their number. Pages never
+    # written are never touched, so the slack costs address space only.
+    buf = np.empty(max(0, (size - STREAM_HEADER_SIZE) // EVENT_DTYPE.itemsize), EVENT_DTYPE)
+    n = 0
+    runs: list[tuple[int, int, int, int]] = []  # (thread, start in buf, count, file offset)
+    threads: dict[int, list[int]] = {}  # thread index -> [tid, events so far]
+    meta: dict[str, Any] | None = None
+    meta_at = footer_at = clock_at = 0
+    meta_bytes = footer_bytes = b""
+    footer: dict[str, Any] | None = None
+    clock: Clock | None = None
+    node_names: list[str] = []
+    stats = (0, 0)
+    cut: _Cut | None = None
+    pos = STREAM_HEADER_SIZE
+    f.seek(pos)
+    while True:
+        try:
+            btype, length, payload, events = _next_block(name, f, pos, size, buf[n:])
+        except _Cut as c:
+            cut = c
+            break
+        at = pos + _BLOCK_SIZE  # the payload's offset
+        what = _BLOCK_NAMES[btype]
+        if meta is None and btype != BLOCK_META:
+            raise TraceFileError(name, pos, f"expected the META block first, found {what}")
+        if btype == BLOCK_META:
+            if meta is not None:
+                raise TraceFileError(name, pos, "expected one META block, found a second one")
+            meta, meta_bytes, meta_at = _parse_meta(name, payload, at), payload, at
+        elif btype == BLOCK_CLOCK:
+            if length != _CLOCK_BLOCK.size:
+                raise TraceFileError(name, pos + 8, f"CLOCK block: expected {_CLOCK_BLOCK.size} "
+                                                    f"payload bytes, found {length}")
+            ticks0, unix_ns0, ns_per_tick = _CLOCK_BLOCK.unpack(payload)
+            problem = _clock_problem(ticks0, unix_ns0, ns_per_tick)
+            if problem:
+                field = 16 if "ns_per_tick" in problem else 8 if "unix_ns0" in problem else 0
+                raise TraceFileError(name, at + field, f"clock conversion: {problem}")
+            clock, clock_at = Clock(ticks0, unix_ns0, ns_per_tick), at
+        elif btype == BLOCK_NODE_NAMES:
+            if length < 4:
+                raise TraceFileError(name, pos + 8, f"NODE_NAMES block: expected at least 4 "
+                                                    f"payload bytes, found {length}")
+            (first,) = _U32.unpack_from(payload)
+            if first != len(node_names):
+                raise TraceFileError(name, at, f"NODE_NAMES block: expected names from index "
+                                               f"{len(node_names)} on, found {first}")
+            node_names += _parse_strings(name, at + 4, payload[4:])
+        elif btype == BLOCK_EVENTS:
+            assert events is not None
+            thread, tid, first = _EVENTS_SUB.unpack(payload)
+            if clock is None:
+                raise TraceFileError(name, pos, "expected a CLOCK block before the first EVENTS")
+            known = threads.setdefault(thread, [tid, 0])
+            if known[0] != tid:
+                raise TraceFileError(name, at + 4, f"EVENTS block: thread {thread} was tid "
+                                                   f"{known[0]} before, found tid {tid}")
+            if first != known[1]:
+                raise TraceFileError(name, at + 8, f"EVENTS block: expected thread {thread}'s "
+                                                   f"event {known[1]} next, found {first}")
+            other = np.flatnonzero(events["tid"] != tid)
+            if other.size:
+                i = int(other[0])
+                raise TraceFileError(
+                    name, at + _EVENTS_SUB.size + i * EVENT_DTYPE.itemsize + _field_offset("tid"),
+                    f"EVENTS block: expected every event on tid {tid}, event {i} is on "
+                    f"{int(events['tid'][i])}")
+            runs.append((thread, n, len(events), at + _EVENTS_SUB.size))
+            known[1] += len(events)
+            n += len(events)
+        elif btype == BLOCK_STATS:
+            if length != _STATS_BLOCK.size:
+                raise TraceFileError(name, pos + 8, f"STATS block: expected {_STATS_BLOCK.size} "
+                                                    f"payload bytes, found {length}")
+            stats = _STATS_BLOCK.unpack(payload)
+            if max(stats) > 2**63 - 1:
+                raise TraceFileError(name, at, f"STATS block: expected counts below 2**63, "
+                                               f"found {stats}")
+        else:  # BLOCK_FOOTER
+            footer, footer_bytes, footer_at = _parse_meta(name, payload, at), payload, at
+            end = at + length
+            if size > end:
+                raise TraceFileError(name, end, f"expected end of file after the FOOTER block, "
+                                                f"found {size - end} trailing bytes")
+            break
+        pos = at + length
+    if meta is None:
+        assert cut is not None
+        raise TraceFileError(name, cut.offset, f"truncated: expected a complete META block, "
+                                               f"found {cut.why}")
+
+    modules = _stream_modules(name, meta_bytes, meta_at, meta.pop("modules", None))
+    if "node_names" in meta:
+        _meta_error(name, meta_bytes, "node_names", "expected node names in NODE_NAMES blocks, "
+                                                   "not in META", meta_at)
+    pid = meta.get("pid")
+    if not (isinstance(pid, int) and _is_int(pid) and 1 <= pid <= _MAX_PID):
+        _meta_error(name, meta_bytes, "pid", f"expected an int in [1, {_MAX_PID}], found "
+                                             f"{pid!r:.60}", meta_at)
+    _check_info(name, meta_bytes, meta, pid, meta_at)
+    info = dict(meta)
+    if footer is not None:
+        written = footer.pop("events", None)
+        if written != n:
+            _meta_error(name, footer_bytes, "events", f"expected the {n} events the EVENTS "
+                                                      f"blocks hold, found {written!r:.40}",
+                        footer_at)
+        _check_info(name, footer_bytes, footer, pid, footer_at)
+        info.update(footer)
+    else:
+        assert cut is not None
+        info["dropped_events"], info["overwritten_events"] = stats
+        info["cut"] = (f"{name}: recording cut at byte {cut.offset} ({cut.why}); {n:,} events "
+                       "before it loaded")
+    if clock is None:  # no events either
+        clock = Clock(0, int(info.get("start_unix_ns", 0)), 1.0)
+    interval = None
+    if footer is not None:
+        interval = _recorded_interval(name, footer_bytes, info, clock, footer_at, clock_at + 8)
+
+    # Thread by thread, as a recording in memory is (Session::copy_events).
+    order = sorted(range(len(runs)), key=lambda r: runs[r][0])
+    if order == list(range(len(runs))):
+        events = buf[:n]
+    else:
+        events = np.concatenate([buf[runs[r][1] : runs[r][1] + runs[r][2]] for r in order])
+    starts = np.cumsum([0] + [runs[r][2] for r in order])
+    offsets = [runs[r][3] for r in order]
+
+    def offset_of(i: int) -> int:
+        k = int(np.searchsorted(starts, i, side="right")) - 1
+        return offsets[k] + (i - int(starts[k])) * EVENT_DTYPE.itemsize
+
+    _validate_events(name, offset_of, events, len(modules), len(node_names), clock, interval)
+    return TraceFileContents(events=events, modules=modules, node_names=node_names, clock=clock,
+                             info=info, pid=pid)
+
+
+def _next_block(name: str, f: BinaryIO, pos: int, size: int, room: np.ndarray,
+                ) -> tuple[int, int, bytes, np.ndarray | None]:
+    """The intact block at ``pos``: (type, payload length, payload, events).
+
+    An EVENTS block's events are read into ``room`` (returned as a view of it) and
+    its payload holds the 16-byte sub-header only. Raises _Cut where the readable
+    part ends: a block that is truncated or fails a checksum."""
+    if pos == size:
+        raise _Cut(pos, "no footer: the process did not finish")
+    head = f.read(_BLOCK_SIZE)
+    if len(head) < _BLOCK_SIZE:
+        raise _Cut(pos, f"a partly written block header, {len(head)} of {_BLOCK_SIZE} bytes: "
+                        "the process did not finish")
+    btype, reserved, length, crc_payload, crc_head = _BLOCK.unpack(head)
+    if zlib.crc32(head[:_BLOCK_CRC_AT]) != crc_head:
+        raise _Cut(pos, "a block header that fails its checksum")
+    if length > size - pos - _BLOCK_SIZE:
+        raise _Cut(pos, f"a partly written block, {size - pos - _BLOCK_SIZE} of {length} payload "
+                        "bytes: the process did not finish")
+    # From here the header is intact: what it says is refused, not cut, when wrong.
+    if reserved != 0:
+        raise TraceFileError(name, pos + 4, f"expected a reserved 0 in the block header, "
+                                            f"found {reserved}")
+    if btype not in _BLOCK_NAMES:
+        raise TraceFileError(name, pos, f"unknown block type {btype} (expected 1-6; the file "
+                                        "was written by a newer hooktrace?)")
+    events: np.ndarray | None = None
+    if btype == BLOCK_EVENTS:
+        sub = _EVENTS_SUB.size
+        if length < sub or (length - sub) % EVENT_DTYPE.itemsize:
+            raise TraceFileError(name, pos + 8, f"EVENTS block: expected {sub} + a multiple of "
+                                                f"{EVENT_DTYPE.itemsize} payload bytes, found "
+                                                f"{length}")
+        payload = f.read(sub)
+        events = room[: (length - sub) // EVENT_DTYPE.itemsize]
+        got = f.readinto(memoryview(events.view(np.uint8)))  # type: ignore[attr-defined,arg-type]
+        if len(payload) + (got or 0) != length:  # the file shrank under us
+            raise _Cut(pos, "a partly written block: the file shrank while read")
+        crc = _crc_of(events, zlib.crc32(payload))
+    else:
+        payload = f.read(length)
+        if len(payload) != length:
+            raise _Cut(pos, "a partly written block: the file shrank while read")
+        crc = zlib.crc32(payload)
+    if crc != crc_payload:
+        raise _Cut(pos, f"a block ({_BLOCK_NAMES[btype]}) whose payload fails its checksum")
+    return btype, length, payload, events
+
+
+def _stream_modules(name: str, meta_bytes: bytes, base: int, raw: Any) -> list[tuple[str, str]]:
+    if raw is None:
+        raw = []
+    if not isinstance(raw, list):
+        _meta_error(name, meta_bytes, "modules",
+                    f"expected a list of [name, class name], found {raw!r:.60}", base)
+    for i, entry in enumerate(raw):
+        if not (isinstance(entry, list) and len(entry) == 2
+                and all(isinstance(x, str) for x in entry)):
+            _meta_error(name, meta_bytes, "modules",
+                        f"[{i}]: expected [name, class name], found {entry!r:.60}", base)
+    return [(entry[0], entry[1]) for entry in raw]

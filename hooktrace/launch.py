@@ -1,0 +1,187 @@
+"""Launching a traced process: the options ``hooktrace run`` and the environment
+switch (``HOOKTRACE=1``, ``HOOKTRACE_OPTIONS``, :mod:`hooktrace._autostart`) share.
+
+The options are parsed by :func:`add_options` and turned into a
+:class:`RunOptions` by :func:`options_from_args`; :func:`start` starts the
+process-wide recorder with them and :func:`write_outputs` writes what they ask
+for. A new option (``--schedule``, ``--ring``/``--dump-on``, ``--pftrace``) is
+one ``add_argument`` in :func:`add_options`, one field in :class:`RunOptions`,
+and its use in :func:`start` or :func:`write_outputs`. The ``run`` verb
+(``hooktrace/commands/run.py``) adds running the script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from hooktrace._naming import env_rank, output_path
+from hooktrace._output import check_output_path
+from hooktrace.errors import OptionError, OutputPathError
+from hooktrace.flight import check_dump_on
+from hooktrace.record import DEFAULT_CAPACITY, GlobalTrace
+from hooktrace.text import OPEN_HINT
+
+__all__ = ["RunOptions", "add_options", "options_from_args", "start", "write_outputs"]
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    """The tracing options shared by ``hooktrace run`` and ``HOOKTRACE_OPTIONS``."""
+    p.add_argument("-o", "--output", metavar="PATH", default=None,
+                   help="the .htrace file, or a folder for the default name "
+                        "(default: ./hooktrace-<host>_<pid>[_rank<R>].htrace); {rank}, {pid} and "
+                        "{host} are replaced; with RANK set and no {rank}, _rank<R> is added")
+    p.add_argument("--no-backward", dest="backward", action="store_false",
+                   help="do not record autograd nodes (forward spans only)")
+    p.add_argument("--steps", choices=("optimizer", "none"), default="optimizer",
+                   help="what ends a training step: the first optimizer's step() (default) "
+                        "or nothing")
+    p.add_argument("--chrome", metavar="OUT.json", default=None,
+                   help="also export Chrome trace JSON (.json or .json.gz) at exit; "
+                        "same naming rules as --output")
+    p.add_argument("--pftrace", metavar="OUT.pftrace", default=None,
+                   help="also export a Perfetto protobuf trace at exit; same naming rules")
+    p.add_argument("--schedule", metavar="WAIT,WARMUP,ACTIVE[,REPEAT]", default=None,
+                   help="record only some steps, as torch.profiler.schedule(wait, warmup, "
+                        "active, repeat) would; each window is written as it ends to "
+                        "OUTPUT's folder as <stem>.<last step>.htrace")
+    p.add_argument("--ring", action="store_true",
+                   help="flight recorder: keep the newest --capacity events, not the oldest")
+    p.add_argument("--dump-on", metavar="WHEN", default=None,
+                   help="flight-recorder dumps, any of exception,signal,hang (comma-separated): "
+                        "the events, Python stacks and open module calls of every thread, "
+                        "to --dump-dir; with --ring, the newest events")
+    p.add_argument("--dump-dir", metavar="DIR", default="hooktrace-dumps",
+                   help="where dumps go (default: %(default)s)")
+    p.add_argument("--hang-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="with --dump-on hang: seconds without a module call or step that "
+                        "count as a hang (default: %(default)s)")
+    p.add_argument("--memory", action="store_true",
+                   help="also record the bytes allocated at every module call and the peak "
+                        "inside it (CPU, and the current CUDA device when there is one)")
+    p.add_argument("--summary", action="store_true",
+                   help="print the per-module table to stderr at exit")
+    p.add_argument("--capacity", type=int, default=None, metavar="N",
+                   help="events held (32 bytes each; default 8 Mi); later events are dropped "
+                        "and counted")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What to record and what to write; paths resolved for this process."""
+
+    output: Path
+    chrome: Path | None
+    pftrace: Path | None
+    ring: bool
+    schedule: tuple[int, int, int, int] | None
+    dump_on: tuple[str, ...]
+    dump_dir: str
+    hang_timeout: float
+    backward: bool
+    steps: Literal["optimizer"] | None
+    summary: bool
+    capacity: int | None
+    memory: bool = False
+
+
+def options_from_args(args: argparse.Namespace) -> RunOptions:
+    """Checks the options and resolves the output names; raises OptionError."""
+    if args.capacity is not None and not 1 <= args.capacity <= 1 << 40:
+        raise OptionError(f"--capacity must be between 1 and 2**40 events, got {args.capacity}")
+    rank = env_rank()
+    output = output_path(args.output, ".htrace", rank)
+    chrome = output_path(args.chrome, ".json", rank) if args.chrome is not None else None
+    pftrace = output_path(args.pftrace, ".pftrace", rank) if args.pftrace is not None else None
+    for flag, path in (("--output", output), ("--chrome", chrome), ("--pftrace", pftrace)):
+        if path is None:
+            continue
+        try:  # checked before the script runs, not after hours of training
+            path.parent.mkdir(parents=True, exist_ok=True)  # out/ or out/run.htrace: made
+            check_output_path(path)
+        except (OutputPathError, OSError) as e:
+            raise OptionError(f"{flag}: {e}") from None
+    dump_on = tuple(w.strip() for w in args.dump_on.split(",")) if args.dump_on else ()
+    try:
+        check_dump_on(dump_on)
+    except (TypeError, ValueError) as e:
+        raise OptionError(f"--dump-on: {e}") from None
+    if not args.hang_timeout > 0:
+        raise OptionError(f"--hang-timeout must be a positive number of seconds, got "
+                       f"{args.hang_timeout}")
+    schedule = None
+    if args.schedule is not None:
+        try:
+            parts = [int(p) for p in args.schedule.split(",")]
+        except ValueError:
+            parts = []
+        if len(parts) not in (3, 4) or min(parts) < 0 or parts[2] < 1:
+            raise OptionError(f"--schedule must be WAIT,WARMUP,ACTIVE[,REPEAT] (integers, "
+                           f"ACTIVE >= 1), got {args.schedule!r}")
+        schedule = (parts[0], parts[1], parts[2], parts[3] if len(parts) == 4 else 0)
+        if args.ring:
+            raise OptionError("--schedule and --ring cannot be combined: windows are drained "
+                           "as they end")
+    return RunOptions(output=output, chrome=chrome, pftrace=pftrace, ring=args.ring,
+                      schedule=schedule,
+                      dump_on=dump_on, dump_dir=args.dump_dir, hang_timeout=args.hang_timeout,
+                      backward=args.backward,
+                      steps="optimizer" if args.steps == "optimizer" else None,
+                      summary=args.summary, capacity=args.capacity,
+                      memory=bool(getattr(args, "memory", False)))
+
+
+def start(options: RunOptions) -> GlobalTrace:
+    """A started global trace with these options."""
+    trace = GlobalTrace(capacity=options.capacity or DEFAULT_CAPACITY,
+                        policy="ring" if options.ring else "drop",
+                        backward=options.backward, steps=options.steps,
+                        dump_on=options.dump_on, dump_dir=options.dump_dir,
+                        hang_timeout=options.hang_timeout, memory=options.memory,
+                        **_windows(options))
+    try:
+        trace.__enter__()
+    except RuntimeError as e:  # another global trace in this process
+        raise OptionError(str(e).removeprefix("hooktrace: ")) from None
+    return trace
+
+
+def _windows(options: RunOptions) -> dict[str, Any]:
+    """schedule= and an on_window writing <output stem>.<last step>.htrace beside it."""
+    if options.schedule is None:
+        return {}
+    import torch
+
+    wait, warmup, active, repeat = options.schedule
+    output = options.output
+
+    def write(window: Any) -> None:
+        path = output.with_name(f"{output.stem}.{window.info['window']['last_step']}"
+                                f"{output.suffix}")
+        window.save(path)
+        print(f"hooktrace: wrote window {path}", file=sys.stderr)
+
+    return {"schedule": torch.profiler.schedule(wait=wait, warmup=warmup, active=active,
+                                                repeat=repeat),
+            "on_window": write}
+
+
+def write_outputs(trace: GlobalTrace, options: RunOptions) -> None:
+    """Writes the files asked for, and the summary to stderr; a line on stderr says what."""
+    result = trace.result
+    result.save(options.output)
+    written = [str(options.output)]
+    if options.chrome is not None:
+        result.export_chrome(options.chrome)
+        written.append(str(options.chrome))
+    if options.pftrace is not None:
+        result.export_perfetto(options.pftrace)
+        written.append(str(options.pftrace))
+    if options.summary:
+        print(result.summary(), file=sys.stderr)
+    print(f"hooktrace: wrote {' and '.join(written)} ({len(result.modules)} modules, "
+          f"{len(result.events)} events); {OPEN_HINT}, or: hooktrace summary {written[0]}",
+          file=sys.stderr)

@@ -1,0 +1,72 @@
+"""What a recording hands back and what ``hooktrace.load`` returns: a
+:class:`~hooktrace.reading.TraceData` with the outputs as methods.
+
+The data class itself knows nothing of exporters or the summary (they import it,
+not the other way round); :class:`TraceResult` sits above both and joins them for
+the user: ``result.summary()``, ``result.export_chrome(path)``,
+``result.export_perfetto(path)``.
+
+Example::
+
+    import hooktrace
+    run = hooktrace.load("run.htrace")
+    print(run.summary())
+    run.export_perfetto("run.pftrace", steps=(3, 5))
+"""
+
+from __future__ import annotations
+
+import os
+
+from hooktrace._filters import Filters
+from hooktrace.exporters.chrome import export_chrome
+from hooktrace.exporters.perfetto import export_perfetto
+from hooktrace.reading import TraceData
+from hooktrace.reading import load as load_data
+from hooktrace.summary import Summary
+
+
+class TraceResult(TraceData):
+    """A recorded run (:class:`~hooktrace.reading.TraceData`) with its outputs."""
+
+    @classmethod
+    def of(cls, data: TraceData) -> TraceResult:
+        """``data`` as a ``TraceResult`` (the arrays are shared, not copied)."""
+        if isinstance(data, cls):
+            return data
+        result = cls(data.events, data.modules, data.node_names, data.clock, data.info)
+        result._spans, result._steps = data._spans, data._steps
+        return result
+
+    def export_chrome(self, path: str | os.PathLike[str], *, nodes: bool = False) -> None:
+        """Write a Chrome/Perfetto trace JSON; gzip-compressed when ``path`` ends in ``.gz``.
+
+        ``nodes=True`` adds one event per attributed autograd node (unattributed
+        nodes are always written); see ``hooktrace.exporters.chrome``.
+        """
+        export_chrome(self, path, nodes=nodes)
+
+    def export_perfetto(
+        self, path: str | os.PathLike[str], *, nodes: bool = False, start: float | None = None,
+        end: float | None = None, max_depth: int | None = None,
+        steps: tuple[int, int] | None = None,
+    ) -> None:
+        """Write a Perfetto protobuf trace (``.pftrace``): the Chrome export's
+        slices and rows at about 1/3 of its size; see ``hooktrace.exporters.perfetto``.
+
+        ``start``/``end`` (seconds after the run's first event), ``steps=(a, b)``
+        and ``max_depth`` cut the run down first (``hooktrace._filters``).
+        """
+        export_perfetto(self, path, nodes=nodes, filters=Filters(
+            start=start, end=end, max_depth=max_depth, steps=steps))
+
+    def summary(self, *, peak_tflops: float | None = None) -> Summary:
+        """Per-module call statistics (see ``hooktrace.summary.Summary``); ``peak_tflops``
+        gives MFU for a run recorded with ``flops=True``."""
+        return Summary.from_trace(self, peak_tflops=peak_tflops)
+
+
+def load(path: str | os.PathLike[str], *, mmap: bool = False) -> TraceResult:
+    """Load a ``.htrace`` file (see :func:`hooktrace.reading.load` for the errors and
+    ``mmap``) as a :class:`TraceResult`."""
+    return TraceResult.of(load_data(path, mmap=mmap))
