@@ -196,3 +196,14 @@ def test_moved_names_say_where_they_went() -> None:
     result = TraceResult.of(data)
     assert result.events is data.events and result.modules == data.modules
     assert type(result.summary()).__name__ == "Summary"
+
+
+def test_every_package_is_installed() -> None:
+    # pyproject.toml lists the packages a wheel holds; a folder missing there works in
+    # the editable install and is absent from a real one.
+    import tomllib
+
+    listed = set(tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
+                 ["tool"]["setuptools"]["packages"])
+    on_disk = {module_name(p) for p in PACKAGE.rglob("__init__.py")}
+    assert listed == on_disk
