@@ -171,6 +171,40 @@ inline void span_exit(Session* s, uint32_t slot, uint8_t flags, bool on) {
   if (C10_UNLIKELY(on)) emit_exit();
 }
 
+// Interned names, made once by add_module_call_type.
+PyObject* s_wrapped_call_impl = nullptr;
+PyObject* s_compiled_call_impl = nullptr;
+PyObject* s_call_impl = nullptr;
+
+// The module's call, as `wrapped` (nn.Module._wrapped_call_impl) makes it:
+//
+//   if self._compiled_call_impl is not None:
+//       return self._compiled_call_impl(*args, **kwargs)
+//   return self._call_impl(*args, **kwargs)
+//
+// done here instead of in a Python frame of its own when the module's class
+// would run exactly `wrapped` (a class or a patch that changes
+// _wrapped_call_impl gets it called as is) and `_compiled_call_impl` is None;
+// `_call_impl` is called as a method, without a bound method object. This
+// saves the frame the recording would otherwise add to (see RESULTS.md); the
+// hooks, forward and tracing checks stay torch's own (_call_impl).
+inline PyObject* call_module(ModuleCall* g, PyObject* const* args, size_t nargsf,
+                             PyObject* kwnames) {
+  PyObject* module = args[0];
+  if (C10_LIKELY(_PyType_Lookup(Py_TYPE(module), s_wrapped_call_impl) == g->wrapped)) {
+    PyObject* compiled = PyObject_GetAttr(module, s_compiled_call_impl);
+    if (C10_LIKELY(compiled == Py_None)) {
+      Py_DECREF(compiled);
+      return PyObject_VectorcallMethod(s_call_impl, args, nargsf, kwnames);
+    }
+    if (compiled)
+      Py_DECREF(compiled);
+    else
+      PyErr_Clear();  // not set up by nn.Module.__init__: the original decides
+  }
+  return PyObject_Vectorcall(g->wrapped, args, nargsf, kwnames);
+}
+
 PyObject* module_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   auto* g = reinterpret_cast<ModuleCall*>(self);
   if (C10_UNLIKELY(PyVectorcall_NARGS(nargsf) < 1))
@@ -196,7 +230,7 @@ PyObject* module_call(PyObject* self, PyObject* const* args, size_t nargsf, PyOb
     if (global != g->global) global_slot = kNoSlot;  // resolve ended the process scope
   }
   PyObject* global_owner = global_slot != kNoSlot ? g->global_owner : nullptr;
-  if (!model && !global_owner) return PyObject_Vectorcall(g->wrapped, args, nargsf, kwnames);
+  if (!model && !global_owner) return call_module(g, args, nargsf, kwnames);
   // Both sessions stay alive until the exit is recorded, even if their scopes end
   // inside the call (a stopped session records nothing): one reference each,
   // no allocation.
@@ -204,7 +238,7 @@ PyObject* module_call(PyObject* self, PyObject* const* args, size_t nargsf, PyOb
   Py_XINCREF(global_owner);
   const bool model_on = model && span_enter(model, model_slot);
   const bool global_on = global_owner && span_enter(global, global_slot);
-  PyObject* result = PyObject_Vectorcall(g->wrapped, args, nargsf, kwnames);
+  PyObject* result = call_module(g, args, nargsf, kwnames);
   const uint8_t flags = result ? 0 : kFlagError;
   if (global_owner) span_exit(global, global_slot, flags, global_on);
   if (model) span_exit(model, model_slot, flags, model_on);
@@ -477,6 +511,10 @@ PyTypeObject ModuleCallType = make_module_call_type();
 }  // namespace
 
 int add_module_call_type(PyObject* module) {
+  s_wrapped_call_impl = PyUnicode_InternFromString("_wrapped_call_impl");
+  s_compiled_call_impl = PyUnicode_InternFromString("_compiled_call_impl");
+  s_call_impl = PyUnicode_InternFromString("_call_impl");
+  if (!s_wrapped_call_impl || !s_compiled_call_impl || !s_call_impl) return -1;
   if (PyType_Ready(&ModuleCallType) < 0) return -1;
   Py_INCREF(&ModuleCallType);
   if (PyModule_AddObject(module, "ModuleCall", reinterpret_cast<PyObject*>(&ModuleCallType)) < 0) {

@@ -5,8 +5,11 @@
 //   ModuleCall(wrapped)
 //       Replaces `nn.Module.__call__` (the class attribute, once, for every
 //       subclass that does not override it) while any recorder is active.
-//       Transparent: `wrapped` is the original `_wrapped_call_impl`, called
-//       with exactly the arguments received. A method descriptor
+//       Transparent: `wrapped` is the original `_wrapped_call_impl`; what it
+//       does (call `_compiled_call_impl` if set, else `_call_impl`, with exactly
+//       the arguments received) is done in C when the module's class would run
+//       exactly `wrapped`, one Python frame fewer; anything else calls
+//       `wrapped` itself. A method descriptor
 //       (Py_TPFLAGS_METHOD_DESCRIPTOR), so `m(x)` reaches it through
 //       slot_tp_call with `m` prepended and no bound method is created.
 //       `__code__`, `__name__`, `__qualname__`, `__doc__`, `__module__` and

@@ -43,6 +43,7 @@ _claimed_lock = threading.Lock()
 _claimed: weakref.WeakKeyDictionary[nn.Module, tuple[Any, str, str]] = weakref.WeakKeyDictionary()
 
 _WRAPPED_CALL_CODE = nn.Module._wrapped_call_impl.__code__
+_CALL_IMPL_CODE = nn.Module._call_impl.__code__
 
 
 class Scope:
@@ -167,7 +168,7 @@ class ProcessScope(Scope):
         self._lock = threading.Lock()
         self._call: Any = None
         self._session: Any = None
-        self._call_code: CodeType = _WRAPPED_CALL_CODE
+        self._call_codes: frozenset[CodeType] = frozenset({_WRAPPED_CALL_CODE, _CALL_IMPL_CODE})
         self._recording = False
         # Called with each new slot's emitted name (emit_profiler), and with each new
         # top-level module (FLOP counting starts from the first).
@@ -176,8 +177,11 @@ class ProcessScope(Scope):
 
     def attach(self, call: Any, session: Any) -> None:
         self._call, self._session = call, session
-        # the frames that mark an open module call, for _resolve
-        self._call_code = getattr(call.__wrapped__, "__code__", _WRAPPED_CALL_CODE)
+        # the frames that mark an open module call, for _resolve: _C.ModuleCall runs
+        # _call_impl itself (or, for a class it cannot, the wrapped __call__)
+        self._call_codes = frozenset({
+            getattr(call.__wrapped__, "__code__", _WRAPPED_CALL_CODE),
+            getattr(getattr(nn.Module, "_call_impl", None), "__code__", _CALL_IMPL_CODE)})
         self._recording = True
         call.set_global(session, self._resolve)
 
@@ -205,7 +209,7 @@ class ProcessScope(Scope):
         if not isinstance(module, nn.Module) or not self._recording:
             return -1
         call = self._call
-        open_modules = _open_modules(sys._getframe(1), self._call_code)
+        open_modules = _open_modules(sys._getframe(1), self._call_codes)
         with self._lock:
             slot = call.lookup(module)  # another thread may have registered it
             if slot >= 0:
@@ -218,7 +222,7 @@ class ProcessScope(Scope):
                 if pslot < 0:
                     continue
                 root, prefix, _ = self._slots[pslot]
-                for name, child in parent._modules.items():
+                for name, child in vars(parent).get("_modules", {}).items():
                     if child is module:
                         return self._register_tree(module, root, _join(prefix, name))
             if open_modules:
@@ -349,7 +353,9 @@ def _named_modules(model: nn.Module) -> list[Named]:
             m = inner
         else:
             out.append(Named(name, type(m).__name__, [m], []))
-        for child_name, child in m._modules.items():
+        # vars(): a module whose nn.Module.__init__ never ran has no _modules (it is
+        # recorded as a leaf; its call fails as it would untraced)
+        for child_name, child in vars(m).get("_modules", {}).items():
             if child is not None:
                 walk(child, f"{name}.{child_name}" if name else child_name)
 
@@ -380,14 +386,14 @@ def _forget(call: Any, address: int, _ref: Any) -> None:
     call.forget(address)
 
 
-def _open_modules(frame: FrameType | None, call_code: CodeType) -> list[nn.Module]:
+def _open_modules(frame: FrameType | None, call_codes: frozenset[CodeType]) -> list[nn.Module]:
     """The modules whose calls are open on this thread, outermost first: the ``self`` of
-    each running ``nn.Module.__call__`` (``_wrapped_call_impl``) frame."""
+    each running ``_call_impl`` or ``_wrapped_call_impl`` frame (once per call)."""
     found: list[nn.Module] = []
     while frame is not None:
-        if frame.f_code is call_code:
+        if frame.f_code in call_codes:
             m = frame.f_locals.get("self")
-            if isinstance(m, nn.Module):
+            if isinstance(m, nn.Module) and not (found and found[-1] is m):
                 found.append(m)
         frame = frame.f_back
     found.reverse()

@@ -152,6 +152,30 @@ def test_tracing_does_not_change_the_compiled_program(how: str, when: str, scope
     assert tr.modules[0] == ("", "Net")
 
 
+@pytest.mark.parametrize("scope", ["trace", "global"])
+@pytest.mark.parametrize("how", ["model", "blocks"])
+def test_a_warm_compiled_model_is_not_compiled_again_when_traced(how: str, scope: str) -> None:
+    # GIVEN a compiled model that already ran (Dynamo's caches are warm), as when a
+    # window of a long run is traced
+    net = _fresh()
+    fn = _prepare(how, net)
+    warm = _steps(fn, net)
+    counts = _dynamo_counts()
+    assert counts["stats"]["unique_graphs"] >= 1
+    # WHEN more steps run traced, THEN nothing is compiled again and the same steps
+    # give what they give untraced
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        recorder = (hooktrace.trace(fn if isinstance(fn, nn.Module) else net)
+                    if scope == "trace" else hooktrace.global_trace())
+        with recorder as tr:
+            traced = _steps(fn, net)
+    assert _dynamo_counts() == counts
+    for got, want in zip(traced, warm):
+        assert torch.equal(got, want)
+    assert len(_spans(tr, CAT_FORWARD)) >= STEPS
+
+
 def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])

@@ -412,3 +412,71 @@ def test_dataclass_and_dict_outputs_pass_through_unchanged() -> None:
     with hooktrace.trace(model):
         out = model(x)
     assert type(out).__name__ == "Output" and set(out.extra) == {"y", "skip"}
+
+
+@pytest.mark.parametrize("scope", ["trace", "global"])
+def test_call_machinery_overridden_or_patched_is_what_runs(scope: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # hooktrace's __call__ does nn.Module._wrapped_call_impl's work in C only when the
+    # class would run exactly that function; anything else must run as it would untraced.
+    seen: list[str] = []
+
+    class OwnWrapped(nn.Linear):
+        # not what nn.Module.__call__ runs (bound at class creation), traced or not
+        def _wrapped_call_impl(self, *args: Any, **kwargs: Any) -> Any:
+            seen.append("own _wrapped_call_impl")
+            return super()._wrapped_call_impl(*args, **kwargs) + 1
+
+    original_call_impl = nn.Module._call_impl
+
+    def patched_call_impl(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        seen.append(f"patched _call_impl {type(self).__name__}")
+        return original_call_impl(self, *args, **kwargs)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(OwnWrapped(4, 4), nn.ReLU())
+    x = torch.randn(2, 4)
+    with monkeypatch.context() as m:
+        m.setattr(nn.Module, "_call_impl", patched_call_impl)
+        expected = model(x)
+        untraced, seen[:] = list(seen), []
+        with (hooktrace.trace(model) if scope == "trace" else hooktrace.global_trace()) as tr:
+            got = model(x)
+    assert torch.equal(got, expected) and seen == untraced == [
+        "patched _call_impl Sequential", "patched _call_impl OwnWrapped",
+        "patched _call_impl ReLU"]
+    assert len(tr.result.spans()) == 3
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("scope", ["trace", "global"])
+def test_call_machinery_errors_are_torchs_own(scope: str) -> None:
+    # GIVEN a module whose __init__ never ran (no _compiled_call_impl, no _modules):
+    # torch's own error, and no complaint from hooktrace naming it
+    class NoInit(nn.Module):
+        def __init__(self) -> None:  # deliberately skips nn.Module.__init__
+            pass
+
+    bare, other = NoInit(), nn.Linear(2, 2)
+    with pytest.raises(AttributeError) as untraced:
+        bare(1)
+    with (hooktrace.trace(other) if scope == "trace" else hooktrace.global_trace()):
+        with pytest.raises(AttributeError) as traced:
+            bare(1)
+    assert str(traced.value) == str(untraced.value)
+
+
+def test_a_traceback_through_a_traced_call_names_the_users_frames() -> None:
+    # The frames a user reads (theirs and forward) are all there, in order.
+    model = Boom()
+    with pytest.raises(RuntimeError) as untraced:
+        model(torch.randn(2, 4))
+    with pytest.raises(RuntimeError) as traced:
+        with hooktrace.trace(model):
+            model(torch.randn(2, 4))
+
+    def user_frames(e: pytest.ExceptionInfo[RuntimeError]) -> list[str]:
+        return [f.name for f in e.traceback if "torch/nn/modules/module.py" not in str(f.path)]
+
+    assert user_frames(traced)[-3:] == user_frames(untraced)[-3:]
+    assert "forward" in user_frames(traced)

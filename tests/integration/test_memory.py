@@ -33,6 +33,7 @@ from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD
 from models import ConvNet, tiny_bert
 
 HEADER = 64  # csrc/memory.cpp: what the counting allocator adds in front of each block
+CLOCK_SKEW_NS = 200  # hooktrace's and the profiler's Unix times of one instant differ by less
 
 
 def tiny_gpt2() -> nn.Module:
@@ -168,8 +169,18 @@ def test_backward_spans_match_the_profilers_memory_events() -> None:
     m = span_memory(tr, "cpu")
     bwd = np.flatnonzero((spans.cat == CAT_BACKWARD) & (spans.start_ns > t0))
     assert len(bwd) > 10
+    checked = 0
     for i in bwd.tolist():
         assert m.known[i]
+        # The profiler's times and hooktrace's come from two conversions of the same
+        # clock, tens of ns apart: an allocation that close to a span's edge (a backward
+        # span reaching over its hooks starts where the previous node ended, and the
+        # engine frees its buffers right then) cannot be placed by time. Those spans
+        # are left out; most are not.
+        edges = np.array([spans.start_ns[i], spans.end_ns[i]], np.int64)
+        if np.abs(mem_t[:, None] - edges[None, :]).min() < CLOCK_SKEW_NS:
+            continue
+        checked += 1
         lo = np.searchsorted(mem_t, spans.start_ns[i], "right")
         hi = np.searchsorted(mem_t, spans.end_ns[i], "right")
         running = np.cumsum(mem_b[lo:hi])
@@ -177,6 +188,7 @@ def test_backward_spans_match_the_profilers_memory_events() -> None:
         peak = max(0, int(running.max())) if len(running) else 0
         name = tr.modules[spans.module[i]][0]
         assert (int(m.net[i]), int(m.peak_above[i])) == (net, peak), name
+    assert checked > len(bwd) // 2
     # backward frees the activations forward kept: over the whole pass, memory goes down
     root = [i for i in bwd.tolist() if spans.module[i] == 0]
     assert root and all(m.net[i] < 0 for i in root)
