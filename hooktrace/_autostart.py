@@ -50,14 +50,18 @@ def cancel() -> None:
     global _trace
     if _trace is not None:
         atexit.unregister(_finish)
+        from hooktrace.launch import stop_writing_on_sigterm
+
+        stop_writing_on_sigterm()
         _trace.__exit__(None, None, None)
         _trace = None
 
 
 def _finish(trace: Any, options: Any) -> None:
-    from hooktrace.launch import write_outputs
+    from hooktrace.launch import stop_writing_on_sigterm, write_outputs
 
     try:
+        stop_writing_on_sigterm()
         trace.__exit__(None, None, None)
         if trace.result.modules:
             write_outputs(trace, options)

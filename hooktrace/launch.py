@@ -13,7 +13,10 @@ and its use in :func:`start` or :func:`write_outputs`. The ``run`` verb
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -23,9 +26,9 @@ from hooktrace._output import check_output_path
 from hooktrace.errors import OptionError, OutputPathError
 from hooktrace.flight import check_dump_on
 from hooktrace.record import DEFAULT_CAPACITY, GlobalTrace
-from hooktrace.text import OPEN_HINT
 
-__all__ = ["RunOptions", "add_options", "options_from_args", "start", "write_outputs"]
+__all__ = ["RunOptions", "add_options", "options_from_args", "start", "stop_writing_on_sigterm",
+           "write_outputs"]
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -146,7 +149,49 @@ def start(options: RunOptions) -> GlobalTrace:
         trace.__enter__()
     except RuntimeError as e:  # another global trace in this process
         raise OptionError(str(e).removeprefix("hooktrace: ")) from None
+    _write_on_sigterm(trace, options)
     return trace
+
+
+# The SIGTERM handler installed by start(), while it is installed.
+_sigterm_handler: Any = None
+
+
+def _write_on_sigterm(trace: GlobalTrace, options: RunOptions) -> None:
+    """SIGTERM (a scheduler preempting the job, torchrun tearing the workers down after
+    another rank failed, ``kill``) ends the process without running atexit or the
+    script's ``finally`` blocks: end the trace and write what was recorded, then die of
+    the signal as the program would have (exit status 128+15 / -15). Installed only
+    where SIGTERM still has its default action, on the main thread; a handler the
+    program installs later replaces it (and the trace is then written at exit)."""
+    global _sigterm_handler
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+        return
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        try:
+            trace.__exit__(None, None, None)
+            if trace.result.modules:
+                print("hooktrace: SIGTERM: writing the trace before exiting", file=sys.stderr)
+                write_outputs(trace, options)
+        except BaseException as e:  # never keep a terminated process alive
+            print(f"hooktrace: error: SIGTERM: could not write the trace: {e}", file=sys.stderr)
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    _sigterm_handler = on_sigterm
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def stop_writing_on_sigterm() -> None:
+    """Puts SIGTERM's default action back if start()'s handler is still installed
+    (the trace is being written by the normal path)."""
+    global _sigterm_handler
+    if _sigterm_handler is not None and signal.getsignal(signal.SIGTERM) is _sigterm_handler:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _sigterm_handler = None
 
 
 def _windows(options: RunOptions) -> dict[str, Any]:
@@ -182,6 +227,20 @@ def write_outputs(trace: GlobalTrace, options: RunOptions) -> None:
         written.append(str(options.pftrace))
     if options.summary:
         print(result.summary(), file=sys.stderr)
-    print(f"hooktrace: wrote {' and '.join(written)} ({len(result.modules)} modules, "
-          f"{len(result.events)} events); {OPEN_HINT}, or: hooktrace summary {written[0]}",
-          file=sys.stderr)
+    print(exit_line(written, result), file=sys.stderr)
+
+
+def exit_line(written: list[str], result: Any) -> str:
+    """What a finished run says: the files, their size, what was lost, and how to look at
+    them (a .htrace is hooktrace's own file: Perfetto opens the exports, not it)."""
+    lost = [f"{n} {what}" for n, what in ((result.dropped_events, "events dropped (buffer "
+                                           "full: raise --capacity)"),
+                                          (result.overwritten_events, "overwritten (ring)"))
+            if n]
+    counts = ", ".join([f"{len(result.modules)} modules", f"{len(result.events)} events", *lost])
+    views = written[1:]
+    look = (f"open {views[0]} at https://ui.perfetto.dev" if views else
+            f"for Perfetto: hooktrace export {written[0]} -o "
+            f"{Path(written[0]).with_suffix('.pftrace')}")
+    return (f"hooktrace: wrote {' and '.join(written)} ({counts}); {look}; the table: "
+            f"hooktrace summary {written[0]}")

@@ -20,7 +20,13 @@ import sys
 from typing import Any
 
 from hooktrace.commands import CliError
-from hooktrace.launch import add_options, options_from_args, start, write_outputs
+from hooktrace.launch import (
+    add_options,
+    options_from_args,
+    start,
+    stop_writing_on_sigterm,
+    write_outputs,
+)
 
 NAME = "run"
 HELP = "run a Python script (or -m module) and trace every nn.Module it calls"
@@ -61,6 +67,7 @@ def run(args: argparse.Namespace) -> None:
         failure = e
     finally:
         # the script's exception goes in, so that dump_on="exception" dumps it
+        stop_writing_on_sigterm()
         trace.__exit__(*((type(failure), failure, failure.__traceback__) if failure is not None
                          else (None, None, None)))
         try:

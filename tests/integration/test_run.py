@@ -379,3 +379,117 @@ def test_schedule_option_writes_each_window(tmp_path: Path) -> None:
         assert calls_per_module(w)[""] == 1 and w.steps().number.tolist() == [step]
     r = python("-m", "hooktrace", "run", "--schedule", "1,x", script, cwd=tmp_path)
     assert r.returncode == 1 and "--schedule must be WAIT,WARMUP,ACTIVE" in r.stderr
+
+
+LONG_TRAINING = """
+    import sys, time
+    import torch
+    from torch import nn
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(10000):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        if step == 3:
+            print("ready", flush=True)
+        time.sleep(0.01)
+    print("finished")
+"""
+
+
+def _terminated(cmd: list[str | Path], cwd: Path, env_: dict[str, str]
+                ) -> tuple[int, str, str]:
+    """Starts cmd, sends SIGTERM once it printed "ready"; (exit status, stdout, stderr)."""
+    import signal
+
+    p = subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=env_, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None
+        assert p.stdout.readline() == "ready\n"
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    return p.returncode, out, err
+
+
+def test_sigterm_writes_the_trace_then_dies_of_the_signal(tmp_path: Path) -> None:
+    import signal
+
+    # GIVEN a long training script under hooktrace run, WHEN a scheduler sends SIGTERM
+    script = write(tmp_path / "long.py", LONG_TRAINING)
+    out = tmp_path / "out" / "long.htrace"
+    code, stdout, stderr = _terminated(
+        [sys.executable, "-m", "hooktrace", "run", "-o", out, script], tmp_path, env())
+    # THEN the process dies of SIGTERM as it would have, and what was recorded is written
+    assert code == -signal.SIGTERM, stderr
+    assert "finished" not in stdout
+    assert f"hooktrace: wrote {out}" in stderr
+    trace = hooktrace.load(out)
+    assert calls_per_module(trace)[""] >= 4 and len(trace.steps()) >= 4
+
+
+def test_sigterm_under_the_environment_switch(tmp_path: Path) -> None:
+    import signal
+
+    bin_python = make_venv_with_switch(tmp_path)
+    script = write(tmp_path / "long.py", LONG_TRAINING)
+    clean = {k: v for k, v in env().items() if k != "PYTHONPATH"}
+    out = tmp_path / "traces"
+    code, _, stderr = _terminated([bin_python, script], tmp_path,
+                                  {**clean, "HOOKTRACE": "1", "HOOKTRACE_OUT": f"{out}/"})
+    assert code == -signal.SIGTERM, stderr
+    (written,) = out.glob("hooktrace-*.htrace")
+    assert calls_per_module(hooktrace.load(written))["0"] >= 4
+
+
+def test_a_program_with_its_own_sigterm_handler_keeps_it(tmp_path: Path) -> None:
+    # The program's handler wins: it exits normally, and the trace is written at exit.
+    script = write(tmp_path / "own.py", textwrap.dedent("""
+        import signal, sys
+        signal.signal(signal.SIGTERM, lambda *a: sys.exit(3))
+    """) + textwrap.dedent(LONG_TRAINING))
+    out = tmp_path / "own.htrace"
+    code, _, stderr = _terminated(
+        [sys.executable, "-m", "hooktrace", "run", "-o", out, script], tmp_path, env())
+    assert code == 3, stderr
+    assert "SIGTERM" not in stderr and calls_per_module(hooktrace.load(out))[""] >= 4
+
+
+def test_the_exit_line_points_at_something_perfetto_opens_and_says_what_was_lost(
+        tmp_path: Path) -> None:
+    script = write(tmp_path / "loop.py", """
+        import torch
+        m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+        for _ in range(50):
+            m(torch.randn(2, 4))
+    """)
+    r = python("-m", "hooktrace", "run", "-o", "a.htrace", "--capacity", "64", script,
+               cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    (line,) = [x for x in r.stderr.splitlines() if x.startswith("hooktrace: wrote")]
+    assert "perfetto.dev" not in line  # Perfetto cannot open a .htrace
+    assert "hooktrace export a.htrace -o a.pftrace" in line
+    dropped = hooktrace.load(tmp_path / "a.htrace").dropped_events
+    assert dropped > 0 and f"{dropped} events dropped" in line
+    r = python("-m", "hooktrace", "run", "-o", "b.htrace", "--chrome", "b.json", script,
+               cwd=tmp_path)
+    (line,) = [x for x in r.stderr.splitlines() if x.startswith("hooktrace: wrote")]
+    assert "open b.json at https://ui.perfetto.dev" in line and "dropped" not in line
+
+
+def test_the_flight_recorder_recipe_exits_0_with_its_trace(tmp_path: Path) -> None:
+    # The README's recipe on a script that ends well: exit 0, the trace written, no dump.
+    script = write(tmp_path / "ok.py", """
+        import torch
+        m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+        m(torch.randn(2, 4)).sum().backward()
+        print("ok")
+    """)
+    r = python("-m", "hooktrace", "run", "--ring", "--dump-on", "hang,signal,exception",
+               "--dump-dir", "dumps", "-o", "ok.htrace", script, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout == "ok\n", r.stderr
+    assert "Error" not in r.stderr and not (tmp_path / "dumps").exists()
+    assert calls_per_module(hooktrace.load(tmp_path / "ok.htrace")) == {"": 1, "0": 1, "1": 1}
