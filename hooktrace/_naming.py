@@ -5,10 +5,14 @@
 (existing, or a name ending in ``/``) gets that default name inside it; any
 other name has ``{rank}``, ``{pid}`` and ``{host}`` replaced, and when a rank
 is given and the name has no ``{rank}``, ``_rank<R>`` goes before its
-extension, so ranks writing "the same" file write one each.
+extension (and the suffix is added to a name without one), so ranks writing
+"the same" file write one each. ``rank_files_of(name)`` finds those files again
+from the name given to ``-o``.
 
 Example:
     >>> output_path("out/run.htrace", ".htrace", rank=1).as_posix()
+    'out/run_rank1.htrace'
+    >>> output_path("out/run", ".htrace", rank=1).as_posix()
     'out/run_rank1.htrace'
     >>> output_path("t.json.gz", ".json", rank=None).as_posix()
     't.json.gz'
@@ -20,7 +24,7 @@ import os
 import socket
 from pathlib import Path
 
-__all__ = ["env_rank", "output_path", "process_stem"]
+__all__ = ["env_rank", "output_path", "process_stem", "rank_files_of"]
 
 _EXTENSIONS = (".json.gz", ".htrace", ".json", ".pftrace", ".gz")
 
@@ -51,9 +55,31 @@ def output_path(template: str | os.PathLike[str] | None, suffix: str, rank: int 
     path = Path(name)
     if rank is None:
         return path
-    stem, ext = path.name, ""
+    stem, ext = _split_extension(path.name)
+    return path.with_name(f"{stem}_rank{rank}{ext or suffix}")
+
+
+def _split_extension(name: str) -> tuple[str, str]:
     for known in _EXTENSIONS:
-        if stem.endswith(known) and stem != known:
-            stem, ext = stem[: -len(known)], known
-            break
-    return path.with_name(f"{stem}_rank{rank}{ext}")
+        if name.endswith(known) and name != known:
+            return name[: -len(known)], known
+    return name, ""
+
+
+def rank_files_of(name: str | os.PathLike[str]) -> list[str]:
+    """The per-rank ``.htrace`` files ``hooktrace run -o NAME`` wrote under torchrun
+    (``NAME_rank<R>.htrace``, or ``STEM_rank<R>.htrace`` for ``NAME = STEM.htrace``),
+    sorted by rank; empty when there are none or ``NAME`` itself exists."""
+    text = os.fspath(name)
+    if os.path.exists(text):
+        return []
+    path = Path(text)
+    stem, ext = _split_extension(path.name)
+    if ext not in ("", ".htrace"):
+        return []
+    found = []
+    for f in path.parent.glob(f"{stem}_rank*.htrace"):
+        rank = f.name[len(stem) + len("_rank"):-len(".htrace")]
+        if rank.isdigit() and f.is_file():
+            found.append((int(rank), os.fspath(f)))
+    return [f for _, f in sorted(found)]

@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -62,6 +63,9 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hang-timeout", type=float, default=300.0, metavar="SECONDS",
                    help="with --dump-on hang: seconds without a module call or step that "
                         "count as a hang (default: %(default)s)")
+    p.add_argument("--flops", action="store_true",
+                   help="also count FLOPs per module call (as trace(model, flops=True)): "
+                        "hooktrace summary --flops shows them")
     p.add_argument("--memory", action="store_true",
                    help="also record the bytes allocated at every module call and the peak "
                         "inside it (CPU, and the current CUDA device when there is one)")
@@ -89,6 +93,7 @@ class RunOptions:
     summary: bool
     capacity: int | None
     memory: bool = False
+    flops: bool = False
 
 
 def options_from_args(args: argparse.Namespace) -> RunOptions:
@@ -134,7 +139,8 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
                       backward=args.backward,
                       steps="optimizer" if args.steps == "optimizer" else None,
                       summary=args.summary, capacity=args.capacity,
-                      memory=bool(getattr(args, "memory", False)))
+                      memory=bool(getattr(args, "memory", False)),
+                      flops=bool(getattr(args, "flops", False)))
 
 
 def start(options: RunOptions) -> GlobalTrace:
@@ -144,7 +150,7 @@ def start(options: RunOptions) -> GlobalTrace:
                         backward=options.backward, steps=options.steps,
                         dump_on=options.dump_on, dump_dir=options.dump_dir,
                         hang_timeout=options.hang_timeout, memory=options.memory,
-                        **_windows(options))
+                        flops=options.flops, **_windows(options))
     try:
         trace.__enter__()
     except RuntimeError as e:  # another global trace in this process
@@ -209,14 +215,23 @@ def _windows(options: RunOptions) -> dict[str, Any]:
         window.save(path)
         print(f"hooktrace: wrote window {path}", file=sys.stderr)
 
-    return {"schedule": torch.profiler.schedule(wait=wait, warmup=warmup, active=active,
-                                                repeat=repeat),
-            "on_window": write}
+    with warnings.catch_warnings():  # torch's "won't be using warmup": the user asked for 0
+        warnings.simplefilter("ignore", UserWarning)
+        schedule = torch.profiler.schedule(wait=wait, warmup=warmup, active=active,
+                                           repeat=repeat)
+    return {"schedule": schedule, "on_window": write}
 
 
 def write_outputs(trace: GlobalTrace, options: RunOptions) -> None:
     """Writes the files asked for, and the summary to stderr; a line on stderr says what."""
     result = trace.result
+    if not result.modules:
+        print("hooktrace: no nn.Module was called; nothing written", file=sys.stderr)
+        return
+    if options.schedule is not None and not len(result.events):
+        print("hooktrace: each window was written as it ended; nothing was recorded after the "
+              f"last one, so there is no {options.output}", file=sys.stderr)
+        return
     result.save(options.output)
     written = [str(options.output)]
     if options.chrome is not None:

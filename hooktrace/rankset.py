@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from hooktrace._kineto import ProfilerTraceError, open_binary, scan
+from hooktrace._naming import rank_files_of
 from hooktrace.errors import HooktraceError
 from hooktrace.reading import TraceData, load
 
@@ -109,7 +110,8 @@ def _peek(path: str) -> RankFile:
 
 def find_rank_files(inputs: Sequence[PathLike]) -> tuple[list[str], list[str]]:
     """The ``.htrace`` files named by ``inputs`` (directories searched recursively,
-    sorted), and one problem line per input that does not exist."""
+    sorted; the name given to ``hooktrace run -o`` under torchrun stands for its
+    ``_rank<R>`` files), and one problem line per input that does not exist."""
     files: list[str] = []
     problems: list[str] = []
     for item in inputs:
@@ -121,6 +123,8 @@ def find_rank_files(inputs: Sequence[PathLike]) -> tuple[list[str], list[str]]:
             files += found
         elif os.path.exists(name):
             files.append(name)
+        elif rank_files_of(name):  # hooktrace run -o NAME under torchrun
+            files += rank_files_of(name)
         else:
             problems.append(f"{name}: no such file")
     seen: set[str] = set()

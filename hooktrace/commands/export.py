@@ -61,7 +61,9 @@ def run(args: argparse.Namespace) -> None:
     from hooktrace._progress import WriteTo, progress_write
     from hooktrace.result import load
 
-    if os.path.isdir(args.run):  # many ranks (issue #11)
+    from hooktrace._naming import rank_files_of
+
+    if os.path.isdir(args.run) or rank_files_of(args.run):  # many ranks (issue #11)
         from hooktrace.commands import merge_ranks
 
         merge_ranks.run(argparse.Namespace(inputs=[args.run], output=args.output, profiler=[],

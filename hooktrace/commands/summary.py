@@ -51,9 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    from hooktrace._naming import rank_files_of
     from hooktrace.result import load
 
-    if len(args.run) > 1 or os.path.isdir(args.run[0]):
+    if len(args.run) > 1 or os.path.isdir(args.run[0]) or rank_files_of(args.run[0]):
         _run_ranks(args)
         return
     if args.threshold is not None or args.min_excess_ms is not None or args.workers is not None:

@@ -369,7 +369,14 @@ def test_schedule_option_writes_each_window(tmp_path: Path) -> None:
             opt.zero_grad()
         print("done")
     """)
-    traced_and_untraced(tmp_path, script, options=("--schedule", "1,0,1,2"))
+    plain = python(script, cwd=tmp_path)
+    traced = python("-m", "hooktrace", "run", "-o", "train.htrace", "--schedule", "1,0,1,2",
+                    script, cwd=tmp_path)
+    assert traced.returncode == 0 and traced.stdout == plain.stdout, traced.stderr
+    assert "warmup" not in traced.stderr  # torch's warning about the user's own choice
+    # nothing was recorded after the last window: no empty file under the main name
+    # (diff DIR:-1 would take it for the last window)
+    assert not (tmp_path / "train.htrace").exists() and "there is no train.htrace" in traced.stderr
     windows = {p.name: hooktrace.load(p) for p in tmp_path.glob("train.*.htrace")}
     # steps 1 and 3 are the active ones: one file each, holding exactly that step
     assert sorted(windows) == ["train.1.htrace", "train.3.htrace"]
@@ -493,3 +500,45 @@ def test_the_flight_recorder_recipe_exits_0_with_its_trace(tmp_path: Path) -> No
     assert r.returncode == 0 and r.stdout == "ok\n", r.stderr
     assert "Error" not in r.stderr and not (tmp_path / "dumps").exists()
     assert calls_per_module(hooktrace.load(tmp_path / "ok.htrace")) == {"": 1, "0": 1, "1": 1}
+
+
+def test_no_module_called_writes_nothing(tmp_path: Path) -> None:
+    script = write(tmp_path / "plain.py", """
+        print("no model here")
+    """)
+    r = python("-m", "hooktrace", "run", "-o", "x.htrace", script, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout == "no model here\n", r.stderr
+    assert "no nn.Module was called; nothing written" in r.stderr
+    assert not (tmp_path / "x.htrace").exists()
+
+
+def test_flops_option(tmp_path: Path) -> None:
+    script = write(tmp_path / "lin.py", """
+        import torch
+        m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU())
+        m(torch.randn(2, 4))
+    """)
+    r = python("-m", "hooktrace", "run", "--flops", "-o", "f.htrace", script, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    rows = {row["module"]: row for row in hooktrace.load(tmp_path / "f.htrace").summary().rows}
+    assert rows["0"]["flops"] == 2 * 2 * 4 * 8  # one addmm: 2 x batch x in x out
+
+
+def test_rank_outputs_without_an_extension_are_found_by_the_same_name(tmp_path: Path) -> None:
+    # GIVEN two ranks that ran `hooktrace run -o out` (as torchrun sets RANK)
+    script = write(tmp_path / "lin.py", """
+        import torch
+        m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU())
+        m(torch.randn(2, 4)).sum().backward()
+    """)
+    for rank in ("0", "1"):
+        r = python("-m", "hooktrace", "run", "-o", "out", script, cwd=tmp_path, RANK=rank)
+        assert r.returncode == 0, r.stderr
+    # THEN each wrote a .htrace file, and the name given to -o finds both
+    assert sorted(p.name for p in tmp_path.glob("out*")) == ["out_rank0.htrace",
+                                                              "out_rank1.htrace"]
+    r = python("-m", "hooktrace", "summary", "out", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "2 ranks" in r.stdout or "rank 1" in r.stdout, r.stdout
+    r = python("-m", "hooktrace", "merge-ranks", "out", "-o", "all.json", cwd=tmp_path)
+    assert r.returncode == 0 and (tmp_path / "all.json").stat().st_size > 0, r.stderr
