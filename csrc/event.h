@@ -47,7 +47,9 @@ enum EventKind : uint8_t {
 };
 
 enum EventFlags : uint8_t {
-  kFlagError = 1,  // kExit: forward raised an exception
+  kFlagError = 1,     // kExit: forward raised an exception
+  kFlagNoGrad = 2,    // kEnter: grad mode was off (torch.no_grad, inference_mode)
+  kFlagEvalMode = 4,  // kEnter: the module's `training` was False (module.eval())
 };
 
 struct Event {

@@ -1,5 +1,6 @@
 #include "module_call.h"
 
+#include <c10/core/GradMode.h>
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
@@ -157,8 +158,8 @@ C10_NOINLINE uint32_t resolve_slot(ModuleCall* g, PyObject* module) {
 
 // One side of a span in one session. `on` is whether it emitted a profiler
 // range at enter, so exit closes exactly what enter opened.
-inline bool span_enter(Session* s, uint32_t slot) {
-  s->record(slot, kEnter, 0);
+inline bool span_enter(Session* s, uint32_t slot, uint8_t flags) {
+  s->record(slot, kEnter, flags);
   // Rare (emit_profiler=True): tested after the record, so the common path costs
   // one predictable branch here.
   if (C10_LIKELY(!s->emits()) || !s->active()) return false;
@@ -172,9 +173,26 @@ inline void span_exit(Session* s, uint32_t slot, uint8_t flags, bool on) {
 }
 
 // Interned names, made once by add_module_call_type.
+PyObject* s_training = nullptr;
 PyObject* s_wrapped_call_impl = nullptr;
 PyObject* s_compiled_call_impl = nullptr;
 PyObject* s_call_impl = nullptr;
+
+// An ENTER's flags: an eval/inference call (grad mode off, or `module.training`
+// False) is told apart from a training one. `training` is read from the instance
+// dict (nn.Module.__setattr__ has made it a real dict by then): no allocation.
+inline uint8_t enter_flags(PyObject* module) {
+  uint8_t flags = c10::GradMode::is_enabled() ? 0 : kFlagNoGrad;
+  PyObject** dict = _PyObject_GetDictPtr(module);
+  if (C10_LIKELY(dict && *dict)) {
+    PyObject* training = PyDict_GetItemWithError(*dict, s_training);  // borrowed
+    if (training == Py_False)
+      flags |= kFlagEvalMode;
+    else if (C10_UNLIKELY(!training && PyErr_Occurred()))
+      PyErr_Clear();
+  }
+  return flags;
+}
 
 // The module's call, as `wrapped` (nn.Module._wrapped_call_impl) makes it:
 //
@@ -236,8 +254,9 @@ PyObject* module_call(PyObject* self, PyObject* const* args, size_t nargsf, PyOb
   // no allocation.
   Py_XINCREF(model_owner);
   Py_XINCREF(global_owner);
-  const bool model_on = model && span_enter(model, model_slot);
-  const bool global_on = global_owner && span_enter(global, global_slot);
+  const uint8_t flags_in = enter_flags(module);
+  const bool model_on = model && span_enter(model, model_slot, flags_in);
+  const bool global_on = global_owner && span_enter(global, global_slot, flags_in);
   PyObject* result = call_module(g, args, nargsf, kwnames);
   const uint8_t flags = result ? 0 : kFlagError;
   if (global_owner) span_exit(global, global_slot, flags, global_on);
@@ -511,10 +530,11 @@ PyTypeObject ModuleCallType = make_module_call_type();
 }  // namespace
 
 int add_module_call_type(PyObject* module) {
+  s_training = PyUnicode_InternFromString("training");
   s_wrapped_call_impl = PyUnicode_InternFromString("_wrapped_call_impl");
   s_compiled_call_impl = PyUnicode_InternFromString("_compiled_call_impl");
   s_call_impl = PyUnicode_InternFromString("_call_impl");
-  if (!s_wrapped_call_impl || !s_compiled_call_impl || !s_call_impl) return -1;
+  if (!s_training || !s_wrapped_call_impl || !s_compiled_call_impl || !s_call_impl) return -1;
   if (PyType_Ready(&ModuleCallType) < 0) return -1;
   Py_INCREF(&ModuleCallType);
   if (PyModule_AddObject(module, "ModuleCall", reinterpret_cast<PyObject*>(&ModuleCallType)) < 0) {

@@ -222,7 +222,7 @@ SpanTable build_span_table(const Event* events, const int64_t* t_ns, size_t n,
           s.module.push_back(e.id);
           s.tid.push_back(tid);
           s.depth.push_back(static_cast<uint32_t>(stack.size()));
-          s.flags.push_back(0);
+          s.flags.push_back((e.flags & (kFlagNoGrad | kFlagEvalMode)) ? kSpanEval : 0);
           s.cat.push_back(node_stack.empty() ? kCatForward : kCatRecompute);
           s.seq_enter.push_back(e.seq);
           s.seq_exit.push_back(e.seq);  // until the EXIT: an empty range

@@ -35,6 +35,7 @@ enum SpanFlags : uint8_t {
   kSpanUnfinished = 2,  // no matching EXIT was recorded; end is a lower bound
   kSpanClipped = 4,     // set by the exporters only: cut at a --start/--end/--steps edge
   kSpanFlopsCounted = 8,  // set by the exporters only: the call ran under FlopCounterMode
+  kSpanEval = 16,  // the ENTER carried kFlagNoGrad or kFlagEvalMode: an eval/inference call
 };
 
 enum SpanCat : uint8_t {

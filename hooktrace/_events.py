@@ -35,7 +35,10 @@ MEM_CUDA = 7
 MEM_KINDS = (MEM_CPU, MEM_CUDA)
 VALID_KINDS = (ENTER, EXIT, NODE_BEGIN, NODE_END, STEP, MEM_CPU, MEM_CUDA)
 
-FLAG_ERROR = 1
+FLAG_ERROR = 1  # EXIT: forward raised
+FLAG_NO_GRAD = 2  # ENTER: grad mode was off (torch.no_grad, inference_mode)
+FLAG_EVAL_MODE = 4  # ENTER: the module's training attribute was False
+ENTER_FLAGS = FLAG_NO_GRAD | FLAG_EVAL_MODE
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """Run-to-run comparison: per module and phase, how much slower or faster B is than A.
 
-One row per (module, phase) present in both runs, ``phase`` being ``"forward"``
-or ``"backward"``, with p50 time per call and per step in A and B, their
-absolute and relative change, and the number of calls (per step when both
-runs have steps). Rows are sorted by impact: the absolute change of the
+One row per (module, phase) present in both runs, ``phase`` being ``"forward"``,
+``"backward"`` or ``"eval"`` (forward calls with grad off or in eval mode), with
+p50 time per call and per step in A and B, their absolute and relative change,
+and the number of calls (per step when both runs have steps). Rows are sorted by impact: the absolute change of the
 module's *self* time per step (per run when a run has no steps; forward self
 excludes the children's calls, backward self is the module's own autograd
 nodes), largest first, then by the change of its total time. Self time puts
@@ -94,11 +94,13 @@ from hooktrace._diff_inputs import (
 )
 from hooktrace.rankset import map_ranks
 from hooktrace._events import SPAN_DEFINITION, SPAN_DEFINITIONS, span_definition
-from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, TraceData, as_data, load
+from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL, TraceData, as_data, load
 
 __all__ = ["PHASES", "Diff", "DiffInputError", "compare", "compare_paths", "compare_ranks"]
 
-PHASES = {"forward": CAT_FORWARD, "backward": CAT_BACKWARD}
+# "eval": forward calls made with grad off or in eval mode (SPAN_EVAL), compared apart
+# from the training calls of the same module.
+PHASES = {"forward": CAT_FORWARD, "backward": CAT_BACKWARD, "eval": CAT_FORWARD}
 _STEP = "<step>"  # the row name of the step itself
 
 _COLUMNS = ("module", "type", "phase", "p50_a_ns", "p50_b_ns", "p50_change_ns", "p50_change_pct",
@@ -170,8 +172,9 @@ def _part(trace: TraceData, keep_calls: bool = False) -> _Part:
     part = _Part({}, {}, {} if keep_calls else None, {}, {}, {}, n_steps,
                  steps.duration_ns[complete].astype(np.int64), 0.0,
                  span_definition(trace.info))
+    is_eval = (spans.flags & SPAN_EVAL) != 0
     for phase, cat in PHASES.items():
-        sel = np.flatnonzero(spans.cat == cat)
+        sel = np.flatnonzero((spans.cat == cat) & (is_eval == (phase == "eval")))
         if not len(sel):
             continue
         module = spans.module[sel].astype(np.int64)

@@ -48,6 +48,7 @@ __all__ = [
 
 SPAN_ERROR = 1  # the forward call raised (its EXIT carried FLAG_ERROR)
 SPAN_UNFINISHED = 2  # no EXIT was recorded; end_ns is a lower bound
+SPAN_EVAL = 16  # an eval/inference call: grad mode off or module.training False at ENTER
 CAT_FORWARD = 0
 CAT_BACKWARD = 1  # one per (forward module call, backward pass)
 CAT_RECOMPUTE = 2  # forward calls re-run inside backward by activation checkpointing

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, CAT_RECOMPUTE, Spans
+from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, CAT_RECOMPUTE, SPAN_EVAL, Spans
 from hooktrace.text import describe_dump, format_bytes, format_count, format_ns
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ __all__ = ["FLOP_COLUMNS", "StepTable", "Summary", "TEXT_WIDTH", "UNATTRIBUTED",
 UNATTRIBUTED = "<unattributed>"  # "module" of the rows for unattributed autograd nodes
 TEXT_WIDTH = 120  # the default text table fits this many columns (issue #7)
 
-_COLUMNS = ("module", "type", "calls", "total_ns", "self_ns", "mean_ns", "p50_ns", "p99_ns",
+_COLUMNS = ("module", "type", "mode", "calls", "total_ns", "self_ns", "mean_ns", "p50_ns", "p99_ns",
             "bwd_calls", "bwd_total_ns", "bwd_self_ns", "bwd_p50_ns", "bwd_p99_ns",
             "bwd_fwd_ratio", "recompute_calls", "recompute_total_ns", "step_p50_ns",
             "step_p99_ns")
@@ -109,8 +109,10 @@ class _Groups:
 class Summary:
     """Per-module statistics, forward and backward side by side (times in ns).
 
-    One row per module (``module`` = qualified name, ``""`` for the root;
-    ``type`` = class name), with the keys, in CSV column order:
+    One row per module and mode (``module`` = qualified name, ``""`` for the root;
+    ``type`` = class name; ``mode`` = ``"train"``, or ``"eval"`` for its calls made
+    with grad off or in eval mode, a row of their own), with the keys, in CSV
+    column order:
 
     * forward calls: ``calls``, ``total_ns``, ``self_ns``, ``mean_ns``,
       ``p50_ns``, ``p99_ns`` (percentiles of call durations);
@@ -178,7 +180,8 @@ class Summary:
         counts["steps"] = len(complete)
         per_step = _per_step_totals(spans, trace.modules, trace.span_steps(), complete)
         for row in rows:
-            values = per_step.get(row["module"]) if row["module"] != UNATTRIBUTED else None
+            values = (per_step.get(row["module"])
+                      if row["module"] != UNATTRIBUTED and row["mode"] == "train" else None)
             row["step_p50_ns"] = None if values is None else float(np.percentile(values, 50))
             row["step_p99_ns"] = None if values is None else float(np.percentile(values, 99))
         if len(complete):
@@ -205,17 +208,23 @@ class Summary:
               node_names: Sequence[str] = ()) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
         if len(spans):
+            # A module's eval calls (grad off or module.eval(); SPAN_EVAL) are a row of
+            # their own: group id = module + n_mod for them.
             n_mod = int(spans.module.max()) + 1
-            module = spans.module.astype(np.int64)
+            module = spans.module.astype(np.int64) + n_mod * (
+                (spans.flags & SPAN_EVAL) != 0).astype(np.int64)
             dur = spans.duration_ns
             per_cat = []
             for cat in (CAT_FORWARD, CAT_BACKWARD, CAT_RECOMPUTE):
                 sel = spans.cat == cat
-                per_cat.append(_Groups(module[sel], dur[sel], spans.self_ns[sel], n_mod))
+                per_cat.append(_Groups(module[sel], dur[sel], spans.self_ns[sel], 2 * n_mod))
             fwd, bwd, rec = per_cat
             for m in np.union1d(np.union1d(fwd.ids, bwd.ids), rec.ids).tolist():
-                name, type_name = modules[m] if m < len(modules) else (f"<module {m}>", "?")
-                row: dict[str, Any] = {"module": name, "type": type_name}
+                slot = m % n_mod
+                name, type_name = (modules[slot] if slot < len(modules)
+                                   else (f"<module {slot}>", "?"))
+                row: dict[str, Any] = {"module": name, "type": type_name,
+                                       "mode": "eval" if m >= n_mod else "train"}
                 row.update(_stats(fwd, m, ""))
                 row.update(_stats(bwd, m, "bwd_"))
                 del row["bwd_mean_ns"]
@@ -234,7 +243,8 @@ class Summary:
             groups = _Groups(name_id, self_ns, self_ns, n_names)
             for k in groups.ids.tolist():
                 row = {"module": UNATTRIBUTED,
-                       "type": node_names[k] if k < len(node_names) else f"<node {k}>"}
+                       "type": node_names[k] if k < len(node_names) else f"<node {k}>",
+                       "mode": "train"}
                 row.update(dict.fromkeys(_FORWARD_KEYS))
                 row.update(_stats(groups, k, "bwd_"))
                 del row["bwd_mean_ns"]
@@ -253,6 +263,9 @@ class Summary:
             lines.append(f"{c['steps']} complete steps: p50 {format_ns(c['step_p50_ns'])}, "
                          f"p99 {format_ns(c['step_p99_ns'])} per step; step_p50/step_p99: "
                          "a module's forward + backward time per step")
+        if any(r.get("mode") == "eval" for r in self.rows):
+            lines.append("[eval]: the calls made with grad off (no_grad, inference_mode) or the module "
+                         "in eval mode;\nper-step times count the training calls only")
         if any(r["bwd_calls"] for r in self.rows):
             lines.append("bwd_total: first to last autograd node of a call and its submodules; "
                          "bwd_self: in its own nodes;\n"
@@ -391,7 +404,7 @@ def _per_step_totals(spans: Spans, modules: Sequence[tuple[str, str]], span_step
     col = np.full(n_rows + 1, -1, np.int64)
     col[complete] = np.arange(len(complete))
     c = col[span_step]  # span_step == -1 maps to the last slot, which stays -1
-    keep = (c >= 0) & (spans.cat != CAT_RECOMPUTE)
+    keep = (c >= 0) & (spans.cat != CAT_RECOMPUTE) & ((spans.flags & SPAN_EVAL) == 0)
     module = spans.module[keep].astype(np.int64)
     n_mod = int(spans.module.max()) + 1
     totals = np.bincount(module * len(complete) + c[keep], weights=spans.duration_ns[keep],
@@ -521,6 +534,8 @@ def _add_flops(rows: list[dict[str, Any]], trace: TraceData,
         note += "; MFU needs --peak-tflops"
     else:
         note += f"; MFU against a peak of {peak:g} TFLOP/s"
+    if any(r["mode"] == "eval" for r in rows):
+        return [note, "FLOP columns of a module's train and [eval] rows are over all its calls"]
     return [note]
 
 
@@ -531,23 +546,27 @@ def _add_memory(rows: list[dict[str, Any]], trace: TraceData, device: str) -> li
     spans = trace.spans()
     mem = span_memory(trace, device)
     keys = memory_columns(device)
-    by_module: dict[str, dict[str, int]] = {}
+    by_module: dict[tuple[str, str], dict[str, int]] = {}
+    n_mod = int(spans.module.max()) + 1 if len(spans) else 0
     for phase, cats in ((0, (CAT_FORWARD,)), (2, (CAT_BACKWARD,))):
         sel = np.flatnonzero(np.isin(spans.cat, cats) & mem.known)
         if not len(sel):
             continue
-        module = spans.module[sel].astype(np.int64)
-        n = int(module.max()) + 1
+        module = spans.module[sel].astype(np.int64) + n_mod * (
+            (spans.flags[sel] & SPAN_EVAL) != 0).astype(np.int64)
+        n = 2 * n_mod
         calls = np.bincount(module, minlength=n)
         net = np.bincount(module, weights=mem.net[sel].astype(np.float64), minlength=n)
         peak = np.full(n, np.iinfo(np.int64).min, np.int64)
         np.maximum.at(peak, module, mem.peak_above[sel])
         for m in np.flatnonzero(calls).tolist():
-            values = by_module.setdefault(trace.modules[m][0], {})
+            values = by_module.setdefault(
+                (trace.modules[m % n_mod][0], "eval" if m >= n_mod else "train"), {})
             values[keys[phase]] = int(round(net[m] / calls[m]))
             values[keys[phase + 1]] = int(peak[m])
     for row in rows:
-        values = by_module.get(row["module"], {}) if row["module"] != UNATTRIBUTED else {}
+        values = (by_module.get((row["module"], row["mode"]), {})
+                  if row["module"] != UNATTRIBUTED else {})
         for key in keys:
             row[key] = values.get(key)
     unknown = int(np.count_nonzero(~mem.known))
@@ -565,7 +584,7 @@ def _add_memory(rows: list[dict[str, Any]], trace: TraceData, device: str) -> li
 def _cell(row: dict[str, Any], key: str) -> str:
     value = row[key]
     if key == "module":
-        return value or "<root>"
+        return (value or "<root>") + (" [eval]" if row.get("mode") == "eval" else "")
     if value is None:
         return ""
     if key == "bwd_fwd_ratio":

@@ -28,6 +28,7 @@ from hooktrace.errors import HooktraceError
 from hooktrace._events import (
     EVENT_DTYPE,
     ENTER,
+    ENTER_FLAGS,
     EXIT,
     FLAG_ERROR,
     MEM_CPU,
@@ -578,13 +579,17 @@ def _validate_events(
         if bad.size:
             fail(bad, "rf_tid", "expected a memory sample's peak below 2**62, found high "
                                 f"bits {int(events['rf_tid'][bad[0]])}")
-    # The recorder sets FLAG_ERROR on EXITs only and never writes the padding.
+    # The recorder sets FLAG_ERROR on EXITs, FLAG_NO_GRAD / FLAG_EVAL_MODE on ENTERs
+    # only, and never writes the padding.
     # (Each check scans the nonzero/too-large values only: a load is I/O bound.)
     flagged = np.flatnonzero(events["flags"])
     flags = events["flags"][flagged]
-    bad = flagged[(flags != FLAG_ERROR) | (kind[flagged] != EXIT)]
+    on = kind[flagged]
+    bad = flagged[~(((on == EXIT) & (flags == FLAG_ERROR))
+                    | ((on == ENTER) & ((flags & ~np.uint8(ENTER_FLAGS)) == 0)))]
     if bad.size:
-        fail(bad, "flags", f"expected flags 0 (or {FLAG_ERROR} on an EXIT), found "
+        fail(bad, "flags", f"expected flags 0 (or {FLAG_ERROR} on an EXIT, a combination of "
+                           f"{ENTER_FLAGS} on an ENTER), found "
                            f"{int(events['flags'][bad[0]])} on kind {int(kind[bad[0]])}")
     pad = events["pad"]
     if pad.any():

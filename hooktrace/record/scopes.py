@@ -10,11 +10,13 @@ module is claimed by one model scope at a time.
 :class:`ProcessScope` (``hooktrace run``, ``HOOKTRACE=1``, ``global_trace()``):
 every module called while it records, named lazily on its first call (issue
 #10). Names are qualified under the *top-level* module, the outermost module
-called (not called from inside another module's call). With one top-level
-module they are exactly ``named_modules()``'s; with several (a model and its
-loss, a teacher and a student) each is prefixed with its top-level module's
-class, ``Student.encoder.0``, a second live top-level module of the same class
-being ``Student#2``. A module first called inside another's call but not found
+called (not called from inside another module's call). The *main* model's
+names are exactly ``named_modules()``'s: the first top-level module with
+submodules and trainable parameters called with grad enabled (so not a teacher
+run under ``no_grad``, nor a loss), else the first with submodules, else the only
+one. Every other top-level module (a loss, a teacher) is prefixed with its
+class, ``CrossEntropyLoss``, ``Teacher.encoder.0``, a second live top-level
+module of the same class being ``Teacher#2``. A module first called inside another's call but not found
 among its children (created in ``forward``, or held elsewhere) is named
 ``parent.(Class)``. A module that dies keeps its row, and a new module with the
 same name, class and top-level module reuses it (a model rebuilt each epoch
@@ -164,6 +166,8 @@ class ProcessScope(Scope):
         self._slot_of: dict[tuple[int, str, str], int] = {}
         self._roots: list[str] = []
         self._root_refs: list[weakref.ref[nn.Module]] = []
+        # per top-level module: (has submodules, trainable and first called with grad)
+        self._root_traits: list[tuple[bool, bool]] = []
         self._refs: dict[int, weakref.ref[nn.Module]] = {}
         self._lock = threading.Lock()
         self._call: Any = None
@@ -193,7 +197,19 @@ class ProcessScope(Scope):
         self._call = None
 
     def info(self) -> dict[str, Any]:
-        return {"top_level_modules": list(self._roots)}
+        main = self._main_root()
+        return {"top_level_modules": list(self._roots),
+                "main_module": self._roots[main] if main is not None else None}
+
+    def _main_root(self) -> int | None:
+        """The top-level module named without a prefix (see the module docstring)."""
+        if len(self._roots) == 1:
+            return 0
+        for wanted in ((True, True), (True, False)):
+            for i, traits in enumerate(self._root_traits):
+                if traits[0] and (traits[1] or not wanted[1]):
+                    return i
+        return None
 
     def flops_root(self) -> nn.Module | None:
         return self._root_refs[0]() if self._root_refs else None
@@ -247,6 +263,7 @@ class ProcessScope(Scope):
             except ValueError:
                 self._roots.append(name)
                 self._root_refs.append(weakref.ref(module))
+                self._root_traits.append(_root_traits(named))
                 if self.on_new_root is not None:
                     self.on_new_root(module)
                 return len(self._roots) - 1
@@ -271,7 +288,7 @@ class ProcessScope(Scope):
                 slot = self._slot_of[key] = len(self._slots)
                 self._slots.append(key)
                 if self.on_new_slot is not None:
-                    self.on_new_slot(slot, _join(self._roots[root], key[1]))
+                    self.on_new_slot(slot, self._qualified(root, key[1]))
             for m in row.members:
                 try:
                     ref = weakref.ref(m, functools.partial(_forget, call, id(m)))
@@ -287,9 +304,25 @@ class ProcessScope(Scope):
 
     def modules_table(self) -> list[tuple[str, str]]:
         """(qualified name, class name) per slot, named as the module docstring says."""
-        several = len(self._roots) > 1
-        return [((_join(self._roots[root], rel) if several else rel), typ)
+        main = self._main_root()
+        return [(rel if root == main else _join(self._roots[root], rel), typ)
                 for root, rel, typ in self._slots]
+
+    def _qualified(self, root: int, rel: str) -> str:
+        return rel if root == self._main_root() else _join(self._roots[root], rel)
+
+
+def _root_traits(module: nn.Module) -> tuple[bool, bool]:
+    """(has submodules, has trainable parameters and is called with grad enabled)."""
+    import torch
+
+    children = bool(vars(module).get("_modules"))
+    try:
+        trainable = torch.is_grad_enabled() and any(
+            p.requires_grad for p in module.parameters())
+    except Exception:  # a module whose parameters() fails: named, not chosen
+        trainable = False
+    return children, trainable
 
 
 def _optimized_module_type() -> type | None:

@@ -101,7 +101,8 @@ def _name_parent(name: str) -> str:
 def icicle_data(summary: Summary) -> dict[str, list[Any]]:
     """The icicle's boxes: ``ids``, ``labels``, ``parents``, ``values`` (µs, own part),
     ``hover`` text; see the module docstring for how widths are chosen."""
-    rows = [r for r in summary.rows if r["module"] != UNATTRIBUTED]
+    # the training calls: eval rows (same names) are in the table, not the icicle
+    rows = [r for r in summary.rows if r["module"] != UNATTRIBUTED and r.get("mode") != "eval"]
     by_name = {r["module"]: r for r in rows}
     boxes: dict[str, dict[str, Any]] = {}
     order: list[str] = []
@@ -192,6 +193,8 @@ def _table_columns(summary: Summary) -> list[str]:
     """Summary's columns, in its order, that some row has a value for (so memory and
     FLOP columns appear when recorded, recompute columns when there was any)."""
     keys = list(summary.rows[0].keys()) if summary.rows else []
+    if not any(r.get("mode") == "eval" for r in summary.rows):
+        keys = [k for k in keys if k != "mode"]  # training calls only: nothing to tell apart
     return [k for k in keys if any(r.get(k) is not None and r.get(k) != 0 for r in summary.rows)
             or k in ("module", "type", "calls")]
 
@@ -229,7 +232,7 @@ def _table_html(summary: Summary) -> str:
         cells = []
         for c in cols:
             text, key = _cell(c, r.get(c))
-            num = c not in ("module", "type")
+            num = c not in ("module", "type", "mode")
             cells.append(f'<td data-v="{html.escape(key)}"{" class=n" if num else ""}>'
                          f"{html.escape(text)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
@@ -260,7 +263,7 @@ def render_report(trace: TraceData, *, source: str | None = None,
     if summary.counts.get("steps"):
         facts.append(f"{summary.counts['steps']} complete steps, p50 "
                      f"{format_ns(summary.counts['step_p50_ns'])}")
-    root = next((r for r in summary.rows if r["module"] == ""), None)
+    root = next((r for r in summary.rows if r["module"] == "" and r.get("mode") != "eval"), None)
     if "flops" in summary.columns and root is not None:
         achieved = [f"{root[k]:.3g} TFLOP/s {phase}" for k, phase in
                     (("tflops", "forward"), ("bwd_tflops", "backward")) if root.get(k)]
@@ -272,11 +275,14 @@ def render_report(trace: TraceData, *, source: str | None = None,
             facts.append(f"{device} memory: forward peak +{format_bytes(root[prefix + 'mem_peak'])}"
                          f", keeps {format_bytes(root[prefix + 'mem_net'])} for backward")
             break
-    step_data = {"step": [r["step"] for r in steps.rows],
-                 "forward": [r["forward_ns"] / 1e6 for r in steps.rows],
-                 "backward": [r["backward_ns"] / 1e6 for r in steps.rows],
+    # complete steps only: what follows the last step mark (an eval pass, the end of
+    # the run) is not a training step and would set the chart's scale
+    done = [r for r in steps.rows if r["complete"]] or steps.rows
+    step_data = {"step": [r["step"] for r in done],
+                 "forward": [r["forward_ns"] / 1e6 for r in done],
+                 "backward": [r["backward_ns"] / 1e6 for r in done],
                  "other": [max(0, r["duration_ns"] - r["forward_ns"] - r["backward_ns"]) / 1e6
-                           for r in steps.rows]}
+                           for r in done]}
     src = html.escape(source or "RUN.htrace")
     return _TEMPLATE.format(
         title=html.escape(title), plotly=js.replace("</script", "<\\/script"),

@@ -57,12 +57,15 @@ def test_names_children_added_later_temporaries_and_instance_forwards() -> None:
         block(x)
         plain(x)
     calls = calls_per_module(tr)
-    assert calls["Block"] == 4 and calls["Block.fc"] == 4
-    assert calls["Block.extra"] == 1  # found among its caller's children
-    assert calls["Block.(ReLU)"] == 4  # four temporaries, one row
+    # Block is the main model (it has submodules): its names are named_modules()'s; the
+    # other top-level module is prefixed with its class
+    assert calls[""] == 4 and calls["fc"] == 4
+    assert calls["extra"] == 1  # found among its caller's children
+    assert calls["(ReLU)"] == 4  # four temporaries, one row
     assert calls["Linear"] == 1  # its forward is an instance attribute: recorded anyway
     assert len(tr.modules) == len(set(tr.modules))
     assert tr.info["top_level_modules"] == ["Block", "Linear"]
+    assert tr.info["main_module"] == "Block"
 
 
 def test_deep_nesting_and_exceptions_are_flagged() -> None:
@@ -85,7 +88,8 @@ def test_deep_nesting_and_exceptions_are_flagged() -> None:
     errors = {tr.modules[int(m)][0] for m, f in zip(spans.module, spans.flags) if f & 1}
     assert errors == {"Sequential#2", "Sequential#2.0"}
     calls = calls_per_module(tr)
-    assert calls["Sequential"] == 2 and calls["Sequential" + ".0" * 80] == 2
+    # the first Sequential is the main model (no prefix); the second is Sequential#2
+    assert calls[""] == 2 and calls[".".join(["0"] * 80)] == 2
     assert int(spans.depth.max()) == 80
 
 

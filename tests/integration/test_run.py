@@ -67,7 +67,7 @@ def calls_per_module(trace: hooktrace.TraceData) -> dict[str, int]:
     return counts
 
 
-def test_student_teacher_names_are_prefixed_and_losses_unchanged(tmp_path: Path) -> None:
+def test_the_trained_model_keeps_its_names_teacher_and_loss_are_prefixed(tmp_path: Path) -> None:
     # GIVEN a distillation loop with two top-level models and a loss module
     script = write(tmp_path / "distill.py", """
         import torch
@@ -100,18 +100,22 @@ def test_student_teacher_names_are_prefixed_and_losses_unchanged(tmp_path: Path)
     """)
     # WHEN it runs untraced and under hooktrace run
     _, trace = traced_and_untraced(tmp_path, script)
-    # THEN names are qualified under each top-level module's class, each called per step
+    # THEN the trained model (called with grad, though the teacher runs first) has the
+    # names of its named_modules(); the teacher and the loss are prefixed with their class
     calls = calls_per_module(trace)
-    for name in ("Student", "Student.encoder", "Student.encoder.0", "Student.encoder.2",
+    for name in ("", "encoder", "encoder.0", "encoder.2",
                  "Teacher", "Teacher.encoder.1", "MSELoss"):
         assert calls.get(name) == 3, (name, calls)
+    assert not any(name.startswith("Student") for name in calls)
     assert dict(trace.modules)["Teacher.encoder.0"] == "Linear"
+    assert dict(trace.modules)[""] == "Student"
+    assert trace.info["main_module"] == "Student"
     assert trace.info["scope"] == "process" and trace.info["span_definition"] == 2
     assert len(trace.steps()) == 3  # from the optimizer's step()
     # backward spans for the student only (the teacher ran under no_grad)
     spans = trace.spans()
     bwd_modules = {trace.modules[int(m)][0] for m in spans.module[spans.cat == CAT_BACKWARD]}
-    assert "Student.encoder.0" in bwd_modules
+    assert "encoder.0" in bwd_modules
     assert not any(name.startswith("Teacher") for name in bwd_modules)
 
 

@@ -26,7 +26,7 @@ def test_folder_gets_the_default_name(tmp_path: Path) -> None:
     ("run.htrace", None, "run.htrace"),
     ("out/run.htrace", 1, "out/run_rank1.htrace"),
     ("t.json.gz", 2, "t_rank2.json.gz"),
-    ("noext", 0, "noext_rank0"),
+    ("noext", 0, "noext_rank0.htrace"),  # a rank's file gets the suffix it lacked
     ("r{rank}/run.htrace", 5, "r5/run.htrace"),   # {rank} given: nothing added
     ("run-{rank}.htrace", None, "run-0.htrace"),
 ])
