@@ -152,6 +152,32 @@ class _Part:
     step_ns: np.ndarray  # the complete steps' durations
     root_ns: float  # the root calls' time in the columns, summed
     span_definition: int = SPAN_DEFINITION
+    # the whole run's (every span, in a step or not): for comparing with a run without steps
+    run: dict[Key, tuple[float, float, float]] = field(default_factory=dict)  # total, self, calls
+    run_root_ns: float = 0.0
+
+
+def _whole_run(part: _Part) -> _Part:
+    """``part`` with the whole run as its one column (as a part without steps)."""
+    if not part.n_steps:
+        return part
+    return replace(part, total={k: np.array([v[0]]) for k, v in part.run.items()},
+                   self_ns={k: np.array([v[1]]) for k, v in part.run.items()},
+                   calls={k: np.array([v[2]]) for k, v in part.run.items()},
+                   n_steps=0, step_ns=np.zeros(0, np.int64), root_ns=part.run_root_ns)
+
+
+def _same_unit(pa: list[_Part], pb: list[_Part], names: tuple[str, str]
+               ) -> tuple[list[_Part], list[_Part], list[str]]:
+    """Both runs per step, or both per run: a run with steps compared with one without is
+    compared per run (its whole run), with a note saying so."""
+    a_steps, b_steps = (sum(p.n_steps for p in ps) for ps in (pa, pb))
+    if bool(a_steps) == bool(b_steps):
+        return pa, pb, []
+    stepped, n = (names[0], a_steps) if a_steps else (names[1], b_steps)
+    note = (f"{stepped} has {n} complete steps and the other run none: both are compared "
+            "per run (whole runs); compare runs of the same length")
+    return [_whole_run(p) for p in pa], [_whole_run(p) for p in pb], [note]
 
 
 def _part(trace: TraceData, keep_calls: bool = False) -> _Part:
@@ -195,10 +221,14 @@ def _part(trace: TraceData, keep_calls: bool = False) -> _Part:
         self_step = np.bincount(cell, weights=spans.self_ns[sel][in_step],
                                 minlength=n_mod * width).reshape(n_mod, width)
         calls = np.bincount(cell, minlength=n_mod * width).reshape(n_mod, width)
+        run_total = np.bincount(module, weights=dur[sel], minlength=n_mod)
+        run_self = np.bincount(module, weights=spans.self_ns[sel], minlength=n_mod)
+        run_calls = np.bincount(module, minlength=n_mod)
         for k, m in enumerate(ids.tolist()):
             name, type_name = (trace.modules[m] if m < len(trace.modules)
                                else (f"<module {m}>", "?"))
             key = (name, phase)
+            part.run[key] = (float(run_total[m]), float(run_self[m]), float(run_calls[m]))
             part.types[key] = type_name
             part.p50[key] = float(p50[k])
             if part.calls_ns is not None:
@@ -208,6 +238,7 @@ def _part(trace: TraceData, keep_calls: bool = False) -> _Part:
             part.calls[key] = calls[m].astype(np.float64)
         roots = spans.parent[sel] < 0
         part.root_ns += float(dur[sel][roots & (span_col[sel] >= 0)].sum())
+        part.run_root_ns += float(dur[sel][roots].sum())
     return part
 
 
@@ -269,12 +300,16 @@ def _pooled_column(parts: Sequence[_Part], stepped: Sequence[_Part], field: str,
     return float(sum(getattr(p, field)[key][0] for p in parts if key in p.types))
 
 
-def _stats(trace: TraceData | Sequence[TraceData]) -> _RunStats:
+def _parts(trace: TraceData | Sequence[TraceData]) -> list[_Part]:
     trace = as_data(trace)
     traces = [trace] if isinstance(trace, TraceData) else [as_data(t) for t in trace]
     if not traces:
         raise ValueError("hooktrace.diff: a run of no trace")
-    return _pool([_part(t, keep_calls=len(traces) > 1) for t in traces])
+    return [_part(t, keep_calls=len(traces) > 1) for t in traces]
+
+
+def _stats(trace: TraceData | Sequence[TraceData]) -> _RunStats:
+    return _pool(_parts(trace))
 
 
 def _change(a: float | None, b: float | None) -> tuple[float | None, float | None]:
@@ -477,7 +512,10 @@ def compare(a: TraceData | Sequence[TraceData], b: TraceData | Sequence[TraceDat
             names: tuple[str, str] = ("A", "B")) -> Diff:
     """Compare run ``b`` against run ``a`` (see the module docstring). A run is one
     trace, or a sequence of traces (the schedule windows of one process), pooled."""
-    return _compare_stats(_stats(a), _stats(b), names)
+    pa, pb, notes = _same_unit(_parts(a), _parts(b), names)
+    d = _compare_stats(_pool(pa), _pool(pb), names)
+    d.notes += notes
+    return d
 
 
 def _definition(d: int) -> str:
@@ -625,11 +663,18 @@ def compare_paths(a: str, b: str, *, workers: int | None = None) -> Diff:
         sides.append(group(spec, path, window, metas))
     sa, sb = sides
 
+    names = (a, b)
+    unit_notes: list[str] = []
+    if not (sa.ranked and sb.ranked):  # one run each: the same unit (steps or whole runs)
+        pa = [_result_part(results, f.path) for fs in sa.selected().values() for f in fs]
+        pb = [_result_part(results, f.path) for fs in sb.selected().values() for f in fs]
+        _, _, unit_notes = _same_unit(pa, pb, names)
+
     def pooled(side: Side) -> dict[int | None, _RunStats]:
-        return {rank: _pool([_result_part(results, f.path) for f in fs])
+        return {rank: _pool([_whole_run(_result_part(results, f.path)) if unit_notes
+                             else _result_part(results, f.path) for f in fs])
                 for rank, fs in side.selected().items()}
 
-    names = (a, b)
     if sa.ranked and sb.ranked:
         ra, rb = pooled(sa), pooled(sb)
         d = _compare_rank_stats({r: s for r, s in ra.items() if r is not None},
@@ -645,7 +690,7 @@ def compare_paths(a: str, b: str, *, workers: int | None = None) -> Diff:
             f"directory of {len(multi.processes)} ranks: compare two rank directories, or "
             f"{single.spec} with one rank's file (e.g. {example})")
     d.sources = ({**sa.describe(), "text": sa.text()}, {**sb.describe(), "text": sb.text()})
-    d.notes = sa.notes + sb.notes
+    d.notes = sa.notes + sb.notes + unit_notes
     return d
 
 

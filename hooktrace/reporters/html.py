@@ -98,6 +98,18 @@ def _name_parent(name: str) -> str:
     return name.rpartition(".")[0] if "." in name else ""
 
 
+# One colour per phase, the same in every chart of every report.
+FORWARD_COLOR = "#ff7f0e"
+BACKWARD_COLOR = "#1f77b4"
+OTHER_COLOR = "#2ca02c"
+RUN_COLOR = "#dddddd"
+
+
+def _box_color(id_: str) -> str:
+    branch = id_.split("/", 2)[1] if "/" in id_ else ""
+    return {"forward": FORWARD_COLOR, "backward": BACKWARD_COLOR}.get(branch, RUN_COLOR)
+
+
 def icicle_data(summary: Summary) -> dict[str, list[Any]]:
     """The icicle's boxes: ``ids``, ``labels``, ``parents``, ``values`` (µs, own part),
     ``hover`` text; see the module docstring for how widths are chosen."""
@@ -177,7 +189,8 @@ def icicle_data(summary: Summary) -> dict[str, list[Any]]:
     return {"ids": order, "labels": [boxes[i]["label"] for i in order],
             "parents": [boxes[i]["parent"] for i in order],
             "values": [round(boxes[i]["value"], 3) for i in order],
-            "hover": [boxes[i]["hover"] for i in order]}
+            "hover": [boxes[i]["hover"] for i in order],
+            "colors": [_box_color(i) for i in order]}
 
 
 def _flop_hover(row: dict[str, Any], prefix: str) -> str:
@@ -220,12 +233,24 @@ def _cell(key: str, value: Any) -> tuple[str, str]:
     return str(value), str(value)
 
 
+def _header(key: str) -> tuple[str, str]:
+    """(shown name, tooltip) of a column: a time column is named without its ``_ns`` (its
+    cells carry their unit: ns, µs, ms, s), a byte column likewise."""
+    if key in _HEADERS:
+        return _HEADERS[key]
+    if key.endswith("_ns"):
+        return f"{key[:-3]} (time)", "time; each cell gives its unit (ns, µs, ms, s)"
+    if key == "bwd_fwd_ratio":
+        return "bwd/fwd", "backward total over forward total"
+    return key, ""
+
+
 def _table_html(summary: Summary) -> str:
     cols = _table_columns(summary)
     head = "".join(
-        f'<th data-col="{i}" data-key="{c}" title="{html.escape(_HEADERS.get(c, ("", ""))[1])}'
-        f'{"; " if c in _HEADERS else ""}click to sort">'
-        f"{html.escape(_HEADERS.get(c, (c, ''))[0])}</th>"
+        f'<th data-col="{i}" data-key="{c}" title="{html.escape(_header(c)[1])}'
+        f'{"; " if _header(c)[1] else ""}click to sort">'
+        f"{html.escape(_header(c)[0])}</th>"
         for i, c in enumerate(cols))
     body = []
     for r in summary.rows:
@@ -236,8 +261,9 @@ def _table_html(summary: Summary) -> str:
             cells.append(f'<td data-v="{html.escape(key)}"{" class=n" if num else ""}>'
                          f"{html.escape(text)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")
-    return (f'<table id="summary"><thead><tr>{head}</tr></thead>'
-            f"<tbody>{''.join(body)}</tbody></table>")
+    # in a scrolling box: a wide table (memory and FLOP columns) never widens the page
+    return (f'<div class="scroll"><table id="summary"><thead><tr>{head}</tr></thead>'
+            f"<tbody>{''.join(body)}</tbody></table></div>")
 
 
 def _script_json(value: Any) -> str:
@@ -289,6 +315,8 @@ def render_report(trace: TraceData, *, source: str | None = None,
         facts=html.escape(" · ".join(facts)), name=html.escape(name),
         footer=html.escape(summary.footer()), table=_table_html(summary),
         icicle=_script_json(ice), steps=_script_json(step_data), src=src,
+        forward_color=FORWARD_COLOR, backward_color=BACKWARD_COLOR, other_color=OTHER_COLOR,
+        run_color=RUN_COLOR,
         steps_display="block" if steps.rows else "none",
     )
 
@@ -311,6 +339,7 @@ body {{ font: 14px system-ui, sans-serif; margin: 1.5em; color: #222; }}
 h1 {{ font-size: 1.4em; margin-bottom: .2em; }} h2 {{ font-size: 1.1em; margin-top: 1.6em; }}
 .facts, .hint {{ color: #555; }}
 #icicle {{ height: 560px; }} #steps {{ height: 300px; }}
+.scroll {{ overflow: auto; max-width: 100%; max-height: 80vh; }}
 table {{ border-collapse: collapse; font-size: 12px; }}
 th, td {{ padding: 2px 8px; border-bottom: 1px solid #eee; white-space: nowrap; }}
 th {{ cursor: pointer; background: #f4f4f4; position: sticky; top: 0; user-select: none; }}
@@ -346,18 +375,18 @@ network; the trace viewer is a web page.</div>
     type: "icicle", ids: ice.ids, labels: ice.labels, parents: ice.parents,
     values: ice.values, branchvalues: "remainder", customdata: ice.hover,
     hovertemplate: "%{{customdata}}<extra></extra>", tiling: {{orientation: "v"}},
-    root: {{color: "#ddd"}}
+    marker: {{colors: ice.colors}}, root: {{color: "{run_color}"}}
   }}], {{margin: {{t: 10, l: 10, r: 10, b: 10}}}}, config);
   var s = {steps};
   if (s.step.length) {{
-    // the icicle's colours: its first branch (backward) takes plotly's first colour
+    // the icicle's colours: forward and backward are the same colour everywhere
     var bar = function (name, y, color) {{
       return {{type: "bar", name: name, x: s.step, y: y, marker: {{color: color}},
                hovertemplate: "%{{y:.3f}} ms"}};
     }};
-    Plotly.newPlot("steps", [bar("forward", s.forward, "#ff7f0e"),
-                             bar("backward", s.backward, "#1f77b4"),
-                             bar("other", s.other, "#2ca02c")],
+    Plotly.newPlot("steps", [bar("forward", s.forward, "{forward_color}"),
+                             bar("backward", s.backward, "{backward_color}"),
+                             bar("other", s.other, "{other_color}")],
       {{barmode: "stack", xaxis: {{title: {{text: "step"}}}}, yaxis: {{title: {{text: "ms"}}}},
        margin: {{t: 10}}}}, config);
   }}

@@ -48,3 +48,38 @@ def test_a_sleep_in_one_module_is_named_first_and_fails_the_gate(tmp_path: Path)
                  "--fail-above", "100"]) == 1
     assert main(["diff", str(tmp_path / "a.htrace"), str(tmp_path / "a.htrace"),
                  "--fail-above", "0"]) == 0
+
+
+def test_a_run_with_steps_against_one_without_is_compared_per_run(tmp_path) -> None:
+    import torch
+    from torch import nn
+
+    import hooktrace
+    from hooktrace.diff import compare, compare_paths
+
+    # GIVEN the same five training steps recorded with step marks (A) and without (B)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def work() -> None:
+        for _ in range(5):
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+
+    with hooktrace.trace(model) as a:
+        work()
+    with hooktrace.trace(model, steps=None) as b:
+        work()
+    assert len(a.result.steps()) == 5 and len(b.result.steps()) == 0
+    a.result.save(tmp_path / "a.htrace")
+    b.result.save(tmp_path / "b.htrace")
+    # THEN both are compared over their whole runs (not A per step against B per run),
+    # and a note says so; from Python and from files alike
+    for d in (compare(a.result, b.result), compare_paths(str(tmp_path / "a.htrace"),
+                                                         str(tmp_path / "b.htrace"))):
+        rows = {(r["module"], r["phase"]): r for r in d.rows}
+        assert rows[("0", "forward")]["calls_a"] == rows[("0", "forward")]["calls_b"] == 5
+        assert not d.per_step
+        assert any("compared per run" in n for n in d.notes), d.notes

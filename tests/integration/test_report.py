@@ -67,6 +67,17 @@ def test_the_report_renders_in_headless_chromium(demo_report: tuple[Path, bool],
             "return Array.from(document.querySelectorAll('#summary th'))"
             ".map(e => e.textContent)")
         facts = driver.execute_script("return document.querySelector('.facts').textContent")
+        # what the page looks like at 1400 px: nothing wider than the window, and the
+        # colours the charts were drawn in (the SVG's own fills)
+        overflow = driver.execute_script(
+            "return document.documentElement.scrollWidth - window.innerWidth")
+        icicle_fills = driver.execute_script(
+            "var out = {}; document.querySelectorAll('#icicle g.slice').forEach(function (g) {"
+            " var t = g.querySelector('text'), p = g.querySelector('path');"
+            " if (t && p) out[t.textContent] = getComputedStyle(p).fill; }); return out")
+        bar_fills = driver.execute_script(
+            "return Array.from(document.querySelectorAll('#steps g.trace.bars')).map("
+            "function (g) { return getComputedStyle(g.querySelector('path')).fill; })")
         # and, with FLOPs, sorts by TFLOP/s (ascending: blanks last)
         tflops = []
         if "TFLOP/s" in headers:
@@ -85,6 +96,13 @@ def test_the_report_renders_in_headless_chromium(demo_report: tuple[Path, bool],
     # THEN nothing went wrong on the console, and the chart shows the model's modules
     errors = [e for e in log if e.get("level") in ("SEVERE", "WARNING")]
     assert not errors, errors
+    # THEN the page fits 1400 px (the table scrolls in its own box), and forward and
+    # backward have one colour each, the same in the icicle and the step chart
+    assert overflow <= 0, overflow
+    forward, backward = "rgb(255, 127, 14)", "rgb(31, 119, 180)"
+    assert icicle_fills.get("forward") == forward and icicle_fills.get("backward") == backward, \
+        icicle_fills
+    assert bar_fills[:2] == [forward, backward], bar_fills
     assert {"run", "forward", "backward", "<root>", "blocks", "head", "ln_f"} <= set(labels)
     assert rows >= 20 and step_bars >= 2
     assert first_calls == "1" or int(first_calls) <= 2  # ascending: the fewest calls first

@@ -546,3 +546,37 @@ def test_rank_outputs_without_an_extension_are_found_by_the_same_name(tmp_path: 
     assert "2 ranks" in r.stdout or "rank 1" in r.stdout, r.stdout
     r = python("-m", "hooktrace", "merge-ranks", "out", "-o", "all.json", cwd=tmp_path)
     assert r.returncode == 0 and (tmp_path / "all.json").stat().st_size > 0, r.stderr
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="torchrun with gloo is tested on Linux")
+def test_torchrun_teardown_after_another_rank_failed_keeps_every_trace(tmp_path: Path) -> None:
+    # GIVEN a DDP job where rank 1 raises after 3 steps while rank 0 goes on
+    script = write(tmp_path / "fail.py", """
+        import time, torch
+        import torch.distributed as dist
+        from torch import nn
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        model = DDP(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(3):
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+        if rank == 1:
+            raise RuntimeError("rank 1 fails")
+        time.sleep(120)  # until torchrun stops this rank (SIGTERM)
+    """)
+    r = python("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "-m", "hooktrace", "run", "-o", "out/f.htrace", script, cwd=tmp_path,
+               OMP_NUM_THREADS="1")
+    if "RuntimeError: rank 1 fails" not in r.stderr:
+        pytest.skip(f"torchrun cannot start workers here: {r.stderr[-500:]}")
+    # THEN the job fails, the failed rank wrote its trace at exit, and the rank torchrun
+    # stopped with SIGTERM wrote its own before dying of the signal
+    assert r.returncode != 0
+    assert "hooktrace: SIGTERM: writing the trace before exiting" in r.stderr
+    for rank in (0, 1):
+        trace = hooktrace.load(tmp_path / "out" / f"f_rank{rank}.htrace")
+        assert len(trace.steps()) == 3 and calls_per_module(trace)["module.0"] == 3

@@ -113,3 +113,29 @@ def test_the_report_command_takes_a_peak(tmp_path: Path,
     assert 'data-key="mfu"' in out.read_text()
     assert main(["report", str(src), "-o", str(out), "--peak-tflops", "0"]) == 1
     assert "--peak-tflops must be a positive number" in capsys.readouterr().err
+
+
+def test_each_phase_has_one_colour_whatever_the_run_holds() -> None:
+    # a forward-only run and one with backward: forward boxes are the same colour in both,
+    # and the step chart uses the same two colours (plotly's own order would swap them)
+    from hooktrace.reporters.html import BACKWARD_COLOR, FORWARD_COLOR
+
+    for trace in (run(), backward_trace(3)):
+        ice = icicle_data(trace.summary())
+        for id_, color in zip(ice["ids"], ice["colors"]):
+            if id_.startswith("run/forward"):
+                assert color == FORWARD_COLOR, id_
+            elif id_.startswith("run/backward"):
+                assert color == BACKWARD_COLOR, id_
+        page = render_report(trace)
+        assert "marker: {colors: ice.colors}" in page
+        assert f'bar("forward", s.forward, "{FORWARD_COLOR}")' in page
+        assert f'bar("backward", s.backward, "{BACKWARD_COLOR}")' in page
+
+
+def test_time_headers_name_no_unit_the_cells_do_not_show() -> None:
+    page = render_report(run())
+    headers = dict(re.findall(r'<th data-col="\d+" data-key="(\w+)"[^>]*>([^<]*)</th>', page))
+    assert headers["total_ns"] == "total (time)" and headers["p50_ns"] == "p50 (time)"
+    assert not any(h.endswith("_ns") for h in headers.values())
+    assert '<div class="scroll"><table id="summary">' in page
