@@ -63,6 +63,11 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hang-timeout", type=float, default=300.0, metavar="SECONDS",
                    help="with --dump-on hang: seconds without a module call or step that "
                         "count as a hang (default: %(default)s)")
+    p.add_argument("--profile", action="store_true",
+                   help="also run torch.profiler (CPU ops; CUDA kernels when CUDA is "
+                        "available) and write <output stem>.merged.json (module spans on the "
+                        "profiler's timeline, as hooktrace merge) and <output stem>"
+                        ".profiler.json (for hooktrace summary --profiler)")
     p.add_argument("--flops", action="store_true",
                    help="also count FLOPs per module call (as trace(model, flops=True)): "
                         "hooktrace summary --flops shows them")
@@ -94,6 +99,7 @@ class RunOptions:
     capacity: int | None
     memory: bool = False
     flops: bool = False
+    profile: bool = False
 
 
 def options_from_args(args: argparse.Namespace) -> RunOptions:
@@ -133,6 +139,10 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
         if args.ring:
             raise OptionError("--schedule and --ring cannot be combined: windows are drained "
                            "as they end")
+        if getattr(args, "profile", False):
+            raise OptionError("--schedule and --profile cannot be combined here: in the "
+                              "script, hooktrace.profile(model, out, schedule=...) merges "
+                              "each window")
     return RunOptions(output=output, chrome=chrome, pftrace=pftrace, ring=args.ring,
                       schedule=schedule,
                       dump_on=dump_on, dump_dir=args.dump_dir, hang_timeout=args.hang_timeout,
@@ -140,7 +150,8 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
                       steps="optimizer" if args.steps == "optimizer" else None,
                       summary=args.summary, capacity=args.capacity,
                       memory=bool(getattr(args, "memory", False)),
-                      flops=bool(getattr(args, "flops", False)))
+                      flops=bool(getattr(args, "flops", False)),
+                      profile=bool(getattr(args, "profile", False)))
 
 
 def start(options: RunOptions) -> GlobalTrace:
@@ -156,7 +167,49 @@ def start(options: RunOptions) -> GlobalTrace:
     except RuntimeError as e:  # another global trace in this process
         raise OptionError(str(e).removeprefix("hooktrace: ")) from None
     _write_on_sigterm(trace, options)
+    if options.profile:
+        _start_profiler()
     return trace
+
+
+# torch.profiler of --profile, while it runs.
+_profiler: Any = None
+
+
+def _start_profiler() -> None:
+    global _profiler
+    import torch
+
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    _profiler = torch.profiler.profile(activities=activities)
+    _profiler.__enter__()
+
+
+def _stop_profiler() -> Any:
+    """Stops --profile's profiler, if running; returns it (its events are kept)."""
+    global _profiler
+    prof, _profiler = _profiler, None
+    if prof is not None:
+        prof.__exit__(None, None, None)
+    return prof
+
+
+def _write_profile(result: Any, output: Path) -> list[str]:
+    """Stops --profile's profiler and writes its trace and the merged one next to
+    ``output``; returns the paths written."""
+    from hooktrace.merge import merge_traces
+
+    prof = _stop_profiler()
+    if prof is None:
+        return []
+    stem = output.with_suffix("")
+    raw = stem.with_name(stem.name + ".profiler.json")
+    merged = stem.with_name(stem.name + ".merged.json")
+    prof.export_chrome_trace(str(raw))
+    merge_traces(result, raw, merged)
+    return [str(merged), str(raw)]
 
 
 # The SIGTERM handler installed by start(), while it is installed.
@@ -226,6 +279,7 @@ def write_outputs(trace: GlobalTrace, options: RunOptions) -> None:
     """Writes the files asked for, and the summary to stderr; a line on stderr says what."""
     result = trace.result
     if not result.modules:
+        _stop_profiler()
         print("hooktrace: no nn.Module was called; nothing written", file=sys.stderr)
         return
     if options.schedule is not None and not len(result.events):
@@ -240,6 +294,8 @@ def write_outputs(trace: GlobalTrace, options: RunOptions) -> None:
     if options.pftrace is not None:
         result.export_perfetto(options.pftrace)
         written.append(str(options.pftrace))
+    if options.profile:
+        written += _write_profile(result, options.output)
     if options.summary:
         print(result.summary(), file=sys.stderr)
     print(exit_line(written, result), file=sys.stderr)

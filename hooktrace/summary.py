@@ -385,13 +385,24 @@ _TEXT_NARROW_BACKWARD = [("bwd_total", "bwd_total_ns"), ("bwd_self", "bwd_self_n
 
 
 def _shorten(text: str, width: int) -> str:
-    """``text`` cut to ``width`` characters, keeping its end (the leaf module's name).
+    """``text`` cut in the middle to ``width`` characters: its start (up to a third,
+    ending at a ``.`` when there is one) and as much of its end as fits, so the leaf
+    module's name is never lost.
 
     Example:
-        >>> _shorten("model.layers.11.self_attn.q_proj", 20)
-        '…11.self_attn.q_proj'
+        >>> _shorten("model.layers.11.self_attn.q_proj", 24)
+        'model.….self_attn.q_proj'
+        >>> _shorten("VeryLongModuleClassName", 12)
+        'Ver…lassName'
     """
-    return text if len(text) <= width else "…" + text[len(text) - width + 1:]
+    if len(text) <= width:
+        return text
+    if width < 4:
+        return text[len(text) - width:]
+    room = (width - 1) // 3
+    dot = text.rfind(".", 0, room)
+    head = text[:dot + 1] if dot >= 0 else text[:room]
+    return head + "…" + text[len(text) - (width - 1 - len(head)):]
 
 
 def _per_step_totals(spans: Spans, modules: Sequence[tuple[str, str]], span_step: np.ndarray,

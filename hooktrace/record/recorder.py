@@ -208,6 +208,7 @@ class Recorder(StepMarks, FlightRecorder):
         self._out = None if out is None else _check_stream_path(out, policy)
         self._writer: Any = None
         self._stream_fd = -1
+        self._stream_lost: tuple[str, int] | None = None  # (write error, events lost)
         self._capacity = capacity
         self._policy = policy
         self._backward = bool(backward)
@@ -580,6 +581,10 @@ class Recorder(StepMarks, FlightRecorder):
             self._add_flops(footer)  # (stopped by now: every count closed)
             if written["error"]:
                 # Every block before the failed one is intact: the file loads up to it.
+                # Its events after that are dropped events of the result (the file cannot
+                # say so: it could not be written).
+                self._stream_lost = (str(written["error"]),
+                                     int(written["lost_events"]) + int(stats["dropped"]))
                 warnings.warn(
                     f"hooktrace: writing {self._out} failed at {written['error']}; "
                     f"{int(written['lost_events']):,} events were lost and the file ends "
@@ -596,8 +601,12 @@ class Recorder(StepMarks, FlightRecorder):
         contents = read_trace(self._out)
         info = dict(contents.info)
         info["out"] = self._out
+        if self._stream_lost is not None:
+            error, lost = self._stream_lost
+            info["stream_error"] = error
+            info["dropped_events"] = int(info.get("dropped_events", 0)) + lost
         return TraceResult(contents.events, contents.modules, contents.node_names,
-                         contents.clock, info)
+                           contents.clock, info)
 
 
 # The result's attributes and methods that the recorder forwards.

@@ -44,6 +44,22 @@ def write(path: Path, source: str) -> Path:
     return path
 
 
+def write_training(path: Path, steps: int, width: int) -> Path:
+    """A small training script: Linear+ReLU, SGD, ``steps`` optimizer steps; prints done."""
+    return write(path, f"""
+        import torch
+        from torch import nn
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear({width}, {width}), nn.ReLU())
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        for _ in range({steps}):
+            m(torch.randn(2, {width})).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        print("done")
+    """)
+
+
 def traced_and_untraced(tmp_path: Path, script: Path, *args: str,
                         options: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess[str],
                                                                 hooktrace.TraceData]:
@@ -361,18 +377,7 @@ def test_flight_recorder_options_dump_on_hang_and_exception(tmp_path: Path) -> N
 
 
 def test_schedule_option_writes_each_window(tmp_path: Path) -> None:
-    script = write(tmp_path / "train.py", """
-        import torch
-        from torch import nn
-        torch.manual_seed(0)
-        m = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
-        opt = torch.optim.SGD(m.parameters(), lr=0.1)
-        for _ in range(6):
-            m(torch.randn(2, 4)).sum().backward()
-            opt.step()
-            opt.zero_grad()
-        print("done")
-    """)
+    script = write_training(tmp_path / "train.py", steps=6, width=4)
     plain = python(script, cwd=tmp_path)
     traced = python("-m", "hooktrace", "run", "-o", "train.htrace", "--schedule", "1,0,1,2",
                     script, cwd=tmp_path)
@@ -580,3 +585,27 @@ def test_torchrun_teardown_after_another_rank_failed_keeps_every_trace(tmp_path:
     for rank in (0, 1):
         trace = hooktrace.load(tmp_path / "out" / f"f_rank{rank}.htrace")
         assert len(trace.steps()) == 3 and calls_per_module(trace)["module.0"] == 3
+
+
+def test_profile_option_writes_the_merged_trace_and_the_profilers_own(tmp_path: Path) -> None:
+    import json
+
+    script = write_training(tmp_path / "train.py", steps=3, width=8)
+    plain = python(script, cwd=tmp_path)
+    r = python("-m", "hooktrace", "run", "--profile", "-o", "out/", script, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout == plain.stdout, r.stderr
+    (htrace,) = (tmp_path / "out").glob("*.htrace")
+    merged = htrace.with_name(htrace.stem + ".merged.json")
+    raw = htrace.with_name(htrace.stem + ".profiler.json")
+    doc = json.loads(merged.read_text())
+    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    cats = {e.get("cat") for e in events}
+    assert {"hooktrace.forward", "hooktrace.backward", "cpu_op"} <= cats
+    linear = [e for e in events if e.get("cat") == "hooktrace.forward" and e["name"] == "0"]
+    assert len(linear) == 3
+    # the per-module op table from the run's own output
+    s = python("-m", "hooktrace", "summary", htrace, "--profiler", raw, cwd=tmp_path)
+    assert s.returncode == 0 and "aten::linear" in s.stdout, s.stderr
+    bad = python("-m", "hooktrace", "run", "--profile", "--schedule", "1,0,1", script,
+                 cwd=tmp_path)
+    assert bad.returncode == 1 and "--schedule and --profile cannot be combined" in bad.stderr

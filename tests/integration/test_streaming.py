@@ -305,3 +305,36 @@ def test_streamed_file_carries_the_rank_metadata(tmp_path: Path,
     info = hooktrace.load(tmp_path / "r.htrace").info
     assert (info["rank"], info["world_size"], info["local_rank"]) == (1, 2, 1)
     assert tr.info["rank"] == 1
+
+
+FULL_DISK = """
+    import resource, signal, sys, warnings
+    import torch, hooktrace
+    from torch import nn
+    # a disk that is full after 256 KiB: writes past it fail (EFBIG) instead of killing us
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 10, 256 << 10))
+    model = nn.Sequential(*[nn.Identity() for _ in range(30)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with hooktrace.trace(model, out=sys.argv[1]) as tr:
+            for _ in range(3000):
+                model(torch.zeros(1))
+    lost = [str(w.message) for w in caught if "events were lost" in str(w.message)]
+    print(len(lost), tr.result.dropped_events, len(tr.result.events),
+          tr.result.info.get("stream_error", ""))
+"""
+
+
+def test_a_full_disk_counts_the_lost_events_as_dropped(tmp_path: Path) -> None:
+    script = tmp_path / "full.py"
+    script.write_text(textwrap.dedent(FULL_DISK))
+    out = tmp_path / "run.htrace"
+    r = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=300)
+    assert r.returncode == 0, r.stderr
+    warned, dropped, kept, error = r.stdout.split(maxsplit=3)
+    # 3000 x 31 calls = 186,000 events; the file holds what fit, the rest is counted
+    assert warned == "1" and int(dropped) > 0 and error.strip()
+    assert int(kept) + int(dropped) == 3000 * 31 * 2
+    assert out.stat().st_size <= 256 << 10

@@ -232,3 +232,13 @@ def test_huge_duration_spread_uses_the_fallback_sort():
     for row in trace.summary().rows:
         assert row["total_ns"] == ref[(row["module"], row["type"])]["total_ns"]
         assert row["p50_ns"] == pytest.approx(ref[(row["module"], row["type"])]["p50_ns"])
+
+
+def test_long_names_are_cut_in_the_middle_keeping_start_and_leaf():
+    from hooktrace.summary import _shorten
+
+    name = "model.decoder.layers.11.self_attn.q_proj"
+    cut = _shorten(name, 28)
+    assert len(cut) == 28 and cut.startswith("model.") and cut.endswith("self_attn.q_proj")
+    assert "…" in cut and _shorten(name, 80) == name
+    assert _shorten("Sequential", 8) == "Se…ntial"  # a class name: its start and its end
