@@ -31,4 +31,6 @@ def run(args: argparse.Namespace) -> None:
         print(f"wrote {result.report}: open it in a web browser (it needs no network)")
     else:
         print(f"no HTML report: {result.report_error}")
-    print(f"{OPEN_HINT}; or: hooktrace summary {result.htrace}")
+    # (the .htrace is hooktrace's own file: Perfetto opens the JSON)
+    print(f"{OPEN_HINT.replace('open it', f'open {result.chrome}', 1)}; "
+          f"or: hooktrace summary {result.htrace}")

@@ -31,6 +31,8 @@ def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     r = run_cli("demo", "--out", str(out), "--steps", "2")
     assert r.returncode == 0, r.stderr
     assert "ui.perfetto.dev" in r.stdout and "blocks.0.attn" in r.stdout
+    # what it points Perfetto at is the JSON it wrote, not the .htrace
+    assert f"open {out / 'demo.json'} at https://ui.perfetto.dev" in r.stdout
     return out
 
 
