@@ -215,10 +215,13 @@ inline PyObject* call_module(ModuleCall* g, PyObject* const* args, size_t nargsf
       Py_DECREF(compiled);
       return PyObject_VectorcallMethod(s_call_impl, args, nargsf, kwnames);
     }
-    if (compiled)
+    if (compiled) {
       Py_DECREF(compiled);
-    else
+    } else if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
       PyErr_Clear();  // not set up by nn.Module.__init__: the original decides
+    } else {
+      return nullptr;  // anything else (a KeyboardInterrupt) propagates
+    }
   }
   return PyObject_Vectorcall(g->wrapped, args, nargsf, kwnames);
 }

@@ -167,17 +167,15 @@ def _whole_run(part: _Part) -> _Part:
                    n_steps=0, step_ns=np.zeros(0, np.int64), root_ns=part.run_root_ns)
 
 
-def _same_unit(pa: list[_Part], pb: list[_Part], names: tuple[str, str]
-               ) -> tuple[list[_Part], list[_Part], list[str]]:
-    """Both runs per step, or both per run: a run with steps compared with one without is
-    compared per run (its whole run), with a note saying so."""
+def _unit_note(pa: Sequence[_Part], pb: Sequence[_Part], names: tuple[str, str]) -> list[str]:
+    """Both runs per step, or both per run: when one run has steps and the other none,
+    both are compared per run (``_whole_run`` on every part), and this note says so."""
     a_steps, b_steps = (sum(p.n_steps for p in ps) for ps in (pa, pb))
     if bool(a_steps) == bool(b_steps):
-        return pa, pb, []
+        return []
     stepped, n = (names[0], a_steps) if a_steps else (names[1], b_steps)
-    note = (f"{stepped} has {n} complete steps and the other run none: both are compared "
-            "per run (whole runs); compare runs of the same length")
-    return [_whole_run(p) for p in pa], [_whole_run(p) for p in pb], [note]
+    return [f"{stepped} has {n} complete steps and the other run none: both are compared "
+            "per run (whole runs); compare runs of the same length"]
 
 
 def _part(trace: TraceData, keep_calls: bool = False) -> _Part:
@@ -512,7 +510,10 @@ def compare(a: TraceData | Sequence[TraceData], b: TraceData | Sequence[TraceDat
             names: tuple[str, str] = ("A", "B")) -> Diff:
     """Compare run ``b`` against run ``a`` (see the module docstring). A run is one
     trace, or a sequence of traces (the schedule windows of one process), pooled."""
-    pa, pb, notes = _same_unit(_parts(a), _parts(b), names)
+    pa, pb = _parts(a), _parts(b)
+    notes = _unit_note(pa, pb, names)
+    if notes:
+        pa, pb = [_whole_run(p) for p in pa], [_whole_run(p) for p in pb]
     d = _compare_stats(_pool(pa), _pool(pb), names)
     d.notes += notes
     return d
@@ -668,7 +669,7 @@ def compare_paths(a: str, b: str, *, workers: int | None = None) -> Diff:
     if not (sa.ranked and sb.ranked):  # one run each: the same unit (steps or whole runs)
         pa = [_result_part(results, f.path) for fs in sa.selected().values() for f in fs]
         pb = [_result_part(results, f.path) for fs in sb.selected().values() for f in fs]
-        _, _, unit_notes = _same_unit(pa, pb, names)
+        unit_notes = _unit_note(pa, pb, names)
 
     def pooled(side: Side) -> dict[int | None, _RunStats]:
         return {rank: _pool([_whole_run(_result_part(results, f.path)) if unit_notes

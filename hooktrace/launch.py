@@ -27,6 +27,7 @@ from hooktrace._output import check_output_path
 from hooktrace.errors import OptionError, OutputPathError
 from hooktrace.flight import check_dump_on
 from hooktrace.record import DEFAULT_CAPACITY, GlobalTrace
+from hooktrace.text import open_hint
 
 __all__ = ["RunOptions", "add_options", "options_from_args", "start", "stop_writing_on_sigterm",
            "write_outputs"]
@@ -310,7 +311,7 @@ def exit_line(written: list[str], result: Any) -> str:
             if n]
     counts = ", ".join([f"{len(result.modules)} modules", f"{len(result.events)} events", *lost])
     views = written[1:]
-    look = (f"open {views[0]} at https://ui.perfetto.dev" if views else
+    look = (open_hint(views[0]) if views else
             f"for Perfetto: hooktrace export {written[0]} -o "
             f"{Path(written[0]).with_suffix('.pftrace')}")
     return (f"hooktrace: wrote {' and '.join(written)} ({counts}); {look}; the table: "

@@ -123,8 +123,8 @@ def find_rank_files(inputs: Sequence[PathLike]) -> tuple[list[str], list[str]]:
             files += found
         elif os.path.exists(name):
             files.append(name)
-        elif rank_files_of(name):  # hooktrace run -o NAME under torchrun
-            files += rank_files_of(name)
+        elif ranks := rank_files_of(name):  # hooktrace run -o NAME under torchrun
+            files += ranks
         else:
             problems.append(f"{name}: no such file")
     seen: set[str] = set()

@@ -106,6 +106,19 @@ class _Groups:
         self.ids = g_s[starts]
 
 
+def _mode_groups(spans: Spans) -> tuple[np.ndarray, int]:
+    """Per span, its summary row's group: the module slot for training calls, slot +
+    ``n_mod`` for eval calls (grad off or module.eval(): SPAN_EVAL), and ``n_mod``.
+    Group ``g`` is module ``g % n_mod`` in mode ``_group_mode(g, n_mod)``."""
+    n_mod = int(spans.module.max()) + 1 if len(spans) else 0
+    eval_ = (spans.flags & SPAN_EVAL) != 0
+    return spans.module.astype(np.int64) + n_mod * eval_.astype(np.int64), n_mod
+
+
+def _group_mode(group: int, n_mod: int) -> str:
+    return "eval" if group >= n_mod else "train"
+
+
 class Summary:
     """Per-module statistics, forward and backward side by side (times in ns).
 
@@ -208,11 +221,8 @@ class Summary:
               node_names: Sequence[str] = ()) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
         if len(spans):
-            # A module's eval calls (grad off or module.eval(); SPAN_EVAL) are a row of
-            # their own: group id = module + n_mod for them.
-            n_mod = int(spans.module.max()) + 1
-            module = spans.module.astype(np.int64) + n_mod * (
-                (spans.flags & SPAN_EVAL) != 0).astype(np.int64)
+            # A module's eval calls are a row of their own (_mode_groups).
+            module, n_mod = _mode_groups(spans)
             dur = spans.duration_ns
             per_cat = []
             for cat in (CAT_FORWARD, CAT_BACKWARD, CAT_RECOMPUTE):
@@ -224,7 +234,7 @@ class Summary:
                 name, type_name = (modules[slot] if slot < len(modules)
                                    else (f"<module {slot}>", "?"))
                 row: dict[str, Any] = {"module": name, "type": type_name,
-                                       "mode": "eval" if m >= n_mod else "train"}
+                                       "mode": _group_mode(m, n_mod)}
                 row.update(_stats(fwd, m, ""))
                 row.update(_stats(bwd, m, "bwd_"))
                 del row["bwd_mean_ns"]
@@ -558,13 +568,12 @@ def _add_memory(rows: list[dict[str, Any]], trace: TraceData, device: str) -> li
     mem = span_memory(trace, device)
     keys = memory_columns(device)
     by_module: dict[tuple[str, str], dict[str, int]] = {}
-    n_mod = int(spans.module.max()) + 1 if len(spans) else 0
+    groups, n_mod = _mode_groups(spans)
     for phase, cats in ((0, (CAT_FORWARD,)), (2, (CAT_BACKWARD,))):
         sel = np.flatnonzero(np.isin(spans.cat, cats) & mem.known)
         if not len(sel):
             continue
-        module = spans.module[sel].astype(np.int64) + n_mod * (
-            (spans.flags[sel] & SPAN_EVAL) != 0).astype(np.int64)
+        module = groups[sel]
         n = 2 * n_mod
         calls = np.bincount(module, minlength=n)
         net = np.bincount(module, weights=mem.net[sel].astype(np.float64), minlength=n)
@@ -572,7 +581,7 @@ def _add_memory(rows: list[dict[str, Any]], trace: TraceData, device: str) -> li
         np.maximum.at(peak, module, mem.peak_above[sel])
         for m in np.flatnonzero(calls).tolist():
             values = by_module.setdefault(
-                (trace.modules[m % n_mod][0], "eval" if m >= n_mod else "train"), {})
+                (trace.modules[m % n_mod][0], _group_mode(m, n_mod)), {})
             values[keys[phase]] = int(round(net[m] / calls[m]))
             values[keys[phase + 1]] = int(peak[m])
     for row in rows:

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["OPEN_HINT", "describe_dump", "format_bytes", "format_count", "format_ns"]
+__all__ = ["OPEN_HINT", "describe_dump", "format_bytes", "format_count", "format_ns", "open_hint"]
 
-OPEN_HINT = (
-    "open it at https://ui.perfetto.dev (Open trace file) or in chrome://tracing (Load)"
-)
+def open_hint(what: str) -> str:
+    """Where to open a trace ``what`` names (an export or a merge: never a .htrace)."""
+    return f"open {what} at https://ui.perfetto.dev (Open trace file) or in chrome://tracing (Load)"
+
+
+OPEN_HINT = open_hint("it")
 
 
 def format_ns(ns: float) -> str:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from hooktrace.commands import OPEN_HINT, CliError
+from hooktrace.commands import CliError
+from hooktrace.text import open_hint
 
 NAME = "demo"
 HELP = "trace a built-in small GPT-style model for a few steps"
@@ -32,5 +33,4 @@ def run(args: argparse.Namespace) -> None:
     else:
         print(f"no HTML report: {result.report_error}")
     # (the .htrace is hooktrace's own file: Perfetto opens the JSON)
-    print(f"{OPEN_HINT.replace('open it', f'open {result.chrome}', 1)}; "
-          f"or: hooktrace summary {result.htrace}")
+    print(f"{open_hint(str(result.chrome))}; or: hooktrace summary {result.htrace}")

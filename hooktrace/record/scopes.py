@@ -35,6 +35,7 @@ from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Any, NamedTuple
 
+import torch
 from torch import nn
 
 __all__ = ["ModelScope", "ProcessScope", "Scope"]
@@ -314,8 +315,6 @@ class ProcessScope(Scope):
 
 def _root_traits(module: nn.Module) -> tuple[bool, bool]:
     """(has submodules, has trainable parameters and is called with grad enabled)."""
-    import torch
-
     children = bool(vars(module).get("_modules"))
     try:
         trainable = torch.is_grad_enabled() and any(

@@ -248,10 +248,9 @@ def _header(key: str) -> tuple[str, str]:
 def _table_html(summary: Summary) -> str:
     cols = _table_columns(summary)
     head = "".join(
-        f'<th data-col="{i}" data-key="{c}" title="{html.escape(_header(c)[1])}'
-        f'{"; " if _header(c)[1] else ""}click to sort">'
-        f"{html.escape(_header(c)[0])}</th>"
-        for i, c in enumerate(cols))
+        f'<th data-col="{i}" data-key="{c}" title="{html.escape(tip)}'
+        f'{"; " if tip else ""}click to sort">{html.escape(name)}</th>'
+        for i, c in enumerate(cols) for name, tip in [_header(c)])
     body = []
     for r in summary.rows:
         cells = []
