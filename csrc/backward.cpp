@@ -1,5 +1,7 @@
 #include "backward.h"
 
+#include "session_set.h"
+
 #include <ATen/record_function.h>
 
 #include <array>
@@ -19,13 +21,10 @@ int get_current_graph_task_id();
 namespace hooktrace {
 namespace {
 
-std::array<std::atomic<Session*>, kMaxBackwardSessions> g_slots{};
-// Callbacks currently reading g_slots; removal waits for it to reach zero.
-std::atomic<uint32_t> g_inflight{0};
+SessionSet g_sessions;
 std::atomic<bool> g_compiling{false};
 
 std::mutex g_mutex;  // guards everything below
-std::vector<std::shared_ptr<Session>> g_owned;
 at::CallbackHandle g_handle = at::INVALID_CALLBACK_HANDLE;
 std::vector<std::string> g_names;
 
@@ -70,30 +69,21 @@ uint32_t intern(const char* name) {
 
 // --- the callback -------------------------------------------------------------
 
-struct InflightGuard {
-  InflightGuard() { g_inflight.fetch_add(1, std::memory_order_acq_rel); }
-  ~InflightGuard() { g_inflight.fetch_sub(1, std::memory_order_acq_rel); }
-};
-
 std::unique_ptr<at::ObserverContext> on_node_start(const at::RecordFunction& fn) {
   if (g_compiling.load(std::memory_order_relaxed)) [[unlikely]] return nullptr;
-  InflightGuard guard;
   const uint32_t name = intern(fn.name());
   const uint64_t seq = static_cast<uint64_t>(fn.seqNr());
   const uint32_t fwd = static_cast<uint32_t>(fn.forwardThreadId());
-  for (auto& slot : g_slots)
-    if (Session* s = slot.load(std::memory_order_acquire)) s->record_node(kNodeBegin, seq, name, fwd);
+  g_sessions.for_each([&](Session* s) { s->record_node(kNodeBegin, seq, name, fwd); });
   return nullptr;
 }
 
 void on_node_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (g_compiling.load(std::memory_order_relaxed)) [[unlikely]] return;
-  InflightGuard guard;
   const uint32_t task = static_cast<uint32_t>(torch::autograd::get_current_graph_task_id());
   const uint64_t seq = static_cast<uint64_t>(fn.seqNr());
   const uint32_t fwd = static_cast<uint32_t>(fn.forwardThreadId());
-  for (auto& slot : g_slots)
-    if (Session* s = slot.load(std::memory_order_acquire)) s->record_node(kNodeEnd, seq, task, fwd);
+  g_sessions.for_each([&](Session* s) { s->record_node(kNodeEnd, seq, task, fwd); });
 }
 
 }  // namespace
@@ -102,49 +92,20 @@ void set_compiling(bool compiling) { g_compiling.store(compiling, std::memory_or
 
 void add_backward_session(const std::shared_ptr<Session>& s) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  for (auto& slot : g_slots) {
-    Session* expected = nullptr;
-    if (slot.compare_exchange_strong(expected, s.get())) {
-      g_owned.push_back(s);
-      if (g_handle == at::INVALID_CALLBACK_HANDLE) {
-        g_handle = at::addGlobalCallback(at::RecordFunctionCallback(on_node_start, on_node_end)
-                                             .scopes({at::RecordScope::BACKWARD_FUNCTION}));
-      }
-      return;
-    }
+  g_sessions.add(s, "backward");
+  if (g_handle == at::INVALID_CALLBACK_HANDLE) {
+    g_handle = at::addGlobalCallback(at::RecordFunctionCallback(on_node_start, on_node_end)
+                                         .scopes({at::RecordScope::BACKWARD_FUNCTION}));
   }
-  throw std::runtime_error("hooktrace: at most 8 traces can record backward at once");
 }
 
 void remove_backward_session(const Session* s) {
-  std::shared_ptr<Session> release;
-  {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    bool any = false;
-    for (auto& slot : g_slots) {
-      if (slot.load() == s) slot.store(nullptr);
-      any = any || slot.load() != nullptr;
-    }
-    if (!any && g_handle != at::INVALID_CALLBACK_HANDLE) {
-      at::removeCallback(g_handle);
-      g_handle = at::INVALID_CALLBACK_HANDLE;
-    }
-    for (auto it = g_owned.begin(); it != g_owned.end(); ++it) {
-      if (it->get() == s) {
-        release = std::move(*it);
-        g_owned.erase(it);
-        break;
-      }
-    }
-  }
-  // A callback that loaded `s` before the store above may still be writing.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-  while (g_inflight.load(std::memory_order_acquire) != 0) {
-    if (std::chrono::steady_clock::now() > deadline) {
-      new std::shared_ptr<Session>(std::move(release));  // never freed, by design
-      return;
-    }
-    std::this_thread::yield();
+  // Outside g_mutex: remove() waits for callbacks still recording into `s`.
+  if (!g_sessions.remove(s)) return;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_handle != at::INVALID_CALLBACK_HANDLE) {
+    at::removeCallback(g_handle);
+    g_handle = at::INVALID_CALLBACK_HANDLE;
   }
 }
 

@@ -24,11 +24,9 @@
 
 namespace hooktrace {
 
-// At most this many sessions record backward at once; more is an error.
-constexpr int kMaxBackwardSessions = 8;
-
 // The first registration installs the callback; the last removal uninstalls
-// it, so untraced programs pay nothing. Throws std::runtime_error when full.
+// it, so untraced programs pay nothing. Throws std::runtime_error when
+// SessionSet::kMaxSessions sessions record backward already.
 void add_backward_session(const std::shared_ptr<Session>& s);
 // Returns once no callback can still touch `s` (or after 1 s, in which case
 // the session is kept alive forever rather than risk a use after free).

@@ -11,6 +11,7 @@
 #include "backward.h"
 #include "chrome_writer.h"
 #include "event.h"
+#include "kernel_marks.h"
 #include "lanes.h"
 #include "module_call.h"
 #include "perfetto_writer.h"
@@ -130,6 +131,8 @@ PYBIND11_MODULE(_C, m) {
       });
   m.def("add_backward_session", &hooktrace::add_backward_session, py::arg("session"));
   m.def("remove_backward_session", &hooktrace::remove_backward_session, py::arg("session"));
+  m.def("add_kernel_session", &hooktrace::add_kernel_session, py::arg("session"));
+  m.def("remove_kernel_session", &hooktrace::remove_kernel_session, py::arg("session"));
   m.def("set_compiling", &hooktrace::set_compiling, py::arg("compiling"));
   m.def("node_names", &hooktrace::node_names);
   m.def("now_ticks", &hooktrace::now_ticks);
@@ -140,4 +143,5 @@ PYBIND11_MODULE(_C, m) {
   }, "CPU bytes alive among the allocations hooktrace's counting allocator made.");
 
   if (hooktrace::add_module_call_type(m.ptr()) < 0) throw py::error_already_set();
+  if (hooktrace::add_kernel_mark_functions(m.ptr()) < 0) throw py::error_already_set();
 }

@@ -15,7 +15,8 @@
 //       16    4  id      forward: module slot in the session's module table;
 //                        kNodeBegin: index into the node-name table;
 //                        kNodeEnd: the autograd graph task id (backward.h);
-//                        kStep: 0; kMem*: low 32 bits of the peak bytes
+//                        kStep: 0; kMem*: low 32 bits of the peak bytes;
+//                        kKernel*: the kernel call site
 //       20    4  tid     OS thread id (gettid) of the recording thread
 //       24    4  rf_tid  forward: at::RecordFunction::currentThreadId() of the
 //                        recording thread; backward node: forwardThreadId();
@@ -44,6 +45,11 @@ enum EventKind : uint8_t {
   // device's allocated bytes now, and its high-water mark.
   kMemCpu = 6,
   kMemCuda = 7,
+  // Kernel marks (kernel_marks.h): a kernel of compiled code that hooktrace
+  // instrumented starts / ends; id = its call site (the trace's kernel_sites
+  // table), seq = 0.
+  kKernelBegin = 8,
+  kKernelEnd = 9,
 };
 
 enum EventFlags : uint8_t {

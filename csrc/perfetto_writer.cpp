@@ -44,11 +44,11 @@ constexpr uint64_t kSliceBegin = 1, kSliceEnd = 2;
 // (hooktrace/exporters/chrome.py), in the order Chrome's args list them.
 enum Ann : uint64_t {
   kAnnModule = 1, kAnnType, kAnnCall, kAnnError, kAnnUnfinished, kAnnNodes, kAnnSeq, kAnnPass,
-  kAnnClipped, kAnnFlops, kAnnTflops, kAnnFlopsCounted,
+  kAnnClipped, kAnnFlops, kAnnTflops, kAnnFlopsCounted, kAnnKernel, kAnnDerived,
 };
-const char* const kAnnNames[] = {"module", "type",  "call",   "error",         "unfinished",
-                                 "nodes",  "seq",   "pass",   "clipped",       "flops",
-                                 "tflops", "flops_counted"};
+const char* const kAnnNames[] = {"module", "type",   "call",   "error",         "unfinished",
+                                 "nodes",  "seq",    "pass",   "clipped",       "flops",
+                                 "tflops", "flops_counted", "kernel", "derived"};
 
 // Append-only protobuf encoding into a std::string.
 class Proto {
@@ -218,12 +218,19 @@ py::dict write_perfetto_slices(py::object write, py::array_t<int64_t> start_ns,
   const std::vector<std::string> string_table = to_strings(strings);
   const std::vector<std::string> cats = to_strings(cat_names);
   // Checked up front so the encoding loop cannot index out of range.
+  bool has_kernels = false;
   for (size_t i = 0; i < n; ++i) {
     check_index(tr[i], n_tracks, i, "track", false);
     check_index(nm[i], name_table.size(), i, "name", false);
     check_index(ct[i], cats.size(), i, "cat", false);
     check_index(sa[i], string_table.size(), i, "str_a", true);
     check_index(sb[i], string_table.size(), i, "str_b", true);
+    if (fl[i] & kSliceKernel) {
+      check_index(sa[i], string_table.size(), i, "str_a", false);
+      check_index(sb[i], string_table.size(), i, "str_b", false);
+      check_index(ia[i], string_table.size(), i, "int_a", false);
+      has_kernels = true;
+    }
   }
 
   // Group by track, keeping input order within a track (counting sort).
@@ -271,10 +278,11 @@ py::dict write_perfetto_slices(py::object write, py::array_t<int64_t> start_ns,
     }
     interned.clear();
     for (size_t c = 0; c < cats.size(); ++c) interned.entry(f::kEventCategories, c + 1, cats[c]);
-    // (the FLOP argument names only when there are FLOPs: a run without them is
-    // written byte for byte as before they existed)
-    const uint64_t n_ann = fp != nullptr || tf != nullptr
-                               ? sizeof kAnnNames / sizeof kAnnNames[0] : kAnnClipped;
+    // (the FLOP and kernel argument names only when there are FLOPs / kernel slices:
+    // a run without them is written byte for byte as before they existed)
+    const uint64_t n_ann = has_kernels ? sizeof kAnnNames / sizeof kAnnNames[0]
+                           : fp != nullptr || tf != nullptr ? kAnnFlopsCounted
+                                                            : kAnnClipped;
     for (uint64_t a = 0; a < n_ann; ++a) {
       interned.entry(f::kAnnotationNames, a + 1, kAnnNames[a]);
     }
@@ -351,7 +359,12 @@ py::dict write_perfetto_slices(py::object write, py::array_t<int64_t> start_ns,
       }
       q = put_uint(q, f::kNameIid, nm[i] + 1ull);
       q = put_uint(q, f::kCategoryIids, ct[i] + 1ull);
-      if (fl[i] & kSliceNode) {
+      if (fl[i] & kSliceKernel) {
+        q = annotate(q, kAnnModule, f::kStringValueIid, string_iid(static_cast<size_t>(sa[i])));
+        q = annotate(q, kAnnType, f::kStringValueIid, string_iid(static_cast<size_t>(sb[i])));
+        q = annotate(q, kAnnKernel, f::kStringValueIid, string_iid(static_cast<size_t>(ia[i])));
+        q = annotate(q, kAnnDerived, f::kBoolValue, 1);
+      } else if (fl[i] & kSliceNode) {
         q = annotate(q, kAnnSeq, f::kIntValue, static_cast<uint64_t>(ia[i]));
         if (sa[i] >= 0) {
           q = annotate(q, kAnnModule, f::kStringValueIid, string_iid(static_cast<size_t>(sa[i])));

@@ -47,7 +47,9 @@ namespace hooktrace {
 //         nodes = int_b if >= 0, flops = flops[i] if >= 0 (int), tflops =
 //         tflops[i] if finite (double); `flops` and `tflops` may be empty (none);
 //   node: seq = int_a, module = strings[str_a] ("" when str_a < 0),
-//         pass = int_b if >= 0, clipped = true when set.
+//         pass = int_b if >= 0, clipped = true when set;
+//   kernel (kSliceKernel, hooktrace/kernels.py): module = strings[str_a], type =
+//         strings[str_b], kernel = strings[int_a], derived = true.
 // name[i] indexes `names` (the event name), cat[i] `cat_names`, track[i]
 // `track_uuid`. Returns {"slices": written, "not_nested": skipped}.
 pybind11::dict write_perfetto_slices(
@@ -61,5 +63,6 @@ pybind11::dict write_perfetto_slices(
     pybind11::sequence cat_names, uint32_t first_sequence_id, size_t chunk_bytes);
 
 constexpr uint8_t kSliceNode = 0x80;
+constexpr uint8_t kSliceKernel = 0x40;
 
 }  // namespace hooktrace

@@ -244,6 +244,24 @@ class Session {
     if (C10_UNLIKELY(memory_ && kind != kStep)) record_memory(b, t);
   }
 
+  // A kernel mark of instrumented compiled code (kernel_marks.h): `site` is the
+  // kernel call site; no memory sample (the region's own events carry those).
+  inline void record_kernel(uint8_t kind, uint32_t site) {
+    if (C10_UNLIKELY(!active())) return;
+    ThreadBuffer* b = buffer();
+    Event* e = next_slot(b);
+    if (C10_UNLIKELY(!e)) return;
+    e->t = now_ticks();
+    e->seq = 0;
+    e->id = site;
+    e->tid = b->tid;
+    e->rf_tid = b->rf_tid;
+    e->kind = kind;
+    e->flags = 0;
+    e->pad = 0;
+    publish(b);
+  }
+
   // A step boundary (Python's Trace.step(), never per module call): `step` is
   // the number of the step that just ended.
   void record_step(uint64_t step) { record_node(kStep, step, 0, 0); }

@@ -33,7 +33,12 @@ STEP = 5  # a training step ended: seq = its number, id = 0
 MEM_CPU = 6
 MEM_CUDA = 7
 MEM_KINDS = (MEM_CPU, MEM_CUDA)
-VALID_KINDS = (ENTER, EXIT, NODE_BEGIN, NODE_END, STEP, MEM_CPU, MEM_CUDA)
+# Kernel marks of compiled code (csrc/kernel_marks.h): id = the call site, an index
+# into info["kernel_sites"]; seq = 0.
+KERNEL_BEGIN = 8
+KERNEL_END = 9
+VALID_KINDS = (ENTER, EXIT, NODE_BEGIN, NODE_END, STEP, MEM_CPU, MEM_CUDA, KERNEL_BEGIN,
+               KERNEL_END)
 
 FLAG_ERROR = 1  # EXIT: forward raised
 FLAG_NO_GRAD = 2  # ENTER: grad mode was off (torch.no_grad, inference_mode)

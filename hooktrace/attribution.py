@@ -15,6 +15,10 @@ Rules:
   with a sequence number <= the node's. The node's ops (nested in it) go with
   it. Nodes without those args (``AccumulateGrad``) or not found fall back to
   the shortest hooktrace backward span (``cat`` 1) containing them, if any.
+* **Inside compiled regions** (issue #18): an op that ran inside a kernel mark
+  (an extern kernel's ``aten::mm``, a C++ kernel's ``RECORD_FUNCTION`` with
+  Inductor's ``cpp.enable_kernel_profile``) belongs to that kernel's module and
+  phase (:mod:`hooktrace.kernels`), forward or backward, instead of the region.
 * **GPU**: a kernel (or memcpy/memset) belongs where its launch
   (``cudaLaunchKernel``...) does, found by the ``correlation`` arg, else by the
   ``ac2g`` flow from launch to kernel.
@@ -58,6 +62,7 @@ from hooktrace._profiler_events import (
     NODE_PREFIX,
     ProfilerEvents,
 )
+from hooktrace.kernels import CONTAINER_TYPES, Kernels
 from hooktrace.reading import CAT_BACKWARD, TraceData
 from hooktrace.text import format_ns
 
@@ -125,6 +130,9 @@ class Attribution:
                    f"{c['backward_by_time']} by time)")
         if self.has_gpu:
             out.append(f"{c['attributed_gpu']} of {c['gpu_activities']} GPU activities attributed")
+        if c.get("in_kernels"):
+            out.append(f"{c['in_kernels']} ops ran inside compiled regions' kernels: attributed "
+                       "to the kernels' modules (hooktrace.kernels)")
         return "\n".join(out)
 
     def __str__(self) -> str:
@@ -220,6 +228,24 @@ def _innermost_forward(run: TraceData, tid: np.ndarray, start: np.ndarray,
                 break
             cand[bad] = spans.parent[cand[bad]]
         out[items] = cand
+    return out
+
+
+def _inside_kernel(k: Kernels, tid: np.ndarray, start: np.ndarray, end: np.ndarray
+                   ) -> np.ndarray:
+    """The kernel run (index into ``k``) whose marks enclose each [start, end] on the same
+    thread, or -1. A thread's kernel runs never overlap (a wrapper calls them in turn)."""
+    out = np.full(len(start), -1, dtype=np.int64)
+    for t in np.unique(k.tid).tolist():
+        items = np.flatnonzero(tid == t)
+        mine = np.flatnonzero((k.tid == t) & (k.module >= 0))
+        if not len(items) or not len(mine):
+            continue
+        mine = mine[np.argsort(k.start_ns[mine], kind="stable")]
+        j = np.searchsorted(k.start_ns[mine], start[items], "right") - 1
+        cand = mine[np.maximum(j, 0)]
+        ok = (j >= 0) & (k.end_ns[cand] >= end[items])
+        out[items[ok]] = cand[ok]
     return out
 
 
@@ -321,6 +347,12 @@ def attribute_events(run: TraceData, p: ProfilerEvents, *, top_ops: int = 3) -> 
             module[i] = int(spans.module[s])
             backward[i] = True
     phase = backward.astype(np.int64)
+    # Ops inside a compiled region's kernel marks: the kernel's module and phase.
+    kernels = Kernels.from_trace(run)
+    in_kernel = _inside_kernel(kernels, tid, start, end) if len(kernels) else np.full(n, -1)
+    hit = np.flatnonzero(in_kernel >= 0)
+    module[hit] = kernels.module[in_kernel[hit]]
+    phase[hit] = kernels.cat[in_kernel[hit]] == CAT_BACKWARD
 
     # GPU activities -> launch item -> (module, phase).
     n_gpu = len(p.gpu_start)
@@ -372,6 +404,14 @@ def attribute_events(run: TraceData, p: ProfilerEvents, *, top_ops: int = 3) -> 
     # (nn.ModuleList) is no place where time was spent.
     called = set(np.unique(spans.module[spans.cat != CAT_BACKWARD]).tolist())
     slot = {nm: j for j, (nm, _) in enumerate(run.modules) if j in called}
+    # modules inside compiled regions ran as kernels: they and their ancestors get rows
+    # (but containers, never called, as in the summary)
+    by_name = {nm: (j, typ) for j, (nm, typ) in enumerate(run.modules)}
+    for m in np.unique(kernels.module[kernels.module >= 0]).tolist():
+        for anc in _ancestors(run.modules[m][0]):
+            j, typ = by_name.get(anc, (-1, ""))
+            if j >= 0 and typ not in CONTAINER_TYPES:
+                slot.setdefault(anc, j)
     cpu_tot: dict[tuple[int, int], int] = defaultdict(int)
     gpu_tot: dict[tuple[int, int], int] = defaultdict(int)
     for src, dst in ((self_by, cpu_tot), (gpu_key, gpu_tot)):
@@ -380,9 +420,8 @@ def attribute_events(run: TraceData, p: ProfilerEvents, *, top_ops: int = 3) -> 
                 dst[(m, ph)] += v
                 continue
             for anc in _ancestors(run.modules[m][0]):
-                j = slot.get(anc)
-                if j is not None:
-                    dst[(j, ph)] += v
+                if anc in slot:
+                    dst[(slot[anc], ph)] += v
     rows: list[dict[str, Any]] = []
     for m, ph in sorted(set(cpu_tot) | set(gpu_tot) | set(ops_by)):
         qual, typ = (UNATTRIBUTED, "") if m < 0 else run.modules[m]
@@ -402,5 +441,6 @@ def attribute_events(run: TraceData, p: ProfilerEvents, *, top_ops: int = 3) -> 
         "backward_nodes": int(len(nodes)),
         "gpu_activities": n_gpu,
         "attributed_gpu": attributed_gpu,
+        "in_kernels": int(len(hit)),
     })
     return Attribution(rows, counts)

@@ -150,7 +150,7 @@ def run_demo(out_dir: str | Path, steps: int = 5, batch: int = 8, seed: int = 0,
     report: Path | None = out / "report.html"
     error = ""
     try:
-        write_report(tr, out / "report.html", source=str(htrace), title="hooktrace demo: TinyGPT")
+        write_report(tr.result, out / "report.html", source=str(htrace), title="hooktrace demo: TinyGPT")
     except ReportError as e:  # the report is optional (plotly); the trace files are not
         report, error = None, str(e)
     return DemoResult(htrace, chrome, losses, tr.summary().to_text(flops=flops), report, error)

@@ -92,6 +92,7 @@ from hooktrace._diff_inputs import (
     group,
     parse_spec,
 )
+from hooktrace.kernels import derived_spans
 from hooktrace.rankset import map_ranks
 from hooktrace._events import SPAN_DEFINITION, SPAN_DEFINITIONS, span_definition
 from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL, TraceData, as_data, load
@@ -105,7 +106,7 @@ _STEP = "<step>"  # the row name of the step itself
 
 _COLUMNS = ("module", "type", "phase", "p50_a_ns", "p50_b_ns", "p50_change_ns", "p50_change_pct",
             "per_step_a_ns", "per_step_b_ns", "per_step_change_ns", "per_step_change_pct",
-            "self_per_step_change_ns", "calls_a", "calls_b", "share_a")
+            "self_per_step_change_ns", "calls_a", "calls_b", "share_a", "timing_a", "timing_b")
 
 
 Key = tuple[str, str]  # (module, phase)
@@ -120,6 +121,7 @@ class _PhaseStats:
     per_step_ns: float
     self_per_step_ns: float
     calls: float
+    timing: str = "measured"  # or "kernels" / "measured+kernels", as summary's column
 
 
 @dataclass
@@ -155,6 +157,9 @@ class _Part:
     # the whole run's (every span, in a step or not): for comparing with a run without steps
     run: dict[Key, tuple[float, float, float]] = field(default_factory=dict)  # total, self, calls
     run_root_ns: float = 0.0
+    # per key, when not "measured": "kernels" (kernel-derived inside compiled regions,
+    # hooktrace.kernels) or "measured+kernels"
+    timing: dict[Key, str] = field(default_factory=dict)
 
 
 def _whole_run(part: _Part) -> _Part:
@@ -192,16 +197,29 @@ def _part(trace: TraceData, keep_calls: bool = False) -> _Part:
     else:
         span_col = np.zeros(len(spans), np.int64)
     width = max(n_steps, 1)
-    dur = spans.duration_ns
+    # the modules inside compiled regions, from their kernels: entries like spans, in the
+    # region span's step, never roots; the regions' self time less theirs (as summary)
+    d = derived_spans(trace)
+    dur, self_ns = spans.duration_ns, spans.self_ns
+    module_of, cat_of, flags, parent = spans.module, spans.cat, spans.flags, spans.parent
+    derived = np.zeros(len(spans), bool)
+    if len(d):
+        self_ns = self_ns.copy()
+        self_ns[d.region_span] = d.region_self_ns
+        dur, self_ns = np.r_[dur, d.total_ns], np.r_[self_ns, d.self_ns]
+        module_of, cat_of = np.r_[module_of, d.module], np.r_[cat_of, d.cat]
+        flags, parent = np.r_[flags, d.flags], np.r_[parent, d.span]
+        span_col = np.r_[span_col, span_col[d.span]]
+        derived = np.r_[derived, np.ones(len(d), bool)]
     part = _Part({}, {}, {} if keep_calls else None, {}, {}, {}, n_steps,
                  steps.duration_ns[complete].astype(np.int64), 0.0,
                  span_definition(trace.info))
-    is_eval = (spans.flags & SPAN_EVAL) != 0
+    is_eval = (flags & SPAN_EVAL) != 0
     for phase, cat in PHASES.items():
-        sel = np.flatnonzero((spans.cat == cat) & (is_eval == (phase == "eval")))
+        sel = np.flatnonzero((cat_of == cat) & (is_eval == (phase == "eval")))
         if not len(sel):
             continue
-        module = spans.module[sel].astype(np.int64)
+        module = module_of[sel].astype(np.int64)
         order = np.lexsort((dur[sel], module))
         m_sorted = module[order]
         d_sorted = dur[sel][order]
@@ -216,12 +234,13 @@ def _part(trace: TraceData, keep_calls: bool = False) -> _Part:
         cell = module[in_step] * width + span_col[sel][in_step]
         per_step = np.bincount(cell, weights=dur[sel][in_step],
                                minlength=n_mod * width).reshape(n_mod, width)
-        self_step = np.bincount(cell, weights=spans.self_ns[sel][in_step],
+        self_step = np.bincount(cell, weights=self_ns[sel][in_step],
                                 minlength=n_mod * width).reshape(n_mod, width)
         calls = np.bincount(cell, minlength=n_mod * width).reshape(n_mod, width)
         run_total = np.bincount(module, weights=dur[sel], minlength=n_mod)
-        run_self = np.bincount(module, weights=spans.self_ns[sel], minlength=n_mod)
+        run_self = np.bincount(module, weights=self_ns[sel], minlength=n_mod)
         run_calls = np.bincount(module, minlength=n_mod)
+        n_derived = np.bincount(module, weights=derived[sel], minlength=n_mod)
         for k, m in enumerate(ids.tolist()):
             name, type_name = (trace.modules[m] if m < len(trace.modules)
                                else (f"<module {m}>", "?"))
@@ -234,7 +253,10 @@ def _part(trace: TraceData, keep_calls: bool = False) -> _Part:
             part.total[key] = per_step[m].copy()
             part.self_ns[key] = self_step[m].copy()
             part.calls[key] = calls[m].astype(np.float64)
-        roots = spans.parent[sel] < 0
+            if n_derived[m]:
+                part.timing[key] = ("kernels" if n_derived[m] == run_calls[m]
+                                    else "measured+kernels")
+        roots = parent[sel] < 0
         part.root_ns += float(dur[sel][roots & (span_col[sel] >= 0)].sum())
         part.run_root_ns += float(dur[sel][roots].sum())
     return part
@@ -256,7 +278,8 @@ def _pool(parts: Sequence[_Part]) -> _RunStats:
         out = {key: _PhaseStats(p.types[key], p.p50[key],
                                 float(np.percentile(p.total[key], 50)),
                                 float(np.percentile(p.self_ns[key], 50)),
-                                float(np.percentile(p.calls[key], 50)))
+                                float(np.percentile(p.calls[key], 50)),
+                                p.timing.get(key, "measured"))
                for key in p.types}
         step_p50 = float(np.percentile(p.step_ns, 50)) if p.n_steps else None
         root_total = p.root_ns / width
@@ -278,14 +301,21 @@ def _pool(parts: Sequence[_Part]) -> _RunStats:
                 calls_ns.append(p.calls_ns[key])
         p50 = float(np.median(np.concatenate(calls_ns)))
 
-        out[key] = _PhaseStats(type_name, p50, *(_pooled_column(parts, stepped, f, key)
-                                                 for f in ("total", "self_ns", "calls")))
+        total, self_ns, calls = (_pooled_column(parts, stepped, f, key)
+                                 for f in ("total", "self_ns", "calls"))
+        out[key] = _PhaseStats(type_name, p50, total, self_ns, calls, _pooled_timing(parts, key))
     step_p50 = (float(np.median(np.concatenate([p.step_ns for p in stepped])))
                 if n_steps else None)
     root_total = (sum(p.root_ns for p in stepped) / n_steps if n_steps
                   else sum(p.root_ns for p in parts))
     return _RunStats(out, n_steps, step_p50, step_p50 if step_p50 else root_total,
                      definitions[0])
+
+
+def _pooled_timing(parts: Sequence[_Part], key: Key) -> str:
+    kinds = {k for p in parts if key in p.types
+             for k in p.timing.get(key, "measured").split("+")}
+    return "+".join(k for k in ("measured", "kernels") if k in kinds)
 
 
 def _pooled_column(parts: Sequence[_Part], stepped: Sequence[_Part], field: str, key: Key
@@ -444,7 +474,8 @@ class Diff:
             is_step = r is self.step
             calls = "" if is_step else (_num(r["calls_a"]) if r["calls_a"] == r["calls_b"]
                                         else f"{_num(r['calls_a'])}→{_num(r['calls_b'])}")
-            line = [r["module"] or "<root>", r["phase"]]
+            kernels = "kernels" in (r.get("timing_a") or "") + (r.get("timing_b") or "")
+            line = [(r["module"] or "<root>") + (" [kernels]" if kernels else ""), r["phase"]]
             if by_rank:
                 line.append(str(r["rank"]))
             line += [
@@ -471,6 +502,10 @@ class Diff:
         b = self.names[1] + (f" ({src[1]['text']})" if src and src[1]["text"] else "")
         lines.append(f"A = {a}, B = {b}; sorted by |Δ self time per {unit}|, largest first; "
                      "Δ% relative to A")
+        if any("kernels" in (r.get("timing_a") or "") + (r.get("timing_b") or "")
+               for r in shown):
+            lines.append("[kernels]: inside a compiled region, the module's time is its "
+                         "kernels' (attributed from Inductor's code), not measured calls")
         if by_rank:
             assert self.ranks is not None
             lines.append(f"each row: the rank where the module slowed most (largest Δself/"
@@ -503,7 +538,8 @@ class Diff:
 
 
 def _label(row: dict[str, Any]) -> str:
-    return f"{row['module'] or '<root>'} {row['phase']}"
+    kernels = "kernels" in (row.get("timing_a") or "") + (row.get("timing_b") or "")
+    return f"{row['module'] or '<root>'}{' [kernels]' if kernels else ''} {row['phase']}"
 
 
 def compare(a: TraceData | Sequence[TraceData], b: TraceData | Sequence[TraceData],
@@ -550,6 +586,7 @@ def _compare_stats(sa: _RunStats, sb: _RunStats, names: tuple[str, str]) -> Diff
             "self_per_step_change_ns": y.self_per_step_ns - x.self_per_step_ns,
             "calls_a": x.calls, "calls_b": y.calls,
             "share_a": x.per_step_ns / sa.total_ns if sa.total_ns > 0 else None,
+            "timing_a": x.timing, "timing_b": y.timing,
         })
     # Stable: equal impact keeps A's order (forward before backward, module slots).
     rows.sort(key=lambda r: (-abs(r["self_per_step_change_ns"]), -abs(r["per_step_change_ns"])))
@@ -562,7 +599,21 @@ def _compare_stats(sa: _RunStats, sb: _RunStats, names: tuple[str, str]) -> Diff
                      "per_step_change_ns": ds, "per_step_change_pct": dsp, "share_a": 1.0})
     only_a = [k for k in sa.per_key if k not in sb.per_key]
     only_b = [k for k in sb.per_key if k not in sa.per_key]
-    return Diff(rows, step, only_a, only_b, per_step, names)
+    return Diff(rows, step, only_a, only_b, per_step, names, notes=_timing_notes(rows, names))
+
+
+def _timing_notes(rows: Sequence[dict[str, Any]], names: tuple[str, str]) -> list[str]:
+    """A row measured in one run and kernel-derived in the other (eager against
+    compiled): its change includes the per-call Python and dispatch time that compiling
+    took away, not only the kernels'."""
+    mixed = [r for r in rows if r["timing_a"] != r["timing_b"]]
+    if not mixed:
+        return []
+    a = sum("kernels" in r["timing_a"] for r in mixed)
+    which = names[0] if a >= len(mixed) - a else names[1]
+    return [f"{len(mixed)} rows are kernel time inside a compiled region in one run "
+            f"(mostly {which}) and measured calls in the other: their change includes the "
+            "Python and dispatch time compiling removes"]
 
 
 def compare_ranks(a: Mapping[int, TraceData | Sequence[TraceData]],

@@ -80,9 +80,10 @@ import numpy as np
 from hooktrace._kineto import BadValue, ProfilerTraceError
 from hooktrace._output import check_output_path, open_output
 from hooktrace._profiler_events import ProfilerEvents, check_base, collect, time_ns
-from hooktrace.exporters._layout import UNATTRIBUTED_CAT, TrackLayout
+from hooktrace.exporters._layout import UNATTRIBUTED_CAT, TrackLayout, kernel_slices
 from hooktrace.exporters.chrome import (
     _dumps,
+    write_kernel_events,
     write_node_events,
     write_memory_counters,
     write_span_events,
@@ -400,6 +401,9 @@ def write_spans(write: Callable[[bytes], Any], run: TraceData, place: _Placement
     n = place.nodes
     write_node_events(write, run, n, place.node_start[n], place.node_end[n], place.node_row,
                       UNATTRIBUTED_CAT, base_ns)
+    # kernels of compiled regions, in their region's slice on its row
+    write_kernel_events(write, run, kernel_slices(run, idx, place.start[idx], place.end[idx],
+                                                  place.row[idx]), base_ns)
     tracks = place.layout.track_table()
     step_track = write_steps(write, run, place.layout.next_tid, base_ns, window)
     write_memory_counters(write, run, base_ns, window)

@@ -71,7 +71,7 @@ class MergedTraceHandler:
     """
 
     def __init__(
-        self, run: TraceData | Recorder | Callable[[], TraceData], out_dir: str | os.PathLike[str],
+        self, run: TraceData | Recorder | Callable[[], TraceData | Recorder], out_dir: str | os.PathLike[str],
         *, worker_name: str | None = None, keep_profiler_traces: bool = False,
     ) -> None:
         self._run = run
@@ -113,7 +113,7 @@ class MergedTraceHandler:
 
 
 def merged_trace_handler(
-    run: TraceData | Recorder | Callable[[], TraceData], out_dir: str | os.PathLike[str], *,
+    run: TraceData | Recorder | Callable[[], TraceData | Recorder], out_dir: str | os.PathLike[str], *,
     worker_name: str | None = None, keep_profiler_traces: bool = False,
 ) -> MergedTraceHandler:
     """An ``on_trace_ready`` handler merging each profiler window with ``run``.

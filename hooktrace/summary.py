@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hooktrace.kernels import Derived, Kernels, derived_spans
 from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, CAT_RECOMPUTE, SPAN_EVAL, Spans
 from hooktrace.text import describe_dump, format_bytes, format_count, format_ns
 
@@ -41,7 +42,7 @@ __all__ = ["FLOP_COLUMNS", "StepTable", "Summary", "TEXT_WIDTH", "UNATTRIBUTED",
 UNATTRIBUTED = "<unattributed>"  # "module" of the rows for unattributed autograd nodes
 TEXT_WIDTH = 120  # the default text table fits this many columns (issue #7)
 
-_COLUMNS = ("module", "type", "mode", "calls", "total_ns", "self_ns", "mean_ns", "p50_ns", "p99_ns",
+_COLUMNS = ("module", "type", "mode", "timing", "calls", "total_ns", "self_ns", "mean_ns", "p50_ns", "p99_ns",
             "bwd_calls", "bwd_total_ns", "bwd_self_ns", "bwd_p50_ns", "bwd_p99_ns",
             "bwd_fwd_ratio", "recompute_calls", "recompute_total_ns", "step_p50_ns",
             "step_p99_ns")
@@ -133,7 +134,10 @@ class Summary:
       ``bwd_total_ns``, ``bwd_self_ns`` (time of the autograd nodes attributed
       directly to the module), ``bwd_p50_ns``, ``bwd_p99_ns``;
     * ``bwd_fwd_ratio`` = ``bwd_total_ns / total_ns``;
-    * activation-checkpoint recompute: ``recompute_calls``, ``recompute_total_ns``.
+    * activation-checkpoint recompute: ``recompute_calls``, ``recompute_total_ns``;
+    * ``timing``: ``"measured"`` (module calls), ``"kernels"`` (a module inside a
+      compiled region: per call of the region, the time of the kernels that ran its
+      ops, hooktrace.kernels), or ``"measured+kernels"`` when it has both.
 
     Counts and totals are 0 when a phase has no calls; means, percentiles and
     the ratio are None (blank in CSV) then. Autograd time attributed to no
@@ -187,7 +191,8 @@ class Summary:
             "unattributed_nodes": int(np.count_nonzero(unattributed)),
             "unattributed_ns": int(nodes.self_ns[unattributed].sum()),
         }
-        rows = cls._rows(spans, trace.modules, trace.node_names)
+        derived = derived_spans(trace)
+        rows = cls._rows(spans, trace.modules, trace.node_names, derived)
         steps = trace.steps()
         complete = np.flatnonzero(steps.complete)
         counts["steps"] = len(complete)
@@ -203,6 +208,7 @@ class Summary:
             counts["step_p99_ns"] = int(np.percentile(d, 99))
         notes = [f"dump ({trace.info['dump'].get('reason')}): {line}"
                  for line in describe_dump(trace.info)]
+        notes += _kernel_notes(trace, rows)
         if isinstance(trace.info.get("cut"), str):
             notes.append(trace.info["cut"])
         columns: tuple[str, ...] = _COLUMNS
@@ -218,23 +224,48 @@ class Summary:
 
     @staticmethod
     def _rows(spans: Spans, modules: Sequence[tuple[str, str]],
-              node_names: Sequence[str] = ()) -> list[dict[str, Any]]:
+              node_names: Sequence[str] = (), derived: Derived | None = None
+              ) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
+        d = derived if derived is not None and len(derived) else None
         if len(spans):
-            # A module's eval calls are a row of their own (_mode_groups).
-            module, n_mod = _mode_groups(spans)
+            # A module's eval calls are a row of their own (_mode_groups). Modules inside
+            # compiled regions come from the kernels they ran (hooktrace.kernels): their
+            # entries join the groups, and each region's self time loses them.
+            n_mod = int(spans.module.max()) + 1
+            if d is not None:
+                n_mod = max(n_mod, int(d.module.max()) + 1)
+            eval_ = (spans.flags & SPAN_EVAL) != 0
+            module = spans.module.astype(np.int64) + n_mod * eval_.astype(np.int64)
             dur = spans.duration_ns
+            self_ns = spans.self_ns
+            kernel_groups: set[int] = set()
+            if d is not None:
+                self_ns = self_ns.copy()
+                self_ns[d.region_span] = d.region_self_ns
+                d_group = d.module + n_mod * (d.flags != 0).astype(np.int64)
+                kernel_groups = set(d_group.tolist())
             per_cat = []
             for cat in (CAT_FORWARD, CAT_BACKWARD, CAT_RECOMPUTE):
                 sel = spans.cat == cat
-                per_cat.append(_Groups(module[sel], dur[sel], spans.self_ns[sel], 2 * n_mod))
+                g, du, se = module[sel], dur[sel], self_ns[sel]
+                if d is not None:
+                    dsel = d.cat == cat
+                    g = np.concatenate([g, d_group[dsel]])
+                    du = np.concatenate([du, d.total_ns[dsel]])
+                    se = np.concatenate([se, d.self_ns[dsel]])
+                per_cat.append(_Groups(g, du, se, 2 * n_mod))
+            measured = set(np.unique(module).tolist())
             fwd, bwd, rec = per_cat
             for m in np.union1d(np.union1d(fwd.ids, bwd.ids), rec.ids).tolist():
                 slot = m % n_mod
                 name, type_name = (modules[slot] if slot < len(modules)
                                    else (f"<module {slot}>", "?"))
                 row: dict[str, Any] = {"module": name, "type": type_name,
-                                       "mode": _group_mode(m, n_mod)}
+                                       "mode": _group_mode(m, n_mod),
+                                       "timing": "+".join(
+                                           w for w, on in (("measured", m in measured),
+                                                           ("kernels", m in kernel_groups)) if on)}
                 row.update(_stats(fwd, m, ""))
                 row.update(_stats(bwd, m, "bwd_"))
                 del row["bwd_mean_ns"]
@@ -254,7 +285,7 @@ class Summary:
             for k in groups.ids.tolist():
                 row = {"module": UNATTRIBUTED,
                        "type": node_names[k] if k < len(node_names) else f"<node {k}>",
-                       "mode": "train"}
+                       "mode": "train", "timing": "measured"}
                 row.update(dict.fromkeys(_FORWARD_KEYS))
                 row.update(_stats(groups, k, "bwd_"))
                 del row["bwd_mean_ns"]
@@ -276,6 +307,10 @@ class Summary:
         if any(r.get("mode") == "eval" for r in self.rows):
             lines.append("[eval]: the calls made with grad off (no_grad, inference_mode) or the module "
                          "in eval mode;\nper-step times count the training calls only")
+        if any(r.get("timing") == "kernels" for r in self.rows):
+            lines.append("[kernels]: inside a compiled region, per call of the region: the time "
+                         "of the kernels that ran the\nmodule's ops (a kernel fusing several "
+                         "modules' ops counts in their nearest common ancestor)")
         if any(r["bwd_calls"] for r in self.rows):
             lines.append("bwd_total: first to last autograd node of a call and its submodules; "
                          "bwd_self: in its own nodes;\n"
@@ -601,10 +636,30 @@ def _add_memory(rows: list[dict[str, Any]], trace: TraceData, device: str) -> li
     return notes
 
 
+def _kernel_notes(trace: TraceData, rows: list[dict[str, Any]]) -> list[str]:
+    """What the summary should say about compiled regions: kernels it could not place,
+    and regions compiled before the trace (one span each, nothing inside)."""
+    notes = []
+    k = Kernels.from_trace(trace)
+    lost = [(k.unpaired, "kernel starts without an end"),
+            (k.unplaced, "kernels outside any recorded module call"),
+            (k.unnamed, "kernels of modules the module table lacks (counted in their region)")]
+    if any(n for n, _ in lost):
+        notes.append(", ".join(f"{n} {what}" for n, what in lost if n))
+    before = trace.info.get("compiled_before_trace")
+    if isinstance(before, list) and before:
+        names = ", ".join(str(n) or "<root>" for n in before[:4]) + (
+            f" and {len(before) - 4} more" if len(before) > 4 else "")
+        notes.append(f"{names}: compiled before the trace, so one span each; to see the modules "
+                     "inside, compile inside hooktrace.trace() or under hooktrace run")
+    return notes
+
+
 def _cell(row: dict[str, Any], key: str) -> str:
     value = row[key]
     if key == "module":
-        return (value or "<root>") + (" [eval]" if row.get("mode") == "eval" else "")
+        return ((value or "<root>") + (" [eval]" if row.get("mode") == "eval" else "")
+                + (" [kernels]" if row.get("timing") == "kernels" else ""))
     if value is None:
         return ""
     if key == "bwd_fwd_ratio":

@@ -11,12 +11,13 @@ are described in :mod:`hooktrace.exporters.chrome`'s docstring and the README.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 import numpy as np
 
 import torch  # noqa: F401  (loads libc10 for _C)
 import hooktrace._C as _C
+from hooktrace.kernels import Kernels
 from hooktrace._filters import OPEN_WINDOW, SPAN_CLIPPED, Cut, Filters, cut
 from hooktrace.flops import SpanFlops, run_flop_info, span_flops
 from hooktrace.reading import CAT_BACKWARD, CAT_NAMES, Spans
@@ -32,6 +33,9 @@ CHUNK_BYTES = 1 << 20
 # Event categories, the same in exports and merged traces.
 SPAN_CATS = tuple(f"hooktrace.{c}" for c in CAT_NAMES)  # indexed by Spans.cat
 NODE_CAT = "hooktrace.autograd_node"
+# Kernel-derived slices (hooktrace.kernels): one per kernel run inside a compiled region,
+# named by the module it is attributed to, on its region span's row.
+KERNEL_CAT = "hooktrace.kernel"
 UNATTRIBUTED_CAT = "hooktrace.autograd_unattributed"
 
 # Exporter-only span flag (csrc/spans.h kSpanFlopsCounted): args "flops_counted": true.
@@ -256,6 +260,35 @@ def plan_export(trace: TraceData, *, nodes: bool = False,
                        np.where(c.node_clipped[idx], SPAN_CLIPPED, 0).astype(np.uint8)))
     return ExportPlan(kept, c.span_start[kept], c.span_end[kept], row[kept], flags, node_counts,
                       groups, layout, os_threads, base_ns, c)
+
+
+class KernelSlices(NamedTuple):
+    start: np.ndarray
+    end: np.ndarray
+    row: np.ndarray
+    module: np.ndarray
+    site: np.ndarray
+
+
+def kernel_slices(trace: TraceData, spans: np.ndarray, start: np.ndarray, end: np.ndarray,
+                  row: np.ndarray) -> KernelSlices:
+    """The kernel runs to write (``hooktrace.kernels``): those whose region span is
+    written (``spans``: the written span ids; ``start``/``end``/``row`` parallel to it:
+    their written, possibly clipped, times and rows), inside those times, on that row.
+    They nest in the region's slice: kernels of a thread run one after another, inside
+    it."""
+    k = Kernels.from_trace(trace)
+    if not len(k):
+        e = _empty()
+        return KernelSlices(e, e, e.astype(np.uint32), e, e.astype(np.uint32))
+    where = np.full(len(trace.spans()), -1, np.int64)
+    where[spans] = np.arange(len(spans))
+    p = np.where(k.span >= 0, where[np.maximum(k.span, 0)], -1)
+    ok = (p >= 0) & (k.module >= 0)
+    q = np.maximum(p, 0)
+    ok &= (k.start_ns >= start[q]) & (k.end_ns <= end[q])
+    return KernelSlices(k.start_ns[ok], k.end_ns[ok], row[q[ok]].astype(np.uint32),
+                        k.module[ok], k.site[ok])
 
 
 def info_block(trace: TraceData, plan: ExportPlan,

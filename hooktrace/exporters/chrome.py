@@ -65,16 +65,20 @@ import torch  # noqa: F401  (loads libc10 for _C)
 import hooktrace._C as _C
 from hooktrace._filters import OPEN_WINDOW, Filters
 from hooktrace._output import open_output
+from hooktrace.kernels import kernel_sites
 from hooktrace.exporters._layout import (
     CHUNK_BYTES,
+    KERNEL_CAT,
     NODE_CAT,
     SPAN_CATS,
     STEP_CAT,
     UNATTRIBUTED_CAT,
     ExportPlan,
+    KernelSlices,
     TrackLayout,
     flop_args,
     info_block,
+    kernel_slices,
     plan_export,
 )
 
@@ -273,6 +277,32 @@ def write_node_events(
     )
 
 
+def write_kernel_events(write: Any, trace: TraceData, ks: KernelSlices, base_ns: int, *,
+                        chunk_bytes: int = CHUNK_BYTES) -> None:
+    """The kernel-derived slices (``hooktrace.kernels``) as ``,\n{event}`` items: named
+    by their module, category ``hooktrace.kernel``, args ``module``, ``type``,
+    ``kernel`` (the generated kernel's name) and ``derived: true``."""
+    if not len(ks.start):
+        return
+    names, args = module_json(trace.modules)
+    sites = [_dumps(s[0]) for s in kernel_sites(trace.info)]
+    pid, cat = trace.pid, _dumps(KERNEL_CAT)
+    parts: list[str] = []
+    size = 0
+    for start, end, row, module, site in zip(ks.start.tolist(), ks.end.tolist(), ks.row.tolist(),
+                                             ks.module.tolist(), ks.site.tolist()):
+        item = (f',\n{{"ph":"X","cat":{cat},"name":{names[module]},"pid":{pid},"tid":{row},'
+                f'"ts":{_micros(start - base_ns)},"dur":{_micros(end - start)},'
+                f'"args":{args[module]},"kernel":{sites[site]},"derived":true}}}}')
+        parts.append(item)
+        size += len(item)
+        if size >= chunk_bytes:
+            write("".join(parts).encode("utf-8"))
+            parts, size = [], 0
+    if parts:
+        write("".join(parts).encode("utf-8"))
+
+
 def write_chrome(
     trace: TraceData, f: _Writable | BinaryIO, *, nodes: bool = False,
     chunk_bytes: int = CHUNK_BYTES, filters: Filters | None = None,
@@ -310,6 +340,9 @@ def write_chrome(
                           chunk_bytes=chunk_bytes,
                           flags=flags if plan.cut.filters.active else None)
 
+    write_kernel_events(f.write, trace,
+                        kernel_slices(trace, plan.spans, plan.start, plan.end, plan.row),
+                        base_ns, chunk_bytes=chunk_bytes)
     window = plan.cut.bounds
     step_track = write_steps(f.write, trace, plan.layout.next_tid, base_ns, window)
     write_memory_counters(f.write, trace, base_ns, window)

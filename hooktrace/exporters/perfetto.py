@@ -58,16 +58,19 @@ from hooktrace._filters import OPEN_WINDOW, Filters
 from hooktrace._output import open_output
 from hooktrace.exporters._layout import (
     CHUNK_BYTES,
+    KERNEL_CAT,
     NODE_CAT,
     SPAN_CATS,
     STEP_CAT,
     UNATTRIBUTED_CAT,
     flop_args,
     info_block,
+    kernel_slices,
     plan_export,
     thread_label,
     track_name,
 )
+from hooktrace.kernels import kernel_sites
 from hooktrace.reading import NO_PASS
 
 if TYPE_CHECKING:
@@ -78,6 +81,7 @@ __all__ = ["PERFETTO_SUFFIXES", "export_perfetto", "write_perfetto"]
 PERFETTO_SUFFIXES = (".pftrace", ".perfetto-trace")
 INFO_CAT = "hooktrace.info"
 _SLICE_NODE = 0x80  # csrc/perfetto_writer.h kSliceNode
+_SLICE_KERNEL = 0x40  # csrc/perfetto_writer.h kSliceKernel
 _PROCESS_UUID = 1
 _TYPE_COUNTER = 4  # TrackEvent.Type
 _UNIT_SIZE_BYTES = 3  # CounterDescriptor.Unit
@@ -244,7 +248,7 @@ def write_perfetto(
         trace.node_names[i] if i < len(trace.node_names) else f"<node {i}>"
         for i in range(n_node_names)]
     strings = ([name for name, _ in trace.modules] + [t for _, t in trace.modules] + [""])
-    cats = [*SPAN_CATS, NODE_CAT, UNATTRIBUTED_CAT]
+    cats = [*SPAN_CATS, NODE_CAT, UNATTRIBUTED_CAT, KERNEL_CAT]
 
     # Columns: the written spans, then each node group (the Chrome file's order).
     start = [plan.start]
@@ -281,6 +285,25 @@ def write_perfetto(
         if fl is not None:
             flops.append(np.full(len(idx), -1, np.int64))
             tflops.append(np.full(len(idx), np.nan))
+
+    # kernel-derived slices (hooktrace.kernels), on their region span's row
+    ks = kernel_slices(trace, plan.spans, plan.start, plan.end, plan.row)
+    if len(ks.start):
+        site_strings = len(strings)
+        strings += [site[0] for site in kernel_sites(trace.info)]
+        start.append(ks.start)
+        end.append(ks.end)
+        track.append(track_of(ks.row))
+        name.append(ks.module.astype(np.uint32))
+        cat.append(np.full(len(ks.start), cats.index(KERNEL_CAT), np.uint8))
+        flags.append(np.full(len(ks.start), _SLICE_KERNEL, np.uint8))
+        str_a.append(ks.module.astype(np.int64))
+        str_b.append(n_modules + ks.module.astype(np.int64))
+        int_a.append(site_strings + ks.site.astype(np.int64))
+        int_b.append(np.full(len(ks.start), -1, np.int64))
+        if fl is not None:
+            flops.append(np.full(len(ks.start), -1, np.int64))
+            tflops.append(np.full(len(ks.start), np.nan))
 
     def col(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
         if not parts:  # (FLOPs of a run recorded without them: none)

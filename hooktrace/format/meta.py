@@ -31,6 +31,8 @@ from hooktrace._events import (
     ENTER_FLAGS,
     EXIT,
     FLAG_ERROR,
+    KERNEL_BEGIN,
+    KERNEL_END,
     MEM_CPU,
     MEM_CUDA,
     NODE_BEGIN,
@@ -383,6 +385,13 @@ def _memory_info(value: Any) -> str | None:
     return None
 
 
+def _kernel_sites(value: Any) -> str | None:
+    ok = isinstance(value, list) and all(
+        isinstance(s, list) and len(s) == 3 and all(isinstance(x, str) for x in s)
+        and s[2] in ("forward", "backward") for s in value)
+    return None if ok else 'a list of [kernel, module path, "forward" | "backward"]'
+
+
 _INFO_CHECKS: dict[str, Callable[[Any], str | None]] = {
     "pid": _int_in(1, _MAX_PID),
     "hostname": _of_type(str, "a string"),
@@ -399,6 +408,8 @@ _INFO_CHECKS: dict[str, Callable[[Any], str | None]] = {
     "stop_unix_ns": _int_in(0, _MAX_UNIX_NS - 1),
     "thread_names": _thread_names,
     "cut": _of_type(str, "a string"),
+    # kernel call sites of compiled code (issue #18): [kernel, module path, phase]
+    "kernel_sites": _kernel_sites,
     # many ranks (issue #11, hooktrace/distributed.py)
     "rank": _int_in(0, _MAX_RANK - 1),
     "world_size": _int_in(1, _MAX_RANK),
@@ -533,11 +544,12 @@ def _resolve_node_names(name: str, meta_bytes: bytes, raw: Any, strings: list[st
 
 def _validate_events(
     name: str, offset_of: Callable[[int], int], events: np.ndarray, n_modules: int,
-    n_nodes: int, clock: Clock, interval: tuple[int, int] | None,
+    n_nodes: int, clock: Clock, interval: tuple[int, int] | None, n_sites: int = 0,
 ) -> None:
     """Vectorized checks that every event can be interpreted (no per-event Python).
 
-    ``offset_of(i)`` is the file offset of event i (for messages)."""
+    ``offset_of(i)`` is the file offset of event i (for messages); ``n_sites`` the
+    length of info's ``kernel_sites`` (kernel marks name a site)."""
     if not len(events):
         return
 
@@ -568,6 +580,10 @@ def _validate_events(
     bad = np.flatnonzero((kind == STEP) & (ids != 0))
     if bad.size:
         fail(bad, "id", f"expected id 0 on a step mark, found {int(ids[bad[0]])}")
+    bad = np.flatnonzero(((kind == KERNEL_BEGIN) | (kind == KERNEL_END)) & (ids >= n_sites))
+    if bad.size:
+        fail(bad, "id", f"kernel site {int(ids[bad[0]])} out of range (the kernel_sites table "
+                        f"has {n_sites} sites)")
     # memory samples: bytes now (seq) and the peak (id | rf_tid << 32) are int64 >= 0
     mem = np.flatnonzero((kind == MEM_CPU) | (kind == MEM_CUDA))
     if mem.size:

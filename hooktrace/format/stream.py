@@ -40,11 +40,12 @@ holds them.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
 import numpy as np
 
-from hooktrace._events import EVENT_DTYPE, Clock
+from hooktrace._events import EVENT_DTYPE, KERNEL_BEGIN, KERNEL_END, Clock
 from hooktrace.format.meta import (
     BLOCK_CLOCK,
     BLOCK_EVENTS,
@@ -246,11 +247,26 @@ def _read_stream(name: str, f: BinaryIO, size: int, head: bytes) -> TraceFileCon
     starts = np.cumsum([0] + [runs[r][2] for r in order])
     offsets = [runs[r][3] for r in order]
 
-    def offset_of(i: int) -> int:
+    def file_offset(i: int) -> int:
         k = int(np.searchsorted(starts, i, side="right")) - 1
         return offsets[k] + (i - int(starts[k])) * EVENT_DTYPE.itemsize
 
-    _validate_events(name, offset_of, events, len(modules), len(node_names), clock, interval)
+    offset_of: Callable[[int], int] = file_offset
+    n_sites = len(info.get("kernel_sites", ()))
+    if footer is None:
+        # the sites of regions compiled after the stream began are in the footer: a cut
+        # stream drops those kernels' marks (their region keeps its span) and says so
+        kernel = (events["kind"] == KERNEL_BEGIN) | (events["kind"] == KERNEL_END)
+        unknown = kernel & (events["id"] >= n_sites)
+        if unknown.any():
+            keep = np.flatnonzero(~unknown)
+            events = events[keep]
+            where = offset_of
+            offset_of = lambda i: where(int(keep[i]))  # noqa: E731  (the kept events')
+            info["cut"] += (f"; {int(unknown.sum()):,} kernel marks of regions compiled "
+                            "after the stream began left out (their sites are in the footer)")
+    _validate_events(name, offset_of, events, len(modules), len(node_names), clock, interval,
+                     n_sites)
     return TraceFileContents(events=events, modules=modules, node_names=node_names, clock=clock,
                              info=info, pid=pid)
 

@@ -296,7 +296,8 @@ def read_trace(path: str | os.PathLike[str], *, mmap: bool = False) -> TraceFile
     clock = Clock(ticks0, unix_ns0, ns_per_tick)
     interval = _recorded_interval(name, meta_bytes, meta, clock)
     _validate_events(name, lambda i: events_off + i * EVENT_DTYPE.itemsize, events,
-                     len(modules), len(node_names), clock, interval)
+                     len(modules), len(node_names), clock, interval,
+                     len(meta.get("kernel_sites", ())))
     meta.setdefault("pid", pid)
     return TraceFileContents(
         events=events,

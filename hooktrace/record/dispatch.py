@@ -17,7 +17,9 @@ corrected to the original. Dynamo then traces exactly what it would untraced:
 the same graphs, the same guards, no graph break, no extra recompile, and the
 compiled code runs inside the span of the module whose call entered it.
 Module calls made by other threads while a compile runs are not recorded (the
-swap is process-wide).
+swap is process-wide). A compile that starts while a recorder is active also
+marks the kernels it generates (record/kernels.py), so the reader can attribute
+their time to the modules inside the region.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 from torch import nn
 
 import hooktrace._C as _C
+from hooktrace.record import kernels
 
 __all__ = ["acquire", "release", "installed"]
 
@@ -91,6 +94,8 @@ def _on_compile_start(_args: Any) -> None:
     global _swapped
     _C.set_compiling(True)  # AOTAutograd's fake backward is not the program's
     with _lock:
+        if _holders:
+            kernels.compile_started()  # mark the kernels of what this compile makes
         if _holders and nn.Module.__dict__.get("__call__") is _call:
             nn.Module.__call__ = _original  # type: ignore[method-assign]
             _swapped = True
@@ -99,6 +104,7 @@ def _on_compile_start(_args: Any) -> None:
 def _on_compile_end(_args: Any) -> None:
     global _swapped
     _C.set_compiling(False)
+    kernels.compile_ended()
     with _lock:
         if _swapped:
             _swapped = False

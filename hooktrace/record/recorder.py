@@ -48,7 +48,7 @@ from hooktrace.distributed import apply_test_clock_offset, rank_info
 from hooktrace.errors import OutputPathError
 from hooktrace.flight import FlightRecorder
 from hooktrace.result import TraceResult
-from hooktrace.record import dispatch
+from hooktrace.record import dispatch, kernels
 from hooktrace.record.scopes import ModelScope, ProcessScope, Scope
 from hooktrace.format import (
     BLOCK_FOOTER,
@@ -258,7 +258,7 @@ class Recorder(StepMarks, FlightRecorder):
             if self._emit_profiler:
                 if isinstance(scope, ModelScope):
                     session.set_emit_names(scope.emit_names())
-                else:
+                elif isinstance(scope, ProcessScope):
                     session.set_emit_names([])
                     scope.on_new_slot = lambda slot, name: session.add_emit_name(name)
             try:
@@ -276,6 +276,7 @@ class Recorder(StepMarks, FlightRecorder):
                     self._writer.start()
                 if self._backward:
                     _C.add_backward_session(session)
+                _C.add_kernel_session(session)  # kernel marks of compiled code (kernels.py)
                 self._start_steps()
                 self._call = dispatch.acquire(self)
                 scope.attach(self._call, session)
@@ -361,6 +362,7 @@ class Recorder(StepMarks, FlightRecorder):
             steps.append(self._optimizer_hook.remove)  # idempotent
         if self._backward:
             steps.append(lambda: _C.remove_backward_session(session))
+        steps.append(lambda: _C.remove_kernel_session(session))
         if call is not None:
             steps.append(lambda: self._scope.detach(call, session))
             steps.append(self._release_call)
@@ -473,6 +475,7 @@ class Recorder(StepMarks, FlightRecorder):
             "start_unix_ns": self._start_unix_ns,
             "thread_names": _thread_names(),
             **({"memory": self._memory_info} if self._memory_info is not None else {}),
+            **_kernel_sites(),
             **self._scope.info(),
         }
 
@@ -578,6 +581,7 @@ class Recorder(StepMarks, FlightRecorder):
             }
             # rank, world size and clock offsets (issue #11), as save()d files have them
             footer.update(rank_info(self._start_unix_ns, stop_unix_ns))
+            footer.update(_kernel_sites())  # sites of regions compiled while streaming
             self._add_flops(footer)  # (stopped by now: every count closed)
             if written["error"]:
                 # Every block before the failed one is intact: the file loads up to it.
@@ -607,6 +611,13 @@ class Recorder(StepMarks, FlightRecorder):
             info["dropped_events"] = int(info.get("dropped_events", 0)) + lost
         return TraceResult(contents.events, contents.modules, contents.node_names,
                            contents.clock, info)
+
+
+def _kernel_sites() -> dict[str, Any]:
+    """``kernel_sites``: the kernel call sites of compiled code marked so far
+    (record/kernels.py), when there are any: kernel events name them by index."""
+    n = kernels.site_count()
+    return {"kernel_sites": kernels.sites()} if n else {}
 
 
 # The result's attributes and methods that the recorder forwards.

@@ -119,14 +119,21 @@ class ModelScope(Scope):
         wrappers = _compiled_wrappers({m for _, m in members})
         members += [(slot, w) for slot, m in members for w in wrappers.get(m, ())]
         self._members = [(slot, weakref.ref(m)) for slot, m in members]
-        compiled = [self._table[slot][0] or "<root>" for slot, m in members
-                    if _is_compiled(m) or m in wrappers]
+        # Regions compiled before now keep their code (no recompile), so their kernels
+        # carry no marks: one span each. Those compiled from now on are marked.
+        compiled = [self._table[slot][0] for slot, m in members
+                    if (_is_compiled(m) or m in wrappers) and _has_compiled_code(m)]
+        self._compiled_before = list(dict.fromkeys(compiled))
         if compiled:
-            names = ", ".join(repr(n) for n in dict.fromkeys(compiled))
+            names = ", ".join(repr(n or "<root>") for n in self._compiled_before)
             warnings.warn(
-                f"hooktrace: compiled regions are recorded as one span each ({names}); "
-                "the modules inside a compiled region are not recorded", UserWarning,
-                stacklevel=4)
+                f"hooktrace: {names} compiled before the trace: recorded as one span each "
+                "(the code is not recompiled); to see the modules inside, compile inside "
+                "hooktrace.trace() or under hooktrace run", UserWarning, stacklevel=4)
+
+    def info(self) -> dict[str, Any]:
+        before = getattr(self, "_compiled_before", [])
+        return {"compiled_before_trace": list(before)} if before else {}
 
     def emit_names(self) -> list[str]:
         # Qualified under the root's class: a bare "0" (a Sequential's child) says
@@ -254,7 +261,8 @@ class ProcessScope(Scope):
         """The top-level index for a new top-level module: its class name, or the first
         ``Class#k`` whose previous module is gone (so rebuilding a model reuses its rows)."""
         optimized = _optimized_module_type()
-        named = module._orig_mod if optimized and isinstance(module, optimized) else module
+        named: nn.Module = (module._orig_mod  # type: ignore[assignment]
+                            if optimized and isinstance(module, optimized) else module)
         base = type(named).__name__
         k = 1
         while True:
@@ -338,6 +346,22 @@ def _is_compiled(m: nn.Module) -> bool:
         m.__dict__.get("_compiled_call_impl") is not None
 
 
+def _has_compiled_code(m: nn.Module) -> bool:
+    """Whether Dynamo already compiled the forward of ``m`` (or of the module a
+    torch.compile() wrapper wraps): its code object has cache entries."""
+    inner = m.__dict__.get("_modules", {}).get("_orig_mod", m)
+    codes = [getattr(getattr(type(inner), "forward", None), "__code__", None)]
+    # torch.compile() of a torch.nn class compiles the frame its wrapper calls
+    frame = getattr(m.__dict__.get("forward"), "_torchdynamo_orig_callable", None)
+    codes.append(getattr(frame, "__code__", None))
+    try:
+        from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+        return any(code is not None and len(_debug_get_cache_entry_list(code)) > 0
+                   for code in codes)
+    except Exception:  # an API this torch lacks: say so, as if compiled
+        return True
+
+
 def _calls_through(wrapper: nn.Module, call_type: type) -> bool:
     """Whether a torch.compile() wrapper calls its module through ``nn.Module.__call__``
     as it was when it was made being ``call_type`` (it was made while recording)."""
@@ -376,7 +400,7 @@ def _named_modules(model: nn.Module) -> list[Named]:
             return
         seen.add(id(m))
         if optimized is not None and isinstance(m, optimized):
-            inner = m._orig_mod
+            inner: nn.Module = m._orig_mod  # type: ignore[assignment]
             seen.add(id(inner))
             if _calls_through(m, _C.ModuleCall):
                 out.append(Named(name, type(inner).__name__, [inner], [m]))

@@ -59,6 +59,9 @@ RUN_ID = "run"  # the icicle's root box
 # Table headers (and their tooltips) that differ from the summary's keys: the FLOP
 # columns, titled as in `hooktrace summary --flops`.
 _HEADERS = {
+    "timing": ("timing", "measured: module calls timed as they ran; kernels: time of the "
+                         "compiled region's kernels attributed to this module (its calls "
+                         "were compiled away)"),
     "flops": ("flops", "forward FLOPs per call (torch's FlopCounterMode)"),
     "bwd_flops": ("bwd_flops", "backward FLOPs per forward call"),
     "tflops": ("TFLOP/s", "achieved forward TFLOP/s (the calls run under the FLOP "
@@ -208,6 +211,8 @@ def _table_columns(summary: Summary) -> list[str]:
     keys = list(summary.rows[0].keys()) if summary.rows else []
     if not any(r.get("mode") == "eval" for r in summary.rows):
         keys = [k for k in keys if k != "mode"]  # training calls only: nothing to tell apart
+    if all(r.get("timing", "measured") == "measured" for r in summary.rows):
+        keys = [k for k in keys if k != "timing"]  # no compiled region seen inside
     return [k for k in keys if any(r.get(k) is not None and r.get(k) != 0 for r in summary.rows)
             or k in ("module", "type", "calls")]
 
@@ -256,7 +261,7 @@ def _table_html(summary: Summary) -> str:
         cells = []
         for c in cols:
             text, key = _cell(c, r.get(c))
-            num = c not in ("module", "type", "mode")
+            num = c not in ("module", "type", "mode", "timing")
             cells.append(f'<td data-v="{html.escape(key)}"{" class=n" if num else ""}>'
                          f"{html.escape(text)}</td>")
         body.append("<tr>" + "".join(cells) + "</tr>")

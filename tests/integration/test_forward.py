@@ -9,6 +9,7 @@ import inspect
 import io
 import pickle
 import threading
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -359,7 +360,7 @@ def test_compiled_model_is_one_span_with_a_warning() -> None:
     compiled = torch.compile(model)
     x = torch.randn(2, 4)
     expected = compiled(x)
-    with pytest.warns(UserWarning, match="compiled regions are recorded as one span each"):
+    with pytest.warns(UserWarning, match="compiled before the trace: recorded as one span each"):
         with hooktrace.trace(compiled) as tr:
             out = compiled(x)
     assert torch.equal(out, expected)
@@ -379,16 +380,39 @@ class _Block(nn.Module):
 
 def test_module_compile_is_traced_at_its_boundary() -> None:
     # (Dynamo does not compile nn.Sequential's own call: a user class, as real models.)
+    torch._dynamo.reset()
     model = nn.Sequential(nn.Linear(4, 4), _Block())
     model[1].compile()
     compiled_impl = model[1].__dict__["_compiled_call_impl"]
     x = torch.randn(2, 4)
-    with pytest.warns(UserWarning, match="'1'"):
+    # compiled on its first call, inside the trace: no "compiled before" warning, and
+    # the modules inside get kernel-derived rows (issue #18)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         with hooktrace.trace(model) as tr:
             model(x)
             model(x)
+    assert not [w for w in caught if "hooktrace" in str(w.message)]
     assert [n for n, _, _ in traced_calls(tr)] == ["", "0", "1"] * 2
     assert model[1].__dict__["_compiled_call_impl"] is compiled_impl
+    rows = {r["module"]: r for r in tr.summary().rows}
+    assert rows["1.fc"]["timing"] == "kernels" and rows["1.fc"]["calls"] == 2
+    assert rows["1"]["timing"] == "measured"
+
+
+def test_module_compiled_and_run_before_the_trace_is_one_span_with_a_warning() -> None:
+    torch._dynamo.reset()  # else the marked code the test above compiled is reused
+    model = nn.Sequential(nn.Linear(4, 4), _Block())
+    model[1].compile()
+    x = torch.randn(2, 4)
+    model(x)  # compiled here, before the trace: its code is kept, unmarked
+    with pytest.warns(UserWarning, match="'1' compiled before the trace"):
+        with hooktrace.trace(model) as tr:
+            model(x)
+    assert [n for n, _, _ in traced_calls(tr)] == ["", "0", "1"]
+    s = tr.summary()
+    assert [r["module"] for r in s.rows if r["timing"] != "measured"] == []
+    assert any("1: compiled before the trace" in n for n in s.notes)
 
 
 def test_tracing_a_model_compiled_before_records_its_wrapper() -> None:

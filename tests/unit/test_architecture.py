@@ -27,14 +27,14 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("analysis", {
         "hooktrace.summary", "hooktrace.diff", "hooktrace._diff_inputs", "hooktrace.attribution",
         "hooktrace.rankset", "hooktrace.stragglers", "hooktrace._filters", "hooktrace.memory",
-        "hooktrace.flops", "hooktrace.distributed"}),
+        "hooktrace.flops", "hooktrace.distributed", "hooktrace.kernels"}),
     ("outputs", {
         "hooktrace.exporters", "hooktrace.exporters._layout", "hooktrace.exporters.chrome",
         "hooktrace.exporters.perfetto", "hooktrace.exporters.ranks", "hooktrace.reporters",
         "hooktrace.reporters.html", "hooktrace.merge", "hooktrace.result"}),
     ("recording", {
         "hooktrace.record", "hooktrace.record.dispatch", "hooktrace.record.scopes",
-        "hooktrace.record.recorder",
+        "hooktrace.record.recorder", "hooktrace.record.kernels",
         "hooktrace._windows", "hooktrace.flight", "hooktrace.profiling", "hooktrace.launch",
         "hooktrace._autostart", "hooktrace.integrations", "hooktrace.integrations.hf",
         "hooktrace.integrations.lightning", "hooktrace.demo"}),

@@ -312,11 +312,28 @@ def test_string_table_overrun(tmp_path):
 
 
 def test_bad_event_kind(tmp_path):
-    ev = build_events([(1, ENTER, 0, 1), (1, EXIT, 0, 2), (1, 9, 0, 3)])
+    ev = build_events([(1, ENTER, 0, 1), (1, EXIT, 0, 2), (1, 10, 0, 3)])
     path = forge(tmp_path, events=ev)
     data = path.read_bytes()
     events_off = len(data) - ev.nbytes
-    expect_error(path, events_off + 2 * 32 + 28, "event 2", "kind", "found 9")
+    expect_error(path, events_off + 2 * 32 + 28, "event 2", "kind", "found 10")
+
+
+def test_kernel_mark_needs_its_site(tmp_path):
+    # a kernel mark (issue #18) names a site of info["kernel_sites"]
+    ev = build_events([(1, ENTER, 0, 1), (1, 8, 1, 2), (1, 9, 1, 3), (1, EXIT, 0, 4)])
+    meta = {"modules": [[0, 1]], "node_names": [2]}
+    ok = forge(tmp_path, events=ev, name="ok.htrace", meta=json.dumps(
+        {**meta, "kernel_sites": [["k0", "", "forward"], ["k1", "fc", "forward"]]}).encode())
+    assert len(read_trace(ok).events) == 4
+    path = forge(tmp_path, events=ev, meta=json.dumps(
+        {**meta, "kernel_sites": [["k0", "", "forward"]]}).encode())
+    events_off = len(path.read_bytes()) - ev.nbytes
+    expect_error(path, events_off + 32 + 16, "event 1", "kernel site 1 out of range", "1 sites")
+    bad = forge(tmp_path, events=ev, name="bad.htrace", meta=json.dumps(
+        {**meta, "kernel_sites": [["k0", "", "sideways"]]}).encode())
+    with pytest.raises(TraceFileError, match='"kernel_sites": expected a list of'):
+        read_trace(bad)
 
 
 def test_module_id_out_of_range(tmp_path):

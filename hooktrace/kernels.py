@@ -1,0 +1,317 @@
+"""Per-module time inside compiled regions, from the kernels they ran (issue #18).
+
+A region that torch.compile generated while a trace was active carries kernel marks
+(hooktrace/record/kernels.py): every kernel call of its wrapper is a KERNEL_BEGIN /
+KERNEL_END pair whose id is a *site*, ``info["kernel_sites"][id]`` = ``[kernel name,
+module path relative to the region's module, "forward" | "backward"]``.
+
+:class:`Kernels` pairs them and places each kernel run in its region: the innermost
+autograd node running on that thread (a compiled backward runs inside its
+``CompiledFunctionBackward`` node, attributed to the region's module call), else
+the innermost forward span on that thread. The kernel's module is the region's
+module name joined with the site's path, looked up in the module table.
+
+:func:`derived_spans` turns them into per-module entries, one per (region call,
+module inside it): ``total_ns`` = the summed time of the kernels of the module and
+its submodules in that call, ``self_ns`` = of the kernels attributed to it
+directly. These are *kernel-derived* times: what running the module's kernels
+cost, without the wrapper's glue between kernels (allocation, views), which stays
+in the region's own time. A kernel fusing ops of several modules counts in their
+nearest common ancestor (record/kernels.py says why), so a parent's total can
+exceed the sum of its children's.
+
+Example:
+    >>> import numpy as np
+    >>> from hooktrace._events import EVENT_DTYPE, Clock
+    >>> from hooktrace.reading import TraceData
+    >>> ev = np.zeros(6, EVENT_DTYPE)
+    >>> ev["kind"] = [1, 8, 9, 8, 9, 2]; ev["id"] = [0, 0, 0, 1, 1, 0]
+    >>> ev["t"] = [0, 10, 30, 40, 100, 120]
+    >>> info = {"pid": 1, "hostname": "h", "dropped_events": 0, "overwritten_events": 0,
+    ...         "kernel_sites": [["cpp_fused_0", "norm", "forward"],
+    ...                          ["extern_kernels.mm", "fc", "forward"]]}
+    >>> trace = TraceData(ev, [("", "Block"), ("norm", "LayerNorm"), ("fc", "Linear")], [],
+    ...                   Clock(0, 0, 1.0), info)
+    >>> k = Kernels.from_trace(trace)
+    >>> k.module.tolist(), k.duration_ns.tolist()
+    ([1, 2], [20, 60])
+    >>> d = derived_spans(trace)
+    >>> d.module.tolist(), d.total_ns.tolist(), d.region_self_ns.tolist()
+    ([1, 2], [20, 60], [40])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hooktrace._events import KERNEL_BEGIN, KERNEL_END
+from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, CAT_RECOMPUTE, SPAN_EVAL, TraceData
+
+__all__ = ["CONTAINER_TYPES", "Derived", "Kernels", "derived_spans", "kernel_sites"]
+
+# Containers are never called, so they have no row in eager runs either.
+CONTAINER_TYPES = frozenset({"ModuleList", "ModuleDict", "ParameterList", "ParameterDict"})
+
+
+def kernel_sites(info: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """The trace's kernel site table ([] when it has none or it is malformed)."""
+    raw = info.get("kernel_sites")
+    if not isinstance(raw, list):
+        return []
+    out = []
+    for s in raw:
+        if isinstance(s, (list, tuple)) and len(s) >= 3 and all(isinstance(x, str) for x in s[:3]):
+            out.append((s[0], s[1], s[2]))
+        else:
+            out.append(("?", "", "forward"))
+    return out
+
+
+@dataclass
+class Kernels:
+    """Kernel runs of a trace, parallel arrays: ``start_ns``/``end_ns``, ``site``,
+    ``tid``, ``span`` (the region span it ran in: a forward span, or the backward span
+    of the region's call; -1 when none), ``cat`` (CAT_FORWARD or CAT_BACKWARD of that
+    span), ``module`` (slot of the module it is attributed to; the region's own slot
+    when the site's path names no module of the table; -1 when placed in no span).
+    Counts: ``unpaired`` (a begin without its end: the kernel raised, or the buffer cut
+    it), ``unplaced`` (ran outside any recorded span), ``unnamed`` (site paths the
+    module table lacks, counted in the region itself)."""
+
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    site: np.ndarray
+    tid: np.ndarray
+    span: np.ndarray
+    cat: np.ndarray
+    module: np.ndarray
+    sites: list[tuple[str, str, str]] = field(default_factory=list)
+    unpaired: int = 0
+    unplaced: int = 0
+    unnamed: int = 0
+
+    def __len__(self) -> int:
+        return len(self.start_ns)
+
+    @property
+    def duration_ns(self) -> np.ndarray:
+        return self.end_ns - self.start_ns
+
+    @classmethod
+    def from_trace(cls, trace: TraceData) -> Kernels:
+        cached = getattr(trace, "_kernels", None)
+        if isinstance(cached, Kernels):
+            return cached
+        out = cls._build(trace)
+        trace._kernels = out  # type: ignore[attr-defined]
+        return out
+
+    @classmethod
+    def _build(cls, trace: TraceData) -> Kernels:
+        ev = trace.events
+        sites = kernel_sites(trace.info)
+        idx = np.flatnonzero((ev["kind"] == KERNEL_BEGIN) | (ev["kind"] == KERNEL_END))
+        empty = np.zeros(0, np.int64)
+        if not len(idx):
+            return cls(empty, empty, empty.astype(np.uint32), empty.astype(np.uint32), empty,
+                       empty.astype(np.uint8), empty, sites)
+        k = ev[idx]
+        order = np.argsort(k["tid"], kind="stable")  # per thread, in recorded order
+        k = k[order]
+        kind, site, tid = k["kind"], k["id"], k["tid"]
+        begin = np.flatnonzero((kind[:-1] == KERNEL_BEGIN) & (kind[1:] == KERNEL_END)
+                               & (site[:-1] == site[1:]) & (tid[:-1] == tid[1:]))
+        known = site[begin] < len(sites)
+        begin = begin[known]
+        unpaired = int(np.count_nonzero(kind == KERNEL_BEGIN)) - len(begin)
+        t = trace.clock.to_unix_ns(k["t"]).astype(np.int64)
+        start, end = t[begin], t[begin + 1]
+        ksite, ktid = site[begin].astype(np.uint32), tid[begin].astype(np.uint32)
+        spans = trace.spans()
+        span = np.full(len(begin), -1, np.int64)
+        cat = np.full(len(begin), CAT_FORWARD, np.uint8)
+        # backward: the autograd node running the kernel, attributed to a module call
+        nodes = spans.nodes
+        if len(nodes):
+            node = _innermost(nodes.tid, nodes.start_ns, nodes.end_ns, None, ktid, start, end)
+            hit = node >= 0
+            span[hit] = nodes.span[node[hit]]
+            cat[hit & (span >= 0)] = CAT_BACKWARD
+            # a node of no module call (a compiled function called outside any module)
+            span[hit & (span < 0)] = -1
+        rest = span < 0
+        if rest.any() and len(spans):
+            fwd = np.flatnonzero((spans.cat == CAT_FORWARD) | (spans.cat == CAT_RECOMPUTE))
+            parent_local = _local_parents(spans.parent, fwd)
+            inner = _innermost(spans.tid[fwd], spans.start_ns[fwd], spans.end_ns[fwd],
+                               parent_local, ktid[rest], start[rest], end[rest])
+            span[rest] = np.where(inner >= 0, fwd[np.maximum(inner, 0)], -1)
+            cat[rest] = np.where(inner >= 0, spans.cat[fwd[np.maximum(inner, 0)]], CAT_FORWARD)
+        module = np.full(len(begin), -1, np.int64)
+        placed = span >= 0
+        unnamed = 0
+        if placed.any():
+            slots = {name: i for i, (name, _) in enumerate(trace.modules)}
+            region = spans.module[span[placed]].astype(np.int64)
+            key = region * max(len(sites), 1) + ksite[placed]
+            uniq, inv = np.unique(key, return_inverse=True)
+            resolved = np.empty(len(uniq), np.int64)
+            missing = np.zeros(len(uniq), bool)
+            for i, u in enumerate(uniq.tolist()):
+                r, s = divmod(u, max(len(sites), 1))
+                path = sites[s][1]
+                slot = slots.get(_join(trace.modules[r][0], path))
+                # a kernel fusing ops of two list entries (blocks.0's add with blocks.1's
+                # norm) lands on the list: containers have no row, their parent takes it
+                while slot is not None and path and trace.modules[slot][1] in CONTAINER_TYPES:
+                    path = path.rpartition(".")[0]
+                    slot = slots.get(_join(trace.modules[r][0], path))
+                resolved[i] = r if slot is None else slot
+                missing[i] = slot is None
+            module[placed] = resolved[inv]
+            unnamed = int(np.count_nonzero(missing[inv]))
+        return cls(start, end, ksite, ktid, span, cat, module, sites, unpaired,
+                   int(np.count_nonzero(~placed)), unnamed)
+
+
+@dataclass
+class Derived:
+    """Kernel-derived module entries, one per (region span, module inside it):
+    ``span`` (the region span), ``module`` (slot), ``cat``, ``flags`` (the region
+    span's: SPAN_EVAL), ``total_ns``, ``self_ns``, ``start_ns``/``end_ns`` (first
+    kernel start, last kernel end); and per region span with kernels
+    (``region_span``): ``region_self_ns``, the region's own time once the derived
+    modules directly inside it are taken out (its glue and own kernels)."""
+
+    span: np.ndarray
+    module: np.ndarray
+    cat: np.ndarray
+    flags: np.ndarray
+    total_ns: np.ndarray
+    self_ns: np.ndarray
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    region_span: np.ndarray
+    region_self_ns: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.span)
+
+
+def derived_spans(trace: TraceData) -> Derived:
+    """The kernel-derived entries of ``trace`` (cached on it); see the module docstring."""
+    cached = getattr(trace, "_derived", None)
+    if isinstance(cached, Derived):
+        return cached
+    out = _derive(trace)
+    trace._derived = out  # type: ignore[attr-defined]
+    return out
+
+
+def _derive(trace: TraceData) -> Derived:
+    k = Kernels.from_trace(trace)
+    spans = trace.spans()
+    sel = np.flatnonzero((k.span >= 0) & (k.module >= 0))
+    e64 = np.zeros(0, np.int64)
+    if not len(sel):
+        return Derived(e64, e64, e64.astype(np.uint8), e64.astype(np.uint8), e64, e64, e64, e64,
+                       e64, e64)
+    names = [n for n, _ in trace.modules]
+    slots = {n: i for i, n in enumerate(names)}
+    span, module = k.span[sel], k.module[sel]
+    region = spans.module[span].astype(np.int64)
+    # per (region module, kernel module): the chain of slots from the first module below
+    # the region down to the kernel's module (empty when it is the region itself)
+    key = region * len(names) + module
+    uniq, inv = np.unique(key, return_inverse=True)
+    chains = [_chain(names, slots, trace.modules, *divmod(u, len(names))) for u in uniq.tolist()]
+    length = np.array([len(c) for c in chains], np.int64)[inv]
+    flat = np.array([s for c in chains for s in c], np.int64)
+    offsets = np.r_[0, np.cumsum([len(c) for c in chains])][inv]
+    # one entry per (kernel, module of its chain)
+    rep = np.repeat(np.arange(len(sel)), length)
+    pos = np.arange(len(rep)) - np.repeat(np.cumsum(length) - length, length)
+    ent_mod = flat[offsets[rep] + pos]
+    ent_self = pos == length[rep] - 1
+    ent_top = pos == 0
+    dur = k.duration_ns[sel]
+    ent_span = span[rep]
+    n_mod = max(len(names), 1)
+    gkey = ent_span * n_mod + ent_mod
+    g, ginv = np.unique(gkey, return_inverse=True)
+    total = np.bincount(ginv, weights=dur[rep], minlength=len(g)).astype(np.int64)
+    self_ = np.bincount(ginv, weights=np.where(ent_self, dur[rep], 0),
+                        minlength=len(g)).astype(np.int64)
+    start = np.full(len(g), np.iinfo(np.int64).max, np.int64)
+    end = np.full(len(g), np.iinfo(np.int64).min, np.int64)
+    np.minimum.at(start, ginv, k.start_ns[sel][rep])
+    np.maximum.at(end, ginv, k.end_ns[sel][rep])
+    g_span = g // n_mod
+    # the regions' own time: their self time less the derived modules directly inside
+    top_total = np.bincount(np.searchsorted(np.unique(span), ent_span[ent_top]),
+                            weights=dur[rep][ent_top], minlength=len(np.unique(span)))
+    regions = np.unique(span)
+    region_self = spans.self_ns[regions] - top_total.astype(np.int64)
+    return Derived(g_span, g % n_mod, spans.cat[g_span], spans.flags[g_span] & SPAN_EVAL,
+                   total, self_, start, end, regions, np.maximum(region_self, 0))
+
+
+def _chain(names: list[str], slots: dict[str, int], modules: list[tuple[str, str]],
+           region: int, leaf: int) -> list[int]:
+    """Slots from the first module below ``region`` down to ``leaf`` (containers left
+    out); [] when ``leaf`` is the region or not below it."""
+    if leaf == region:
+        return []
+    base, name = names[region], names[leaf]
+    if base and not name.startswith(base + "."):
+        return []
+    rel = name[len(base) + 1:] if base else name
+    parts = rel.split(".")
+    out = []
+    for i in range(1, len(parts) + 1):
+        slot = slots.get(_join(base, ".".join(parts[:i])))
+        if slot is not None and (slot == leaf or modules[slot][1] not in CONTAINER_TYPES):
+            out.append(slot)
+    return out
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix and name else prefix or name
+
+
+def _local_parents(parent: np.ndarray, subset: np.ndarray) -> np.ndarray:
+    """``parent`` re-indexed into ``subset`` (-1 where the parent is outside it)."""
+    where = np.full(len(parent), -1, np.int64)
+    where[subset] = np.arange(len(subset))
+    p = parent[subset]
+    return np.where(p >= 0, where[np.maximum(p, 0)], -1)
+
+
+def _innermost(tid: np.ndarray, start: np.ndarray, end: np.ndarray, parent: np.ndarray | None,
+               q_tid: np.ndarray, q_start: np.ndarray, q_end: np.ndarray) -> np.ndarray:
+    """Per query interval, the index of the innermost interval on its thread that
+    contains it (-1 for none). Intervals of a thread nest; ``parent`` (or None:
+    only the latest-starting candidate is tried) walks outwards."""
+    # one sort of intervals and queries by (thread, start), an interval before a query
+    # that starts with it: each query's candidate is the last interval before it
+    n = len(start)
+    all_tid = np.concatenate([tid.astype(np.int64), q_tid.astype(np.int64)])
+    all_start = np.concatenate([start, q_start])
+    is_query = np.r_[np.zeros(n, np.int8), np.ones(len(q_start), np.int8)]
+    order = np.lexsort((is_query, all_start, all_tid))
+    last = np.maximum.accumulate(np.where(order < n, np.arange(len(order)), -1))
+    at = np.empty(len(order), np.int64)
+    at[order] = np.arange(len(order))
+    prev = last[at[n:]]
+    cand = np.where(prev >= 0, order[np.maximum(prev, 0)], -1)
+    cand[(cand >= 0) & (tid[np.maximum(cand, 0)] != q_tid)] = -1
+    for _ in range(256):
+        bad = (cand >= 0) & ~((start[np.maximum(cand, 0)] <= q_start)
+                              & (end[np.maximum(cand, 0)] >= q_end))
+        if not bad.any():
+            break
+        cand[bad] = parent[cand[bad]] if parent is not None else -1
+    return cand

@@ -1,0 +1,277 @@
+"""Kernel marks: per-module time inside torch.compile regions (issue #18).
+
+A compiled region runs generated kernels, not module calls, so module spans stop at
+the region. While a recording is active, each region torch.compile generates gets
+marks around every kernel call of its Python wrapper (Inductor's CPU backend)::
+
+    _ht_kb(17)                                   # kernel_begin(site 17)
+    extern_kernels.addmm(primals_2, buf0, ...)   # the kernel, unchanged
+    _ht_ke(17)                                   # kernel_end(site 17)
+
+(csrc/kernel_marks.h records them natively). A *site* is one kernel call in one
+generated graph: the kernel's name, the module whose ops it runs and the phase
+(forward or backward graph). The reader (hooktrace.kernels) attributes each
+kernel's measured time to that module, under the module span (forward) or the
+autograd node (backward) that ran the region.
+
+**Which module a kernel belongs to.** Every FX node that Inductor fused into the
+kernel carries ``nn_module_stack`` (forward graph) or ``fwd_nn_module_stack``
+(AOTAutograd's backward graph: the forward node a gradient node came from). An
+extern kernel (mm, addmm, convolution, SDPA, a collective) implements one node,
+its ``origin_node``: that node's innermost module. A fused kernel goes to the
+*nearest common ancestor* of the innermost modules of its compute nodes, ignoring
+pure view ops (view, permute, reshape...: they fold into indexing and do no work of
+their own); nodes without a module stack belong to the region's own module. Why an
+ancestor and not a split: the time of one fused loop is not separable by op from
+its measurement; a split by op count would be an estimate presented as a
+measurement. Fusion across modules is common in backward (one kernel computes
+GELU's and LayerNorm's gradients), so the parent row holds that time.
+
+**What is touched.** Only graphs compiled while a recording is active (the
+compile-start/-end callbacks of record/dispatch.py turn the marks on for that
+compile): code compiled before keeps its code (no recompile), and its region stays
+one span. Inductor's FX graph cache and AOTAutograd's cache are bypassed for those
+compiles (marked code must not be served to an unmarked compile, nor unmarked code
+to a marked one). Marked code run with no recording active costs two C calls per
+kernel that record nothing. Not marked: ``cpp_wrapper`` mode (no Python wrapper)
+and GPU (triton) kernels, which hooktrace.merge attributes from the profiler.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["compile_started", "compile_ended", "sites", "site_count", "installed"]
+
+_lock = threading.Lock()
+# The process-wide site table: [kernel name, module path relative to the compiled
+# region's root module ("" = the root), "forward" | "backward"]; a site's id is its
+# index, baked into the generated code, so the table only grows.
+_sites: list[list[str]] = []
+_marking = 0  # compiles in progress that mark (nested compiles possible)
+_installed = False
+_saved_config: list[tuple[Any, str, Any]] = []
+_MARKED = "_hooktrace_marks"  # attribute set on a wrapper whose imports name the marks
+
+# View-like ops fold into a kernel's indexing: they do no work of their own.
+_VIEW_OPS = frozenset({
+    "view", "_unsafe_view", "reshape", "permute", "t", "transpose", "expand", "squeeze",
+    "unsqueeze", "slice", "select", "as_strided", "alias", "detach", "getitem",
+    "view_as", "unflatten", "flatten", "split", "split_with_sizes", "unbind", "narrow",
+})
+_PATH_PART = re.compile(r"""\.(\w+)|\[(\d+)\]|\[['"]([^'"]+)['"]\]""")
+
+
+def sites() -> list[list[str]]:
+    """A copy of the site table (what a trace stores as ``info["kernel_sites"]``)."""
+    with _lock:
+        return [list(s) for s in _sites]
+
+
+def site_count() -> int:
+    return len(_sites)
+
+
+def installed() -> bool:
+    """Whether Inductor's code generation was patched (the first marking compile)."""
+    return _installed
+
+
+def compile_started() -> None:
+    """A compile starts while a recording is active: mark the kernels it generates."""
+    global _marking
+    with _lock:
+        if not _install():
+            return
+        if _marking == 0:
+            _bypass_caches()
+        _marking += 1
+
+
+def compile_ended() -> None:
+    global _marking
+    with _lock:
+        if _marking == 0:
+            return
+        _marking -= 1
+        if _marking == 0:
+            _restore_caches()
+
+
+# -- the patches ---------------------------------------------------------------------
+
+def _install() -> bool:
+    """Patch Inductor's CPU code generation once; False when this torch lacks the
+    places patched (then nothing is marked and regions stay one span)."""
+    global _installed
+    if _installed:
+        return True
+    try:
+        from torch._inductor.codegen.cpp import KernelGroup
+        from torch._inductor.scheduler import Scheduler
+    except Exception:  # no Inductor, or moved: regions stay one span
+        return False
+    if not (callable(getattr(KernelGroup, "call_kernel", None))
+            and callable(getattr(Scheduler, "codegen_extern_call", None))):
+        return False
+    original_call = KernelGroup.call_kernel
+    original_extern = Scheduler.codegen_extern_call
+
+    def call_kernel(self: Any, wrapper: Any, kernel_name: str) -> Any:
+        if not _marking:
+            return original_call(self, wrapper, kernel_name)
+        nodes = [n for sn in self.scheduled_nodes for n in _origins_of(sn)]
+        site = _begin(wrapper, kernel_name, nodes, None)
+        out = original_call(self, wrapper, kernel_name)
+        _end(wrapper, site)
+        return out
+
+    def codegen_extern_call(self: Any, scheduler_node: Any) -> Any:
+        if not _marking:
+            return original_extern(self, scheduler_node)
+        from torch._inductor.virtualized import V
+
+        wrapper = V.graph.wrapper_code
+        node = scheduler_node.node
+        name = (getattr(node, "python_kernel_name", None) or type(node).__name__)
+        site = _begin(wrapper, str(name), list(getattr(node, "origins", ()) or ()),
+                      getattr(node, "origin_node", None))
+        out = original_extern(self, scheduler_node)
+        _end(wrapper, site)
+        return out
+
+    KernelGroup.call_kernel = call_kernel  # type: ignore[method-assign]
+    Scheduler.codegen_extern_call = codegen_extern_call  # type: ignore[method-assign]
+    _installed = True
+    return True
+
+
+def _origins_of(scheduler_node: Any) -> Iterable[Any]:
+    for sn in scheduler_node.get_nodes():
+        node = getattr(sn, "node", None)
+        if node is not None:
+            yield from getattr(node, "origins", ()) or ()
+
+
+def _begin(wrapper: Any, kernel_name: str, nodes: list[Any], primary: Any) -> int:
+    """Registers the site and writes its begin mark; -1 when the wrapper cannot be
+    marked (C++ wrapper)."""
+    from torch._inductor.virtualized import V
+
+    graph = V.graph
+    if getattr(graph, "cpp_wrapper", False) or not hasattr(wrapper, "writeline"):
+        return -1
+    root = wrapper
+    while getattr(root, "parent_wrapper", None) is not None:
+        root = root.parent_wrapper
+    imports = getattr(root, "imports", None)
+    if imports is None:
+        return -1
+    if not getattr(root, _MARKED, False):
+        imports.writeline("from hooktrace._C import kernel_begin as _ht_kb, "
+                          "kernel_end as _ht_ke")
+        setattr(root, _MARKED, True)
+    phase = "backward" if getattr(graph, "is_backward", False) else "forward"
+    if primary is not None and _module_path(primary) is not None:
+        module = _module_path(primary) or ""
+    else:
+        module = _common_module(nodes)
+    with _lock:
+        _sites.append([kernel_name, module, phase])
+        site = len(_sites) - 1
+    wrapper.writeline(f"_ht_kb({site})")
+    return site
+
+
+def _end(wrapper: Any, site: int) -> None:
+    if site >= 0:
+        wrapper.writeline(f"_ht_ke({site})")
+
+
+def _module_path(node: Any) -> str | None:
+    """The innermost module of an FX node, relative to the compiled region's root
+    ("" for the root itself); None for a node without a module stack."""
+    meta = getattr(node, "meta", None) or {}
+    stack = meta.get("nn_module_stack") or meta.get("fwd_nn_module_stack")
+    if not stack:
+        return "" if meta else None
+    try:
+        path = list(stack.values())[-1][0]
+    except Exception:
+        return None
+    return normalize_path(str(path))
+
+
+def normalize_path(source: str) -> str:
+    """A Dynamo source path of a submodule as ``named_modules()`` names it, relative
+    to the traced root: ``L['self'].blocks[0].mlp`` -> ``blocks.0.mlp``,
+    ``L['self']._modules['blocks']._modules['0']`` -> ``blocks.0``.
+
+    Example:
+        >>> normalize_path("L['self'].layers[3]._modules['attn'].proj")
+        'layers.3.attn.proj'
+    """
+    # drop the root: L['self'], G['model'], self
+    m = re.match(r"""^(?:[LG]\[['"][^'"]+['"]\]|\w+)""", source)
+    rest = source[m.end():] if m else source
+    parts = []
+    for attr, index, key in _PATH_PART.findall(rest):
+        part = attr or index or key
+        if part == "_modules":
+            continue
+        parts.append(part)
+    return ".".join(parts)
+
+
+def _common_module(nodes: list[Any]) -> str:
+    """The nearest common ancestor of the compute nodes' innermost modules."""
+    paths = []
+    for node in nodes:
+        target = getattr(node, "target", None)
+        op = getattr(target, "__name__", str(target)).split(".")[0]
+        if op in _VIEW_OPS:
+            continue
+        path = _module_path(node)
+        if path is not None:
+            paths.append(path)
+    if not paths:  # only views: any node's module
+        paths = [p for p in (_module_path(n) for n in nodes) if p is not None]
+    if not paths:
+        return ""
+    common = paths[0].split(".") if paths[0] else []
+    for p in paths[1:]:
+        parts = p.split(".") if p else []
+        k = 0
+        while k < min(len(common), len(parts)) and common[k] == parts[k]:
+            k += 1
+        common = common[:k]
+    return ".".join(common)
+
+
+# -- caches --------------------------------------------------------------------------
+
+def _bypass_caches() -> None:
+    """Marked code must never come from or go to the compile caches."""
+    import torch._inductor.config as inductor_config
+
+    functorch_config: Any
+    try:
+        import torch._functorch.config as functorch_config
+    except Exception:  # pragma: no cover - always present with Inductor
+        functorch_config = None
+    for cfg, key in ((inductor_config, "fx_graph_cache"),
+                     (inductor_config, "fx_graph_remote_cache"),
+                     (functorch_config, "enable_autograd_cache"),
+                     (functorch_config, "enable_remote_autograd_cache")):
+        if cfg is not None and hasattr(cfg, key):
+            _saved_config.append((cfg, key, getattr(cfg, key)))
+            setattr(cfg, key, False)
+
+
+def _restore_caches() -> None:
+    while _saved_config:
+        cfg, key, value = _saved_config.pop()
+        setattr(cfg, key, value)

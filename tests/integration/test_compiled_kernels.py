@@ -1,0 +1,377 @@
+"""Per-module time inside torch.compile regions, from the kernels they ran (issue #18).
+
+A region compiled while a trace is active carries kernel marks; its kernels' measured
+time goes to the modules whose ops they run (hooktrace.kernels). The checks: a block
+whose one submodule is made clearly heavy shows that submodule first inside the
+block, forward and backward, holding most of the block's kernel time; every
+kernel is placed and named; the inner rows add up to the region's kernel time; the
+exports nest the kernel slices in their region and Perfetto's importer keeps them;
+`hooktrace run` gives the same rows through `summary --json`; code compiled before
+the trace is left alone and said so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import hooktrace
+from hooktrace.kernels import Kernels, derived_spans
+from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD
+from models import tiny_gpt2
+
+REPO = Path(__file__).resolve().parents[2]
+D = 128
+
+
+class Heavy(nn.Module):
+    """Six square matmuls: the block's time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(*(nn.Linear(D, D, bias=False) for _ in range(6)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(D)
+        self.heavy = Heavy()
+        self.light = nn.GELU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.light(self.heavy(self.norm(x)))
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(2))
+        self.head = nn.Linear(D, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+def _train(fn: Any, net: nn.Module, steps: int = 4) -> list[torch.Tensor]:
+    opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+    outs = []
+    for i in range(steps):
+        x = torch.randn(256, D, generator=torch.Generator().manual_seed(i))
+        out = fn(x)
+        out.square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        outs.append(out.detach().clone())
+    return outs
+
+
+def _compiled(how: str) -> tuple[Any, Net]:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    net = Net()
+    if how == "blocks":
+        for b in net.blocks:
+            b.compile()
+        return net, net
+    return torch.compile(net), net
+
+
+@pytest.fixture(scope="module", params=["blocks", "model"])
+def traced(request: pytest.FixtureRequest) -> tuple[str, hooktrace.TraceResult]:
+    fn, net = _compiled(request.param)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with hooktrace.trace(fn if request.param == "model" else net) as tr:
+            _train(fn, net)
+    return request.param, tr.result
+
+
+def _rows(result: hooktrace.TraceResult) -> dict[str, dict[str, Any]]:
+    return {r["module"]: r for r in result.summary().rows if r["mode"] == "train"}
+
+
+def test_the_heavy_submodule_holds_most_of_each_block_forward_and_backward(traced) -> None:
+    how, result = traced
+    rows = _rows(result)
+    for b in ("blocks.0", "blocks.1"):
+        inner = {name: r for name, r in rows.items() if name.startswith(b + ".")
+                 and name.count(".") == 2}  # the block's direct submodules
+        # (GELU fuses with the block's residual add, and compiled whole, blocks.1's norm
+        # with blocks.0's add: their time is then in the common ancestor)
+        assert f"{b}.heavy" in inner and len(inner) >= 2, sorted(rows)
+        assert "blocks" not in rows  # a container: never a row
+        assert all(r["timing"] == "kernels" for r in inner.values())
+        heavy = inner[f"{b}.heavy"]
+        # first inside its block, forward and backward
+        assert max(inner, key=lambda n: inner[n]["total_ns"]) == f"{b}.heavy"
+        assert max(inner, key=lambda n: inner[n]["bwd_total_ns"]) == f"{b}.heavy"
+        # most of the block's kernel time (its kernels: the derived entries directly in it)
+        d = derived_spans(result)
+        names = [n for n, _ in result.modules]
+        region_kernels = {cat: sum(int(t) for m, c, t in zip(d.module, d.cat, d.total_ns)
+                                   if c == cat and names[m] in inner)
+                          for cat in (CAT_FORWARD, CAT_BACKWARD)}
+        assert heavy["total_ns"] > 0.6 * region_kernels[CAT_FORWARD]
+        assert heavy["bwd_total_ns"] > 0.6 * region_kernels[CAT_BACKWARD]
+        # per call statistics, as measured rows have them
+        assert heavy["calls"] == 4 and heavy["bwd_calls"] == 4
+        assert heavy["p50_ns"] > 0 and heavy["bwd_p50_ns"] > 0
+        # the six Linear layers inside it have rows too (extern mm kernels: exact)
+        for i in range(6):
+            assert rows[f"{b}.heavy.layers.{i}"]["bwd_calls"] == 4
+    if how == "blocks":
+        assert rows["blocks.0"]["timing"] == "measured"
+        assert rows["head"]["timing"] == "measured"
+    else:
+        assert rows[""]["timing"] == "measured"
+        assert rows["head"]["timing"] == "kernels"
+
+
+def test_every_kernel_is_placed_and_the_rows_add_up_to_the_region(traced) -> None:
+    _, result = traced
+    _assert_placed_and_adding_up(result)
+
+
+def _assert_placed_and_adding_up(result: hooktrace.TraceResult) -> Kernels:
+    k = Kernels.from_trace(result)
+    assert len(k) > 0
+    assert (k.unpaired, k.unplaced, k.unnamed) == (0, 0, 0)
+    assert (k.module >= 0).all() and (k.span >= 0).all()
+    spans = result.spans()
+    d = derived_spans(result)
+    names = [n for n, _ in result.modules]
+    for region in np.unique(k.span).tolist():
+        mine = k.span == region
+        kernel_ns = int(k.duration_ns[mine].sum())
+        # kernels run inside their region's span
+        assert (k.start_ns[mine] >= spans.start_ns[region]).all()
+        assert (k.end_ns[mine] <= spans.end_ns[region]).all()
+        # the region's direct derived children + its own kernels = all its kernels
+        base = names[int(spans.module[region])]
+        direct = [i for i in np.flatnonzero(d.span == region).tolist()
+                  if _parent_below(names[int(d.module[i])], base, result.modules) is None]
+        own = int(k.duration_ns[mine & (k.module == spans.module[region])].sum())
+        assert sum(int(d.total_ns[i]) for i in direct) + own == kernel_ns
+        # and a module's total is its self plus its derived children's totals or more
+        # (a fused kernel of several children counts in the parent's self)
+        assert kernel_ns <= spans.end_ns[region] - spans.start_ns[region]
+    return k
+
+
+def _parent_below(name: str, base: str, modules: list[tuple[str, str]]) -> str | None:
+    """The nearest ancestor of ``name`` strictly below ``base`` that has a row (not a
+    container such as ModuleList), or None when ``name`` sits directly in ``base``."""
+    classes = dict(modules)
+    parts = name.split(".")
+    depth = len(base.split(".")) if base else 0
+    for k in range(len(parts) - 1, depth, -1):
+        parent = ".".join(parts[:k])
+        if classes.get(parent, "ModuleList") not in ("ModuleList", "ModuleDict"):
+            return parent
+    return None
+
+
+def test_exports_nest_kernel_slices_in_their_region_and_perfetto_keeps_them(
+        traced, tmp_path: Path) -> None:
+    from test_perfetto import perfetto_check
+
+    how, result = traced
+    result.export_chrome(tmp_path / f"{how}.json")
+    result.export_perfetto(tmp_path / f"{how}.pftrace")
+    doc = json.loads((tmp_path / f"{how}.json").read_text())
+    kernel = [e for e in doc["traceEvents"] if e.get("cat") == "hooktrace.kernel"]
+    assert len(kernel) == len(Kernels.from_trace(result))
+    assert all(e["args"]["derived"] is True and e["args"]["kernel"] for e in kernel)
+    assert {e["args"]["kernel"].split("_")[0] for e in kernel} >= {"cpp", "extern"}
+    assert any(e["name"].endswith("heavy.layers.0") for e in kernel)
+    report = perfetto_check([tmp_path / f"{how}.json", tmp_path / f"{how}.pftrace"])
+    assert "hooktrace.kernel" in report
+
+
+def test_diff_and_report_tell_kernel_time_from_measured_calls(traced) -> None:
+    from hooktrace.diff import compare
+    from hooktrace.reporters.html import render_report
+
+    how, compiled = traced
+    torch.manual_seed(0)
+    eager = Net()
+    with hooktrace.trace(eager) as tr:
+        _train(eager, eager)
+    # compiled against itself: the inner rows are compared, kernel time on both sides
+    same = compare(compiled, compiled)
+    heavy = [r for r in same.rows if r["module"] == "blocks.0.heavy"]
+    assert {r["phase"] for r in heavy} == {"forward", "backward"}
+    assert all(r["timing_a"] == r["timing_b"] == "kernels" for r in heavy)
+    assert all(r["per_step_change_ns"] == 0 for r in same.rows)
+    assert "[kernels]" in same.to_text() and not same.notes
+    # eager against compiled: the same module rows, measured in one and kernels in the
+    # other, and a note says what that means for the change
+    d = compare(tr.result, compiled, names=("eager", "compiled"))
+    rows = {(r["module"], r["phase"]): r for r in d.rows}
+    r = rows[("blocks.0.heavy", "forward")]
+    assert (r["timing_a"], r["timing_b"]) == ("measured", "kernels")
+    assert r["per_step_a_ns"] > 0 and r["per_step_b_ns"] > 0
+    assert len(d.notes) == 1 and "mostly compiled" in d.notes[0], d.notes
+    # the report's table gets the timing column only when some row is kernel-derived
+    assert "<td data-v=\"kernels\">kernels</td>" in render_report(compiled)
+    assert 'data-key="timing"' not in render_report(tr.result)
+
+
+def test_profiler_ops_inside_kernels_go_to_the_kernels_modules(tmp_path: Path) -> None:
+    from hooktrace.merge import attribute, merge_traces
+
+    fn, net = _compiled("blocks")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with hooktrace.trace(net) as tr:
+            _train(fn, net, steps=2)  # compiles (marked) under the trace
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                _train(fn, net, steps=2)
+    prof.export_chrome_trace(str(tmp_path / "prof.json"))
+    table = attribute(tr.result, tmp_path / "prof.json")
+    rows = {(r["module"], r["phase"]): r for r in table.rows}
+    # the extern matmuls (aten::mm) of each Linear in the heavy chain, forward and
+    # backward, are that Linear's ops, not the compiled block's
+    for phase in ("forward", "backward"):
+        r = rows[("blocks.0.heavy.layers.0", phase)]
+        assert r["ops"] >= 2 and any("mm" in name for name, _ in r["top_ops"]), r
+        # and the heavy chain is the block's largest child (the block itself keeps
+        # the compiled region's glue ops, which the profiler inflates)
+        children = {m: r["cpu_total_ns"] for (m, ph), r in rows.items()
+                    if ph == phase and m.startswith("blocks.0.") and m.count(".") == 2}
+        assert max(children, key=children.__getitem__) == "blocks.0.heavy", children
+    assert table.counts["in_kernels"] > 0
+    assert "compiled regions' kernels" in table.to_text()
+    # and the merged trace keeps every op and the kernel slices
+    merged = merge_traces(tr.result, tmp_path / "prof.json", tmp_path / "merged.json")
+    doc = json.loads(Path(merged.out_path).read_text())
+    # (the merge keeps the profiler's window: the last 2 of the 4 steps)
+    assert sum(e.get("cat") == "hooktrace.kernel" for e in doc["traceEvents"]) == len(
+        Kernels.from_trace(tr.result)) // 2
+    from test_perfetto import perfetto_check
+
+    perfetto_check([Path(merged.out_path)])  # the kernels nest among the profiler's ops
+
+
+def test_marked_code_runs_the_same_and_records_nothing_untraced() -> None:
+    fn, net = _compiled("blocks")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with hooktrace.trace(net) as tr:
+            traced_out = _train(fn, net, steps=1)
+    assert len(Kernels.from_trace(tr.result)) > 0
+    # the same compiled (marked) code, untraced: same outputs as an unmarked compile
+    torch.manual_seed(0)
+    plain = Net()
+    plain.load_state_dict(net.state_dict())
+    with torch.no_grad():
+        x = torch.randn(8, D)
+        got = net(x)
+    torch._dynamo.reset()
+    for b in plain.blocks:
+        b.compile()
+    with torch.no_grad():
+        want = plain(x)
+    torch.testing.assert_close(got, want)
+    assert len(traced_out) == 1
+    # and a later trace of code compiled while an earlier trace ran still sees inside
+    with hooktrace.trace(net) as tr2:
+        _train(fn, net, steps=1)
+    assert len(Kernels.from_trace(tr2.result)) > 0
+
+
+def test_run_and_summary_json_show_rows_inside_compiled_blocks(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, torch
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_compiled_kernels import Net, _train
+        net = Net()
+        for b in net.blocks:
+            b.compile()
+        _train(net, net)
+    """))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
+    out = tmp_path / "run.htrace"
+    r = subprocess.run([sys.executable, "-m", "hooktrace", "run", "-o", str(out), str(script)],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([sys.executable, "-m", "hooktrace", "summary", str(out), "--json"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = {row["module"]: row for row in json.loads(r.stdout)["rows"]}
+    heavy = rows["blocks.0.heavy"]
+    assert heavy["timing"] == "kernels" and heavy["calls"] == 4
+    assert heavy["p50_ns"] > 0 and heavy["bwd_p50_ns"] > 0
+    assert heavy["p50_ns"] > rows["blocks.0.norm"]["p50_ns"]
+    assert rows["blocks.0"]["timing"] == "measured"
+
+
+@pytest.mark.parametrize("how", ["blocks", "model"])
+def test_gpt2_every_kernel_is_attributed_inside_blocks(how: str, tmp_path: Path) -> None:
+    """Hugging Face GPT-2 (small config), compiled per block and whole, trained."""
+    from test_perfetto import perfetto_check
+
+    torch._dynamo.reset()
+    model = tiny_gpt2().train()
+    if how == "blocks":
+        for block in model.transformer.h:
+            block.compile()
+        fn: Any = model
+    else:
+        fn = torch.compile(model)
+    ids = torch.randint(0, 64, (4, 32), generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with hooktrace.trace(fn) as tr:
+            for _ in range(2):
+                fn(ids, labels=ids).loss.backward()
+    result = tr.result
+    # every kernel is placed in its region and named; the inner rows add up exactly
+    k = _assert_placed_and_adding_up(result)
+    spans = result.spans()
+    region_of = spans.module[k.span]
+    on_region = k.module == region_of
+    names = [n for n, _ in result.modules]
+    # the kernels left on a region itself are the ones no inner module owns: fusions
+    # across its direct children (the residual add with the next norm), and, compiled
+    # whole, the loss and the embeddings' adds outside any submodule. A minority of
+    # the kernel time: the rest is named below the region.
+    assert k.duration_ns[on_region].sum() < 0.5 * k.duration_ns.sum()
+    rows = {(r["module"], r["mode"]): r for r in result.summary().rows}
+    # (a norm fused with the residual add before it is the block's, or compiled whole
+    # the model's: ln_1 of the first block only has its own kernel when per block)
+    inners = ["attn", "mlp", "attn.c_attn", "mlp.c_fc", "mlp.c_proj"]
+    for inner in inners + (["ln_1"] if how == "blocks" else []):
+        r = rows[(f"transformer.h.0.{inner}", "train")]
+        assert r["timing"] == "kernels" and r["p50_ns"] > 0, r
+        # the compiled backward too (a norm's backward fuses with the residual's
+        # gradient: that kernel is the block's)
+        if not inner.startswith("ln"):
+            assert r["bwd_p50_ns"] and r["bwd_p50_ns"] > 0, r
+    if how == "model":  # and modules outside the blocks: the head, the blocks themselves
+        assert rows[("lm_head", "train")]["timing"] == "kernels"
+        assert rows[("transformer.h.1", "train")]["timing"] == "kernels"
+    assert {names[m] for m in np.unique(region_of)} == (
+        {f"transformer.h.{i}" for i in range(2)} if how == "blocks" else {""})
+    result.export_chrome(tmp_path / "gpt2.json")
+    result.export_perfetto(tmp_path / "gpt2.pftrace")
+    perfetto_check([tmp_path / "gpt2.json", tmp_path / "gpt2.pftrace"])
