@@ -24,6 +24,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -429,6 +430,9 @@ _TEXT_NARROW_BACKWARD = [("bwd_total", "bwd_total_ns"), ("bwd_self", "bwd_self_n
                          ("bwd/fwd", "bwd_fwd_ratio")]
 
 
+_MARKERS = re.compile(r"( \[[a-z]+\])+$")
+
+
 def _shorten(text: str, width: int) -> str:
     """``text`` cut in the middle to ``width`` characters: its start (up to a third,
     ending at a ``.`` when there is one) and as much of its end as fits, so the leaf
@@ -439,9 +443,16 @@ def _shorten(text: str, width: int) -> str:
         'model.….self_attn.q_proj'
         >>> _shorten("VeryLongModuleClassName", 12)
         'Ver…lassName'
+        >>> _shorten("transformer.h.0.attn.c_attn [eval] [kernels]", 32)
+        'tran…ttn.c_attn [eval] [kernels]'
+
+    Markers at the end (`` [eval]``, `` [kernels]``) are kept whole.
     """
     if len(text) <= width:
         return text
+    marks = _MARKERS.search(text)
+    if marks is not None and marks.start() > 0 and width - len(marks.group()) >= 8:
+        return _shorten(text[:marks.start()], width - len(marks.group())) + marks.group()
     if width < 4:
         return text[len(text) - width:]
     room = (width - 1) // 3
