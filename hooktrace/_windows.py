@@ -158,6 +158,10 @@ class StepMarks(ScheduleWindows):
     def _before_step_mark(self) -> None:
         """What the recorder does first at each step mark (nothing by default)."""
 
+    def _after_step_mark(self, ended: int) -> None:
+        """What the recorder does last at each step mark, once the step's window (if it
+        was the last step of one) went to on_window (nothing by default)."""
+
     def _mark_step(self) -> int:
         self._before_step_mark()
         ended = self._step
@@ -165,6 +169,7 @@ class StepMarks(ScheduleWindows):
         self._step += 1
         if self._schedule is not None:
             self._step_ended(ended)
+        self._after_step_mark(ended)
         return ended
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:

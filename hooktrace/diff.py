@@ -33,7 +33,9 @@ model whose code changed inside one module) compares row for row.
   rank's numbers, and the median change per step over the ranks that ran the
   module in both runs. Ranks in one run only are listed, as are modules in
   one run only (with their ranks unless on every rank). The gate checks every
-  rank and names the rank of each failing module.
+  rank and names the rank of each failing module. When a rank has complete steps
+  in one run and none in the other, every rank compares whole runs, with a note
+  (as one process against one does).
 * One process on each side (a file, a window directory, a directory with one
   rank) is the plain comparison above. A single process against a rank
   directory of several ranks is refused (name one rank's file instead).
@@ -172,15 +174,38 @@ def _whole_run(part: _Part) -> _Part:
                    n_steps=0, step_ns=np.zeros(0, np.int64), root_ns=part.run_root_ns)
 
 
+def _steps_in_one(pa: Sequence[_Part], pb: Sequence[_Part], names: tuple[str, str]
+                  ) -> tuple[str, int] | None:
+    """When one run has complete steps and the other none: that run's name and steps."""
+    a_steps, b_steps = (sum(p.n_steps for p in ps) for ps in (pa, pb))
+    if bool(a_steps) == bool(b_steps):
+        return None
+    return (names[0], a_steps) if a_steps else (names[1], b_steps)
+
+
 def _unit_note(pa: Sequence[_Part], pb: Sequence[_Part], names: tuple[str, str]) -> list[str]:
     """Both runs per step, or both per run: when one run has steps and the other none,
     both are compared per run (``_whole_run`` on every part), and this note says so."""
-    a_steps, b_steps = (sum(p.n_steps for p in ps) for ps in (pa, pb))
-    if bool(a_steps) == bool(b_steps):
+    one = _steps_in_one(pa, pb, names)
+    if one is None:
         return []
-    stepped, n = (names[0], a_steps) if a_steps else (names[1], b_steps)
-    return [f"{stepped} has {n} complete steps and the other run none: both are compared "
+    return [f"{one[0]} has {one[1]} complete steps and the other run none: both are compared "
             "per run (whole runs); compare runs of the same length"]
+
+
+def _ranks_unit_note(pa: Mapping[int, Sequence[_Part]], pb: Mapping[int, Sequence[_Part]],
+                     names: tuple[str, str]) -> list[str]:
+    """:func:`_unit_note` of rank directories, rank by rank: when a rank in both runs
+    has steps in one and none in the other, every rank is compared per run (so that
+    the rows, over ranks, are all in one unit), and this note says so."""
+    odd = {r: one for r in sorted(set(pa) & set(pb))
+           if (one := _steps_in_one(pa[r], pb[r], names)) is not None}
+    if not odd:
+        return []
+    rank, (stepped, n) = next(iter(odd.items()))
+    more = f" (and {len(odd) - 1} more ranks)" if len(odd) > 1 else ""
+    return [f"{stepped} has {n} complete steps on rank {rank} and the other run none{more}: "
+            "every rank is compared per run (whole runs); compare runs of the same length"]
 
 
 def _part(trace: TraceData, keep_calls: bool = False) -> _Part:
@@ -334,10 +359,6 @@ def _parts(trace: TraceData | Sequence[TraceData]) -> list[_Part]:
     if not traces:
         raise ValueError("hooktrace.diff: a run of no trace")
     return [_part(t, keep_calls=len(traces) > 1) for t in traces]
-
-
-def _stats(trace: TraceData | Sequence[TraceData]) -> _RunStats:
-    return _pool(_parts(trace))
 
 
 def _change(a: float | None, b: float | None) -> tuple[float | None, float | None]:
@@ -621,8 +642,15 @@ def compare_ranks(a: Mapping[int, TraceData | Sequence[TraceData]],
                   names: tuple[str, str] = ("A", "B")) -> Diff:
     """Compare two multi-rank runs rank by rank (``{rank: trace or its windows}``);
     see the module docstring."""
-    return _compare_rank_stats({r: _stats(t) for r, t in a.items()},
-                               {r: _stats(t) for r, t in b.items()}, names)
+    pa, pb = {r: _parts(t) for r, t in a.items()}, {r: _parts(t) for r, t in b.items()}
+    notes = _ranks_unit_note(pa, pb, names)
+    if notes:
+        pa, pb = ({r: [_whole_run(p) for p in ps] for r, ps in parts.items()}
+                  for parts in (pa, pb))
+    d = _compare_rank_stats({r: _pool(ps) for r, ps in pa.items()},
+                            {r: _pool(ps) for r, ps in pb.items()}, names)
+    d.notes += notes
+    return d
 
 
 def _compare_rank_stats(sa: Mapping[int, _RunStats], sb: Mapping[int, _RunStats],
@@ -716,11 +744,15 @@ def compare_paths(a: str, b: str, *, workers: int | None = None) -> Diff:
     sa, sb = sides
 
     names = (a, b)
-    unit_notes: list[str] = []
-    if not (sa.ranked and sb.ranked):  # one run each: the same unit (steps or whole runs)
-        pa = [_result_part(results, f.path) for fs in sa.selected().values() for f in fs]
-        pb = [_result_part(results, f.path) for fs in sb.selected().values() for f in fs]
-        unit_notes = _unit_note(pa, pb, names)
+    # both sides in the same unit (steps or whole runs): one run each, or rank by rank
+    parts = [{rank: [_result_part(results, f.path) for f in fs]
+              for rank, fs in side.selected().items()} for side in (sa, sb)]
+    if sa.ranked and sb.ranked:
+        ranked = [{r: ps for r, ps in side.items() if r is not None} for side in parts]
+        unit_notes = _ranks_unit_note(ranked[0], ranked[1], names)
+    else:
+        unit_notes = _unit_note([p for ps in parts[0].values() for p in ps],
+                                [p for ps in parts[1].values() for p in ps], names)
 
     def pooled(side: Side) -> dict[int | None, _RunStats]:
         return {rank: _pool([_whole_run(_result_part(results, f.path)) if unit_notes

@@ -52,7 +52,9 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schedule", metavar="WAIT,WARMUP,ACTIVE[,REPEAT]", default=None,
                    help="record only some steps, as torch.profiler.schedule(wait, warmup, "
                         "active, repeat) would; each window is written as it ends to "
-                        "OUTPUT's folder as <stem>.<last step>.htrace")
+                        "OUTPUT's folder as <stem>.<last step>.htrace (with --profile, the "
+                        "profiler records the same windows: <stem>.<last step>.merged.json "
+                        "and .profiler.json beside it)")
     p.add_argument("--ring", action="store_true",
                    help="flight recorder: keep the newest --capacity events, not the oldest")
     p.add_argument("--dump-on", metavar="WHEN", default=None,
@@ -68,7 +70,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
                    help="also run torch.profiler (CPU ops; CUDA kernels when CUDA is "
                         "available) and write <output stem>.merged.json (module spans on the "
                         "profiler's timeline, as hooktrace merge) and <output stem>"
-                        ".profiler.json (for hooktrace summary --profiler)")
+                        ".profiler.json (for hooktrace summary --profiler); with --schedule, "
+                        "one of each per window")
     p.add_argument("--flops", action="store_true",
                    help="also count FLOPs per module call (as trace(model, flops=True)): "
                         "hooktrace summary --flops shows them")
@@ -140,10 +143,6 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
         if args.ring:
             raise OptionError("--schedule and --ring cannot be combined: windows are drained "
                            "as they end")
-        if getattr(args, "profile", False):
-            raise OptionError("--schedule and --profile cannot be combined here: in the "
-                              "script, hooktrace.profile(model, out, schedule=...) merges "
-                              "each window")
     return RunOptions(output=output, chrome=chrome, pftrace=pftrace, ring=args.ring,
                       schedule=schedule,
                       dump_on=dump_on, dump_dir=args.dump_dir, hang_timeout=args.hang_timeout,
@@ -157,19 +156,26 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
 
 def start(options: RunOptions) -> GlobalTrace:
     """A started global trace with these options."""
-    trace = GlobalTrace(capacity=options.capacity or DEFAULT_CAPACITY,
-                        policy="ring" if options.ring else "drop",
-                        backward=options.backward, steps=options.steps,
-                        dump_on=options.dump_on, dump_dir=options.dump_dir,
-                        hang_timeout=options.hang_timeout, memory=options.memory,
-                        flops=options.flops, **_windows(options))
+    windows = _Windows(options) if options.schedule is not None else None
+    # --profile with --schedule: the profiler steps with the trace's steps
+    cls = _ProfiledTrace if windows is not None and options.profile else GlobalTrace
+    trace = cls(capacity=options.capacity or DEFAULT_CAPACITY,
+                policy="ring" if options.ring else "drop",
+                backward=options.backward, steps=options.steps,
+                dump_on=options.dump_on, dump_dir=options.dump_dir,
+                hang_timeout=options.hang_timeout, memory=options.memory,
+                flops=options.flops,
+                **({} if windows is None else {"schedule": windows.schedule,
+                                               "on_window": windows.write}))
+    if windows is not None:
+        windows.trace = trace
     try:
         trace.__enter__()
     except RuntimeError as e:  # another global trace in this process
         raise OptionError(str(e).removeprefix("hooktrace: ")) from None
     _write_on_sigterm(trace, options)
     if options.profile:
-        _start_profiler()
+        _start_profiler(windows)
     return trace
 
 
@@ -177,14 +183,29 @@ def start(options: RunOptions) -> GlobalTrace:
 _profiler: Any = None
 
 
-def _start_profiler() -> None:
+class _ProfiledTrace(GlobalTrace):
+    """The global trace of --profile with --schedule: each of its steps steps the
+    profiler too, after the trace's (as hooktrace.profile's step() does), so the
+    profiler's windows are the trace's and each is merged with the trace's window."""
+
+    def _after_step_mark(self, ended: int) -> None:
+        if _profiler is not None:
+            with warnings.catch_warnings():  # each window has its own events: as asked
+                warnings.filterwarnings("ignore", "Warning: Profiler clears events",
+                                        UserWarning)
+                _profiler.step()
+
+
+def _start_profiler(windows: _Windows | None) -> None:
     global _profiler
     import torch
 
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    _profiler = torch.profiler.profile(activities=activities)
+    scheduled: dict[str, Any] = {} if windows is None else {
+        "schedule": windows.schedule, "on_trace_ready": windows.profiler_window}
+    _profiler = torch.profiler.profile(activities=activities, **scheduled)
     _profiler.__enter__()
 
 
@@ -254,31 +275,65 @@ def stop_writing_on_sigterm() -> None:
     _sigterm_handler = None
 
 
-def _windows(options: RunOptions) -> dict[str, Any]:
-    """schedule= and an on_window writing <output stem>.<last step>.htrace beside it."""
-    if options.schedule is None:
-        return {}
-    import torch
+class _Windows:
+    """--schedule: the trace's schedule= and its on_window (:meth:`write`), writing
+    <output stem>.<last step>.htrace beside the output. With --profile the profiler
+    follows the same schedule and its on_trace_ready (:meth:`profiler_window`) merges
+    each of its windows with the trace's, handed over just before (the pairing of
+    hooktrace.profile), into <stem>.<last step>.merged.json and .profiler.json."""
 
-    wait, warmup, active, repeat = options.schedule
-    output = options.output
+    def __init__(self, options: RunOptions) -> None:
+        import torch
 
-    def write(window: Any) -> None:
+        from hooktrace.profiling import MergedTraceHandler
+
+        assert options.schedule is not None
+        wait, warmup, active, repeat = options.schedule
+        with warnings.catch_warnings():  # torch's "won't be using warmup": the user asked for 0
+            warnings.simplefilter("ignore", UserWarning)
+            self.schedule = torch.profiler.schedule(wait=wait, warmup=warmup, active=active,
+                                                    repeat=repeat)
+        self.output = options.output
+        self.trace: GlobalTrace | None = None
+        self._window: Any = None  # the trace's window the profiler's next one merges with
+        self._merge = MergedTraceHandler(
+            self._run_for_window, options.output.parent, worker_name=options.output.stem,
+            keep_profiler_traces=True, merged_suffix=".merged.json",
+            number_by_window=True) if options.profile else None
+
+    def write(self, window: Any) -> None:
+        output = self.output
         path = output.with_name(f"{output.stem}.{window.info['window']['last_step']}"
                                 f"{output.suffix}")
         window.save(path)
         print(f"hooktrace: wrote window {path}", file=sys.stderr)
+        if self._merge is not None:
+            self._window = window
 
-    with warnings.catch_warnings():  # torch's "won't be using warmup": the user asked for 0
-        warnings.simplefilter("ignore", UserWarning)
-        schedule = torch.profiler.schedule(wait=wait, warmup=warmup, active=active,
-                                           repeat=repeat)
-    return {"schedule": schedule, "on_window": write}
+    def _run_for_window(self) -> Any:
+        """The window the trace just handed over, else the trace as far as recorded."""
+        window, self._window = self._window, None
+        return window if window is not None else self.trace
+
+    def profiler_window(self, prof: Any) -> None:
+        assert self._merge is not None
+        done = len(self._merge.outputs)
+        try:
+            self._merge(prof)
+        except Exception as e:  # a failing write must not stop the training loop
+            print(f"hooktrace: error: could not write the profiler's window: {e}",
+                  file=sys.stderr)
+            return
+        for merged in self._merge.outputs[done:]:
+            raw = merged.removesuffix(".merged.json") + ".profiler.json"
+            print(f"hooktrace: wrote window {merged} and {raw}", file=sys.stderr)
 
 
 def write_outputs(trace: GlobalTrace, options: RunOptions) -> None:
     """Writes the files asked for, and the summary to stderr; a line on stderr says what."""
     result = trace.result
+    if options.schedule is not None:
+        _stop_profiler()  # its window being recorded, if any, is merged and written now
     if not result.modules:
         _stop_profiler()
         print("hooktrace: no nn.Module was called; nothing written", file=sys.stderr)
@@ -295,7 +350,7 @@ def write_outputs(trace: GlobalTrace, options: RunOptions) -> None:
     if options.pftrace is not None:
         result.export_perfetto(options.pftrace)
         written.append(str(options.pftrace))
-    if options.profile:
+    if options.profile and options.schedule is None:
         written += _write_profile(result, options.output)
     if options.summary:
         print(result.summary(), file=sys.stderr)

@@ -48,6 +48,9 @@ def _snapshot(run: TraceData | Recorder | Callable[[], Any]) -> TraceData:
     return _as_run(run)  # type: ignore[arg-type]
 
 
+_MERGED_SUFFIXES = (".json", ".json.gz")
+
+
 class MergedTraceHandler:
     """``on_trace_ready`` handler that writes one merged trace per profiler window.
 
@@ -59,6 +62,13 @@ class MergedTraceHandler:
     counted in the file's ``"hooktrace"`` block; a window that cannot be merged
     warns (one line) and keeps the profiler's own trace next to where the merged
     file would be, rather than stopping the training loop.
+
+    ``keep_profiler_traces`` keeps ``<stem>.profiler.json`` (for ``hooktrace
+    summary RUN --profiler``); ``merged_suffix`` is the merged files' ending
+    (``.json`` or ``.json.gz``); ``number_by_window`` numbers each window's files
+    by the last step of the hooktrace window merged into it (as
+    :func:`~hooktrace.window_handler` and ``hooktrace run --schedule`` number
+    their ``.htrace``) rather than by the profiler's ``step_num``.
 
     Example::
 
@@ -73,7 +83,11 @@ class MergedTraceHandler:
     def __init__(
         self, run: TraceData | Recorder | Callable[[], TraceData | Recorder], out_dir: str | os.PathLike[str],
         *, worker_name: str | None = None, keep_profiler_traces: bool = False,
+        merged_suffix: str = ".merged.json.gz", number_by_window: bool = False,
     ) -> None:
+        if not merged_suffix.endswith(_MERGED_SUFFIXES):
+            raise OutputPathError(f"merged_suffix {merged_suffix!r}: a merged trace is written "
+                                  "as .json or .json.gz")
         self._run = run
         self.out_dir = Path(out_dir)
         if self.out_dir.exists() and not self.out_dir.is_dir():
@@ -81,18 +95,31 @@ class MergedTraceHandler:
                                   "traces go into a directory (one file per window)")
         self.worker_name = worker_name or f"{_hostname()}_{os.getpid()}"
         self.keep_profiler_traces = keep_profiler_traces
+        self.merged_suffix = merged_suffix
+        self.number_by_window = number_by_window
         self.outputs: list[str] = []
         self.results: list[MergeResult] = []
         self.failed: list[tuple[str, str]] = []  # (kept profiler trace, why)
 
     def __call__(self, prof: torch.profiler.profile) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        stem = f"{self.worker_name}.{getattr(prof, 'step_num', len(self.outputs))}"
+        run: TraceData | None = None
+        failure: HooktraceError | None = None
+        try:
+            run = _snapshot(self._run)
+        except HooktraceError as e:
+            failure = e
+        window = run.info.get("window") if run is not None and self.number_by_window else None
+        step = window["last_step"] if window else getattr(prof, "step_num", len(self.outputs))
+        stem = f"{self.worker_name}.{step}"
         raw = self.out_dir / f"{stem}.profiler.json"
-        out = self.out_dir / f"{stem}.merged.json.gz"
+        out = self.out_dir / f"{stem}{self.merged_suffix}"
         prof.export_chrome_trace(os.fspath(raw))
         try:
-            result = merge_traces(_snapshot(self._run), raw, out)
+            if failure is not None:
+                raise failure
+            assert run is not None
+            result = merge_traces(run, raw, out)
         except HooktraceError as e:
             self.failed.append((os.fspath(raw), str(e)))
             warnings.warn(f"hooktrace: window {stem} not merged ({e}); the profiler's trace is "
@@ -123,9 +150,6 @@ def merged_trace_handler(
     """
     return MergedTraceHandler(run, out_dir, worker_name=worker_name,
                               keep_profiler_traces=keep_profiler_traces)
-
-
-_MERGED_SUFFIXES = (".json", ".json.gz")
 
 
 def _merged_file(out: Path, is_dir_hint: bool) -> Path:

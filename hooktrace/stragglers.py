@@ -1,22 +1,28 @@
 """Straggler tables over many ranks (issue #11): which rank is slow, where, and who waits.
 
 Each rank is read by a worker (:func:`hooktrace.rankset.map_ranks`) that
-reduces it to small arrays: per (module, phase, step) the total time of its
-spans (forward or backward; a span counts in the step it starts in) and per
+reduces it to small arrays: per (module, mode, phase, step) the total time of
+its spans (forward or backward; a span counts in the step it starts in) and per
 step the time the rank spent outside every module span; the parent combines
 them, so memory is one rank's events per worker plus
-``ranks x (modules x 2 x steps)`` numbers, and time is linear in the events.
+``ranks x (modules x 2 x 2 x steps)`` numbers, and time is linear in the events.
 
-**Tables.** Per module x phase: the time per step (total over the complete
+**Train and eval.** As in the summary (:mod:`hooktrace.summary`), a module's
+eval calls (grad off or the module in eval mode: ``SPAN_EVAL``) are rows and
+entries of their own (``"mode": "eval"``, ``name [eval]`` in text), never pooled
+with its training calls: a validation pass on one rank is not a straggling
+training step.
+
+**Tables.** Per module x mode x phase: the time per step (total over the complete
 and incomplete steps of the run, divided by the steps) on every rank; the
 median over ranks; the slowest rank, its time and its excess over the median
 of the *other* ranks (absolute and as a ratio). The other ranks' median, not
 all ranks': with 2 ranks the median of all would be half the straggler itself.
 
-**Stragglers.** A (rank, module, phase, step) whose time exceeds the median of
+**Stragglers.** A (rank, module, mode, phase, step) whose time exceeds the median of
 the other ranks by more than ``threshold`` times that median and by more than
 ``min_excess_ns``. A slow module makes its ancestors slow too: an entry is left
-out when one of its descendants, on the same rank, phase and step, is a
+out when one of its descendants, on the same rank, mode, phase and step, is a
 straggler explaining at least ``EXPLAINED`` of its excess, so the module that
 was slow is named, not the root.
 
@@ -49,12 +55,14 @@ import numpy as np
 
 from hooktrace._kineto import ProfilerTraceError, open_binary, scan, us_to_ns
 from hooktrace.rankset import RankFile, RankSet, find_rank_files, map_ranks
-from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, load
+from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL, load
 from hooktrace.text import format_ns
 
-__all__ = ["EXPLAINED", "PHASES", "RankStats", "RanksSummary", "analyze", "rank_stats"]
+__all__ = ["EXPLAINED", "MODES", "PHASES", "RankStats", "RanksSummary", "analyze",
+           "rank_stats"]
 
 PHASES = ("fwd", "bwd")
+MODES = ("train", "eval")  # as the summary's rows' "mode"
 EXPLAINED = 0.8
 DEFAULT_THRESHOLD = 0.5  # a rank 1.5x the others' median ...
 DEFAULT_MIN_EXCESS_NS = 1_000_000  # ... and at least 1 ms over it
@@ -71,7 +79,8 @@ class RankStats:
     file: RankFile
     modules: list[str]
     types: list[str]
-    module: np.ndarray  # per (module, phase, step) entry: module slot (int64)
+    module: np.ndarray  # per (module, mode, phase, step) entry: module slot (int64)
+    mode: np.ndarray  # 0 training calls, 1 eval calls (SPAN_EVAL)
     phase: np.ndarray  # 0 forward, 1 backward
     step: np.ndarray  # step number
     total_ns: np.ndarray
@@ -145,11 +154,13 @@ def rank_stats(path: str, profiler: str | None = None) -> RankStats:
     row = run.span_steps()
     sel = ((spans.cat == CAT_FORWARD) | (spans.cat == CAT_BACKWARD)) & (row >= 0)
     phase = (spans.cat[sel] == CAT_BACKWARD).astype(np.int64)
+    mode = ((spans.flags[sel] & SPAN_EVAL) != 0).astype(np.int64)
     module = spans.module[sel].astype(np.int64)
     step = steps.number[row[sel]] if len(steps) else np.zeros(0, np.int64)
     n_mod = max(len(run.modules), int(module.max(initial=-1)) + 1)
     n_step = int(step.max(initial=-1)) + 1
-    key = (module * 2 + phase) * max(n_step, 1) + step
+    width = max(n_step, 1)
+    key = ((module * 2 + mode) * 2 + phase) * width + step
     uniq, inv = np.unique(key, return_inverse=True)
     dur = spans.duration_ns[sel]
     total = np.bincount(inv, weights=dur, minlength=len(uniq)).astype(np.int64)
@@ -164,8 +175,8 @@ def rank_stats(path: str, profiler: str | None = None) -> RankStats:
     types = [t for _, t in run.modules] + ["?"] * (n_mod - len(run.modules))
     stats = RankStats(
         file=f, modules=names, types=types,
-        module=uniq // max(n_step, 1) // 2, phase=uniq // max(n_step, 1) % 2,
-        step=uniq % max(n_step, 1), total_ns=total, calls=calls, last_end_ns=last_end,
+        module=uniq // width // 4, mode=uniq // width // 2 % 2, phase=uniq // width % 2,
+        step=uniq % width, total_ns=total, calls=calls, last_end_ns=last_end,
         step_number=steps.number.copy(), step_start_ns=steps.start_ns - off,
         step_end_ns=steps.end_ns - off, outside_ns=steps.duration_ns - covered)
     if profiler is not None:
@@ -204,8 +215,8 @@ class RanksSummary:
     """The tables of :func:`analyze`; ``to_text()``, ``to_json()``."""
 
     ranks: list[dict[str, Any]]
-    rows: list[dict[str, Any]]  # per module x phase, time per step
-    per_step: list[dict[str, Any]]  # per module x phase x step
+    rows: list[dict[str, Any]]  # per module x mode x phase, time per step
+    per_step: list[dict[str, Any]]  # per module x mode x phase x step
     stragglers: list[dict[str, Any]]
     problems: list[str]
     settings: dict[str, Any]
@@ -239,7 +250,7 @@ class RanksSummary:
         header = ["module", "phase", "median", "slowest rank", "its time", "excess", "x"]
         table = [header]
         for r in self.rows[:top]:
-            table.append([r["module"] or "<root>", r["phase"], format_ns(r["median_ns"]),
+            table.append([_module_cell(r), r["phase"], format_ns(r["median_ns"]),
                           str(r["slowest_rank"]), format_ns(r["slowest_ns"]),
                           _signed(r["excess_ns"]), _ratio(r["ratio"])])
         lines += _align(table)
@@ -257,17 +268,25 @@ class RanksSummary:
             for s in self.stragglers[:top]:
                 waited = ("" if s["others_wait_ns"] is None else
                           f"{format_ns(s['others_wait_ns'])} / {format_ns(s['others_wait_max_ns'])}")
-                table.append([str(s["rank"]), s["module"] or "<root>", s["phase"], str(s["step"]),
+                table.append([str(s["rank"]), _module_cell(s), s["phase"], str(s["step"]),
                               format_ns(s["time_ns"]), format_ns(s["others_median_ns"]),
                               _signed(s["excess_ns"]), _ratio(s["ratio"]), waited,
                               s["wait_source"]])
             lines += _align(table)
             if top is not None and len(self.stragglers) > top:
                 lines.append(f"... {len(self.stragglers) - top} more")
+        if any(r["mode"] == "eval" for r in self.rows):
+            lines.append("")
+            lines.append("[eval]: the calls made with grad off (no_grad, inference_mode) or the "
+                         "module in eval mode, apart from the training calls")
         return "\n".join(lines)
 
     def __str__(self) -> str:
         return self.to_text()
+
+
+def _module_cell(row: dict[str, Any]) -> str:
+    return (row["module"] or "<root>") + (" [eval]" if row["mode"] == "eval" else "")
 
 
 def _signed(ns: float | None) -> str:
@@ -331,12 +350,12 @@ def _combine(stats: list[RankStats], problems: list[str], threshold: float,
     n_rank = len(stats)
     names: dict[str, int] = {}  # qualified module name -> column, across ranks
     type_of: dict[str, str] = {}
-    gmods = []
+    gmods = []  # per rank, per entry: its column's module x mode, (module * 2 + mode)
     for s in stats:
         for n, t in zip(s.modules, s.types):
             type_of.setdefault(n, t)
         g = np.array([names.setdefault(n, len(names)) for n in s.modules], np.int64)
-        gmods.append(g[s.module] if len(s.module) else np.zeros(0, np.int64))
+        gmods.append(g[s.module] * 2 + s.mode if len(s.module) else np.zeros(0, np.int64))
     types = [type_of[n] for n in names]
     all_steps = np.unique(np.concatenate([s.step for s in stats] + [np.zeros(0, np.int64)]))
     n_step = max(int(all_steps.max(initial=-1)) + 1, 1)
@@ -348,12 +367,13 @@ def _combine(stats: list[RankStats], problems: list[str], threshold: float,
         col = np.searchsorted(uniq, k)
         v[i, col] = s.total_ns
         last_end[i, col] = s.last_end_ns
-    k_mod, k_phase, k_step = uniq // n_step // 2, uniq // n_step % 2, uniq % n_step
+    k_group, k_phase, k_step = uniq // n_step // 2, uniq // n_step % 2, uniq % n_step
+    k_mod, k_mode = k_group // 2, k_group % 2
     names_list = list(names)
     rank_ids = [s.file.rank if s.file.rank is not None else i for i, s in enumerate(stats)]
 
-    # per module x phase: time per step (NaN where a rank never ran it)
-    mp, mp_inv = np.unique(k_mod * 2 + k_phase, return_inverse=True)
+    # per module x mode x phase: time per step (NaN where a rank never ran it)
+    mp, mp_inv = np.unique(k_group * 2 + k_phase, return_inverse=True)
     steps_of = np.array([max(len(s.step_number), 1) for s in stats], np.float64)
     agg = np.zeros((n_rank, len(mp)))
     seen = np.zeros((n_rank, len(mp)), bool)
@@ -363,7 +383,7 @@ def _combine(stats: list[RankStats], problems: list[str], threshold: float,
         agg[:, j] = np.nansum(block, axis=1) / steps_of
     agg[~seen] = np.nan
     rows = _rows(agg, mp // 2, mp % 2, names_list, types, rank_ids)
-    per_step = _rows(v, k_mod, k_phase, names_list, types, rank_ids, steps=k_step)
+    per_step = _rows(v, k_group, k_phase, names_list, types, rank_ids, steps=k_step)
 
     # stragglers
     others = _median_of_others(v)
@@ -374,7 +394,8 @@ def _combine(stats: list[RankStats], problems: list[str], threshold: float,
     for i, c in zip(*np.nonzero(flagged)):
         entries.append({"rank": rank_ids[i], "_i": int(i), "_c": int(c),
                         "module": names_list[int(k_mod[c])], "type": types[int(k_mod[c])],
-                        "phase": PHASES[int(k_phase[c])], "step": int(k_step[c]),
+                        "mode": MODES[int(k_mode[c])], "phase": PHASES[int(k_phase[c])],
+                        "step": int(k_step[c]),
                         "time_ns": int(v[i, c]), "others_median_ns": float(others[i, c]),
                         "excess_ns": float(excess[i, c]),
                         "ratio": _num(v[i, c] / others[i, c]) if others[i, c] > 0 else None})
@@ -392,9 +413,10 @@ def _combine(stats: list[RankStats], problems: list[str], threshold: float,
     return RanksSummary(ranks, rows, per_step, entries, problems, settings)
 
 
-def _rows(v: np.ndarray, mod: np.ndarray, phase: np.ndarray, names: list[str],
+def _rows(v: np.ndarray, group: np.ndarray, phase: np.ndarray, names: list[str],
           types: list[str], rank_ids: list[int], steps: np.ndarray | None = None,
           ) -> list[dict[str, Any]]:
+    """Rows of the columns of ``v``; ``group``: each column's module * 2 + mode."""
     out: list[dict[str, Any]] = []
     if not v.size:
         return out
@@ -407,8 +429,9 @@ def _rows(v: np.ndarray, mod: np.ndarray, phase: np.ndarray, names: list[str],
     slow_v = v[slow, cols]
     slow_others = others[slow, cols]
     for c in range(v.shape[1]):
-        row: dict[str, Any] = {"module": names[int(mod[c])], "type": types[int(mod[c])],
-                               "phase": PHASES[int(phase[c])]}
+        m = int(group[c]) // 2
+        row: dict[str, Any] = {"module": names[m], "type": types[m],
+                               "mode": MODES[int(group[c]) % 2], "phase": PHASES[int(phase[c])]}
         if steps is not None:
             row["step"] = int(steps[c])
         row.update(ranks=int(np.count_nonzero(~np.isnan(v[:, c]))), median_ns=_num(median[c]),
@@ -425,7 +448,7 @@ def _explained_left_out(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Drop entries whose excess a straggling descendant explains (see the module doc)."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for e in entries:
-        groups.setdefault((e["_i"], e["phase"], e["step"]), []).append(e)
+        groups.setdefault((e["_i"], e["mode"], e["phase"], e["step"]), []).append(e)
     kept = []
     for group in groups.values():
         for e in group:

@@ -606,6 +606,34 @@ def test_profile_option_writes_the_merged_trace_and_the_profilers_own(tmp_path: 
     # the per-module op table from the run's own output
     s = python("-m", "hooktrace", "summary", htrace, "--profiler", raw, cwd=tmp_path)
     assert s.returncode == 0 and "aten::linear" in s.stdout, s.stderr
-    bad = python("-m", "hooktrace", "run", "--profile", "--schedule", "1,0,1", script,
-                 cwd=tmp_path)
-    assert bad.returncode == 1 and "--schedule and --profile cannot be combined" in bad.stderr
+
+
+def test_profile_option_with_a_schedule_records_and_merges_each_window(tmp_path: Path) -> None:
+    import json
+
+    # GIVEN 6 training steps, a schedule recording steps 1 and 3 (wait 1, active 1, twice)
+    script = write_training(tmp_path / "train.py", steps=6, width=8)
+    plain = python(script, cwd=tmp_path)
+    r = python("-m", "hooktrace", "run", "--profile", "--schedule", "1,0,1,2",
+               "-o", "out/train.htrace", script, cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout == plain.stdout, r.stderr
+    assert "Profiler clears events" not in r.stderr  # one window per cycle is what we ask
+    # THEN each window has its .htrace, its merged trace and the profiler's own, side by side
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == [
+        f"train.{step}.{kind}" for step in (1, 3)
+        for kind in ("htrace", "merged.json", "profiler.json")]
+    for step in (1, 3):
+        assert f"wrote window out/train.{step}.merged.json" in r.stderr
+        doc = json.loads((out / f"train.{step}.merged.json").read_text())
+        events = doc["traceEvents"] if isinstance(doc, dict) else doc
+        cats = {e.get("cat") for e in events}
+        assert {"hooktrace.forward", "hooktrace.backward", "cpu_op"} <= cats
+        # the window's one step: one call of each module, on the profiler's timeline
+        linear = [e for e in events if e.get("cat") == "hooktrace.forward" and e["name"] == "0"]
+        assert len(linear) == 1 and doc["hooktrace"]["outside_window"] == 0
+        assert len([e for e in events if e.get("name") == "aten::linear"]) == 1
+        # the per-module op table of the window, from the run's own output
+        s = python("-m", "hooktrace", "summary", out / f"train.{step}.htrace", "--profiler",
+                   out / f"train.{step}.profiler.json", cwd=tmp_path)
+        assert s.returncode == 0 and "aten::linear" in s.stdout, s.stderr

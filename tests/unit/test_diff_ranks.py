@@ -15,7 +15,7 @@ import pytest
 
 from hooktrace._events import ENTER, EVENT_DTYPE, EXIT, STEP, Clock
 from hooktrace.cli import main
-from hooktrace.diff import Diff, DiffInputError, compare, compare_paths
+from hooktrace.diff import Diff, DiffInputError, compare, compare_paths, compare_ranks
 from hooktrace.distributed import default_output_name
 from hooktrace.reading import TraceData, load
 
@@ -27,18 +27,20 @@ MODULES = [("", "Net"), ("a", "Linear"), ("b", "Linear")]
 
 def trace(*, b_ns: int | list[int] = 30_000, steps: int = 4, first_step: int = 0,
           rank: int | None = None, world: int | None = None, pid: int = 1000,
-          window: bool = False, start: int = T0, modules: list[tuple[str, str]] = MODULES
-          ) -> TraceData:
+          window: bool = False, start: int = T0, modules: list[tuple[str, str]] = MODULES,
+          marks: bool = True) -> TraceData:
     """Per step: root{a (20 µs), b (``b_ns``, or ``b_ns[k]`` at step k)}, then a mark
-    numbered as the recorder numbers it; rank and window metadata as the recorder
-    writes them."""
+    numbered as the recorder numbers it (none with ``marks=False``: a run without
+    steps); rank and window metadata as the recorder writes them."""
     rows: list[tuple[int, int, int, int]] = []  # kind, id, t, seq
     t = first_step * STEP_NS  # ticks: ns after start
     for k in range(steps):
         b = b_ns[k] if isinstance(b_ns, list) else b_ns
         rows += [(ENTER, 0, t + 1000, 0), (ENTER, 1, t + 2000, 0), (EXIT, 1, t + 22_000, 0),
                  (ENTER, 2, t + 23_000, 0), (EXIT, 2, t + 23_000 + b, 0),
-                 (EXIT, 0, t + 24_000 + b, 0), (STEP, 0, t + 25_000 + b, first_step + k)]
+                 (EXIT, 0, t + 24_000 + b, 0)]
+        if marks:
+            rows.append((STEP, 0, t + 25_000 + b, first_step + k))
         t += 25_000 + b
     ev = np.zeros(len(rows), EVENT_DTYPE)
     for i, (kind, id_, t, seq) in enumerate(rows):
@@ -56,13 +58,14 @@ def trace(*, b_ns: int | list[int] = 30_000, steps: int = 4, first_step: int = 0
 
 
 def rank_dir(root: Path, world: int = 4, *, slow: dict[int, int] | None = None,
-             ranks: list[int] | None = None, pid0: int = 1000) -> Path:
+             ranks: list[int] | None = None, pid0: int = 1000, marks: bool = True) -> Path:
     """One run's rank files as default_output_name("DIR/") names them; ``slow`` =
-    {rank: b's time in ns} (default 30 µs)."""
+    {rank: b's time in ns} (default 30 µs); ``marks=False``: without steps."""
     for r in ranks if ranks is not None else range(world):
         path = Path(default_output_name(f"{root}/", r))
         path.parent.mkdir(parents=True, exist_ok=True)
-        trace(b_ns=(slow or {}).get(r, 30_000), rank=r, world=world, pid=pid0 + r).save(path)
+        trace(b_ns=(slow or {}).get(r, 30_000), rank=r, world=world, pid=pid0 + r,
+              marks=marks).save(path)
     return root
 
 
@@ -157,6 +160,27 @@ def test_ranks_and_modules_in_one_run_only_are_listed(tmp_path: Path) -> None:
     doc = json.loads(d.to_json())
     assert doc["only_a"] == [{"module": "b", "phase": "forward", "ranks": [1]}]
     assert doc["ranks_only_a"] == [3]
+
+
+def test_rank_dirs_with_steps_and_without_compare_whole_runs_with_a_note(
+        tmp_path: Path) -> None:
+    # GIVEN the same 4 steps of work on each rank, recorded with step marks (A) and
+    # without (B)
+    a = rank_dir(tmp_path / "a")
+    b = rank_dir(tmp_path / "b", pid0=2000, marks=False)
+    # THEN every rank compares whole runs (not A per step against B per run: b +300%),
+    # no change anywhere, and a note says so; from files and from Python alike
+    runs = {side: {r: load(p) for r, p in enumerate(sorted((tmp_path / side).rglob("*.htrace")))}
+            for side in ("a", "b")}
+    for d in (compare_paths(str(a), str(b), workers=1),
+              compare_ranks(runs["a"], runs["b"], names=(str(a), str(b)))):
+        assert d.ranks == [0, 1, 2, 3] and not d.per_step and d.step is None
+        assert row(d, "b")["calls_a"] == row(d, "b")["calls_b"] == 4
+        assert all(r["per_step_change_ns"] == 0 for r in d.rows), d.rows
+        assert d.failures(50.0, min_share=0.0) == []
+        assert [n for n in d.notes if "compared per run" in n] == [
+            f"{a} has 4 complete steps on rank 0 and the other run none (and 3 more ranks): "
+            "every rank is compared per run (whole runs); compare runs of the same length"]
 
 
 def test_a_one_rank_dir_compares_with_a_file(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hooktrace._events import ENTER, EVENT_DTYPE, EXIT, STEP, Clock
+from hooktrace._events import ENTER, EVENT_DTYPE, EXIT, FLAG_NO_GRAD, STEP, Clock
 from hooktrace.cli import main
 from hooktrace.distributed import (
     ClockOffset,
@@ -35,21 +35,27 @@ A_NS, B_NS = 20_000, 30_000
 
 def rank_trace(rank: int, world: int = 4, *, steps: int = 3, slow: dict[int, int] | None = None,
                wait: dict[int, int] | None = None, offset_ns: int = 0, pid: int | None = None,
-               host: str = "h") -> TraceData:
+               host: str = "h", eval_a: dict[int, int] | None = None) -> TraceData:
     """Rank ``rank``: per step the root calls a then b; ``slow`` = {step: extra ns of a},
-    ``wait`` = {step: ns waited after the root's call, as in a collective}. Its clock
-    reads ``offset_ns`` ahead of rank 0's (and its metadata says so)."""
-    rows: list[tuple[int, int, int, int]] = []  # (kind, id, t, seq)
+    ``wait`` = {step: ns waited after the root's call, as in a collective}, ``eval_a`` =
+    {step: ns of an eval call of a (grad off) after the root's call}. Its clock reads
+    ``offset_ns`` ahead of rank 0's (and its metadata says so)."""
+    rows: list[tuple[int, int, int, int, int]] = []  # (kind, id, t, seq, flags)
     for k in range(steps):
         t = k * STEP_NS + offset_ns
         extra = (slow or {}).get(k, 0)
-        rows += [(ENTER, 0, t + 1000, 0), (ENTER, 1, t + 2000, 0),
-                 (EXIT, 1, t + 2000 + A_NS + extra, 0), (ENTER, 2, t + 30_000 + extra, 0),
-                 (EXIT, 2, t + 30_000 + extra + B_NS, 0), (EXIT, 0, t + 70_000 + extra, 0),
-                 (STEP, 0, t + 90_000 + extra + (wait or {}).get(k, 0), k)]
+        rows += [(ENTER, 0, t + 1000, 0, 0), (ENTER, 1, t + 2000, 0, 0),
+                 (EXIT, 1, t + 2000 + A_NS + extra, 0, 0), (ENTER, 2, t + 30_000 + extra, 0, 0),
+                 (EXIT, 2, t + 30_000 + extra + B_NS, 0, 0), (EXIT, 0, t + 70_000 + extra, 0, 0)]
+        if k in (eval_a or {}):
+            rows += [(ENTER, 1, t + 75_000 + extra, 0, FLAG_NO_GRAD),
+                     (EXIT, 1, t + 75_000 + extra + (eval_a or {})[k], 0, 0)]
+            extra += (eval_a or {})[k]
+        rows.append((STEP, 0, t + 90_000 + extra + (wait or {}).get(k, 0), k, 0))
     ev = np.zeros(len(rows), EVENT_DTYPE)
-    for i, (kind, id_, t, seq) in enumerate(rows):
+    for i, (kind, id_, t, seq, flags) in enumerate(rows):
         ev[i]["kind"], ev[i]["id"], ev[i]["t"], ev[i]["seq"], ev[i]["tid"] = kind, id_, t, seq, 7
+        ev[i]["flags"] = flags
     info = {"pid": pid if pid is not None else 1000 + rank, "hostname": host,
             "dropped_events": 0, "overwritten_events": 0, "rank": rank, "world_size": world,
             "backend": "gloo", "start_unix_ns": T0 + offset_ns,
@@ -102,6 +108,39 @@ def test_straggler_is_named_with_module_phase_and_step_not_its_ancestors(rank_di
     assert per[0]["slowest_rank"] == 2 and per[0]["excess_ns"] == 50_000
     text = report.to_text()
     assert "stragglers" in text and "+50.0 µs" in text
+
+
+def test_eval_calls_are_rows_and_stragglers_of_their_own(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # GIVEN rank 2's a slow in training at step 1, and an eval call of a (a validation
+    # pass, grad off) on rank 2 at step 1 and on rank 0 at step 2, each 40 µs
+    eval_a = {2: {1: 40_000}, 0: {2: 40_000}}
+    for r in range(4):
+        t = rank_trace(r, slow={1: 50_000} if r == 2 else None, eval_a=eval_a.get(r))
+        path = Path(default_output_name(f"{tmp_path}/", r))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        t.save(path)
+    report = analyze([tmp_path], min_excess_ns=10_000)
+    # THEN the training straggler keeps its own figure (pooled: 110 µs, and rank 0 a
+    # straggler at step 2); eval calls, on one rank each, are no straggler
+    assert [(s["rank"], s["module"], s["mode"], s["phase"], s["step"], s["time_ns"],
+             s["others_median_ns"]) for s in report.stragglers] == [
+        (2, "a", "train", "fwd", 1, A_NS + 50_000, A_NS)]
+    train = next(r for r in report.rows if (r["module"], r["mode"], r["phase"]) == (
+        "a", "train", "fwd"))
+    assert train["ranks"] == 4 and train["median_ns"] == A_NS
+    assert train["slowest_rank"] == 2 and train["slowest_ns"] == pytest.approx(A_NS + 50_000 / 3)
+    evals = next(r for r in report.rows if (r["module"], r["mode"]) == ("a", "eval"))
+    assert evals["ranks"] == 2 and evals["phase"] == "fwd"
+    assert {(r["module"], r["mode"], r["step"]) for r in report.per_step
+            if r["mode"] == "eval"} == {("a", "eval", 1), ("a", "eval", 2)}
+    assert all(r["mode"] == "train" for r in report.rows if r["module"] != "a")
+    text = report.to_text()
+    assert "a [eval]" in text and "[eval]: the calls made with grad off" in text
+    assert main(["summary", str(tmp_path), "--json", "--min-excess-ms", "0.01"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [(s["module"], s["mode"]) for s in doc["stragglers"]] == [("a", "train")]
+    assert {r["mode"] for r in doc["rows"]} == {"train", "eval"}
 
 
 def test_straggler_threshold_and_json_cli(rank_dir: Path, capsys: pytest.CaptureFixture[str]
