@@ -14,6 +14,9 @@
 #include "kernel_marks.h"
 #include "lanes.h"
 #include "module_call.h"
+#include "numerics.h"
+#include "shapes.h"
+#include "tensor_walk.h"
 #include "perfetto_writer.h"
 #include "session.h"
 #include "spans.h"
@@ -54,6 +57,7 @@ uint64_t copy_events_into(Session& s, const py::buffer& out) {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "hooktrace native core (private; use the hooktrace package)";
   m.attr("EVENT_SIZE") = sizeof(hooktrace::Event);
+  hooktrace::init_tensor_walk();
 
   // --- reader side (spans.h, lanes.h, chrome_writer.h, perfetto_writer.h) ---
   m.def("build_spans", &hooktrace::build_spans, "Pair ENTER/EXIT events into spans.",
@@ -108,7 +112,16 @@ PYBIND11_MODULE(_C, m) {
       .def("set_memory", &Session::set_memory, py::arg("cpu"), py::arg("cuda_device") = -1)
       .def_property_readonly("memory_cpu", &Session::memory_cpu)
       .def_property_readonly("memory_cuda_device", &Session::memory_cuda_device)
-      .def_property_readonly("emits", &Session::emits);
+      .def_property_readonly("emits", &Session::emits)
+      .def("set_shapes", &Session::set_shapes, py::arg("on"))
+      .def_property_readonly("shapes", &Session::shapes)
+      .def("set_numerics", &Session::set_numerics, py::arg("on"))
+      .def_property_readonly("numerics", &Session::numerics)
+      .def("set_nonfinite_callback",
+           [](Session& s, py::object callback) {
+             hooktrace::set_nonfinite_callback(&s, callback.ptr());
+           },
+           py::arg("callback"));
   // --- streaming (stream_writer.h): waits release the GIL, the writer never takes it ---
   py::class_<StreamWriter>(m, "StreamWriter")
       .def(py::init<std::shared_ptr<Session>, int, uint32_t>(), py::arg("session"), py::arg("fd"),
@@ -135,6 +148,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("remove_kernel_session", &hooktrace::remove_kernel_session, py::arg("session"));
   m.def("set_compiling", &hooktrace::set_compiling, py::arg("compiling"));
   m.def("node_names", &hooktrace::node_names);
+  m.def("shape_signatures", &hooktrace::shape_signatures, py::arg("first") = 0,
+        "The process's shape signatures from index `first` (shapes.h).");
   m.def("now_ticks", &hooktrace::now_ticks);
   m.def("cpu_memory_installed", &hooktrace::cpu_memory_installed,
         "Whether hooktrace's counting CPU allocator is installed (memory=True).");

@@ -82,7 +82,8 @@ uint64_t write_chrome_events(py::object write, py::array_t<int64_t> start_ns,
                              py::array_t<int64_t> nodes, py::array_t<int64_t> flops,
                              py::array_t<double> tflops, py::sequence names_json,
                              py::sequence args_json, py::sequence cat_names, int64_t base_ns,
-                             uint32_t pid, size_t chunk_bytes) {
+                             uint32_t pid, size_t chunk_bytes, py::array_t<int64_t> extra,
+                             py::sequence extra_json) {
   const size_t n = static_cast<size_t>(start_ns.shape(0));
   const int64_t* start = checked(start_ns, n, "start_ns");
   const int64_t* end = checked(end_ns, n, "end_ns");
@@ -98,6 +99,14 @@ uint64_t write_chrome_events(py::object write, py::array_t<int64_t> start_ns,
   const double* tf = tflops.size() == 0 ? nullptr : checked(tflops, n, "tflops");
   const std::vector<std::string> names = to_strings(names_json);
   const std::vector<std::string> args = to_strings(args_json);
+  const int64_t* ex = extra.size() == 0 ? nullptr : checked(extra, n, "extra");
+  const std::vector<std::string> extras = to_strings(extra_json);
+  if (ex != nullptr) {
+    for (size_t i = 0; i < n; ++i) {
+      if (ex[i] >= static_cast<int64_t>(extras.size()))
+        throw std::invalid_argument("write_chrome_events: extra index out of range");
+    }
+  }
   const std::vector<std::string> cats = to_strings(cat_names);
   if (names.size() != args.size()) {
     throw std::invalid_argument("write_chrome_events: names_json and args_json differ in length");
@@ -149,6 +158,7 @@ uint64_t write_chrome_events(py::object write, py::array_t<int64_t> start_ns,
     }
     if (fl[i] & kSpanFlopsCounted) buf.lit(",\"flops_counted\":true");
     if (fl[i] & kSpanClipped) buf.lit(",\"clipped\":true");
+    if (ex != nullptr && ex[i] >= 0) buf.add(extras[static_cast<size_t>(ex[i])]);
     buf.lit("}}");
     if (buf.size() >= chunk_bytes) buf.flush(write);
   }

@@ -30,7 +30,9 @@ namespace hooktrace {
 // `tflops`: empty, or per span, written as args "tflops" (shortest round-trip
 // decimal) when finite (hooktrace/flops.py computes both).
 // flags: kSpanError, kSpanUnfinished, kSpanFlopsCounted, kSpanClipped add "error",
-// "unfinished", "flops_counted", "clipped": true.
+// "unfinished", "flops_counted", "clipped": true. `extra`: empty, or per span an
+// index into extra_json (-1: none), whose fragment (`,"key":value...`) is appended
+// to the args as is (shapes and numerics: hooktrace/exporters/_extra_args.py).
 // Returns the number of events written.
 uint64_t write_chrome_events(pybind11::object write, pybind11::array_t<int64_t> start_ns,
                              pybind11::array_t<int64_t> end_ns,
@@ -40,7 +42,8 @@ uint64_t write_chrome_events(pybind11::object write, pybind11::array_t<int64_t> 
                              pybind11::array_t<int64_t> flops, pybind11::array_t<double> tflops,
                              pybind11::sequence names_json, pybind11::sequence args_json,
                              pybind11::sequence cat_names, int64_t base_ns, uint32_t pid,
-                             size_t chunk_bytes);
+                             size_t chunk_bytes, pybind11::array_t<int64_t> extra,
+                             pybind11::sequence extra_json);
 
 // Autograd node executions, one "X" event each, all of category `cat` (plain,
 // JSON-safe):

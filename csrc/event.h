@@ -50,6 +50,16 @@ enum EventKind : uint8_t {
   // table), seq = 0.
   kKernelBegin = 8,
   kKernelEnd = 9,
+  // Shape signatures of a forward call (shapes.h): after its EXIT, same thread.
+  // id = module slot; seq = input signature | output signature << 32 (indexes
+  // into the trace's shape_signatures table).
+  kShapes = 10,
+  // (11: reserved)
+  // Numeric health of a call (numerics.h): after a forward call's EXIT (same
+  // thread), or when its inputs' gradients are complete (flag kNumBackward). id =
+  // module slot; seq = abs-max | rms << 32 (float32 bits); rf_tid = non-finite
+  // values; flags = numerics.h's NumericsFlags.
+  kNumerics = 12,
 };
 
 enum EventFlags : uint8_t {

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "event.h"
+#include "numerics.h"
+#include "shapes.h"
 #include "profiler_emit.h"
 #include "session.h"
 
@@ -226,6 +228,36 @@ inline PyObject* call_module(ModuleCall* g, PyObject* const* args, size_t nargsf
   return PyObject_Vectorcall(g->wrapped, args, nargsf, kwnames);
 }
 
+// module_call with shapes and/or numerics on in one of the sessions (x: extras;
+// a null session records nothing). Out of line: the common path stays as it was.
+C10_NOINLINE PyObject* call_with_extras(ModuleCall* g, PyObject* const* args, size_t nargsf,
+                           PyObject* kwnames, uint8_t model_x, uint8_t global_x,
+                           Session* model, uint32_t model_slot, bool model_on,
+                           Session* global, uint32_t global_slot, bool global_on) {
+  const bool shapes = (model_x | global_x) & Session::kExtraShapes;
+  const uint32_t in_sig = shapes ? input_signature(args, nargsf, kwnames) : kShapeUnknown;
+  Session* model_num = model_x & Session::kExtraNumerics ? model : nullptr;
+  Session* global_num = global_x & Session::kExtraNumerics ? global : nullptr;
+  if (model_num || global_num)
+    numerics_enter(args, nargsf, kwnames, model_num, model_slot, global_num, global_slot);
+  PyObject* result = call_module(g, args, nargsf, kwnames);
+  const uint8_t flags = result ? 0 : kFlagError;
+  if (global) span_exit(global, global_slot, flags, global_on);
+  if (model) span_exit(model, model_slot, flags, model_on);
+  if (result) {
+    if (shapes) {
+      const uint32_t out_sig = output_signature(result);
+      if (model_x & Session::kExtraShapes)
+        model->record_shapes(model_slot, in_sig, out_sig);
+      if (global_x & Session::kExtraShapes)
+        global->record_shapes(global_slot, in_sig, out_sig);
+    }
+    if (model_num || global_num)
+      numerics_exit(result, model_num, model_slot, global_num, global_slot);
+  }
+  return result;
+}
+
 PyObject* module_call(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   auto* g = reinterpret_cast<ModuleCall*>(self);
   if (C10_UNLIKELY(PyVectorcall_NARGS(nargsf) < 1))
@@ -260,10 +292,21 @@ PyObject* module_call(PyObject* self, PyObject* const* args, size_t nargsf, PyOb
   const uint8_t flags_in = enter_flags(module);
   const bool model_on = model && span_enter(model, model_slot, flags_in);
   const bool global_on = global_owner && span_enter(global, global_slot, flags_in);
-  PyObject* result = call_module(g, args, nargsf, kwnames);
-  const uint8_t flags = result ? 0 : kFlagError;
-  if (global_owner) span_exit(global, global_slot, flags, global_on);
-  if (model) span_exit(model, model_slot, flags, model_on);
+  // shapes / numerics (shapes.h, numerics.h): one load per session when off
+  const uint8_t model_x = model ? model->extras() : 0;
+  const uint8_t global_x = global_owner ? global->extras() : 0;
+  if (C10_LIKELY(!(model_x | global_x))) {
+    PyObject* result = call_module(g, args, nargsf, kwnames);
+    const uint8_t flags = result ? 0 : kFlagError;
+    if (global_owner) span_exit(global, global_slot, flags, global_on);
+    if (model) span_exit(model, model_slot, flags, model_on);
+    Py_XDECREF(global_owner);
+    Py_XDECREF(model_owner);
+    return result;
+  }
+  PyObject* result =
+      call_with_extras(g, args, nargsf, kwnames, model_x, global_x, model, model_slot, model_on,
+                       global_owner ? global : nullptr, global_slot, global_on);
   Py_XDECREF(global_owner);
   Py_XDECREF(model_owner);
   return result;

@@ -198,7 +198,8 @@ py::dict write_perfetto_slices(py::object write, py::array_t<int64_t> start_ns,
                                py::array_t<int64_t> int_b, py::array_t<int64_t> flops,
                                py::array_t<double> tflops, py::array_t<uint64_t> track_uuid,
                                py::sequence names, py::sequence strings, py::sequence cat_names,
-                               uint32_t first_sequence_id, size_t chunk_bytes) {
+                               uint32_t first_sequence_id, size_t chunk_bytes,
+                               py::array_t<int64_t> extra, py::sequence extra_annotations) {
   const size_t n = static_cast<size_t>(start_ns.shape(0));
   const int64_t* start = checked(start_ns, n, "start_ns");
   const int64_t* end = checked(end_ns, n, "end_ns");
@@ -217,6 +218,8 @@ py::dict write_perfetto_slices(py::object write, py::array_t<int64_t> start_ns,
   const std::vector<std::string> name_table = to_strings(names);
   const std::vector<std::string> string_table = to_strings(strings);
   const std::vector<std::string> cats = to_strings(cat_names);
+  const int64_t* ex = extra.size() == 0 ? nullptr : checked(extra, n, "extra");
+  const std::vector<std::string> extras = to_strings(extra_annotations);
   // Checked up front so the encoding loop cannot index out of range.
   bool has_kernels = false;
   for (size_t i = 0; i < n; ++i) {
@@ -225,6 +228,7 @@ py::dict write_perfetto_slices(py::object write, py::array_t<int64_t> start_ns,
     check_index(ct[i], cats.size(), i, "cat", false);
     check_index(sa[i], string_table.size(), i, "str_a", true);
     check_index(sb[i], string_table.size(), i, "str_b", true);
+    if (ex != nullptr) check_index(ex[i], extras.size(), i, "extra", true);
     if (fl[i] & kSliceKernel) {
       check_index(sa[i], string_table.size(), i, "str_a", false);
       check_index(sb[i], string_table.size(), i, "str_b", false);
@@ -388,6 +392,12 @@ py::dict write_perfetto_slices(py::object write, py::array_t<int64_t> start_ns,
         if (fl[i] & kSpanFlopsCounted) q = annotate(q, kAnnFlopsCounted, f::kBoolValue, 1);
       }
       if (fl[i] & kSpanClipped) q = annotate(q, kAnnClipped, f::kBoolValue, 1);
+      if (ex != nullptr && ex[i] >= 0) {  // encoded debug_annotations fields, appended
+        std::string with(ev, q);
+        with += extras[static_cast<size_t>(ex[i])];
+        emit(start[i], with.data(), with.data() + with.size());
+        return;
+      }
       emit(start[i], ev, q);
     };
 

@@ -51,7 +51,10 @@ namespace hooktrace {
 //   kernel (kSliceKernel, hooktrace/kernels.py): module = strings[str_a], type =
 //         strings[str_b], kernel = strings[int_a], derived = true.
 // name[i] indexes `names` (the event name), cat[i] `cat_names`, track[i]
-// `track_uuid`. Returns {"slices": written, "not_nested": skipped}.
+// `track_uuid`. `extra`: empty, or per slice an index into extra_annotations (-1:
+// none), whose bytes (encoded TrackEvent.debug_annotations fields) are appended to
+// the slice's begin event (shapes and numerics). Returns {"slices": written,
+// "not_nested": skipped}.
 pybind11::dict write_perfetto_slices(
     pybind11::object write, pybind11::array_t<int64_t> start_ns, pybind11::array_t<int64_t> end_ns,
     pybind11::array_t<uint32_t> track, pybind11::array_t<uint32_t> name,
@@ -60,7 +63,8 @@ pybind11::dict write_perfetto_slices(
     pybind11::array_t<int64_t> int_a, pybind11::array_t<int64_t> int_b,
     pybind11::array_t<int64_t> flops, pybind11::array_t<double> tflops,
     pybind11::array_t<uint64_t> track_uuid, pybind11::sequence names, pybind11::sequence strings,
-    pybind11::sequence cat_names, uint32_t first_sequence_id, size_t chunk_bytes);
+    pybind11::sequence cat_names, uint32_t first_sequence_id, size_t chunk_bytes,
+    pybind11::array_t<int64_t> extra, pybind11::sequence extra_annotations);
 
 constexpr uint8_t kSliceNode = 0x80;
 constexpr uint8_t kSliceKernel = 0x40;

@@ -136,7 +136,7 @@ struct SessionStats {
   uint64_t free_chunks = 0;  // streaming: chunks in the free pool
 };
 
-class Session {
+class Session : public std::enable_shared_from_this<Session> {
  public:
   // 4096 events x 32 B = 128 KiB per chunk: the refill's mutex and allocation
   // then cost < 1 ns per event amortized (refill measured ~2 us).
@@ -262,6 +262,26 @@ class Session {
     publish(b);
   }
 
+  // Per-call extras, tested once per module call (module_call.cpp): shapes
+  // (shapes.h; fixed before start()) and numerics (numerics.h; set before start()
+  // and between steps when sampling, numerics_every).
+  static constexpr uint8_t kExtraShapes = 1, kExtraNumerics = 2;
+  uint8_t extras() const { return extras_.load(std::memory_order_relaxed); }
+  void set_shapes(bool on) { set_extra(kExtraShapes, on); }
+  bool shapes() const { return extras() & kExtraShapes; }
+  void set_numerics(bool on) { set_extra(kExtraNumerics, on); }
+  bool numerics() const { return extras() & kExtraNumerics; }
+  // A call's statistics (numerics.h): `stats` = abs-max | rms << 32 as float32 bits.
+  inline void record_numerics(uint32_t slot, uint8_t flags, uint64_t stats, uint32_t nonfinite) {
+    record_extra(kNumerics, slot, flags, stats, nonfinite);
+  }
+  // A call's shape signatures (shapes.h): input | output << 32.
+  inline void record_shapes(uint32_t slot, uint32_t in_sig, uint32_t out_sig) {
+    record_extra(kShapes, slot, 0, static_cast<uint64_t>(in_sig) | static_cast<uint64_t>(out_sig) << 32, 0);
+  }
+  // True once: for the first caller that saw a non-finite value in this session.
+  bool claim_first_nonfinite() { return !nonfinite_seen_.exchange(true); }
+
   // A step boundary (Python's Trace.step(), never per module call): `step` is
   // the number of the step that just ended.
   void record_step(uint64_t step) { record_node(kStep, step, 0, 0); }
@@ -277,6 +297,27 @@ class Session {
   bool refill(ThreadBuffer* b);
 
  private:
+  void set_extra(uint8_t bit, bool on) {
+    if (on)
+      extras_.fetch_or(bit, std::memory_order_relaxed);
+    else
+      extras_.fetch_and(static_cast<uint8_t>(~bit), std::memory_order_relaxed);
+  }
+  inline void record_extra(uint8_t kind, uint32_t slot, uint8_t flags, uint64_t seq, uint32_t rf) {
+    if (C10_UNLIKELY(!active())) return;
+    ThreadBuffer* b = buffer();
+    Event* e = next_slot(b);
+    if (C10_UNLIKELY(!e)) return;
+    e->t = now_ticks();
+    e->seq = seq;
+    e->id = slot;
+    e->tid = b->tid;
+    e->rf_tid = rf;
+    e->kind = kind;
+    e->flags = flags;
+    e->pad = 0;
+    publish(b);
+  }
   inline ThreadBuffer* buffer();
   ThreadBuffer* buffer_slow();
   bool refill_streaming(ThreadBuffer* b);  // mutex_ held
@@ -305,6 +346,8 @@ class Session {
   const uint64_t capacity_chunks_;
   const uint32_t max_chunks_;  // capacity_chunks_, plus the ring's spare chunk
   std::atomic<bool> active_{false};
+  std::atomic<uint8_t> extras_{0};
+  std::atomic<bool> nonfinite_seen_{false};
   // Memory sampling (set_memory), fixed before start(): read on the hot path.
   static constexpr uint8_t kMemoryCpu = 1, kMemoryCuda = 2;
   uint8_t memory_ = 0;

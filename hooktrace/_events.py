@@ -37,8 +37,20 @@ MEM_KINDS = (MEM_CPU, MEM_CUDA)
 # into info["kernel_sites"]; seq = 0.
 KERNEL_BEGIN = 8
 KERNEL_END = 9
+# Shape signatures of a forward call (trace(shapes=True), csrc/shapes.h, hooktrace.shapes):
+# after its EXIT; id = module slot; seq = input | output << 32, indexes into
+# info["shape_signatures"] (SHAPE_UNKNOWN: not known).
+SHAPES = 10
+SHAPE_UNKNOWN = 0xFFFFFFFF
+# Numeric health of a call (trace(numerics=True), csrc/numerics.h, hooktrace.numerics):
+# id = module slot; seq = abs-max | rms << 32 (float32 bits); rf_tid = non-finite values.
+NUMERICS = 12
+NUM_BACKWARD = 1  # NUMERICS flags: the gradient of the call's inputs (else its output)
+NUM_SKIPPED = 2  # no floating-point tensor (integer/boolean output, no input needing grad)
+NUM_FAILED = 4  # a reduction raised (a tensor that cannot be reduced): stats are zero
+NUM_FLAGS = NUM_BACKWARD | NUM_SKIPPED | NUM_FAILED
 VALID_KINDS = (ENTER, EXIT, NODE_BEGIN, NODE_END, STEP, MEM_CPU, MEM_CUDA, KERNEL_BEGIN,
-               KERNEL_END)
+               KERNEL_END, SHAPES, NUMERICS)
 
 FLAG_ERROR = 1  # EXIT: forward raised
 FLAG_NO_GRAD = 2  # ENTER: grad mode was off (torch.no_grad, inference_mode)

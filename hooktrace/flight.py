@@ -41,7 +41,7 @@ from hooktrace.text import describe_dump as describe
 
 __all__ = ["DUMP_REASONS", "FlightRecorder", "describe", "dump", "open_calls", "write_dump"]
 
-DUMP_REASONS = ("exception", "signal", "hang")
+DUMP_REASONS = ("exception", "signal", "hang", "nonfinite")
 
 _active_lock = threading.Lock()
 _active: list[FlightRecorder] = []  # recording traces that hooktrace.dump() covers

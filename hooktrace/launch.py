@@ -58,9 +58,10 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ring", action="store_true",
                    help="flight recorder: keep the newest --capacity events, not the oldest")
     p.add_argument("--dump-on", metavar="WHEN", default=None,
-                   help="flight-recorder dumps, any of exception,signal,hang (comma-separated): "
-                        "the events, Python stacks and open module calls of every thread, "
-                        "to --dump-dir; with --ring, the newest events")
+                   help="flight-recorder dumps, any of exception,signal,hang,nonfinite "
+                        "(comma-separated): the events, Python stacks and open module calls of "
+                        "every thread, to --dump-dir; with --ring, the newest events; "
+                        "nonfinite (the first NaN/Inf of --numerics) turns --numerics on")
     p.add_argument("--dump-dir", metavar="DIR", default="hooktrace-dumps",
                    help="where dumps go (default: %(default)s)")
     p.add_argument("--hang-timeout", type=float, default=300.0, metavar="SECONDS",
@@ -78,6 +79,17 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory", action="store_true",
                    help="also record the bytes allocated at every module call and the peak "
                         "inside it (CPU, and the current CUDA device when there is one)")
+    p.add_argument("--numerics", action="store_true",
+                   help="also record each module call's output abs-max, RMS and non-finite "
+                        "count, and of the gradient of its inputs (as trace(model, "
+                        "numerics=True)); the first NaN/Inf is named on stderr and in "
+                        "hooktrace summary --json (first_nonfinite)")
+    p.add_argument("--shapes", action="store_true",
+                   help="also record the dtypes and shapes of every forward call's tensor "
+                        "inputs and outputs (span args in_shapes/out_shapes; hooktrace "
+                        "summary --by-shape)")
+    p.add_argument("--numerics-every", type=int, default=1, metavar="N",
+                   help="with --numerics, measure steps 0, N, 2N, ... only (default: every step)")
     p.add_argument("--summary", action="store_true",
                    help="print the per-module table to stderr at exit")
     p.add_argument("--capacity", type=int, default=None, metavar="N",
@@ -104,6 +116,9 @@ class RunOptions:
     memory: bool = False
     flops: bool = False
     profile: bool = False
+    numerics: bool = False
+    numerics_every: int = 1
+    shapes: bool = False
 
 
 def options_from_args(args: argparse.Namespace) -> RunOptions:
@@ -127,6 +142,10 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
         check_dump_on(dump_on)
     except (TypeError, ValueError) as e:
         raise OptionError(f"--dump-on: {e}") from None
+    numerics_every = getattr(args, "numerics_every", 1)
+    if numerics_every < 1:
+        raise OptionError(f"--numerics-every must be a positive number of steps, got "
+                          f"{numerics_every}")
     if not args.hang_timeout > 0:
         raise OptionError(f"--hang-timeout must be a positive number of seconds, got "
                        f"{args.hang_timeout}")
@@ -151,7 +170,10 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
                       summary=args.summary, capacity=args.capacity,
                       memory=bool(getattr(args, "memory", False)),
                       flops=bool(getattr(args, "flops", False)),
-                      profile=bool(getattr(args, "profile", False)))
+                      profile=bool(getattr(args, "profile", False)),
+                      numerics=bool(getattr(args, "numerics", False)) or "nonfinite" in dump_on,
+                      numerics_every=numerics_every,
+                      shapes=bool(getattr(args, "shapes", False)))
 
 
 def start(options: RunOptions) -> GlobalTrace:
@@ -164,7 +186,8 @@ def start(options: RunOptions) -> GlobalTrace:
                 backward=options.backward, steps=options.steps,
                 dump_on=options.dump_on, dump_dir=options.dump_dir,
                 hang_timeout=options.hang_timeout, memory=options.memory,
-                flops=options.flops,
+                flops=options.flops, numerics=options.numerics,
+                numerics_every=options.numerics_every, shapes=options.shapes,
                 **({} if windows is None else {"schedule": windows.schedule,
                                                "on_window": windows.write}))
     if windows is not None:

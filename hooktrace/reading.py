@@ -38,6 +38,7 @@ __all__ = [
     "CAT_BACKWARD",
     "CAT_RECOMPUTE",
     "CAT_NAMES",
+    "forward_span_before",
     "NO_PASS",
     "Nodes",
     "Spans",
@@ -512,3 +513,28 @@ def load(path: str | os.PathLike[str], *, mmap: bool = False) -> TraceData:
     info.setdefault("dropped_events", 0)
     info.setdefault("overwritten_events", 0)
     return TraceData(contents.events, contents.modules, contents.node_names, contents.clock, info)
+
+
+def forward_span_before(trace: TraceData, tid: np.ndarray, module: np.ndarray, t: np.ndarray
+                  ) -> np.ndarray:
+    """Per event (thread ``tid``, module slot ``module``, Unix ns ``t``): the index of
+    the latest forward (or recomputed) span of that module on that thread ending at
+    or before ``t``, -1 if none. Events recorded right after a call's EXIT (shapes,
+    numerics) find their call so."""
+    spans = trace.spans()
+    s = np.flatnonzero((spans.cat == CAT_FORWARD) | (spans.cat == CAT_RECOMPUTE))
+    n_mod = max(len(trace.modules), int(module.max(initial=0)) + 1) + 1
+    k_span = spans.tid[s].astype(np.int64) * n_mod + spans.module[s].astype(np.int64)
+    k_ev = tid * n_mod + module
+    keys = np.r_[k_span, k_ev]
+    times = np.r_[spans.end_ns[s], t]
+    is_ev = np.r_[np.zeros(len(s), bool), np.ones(len(t), bool)]
+    ids = np.r_[s, np.full(len(t), -1, np.int64)]
+    order = np.lexsort((is_ev, times, keys))
+    ids_o, keys_o = ids[order], keys[order]
+    last = np.maximum.accumulate(np.where(ids_o >= 0, np.arange(len(order)), -1))
+    same = (last >= 0) & (keys_o[np.maximum(last, 0)] == keys_o)
+    found = np.where(same, ids_o[np.maximum(last, 0)], -1)
+    out = np.empty(len(t), np.int64)
+    out[order[is_ev[order]] - len(s)] = found[is_ev[order]]
+    return out

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hooktrace.kernels import Derived, Kernels, derived_spans
+from hooktrace.numerics import NUMERIC_COLUMNS, Numerics, first_nonfinite, numerics_info
 from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, CAT_RECOMPUTE, SPAN_EVAL, Spans
 from hooktrace.text import describe_dump, format_bytes, format_count, format_ns
 
@@ -176,6 +177,9 @@ class Summary:
         self.counts = counts
         self.notes = list(notes)  # about the file itself: a dump's where-abouts, a cut
         self.columns = tuple(columns)  # the row keys, in CSV order
+        # numerics=True (hooktrace.numerics): the earliest call holding a NaN/Inf
+        self.numerics = False
+        self.first_nonfinite: dict[str, Any] | None = None
 
     @classmethod
     def from_trace(cls, trace: TraceData, *, peak_tflops: float | None = None) -> Summary:
@@ -221,7 +225,15 @@ class Summary:
         for device in memory_devices(trace):
             columns += memory_columns(device)
             notes += _add_memory(rows, trace, device)
-        return cls(rows, counts, notes, columns)
+        first: dict[str, Any] | None = None
+        if numerics_info(trace.info) is not None:
+            columns += NUMERIC_COLUMNS
+            notes += _add_numerics(rows, trace)
+            first = first_nonfinite(trace)
+        out = cls(rows, counts, notes, columns)
+        out.numerics = numerics_info(trace.info) is not None
+        out.first_nonfinite = first
+        return out
 
     @staticmethod
     def _rows(spans: Spans, modules: Sequence[tuple[str, str]],
@@ -331,15 +343,23 @@ class Summary:
                 f"(rows {UNATTRIBUTED})"
             )
         lines += [f"note: {n}" for n in self.notes]
+        if self.numerics:
+            f = self.first_nonfinite
+            lines.append("numerics: no NaN or Inf seen" if f is None else
+                         f"FIRST NON-FINITE: {f['module'] or '<root>'} {f['phase']} "
+                         f"({'gradient of its inputs' if f['phase'] == 'backward' else 'output'}), "
+                         f"step {f['step']}, call {f['call']}: {f['nonfinite']} values")
         return "\n".join(lines)
 
     def to_text(self, top: int | None = None, *, wide: bool = False,
-                width: int = TEXT_WIDTH, flops: bool = False, memory: bool = False) -> str:
+                width: int = TEXT_WIDTH, flops: bool = False, memory: bool = False,
+                numerics: bool = False) -> str:
         """Aligned text table of the first ``top`` rows (all when None).
 
         Fits ``width`` columns (long module names are shortened from the left)
         unless ``wide``, which shows every column and full names. ``flops`` and
-        ``memory`` add the FLOP and memory columns to the narrow table (``wide``
+        ``memory`` (``numerics``) add the FLOP and memory (numerics) columns to the
+        narrow table (``wide``
         has them when recorded; the narrow one shows the CUDA device's memory when
         recorded, else the CPU's).
         """
@@ -363,6 +383,8 @@ class Summary:
             if not has_bwd:
                 mem_keys = [k for k in mem_keys if "bwd_" not in k]
             columns += [(k, k) for k in mem_keys]
+        if "absmax" in self.columns and (wide or numerics):
+            columns += [(k, k) for k in NUMERIC_COLUMNS if has_bwd or not k.startswith("bwd_")]
         header = [title for title, _ in columns]
         table = [header] + [[_cell(r, key) for _, key in columns] for r in rows]
         widths = [max(len(line[i]) for line in table) for i in range(len(header))]
@@ -408,8 +430,12 @@ class Summary:
         return out.getvalue()
 
     def to_json(self, top: int | None = None) -> str:
-        """JSON text: ``{"rows": [...], "counts": {...}}`` (first ``top`` rows); durations in ns."""
-        return json.dumps({"rows": self._top(top), "counts": self.counts}, ensure_ascii=False)
+        """JSON text: ``{"rows": [...], "counts": {...}}`` (first ``top`` rows); durations in
+        ns; with numerics, ``"first_nonfinite"`` too (null when every value was finite)."""
+        doc: dict[str, Any] = {"rows": self._top(top), "counts": self.counts}
+        if self.numerics:
+            doc["first_nonfinite"] = self.first_nonfinite
+        return json.dumps(doc, ensure_ascii=False)
 
 
 # (text header, row key) per text column
@@ -606,6 +632,51 @@ def _add_flops(rows: list[dict[str, Any]], trace: TraceData,
     return [note]
 
 
+def _add_numerics(rows: list[dict[str, Any]], trace: TraceData) -> list[str]:
+    """Fill the numerics columns (hooktrace.numerics); returns notes."""
+    n = Numerics.from_trace(trace)
+    ok = n.measured()
+    by_row: dict[tuple[str, str], dict[str, Any]] = {}
+    for phase, prefix in ((False, ""), (True, "bwd_")):
+        sel = np.flatnonzero(ok & (n.backward == phase))
+        for k in sel.tolist():
+            m = int(n.module[k])
+            if m >= len(trace.modules):
+                continue
+            key = (trace.modules[m][0], "eval" if n.eval[k] else "train")
+            v = by_row.setdefault(key, {})
+            a, r = float(n.absmax[k]), float(n.rms[k])
+            old = v.get(prefix + "absmax")
+            v[prefix + "absmax"] = a if old is None or np.isnan(a) or a > old else old
+            v[prefix + "rms_sum"] = v.get(prefix + "rms_sum", 0.0) + r
+            v[prefix + "calls"] = v.get(prefix + "calls", 0) + 1
+            v[prefix + "nonfinite"] = v.get(prefix + "nonfinite", 0) + int(n.nonfinite[k])
+    for row in rows:
+        v = by_row.get((row["module"], row["mode"]), {})
+        for prefix in ("", "bwd_"):
+            calls = v.get(prefix + "calls", 0)
+            row[prefix + "absmax"] = _finite_or_text(v.get(prefix + "absmax"))
+            row[prefix + "rms"] = _finite_or_text(v[prefix + "rms_sum"] / calls) if calls else None
+            row[prefix + "nonfinite"] = v.get(prefix + "nonfinite") if calls else None
+    skipped = int(np.count_nonzero(n.skipped & ~n.recompute))
+    failed = int(np.count_nonzero(n.failed))
+    every = n.every
+    notes = ["numerics: absmax/rms/nonfinite of each call's output (max, mean, sum over calls); "
+             "bwd_: of the gradient of its inputs"
+             + ("" if every == 1 else f"; steps 0, {every}, {2 * every}, ... only")]
+    if skipped or failed:
+        notes.append(f"numerics: {skipped} calls without a floating-point tensor (skipped)"
+                     + (f", {failed} that could not be reduced" if failed else ""))
+    return notes
+
+
+def _finite_or_text(value: float | None) -> float | str | None:
+    """A statistic for the rows: a float, or "nan"/"inf" (JSON has no NaN)."""
+    if value is None or np.isfinite(value):
+        return value
+    return "nan" if np.isnan(value) else ("inf" if value > 0 else "-inf")
+
+
 def _add_memory(rows: list[dict[str, Any]], trace: TraceData, device: str) -> list[str]:
     """Fill ``device``'s memory columns of ``rows``; returns notes."""
     from hooktrace.memory import span_memory
@@ -685,4 +756,6 @@ def _cell(row: dict[str, Any], key: str) -> str:
         return format_bytes(value)
     if key.endswith("_ns"):
         return format_ns(value)
+    if key in ("absmax", "rms", "bwd_absmax", "bwd_rms") and isinstance(value, float):
+        return f"{value:.3g}"
     return str(value)

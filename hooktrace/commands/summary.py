@@ -11,6 +11,7 @@ from hooktrace.commands import CliError
 
 if TYPE_CHECKING:
     from hooktrace.attribution import Attribution
+    from hooktrace.shapes import ShapeTable
     from hooktrace.summary import StepTable, Summary
 
 NAME = "summary"
@@ -37,6 +38,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory", action="store_true",
                    help="add memory per module call to the table (recorded with "
                         "trace(model, memory=True); --wide, --csv and --json always have it)")
+    p.add_argument("--by-shape", action="store_true",
+                   help="one row per module and input shape signature (recorded with "
+                        "trace(model, shapes=True) or hooktrace run --shapes)")
+    p.add_argument("--numerics", action="store_true",
+                   help="add abs-max, RMS and non-finite counts per module (recorded with "
+                        "trace(model, numerics=True) or run --numerics; --wide, --csv and "
+                        "--json always have them)")
     p.add_argument("--peak-tflops", type=float, default=None, metavar="TFLOPS",
                    help="the device's peak TFLOP/s, for MFU (default: known GPUs' peaks)")
     p.add_argument("--steps", action="store_true",
@@ -67,10 +75,17 @@ def run(args: argparse.Namespace) -> None:
         raise CliError(f"--peak-tflops must be a positive number, got {args.peak_tflops}")
     if args.top_ops < 0:
         raise CliError(f"--top-ops must be at least 0, got {args.top_ops}")
-    table: Summary | Attribution | StepTable
-    if args.steps and args.profiler is not None:
-        raise CliError("--steps and --profiler are separate tables: give one of them")
-    if args.steps:
+    table: Summary | Attribution | StepTable | ShapeTable
+    if sum(bool(x) for x in (args.steps, args.profiler is not None, args.by_shape)) > 1:
+        raise CliError("--steps, --profiler and --by-shape are separate tables: give one of them")
+    if args.by_shape:
+        from hooktrace.shapes import ShapeTable as Shapes
+
+        table = Shapes.from_trace(load(args.run))
+        if not table.recorded:
+            raise CliError(f"{args.run}: no shapes recorded; trace with "
+                           "hooktrace.trace(model, shapes=True) or hooktrace run --shapes")
+    elif args.steps:
         from hooktrace.summary import StepTable as Steps
 
         table = Steps.from_trace(load(args.run))
@@ -86,15 +101,18 @@ def run(args: argparse.Namespace) -> None:
         if args.memory and "memory" not in run_.info:
             raise CliError(f"{args.run}: no memory recorded; trace with "
                            "hooktrace.trace(model, memory=True)")
+        if args.numerics and "numerics" not in run_.info:
+            raise CliError(f"{args.run}: no numerics recorded; trace with "
+                           "hooktrace.trace(model, numerics=True) or hooktrace run --numerics")
         table = run_.summary(peak_tflops=args.peak_tflops)
     # Both tables offer the same forms; --top applies to every one of them.
     if args.csv:
         sys.stdout.write(table.to_csv(top=args.top))
     elif args.json:
         print(table.to_json(top=args.top))
-    elif args.flops or args.memory:  # (then the table is a Summary)
+    elif args.flops or args.memory or args.numerics:  # (then the table is a Summary)
         print(table.to_text(top=args.top, wide=args.wide,  # type: ignore[call-arg]
-                            flops=args.flops, memory=args.memory))
+                            flops=args.flops, memory=args.memory, numerics=args.numerics))
     else:
         print(table.to_text(top=args.top, wide=args.wide))
 

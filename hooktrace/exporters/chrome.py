@@ -65,6 +65,7 @@ import torch  # noqa: F401  (loads libc10 for _C)
 import hooktrace._C as _C
 from hooktrace._filters import OPEN_WINDOW, Filters
 from hooktrace._output import open_output
+from hooktrace.exporters._extra_args import extra_args
 from hooktrace.kernels import kernel_sites
 from hooktrace.exporters._layout import (
     CHUNK_BYTES,
@@ -233,7 +234,19 @@ def write_span_events(
         base_ns,
         trace.pid,
         chunk_bytes,
+        *_extra_json(trace, index),
     )
+
+
+def _extra_json(trace: TraceData, index: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """Shapes / numerics args (exporters/_extra_args.py) as ``,"key":value`` fragments."""
+    extra = extra_args(trace, index)
+    if extra is None:
+        return np.zeros(0, np.int64), []
+    which, dicts = extra
+    return (np.ascontiguousarray(which, np.int64),
+            ["," + json.dumps(d, separators=(",", ":"), ensure_ascii=False)[1:-1]
+             if d else "" for d in dicts])
 
 
 def write_node_events(

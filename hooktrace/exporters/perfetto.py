@@ -70,6 +70,7 @@ from hooktrace.exporters._layout import (
     thread_label,
     track_name,
 )
+from hooktrace.exporters._extra_args import extra_args
 from hooktrace.kernels import kernel_sites
 from hooktrace.reading import NO_PASS
 
@@ -141,6 +142,19 @@ def _annotation(name: str, value: Any) -> bytes:
     else:
         body += _str(6, str(value))
     return body
+
+
+def _extra_annotations(trace: TraceData, span_index: np.ndarray, n_slices: int
+                       ) -> tuple[np.ndarray, list[bytes]]:
+    """Shapes / numerics args (exporters/_extra_args.py) of the written spans (the first
+    slices) as encoded debug_annotations fields; -1 for every other slice."""
+    extra = extra_args(trace, span_index)
+    if extra is None:
+        return np.zeros(0, np.int64), []
+    which, dicts = extra
+    out = np.full(n_slices, -1, np.int64)
+    out[: len(which)] = which
+    return out, [b"".join(_bytes(4, _annotation(k, v)) for k, v in d.items()) for d in dicts]
 
 
 def _descriptors(trace: TraceData, os_threads: list[int],
@@ -323,6 +337,6 @@ def write_perfetto(
         col(cat, np.uint8), col(flags, np.uint8), col(str_a, np.int64), col(str_b, np.int64),
         col(int_a, np.int64), col(int_b, np.int64), col(flops, np.int64),
         col(tflops, np.float64), np.arange(2, 2 + n_tracks, dtype=np.uint64), names, strings, cats,
-        _DESCRIPTOR_SEQUENCE + 1, chunk_bytes,
+        _DESCRIPTOR_SEQUENCE + 1, chunk_bytes, *_extra_annotations(trace, span_index, len(all_start)),
     )
     return {"slices": int(result["slices"]), "not_nested": int(result["not_nested"])}

@@ -36,6 +36,10 @@ from hooktrace._events import (
     MEM_CPU,
     MEM_CUDA,
     NODE_BEGIN,
+    NUM_FLAGS,
+    NUMERICS,
+    SHAPE_UNKNOWN,
+    SHAPES,
     STEP,
     VALID_KINDS,
     Clock,
@@ -385,6 +389,11 @@ def _memory_info(value: Any) -> str | None:
     return None
 
 
+def _string_list(value: Any) -> str | None:
+    ok = isinstance(value, list) and all(isinstance(x, str) for x in value)
+    return None if ok else "a list of strings"
+
+
 def _kernel_sites(value: Any) -> str | None:
     ok = isinstance(value, list) and all(
         isinstance(s, list) and len(s) == 3 and all(isinstance(x, str) for x in s)
@@ -410,6 +419,8 @@ _INFO_CHECKS: dict[str, Callable[[Any], str | None]] = {
     "cut": _of_type(str, "a string"),
     # kernel call sites of compiled code (issue #18): [kernel, module path, phase]
     "kernel_sites": _kernel_sites,
+    # trace(shapes=True) (issue #19): "dtype[d0,d1];dtype[...]" per signature index
+    "shape_signatures": _string_list,
     # many ranks (issue #11, hooktrace/distributed.py)
     "rank": _int_in(0, _MAX_RANK - 1),
     "world_size": _int_in(1, _MAX_RANK),
@@ -545,11 +556,13 @@ def _resolve_node_names(name: str, meta_bytes: bytes, raw: Any, strings: list[st
 def _validate_events(
     name: str, offset_of: Callable[[int], int], events: np.ndarray, n_modules: int,
     n_nodes: int, clock: Clock, interval: tuple[int, int] | None, n_sites: int = 0,
+    n_shapes: int = 0,
 ) -> None:
     """Vectorized checks that every event can be interpreted (no per-event Python).
 
     ``offset_of(i)`` is the file offset of event i (for messages); ``n_sites`` the
-    length of info's ``kernel_sites`` (kernel marks name a site)."""
+    length of info's ``kernel_sites`` (kernel marks name a site), ``n_shapes`` of its
+    ``shape_signatures`` (shape events name two)."""
     if not len(events):
         return
 
@@ -567,7 +580,7 @@ def _validate_events(
     if bad.size:
         fail(bad, "kind", f"expected kind in {list(READABLE_KINDS)}, found {int(kind[bad[0]])}")
     ids = events["id"]
-    is_forward = (kind == ENTER) | (kind == EXIT)
+    is_forward = (kind == ENTER) | (kind == EXIT) | (kind == NUMERICS) | (kind == SHAPES)
     bad = np.flatnonzero(is_forward & (ids >= n_modules))
     if bad.size:
         fail(bad, "id", f"module id {int(ids[bad[0]])} out of range "
@@ -584,6 +597,16 @@ def _validate_events(
     if bad.size:
         fail(bad, "id", f"kernel site {int(ids[bad[0]])} out of range (the kernel_sites table "
                         f"has {n_sites} sites)")
+    # shape events: two signature indexes (or SHAPE_UNKNOWN: the table was full)
+    shp = np.flatnonzero(kind == SHAPES)
+    if shp.size:
+        seq = events["seq"][shp]
+        for half in (seq & np.uint64(0xFFFFFFFF), seq >> np.uint64(32)):
+            bad = shp[(half >= n_shapes) & (half != SHAPE_UNKNOWN)]
+            if bad.size:
+                k = int(np.flatnonzero(shp == bad[0])[0])
+                fail(bad, "seq", f"shape signature {int(half[k])} out of range (the "
+                                 f"shape_signatures table has {n_shapes})")
     # memory samples: bytes now (seq) and the peak (id | rf_tid << 32) are int64 >= 0
     mem = np.flatnonzero((kind == MEM_CPU) | (kind == MEM_CUDA))
     if mem.size:
@@ -602,10 +625,11 @@ def _validate_events(
     flags = events["flags"][flagged]
     on = kind[flagged]
     bad = flagged[~(((on == EXIT) & (flags == FLAG_ERROR))
-                    | ((on == ENTER) & ((flags & ~np.uint8(ENTER_FLAGS)) == 0)))]
+                    | ((on == ENTER) & ((flags & ~np.uint8(ENTER_FLAGS)) == 0))
+                    | ((on == NUMERICS) & ((flags & ~np.uint8(NUM_FLAGS)) == 0)))]
     if bad.size:
         fail(bad, "flags", f"expected flags 0 (or {FLAG_ERROR} on an EXIT, a combination of "
-                           f"{ENTER_FLAGS} on an ENTER), found "
+                           f"{ENTER_FLAGS} on an ENTER, of {NUM_FLAGS} on numerics), found "
                            f"{int(events['flags'][bad[0]])} on kind {int(kind[bad[0]])}")
     pad = events["pad"]
     if pad.any():

@@ -45,7 +45,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from hooktrace._events import EVENT_DTYPE, KERNEL_BEGIN, KERNEL_END, Clock
+from hooktrace._events import EVENT_DTYPE, KERNEL_BEGIN, KERNEL_END, SHAPE_UNKNOWN, SHAPES, Clock
 from hooktrace.format.meta import (
     BLOCK_CLOCK,
     BLOCK_EVENTS,
@@ -265,8 +265,25 @@ def _read_stream(name: str, f: BinaryIO, size: int, head: bytes) -> TraceFileCon
             offset_of = lambda i: where(int(keep[i]))  # noqa: E731  (the kept events')
             info["cut"] += (f"; {int(unknown.sum()):,} kernel marks of regions compiled "
                             "after the stream began left out (their sites are in the footer)")
+    n_shapes = len(info.get("shape_signatures", ()))
+    if footer is None:
+        # signatures first seen after the stream began are in the footer too: a cut stream
+        # keeps those calls' shape events as unknown shapes
+        shp = np.flatnonzero(events["kind"] == SHAPES)
+        seq = events["seq"][shp]
+        lost = 0
+        for shift in (np.uint64(0), np.uint64(32)):
+            half = (seq >> shift) & np.uint64(0xFFFFFFFF)
+            beyond = (half >= n_shapes) & (half != SHAPE_UNKNOWN)
+            lost += int(beyond.sum())
+            seq = np.where(beyond, seq | (np.uint64(SHAPE_UNKNOWN) << shift), seq)
+        if lost:
+            events = events.copy()
+            events["seq"][shp] = seq
+            info["cut"] += (f"; {lost:,} shape signatures first seen after the stream began "
+                            "are unknown (the table is in the footer)")
     _validate_events(name, offset_of, events, len(modules), len(node_names), clock, interval,
-                     n_sites)
+                     n_sites, n_shapes)
     return TraceFileContents(events=events, modules=modules, node_names=node_names, clock=clock,
                              info=info, pid=pid)
 

@@ -297,7 +297,7 @@ def read_trace(path: str | os.PathLike[str], *, mmap: bool = False) -> TraceFile
     interval = _recorded_interval(name, meta_bytes, meta, clock)
     _validate_events(name, lambda i: events_off + i * EVENT_DTYPE.itemsize, events,
                      len(modules), len(node_names), clock, interval,
-                     len(meta.get("kernel_sites", ())))
+                     len(meta.get("kernel_sites", ())), len(meta.get("shape_signatures", ())))
     meta.setdefault("pid", pid)
     return TraceFileContents(
         events=events,

@@ -28,6 +28,7 @@ import os
 import signal
 import socket
 import stat
+import sys
 import threading
 import time
 import warnings
@@ -161,6 +162,17 @@ class Recorder(StepMarks, FlightRecorder):
             backward, and the peak in between, on CPU and the current CUDA device
             (:mod:`hooktrace.memory`); the summary gains ``mem_net``/``mem_peak``
             columns and the exports a memory counter track.
+        numerics: numeric health per module call (:mod:`hooktrace.numerics`): abs-max,
+            RMS and the count of non-finite values of every call's floating-point
+            output, and of the gradient with respect to its inputs in backward; the
+            first non-finite value is named on stderr, in the summary and in
+            ``summary --json`` (``first_nonfinite``), and ``dump_on=("nonfinite",)``
+            writes a flight-recorder dump at that moment.
+        numerics_every: with ``numerics``, only steps ``0, N, 2N, ...`` are measured
+            (the others cost nothing); the first-non-finite search covers those.
+        shapes: record the dtypes and shapes of every forward call's tensor inputs and
+            outputs (:mod:`hooktrace.shapes`): span args ``in_shapes``/``out_shapes``
+            (and ``*_dtypes``) in the exports, ``hooktrace summary --by-shape``.
     """
 
     def __init__(
@@ -181,6 +193,9 @@ class Recorder(StepMarks, FlightRecorder):
         on_window: Callable[[TraceResult], Any] | None = None,
         flops: bool = False,
         memory: bool = False,
+        numerics: bool = False,
+        numerics_every: int = 1,
+        shapes: bool = False,
     ) -> None:
         # Everything is checked here, before anything is touched: a bad argument must
         # never leave a model half-instrumented.
@@ -189,14 +204,21 @@ class Recorder(StepMarks, FlightRecorder):
             raise error(f"policy must be one of 'drop', 'ring'; got {policy!r}")
         flag_values: tuple[tuple[str, object], ...] = (
             ("backward", backward), ("emit_profiler", emit_profiler), ("flops", flops),
-            ("memory", memory))
+            ("memory", memory), ("numerics", numerics), ("shapes", shapes))
         for flag, flag_value in flag_values:
             if not isinstance(flag_value, (bool, np.bool_)):
                 raise TypeError(f"{flag} must be True or False, got "
                                 f"{type(flag_value).__name__} {flag_value!r}")
+        if (isinstance(numerics_every, bool) or not isinstance(numerics_every, (int, np.integer))
+                or numerics_every < 1):
+            raise ValueError(f"numerics_every must be a positive integer (steps), got "
+                             f"{numerics_every!r}")
         self._scope = scope
         self._init_steps(steps)
         self._init_flight_recorder(dump_on, dump_dir, hang_timeout, dump_signal)
+        if "nonfinite" in self._dump_on and not numerics:
+            raise ValueError("dump_on='nonfinite' needs numerics=True (the values are checked "
+                             "only then)")
         if capacity is None:
             capacity = DEFAULT_CAPACITY if out is None else STREAM_CAPACITY
         capacity = _check_capacity(capacity)
@@ -215,6 +237,10 @@ class Recorder(StepMarks, FlightRecorder):
         self._emit_profiler = bool(emit_profiler)
         self._flops = bool(flops)
         self._memory = bool(memory)
+        self._numerics = bool(numerics)
+        self._shapes = bool(shapes)
+        self._numerics_every = int(numerics_every)
+        self._first_nonfinite: dict[str, Any] | None = None  # as seen live (stderr)
         self._session: Any = None
         self._call: Any = None  # the _C.ModuleCall while this recorder holds it
         self._state: Literal["new", "recording", "done"] = "new"
@@ -263,6 +289,7 @@ class Recorder(StepMarks, FlightRecorder):
                     scope.on_new_slot = lambda slot, name: session.add_emit_name(name)
             try:
                 self._start_unix_ns = time.time_ns()
+                session.set_shapes(self._shapes)
                 if self._out is not None:
                     self._open_stream(session)
                 if self._schedule is not None:
@@ -277,6 +304,9 @@ class Recorder(StepMarks, FlightRecorder):
                 if self._backward:
                     _C.add_backward_session(session)
                 _C.add_kernel_session(session)  # kernel marks of compiled code (kernels.py)
+                if self._numerics:
+                    session.set_nonfinite_callback(self._on_first_nonfinite)
+                    session.set_numerics(True)  # step 0 is always measured
                 self._start_steps()
                 self._call = dispatch.acquire(self)
                 scope.attach(self._call, session)
@@ -363,6 +393,9 @@ class Recorder(StepMarks, FlightRecorder):
         if self._backward:
             steps.append(lambda: _C.remove_backward_session(session))
         steps.append(lambda: _C.remove_kernel_session(session))
+        if self._numerics:
+            steps.append(lambda: session.set_numerics(False))
+            steps.append(lambda: session.set_nonfinite_callback(None))
         if call is not None:
             steps.append(lambda: self._scope.detach(call, session))
             steps.append(self._release_call)
@@ -378,6 +411,27 @@ class Recorder(StepMarks, FlightRecorder):
                     errors.append(e)
                     break
         return errors
+
+    def _mark_step(self) -> int:
+        ended = super()._mark_step()
+        if self._numerics and self._numerics_every > 1 and self._session is not None:
+            self._session.set_numerics(self._step % self._numerics_every == 0)  # sampling
+        return ended
+
+    def _on_first_nonfinite(self, slot: int, backward: bool) -> None:
+        """Called once by the native core (numerics.cpp), with the GIL, when the first
+        non-finite value is seen: one line on stderr, and a dump if asked. The summary's
+        ``first_nonfinite`` (hooktrace.numerics) is computed from the events, which also
+        name the call and pick the innermost module of a tie."""
+        table = self._scope.modules_table()
+        name = (table[slot][0] or "<root>") if slot < len(table) else f"<module {slot}>"
+        what = "gradient of its inputs" if backward else "output"
+        self._first_nonfinite = {"module": name, "phase": "backward" if backward else "forward",
+                                 "step": self._step}
+        print(f"hooktrace: first non-finite value: {name} {self._first_nonfinite['phase']} "
+              f"({what}), step {self._step}", file=sys.stderr)
+        if "nonfinite" in self._dump_on and self._state == "recording":
+            self._dump("nonfinite", quiet_errors=True)
 
     def _release_call(self) -> None:
         dispatch.release(self)  # idempotent
@@ -475,7 +529,10 @@ class Recorder(StepMarks, FlightRecorder):
             "start_unix_ns": self._start_unix_ns,
             "thread_names": _thread_names(),
             **({"memory": self._memory_info} if self._memory_info is not None else {}),
+            **({"numerics": {"every": self._numerics_every, "backward": "input gradients"}}
+               if self._numerics else {}),
             **_kernel_sites(),
+            **({"shape_signatures": _C.shape_signatures()} if self._shapes else {}),
             **self._scope.info(),
         }
 
@@ -582,6 +639,8 @@ class Recorder(StepMarks, FlightRecorder):
             # rank, world size and clock offsets (issue #11), as save()d files have them
             footer.update(rank_info(self._start_unix_ns, stop_unix_ns))
             footer.update(_kernel_sites())  # sites of regions compiled while streaming
+            if self._shapes:  # signatures seen while streaming
+                footer["shape_signatures"] = _C.shape_signatures()
             self._add_flops(footer)  # (stopped by now: every count closed)
             if written["error"]:
                 # Every block before the failed one is intact: the file loads up to it.

@@ -27,10 +27,12 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("analysis", {
         "hooktrace.summary", "hooktrace.diff", "hooktrace._diff_inputs", "hooktrace.attribution",
         "hooktrace.rankset", "hooktrace.stragglers", "hooktrace._filters", "hooktrace.memory",
-        "hooktrace.flops", "hooktrace.distributed", "hooktrace.kernels"}),
+        "hooktrace.flops", "hooktrace.distributed", "hooktrace.kernels", "hooktrace.numerics",
+        "hooktrace.shapes"}),
     ("outputs", {
         "hooktrace.exporters", "hooktrace.exporters._layout", "hooktrace.exporters.chrome",
-        "hooktrace.exporters.perfetto", "hooktrace.exporters.ranks", "hooktrace.reporters",
+        "hooktrace.exporters.perfetto", "hooktrace.exporters.ranks", "hooktrace.exporters._extra_args",
+        "hooktrace.reporters",
         "hooktrace.reporters.html", "hooktrace.merge", "hooktrace.result"}),
     ("recording", {
         "hooktrace.record", "hooktrace.record.dispatch", "hooktrace.record.scopes",

@@ -312,11 +312,11 @@ def test_string_table_overrun(tmp_path):
 
 
 def test_bad_event_kind(tmp_path):
-    ev = build_events([(1, ENTER, 0, 1), (1, EXIT, 0, 2), (1, 10, 0, 3)])
+    ev = build_events([(1, ENTER, 0, 1), (1, EXIT, 0, 2), (1, 11, 0, 3)])
     path = forge(tmp_path, events=ev)
     data = path.read_bytes()
     events_off = len(data) - ev.nbytes
-    expect_error(path, events_off + 2 * 32 + 28, "event 2", "kind", "found 10")
+    expect_error(path, events_off + 2 * 32 + 28, "event 2", "kind", "found 11")
 
 
 def test_kernel_mark_needs_its_site(tmp_path):

@@ -1,0 +1,134 @@
+"""The cost of numeric health per module call (``trace(model, numerics=True)``), issue #19.
+
+A training step (forward + backward, grads zeroed) of HF GPT-2 built from a small
+config, one process, variants interleaved round by round, min of N rounds, against
+no tracing measured in the same run:
+
+* ``hooktrace (time only)``: ``trace(model)``, forward and backward spans;
+* ``hooktrace numerics=True``: adds abs-max, RMS and the non-finite count of every
+  call's output and of the gradient of its inputs, every step;
+* ``stat hooks recipe``: Python forward hooks computing abs-max and ``isfinite`` of
+  each module's output with ``.item()``, and a grad-norm hook per parameter (the
+  ``ForwardCheck`` / ``GradientCheck`` pattern);
+* ``detect_anomaly(check_nan=True)``: torch's way to find the op that made a NaN.
+
+The last column is each variant's added time over anomaly mode's (issue #19's target
+for numerics=True: at most 1/10, i.e. 0.10).
+
+    python benchmarks/numerics.py            # full run (~2 min on 2 cores)
+    python benchmarks/numerics.py --quick    # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+import hooktrace
+from overhead import measure  # benchmarks/overhead.py
+
+
+def gpt2() -> tuple[nn.Module, Callable[[], Any]]:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=1000, n_positions=64)
+    model = GPT2LMHeadModel(cfg)
+    model.train()
+    x = torch.randint(0, cfg.vocab_size, (2, 64))
+
+    def step() -> None:
+        for p in model.parameters():
+            p.grad = None
+        model(x, labels=x).loss.backward()
+    return model, step
+
+
+@contextlib.contextmanager
+def none(model: nn.Module) -> Iterator[None]:
+    yield
+
+
+@contextlib.contextmanager
+def time_only(model: nn.Module) -> Iterator[None]:
+    with hooktrace.trace(model, steps=None, capacity=1 << 24):
+        yield
+
+
+@contextlib.contextmanager
+def numerics(model: nn.Module) -> Iterator[None]:
+    with hooktrace.trace(model, steps=None, capacity=1 << 24, numerics=True):
+        yield
+
+
+@contextlib.contextmanager
+def stat_hooks(model: nn.Module) -> Iterator[None]:
+    log: list[Any] = []
+
+    def fwd(m: nn.Module, args: Any, out: Any) -> None:
+        t = out[0] if isinstance(out, tuple) else getattr(out, "logits", out)
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            log.append((t.detach().abs().max().item(), bool(torch.isfinite(t).all().item())))
+
+    handles = [m.register_forward_hook(fwd) for m in model.modules()]
+    handles += [p.register_hook(lambda g: log.append(g.norm().item())) for p in model.parameters()]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextlib.contextmanager
+def anomaly(model: nn.Module) -> Iterator[None]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Anomaly Detection has been enabled"
+        with torch.autograd.detect_anomaly(check_nan=True):
+            yield
+
+
+VARIANTS: dict[str, Callable[[nn.Module], contextlib.AbstractContextManager[Any]]] = {
+    "none": none,
+    "hooktrace (time only)": time_only,
+    "hooktrace numerics=True": numerics,
+    "stat hooks recipe": stat_hooks,
+    "detect_anomaly(check_nan=True)": anomaly,
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="few rounds, for a smoke test")
+    ap.add_argument("--rounds", type=int, default=7)
+    args = ap.parse_args()
+    rounds = 2 if args.quick else args.rounds
+    inner = 2 if args.quick else 5
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, hooktrace {hooktrace.__version__}, 1 intra-op thread")
+    model, step = gpt2()
+    best = {v: float("inf") for v in VARIANTS}
+    for _ in range(rounds):
+        for name, install in VARIANTS.items():
+            with install(model):
+                step()
+                best[name] = min(best[name], measure(step, inner))
+    base = best["none"]
+    anomaly_added = best["detect_anomaly(check_nan=True)"] - base
+    print(f"\nGPT-2 (2 layers, n_embd 128, 2 x 64 tokens) training step, min of {rounds} "
+          f"rounds x {inner}")
+    print(f"{'variant':32} {'per step':>10} {'added':>9} {'vs anomaly':>11}")
+    for name in VARIANTS:
+        added = best[name] - base
+        print(f"{name:32} {best[name] * 1e3:8.2f}ms {added / base * 100:+8.1f}% "
+              f"{added / anomaly_added:10.3f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+// Numeric health per module call (issue #19): trace(model, numerics=True).
+//
+// Forward: after a recorded call returns (its EXIT recorded), the floating-point
+// tensors of its output (nested tuples, lists, dicts, dataclasses: depth <= 4) are
+// reduced where they live: abs-max (linalg_vector_norm, ord=inf) and the 2-norm
+// (ord=2), one kernel each; only when one of them is not finite, the count of
+// non-finite values (isfinite().sum()). One kNumerics event follows the EXIT on
+// the same thread.
+//
+// Backward: the gradient with respect to the module's *inputs* (not its output):
+// the call registers a tensor hook on each input tensor that requires grad (grad
+// mode on); when every hook has fired, the gradients' statistics are one
+// kNumerics event with kNumBackward, on the engine thread. Why the inputs: a module
+// whose backward produces a NaN (a custom autograd Function) shows it in the
+// gradient of its own inputs; the gradient of its output is still finite. A tensor
+// that is the input of a module and of its parent gives both the same gradient at
+// the same moment; the reader (hooktrace/numerics.py) names the innermost.
+//
+// The kNumerics event (event.h): t, seq = absmax (float32 bits, low half) | rms
+// (float32 bits, high half), id = the module's slot, rf_tid = non-finite values
+// (saturating), flags = kNumBackward | kNumSkipped (no floating tensor: integer or
+// boolean outputs, nothing requiring grad) | kNumFailed (a reduction raised: a
+// tensor subclass or fake tensor that cannot be reduced; stats are zero).
+//
+// Cost: this path is taken only by sessions with numerics on (module_call.cpp tests
+// one member); it allocates (tensors, hooks) and, on CPU, reads two scalars per
+// tensor. On CUDA the same code reads the scalars too (a device sync per call):
+// deferring them into a device buffer read once per step is left for a GPU session.
+// When the first non-finite value of a session is seen, the session's callback (set
+// from Python) is called once, with the GIL.
+#pragma once
+
+#include <Python.h>
+
+#include <cstdint>
+
+namespace hooktrace {
+
+class Session;
+
+// Flags of a kNumerics event.
+enum NumericsFlags : uint8_t {
+  kNumBackward = 1,
+  kNumSkipped = 2,
+  kNumFailed = 4,
+};
+
+// The session's callback for its first non-finite value: called once, with the GIL,
+// as callback(slot, backward: bool); exceptions it raises are reported as
+// unraisable. None clears it (the recorder does at its end). GIL held.
+void set_nonfinite_callback(Session* s, PyObject* callback);
+
+// After a recorded call returned `result`: one forward kNumerics event into each
+// given session (null: none). GIL held.
+void numerics_exit(PyObject* result, Session* a, uint32_t slot_a, Session* b, uint32_t slot_b);
+
+// At a recorded call's start: hooks on its input tensors for the backward event.
+// `args`/`nargsf`/`kwnames` as the vectorcall received them (args[0] is the
+// module). GIL held.
+void numerics_enter(PyObject* const* args, size_t nargsf, PyObject* kwnames, Session* a,
+                    uint32_t slot_a, Session* b, uint32_t slot_b);
+
+}  // namespace hooktrace

@@ -1,0 +1,229 @@
+"""Numeric health per module call (issue #19): ``trace(model, numerics=True)``.
+
+The recorder (csrc/numerics.h) writes one NUMERICS event per module call and phase:
+
+* **forward**: the call's floating-point output (tensors in nested tuples, lists,
+  dicts and dataclasses, flattened in order), right after its EXIT on the same thread;
+* **backward**: the gradient with respect to the call's *inputs* (the tensors among
+  its arguments that require grad), when all of them have arrived. The inputs, not
+  the output: a module whose backward produces a NaN shows it in its inputs'
+  gradient, while its output's gradient is still finite; so the first non-finite
+  backward value names the module that made it.
+
+Each holds ``absmax`` (max |x|), ``rms`` (sqrt of the mean of squares over all the
+call's elements) and ``nonfinite`` (NaN and ±Inf values); calls with no
+floating-point tensor (integer or boolean outputs, no input needing grad) are
+*skipped* and counted, as are tensors that could not be reduced (*failed*).
+
+:class:`Numerics` reads them: per event, the module, phase, step (numbered as the
+steps are: the first is 0), call (0-based among that module's calls of that phase in
+that step, in time order) and whether the call was an eval call or a recompute
+(activation checkpointing; left out of the statistics). :func:`first_nonfinite`
+names the earliest call holding a non-finite value; a tensor that is the input of a
+module and of its parent gives both the same gradient at the same moment (their
+events are adjacent), and then the innermost module is named.
+
+Example:
+    >>> import numpy as np
+    >>> from hooktrace._events import EVENT_DTYPE, Clock
+    >>> from hooktrace.reading import TraceData
+    >>> def stats(absmax, rms):
+    ...     return int(np.array([absmax, rms], np.float32).view(np.uint64)[0])
+    >>> ev = np.zeros(6, EVENT_DTYPE)
+    >>> ev["kind"] = [1, 1, 2, 12, 2, 12]; ev["id"] = [0, 1, 1, 1, 0, 0]
+    >>> ev["t"] = [0, 10, 20, 21, 30, 31]
+    >>> ev["seq"][3] = stats(float("inf"), float("inf")); ev["rf_tid"][3] = 2
+    >>> ev["seq"][5] = stats(3.0, 1.5)
+    >>> info = {"pid": 1, "hostname": "h", "dropped_events": 0, "overwritten_events": 0,
+    ...         "numerics": {"every": 1}}
+    >>> trace = TraceData(ev, [("", "Net"), ("fc", "Linear")], [], Clock(0, 0, 1.0), info)
+    >>> n = Numerics.from_trace(trace)
+    >>> n.module.tolist(), n.absmax.tolist(), n.nonfinite.tolist()
+    ([1, 0], [inf, 3.0], [2, 0])
+    >>> first_nonfinite(trace)["module"]
+    'fc'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hooktrace._events import NUM_BACKWARD, NUM_FAILED, NUM_SKIPPED, NUMERICS
+from hooktrace.reading import CAT_RECOMPUTE, SPAN_EVAL, TraceData, forward_span_before
+
+__all__ = ["NUMERIC_COLUMNS", "Numerics", "first_nonfinite", "history", "number_for_json",
+           "numerics_info"]
+
+# The summary's columns (recorded only with numerics=True): forward output and
+# backward input gradient; abs-max is the max over calls, rms the mean over calls,
+# nonfinite the sum over calls.
+NUMERIC_COLUMNS = ("absmax", "rms", "nonfinite", "bwd_absmax", "bwd_rms", "bwd_nonfinite")
+
+
+def numerics_info(info: dict[str, Any]) -> dict[str, Any] | None:
+    """``info["numerics"]`` when the run recorded numerics, else None."""
+    value = info.get("numerics")
+    return value if isinstance(value, dict) else None
+
+
+@dataclass
+class Numerics:
+    """The NUMERICS events of a trace, parallel arrays in time order."""
+
+    module: np.ndarray  # slot
+    backward: np.ndarray  # bool
+    step: np.ndarray  # step number (0 without step marks)
+    call: np.ndarray  # among the module's calls of that phase in that step
+    t_ns: np.ndarray
+    tid: np.ndarray
+    absmax: np.ndarray  # float64 (recorded as float32)
+    rms: np.ndarray
+    nonfinite: np.ndarray  # int64
+    skipped: np.ndarray  # bool: no floating-point tensor
+    failed: np.ndarray  # bool: a reduction raised
+    eval: np.ndarray  # bool: a forward call with grad off or the module in eval mode
+    recompute: np.ndarray  # bool: a forward call recomputed in backward (checkpointing)
+    raw: np.ndarray  # index of the event in trace.events (per thread in recorded order)
+    span: np.ndarray  # forward: the call's span in trace.spans() (-1: backward, not found)
+    every: int = 1
+
+    def __len__(self) -> int:
+        return len(self.module)
+
+    @classmethod
+    def from_trace(cls, trace: TraceData) -> Numerics:
+        cached = getattr(trace, "_numerics", None)
+        if isinstance(cached, Numerics):
+            return cached
+        out = cls._build(trace)
+        trace._numerics = out  # type: ignore[attr-defined]
+        return out
+
+    @classmethod
+    def _build(cls, trace: TraceData) -> Numerics:
+        ev = trace.events
+        raw = np.flatnonzero(ev["kind"] == NUMERICS)
+        e = ev[raw]
+        t = trace.clock.to_unix_ns(e["t"]).astype(np.int64)
+        order = np.argsort(t, kind="stable")
+        raw, e, t = raw[order], e[order], t[order]
+        pair = e["seq"].astype(np.uint64).view(np.float32).reshape(-1, 2) if len(e) else (
+            np.zeros((0, 2), np.float32))
+        absmax, rms = pair[:, 0].astype(np.float64), pair[:, 1].astype(np.float64)
+        flags = e["flags"]
+        backward = (flags & NUM_BACKWARD) != 0
+        module = e["id"].astype(np.int64)
+        tid = e["tid"].astype(np.int64)
+        steps = trace.steps()
+        if len(steps):
+            row = steps.index_of(t)
+            step = np.where(row >= 0, steps.number[np.maximum(row, 0)], 0)
+        else:
+            step = np.zeros(len(t), np.int64)
+        # forward: the call whose EXIT it follows, the module's latest span on that
+        # thread ending at or before it
+        is_eval = np.zeros(len(t), bool)
+        recompute = np.zeros(len(t), bool)
+        span_of = np.full(len(t), -1, np.int64)
+        fwd = np.flatnonzero(~backward)
+        if len(fwd):
+            span = forward_span_before(trace, tid[fwd], module[fwd], t[fwd])
+            span_of[fwd] = span
+            spans = trace.spans()
+            ok = span >= 0
+            is_eval[fwd[ok]] = (spans.flags[span[ok]] & SPAN_EVAL) != 0
+            recompute[fwd[ok]] = spans.cat[span[ok]] == CAT_RECOMPUTE
+        # the call's number among its module's calls of that phase in that step
+        key = np.stack([module, backward.astype(np.int64), step])
+        call = np.zeros(len(t), np.int64)
+        if len(t):
+            o = np.lexsort((np.arange(len(t)), key[2], key[1], key[0]))
+            ko = key[:, o]
+            new = np.r_[True, (ko[:, 1:] != ko[:, :-1]).any(axis=0)]
+            start = np.maximum.accumulate(np.where(new, np.arange(len(t)), 0))
+            call[o] = np.arange(len(t)) - start
+        info = numerics_info(trace.info) or {}
+        every = info.get("every", 1)
+        return cls(module, backward, step.astype(np.int64), call, t, tid, absmax, rms,
+                   e["rf_tid"].astype(np.int64), (flags & NUM_SKIPPED) != 0,
+                   (flags & NUM_FAILED) != 0, is_eval, recompute, raw, span_of,
+                   every if isinstance(every, int) and every >= 1 else 1)
+
+    def measured(self) -> np.ndarray:
+        """Events that count in the statistics: reduced, not a recompute."""
+        return ~self.skipped & ~self.failed & ~self.recompute
+
+
+def _depth(name: str) -> int:
+    return 0 if not name else name.count(".") + 1
+
+
+def first_nonfinite(trace: TraceData) -> dict[str, Any] | None:
+    """The earliest module call holding a NaN or Inf, or None (also when the run
+    recorded no numerics): ``module``, ``type``, ``phase`` (``"forward"``: its output,
+    ``"backward"``: the gradient of its inputs), ``step``, ``call``, ``nonfinite``
+    (values), ``absmax``, and ``steps_checked`` ("every step" or which)."""
+    n = Numerics.from_trace(trace)
+    bad = np.flatnonzero((n.nonfinite > 0) & ~n.recompute)
+    if not len(bad):
+        return None
+    i = int(bad[0])
+    # the events right after it on its thread, with nothing recorded in between,
+    # saw the same tensor (a module and its parent share an input): the innermost
+    ev = trace.events
+    tie = [i]
+    pos = {int(r): k for k, r in enumerate(n.raw.tolist())}
+    j = int(n.raw[i]) + 1
+    while j < len(ev) and ev["kind"][j] == NUMERICS and ev["tid"][j] == ev["tid"][n.raw[i]]:
+        k = pos.get(j)
+        if k is not None and n.nonfinite[k] > 0 and n.backward[k] == n.backward[i]:
+            tie.append(k)
+        j += 1
+    names = [trace.modules[int(n.module[k])][0] if n.module[k] < len(trace.modules) else ""
+             for k in tie]
+    best = max(range(len(tie)), key=lambda x: (_depth(names[x]), -x))
+    k = tie[best]
+    m = int(n.module[k])
+    name, type_name = trace.modules[m] if m < len(trace.modules) else (f"<module {m}>", "?")
+    return {"module": name, "type": type_name,
+            "phase": "backward" if n.backward[k] else "forward",
+            "step": int(n.step[k]), "call": int(n.call[k]), "nonfinite": int(n.nonfinite[k]),
+            "absmax": number_for_json(float(n.absmax[k])),
+            "steps_checked": ("every step" if n.every == 1
+                              else f"every {n.every}th step (0, {n.every}, {2 * n.every}, ...)")}
+
+
+def number_for_json(value: float) -> float | str:
+    """A float for JSON: NaN and ±Inf as the strings "nan", "inf", "-inf"."""
+    if np.isfinite(value):
+        return value
+    return "nan" if np.isnan(value) else ("inf" if value > 0 else "-inf")
+
+
+def history(trace: TraceData) -> list[dict[str, Any]]:
+    """Per (module, phase, step): ``calls``, ``absmax`` (max), ``rms`` (mean over
+    calls), ``nonfinite`` (sum); training calls only (eval calls and recomputes left
+    out), in step order."""
+    n = Numerics.from_trace(trace)
+    sel = np.flatnonzero(n.measured() & ~n.eval)
+    out: dict[tuple[int, bool, int], dict[str, Any]] = {}
+    for k in sel.tolist():
+        key = (int(n.module[k]), bool(n.backward[k]), int(n.step[k]))
+        row = out.get(key)
+        if row is None:
+            m = key[0]
+            row = out[key] = {"module": trace.modules[m][0] if m < len(trace.modules) else "",
+                              "phase": "backward" if key[1] else "forward", "step": key[2],
+                              "calls": 0, "absmax": 0.0, "rms": 0.0, "nonfinite": 0}
+        row["calls"] += 1
+        a = float(n.absmax[k])
+        row["absmax"] = a if np.isnan(a) or a > row["absmax"] else row["absmax"]
+        row["rms"] += float(n.rms[k])
+        row["nonfinite"] += int(n.nonfinite[k])
+    for row in out.values():
+        row["rms"] = number_for_json(row["rms"] / row["calls"])
+        row["absmax"] = number_for_json(row["absmax"])
+    return sorted(out.values(), key=lambda r: (r["step"], r["phase"], r["module"]))

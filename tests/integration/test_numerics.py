@@ -1,0 +1,381 @@
+"""Numeric health per module call and the first non-finite value, named (issue #19).
+
+Checks: each call's output and input-gradient statistics equal a pure-Python
+reference (torch.amax(abs), torch.linalg.vector_norm, isfinite counts); an overflow
+to inf in one submodule at a known step and a custom autograd Function returning NaN
+gradients at a known step are both named exactly (module, phase, step), the latter
+also when the module shares its input with its parent; activation checkpointing,
+in-place ops, dataclass and tuple outputs, integer outputs (skipped, counted);
+sampling every N steps; dump_on="nonfinite"; `hooktrace run --numerics` read through
+`summary --json`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+import hooktrace
+from hooktrace._events import NUMERICS
+from hooktrace.numerics import Numerics, first_nonfinite, history
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclasses.dataclass
+class Out:
+    hidden: torch.Tensor
+    ids: torch.Tensor
+
+
+class Pair(nn.Module):
+    """Several outputs: a tuple of two tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.fc(x)
+        return y, y * 2
+
+
+class Head(nn.Module):
+    """A dataclass output holding a float and an integer tensor."""
+
+    def forward(self, x: torch.Tensor) -> Out:
+        return Out(x.tanh(), x.argmax(-1))
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(8, 8)
+        self.act = nn.ReLU(inplace=True)
+        self.pair = Pair()
+        self.head = Head()
+
+    def forward(self, x: torch.Tensor) -> Out:
+        a, b = self.pair(self.act(self.inp(x)))
+        return self.head(a + b)
+
+
+def _batches(n: int) -> list[torch.Tensor]:
+    return [torch.randn(4, 8, generator=torch.Generator().manual_seed(i)) * (i + 1)
+            for i in range(n)]
+
+
+def _train(net: nn.Module, steps: int) -> None:
+    opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+    for x in _batches(steps):
+        net(x).hidden.square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def _ref_stats(tensors: list[torch.Tensor]) -> tuple[float, float, int]:
+    floats = [t.detach().double() for t in tensors if t.is_floating_point()]
+    absmax = max(float(torch.amax(t.abs())) for t in floats)
+    sq = sum(float(torch.linalg.vector_norm(t)) ** 2 for t in floats)
+    n = sum(t.numel() for t in floats)
+    nonfinite = sum(int((~torch.isfinite(t)).sum()) for t in floats)
+    return absmax, math.sqrt(sq / n), nonfinite
+
+
+def _flat(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (tuple, list)):
+        return [t for o in obj for t in _flat(o)]
+    if dataclasses.is_dataclass(obj):
+        return [t for f in dataclasses.fields(obj) for t in _flat(getattr(obj, f.name))]
+    return []
+
+
+def test_stats_equal_a_python_reference_per_call() -> None:
+    # the reference: plain Python hooks on an identical, untraced model
+    torch.manual_seed(0)
+    ref_net = Net()
+    want: dict[tuple[str, str], list[tuple[float, float, int]]] = {}
+    for name, m in ref_net.named_modules():
+        if name in ("inp", "pair", "pair.fc", "head"):
+            m.register_forward_hook(lambda m, i, o, name=name: want.setdefault(
+                (name, "forward"), []).append(_ref_stats(_flat(o))))
+        if name in ("pair", "pair.fc", "head"):  # (inp's input needs no grad)
+            m.register_full_backward_hook(lambda m, gi, go, name=name: want.setdefault(
+                (name, "backward"), []).append(_ref_stats([g for g in gi if g is not None])))
+    _train(ref_net, 3)
+    torch.manual_seed(0)
+    net = Net()
+    with hooktrace.trace(net, numerics=True) as tr:
+        _train(net, 3)
+    result = tr.result
+    n = Numerics.from_trace(result)
+    names = [name for name, _ in result.modules]
+    for (name, phase), expected in want.items():
+        sel = np.flatnonzero((np.array([names[m] for m in n.module]) == name)
+                             & (n.backward == (phase == "backward")))
+        got = [(float(n.absmax[k]), float(n.rms[k]), int(n.nonfinite[k])) for k in sel]
+        assert len(got) == len(expected) == 3, (name, phase, got, expected)
+        for g, w in zip(got, expected):
+            assert g[0] == pytest.approx(w[0], rel=1e-5) and g[1] == pytest.approx(w[1], rel=1e-5)
+            assert g[2] == w[2] == 0
+    # the dataclass output's integer tensor is left out, the ReLU (in place) is measured
+    assert ((np.array([names[m] for m in n.module]) == "act") & ~n.backward).sum() == 3
+    # nothing non-finite: first_nonfinite is null in the JSON, a line in the footer
+    doc = json.loads(result.summary().to_json())
+    assert doc["first_nonfinite"] is None
+    rows = {(r["module"], r["mode"]): r for r in doc["rows"]}
+    assert rows[("pair.fc", "train")]["absmax"] > 0 and rows[("pair.fc", "train")]["rms"] > 0
+    assert rows[("pair.fc", "train")]["nonfinite"] == 0
+    assert rows[("pair.fc", "train")]["bwd_absmax"] > 0
+    assert "numerics: no NaN or Inf seen" in result.summary().to_text()
+
+
+class Boom(nn.Module):
+    """Its output overflows to inf at step `at` (a second, unused output: the weights
+    stay finite, so later steps are clean)."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.at, self.step = at, 0
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.fc(x)
+        return y, (y * 1e30) * 1e30 if self.step == self.at else y
+
+
+class NaNGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, poison: bool) -> torch.Tensor:
+        ctx.poison = poison
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return (g * float("nan") if ctx.poison else g), None
+
+
+class Poison(nn.Module):
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at, self.step = at, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return NaNGrad.apply(x, self.step == self.at)
+
+
+class Wrap(nn.Module):
+    """Passes its input straight to its child: both see the same input gradient."""
+
+    def __init__(self, child: nn.Module) -> None:
+        super().__init__()
+        self.inner = child
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+
+class Faulty(nn.Module):
+    def __init__(self, boom_at: int = -1, nan_at: int = -1) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.boom = Boom(boom_at)
+        self.wrap = Wrap(Poison(nan_at))
+        self.b = nn.Linear(8, 1)
+
+    def set_step(self, i: int) -> None:
+        self.boom.step = self.wrap.inner.step = i
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, _ = self.boom(self.a(x))
+        return self.b(self.wrap(torch.relu(y)))
+
+
+def _faulty_run(steps: int = 6, **kw: Any) -> hooktrace.TraceResult:
+    torch.manual_seed(0)
+    net = Faulty(**{k: v for k, v in kw.items() if k in ("boom_at", "nan_at")})
+    opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+    opts = {k: v for k, v in kw.items() if k not in ("boom_at", "nan_at")}
+    with hooktrace.trace(net, numerics=True, **opts) as tr:
+        for i, x in enumerate(_batches(steps)):
+            net.set_step(i)
+            loss = net(x).square().mean()
+            loss.backward()
+            if not all(torch.isfinite(p.grad).all() for p in net.parameters()):
+                opt.zero_grad()  # (a NaN step is skipped, as AMP's scaler would)
+            opt.step()
+            opt.zero_grad()
+    return tr.result
+
+
+def test_an_overflow_is_named_with_its_step(capfd: pytest.CaptureFixture[str]) -> None:
+    result = _faulty_run(boom_at=3)
+    first = first_nonfinite(result)
+    assert first is not None
+    assert (first["module"], first["phase"], first["step"], first["call"]) == ("boom", "forward", 3, 0)
+    assert first["absmax"] == "inf" and first["nonfinite"] == 4 * 8
+    assert "first non-finite value: boom forward (output), step 3" in capfd.readouterr().err
+    doc = json.loads(result.summary().to_json())
+    assert doc["first_nonfinite"]["module"] == "boom"
+    rows = {(r["module"], r["mode"]): r for r in doc["rows"]}
+    assert rows[("boom", "train")]["nonfinite"] == 32 and rows[("a", "train")]["nonfinite"] == 0
+    assert "FIRST NON-FINITE: boom forward (output), step 3, call 0" in result.summary().to_text()
+    # per-step history: only step 3 has it
+    bad_steps = {h["step"] for h in history(result) if h["nonfinite"]}
+    assert bad_steps == {3}
+
+
+def test_a_nan_gradient_is_named_innermost_with_its_step() -> None:
+    result = _faulty_run(nan_at=2)
+    first = first_nonfinite(result)
+    assert first is not None
+    # the gradient of Poison's input is NaN; Wrap shares that input: the innermost
+    assert (first["module"], first["phase"], first["step"]) == ("wrap.inner", "backward", 2)
+    assert first["type"] == "Poison"
+
+
+def test_sampling_covers_only_its_steps() -> None:
+    every2 = _faulty_run(boom_at=3, numerics_every=2)
+    n = Numerics.from_trace(every2)
+    assert set(n.step.tolist()) == {0, 2, 4}
+    assert first_nonfinite(every2) is None  # step 3 was not measured
+    caught = _faulty_run(boom_at=4, numerics_every=2)
+    first = first_nonfinite(caught)
+    assert first is not None and first["step"] == 4
+    assert first["steps_checked"].startswith("every 2th step")
+
+
+def test_dump_on_nonfinite_writes_a_dump(tmp_path: Path) -> None:
+    _faulty_run(boom_at=1, dump_on=("nonfinite",), dump_dir=tmp_path)
+    dumps = sorted(tmp_path.glob("*.nonfinite-*.htrace"))
+    assert len(dumps) == 1
+    dump = hooktrace.load(dumps[0])
+    assert dump.info["dump"]["reason"] == "nonfinite"
+    with pytest.raises(ValueError, match="needs numerics=True"):
+        hooktrace.trace(nn.Linear(2, 2), dump_on=("nonfinite",))
+    with pytest.raises(ValueError, match="numerics_every"):
+        hooktrace.trace(nn.Linear(2, 2), numerics=True, numerics_every=0)
+
+
+def test_checkpointing_and_off() -> None:
+    class Ck(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 8))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return checkpoint(self.inner, x, use_reentrant=False)
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 8), Ck(), nn.Linear(8, 1))
+    with hooktrace.trace(net, numerics=True) as tr:
+        for x in _batches(2):
+            net(x).sum().backward()
+    n = Numerics.from_trace(tr.result)
+    names = [name for name, _ in tr.result.modules]
+    inner0 = np.array([names[m] == "1.inner.0" for m in n.module])
+    # the recomputed forward calls are marked and left out of the statistics
+    assert ((inner0 & ~n.backward & ~n.recompute).sum(), (inner0 & n.recompute).sum()) == (2, 2)
+    assert (inner0 & n.backward).sum() == 2  # its input gradient, once per step
+    rows = {(r["module"], r["mode"]): r for r in tr.result.summary().rows}
+    assert rows[("1.inner.0", "train")]["bwd_absmax"] > 0
+    # numerics off: no event
+    with hooktrace.trace(net) as tr2:
+        net(_batches(1)[0]).sum().backward()
+    assert not (tr2.result.events["kind"] == NUMERICS).any()
+    assert "absmax" not in tr2.result.summary().columns
+
+
+def test_run_numerics_names_the_first_nonfinite_in_summary_json(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+        torch.manual_seed(0)
+
+        class Scale(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.step = 0
+            def forward(self, x):
+                return x * (float("inf") if self.step == 2 else 1.0)
+
+        net = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.Tanh(), Scale()), nn.Linear(4, 1))
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        for i in range(4):
+            net[1][1].step = i
+            net(torch.randn(2, 4)).sum().backward()
+            opt.zero_grad()
+            opt.step()
+    """))
+    out = tmp_path / "run.htrace"
+    r = subprocess.run([sys.executable, "-m", "hooktrace", "run", "--numerics", "-o", str(out),
+                        str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "first non-finite value: 1.1 forward (output), step 2" in r.stderr
+    s = subprocess.run([sys.executable, "-m", "hooktrace", "summary", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert s.returncode == 0, s.stderr
+    doc = json.loads(s.stdout)
+    first = doc["first_nonfinite"]
+    assert (first["module"], first["phase"], first["step"]) == ("1.1", "forward", 2)
+    row = next(r for r in doc["rows"] if r["module"] == "1.1")
+    assert {"absmax", "rms", "nonfinite", "bwd_absmax"} <= set(row)
+    t = subprocess.run([sys.executable, "-m", "hooktrace", "summary", "--numerics", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert t.returncode == 0 and "absmax" in t.stdout and "FIRST NON-FINITE" in t.stdout
+
+
+class _Child(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 3
+
+
+class _InPlaceParent(nn.Module):
+    """Returns its child's output tensor itself, once unchanged and once after an
+    in-place change: statistics reduced for the child may be reused only in the first
+    case (same tensor, same version)."""
+
+    def __init__(self, in_place: bool) -> None:
+        super().__init__()
+        self.child = _Child()
+        self.in_place = in_place
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.child(x)
+        if self.in_place:
+            y.mul_(-10)
+        return y
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_a_returned_tensor_changed_in_place_is_reduced_again(in_place: bool) -> None:
+    # GIVEN a parent returning its child's output, changed in place or not
+    model = _InPlaceParent(in_place)
+    x = torch.tensor([[1.0, -2.0, 0.5]])
+    # WHEN traced with numerics (grad off: no gradient hooks)
+    with torch.no_grad(), hooktrace.trace(model, numerics=True) as tr:
+        out = model(x)
+    # THEN each call's abs-max and RMS are those of its output at its return
+    n = Numerics.from_trace(tr)
+    by_module = {tr.modules[int(m)][0]: (a, r) for m, a, r, b in
+                 zip(n.module, n.absmax, n.rms, n.backward) if not b}
+    child_out = x * 3
+    assert by_module["child"][0] == pytest.approx(float(child_out.abs().max()))
+    assert by_module[""][0] == pytest.approx(float(out.abs().max()))
+    assert by_module[""][1] == pytest.approx(float(out.pow(2).mean().sqrt()), rel=1e-6)
+    assert bool(by_module[""][0] == by_module["child"][0]) is (not in_place)
