@@ -54,13 +54,36 @@ import numpy as np
 from hooktrace._events import NUM_BACKWARD, NUM_FAILED, NUM_SKIPPED, NUMERICS
 from hooktrace.reading import CAT_RECOMPUTE, SPAN_EVAL, TraceData, forward_span_before
 
-__all__ = ["NUMERIC_COLUMNS", "Numerics", "first_nonfinite", "history", "number_for_json",
-           "numerics_info"]
+__all__ = ["COUNTER_NAME", "NUMERIC_COLUMNS", "Numerics", "counter_points", "first_nonfinite",
+           "history", "number_for_json", "numerics_info"]
 
 # The summary's columns (recorded only with numerics=True): forward output and
 # backward input gradient; abs-max is the max over calls, rms the mean over calls,
 # nonfinite the sum over calls.
 NUMERIC_COLUMNS = ("absmax", "rms", "nonfinite", "bwd_absmax", "bwd_rms", "bwd_nonfinite")
+
+
+# The exports' counter track: non-finite values seen so far (outputs and input
+# gradients of every measured call, recomputes left out), a step up at each call
+# holding some; flat at 0 in a healthy run.
+COUNTER_NAME = "non-finite values (hooktrace)"
+
+
+def counter_points(trace: TraceData, window: tuple[int, int] | None = None,
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """(Unix ns, non-finite values so far) of the counter track: the first and last
+    measured calls and every call that adds some, inside ``window`` when given."""
+    n = Numerics.from_trace(trace)
+    sel = np.flatnonzero(~n.recompute)
+    t, total = n.t_ns[sel], np.cumsum(n.nonfinite[sel])
+    if window is not None:
+        keep = (t >= window[0]) & (t <= window[1])
+        t, total = t[keep], total[keep]
+    if len(t) > 2:
+        change = np.r_[True, total[1:] != total[:-1]]
+        change[-1] = True
+        t, total = t[change], total[change]
+    return t, total
 
 
 def numerics_info(info: dict[str, Any]) -> dict[str, Any] | None:

@@ -44,7 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--numerics", action="store_true",
                    help="add abs-max, RMS and non-finite counts per module (recorded with "
                         "trace(model, numerics=True) or run --numerics; --wide, --csv and "
-                        "--json always have them)")
+                        "--json always have them); with --json also numerics_history, per "
+                        "module, phase and step")
     p.add_argument("--peak-tflops", type=float, default=None, metavar="TFLOPS",
                    help="the device's peak TFLOP/s, for MFU (default: known GPUs' peaks)")
     p.add_argument("--steps", action="store_true",
@@ -108,6 +109,15 @@ def run(args: argparse.Namespace) -> None:
     # Both tables offer the same forms; --top applies to every one of them.
     if args.csv:
         sys.stdout.write(table.to_csv(top=args.top))
+    elif args.json and args.numerics and not (args.steps or args.by_shape or args.profiler):
+        # --numerics --json: the per-step history too (hooktrace.numerics.history)
+        import json
+
+        from hooktrace.numerics import history
+
+        doc = json.loads(table.to_json(top=args.top))
+        doc["numerics_history"] = history(run_)
+        print(json.dumps(doc, ensure_ascii=False))
     elif args.json:
         print(table.to_json(top=args.top))
     elif args.flops or args.memory or args.numerics:  # (then the table is a Summary)

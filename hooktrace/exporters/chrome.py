@@ -67,6 +67,9 @@ from hooktrace._filters import OPEN_WINDOW, Filters
 from hooktrace._output import open_output
 from hooktrace.exporters._extra_args import extra_args
 from hooktrace.kernels import kernel_sites
+from hooktrace.numerics import COUNTER_NAME as NUMERICS_COUNTER
+from hooktrace.numerics import counter_points as numerics_counter
+from hooktrace.numerics import numerics_info
 from hooktrace.exporters._layout import (
     CHUNK_BYTES,
     KERNEL_CAT,
@@ -176,7 +179,9 @@ def write_memory_counters(write: Any, trace: TraceData, base_ns: int,
                           window: tuple[int, int] | None = None) -> int:
     """One counter track per recorded device (``trace(memory=True)``): ``C`` events
     named ``memory <device> (hooktrace)`` with arg ``allocated_bytes``, at every sample
-    where the value changes, clipped to ``window``; returns how many were written."""
+    where the value changes, clipped to ``window``; with ``numerics=True`` also
+    ``non-finite values (hooktrace)`` (arg ``nonfinite``, :func:`hooktrace.numerics.
+    counter_points`); returns how many were written."""
     from hooktrace.memory import counter_name, counter_points, memory_devices
 
     written = 0
@@ -187,6 +192,14 @@ def write_memory_counters(write: Any, trace: TraceData, base_ns: int,
         parts = [f',\n{{"ph":"C","name":{name},"pid":{pid},"ts":{_micros(ts - base_ns)},'
                  f'"args":{{"allocated_bytes":{v}}}}}'
                  for ts, v in zip(t.tolist(), b.tolist())]
+        for i in range(0, len(parts), 65536):
+            write("".join(parts[i:i + 65536]).encode("utf-8"))
+        written += len(parts)
+    if numerics_info(trace.info) is not None:  # non-finite values so far (numerics=True)
+        t, v = numerics_counter(trace, window)
+        parts = [f',\n{{"ph":"C","name":{_dumps(NUMERICS_COUNTER)},"pid":{pid},'
+                 f'"ts":{_micros(ts - base_ns)},"args":{{"nonfinite":{x}}}}}'
+                 for ts, x in zip(t.tolist(), v.tolist())]
         for i in range(0, len(parts), 65536):
             write("".join(parts[i:i + 65536]).encode("utf-8"))
         written += len(parts)

@@ -72,6 +72,9 @@ from hooktrace.exporters._layout import (
 )
 from hooktrace.exporters._extra_args import extra_args
 from hooktrace.kernels import kernel_sites
+from hooktrace.numerics import COUNTER_NAME as NUMERICS_COUNTER
+from hooktrace.numerics import counter_points as numerics_counter
+from hooktrace.numerics import numerics_info
 from hooktrace.reading import NO_PASS
 
 if TYPE_CHECKING:
@@ -223,6 +226,14 @@ def _memory_counters(trace: TraceData, plan: Any, first_uuid: int) -> bytes:
         head = _uint(9, _TYPE_COUNTER) + _uint(11, uuid)
         out += b"".join(_packet(_uint(8, ts) + _bytes(11, head + _uint(30, v)))
                         for ts, v in zip(t.tolist(), b.tolist()))
+    if numerics_info(trace.info) is not None:  # non-finite values so far (numerics=True)
+        uuid = first_uuid + len(memory_devices(trace))
+        out += _packet(_bytes(60, _uint(1, uuid) + _uint(5, _PROCESS_UUID)
+                              + _str(2, NUMERICS_COUNTER) + _bytes(8, b"")))
+        t, v = numerics_counter(trace, window)
+        head = _uint(9, _TYPE_COUNTER) + _uint(11, uuid)
+        out += b"".join(_packet(_uint(8, ts) + _bytes(11, head + _uint(30, x)))
+                        for ts, x in zip(t.tolist(), v.tolist()))
     return out
 
 

@@ -379,3 +379,60 @@ def test_a_returned_tensor_changed_in_place_is_reduced_again(in_place: bool) -> 
     assert by_module[""][0] == pytest.approx(float(out.abs().max()))
     assert by_module[""][1] == pytest.approx(float(out.pow(2).mean().sqrt()), rel=1e-6)
     assert bool(by_module[""][0] == by_module["child"][0]) is (not in_place)
+
+
+def test_exports_carry_shapes_numerics_and_the_counter_in_perfetto(tmp_path: Path) -> None:
+    """Both exports of a run with shapes and numerics load in Perfetto's own trace
+    processor with every span (--strict), the forward spans' args hold the shapes and
+    the call's statistics, and the non-finite counter track holds the recorded counts."""
+    from perfetto_check import perfetto_check, trace_processor
+
+    from hooktrace.numerics import COUNTER_NAME, counter_points
+
+    model = Faulty(boom_at=3)
+    with hooktrace.trace(model, numerics=True, shapes=True) as tr:
+        for i in range(5):
+            model.set_step(i)
+            model(torch.randn(4, 8)).sum().backward()
+            tr.step()
+    t, total = counter_points(tr)
+    assert total[0] == 0 and total[-1] > 0  # healthy, then the overflow from step 3 on
+    files = [tmp_path / "n.json", tmp_path / "n.pftrace"]
+    tr.export_chrome(files[0])
+    tr.export_perfetto(files[1])
+    fwd = [e for e in json.loads(files[0].read_text())["traceEvents"]
+           if e.get("cat") == "hooktrace.forward"]
+    assert fwd and all("in_shapes" in e["args"] and "absmax" in e["args"] for e in fwd)
+    assert any(e["args"]["nonfinite"] > 0 for e in fwd)
+    with trace_processor() as tp:
+        perfetto_check(files, tp)
+        for path in files:
+            assert tp.load(path) is None
+            rows = tp.query("select c.value from counter c join counter_track t "
+                            "on c.track_id = t.id where t.name like '%non-finite%' order by c.ts")
+            assert [int(r["value"]) for r in rows] == total.tolist(), path
+            args = tp.query("select a.key, count(*) as n from slice s join args a using(arg_set_id)"
+                            " where s.category = 'hooktrace.forward' group by a.key")
+            keys = {r["key"]: r["n"] for r in args}
+            assert any("in_shapes" in k for k in keys) and any("absmax" in k for k in keys), keys
+    assert COUNTER_NAME in files[0].read_text()
+
+
+def test_summary_numerics_json_has_the_per_step_history(tmp_path: Path) -> None:
+    model = Faulty(boom_at=2)
+    with hooktrace.trace(model, numerics=True) as tr:
+        for i in range(4):
+            model.set_step(i)
+            model(torch.randn(4, 8)).sum().backward()
+            tr.step()
+    path = tmp_path / "h.htrace"
+    tr.save(path)
+    r = subprocess.run([sys.executable, "-m", "hooktrace", "summary", str(path), "--numerics",
+                        "--json"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    hist = doc["numerics_history"]
+    assert sorted({h["step"] for h in hist}) == [0, 1, 2, 3]
+    first = doc["first_nonfinite"]
+    bad = [h for h in hist if h["nonfinite"] and h["phase"] == first["phase"]]
+    assert min(h["step"] for h in bad) == first["step"] == 2
