@@ -148,6 +148,12 @@ PYBIND11_MODULE(_C, m) {
   m.def("remove_kernel_session", &hooktrace::remove_kernel_session, py::arg("session"));
   m.def("set_compiling", &hooktrace::set_compiling, py::arg("compiling"));
   m.def("node_names", &hooktrace::node_names);
+  m.def("flush_numerics", [](std::shared_ptr<Session> s) { return hooktrace::flush_numerics(s.get()); },
+        py::arg("session"), "Record the deferred numerics of the session (numerics.h).");
+  m.def("forget_numerics", [](std::shared_ptr<Session> s) { hooktrace::forget_numerics(s.get()); },
+        py::arg("session"));
+  m.def("set_numerics_deferred", &hooktrace::set_numerics_deferred, py::arg("on"),
+        "Tests: take the deferred numerics path on CPU too.");
   m.def("shape_signatures", &hooktrace::shape_signatures, py::arg("first") = 0,
         "The process's shape signatures from index `first` (shapes.h).");
   m.def("now_ticks", &hooktrace::now_ticks);

@@ -60,6 +60,10 @@ enum EventKind : uint8_t {
   // module slot; seq = abs-max | rms << 32 (float32 bits); rf_tid = non-finite
   // values; flags = numerics.h's NumericsFlags.
   kNumerics = 12,
+  // The statistics of a deferred kNumerics event (flag kNumDeferred, numerics.h),
+  // recorded when the session flushes them: id = the call's id (that event's rf_tid);
+  // seq, rf_tid, flags as kNumerics'.
+  kNumericsValue = 13,
 };
 
 enum EventFlags : uint8_t {

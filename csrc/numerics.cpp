@@ -10,6 +10,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <unordered_map>
 #include <mutex>
 
 #include "event.h"
@@ -23,6 +24,9 @@ int get_current_graph_task_id();
 
 namespace hooktrace {
 namespace {
+
+// set_numerics_deferred(): every tensor takes the deferred path (tests, on CPU).
+std::atomic<bool> g_force_deferred{false};
 
 // The tensor this thread reduced last (held weakly: its storage is not kept alive).
 struct Last {
@@ -42,12 +46,25 @@ struct Stats {
   uint64_t nonfinite = 0;
   uint32_t tensors = 0;  // floating (or complex) tensors reduced
   bool failed = false;
+  // Deferred (a tensor off the CPU, or set_numerics_deferred): per tensor, a [3]
+  // float64 tensor (abs-max, sum of squares, non-finite count) where it lives,
+  // read at the session's next flush_numerics().
+  std::vector<at::Tensor> parts;
 
   void add(const at::Tensor& t) {
     if (!t.defined() || !(t.is_floating_point() || t.is_complex())) return;
     ++tensors;
     const int64_t n = t.numel();
     if (n == 0) return;
+    if (C10_UNLIKELY(g_force_deferred.load(std::memory_order_relaxed) || !t.is_cpu())) {
+      try {
+        parts.push_back(reduce_deferred(t));
+        numel += static_cast<uint64_t>(n);
+      } catch (...) {
+        failed = true;
+      }
+      return;
+    }
     double a, sq;
     uint64_t bad;
     if (!reduce(t, &a, &sq, &bad)) {
@@ -114,7 +131,25 @@ struct Stats {
     return true;
   }
 
+  // The three statistics as one [3] float64 tensor on t's device: no host sync.
+  static at::Tensor reduce_deferred(const at::Tensor& t) {
+    c10::AutoGradMode no_grad(false);
+    std::optional<at::ScalarType> acc;
+    if (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16) acc = at::kFloat;
+    at::Tensor a;
+    if (t.is_complex()) {
+      a = at::abs(t).max();
+    } else {
+      const auto [mn, mx] = at::aminmax(t);
+      a = at::maximum(mn.neg(), mx);  // (NaN propagates)
+    }
+    const at::Tensor norm = at::linalg_vector_norm(t, 2, std::nullopt, false, acc);
+    const at::Tensor bad = at::logical_not(at::isfinite(t)).sum();
+    return at::stack({a.to(at::kDouble), norm.to(at::kDouble).square(), bad.to(at::kDouble)});
+  }
+
   void add(const Stats& o) {
+    parts.insert(parts.end(), o.parts.begin(), o.parts.end());
     if (std::isnan(o.absmax) || std::isnan(absmax))
       absmax = std::numeric_limits<double>::quiet_NaN();
     else
@@ -164,17 +199,76 @@ uint32_t float_bits(double v) {
   return u;
 }
 
-void record(Session* s, uint32_t slot, uint8_t flags, const Stats& st) {
-  if (!s) return;
+// Calls whose statistics wait on a device (Stats::parts), per session.
+struct DeferredItem {
+  Stats stats;  // the host part, and the parts to read
+  uint32_t id = 0;
+  uint32_t slot = 0;
+  uint8_t flags = 0;
+};
+struct DeferredStore {
+  std::mutex mutex;
+  std::vector<DeferredItem> items;
+  uint32_t next_id = 0;
+};
+std::mutex g_deferred_mutex;
+std::unordered_map<const Session*, std::shared_ptr<DeferredStore>> g_deferred;
+
+std::shared_ptr<DeferredStore> deferred_store(const Session* s, bool create) {
+  std::lock_guard<std::mutex> lock(g_deferred_mutex);
+  auto it = g_deferred.find(s);
+  if (it != g_deferred.end()) return it->second;
+  if (!create) return nullptr;
+  auto store = std::make_shared<DeferredStore>();
+  g_deferred.emplace(s, store);
+  return store;
+}
+
+void record(Session* s, uint32_t slot, uint8_t flags, const Stats& st);
+
+void record_deferred(Session* s, uint32_t slot, uint8_t flags, const Stats& st) {
+  auto store = deferred_store(s, true);
+  uint32_t id;
+  {
+    std::lock_guard<std::mutex> lock(store->mutex);
+    id = store->next_id++;
+    DeferredItem item;
+    item.stats = st;
+    item.id = id;
+    item.slot = slot;
+    item.flags = flags;
+    store->items.push_back(std::move(item));
+  }
+  s->record_numerics(slot, flags | kNumDeferred, 0, id);
+}
+
+// A call's statistics as an event's fields: flags (with kNumSkipped / kNumFailed),
+// seq = abs-max | rms << 32 (float32 bits), the non-finite count (saturating).
+struct Encoded {
+  uint8_t flags;
+  uint64_t seq;
+  uint32_t nonfinite;
+};
+Encoded encode(uint8_t flags, const Stats& st) {
   uint8_t f = flags;
   if (st.tensors == 0) f |= kNumSkipped;
   if (st.failed) f |= kNumFailed;
   const double rms = st.numel ? std::sqrt(st.sumsq / static_cast<double>(st.numel)) : 0.0;
-  const uint64_t seq = static_cast<uint64_t>(float_bits(st.absmax)) |
-                       (static_cast<uint64_t>(float_bits(rms)) << 32);
-  const uint32_t nonfinite = static_cast<uint32_t>(
-      std::min<uint64_t>(st.nonfinite, std::numeric_limits<uint32_t>::max()));
-  s->record_numerics(slot, f, seq, nonfinite);
+  return {f,
+          static_cast<uint64_t>(float_bits(st.absmax)) |
+              (static_cast<uint64_t>(float_bits(rms)) << 32),
+          static_cast<uint32_t>(
+              std::min<uint64_t>(st.nonfinite, std::numeric_limits<uint32_t>::max()))};
+}
+
+void record(Session* s, uint32_t slot, uint8_t flags, const Stats& st) {
+  if (!s) return;
+  if (C10_UNLIKELY(!st.parts.empty())) {
+    if (s->active()) record_deferred(s, slot, flags, st);
+    return;
+  }
+  const Encoded e = encode(flags, st);
+  s->record_numerics(slot, e.flags, e.seq, e.nonfinite);
   if (C10_UNLIKELY(st.nonfinite > 0) && s->active()) first_nonfinite(s, slot, flags & kNumBackward);
 }
 
@@ -206,6 +300,60 @@ void set_nonfinite_callback(Session* s, PyObject* callback) {
     }
   }
   Py_XDECREF(old);  // (outside the lock: a finalizer may run)
+}
+
+void set_numerics_deferred(bool on) { g_force_deferred.store(on, std::memory_order_relaxed); }
+
+size_t flush_numerics(Session* s) {
+  auto store = deferred_store(s, false);
+  if (!store) return 0;
+  std::vector<DeferredItem> items;
+  {
+    std::lock_guard<std::mutex> lock(store->mutex);
+    items.swap(store->items);
+  }
+  if (items.empty()) return 0;
+  // One read of every part: one sync per device for the whole step.
+  std::vector<at::Tensor> parts;
+  for (const auto& item : items)
+    for (const auto& p : item.stats.parts) parts.push_back(p.to(at::kCPU));
+  at::Tensor host;
+  bool ok = true;
+  try {
+    if (!parts.empty()) host = at::stack(parts).contiguous();
+  } catch (...) {
+    ok = false;
+  }
+  const double* v = ok && host.defined() ? host.data_ptr<double>() : nullptr;
+  size_t k = 0;
+  for (auto& item : items) {
+    Stats st = item.stats;  // its host part
+    const size_t n = st.parts.size();
+    st.parts.clear();
+    if (!v) {
+      st.failed = true;
+    } else {
+      for (size_t i = 0; i < n; ++i, ++k) {
+        const double a = v[3 * k], sq = v[3 * k + 1], bad = v[3 * k + 2];
+        if (std::isnan(a) || std::isnan(st.absmax))
+          st.absmax = std::numeric_limits<double>::quiet_NaN();
+        else
+          st.absmax = std::max(st.absmax, a);
+        st.sumsq += sq;
+        st.nonfinite += static_cast<uint64_t>(bad);
+      }
+    }
+    // the value event names the call by its id (the NUMERICS event's rf_tid)
+    const Encoded e = encode(item.flags, st);
+    s->record_numerics_value(item.id, e.flags, e.seq, e.nonfinite);
+    if (st.nonfinite > 0 && s->active()) first_nonfinite(s, item.slot, item.flags & kNumBackward);
+  }
+  return items.size();
+}
+
+void forget_numerics(const Session* s) {
+  std::lock_guard<std::mutex> lock(g_deferred_mutex);
+  g_deferred.erase(s);
 }
 
 void numerics_exit(PyObject* result, Session* a, uint32_t slot_a, Session* b, uint32_t slot_b) {

@@ -23,9 +23,9 @@
 // tensor subclass or fake tensor that cannot be reduced; stats are zero).
 //
 // Cost: this path is taken only by sessions with numerics on (module_call.cpp tests
-// one member); it allocates (tensors, hooks) and, on CPU, reads two scalars per
-// tensor. On CUDA the same code reads the scalars too (a device sync per call):
-// deferring them into a device buffer read once per step is left for a GPU session.
+// one byte); it allocates (tensors, hooks) and, on CPU, reads three scalars per
+// tensor (no sync to wait for there). Off the CPU the reductions are deferred (below):
+// no host sync per module call, one per step.
 // When the first non-finite value of a session is seen, the session's callback (set
 // from Python) is called once, with the GIL.
 #pragma once
@@ -43,7 +43,22 @@ enum NumericsFlags : uint8_t {
   kNumBackward = 1,
   kNumSkipped = 2,
   kNumFailed = 4,
+  kNumDeferred = 8,  // the statistics follow in a kNumericsValue event (rf_tid = its id)
 };
+
+// Deferred statistics (a tensor off the CPU, or every tensor after
+// set_numerics_deferred(true)): the call's reductions are queued where its tensors
+// live, as a [3] float64 tensor per tensor, with no host sync; its kNumerics event
+// carries kNumDeferred, seq 0 and rf_tid = an id unique in the session.
+// flush_numerics() reads every queued tensor of the session at once (one sync per
+// step: the recorder calls it at each step mark and before it stops) and records a
+// kNumericsValue event per call: id = that id, seq / rf_tid / flags as a kNumerics
+// event's. Returns the calls flushed. GIL held.
+size_t flush_numerics(Session* s);
+// Process-wide: take the deferred path on CPU too (tests the GPU path on CPU).
+void set_numerics_deferred(bool on);
+// Drops the session's queue (the recorder, after its last flush).
+void forget_numerics(const Session* s);
 
 // The session's callback for its first non-finite value: called once, with the GIL,
 // as callback(slot, backward: bool); exceptions it raises are reported as

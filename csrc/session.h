@@ -275,6 +275,10 @@ class Session : public std::enable_shared_from_this<Session> {
   inline void record_numerics(uint32_t slot, uint8_t flags, uint64_t stats, uint32_t nonfinite) {
     record_extra(kNumerics, slot, flags, stats, nonfinite);
   }
+  // A deferred call's statistics (numerics.h flush_numerics): id = the call's id.
+  inline void record_numerics_value(uint32_t id, uint8_t flags, uint64_t stats, uint32_t nonfinite) {
+    record_extra(kNumericsValue, id, flags, stats, nonfinite);
+  }
   // A call's shape signatures (shapes.h): input | output << 32.
   inline void record_shapes(uint32_t slot, uint32_t in_sig, uint32_t out_sig) {
     record_extra(kShapes, slot, 0, static_cast<uint64_t>(in_sig) | static_cast<uint64_t>(out_sig) << 32, 0);

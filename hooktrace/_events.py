@@ -48,9 +48,13 @@ NUMERICS = 12
 NUM_BACKWARD = 1  # NUMERICS flags: the gradient of the call's inputs (else its output)
 NUM_SKIPPED = 2  # no floating-point tensor (integer/boolean output, no input needing grad)
 NUM_FAILED = 4  # a reduction raised (a tensor that cannot be reduced): stats are zero
-NUM_FLAGS = NUM_BACKWARD | NUM_SKIPPED | NUM_FAILED
+NUM_DEFERRED = 8  # the stats follow in a NUMERICS_VALUE event whose id is this rf_tid
+NUM_FLAGS = NUM_BACKWARD | NUM_SKIPPED | NUM_FAILED | NUM_DEFERRED
+# A deferred NUMERICS event's statistics, recorded when the session flushed them (at the
+# next step mark or the end): id = the call's id; seq, rf_tid, flags as NUMERICS'.
+NUMERICS_VALUE = 13
 VALID_KINDS = (ENTER, EXIT, NODE_BEGIN, NODE_END, STEP, MEM_CPU, MEM_CUDA, KERNEL_BEGIN,
-               KERNEL_END, SHAPES, NUMERICS)
+               KERNEL_END, SHAPES, NUMERICS, NUMERICS_VALUE)
 
 FLAG_ERROR = 1  # EXIT: forward raised
 FLAG_NO_GRAD = 2  # ENTER: grad mode was off (torch.no_grad, inference_mode)

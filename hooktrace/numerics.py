@@ -51,7 +51,14 @@ from typing import Any
 
 import numpy as np
 
-from hooktrace._events import NUM_BACKWARD, NUM_FAILED, NUM_SKIPPED, NUMERICS
+from hooktrace._events import (
+    NUM_BACKWARD,
+    NUM_DEFERRED,
+    NUM_FAILED,
+    NUM_SKIPPED,
+    NUMERICS,
+    NUMERICS_VALUE,
+)
 from hooktrace.reading import CAT_RECOMPUTE, SPAN_EVAL, TraceData, forward_span_before
 
 __all__ = ["COUNTER_NAME", "NUMERIC_COLUMNS", "Numerics", "counter_points", "first_nonfinite",
@@ -129,7 +136,7 @@ class Numerics:
     def _build(cls, trace: TraceData) -> Numerics:
         ev = trace.events
         raw = np.flatnonzero(ev["kind"] == NUMERICS)
-        e = ev[raw]
+        e = _with_deferred_values(ev, ev[raw])
         t = trace.clock.to_unix_ns(e["t"]).astype(np.int64)
         order = np.argsort(t, kind="stable")
         raw, e, t = raw[order], e[order], t[order]
@@ -178,6 +185,33 @@ class Numerics:
     def measured(self) -> np.ndarray:
         """Events that count in the statistics: reduced, not a recompute."""
         return ~self.skipped & ~self.failed & ~self.recompute
+
+
+def _with_deferred_values(ev: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """NUMERICS events ``e`` with each deferred one's statistics taken from the
+    NUMERICS_VALUE event of its id (csrc/numerics.h); one whose value never came (the
+    run cut before the flush, a ring that overwrote it) counts as failed."""
+    deferred = (e["flags"] & NUM_DEFERRED) != 0
+    if not deferred.any():
+        return e
+    e = e.copy()
+    values = ev[ev["kind"] == NUMERICS_VALUE]
+    order = np.argsort(values["id"], kind="stable")
+    ids = values["id"][order]
+    want = np.flatnonzero(deferred)
+    pos = np.searchsorted(ids, e["rf_tid"][want])
+    found = (pos < len(ids)) & (ids[np.minimum(pos, max(len(ids) - 1, 0))] == e["rf_tid"][want]) \
+        if len(ids) else np.zeros(len(want), bool)
+    src = values[order][np.minimum(pos[found], len(ids) - 1)] if found.any() else values[:0]
+    hit = want[found]
+    e["seq"][hit] = src["seq"]
+    e["rf_tid"][hit] = src["rf_tid"]
+    e["flags"][hit] = (src["flags"] & ~np.uint8(NUM_DEFERRED)) | (e["flags"][hit] & NUM_BACKWARD)
+    miss = want[~found]
+    e["seq"][miss] = 0
+    e["rf_tid"][miss] = 0
+    e["flags"][miss] = (e["flags"][miss] & NUM_BACKWARD) | NUM_FAILED
+    return e
 
 
 def _depth(name: str) -> int:

@@ -38,6 +38,7 @@ from hooktrace._events import (
     NODE_BEGIN,
     NUM_FLAGS,
     NUMERICS,
+    NUMERICS_VALUE,
     SHAPE_UNKNOWN,
     SHAPES,
     STEP,
@@ -626,7 +627,8 @@ def _validate_events(
     on = kind[flagged]
     bad = flagged[~(((on == EXIT) & (flags == FLAG_ERROR))
                     | ((on == ENTER) & ((flags & ~np.uint8(ENTER_FLAGS)) == 0))
-                    | ((on == NUMERICS) & ((flags & ~np.uint8(NUM_FLAGS)) == 0)))]
+                    | (((on == NUMERICS) | (on == NUMERICS_VALUE))
+                       & ((flags & ~np.uint8(NUM_FLAGS)) == 0)))]
     if bad.size:
         fail(bad, "flags", f"expected flags 0 (or {FLAG_ERROR} on an EXIT, a combination of "
                            f"{ENTER_FLAGS} on an ENTER, of {NUM_FLAGS} on numerics), found "

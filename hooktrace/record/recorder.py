@@ -386,6 +386,8 @@ class Recorder(StepMarks, FlightRecorder):
         redone, all steps being idempotent. Returns what was raised."""
         session, call = self._session, self._call
         steps: list[Any] = [self._stop_flight_recorder, session.stop]
+        if self._numerics:  # deferred statistics (csrc/numerics.h) while it still records
+            steps.insert(0, lambda: _C.flush_numerics(session))
         if self._flop_recorder is not None:
             steps.insert(0, self._flop_recorder.stop)  # idempotent
         if self._optimizer_hook is not None:
@@ -396,6 +398,7 @@ class Recorder(StepMarks, FlightRecorder):
         if self._numerics:
             steps.append(lambda: session.set_numerics(False))
             steps.append(lambda: session.set_nonfinite_callback(None))
+            steps.append(lambda: _C.forget_numerics(session))
         if call is not None:
             steps.append(lambda: self._scope.detach(call, session))
             steps.append(self._release_call)
@@ -413,6 +416,9 @@ class Recorder(StepMarks, FlightRecorder):
         return errors
 
     def _mark_step(self) -> int:
+        if self._numerics and self._session is not None:
+            # the step's deferred statistics (off-CPU tensors): one read for the step
+            _C.flush_numerics(self._session)
         ended = super()._mark_step()
         if self._numerics and self._numerics_every > 1 and self._session is not None:
             self._session.set_numerics(self._step % self._numerics_every == 0)  # sampling

@@ -34,6 +34,17 @@ from hooktrace.numerics import Numerics, first_nonfinite, history
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(params=["immediate", "deferred"])
+def path(request: pytest.FixtureRequest) -> Any:
+    """Both ways statistics are read: at once (CPU tensors), and deferred (what tensors
+    off the CPU take: queued where they live, read once per step; forced on CPU here)."""
+    import hooktrace._C as _C
+
+    _C.set_numerics_deferred(request.param == "deferred")
+    yield request.param
+    _C.set_numerics_deferred(False)
+
+
 @dataclasses.dataclass
 class Out:
     hidden: torch.Tensor
@@ -104,7 +115,7 @@ def _flat(obj: Any) -> list[torch.Tensor]:
     return []
 
 
-def test_stats_equal_a_python_reference_per_call() -> None:
+def test_stats_equal_a_python_reference_per_call(path: str) -> None:
     # the reference: plain Python hooks on an identical, untraced model
     torch.manual_seed(0)
     ref_net = Net()
@@ -123,6 +134,8 @@ def test_stats_equal_a_python_reference_per_call() -> None:
         _train(net, 3)
     result = tr.result
     n = Numerics.from_trace(result)
+    deferred = (result.events["kind"] == NUMERICS) & ((result.events["flags"] & 8) != 0)
+    assert bool(deferred.any()) is (path == "deferred")
     names = [name for name, _ in result.modules]
     for (name, phase), expected in want.items():
         sel = np.flatnonzero((np.array([names[m] for m in n.module]) == name)
@@ -222,7 +235,8 @@ def _faulty_run(steps: int = 6, **kw: Any) -> hooktrace.TraceResult:
     return tr.result
 
 
-def test_an_overflow_is_named_with_its_step(capfd: pytest.CaptureFixture[str]) -> None:
+def test_an_overflow_is_named_with_its_step(capfd: pytest.CaptureFixture[str], path: str
+                                             ) -> None:
     result = _faulty_run(boom_at=3)
     first = first_nonfinite(result)
     assert first is not None
@@ -239,7 +253,7 @@ def test_an_overflow_is_named_with_its_step(capfd: pytest.CaptureFixture[str]) -
     assert bad_steps == {3}
 
 
-def test_a_nan_gradient_is_named_innermost_with_its_step() -> None:
+def test_a_nan_gradient_is_named_innermost_with_its_step(path: str) -> None:
     result = _faulty_run(nan_at=2)
     first = first_nonfinite(result)
     assert first is not None
@@ -248,7 +262,7 @@ def test_a_nan_gradient_is_named_innermost_with_its_step() -> None:
     assert first["type"] == "Poison"
 
 
-def test_sampling_covers_only_its_steps() -> None:
+def test_sampling_covers_only_its_steps(path: str) -> None:
     every2 = _faulty_run(boom_at=3, numerics_every=2)
     n = Numerics.from_trace(every2)
     assert set(n.step.tolist()) == {0, 2, 4}
@@ -259,7 +273,7 @@ def test_sampling_covers_only_its_steps() -> None:
     assert first["steps_checked"].startswith("every 2th step")
 
 
-def test_dump_on_nonfinite_writes_a_dump(tmp_path: Path) -> None:
+def test_dump_on_nonfinite_writes_a_dump(tmp_path: Path, path: str) -> None:
     _faulty_run(boom_at=1, dump_on=("nonfinite",), dump_dir=tmp_path)
     dumps = sorted(tmp_path.glob("*.nonfinite-*.htrace"))
     assert len(dumps) == 1
@@ -436,3 +450,26 @@ def test_summary_numerics_json_has_the_per_step_history(tmp_path: Path) -> None:
     first = doc["first_nonfinite"]
     bad = [h for h in hist if h["nonfinite"] and h["phase"] == first["phase"]]
     assert min(h["step"] for h in bad) == first["step"] == 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_statistics_are_deferred_and_equal_the_reference() -> None:
+    """On a GPU the reductions are queued on the current stream and read once per step
+    (NUMERICS events flagged deferred, their values at the step mark)."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)).cuda()
+    xs = [torch.randn(4, 8, device="cuda") for _ in range(3)]
+    outs = []
+    with hooktrace.trace(net, numerics=True) as tr:
+        for x in xs:
+            h = net[0](x)  # (recorded too: a second call of net[0] per step)
+            outs.append(h.detach().abs().max().item())
+            net(x).sum().backward()
+            tr.step()
+    ev = tr.events
+    num = ev[ev["kind"] == NUMERICS]
+    assert len(num) and ((num["flags"] & 8) != 0).all()
+    n = Numerics.from_trace(tr)
+    first = [k for k in range(len(n)) if tr.modules[int(n.module[k])][0] == "0"
+             and not n.backward[k] and n.call[k] == 0]
+    assert [float(n.absmax[k]) for k in first] == pytest.approx(outs, rel=1e-5)
