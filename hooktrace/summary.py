@@ -408,8 +408,11 @@ class Summary:
         return out.getvalue()
 
     def to_json(self, top: int | None = None) -> str:
-        """JSON text: ``{"rows": [...], "counts": {...}}`` (first ``top`` rows); durations in ns."""
-        return json.dumps({"rows": self._top(top), "counts": self.counts}, ensure_ascii=False)
+        """JSON text: ``{"rows": [...], "counts": {...}, "notes": [...]}`` (first ``top``
+        rows; the notes the text prints, e.g. where a killed run's file was cut);
+        durations in ns."""
+        return json.dumps({"rows": self._top(top), "counts": self.counts, "notes": self.notes},
+                          ensure_ascii=False)
 
 
 # (text header, row key) per text column
