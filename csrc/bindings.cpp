@@ -127,6 +127,10 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init<std::shared_ptr<Session>, int, uint32_t>(), py::arg("session"), py::arg("fd"),
            py::arg("period_ms") = 10)
       .def("start", &StreamWriter::start)
+      .def("set_modules", &StreamWriter::set_modules, py::arg("first"), py::arg("entries"))
+      // with the GIL held: no other Python thread is inside set_modules() meanwhile
+      .def("before_fork", &StreamWriter::before_fork)
+      .def("after_fork", &StreamWriter::after_fork, py::arg("in_child"))
       .def("flush", &StreamWriter::flush, py::call_guard<py::gil_scoped_release>())
       .def("stop", &StreamWriter::stop, py::call_guard<py::gil_scoped_release>())
       .def("stats", [](StreamWriter& w) {

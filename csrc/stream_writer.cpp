@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <new>
 #include <stdexcept>
 
 #include "backward.h"
@@ -108,7 +109,41 @@ void StreamWriter::flush() {
   done_cv_.wait(lock, [&] { return rounds_done_ >= target || !running_; });
 }
 
+void StreamWriter::before_fork() {
+  // The writer takes these one at a time, or round_mutex_ first: no lock-order
+  // inversion.
+  round_mutex_.lock();
+  modules_mutex_.lock();
+  stats_mutex_.lock();
+  done_mutex_.lock();
+  wakeup_->mutex.lock();
+}
+
+void StreamWriter::after_fork(bool in_child) {
+  if (in_child) {
+    forked_ = true;
+    running_ = false;  // (done_mutex_ is held here): flush() returns at once
+    // The parent's writer thread may wait on these; it does not exist here, and
+    // destroying a condition variable with waiters blocks forever (glibc): fresh
+    // ones, the old state dropped without its destructor.
+    new (&wakeup_->cv) std::condition_variable();
+    new (&done_cv_) std::condition_variable();
+  }
+  wakeup_->mutex.unlock();
+  done_mutex_.unlock();
+  stats_mutex_.unlock();
+  modules_mutex_.unlock();
+  round_mutex_.unlock();
+}
+
 void StreamWriter::stop() {
+  if (forked_) {
+    // The thread is the parent's: forget its handle without joining (a joinable
+    // std::thread's destructor would terminate) and write nothing.
+    if (thread_.joinable()) new (&thread_) std::thread();
+    stopped_ = true;
+    return;
+  }
   if (thread_.joinable()) {
     {
       std::lock_guard<std::mutex> lock(wakeup_->mutex);
@@ -117,9 +152,28 @@ void StreamWriter::stop() {
     wakeup_->cv.notify_one();
     thread_.join();
   } else if (!stopped_) {
+    std::lock_guard<std::mutex> lock(round_mutex_);
     round(true);  // never started: the final drain still runs
   }
   stopped_ = true;
+}
+
+void StreamWriter::set_modules(uint32_t first,
+                               std::vector<std::pair<std::string, std::string>> entries) {
+  std::lock_guard<std::mutex> lock(modules_mutex_);
+  if (first > modules_.size())
+    throw std::invalid_argument("set_modules: first " + std::to_string(first) +
+                                " leaves a gap after the " + std::to_string(modules_.size()) +
+                                " modules known");
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const size_t slot = first + i;
+    if (slot == modules_.size()) {
+      modules_.push_back(std::move(entries[i]));
+    } else if (modules_[slot] != entries[i]) {
+      modules_[slot] = std::move(entries[i]);
+      if (slot < modules_written_) modules_written_ = slot;  // restated from there
+    }
+  }
 }
 
 StreamStats StreamWriter::stats() {
@@ -151,7 +205,10 @@ void StreamWriter::run() {
       last = stop_requested_;
       number = ++rounds_started_;
     }
-    round(last);
+    {
+      std::lock_guard<std::mutex> lock(round_mutex_);
+      round(last);
+    }
     {
       std::lock_guard<std::mutex> lock(done_mutex_);
       rounds_done_ = number;
@@ -197,6 +254,28 @@ void StreamWriter::round(bool last) {
       write_block(kBlockNodeNames, nullptr, 0, payload.data(), payload.size());
       names_written_ += names.size();
     }
+    // Collected after begin_collect: every event collected was recorded after its
+    // module's set_modules() (which comes before the slot is registered).
+    std::string modules;
+    uint32_t modules_first = 0;
+    {
+      std::lock_guard<std::mutex> lock(modules_mutex_);
+      if (modules_written_ < modules_.size()) {
+        modules_first = static_cast<uint32_t>(modules_written_);
+        const uint32_t head[2] = {modules_first,
+                                  static_cast<uint32_t>(2 * (modules_.size() - modules_written_))};
+        modules.append(reinterpret_cast<const char*>(head), sizeof(head));
+        for (size_t i = modules_written_; i < modules_.size(); ++i) {
+          for (const std::string* text : {&modules_[i].first, &modules_[i].second}) {
+            const uint32_t len = static_cast<uint32_t>(text->size());
+            modules.append(reinterpret_cast<const char*>(&len), 4);
+            modules += *text;
+          }
+        }
+        modules_written_ = modules_.size();
+      }
+    }
+    if (!modules.empty()) write_block(kBlockModules, nullptr, 0, modules.data(), modules.size());
     for (const Segment& s : segments_) {
       unsigned char sub[kEventsSubHeaderSize];
       std::memcpy(sub, &s.thread, 4);

@@ -30,7 +30,8 @@
 //
 //   META (1)       UTF-8 JSON, the first block (Python): pid, hostname,
 //                  versions, mode, policy, capacity, start_unix_ns, modules
-//                  ([[qualified name, class name], ...], slot i = module i),
+//                  ([[qualified name, class name], ...], slot i = module i;
+//                  [] for a process scope, whose table grows: MODULES),
 //                  thread_names at the start.
 //   CLOCK (2)      24 bytes: u64 ticks0, i64 unix_ns0, f64 ns_per_tick; the
 //                  conversion measured up to now. Written before the first
@@ -50,6 +51,15 @@
 //   FOOTER (6)     UTF-8 JSON, the last block (Python, after the final drain):
 //                  dropped/overwritten counts, stop_unix_ns, thread_names,
 //                  events (the total written). Nothing follows it.
+//   MODULES (7)    u32 first, then a string table of 2 x n strings (u32 count =
+//                  2n, then each u32 byte length + UTF-8): qualified name and
+//                  class name of modules [first, first + n). A process scope's
+//                  module table grows while recording (modules are named on
+//                  their first call, set_modules()); written before the EVENTS
+//                  that may use them. `first` is the modules written so far, or
+//                  less when earlier names changed (the main model became
+//                  known, scopes.py): those are restated, and the table never
+//                  shrinks (first + n >= the modules so far).
 //
 // A process killed at any moment leaves a file whose blocks up to the first
 // truncated one load; the reader says where it was cut.
@@ -63,6 +73,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "session.h"
@@ -76,6 +87,7 @@ enum BlockType : uint32_t {
   kBlockEvents = 4,
   kBlockStats = 5,
   kBlockFooter = 6,
+  kBlockModules = 7,
 };
 
 constexpr size_t kBlockHeaderSize = 24;
@@ -111,6 +123,12 @@ class StreamWriter {
   StreamWriter& operator=(const StreamWriter&) = delete;
 
   void start();
+  // Sets entries [first, first + n) of the module table the MODULES blocks carry
+  // (first at most its size: it grows or restates, never has a gap). Called off
+  // the hot path, once per new module, before the module's slot is registered,
+  // so the round that collects its events writes its name first. Never waits
+  // for a write: the writer copies the new entries under modules_mutex_ only.
+  void set_modules(uint32_t first, std::vector<std::pair<std::string, std::string>> entries);
   // Returns once a round that began after the call has written everything
   // recorded before it (a live snapshot reads the file then).
   void flush();
@@ -118,6 +136,14 @@ class StreamWriter {
   // round then drains every event, partial chunks included.
   void stop();
   StreamStats stats();
+
+  // os.fork() (a DataLoader's workers, multiprocessing): before_fork() waits for
+  // the round in progress and holds every mutex the writer takes, so the child
+  // never inherits one locked by the writer thread, which does not exist there;
+  // after_fork() releases them. In the child the writer is inert: stop() joins
+  // nothing and writes nothing (the file is the parent's), flush() returns.
+  void before_fork();
+  void after_fork(bool in_child);
 
  private:
   void run();
@@ -147,6 +173,12 @@ class StreamWriter {
   uint64_t last_dropped_ = 0;
   bool failed_ = false;
   bool stopped_ = false;            // caller's thread only
+  bool forked_ = false;             // this is a forked child's copy (caller's thread)
+  std::mutex round_mutex_;          // held by the writer thread through each round
+
+  std::mutex modules_mutex_;
+  std::vector<std::pair<std::string, std::string>> modules_;  // guarded by modules_mutex_
+  size_t modules_written_ = 0;      // guarded by modules_mutex_: [0, this) written as is
 
   std::mutex stats_mutex_;
   StreamStats stats_;               // guarded by stats_mutex_

@@ -8,10 +8,12 @@ framework's own launcher).
 
 ``HOOKTRACE_OUT``: the output file or folder (``hooktrace run -o``'s rules: with
 RANK set, one file per rank). ``HOOKTRACE_OPTIONS``: any other ``hooktrace run``
-options, e.g. ``"--no-backward --summary --chrome out/"``. The trace is written
-at interpreter exit (atexit: after an uncaught exception or ``sys.exit`` too;
-not after ``os._exit`` or a fatal signal), and only by a process that called a
-module: a launcher's parent process or a worker that only loads data writes nothing.
+options, e.g. ``"--no-backward --summary --chrome out/"``. The ``.htrace`` is
+streamed while the process runs, as under ``hooktrace run`` (so ``os._exit`` or a
+fatal signal leaves it loadable up to the cut), and finished at interpreter exit
+(atexit: after an uncaught exception or ``sys.exit`` too) with the exports; a
+process that called no module keeps no file: a launcher's parent process or a
+worker that only loads data writes nothing.
 
 A bad option or any failure here prints one line and leaves the program
 untraced: the switch must never stop the program it was set for.
@@ -46,7 +48,8 @@ def _start() -> None:
 
 
 def cancel() -> None:
-    """Ends the switch's trace without writing it (``hooktrace run`` takes over)."""
+    """Ends the switch's trace without writing it (``hooktrace run`` takes over): its
+    stream, if any, is removed."""
     global _trace
     if _trace is not None:
         atexit.unregister(_finish)
@@ -54,17 +57,20 @@ def cancel() -> None:
 
         stop_writing_on_sigterm()
         _trace.__exit__(None, None, None)
+        _trace.discard_stream()
         _trace = None
 
 
 def _finish(trace: Any, options: Any) -> None:
-    from hooktrace.launch import stop_writing_on_sigterm, write_outputs
+    from hooktrace.launch import discard_empty, stop_writing_on_sigterm, write_outputs
 
     try:
         stop_writing_on_sigterm()
         trace.__exit__(None, None, None)
-        if trace.result.modules:
+        if trace.modules_table():
             write_outputs(trace, options)
+        else:
+            discard_empty(trace)  # (quietly: a launcher's parent process, say)
     except Exception as e:
         print(f"hooktrace: error: HOOKTRACE=1: could not write the trace: {e}", file=sys.stderr)
 

@@ -168,7 +168,11 @@ class HangWatchdog:
 
     def _progress(self) -> tuple[int, int]:
         stats = self._trace._session.stats()
-        return stats["events"] + stats["dropped"] + stats["overwritten"], self._trace._step
+        # streaming (out=): the session holds only what the writer has not written yet
+        writer = getattr(self._trace, "_writer", None)
+        written = int(writer.stats()["events"]) if writer is not None else 0
+        return (stats["events"] + written + stats["dropped"] + stats["overwritten"],
+                self._trace._step)
 
     def _run(self) -> None:
         poll = min(1.0, self._timeout / 4)

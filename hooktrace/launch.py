@@ -8,13 +8,23 @@ for. A new option (``--schedule``, ``--ring``/``--dump-on``, ``--pftrace``) is
 one ``add_argument`` in :func:`add_options`, one field in :class:`RunOptions`,
 and its use in :func:`start` or :func:`write_outputs`. The ``run`` verb
 (``hooktrace/commands/run.py``) adds running the script.
+
+The ``.htrace`` is streamed to the output file while the process runs (format version
+3, ``hooktrace.trace(out=)``'s): memory stays within ``--capacity`` whatever the run's
+length, and a process killed at any moment (SIGKILL, the OOM killer) leaves a file that
+loads up to where it was cut. A normal end adds the FOOTER, then the exports. Kept in
+memory and written at the end: ``--ring`` (the newest events: a ring recycles what a
+stream would still be writing), ``--schedule`` (each window written as it ends), and an
+output that is no regular file (``-``, ``/dev/null``, a pipe).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
+import stat
 import sys
 import threading
 import warnings
@@ -26,11 +36,11 @@ from hooktrace._naming import env_rank, output_path
 from hooktrace._output import check_output_path
 from hooktrace.errors import OptionError, OutputPathError
 from hooktrace.flight import check_dump_on
-from hooktrace.record import DEFAULT_CAPACITY, GlobalTrace
+from hooktrace.record import GlobalTrace
 from hooktrace.text import open_hint
 
-__all__ = ["RunOptions", "add_options", "options_from_args", "start", "stop_writing_on_sigterm",
-           "write_outputs"]
+__all__ = ["RunOptions", "add_options", "discard_empty", "options_from_args", "start",
+           "stop_writing_on_sigterm", "streams", "write_outputs"]
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
@@ -38,7 +48,9 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", metavar="PATH", default=None,
                    help="the .htrace file, or a folder for the default name "
                         "(default: ./hooktrace-<host>_<pid>[_rank<R>].htrace); {rank}, {pid} and "
-                        "{host} are replaced; with RANK set and no {rank}, _rank<R> is added")
+                        "{host} are replaced; with RANK set and no {rank}, _rank<R> is added. "
+                        "Streamed to while the script runs (constant memory; a killed run's "
+                        "file loads up to the cut), except with --ring or --schedule")
     p.add_argument("--no-backward", dest="backward", action="store_false",
                    help="do not record autograd nodes (forward spans only)")
     p.add_argument("--steps", choices=("optimizer", "none"), default="optimizer",
@@ -56,7 +68,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
                         "profiler records the same windows: <stem>.<last step>.merged.json "
                         "and .profiler.json beside it)")
     p.add_argument("--ring", action="store_true",
-                   help="flight recorder: keep the newest --capacity events, not the oldest")
+                   help="flight recorder: keep the newest --capacity events, not the oldest "
+                        "(in memory, written at exit: a ring cannot stream)")
     p.add_argument("--dump-on", metavar="WHEN", default=None,
                    help="flight-recorder dumps, any of exception,signal,hang,nonfinite "
                         "(comma-separated): the events, Python stacks and open module calls of "
@@ -93,8 +106,9 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--summary", action="store_true",
                    help="print the per-module table to stderr at exit")
     p.add_argument("--capacity", type=int, default=None, metavar="N",
-                   help="events held (32 bytes each; default 8 Mi); later events are dropped "
-                        "and counted")
+                   help="events held in memory (32 bytes each): while streaming, those not "
+                        "yet written (default 1 Mi); with --ring or --schedule, the trace "
+                        "(default 8 Mi). Events beyond it are dropped and counted")
 
 
 @dataclass(frozen=True)
@@ -176,18 +190,33 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
                       shapes=bool(getattr(args, "shapes", False)))
 
 
+def streams(options: RunOptions) -> bool:
+    """Whether the .htrace is streamed to ``options.output`` while the process runs (see
+    the module docstring): not a ring, not windows, and a regular file (or a new one)."""
+    if options.ring or options.schedule is not None or str(options.output) == "-":
+        return False
+    try:
+        return stat.S_ISREG(os.stat(options.output).st_mode)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+
+
 def start(options: RunOptions) -> GlobalTrace:
     """A started global trace with these options."""
     windows = _Windows(options) if options.schedule is not None else None
+    # absolute: read back (and removed when empty) at exit, whatever the script's cwd then
+    out = os.path.abspath(options.output) if streams(options) else None
     # --profile with --schedule: the profiler steps with the trace's steps
     cls = _ProfiledTrace if windows is not None and options.profile else GlobalTrace
-    trace = cls(capacity=options.capacity or DEFAULT_CAPACITY,
+    trace = cls(capacity=options.capacity,
                 policy="ring" if options.ring else "drop",
                 backward=options.backward, steps=options.steps,
                 dump_on=options.dump_on, dump_dir=options.dump_dir,
                 hang_timeout=options.hang_timeout, memory=options.memory,
                 flops=options.flops, numerics=options.numerics,
-                numerics_every=options.numerics_every, shapes=options.shapes,
+                numerics_every=options.numerics_every, shapes=options.shapes, out=out,
                 **({} if windows is None else {"schedule": windows.schedule,
                                                "on_window": windows.write}))
     if windows is not None:
@@ -277,9 +306,11 @@ def _write_on_sigterm(trace: GlobalTrace, options: RunOptions) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         try:
             trace.__exit__(None, None, None)
-            if trace.result.modules:
+            if trace.modules_table():
                 print("hooktrace: SIGTERM: writing the trace before exiting", file=sys.stderr)
                 write_outputs(trace, options)
+            else:
+                discard_empty(trace)
         except BaseException as e:  # never keep a terminated process alive
             print(f"hooktrace: error: SIGTERM: could not write the trace: {e}", file=sys.stderr)
         sys.stderr.flush()
@@ -352,45 +383,78 @@ class _Windows:
             print(f"hooktrace: wrote window {merged} and {raw}", file=sys.stderr)
 
 
+def discard_empty(trace: GlobalTrace) -> None:
+    """A trace that ended with no module called leaves no file: its stream goes."""
+    if trace.out is not None and not trace.modules_table():
+        with contextlib.suppress(OSError):
+            trace.discard_stream()
+
+
 def write_outputs(trace: GlobalTrace, options: RunOptions) -> None:
-    """Writes the files asked for, and the summary to stderr; a line on stderr says what."""
-    result = trace.result
+    """Writes the files asked for, and the summary to stderr; a line on stderr says what.
+
+    A streamed ``.htrace`` is complete by now (the trace has ended); it is read back only
+    for what needs its events (exports, ``--summary``, ``--profile``)."""
     if options.schedule is not None:
         _stop_profiler()  # its window being recorded, if any, is merged and written now
-    if not result.modules:
+    if trace.streamed_by_parent():
         _stop_profiler()
+        print(f"hooktrace: a forked child of the traced process: {options.output} is the "
+              "parent's stream; nothing written", file=sys.stderr)
+        return
+    if not trace.modules_table():
+        _stop_profiler()
+        discard_empty(trace)
         print("hooktrace: no nn.Module was called; nothing written", file=sys.stderr)
         return
-    if options.schedule is not None and not len(result.events):
+    streamed = trace.out is not None
+    needed = (not streamed or options.chrome is not None or options.pftrace is not None
+              or options.profile or options.summary)
+    result = trace.result if needed else None
+    if result is not None and options.schedule is not None and not len(result.events):
         print("hooktrace: each window was written as it ended; nothing was recorded after the "
               f"last one, so there is no {options.output}", file=sys.stderr)
         return
-    result.save(options.output)
+    if not streamed:
+        assert result is not None
+        result.save(options.output)
     written = [str(options.output)]
     if options.chrome is not None:
+        assert result is not None
         result.export_chrome(options.chrome)
         written.append(str(options.chrome))
     if options.pftrace is not None:
+        assert result is not None
         result.export_perfetto(options.pftrace)
         written.append(str(options.pftrace))
     if options.profile and options.schedule is None:
+        assert result is not None
         written += _write_profile(result, options.output)
     if options.summary:
+        assert result is not None
         print(result.summary(), file=sys.stderr)
-    print(exit_line(written, result), file=sys.stderr)
+    if result is not None:
+        counts = {"modules": len(result.modules), "events": len(result.events),
+                  "dropped_events": result.dropped_events,
+                  "overwritten_events": result.overwritten_events}
+    else:
+        counts = {"modules": len(trace.modules_table()), **trace.stream_counts()}
+    print(exit_line(written, counts), file=sys.stderr)
 
 
-def exit_line(written: list[str], result: Any) -> str:
+def exit_line(written: list[str], counts: dict[str, int]) -> str:
     """What a finished run says: the files, their size, what was lost, and how to look at
-    them (a .htrace is hooktrace's own file: Perfetto opens the exports, not it)."""
-    lost = [f"{n} {what}" for n, what in ((result.dropped_events, "events dropped (buffer "
+    them (a .htrace is hooktrace's own file: Perfetto opens the exports, not it).
+    ``counts``: modules, events, dropped_events, overwritten_events."""
+    lost = [f"{n} {what}" for n, what in ((counts["dropped_events"], "events dropped (buffer "
                                            "full: raise --capacity)"),
-                                          (result.overwritten_events, "overwritten (ring)"))
+                                          (counts["overwritten_events"], "overwritten (ring)"))
             if n]
-    counts = ", ".join([f"{len(result.modules)} modules", f"{len(result.events)} events", *lost])
+    counts_text = ", ".join([f"{counts['modules']} modules", f"{counts['events']} events",
+                             *lost])
     views = written[1:]
     look = (open_hint(views[0]) if views else
             f"for Perfetto: hooktrace export {written[0]} -o "
             f"{Path(written[0]).with_suffix('.pftrace')}")
-    return (f"hooktrace: wrote {' and '.join(written)} ({counts}); {look}; the table: "
+    return (f"hooktrace: wrote {' and '.join(written)} ({counts_text}); {look}; the table: "
             f"hooktrace summary {written[0]}")

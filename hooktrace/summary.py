@@ -430,9 +430,12 @@ class Summary:
         return out.getvalue()
 
     def to_json(self, top: int | None = None) -> str:
-        """JSON text: ``{"rows": [...], "counts": {...}}`` (first ``top`` rows); durations in
-        ns; with numerics, ``"first_nonfinite"`` too (null when every value was finite)."""
-        doc: dict[str, Any] = {"rows": self._top(top), "counts": self.counts}
+        """JSON text: ``{"rows": [...], "counts": {...}, "notes": [...]}`` (first ``top``
+        rows; the notes the text prints, e.g. where a killed run's file was cut);
+        durations in ns; with numerics, ``"first_nonfinite"`` too (null when every value
+        was finite)."""
+        doc: dict[str, Any] = {"rows": self._top(top), "counts": self.counts,
+                               "notes": self.notes}
         if self.numerics:
             doc["first_nonfinite"] = self.first_nonfinite
         return json.dumps(doc, ensure_ascii=False)

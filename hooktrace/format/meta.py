@@ -80,9 +80,11 @@ _BLOCK = struct.Struct("<IIQII")
 _BLOCK_SIZE = _BLOCK.size
 assert (STREAM_HEADER_SIZE, _BLOCK_SIZE) == (16, 24)
 _BLOCK_CRC_AT = 20  # the last block header field: crc32 of the 20 bytes before it
-BLOCK_META, BLOCK_CLOCK, BLOCK_NODE_NAMES, BLOCK_EVENTS, BLOCK_STATS, BLOCK_FOOTER = range(1, 7)
+(BLOCK_META, BLOCK_CLOCK, BLOCK_NODE_NAMES, BLOCK_EVENTS, BLOCK_STATS, BLOCK_FOOTER,
+ BLOCK_MODULES) = range(1, 8)
 _BLOCK_NAMES = {BLOCK_META: "META", BLOCK_CLOCK: "CLOCK", BLOCK_NODE_NAMES: "NODE_NAMES",
-                BLOCK_EVENTS: "EVENTS", BLOCK_STATS: "STATS", BLOCK_FOOTER: "FOOTER"}
+                BLOCK_EVENTS: "EVENTS", BLOCK_STATS: "STATS", BLOCK_FOOTER: "FOOTER",
+                BLOCK_MODULES: "MODULES"}
 _EVENTS_SUB = struct.Struct("<IIQ")  # thread index, tid, first event index
 _CLOCK_BLOCK = struct.Struct("<Qqd")
 _STATS_BLOCK = struct.Struct("<QQ")

@@ -28,6 +28,15 @@ Layout of version 3, the stream (little-endian; csrc/stream_writer.h draws the s
     FOOTER (6)      JSON object, the last block: dropped/overwritten counts,
                     ``stop_unix_ns``, ``thread_names``, ``events`` (how many
                     EVENTS carried in all); nothing follows it
+    MODULES (7)     u32 first, then a string table of 2n strings (the same u32
+                    count + strings as NODE_NAMES, count = 2n): qualified name and
+                    class name of modules [first, first + n). A process scope
+                    (``hooktrace run``) names modules on their first call: its
+                    META has ``modules: []`` and its table grows in these blocks,
+                    each written before the EVENTS that use its modules. ``first``
+                    is the number of modules so far, or less when earlier names
+                    changed (the main model became known, record/scopes.py):
+                    those are restated; the table never shrinks
 
 A stream is readable at every moment: a block that is truncated or fails its
 checksum ends the readable part (a killed process leaves a partly written last
@@ -45,11 +54,22 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from hooktrace._events import EVENT_DTYPE, KERNEL_BEGIN, KERNEL_END, SHAPE_UNKNOWN, SHAPES, Clock
+from hooktrace._events import (
+    ENTER,
+    EVENT_DTYPE,
+    EXIT,
+    KERNEL_BEGIN,
+    KERNEL_END,
+    SHAPE_UNKNOWN,
+    SHAPES,
+    Clock,
+)
 from hooktrace.format.meta import (
     BLOCK_CLOCK,
     BLOCK_EVENTS,
+    BLOCK_FOOTER,
     BLOCK_META,
+    BLOCK_MODULES,
     BLOCK_NODE_NAMES,
     BLOCK_STATS,
     MAGIC,
@@ -122,6 +142,7 @@ def _read_stream(name: str, f: BinaryIO, size: int, head: bytes) -> TraceFileCon
     buf = np.empty(max(0, (size - STREAM_HEADER_SIZE) // EVENT_DTYPE.itemsize), EVENT_DTYPE)
     n = 0
     runs: list[tuple[int, int, int, int]] = []  # (thread, start in buf, count, file offset)
+    known_modules: list[int] = []  # per run: the modules known when its block was read
     threads: dict[int, list[int]] = {}  # thread index -> [tid, events so far]
     meta: dict[str, Any] | None = None
     meta_at = footer_at = clock_at = 0
@@ -129,6 +150,7 @@ def _read_stream(name: str, f: BinaryIO, size: int, head: bytes) -> TraceFileCon
     footer: dict[str, Any] | None = None
     clock: Clock | None = None
     node_names: list[str] = []
+    modules: list[tuple[str, str]] = []
     stats = (0, 0)
     cut: _Cut | None = None
     pos = STREAM_HEADER_SIZE
@@ -147,6 +169,7 @@ def _read_stream(name: str, f: BinaryIO, size: int, head: bytes) -> TraceFileCon
             if meta is not None:
                 raise TraceFileError(name, pos, "expected one META block, found a second one")
             meta, meta_bytes, meta_at = _parse_meta(name, payload, at), payload, at
+            modules = _stream_modules(name, meta_bytes, meta_at, meta.pop("modules", None))
         elif btype == BLOCK_CLOCK:
             if length != _CLOCK_BLOCK.size:
                 raise TraceFileError(name, pos + 8, f"CLOCK block: expected {_CLOCK_BLOCK.size} "
@@ -166,6 +189,8 @@ def _read_stream(name: str, f: BinaryIO, size: int, head: bytes) -> TraceFileCon
                 raise TraceFileError(name, at, f"NODE_NAMES block: expected names from index "
                                                f"{len(node_names)} on, found {first}")
             node_names += _parse_strings(name, at + 4, payload[4:])
+        elif btype == BLOCK_MODULES:
+            modules = _grown_modules(name, pos, payload, modules)
         elif btype == BLOCK_EVENTS:
             assert events is not None
             thread, tid, first = _EVENTS_SUB.unpack(payload)
@@ -185,6 +210,7 @@ def _read_stream(name: str, f: BinaryIO, size: int, head: bytes) -> TraceFileCon
                     name, at + _EVENTS_SUB.size + i * EVENT_DTYPE.itemsize + _field_offset("tid"),
                     f"EVENTS block: expected every event on tid {tid}, event {i} is on "
                     f"{int(events['tid'][i])}")
+            known_modules.append(len(modules))
             runs.append((thread, n, len(events), at + _EVENTS_SUB.size))
             known[1] += len(events)
             n += len(events)
@@ -209,7 +235,7 @@ def _read_stream(name: str, f: BinaryIO, size: int, head: bytes) -> TraceFileCon
         raise TraceFileError(name, cut.offset, f"truncated: expected a complete META block, "
                                                f"found {cut.why}")
 
-    modules = _stream_modules(name, meta_bytes, meta_at, meta.pop("modules", None))
+    _check_modules_known(name, buf, runs, known_modules, len(modules))
     if "node_names" in meta:
         _meta_error(name, meta_bytes, "node_names", "expected node names in NODE_NAMES blocks, "
                                                    "not in META", meta_at)
@@ -312,7 +338,7 @@ def _next_block(name: str, f: BinaryIO, pos: int, size: int, room: np.ndarray,
         raise TraceFileError(name, pos + 4, f"expected a reserved 0 in the block header, "
                                             f"found {reserved}")
     if btype not in _BLOCK_NAMES:
-        raise TraceFileError(name, pos, f"unknown block type {btype} (expected 1-6; the file "
+        raise TraceFileError(name, pos, f"unknown block type {btype} (expected 1-7; the file "
                                         "was written by a newer hooktrace?)")
     events: np.ndarray | None = None
     if btype == BLOCK_EVENTS:
@@ -349,3 +375,46 @@ def _stream_modules(name: str, meta_bytes: bytes, base: int, raw: Any) -> list[t
             _meta_error(name, meta_bytes, "modules",
                         f"[{i}]: expected [name, class name], found {entry!r:.60}", base)
     return [(entry[0], entry[1]) for entry in raw]
+
+
+def _grown_modules(name: str, pos: int, payload: bytes,
+                   modules: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The module table after the MODULES block at ``pos``: modules [first, first + n)
+    set (restated or new). Refused: a gap, a table that shrinks, unpaired names."""
+    at = pos + _BLOCK_SIZE
+    if len(payload) < 8:
+        raise TraceFileError(name, pos + 8, f"MODULES block: expected at least 8 payload "
+                                            f"bytes, found {len(payload)}")
+    (first,), (count,) = _U32.unpack_from(payload), _U32.unpack_from(payload, 4)
+    if first > len(modules):
+        raise TraceFileError(name, at, f"MODULES block: expected modules from index "
+                                       f"{len(modules)} on (or earlier ones restated), found "
+                                       f"{first}")
+    if count % 2:
+        raise TraceFileError(name, at + 4, f"MODULES block: expected (name, class name) "
+                                           f"pairs, an even count of strings, found {count}")
+    if first + count // 2 < len(modules):
+        raise TraceFileError(name, at + 4, f"MODULES block: expected the table to keep its "
+                                           f"{len(modules)} modules, found modules [{first}, "
+                                           f"{first + count // 2}) only")
+    strings = _parse_strings(name, at + 4, payload[4:])
+    return modules[:first] + list(zip(strings[::2], strings[1::2], strict=True))
+
+
+def _check_modules_known(name: str, buf: np.ndarray, runs: list[tuple[int, int, int, int]],
+                         known: list[int], n_modules: int) -> None:
+    """Every EVENTS block names only the modules of the MODULES blocks before it (the
+    final table is checked with every event later)."""
+    for run, k in zip(runs, known, strict=True):
+        if k == n_modules:
+            continue
+        _, start, count, offset = run
+        ev = buf[start : start + count]
+        bad = np.flatnonzero(((ev["kind"] == ENTER) | (ev["kind"] == EXIT)) & (ev["id"] >= k))
+        if bad.size:
+            j = int(bad[0])
+            raise TraceFileError(
+                name, offset + j * EVENT_DTYPE.itemsize + _field_offset("id"),
+                f"EVENTS block: event {j} names module {int(ev['id'][j])}, which no MODULES "
+                f"block before it names (the table had {k} modules; expected a module's "
+                "MODULES block before the events that use it)")

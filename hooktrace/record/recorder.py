@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from types import TracebackType
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -85,6 +86,29 @@ STREAM_PERIOD_MS = 10
 _process_lock = threading.Lock()
 _process_recorder: Recorder | None = None
 
+# The recorders streaming now, for os.fork() (a DataLoader's workers): their writer
+# threads hold no lock across a fork (_before_fork), and in the child the stream stays
+# the parent's (nothing is written to it there, the file is not removed).
+_streaming: weakref.WeakSet[Recorder] = weakref.WeakSet()
+_fork_held: list[Any] = []  # the writers _before_fork locked, until the fork is done
+
+
+def _before_fork() -> None:
+    for recorder in list(_streaming):
+        writer = recorder._writer
+        if writer is not None and recorder._stream_pid == os.getpid():
+            writer.before_fork()
+            _fork_held.append(writer)
+
+
+def _after_fork(in_child: bool) -> None:
+    while _fork_held:
+        _fork_held.pop().after_fork(in_child)
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=lambda: _after_fork(False),
+                    after_in_child=lambda: _after_fork(True))
+
 # What TraceData sets: read before the block ends, they raise one clear error.
 _DATA_ATTRS = frozenset({"events", "modules", "node_names", "clock", "info", "_spans",
                          "_steps"})
@@ -124,8 +148,9 @@ class Recorder(StepMarks, FlightRecorder):
             counted rather than waited for. After the block the result reads the
             file (on first use); ``info["out"]`` is its path. The file is written
             in place (an existing one is replaced when the block starts). Not with
-            ``policy="ring"``; model scope only (a process scope names modules as
-            they appear, and the stream's module table is written first).
+            ``policy="ring"``. A process scope names modules as they are first
+            called: its table grows in the stream's MODULES blocks, each written
+            before the events that use it (``hooktrace run`` streams this way).
         schedule: a ``torch.profiler.schedule(wait=, warmup=, active=, repeat=)`` (or
             any callable step -> ``ProfilerAction``): only the steps it marks RECORD
             or RECORD_AND_SAVE are recorded (during the others every module call
@@ -223,14 +248,12 @@ class Recorder(StepMarks, FlightRecorder):
             capacity = DEFAULT_CAPACITY if out is None else STREAM_CAPACITY
         capacity = _check_capacity(capacity)
         self._init_windows(schedule, on_window, policy, streaming=out is not None)
-        if out is not None and isinstance(scope, ProcessScope):
-            raise ValueError("out= streams a model scope's trace (its module table is written "
-                             "first); a process scope writes its file at the end (hooktrace run "
-                             "-o), or use policy='ring' with dumps")
         self._out = None if out is None else _check_stream_path(out, policy)
         self._writer: Any = None
         self._stream_fd = -1
         self._stream_lost: tuple[str, int] | None = None  # (write error, events lost)
+        self._stream_counts: dict[str, int] | None = None  # what the stream holds, at its end
+        self._stream_pid = 0  # the process writing the stream (a forked child does not)
         self._capacity = capacity
         self._policy = policy
         self._backward = bool(backward)
@@ -609,10 +632,15 @@ class Recorder(StepMarks, FlightRecorder):
         assert self._out is not None
         fd = os.open(self._out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
         self._stream_fd = fd
+        self._stream_pid = os.getpid()
         meta = self._run_info(session)
         meta["modules"] = [[name, type_name] for name, type_name in self._scope.modules_table()]
         _write_all(fd, stream_header() + stream_block(BLOCK_META, encode_json(meta)))
         self._writer = _C.StreamWriter(session, fd, STREAM_PERIOD_MS)
+        _streaming.add(self)
+        if isinstance(self._scope, ProcessScope):
+            # its table grows while recording (it is [] in META): MODULES blocks
+            self._scope.on_modules = self._writer.set_modules
 
     def _abandon_stream(self) -> None:
         """Entry failed before recording: the file holds no run, so it goes."""
@@ -626,8 +654,19 @@ class Recorder(StepMarks, FlightRecorder):
 
     def _finish_stream(self, stop_unix_ns: int) -> None:
         """Drains the last events (the session is stopped), then the FOOTER, then closes."""
-        writer, session = self._writer, self._session
+        writer, session, scope = self._writer, self._session, self._scope
+        _streaming.discard(self)
+        if self.streamed_by_parent():
+            # a forked child's copy: the writer thread and the file are the parent's
+            writer.stop()  # (inert here: joins and writes nothing)
+            os.close(self._stream_fd)
+            self._stream_fd = -1
+            self._writer = None
+            return
         try:
+            if isinstance(scope, ProcessScope):
+                scope.on_modules = None
+                writer.set_modules(0, scope.modules_table())  # (unchanged: nothing to write)
             writer.stop()
             stats, written = session.stats(), writer.stats()
             footer = {
@@ -644,16 +683,21 @@ class Recorder(StepMarks, FlightRecorder):
             }
             # rank, world size and clock offsets (issue #11), as save()d files have them
             footer.update(rank_info(self._start_unix_ns, stop_unix_ns))
+            footer.update(scope.info())  # a process scope's top-level modules, as of now
             footer.update(_kernel_sites())  # sites of regions compiled while streaming
             if self._shapes:  # signatures seen while streaming
                 footer["shape_signatures"] = _C.shape_signatures()
             self._add_flops(footer)  # (stopped by now: every count closed)
+            self._stream_counts = {"events": int(written["events"]),
+                                   "dropped_events": int(stats["dropped"]),
+                                   "overwritten_events": int(stats["overwritten"])}
             if written["error"]:
                 # Every block before the failed one is intact: the file loads up to it.
                 # Its events after that are dropped events of the result (the file cannot
                 # say so: it could not be written).
                 self._stream_lost = (str(written["error"]),
                                      int(written["lost_events"]) + int(stats["dropped"]))
+                self._stream_counts["dropped_events"] += int(written["lost_events"])
                 warnings.warn(
                     f"hooktrace: writing {self._out} failed at {written['error']}; "
                     f"{int(written['lost_events']):,} events were lost and the file ends "
@@ -664,6 +708,33 @@ class Recorder(StepMarks, FlightRecorder):
             os.close(self._stream_fd)
             self._stream_fd = -1
             self._writer = None
+
+    @property
+    def out(self) -> str | None:
+        """The file this recorder streams to (``out=``), or None (kept in memory)."""
+        return self._out
+
+    def stream_counts(self) -> dict[str, int]:
+        """After a streamed block: ``events`` (written to the file), ``dropped_events``
+        and ``overwritten_events``, without reading the file back."""
+        if self._stream_counts is None:
+            raise RuntimeError("hooktrace: stream_counts() is there once a streamed (out=) "
+                               "trace has ended")
+        return dict(self._stream_counts)
+
+    def streamed_by_parent(self) -> bool:
+        """Whether this is a forked child's copy of a streaming recorder: the stream is
+        the parent process's (the child writes nothing to it)."""
+        return self._out is not None and self._stream_pid not in (0, os.getpid())
+
+    def discard_stream(self) -> None:
+        """After the block: deletes the streamed file (a run with nothing worth keeping,
+        e.g. no module called); not in a forked child (the file is the parent's)."""
+        if self._state != "done":
+            raise RuntimeError("hooktrace: discard_stream() is for a trace that has ended")
+        if self._out is not None and not self.streamed_by_parent():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._out)
 
     def _load_stream(self) -> TraceResult:
         assert self._out is not None

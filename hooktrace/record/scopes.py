@@ -21,6 +21,11 @@ among its children (created in ``forward``, or held elsewhere) is named
 ``parent.(Class)``. A module that dies keeps its row, and a new module with the
 same name, class and top-level module reuses it (a model rebuilt each epoch
 stays one row).
+
+Streaming (``out=``, ``hooktrace run``): ``on_modules`` hands each new slot's name to
+the stream writer before the slot is registered (so before any of its calls is
+recorded), and restates every name when the main model changes (a teacher called first
+loses its unprefixed names to the student).
 """
 
 from __future__ import annotations
@@ -186,6 +191,10 @@ class ProcessScope(Scope):
         # top-level module (FLOP counting starts from the first).
         self.on_new_slot: Callable[[int, str], None] | None = None
         self.on_new_root: Callable[[nn.Module], None] | None = None
+        # Called with (first, entries) whenever modules_table() grows or earlier names
+        # change (the stream's MODULES blocks): a new slot's entry before the slot is
+        # registered, so before any of its calls is recorded.
+        self.on_modules: Callable[[int, list[tuple[str, str]]], None] | None = None
 
     def attach(self, call: Any, session: Any) -> None:
         self._call, self._session = call, session
@@ -270,9 +279,13 @@ class ProcessScope(Scope):
             try:
                 index = self._roots.index(name)
             except ValueError:
+                main = self._main_root()
                 self._roots.append(name)
                 self._root_refs.append(weakref.ref(module))
                 self._root_traits.append(_root_traits(named))
+                if self.on_modules is not None and self._slots and self._main_root() != main:
+                    # the main model changed: the names of the slots so far change
+                    self.on_modules(0, self.modules_table())
                 if self.on_new_root is not None:
                     self.on_new_root(module)
                 return len(self._roots) - 1
@@ -298,6 +311,8 @@ class ProcessScope(Scope):
                 self._slots.append(key)
                 if self.on_new_slot is not None:
                     self.on_new_slot(slot, self._qualified(root, key[1]))
+                if self.on_modules is not None:
+                    self.on_modules(slot, [(self._qualified(root, key[1]), row.cls)])
             for m in row.members:
                 try:
                     ref = weakref.ref(m, functools.partial(_forget, call, id(m)))

@@ -476,9 +476,12 @@ def test_a_program_with_its_own_sigterm_handler_keeps_it(tmp_path: Path) -> None
 
 def test_the_exit_line_points_at_something_perfetto_opens_and_says_what_was_lost(
         tmp_path: Path) -> None:
+    # (one forward records 204 events, far more than the 64 held while the stream's
+    # writer drains them: events are dropped)
     script = write(tmp_path / "loop.py", """
         import torch
-        m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+        m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(),
+                                *[torch.nn.Identity() for _ in range(99)])
         for _ in range(50):
             m(torch.randn(2, 4))
     """)
@@ -637,3 +640,155 @@ def test_profile_option_with_a_schedule_records_and_merges_each_window(tmp_path:
         s = python("-m", "hooktrace", "summary", out / f"train.{step}.htrace", "--profiler",
                    out / f"train.{step}.profiler.json", cwd=tmp_path)
         assert s.returncode == 0 and "aten::linear" in s.stdout, s.stderr
+
+
+# -- streamed to disk: a killed run leaves a loadable file (issue #17) ---------------
+
+KILLED = """
+    import os, signal, time
+    import torch
+    from torch import nn
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 8)
+    for _ in range(200):
+        model(x).sum().backward(); opt.step(); opt.zero_grad()
+    time.sleep(0.3)  # the stream's writer runs every 10 ms: these steps are on disk
+    # a second model, made and first called once the stream has events
+    head = nn.Sequential(nn.Linear(8, 2), nn.Tanh())
+    for _ in range(100):
+        head(model(x)).sum().backward(); opt.step(); opt.zero_grad()
+    time.sleep(0.3)
+    print("trained", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer would: no handler runs
+"""
+
+
+def stream_modules_blocks(path: Path) -> list[tuple[int, bool]]:
+    """(first, whether EVENTS came before it) of each MODULES block of a stream file."""
+    import struct
+
+    from hooktrace.format import BLOCK_EVENTS, BLOCK_MODULES
+
+    data = path.read_bytes()
+    pos, events_seen, found = 16, False, []
+    while pos + 24 <= len(data):
+        btype, _, length = struct.unpack_from("<IIQ", data, pos)
+        if btype == BLOCK_MODULES:
+            found.append((struct.unpack_from("<I", data, pos + 24)[0], events_seen))
+        events_seen |= btype == BLOCK_EVENTS
+        pos += 24 + length
+    return found
+
+
+def test_sigkilled_run_leaves_a_stream_that_loads_up_to_the_cut(tmp_path: Path) -> None:
+    import json
+    import signal
+
+    # GIVEN a training script under hooktrace run, WHEN it is SIGKILLed mid-run
+    script = write(tmp_path / "killed.py", KILLED)
+    out = tmp_path / "killed.htrace"
+    r = python("-m", "hooktrace", "run", "-o", out, script, cwd=tmp_path)
+    assert r.returncode == -signal.SIGKILL and r.stdout == "trained\n", r.stderr
+    assert "hooktrace: wrote" not in r.stderr  # nothing ran at exit
+    # THEN the streamed file loads up to where it was cut, and the summary says so
+    summary = python("-m", "hooktrace", "summary", out, "--json", cwd=tmp_path)
+    assert summary.returncode == 0, summary.stderr
+    doc = json.loads(summary.stdout)
+    rows = {row["module"]: row for row in doc["rows"]}
+    assert rows[""]["calls"] == 300 and rows["0"]["bwd_calls"] == 300
+    # the second model, named in a MODULES block written after the first events
+    assert rows["Sequential#2"]["calls"] == 100 and rows["Sequential#2.1"]["type"] == "Tanh"
+    (cut,) = [note for note in doc["notes"] if "recording cut at byte" in note]
+    assert cut.startswith(f"{out}: recording cut at byte ") and "did not finish" in cut
+    trace = hooktrace.load(out)
+    assert len(trace.steps()) >= 299 and trace.info["scope"] == "process"
+    assert "cut" in trace.info and trace.spans().orphan_exits == 0
+    blocks = stream_modules_blocks(out)
+    assert blocks[0] == (0, False) and (4, True) in blocks, blocks
+
+
+def test_a_run_streams_in_bounded_memory_and_ends_as_before(tmp_path: Path) -> None:
+    # GIVEN a run recording ~100 chunks of events through 2 chunks of memory
+    script = write(tmp_path / "long.py", """
+        import torch
+        m = torch.nn.Sequential(*[torch.nn.Identity() for _ in range(50)])
+        x = torch.zeros(1)
+        for _ in range(4000):
+            m(x)
+        print("done")
+    """)
+    traced, trace = traced_and_untraced(tmp_path, script,
+                                        options=("--capacity", "8192", "--no-backward"))
+    # THEN memory never held more than 2 chunks: the rest went to the file as recorded,
+    # and every event is in it or counted
+    info = trace.info
+    assert info["capacity"] == 8192 and info["stream"]["chunks"] <= 2
+    assert len(trace.events) + trace.dropped_events == 4000 * 51 * 2
+    assert len(trace.events) > 10 * 8192
+    # the file ends with its FOOTER (not cut), and the exit line counts what it holds
+    assert "cut" not in info
+    line = next(x for x in traced.stderr.splitlines() if x.startswith("hooktrace: wrote"))
+    assert f"(51 modules, {len(trace.events)} events" in line
+
+
+def test_sigkill_under_the_environment_switch_leaves_a_loadable_stream(tmp_path: Path) -> None:
+    import signal
+
+    bin_python = make_venv_with_switch(tmp_path)
+    script = write(tmp_path / "killed.py", KILLED)
+    clean = {k: v for k, v in env().items() if k != "PYTHONPATH"}
+    out = tmp_path / "traces"
+    r = subprocess.run([bin_python, script], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300, env={**clean, "HOOKTRACE": "1", "HOOKTRACE_OUT": f"{out}/"})
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    (written,) = out.glob("hooktrace-*.htrace")
+    trace = hooktrace.load(written)
+    assert "cut" in trace.info
+    assert calls_per_module(trace)["Sequential#2"] == 100
+
+
+def test_help_says_a_ring_cannot_stream(tmp_path: Path) -> None:
+    r = python("-m", "hooktrace", "run", "--help", cwd=tmp_path)
+    assert "a ring cannot stream" in " ".join(r.stdout.split())
+
+
+def test_forked_children_leave_the_parents_stream_alone(tmp_path: Path) -> None:
+    # GIVEN a script whose DataLoader workers (forked) call a module, and which forks a
+    # child that calls the model and exits as a script does (running hooktrace's exit)
+    script = write(tmp_path / "forks.py", """
+        import os, sys, torch
+        from torch import nn
+        from torch.utils.data import DataLoader, Dataset
+
+        class Normed(Dataset):
+            def __init__(self):
+                self.norm = nn.LayerNorm(8)  # called in the workers
+            def __len__(self):
+                return 32
+            def __getitem__(self, i):
+                with torch.no_grad():
+                    return self.norm(torch.full((8,), float(i)))
+
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(2):
+            for batch in DataLoader(Normed(), batch_size=8, num_workers=2):
+                model(batch).sum().backward(); opt.step(); opt.zero_grad()
+        pid = os.fork()
+        if pid == 0:
+            model(torch.zeros(1, 8))
+            sys.exit(0)
+        _, status = os.waitpid(pid, 0)
+        print("child", os.waitstatus_to_exitcode(status))
+    """)
+    r = python("-m", "hooktrace", "run", "-o", "forks.htrace", script, cwd=tmp_path)
+    # THEN every process ends (no lock inherited from the writer thread), the child
+    # writes nothing, and the parent's stream is whole, with the parent's calls only
+    assert r.returncode == 0 and r.stdout == "child 0\n", r.stderr
+    assert "a forked child of the traced process: forks.htrace is the parent's stream" in r.stderr
+    trace = hooktrace.load(tmp_path / "forks.htrace")
+    assert "cut" not in trace.info
+    assert calls_per_module(trace) == {"": 8, "0": 8, "1": 8}

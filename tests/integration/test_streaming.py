@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import re
 import signal
+import struct
 import subprocess
 import sys
 import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ from torch import nn
 import hooktrace
 from hooktrace._events import NODE_END
 from hooktrace.errors import OutputPathError
+from hooktrace.format import BLOCK_EVENTS, BLOCK_MODULES
 from hooktrace.reading import CAT_BACKWARD
 from models import ConvNet
 from test_forward import state_snapshot
@@ -338,3 +341,122 @@ def test_a_full_disk_counts_the_lost_events_as_dropped(tmp_path: Path) -> None:
     assert warned == "1" and int(dropped) > 0 and error.strip()
     assert int(kept) + int(dropped) == 3000 * 31 * 2
     assert out.stat().st_size <= 256 << 10
+
+
+# -- a process scope (hooktrace run, global_trace) streams too: MODULES blocks --------
+
+
+class Student(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x)
+
+
+class Teacher(Student):
+    pass
+
+
+def distill(steps: int, head_after: int, before_head: Any = None) -> None:
+    """A teacher called first (under no_grad), then the trained student and a loss; a
+    head model made and first called mid-run (``before_head()`` is called just before)."""
+    torch.manual_seed(0)
+    teacher, student, loss_fn = Teacher(), Student(), nn.MSELoss()
+    x = torch.randn(4, 8)
+    head: nn.Module | None = None
+    for step in range(steps):
+        if step == head_after:
+            if before_head is not None:
+                before_head()
+            head = nn.Sequential(nn.Linear(8, 2), nn.Tanh())
+        with torch.no_grad():
+            target = teacher(x)
+        y = student(x)
+        loss = loss_fn(y, target) + (head(y).sum() if head is not None else 0)
+        loss.backward()
+
+
+def test_process_scope_stream_equals_the_in_memory_trace(tmp_path: Path) -> None:
+    # GIVEN the same run recorded in memory and streamed by a process scope, whose
+    # module table grows as modules are first called, and whose first top-level module
+    # (the teacher) loses its unprefixed names once the trained student shows up
+    with hooktrace.global_trace() as mem:
+        distill(60, head_after=30)
+    with hooktrace.global_trace(out=tmp_path / "run.htrace", capacity=2 * 4096) as st:
+        snaps: list[hooktrace.TraceData] = []
+        distill(60, head_after=30, before_head=lambda: snaps.append(st.snapshot()))
+    (snap,) = snaps
+    # THEN the file names every module as memory does, and holds the same calls
+    assert snap.modules == [m for m in mem.modules if not m[0].startswith("Sequential")]
+    assert st.modules == mem.modules
+    assert ("", "Student") in st.modules and ("Teacher.encoder.0", "Linear") in st.modules
+    assert ("Sequential.1", "Tanh") in st.modules
+    for key in ("scope", "top_level_modules", "main_module"):
+        assert st.info[key] == mem.info[key], key
+    assert "cut" not in st.info and st.info["stream"]["chunks"] <= 2
+    assert st.dropped_events + len(st.events) == len(mem.events)
+    if st.dropped_events == 0:
+        def calls(tr: hooktrace.TraceData) -> dict[tuple[str, str], tuple[int, int]]:
+            return {(r["module"], r["type"]): (r["calls"], r["bwd_calls"])
+                    for r in tr.summary().rows}
+
+        assert calls(st) == calls(mem)
+        assert calls(st)[("Sequential", "Sequential")] == (30, 30)
+    # the table grew in MODULES blocks: the head's came after events were written
+    kinds = stream_blocks(tmp_path / "run.htrace")
+    modules_at = [i for i, (btype, _) in enumerate(kinds) if btype == BLOCK_MODULES]
+    assert kinds[modules_at[0]][1] == 0
+    late = [i for i in modules_at if kinds[i][1] > 0 and
+            any(btype == BLOCK_EVENTS for btype, _ in kinds[:i])]
+    assert late, kinds
+
+
+def test_names_that_change_are_restated_in_the_stream(tmp_path: Path) -> None:
+    # GIVEN a teacher called alone first (the main model so far: unprefixed names),
+    # written to the stream before the trained student is first called
+    torch.manual_seed(0)
+    teacher, student = Teacher(), Student()
+    x = torch.randn(4, 8)
+    with hooktrace.global_trace(out=tmp_path / "run.htrace") as tr:
+        with torch.no_grad():
+            teacher(x)
+        before = tr.snapshot()  # (waits for the writer)
+        student(x).sum().backward()
+    # THEN the student took the unprefixed names: the teacher's were restated
+    assert before.modules[0] == ("", "Teacher")
+    assert tr.modules[:2] == [("Teacher", "Teacher"), ("Teacher.encoder", "Sequential")]
+    assert tr.modules[5:7] == [("", "Student"), ("encoder", "Sequential")]
+    assert [first for btype, first in stream_blocks(tmp_path / "run.htrace")
+            if btype == BLOCK_MODULES] == [0, 0]
+    assert tr.info["main_module"] == "Student"
+
+
+def stream_blocks(path: Path) -> list[tuple[int, int]]:
+    """(block type, its first u32) of each block of a stream file."""
+    data = path.read_bytes()
+    pos, out = 16, []
+    while pos < len(data):
+        btype, _, length = struct.unpack_from("<IIQ", data, pos)
+        first = struct.unpack_from("<I", data, pos + 24)[0] if length >= 4 else 0
+        out.append((btype, first))
+        pos += 24 + length
+    return out
+
+
+def test_process_scope_stream_stays_within_capacity(tmp_path: Path) -> None:
+    # GIVEN a capacity of 4 chunks and a run of ~60 chunks' worth of events, all from
+    # modules named as they are first called
+    model = nn.Sequential(*[nn.Identity() for _ in range(200)])
+    x = torch.zeros(1)
+    with hooktrace.global_trace(out=tmp_path / "run.htrace", capacity=4 * 4096,
+                                backward=False) as tr:
+        peak = 0
+        for _ in range(600):
+            model(x)
+            peak = max(peak, tr._session.stats()["chunks"])
+    # THEN never more than 4 chunks were allocated: the rest went to the file
+    assert peak <= 4 and tr.info["stream"]["chunks"] <= 4
+    assert len(tr.events) + tr.dropped_events == 600 * 201 * 2
+    assert len(tr.events) > 4 * 4096 and len(tr.modules) == 201

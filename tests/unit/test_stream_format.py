@@ -19,6 +19,7 @@ from hooktrace.format import (
     BLOCK_EVENTS,
     BLOCK_FOOTER,
     BLOCK_META,
+    BLOCK_MODULES,
     BLOCK_NODE_NAMES,
     BLOCK_STATS,
     TraceFileError,
@@ -249,3 +250,98 @@ def test_an_empty_stream_loads(tmp_path: Path) -> None:
     assert len(run.events) == 0 and run.clock.unix_ns0 == START
     assert "0 events before it loaded" in run.info["cut"]
     assert run.events.dtype == EVENT_DTYPE
+
+
+# -- MODULES (7): the module table of a process scope grows while it records ---------
+
+PROCESS_META: dict[str, Any] = {**META, "modules": []}
+
+
+def modules_block(first: int, modules: list[tuple[str, str]], count: int | None = None) -> bytes:
+    strings = [s for pair in modules for s in pair]
+    table = struct.pack("<I", len(strings) if count is None else count) + b"".join(
+        struct.pack("<I", len(s.encode())) + s.encode() for s in strings)
+    return stream_block(BLOCK_MODULES, struct.pack("<I", first) + table)
+
+
+def process_stream() -> list[bytes]:
+    """A process scope's stream: Net and its fc first, then a head first called later."""
+    a = thread_events(101, 100)
+    head = build_events([(101, ENTER, 2, 140), (101, EXIT, 2, 150)])
+    return [
+        stream_header(),
+        stream_block(BLOCK_META, js(PROCESS_META)),
+        stream_block(BLOCK_CLOCK, CLOCK),
+        modules_block(0, [("", "Net"), ("fc", "Linear")]),
+        events_block(0, 101, 0, a),
+        modules_block(2, [("Head", "Linear")]),
+        events_block(0, 101, 4, head),
+        stream_block(BLOCK_FOOTER, js({"stop_unix_ns": START + 10**6, "events": 6})),
+    ]
+
+
+def test_modules_blocks_grow_the_table_of_a_process_scope(tmp_path: Path) -> None:
+    blocks = process_stream()
+    run = load(write(tmp_path, blocks))
+    assert run.modules == [("", "Net"), ("fc", "Linear"), ("Head", "Linear")]
+    assert len(run.spans()) == 3 and run.spans().unfinished == 0
+    # saved as version 2, the whole table is in its metadata
+    run.save(tmp_path / "v2.htrace")
+    assert load(tmp_path / "v2.htrace").modules == run.modules
+    # cut anywhere after the first EVENTS block: the modules written so far, their events
+    data = b"".join(blocks)
+    ends = np.cumsum([len(b) for b in blocks])
+    for size in range(int(ends[4]), int(ends[6]) + 1):
+        cut = read_trace(write(tmp_path, [data[:size]], "cut.htrace"))
+        assert len(cut.events) == (6 if size >= ends[6] else 4)
+        assert len(cut.modules) == (3 if size >= ends[5] else 2), size
+        assert "recording cut at byte" in cut.info["cut"]
+
+
+def test_a_modules_block_restates_names_that_changed(tmp_path: Path) -> None:
+    # the main model became known: the first one's names gain its class as a prefix
+    blocks = process_stream()
+    blocks.insert(6, modules_block(0, [("Net", "Net"), ("Net.fc", "Linear"), ("", "Linear")]))
+    run = read_trace(write(tmp_path, blocks))
+    assert run.modules == [("Net", "Net"), ("Net.fc", "Linear"), ("", "Linear")]
+
+
+@pytest.mark.parametrize(
+    ("replacement", "delta", "fragments"),
+    [
+        # a gap: module 3 before module 2 is known (written out of order)
+        (modules_block(3, [("x", "Linear")]), 24,
+         ["MODULES block: expected modules from index 2 on", "found 3"]),
+        (modules_block(2, [("x", "Linear")], count=1), 28,
+         ["MODULES block: expected (name, class name) pairs", "found 1"]),
+        # a restatement that drops modules
+        (modules_block(0, [("", "Net")]), 28,
+         ["MODULES block: expected the table to keep its 2 modules", "[0, 1) only"]),
+        (stream_block(BLOCK_MODULES, b"\0\0\0\0"), 8,
+         ["MODULES block: expected at least 8 payload bytes, found 4"]),
+        (modules_block(2, [("x", "Linear")], count=4), 24 + 4 + 4 + 4 + 1 + 4 + 6,
+         ["string table ends inside the length of string 2 of 4"]),
+    ],
+)
+def test_a_modules_block_no_recorder_writes_is_refused(
+    tmp_path: Path, replacement: bytes, delta: int, fragments: list[str]
+) -> None:
+    blocks = bad(process_stream(), 5, replacement)
+    expect_error(write(tmp_path, blocks), offset_of(blocks, 5) + delta, *fragments)
+
+
+def test_events_before_the_modules_block_naming_their_module_are_refused(
+        tmp_path: Path) -> None:
+    # the head's events come before the MODULES block that names it
+    blocks = process_stream()
+    blocks[5], blocks[6] = blocks[6], blocks[5]
+    err = expect_error(write(tmp_path, blocks), offset_of(blocks, 5) + 24 + 16 + 16,
+                       "EVENTS block: event 0 names module 2, which no MODULES block before "
+                       "it names (the table had 2 modules")
+    # and a module no MODULES block names at all: out of range, as in version 2
+    blocks = process_stream()
+    del blocks[5]
+    blocks[-1] = stream_block(BLOCK_FOOTER, js({"stop_unix_ns": START + 10**6, "events": 6}))
+    expect_error(write(tmp_path, blocks), offset_of(blocks, 5) + 24 + 16 + 16,
+                 "module id 2 out of range (the module table has 2 modules)")
+    assert "\n" not in str(err)
