@@ -29,7 +29,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function
 
 import hooktrace
-from overhead import identity_chain, linear_relu, measure, tiny_gpt  # benchmarks/overhead.py
+from overhead import forward_table, identity_chain, linear_relu, tiny_gpt  # benchmarks/overhead.py
 
 
 @contextlib.contextmanager
@@ -94,25 +94,7 @@ def main() -> None:
     rounds = 2 if args.quick else args.rounds
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, hooktrace {hooktrace.__version__}, 1 intra-op thread")
-    for title, make in MODELS.items():
-        model, run, calls = make()
-        inner = 5 if args.quick else 40
-        best = {v: float("inf") for v in VARIANTS}
-        with torch.no_grad():
-            for _ in range(rounds):
-                for name, install in VARIANTS.items():
-                    with install(model):
-                        run()
-                        best[name] = min(best[name], measure(run, inner))
-        base = best["none"]
-        bar = best["hooktrace (time only)"] - base
-        print(f"\n{title}: {calls} module calls per run, min of {rounds} rounds x {inner}")
-        print(f"{'variant':28} {'per run':>11} {'added/call':>12} {'vs time-only':>13}")
-        for name in VARIANTS:
-            added = best[name] - base
-            ratio = added / bar if bar > 0 else float("nan")
-            print(f"{name:28} {best[name] * 1e6:9.1f}us {added / calls * 1e9:10.1f}ns "
-                  f"{ratio:12.2f}x")
+    forward_table(VARIANTS, MODELS, rounds, 5 if args.quick else 40)
 
 
 if __name__ == "__main__":

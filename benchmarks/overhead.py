@@ -203,6 +203,31 @@ def measure(run: Callable[[], Any], inner: int) -> float:
         gc.enable()
 
 
+def forward_table(variants: dict[str, Installer], models: dict[str, Callable[[], Any]],
+                  rounds: int, inner: int, bar: str = "hooktrace (time only)") -> None:
+    """One table per model: every variant's best seconds per forward run (grad off,
+    variants interleaved round by round), the ns it adds per module call over ``none``,
+    over the ``bar`` variant, and that as a multiple of the bar's own added cost."""
+    for title, make in models.items():
+        model, run, calls = make()
+        best = {v: float("inf") for v in variants}
+        with torch.no_grad():
+            for _ in range(rounds):
+                for name, install in variants.items():
+                    with install(model):
+                        run()
+                        best[name] = min(best[name], measure(run, inner))
+        base, bar_s = best["none"], best[bar]
+        print(f"\n{title}: {calls} module calls per run, min of {rounds} rounds x {inner}")
+        print(f"{'variant':28} {'per run':>11} {'added/call':>12} {'over bar/call':>14} "
+              f"{'vs bar':>8}")
+        for name in variants:
+            added = best[name] - base
+            ratio = added / (bar_s - base) if bar_s > base else float("nan")
+            print(f"{name:28} {best[name] * 1e6:9.1f}us {added / calls * 1e9:10.1f}ns "
+                  f"{(best[name] - bar_s) / calls * 1e9:12.1f}ns {ratio:7.2f}x")
+
+
 def bench(
     title: str,
     variants: dict[str, Installer],

@@ -234,6 +234,9 @@ C10_NOINLINE PyObject* call_with_extras(ModuleCall* g, PyObject* const* args, si
                            PyObject* kwnames, uint8_t model_x, uint8_t global_x,
                            Session* model, uint32_t model_slot, bool model_on,
                            Session* global, uint32_t global_slot, bool global_on) {
+  // a paused session (between schedule windows) records nothing: measure nothing
+  if (model && !model->active()) model_x = 0;
+  if (global && !global->active()) global_x = 0;
   const bool shapes = (model_x | global_x) & Session::kExtraShapes;
   const uint32_t in_sig = shapes ? input_signature(args, nargsf, kwnames) : kShapeUnknown;
   Session* model_num = model_x & Session::kExtraNumerics ? model : nullptr;

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hooktrace._events import ENTER, EXIT, MEM_CPU, MEM_CUDA, NODE_BEGIN, NODE_END
+from hooktrace.reading import counter_changes
 
 if TYPE_CHECKING:
     import hooktrace._C as _C
@@ -245,12 +246,4 @@ def counter_points(trace: TraceData, device: str, window: tuple[int, int] | None
     """(Unix ns, bytes allocated) of ``device``'s counter track: every sample where the
     value changes (and the first and last), inside ``window`` when given."""
     s = samples(trace, device)
-    t, b = s.t_ns, s.bytes
-    if window is not None:
-        keep = (t >= window[0]) & (t <= window[1])
-        t, b = t[keep], b[keep]
-    if len(t) > 2:
-        change = np.r_[True, b[1:] != b[:-1]]
-        change[-1] = True
-        t, b = t[change], b[change]
-    return t, b
+    return counter_changes(s.t_ns, s.bytes, window)

@@ -59,7 +59,13 @@ from hooktrace._events import (
     NUMERICS,
     NUMERICS_VALUE,
 )
-from hooktrace.reading import CAT_RECOMPUTE, SPAN_EVAL, TraceData, forward_span_before
+from hooktrace.reading import (
+    CAT_RECOMPUTE,
+    SPAN_EVAL,
+    TraceData,
+    counter_changes,
+    forward_span_before,
+)
 
 __all__ = ["COUNTER_NAME", "NUMERIC_COLUMNS", "Numerics", "counter_points", "first_nonfinite",
            "history", "number_for_json", "numerics_info"]
@@ -82,15 +88,7 @@ def counter_points(trace: TraceData, window: tuple[int, int] | None = None,
     measured calls and every call that adds some, inside ``window`` when given."""
     n = Numerics.from_trace(trace)
     sel = np.flatnonzero(~n.recompute)
-    t, total = n.t_ns[sel], np.cumsum(n.nonfinite[sel])
-    if window is not None:
-        keep = (t >= window[0]) & (t <= window[1])
-        t, total = t[keep], total[keep]
-    if len(t) > 2:
-        change = np.r_[True, total[1:] != total[:-1]]
-        change[-1] = True
-        t, total = t[change], total[change]
-    return t, total
+    return counter_changes(n.t_ns[sel], np.cumsum(n.nonfinite[sel]), window)
 
 
 def numerics_info(info: dict[str, Any]) -> dict[str, Any] | None:

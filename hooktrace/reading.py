@@ -39,6 +39,7 @@ __all__ = [
     "CAT_RECOMPUTE",
     "CAT_NAMES",
     "forward_span_before",
+    "counter_changes",
     "NO_PASS",
     "Nodes",
     "Spans",
@@ -538,3 +539,17 @@ def forward_span_before(trace: TraceData, tid: np.ndarray, module: np.ndarray, t
     out = np.empty(len(t), np.int64)
     out[order[is_ev[order]] - len(s)] = found[is_ev[order]]
     return out
+
+
+def counter_changes(t: np.ndarray, values: np.ndarray, window: tuple[int, int] | None = None,
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """A counter track's points from samples ``(t, values)`` in time order: those inside
+    ``window`` (when given) where the value changes, and the first and last."""
+    if window is not None:
+        keep = (t >= window[0]) & (t <= window[1])
+        t, values = t[keep], values[keep]
+    if len(t) > 2:
+        change = np.r_[True, values[1:] != values[:-1]]
+        change[-1] = True
+        t, values = t[change], values[change]
+    return t, values

@@ -184,22 +184,15 @@ def write_memory_counters(write: Any, trace: TraceData, base_ns: int,
     counter_points`); returns how many were written."""
     from hooktrace.memory import counter_name, counter_points, memory_devices
 
-    written = 0
-    pid = trace.pid
-    for device in memory_devices(trace):
-        t, b = counter_points(trace, device, window)
-        name = _dumps(counter_name(device))
-        parts = [f',\n{{"ph":"C","name":{name},"pid":{pid},"ts":{_micros(ts - base_ns)},'
-                 f'"args":{{"allocated_bytes":{v}}}}}'
-                 for ts, v in zip(t.tolist(), b.tolist())]
-        for i in range(0, len(parts), 65536):
-            write("".join(parts[i:i + 65536]).encode("utf-8"))
-        written += len(parts)
+    tracks = [(counter_name(device), "allocated_bytes", *counter_points(trace, device, window))
+              for device in memory_devices(trace)]
     if numerics_info(trace.info) is not None:  # non-finite values so far (numerics=True)
-        t, v = numerics_counter(trace, window)
-        parts = [f',\n{{"ph":"C","name":{_dumps(NUMERICS_COUNTER)},"pid":{pid},'
-                 f'"ts":{_micros(ts - base_ns)},"args":{{"nonfinite":{x}}}}}'
-                 for ts, x in zip(t.tolist(), v.tolist())]
+        tracks.append((NUMERICS_COUNTER, "nonfinite", *numerics_counter(trace, window)))
+    written = 0
+    for name, arg, t, values in tracks:
+        head = f',\n{{"ph":"C","name":{_dumps(name)},"pid":{trace.pid},"ts":'
+        parts = [f'{head}{_micros(ts - base_ns)},"args":{{"{arg}":{v}}}}}'
+                 for ts, v in zip(t.tolist(), values.tolist())]
         for i in range(0, len(parts), 65536):
             write("".join(parts[i:i + 65536]).encode("utf-8"))
         written += len(parts)

@@ -211,29 +211,24 @@ def _steps(trace: TraceData, plan: Any, uuid: int) -> tuple[bytes, int]:
 
 
 def _memory_counters(trace: TraceData, plan: Any, first_uuid: int) -> bytes:
-    """Per recorded device, a counter track (bytes, a child of the process track)
-    with the Chrome export's points: TrackEvent TYPE_COUNTER with counter_value."""
+    """Per recorded device, a counter track (bytes, a child of the process track), and
+    with numerics=True the non-finite values so far, with the Chrome export's points:
+    TrackEvent TYPE_COUNTER with counter_value."""
     from hooktrace.memory import counter_name, counter_points, memory_devices
 
     window = plan.cut.bounds
+    tracks = [(counter_name(device), _uint(3, _UNIT_SIZE_BYTES),  # CounterDescriptor.unit
+               *counter_points(trace, device, window)) for device in memory_devices(trace)]
+    if numerics_info(trace.info) is not None:  # non-finite values so far (numerics=True)
+        tracks.append((NUMERICS_COUNTER, b"", *numerics_counter(trace, window)))
     out = b""
-    for k, device in enumerate(memory_devices(trace)):
+    for k, (name, counter, t, values) in enumerate(tracks):
         uuid = first_uuid + k
-        counter = _uint(3, _UNIT_SIZE_BYTES)  # CounterDescriptor.unit
         out += _packet(_bytes(60, _uint(1, uuid) + _uint(5, _PROCESS_UUID)
-                              + _str(2, counter_name(device)) + _bytes(8, counter)))
-        t, b = counter_points(trace, device, window)
+                              + _str(2, name) + _bytes(8, counter)))
         head = _uint(9, _TYPE_COUNTER) + _uint(11, uuid)
         out += b"".join(_packet(_uint(8, ts) + _bytes(11, head + _uint(30, v)))
-                        for ts, v in zip(t.tolist(), b.tolist()))
-    if numerics_info(trace.info) is not None:  # non-finite values so far (numerics=True)
-        uuid = first_uuid + len(memory_devices(trace))
-        out += _packet(_bytes(60, _uint(1, uuid) + _uint(5, _PROCESS_UUID)
-                              + _str(2, NUMERICS_COUNTER) + _bytes(8, b"")))
-        t, v = numerics_counter(trace, window)
-        head = _uint(9, _TYPE_COUNTER) + _uint(11, uuid)
-        out += b"".join(_packet(_uint(8, ts) + _bytes(11, head + _uint(30, x)))
-                        for ts, x in zip(t.tolist(), v.tolist()))
+                        for ts, v in zip(t.tolist(), values.tolist()))
     return out
 
 

@@ -28,7 +28,6 @@ from torch import nn
 
 import hooktrace
 from hooktrace.kernels import Kernels, derived_spans
-from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD
 from models import tiny_gpt2
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,7 +68,7 @@ class Net(nn.Module):
         return self.head(x)
 
 
-def _train(fn: Any, net: nn.Module, steps: int = 4) -> list[torch.Tensor]:
+def _train(fn: Any, net: nn.Module, steps: int = 5) -> list[torch.Tensor]:
     opt = torch.optim.SGD(net.parameters(), lr=1e-3)
     outs = []
     for i in range(steps):
@@ -119,23 +118,18 @@ def test_the_heavy_submodule_holds_most_of_each_block_forward_and_backward(trace
         assert "blocks" not in rows  # a container: never a row
         assert all(r["timing"] == "kernels" for r in inner.values())
         heavy = inner[f"{b}.heavy"]
-        # first inside its block, forward and backward
-        assert max(inner, key=lambda n: inner[n]["total_ns"]) == f"{b}.heavy"
-        assert max(inner, key=lambda n: inner[n]["bwd_total_ns"]) == f"{b}.heavy"
-        # most of the block's kernel time (its kernels: the derived entries directly in it)
-        d = derived_spans(result)
-        names = [n for n, _ in result.modules]
-        region_kernels = {cat: sum(int(t) for m, c, t in zip(d.module, d.cat, d.total_ns)
-                                   if c == cat and names[m] in inner)
-                          for cat in (CAT_FORWARD, CAT_BACKWARD)}
-        assert heavy["total_ns"] > 0.6 * region_kernels[CAT_FORWARD]
-        assert heavy["bwd_total_ns"] > 0.6 * region_kernels[CAT_BACKWARD]
+        # first inside its block, forward and backward, and most of the block's kernel
+        # time per call. Medians over the calls, not totals: one preemption of a
+        # microsecond kernel on a loaded machine must not decide it.
+        for p50 in ("p50_ns", "bwd_p50_ns"):
+            assert max(inner, key=lambda n: inner[n][p50] or 0) == f"{b}.heavy", (p50, inner)
+            assert heavy[p50] > 0.6 * sum(r[p50] or 0 for r in inner.values()), (p50, inner)
         # per call statistics, as measured rows have them
-        assert heavy["calls"] == 4 and heavy["bwd_calls"] == 4
+        assert heavy["calls"] == 5 and heavy["bwd_calls"] == 5
         assert heavy["p50_ns"] > 0 and heavy["bwd_p50_ns"] > 0
         # the six Linear layers inside it have rows too (extern mm kernels: exact)
         for i in range(6):
-            assert rows[f"{b}.heavy.layers.{i}"]["bwd_calls"] == 4
+            assert rows[f"{b}.heavy.layers.{i}"]["bwd_calls"] == 5
     if how == "blocks":
         assert rows["blocks.0"]["timing"] == "measured"
         assert rows["head"]["timing"] == "measured"
