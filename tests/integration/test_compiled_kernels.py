@@ -313,7 +313,7 @@ def test_run_and_summary_json_show_rows_inside_compiled_blocks(tmp_path: Path) -
     assert r.returncode == 0, r.stderr
     rows = {row["module"]: row for row in json.loads(r.stdout)["rows"]}
     heavy = rows["blocks.0.heavy"]
-    assert heavy["timing"] == "kernels" and heavy["calls"] == 4
+    assert heavy["timing"] == "kernels" and heavy["calls"] == 5
     assert heavy["p50_ns"] > 0 and heavy["bwd_p50_ns"] > 0
     assert heavy["p50_ns"] > rows["blocks.0.norm"]["p50_ns"]
     assert rows["blocks.0"]["timing"] == "measured"
