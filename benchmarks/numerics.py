@@ -38,7 +38,8 @@ def gpt2() -> tuple[nn.Module, Callable[[], Any]]:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    cfg = GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=1000, n_positions=64)
+    cfg = GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=1000, n_positions=64,
+                     bos_token_id=0, eos_token_id=0)
     model = GPT2LMHeadModel(cfg)
     model.train()
     x = torch.randint(0, cfg.vocab_size, (2, 64))
