@@ -29,24 +29,15 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function
 
 import hooktrace
-from overhead import forward_table, identity_chain, linear_relu, tiny_gpt  # benchmarks/overhead.py
-
-
-@contextlib.contextmanager
-def none(model: nn.Module) -> Iterator[None]:
-    yield
-
-
-@contextlib.contextmanager
-def time_only(model: nn.Module) -> Iterator[None]:
-    with hooktrace.trace(model, backward=False, steps=None, capacity=1 << 24):
-        yield
-
-
-@contextlib.contextmanager
-def memory(model: nn.Module) -> Iterator[None]:
-    with hooktrace.trace(model, backward=False, steps=None, capacity=1 << 24, memory=True):
-        yield
+from overhead import (  # benchmarks/overhead.py
+    FORWARD_BAR,
+    forward_table,
+    hooktrace_trace,
+    identity_chain,
+    linear_relu,
+    no_tracing,
+    tiny_gpt,
+)
 
 
 @contextlib.contextmanager
@@ -71,9 +62,9 @@ def profile_memory_recipe(model: nn.Module) -> Iterator[None]:
 
 
 VARIANTS: dict[str, Callable[[nn.Module], contextlib.AbstractContextManager[Any]]] = {
-    "none": none,
-    "hooktrace (time only)": time_only,
-    "hooktrace memory=True": memory,
+    "none": no_tracing,
+    "hooktrace (time only)": hooktrace_trace(**FORWARD_BAR),
+    "hooktrace memory=True": hooktrace_trace(**FORWARD_BAR, memory=True),
     "profile_memory recipe": profile_memory_recipe,
 }
 

@@ -96,6 +96,10 @@ def with_profiler(inner: Installer, model: nn.Module) -> Iterator[None]:
             yield
 
 
+# The forward bar the feature benchmarks (memory.py, shapes.py) add their option to.
+FORWARD_BAR: dict[str, Any] = {"backward": False, "steps": None, "capacity": 1 << 24}
+
+
 def hooktrace_trace(**kwargs: Any) -> Installer:
     def install(model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         return hooktrace.trace(model, **kwargs)

@@ -27,24 +27,15 @@ import torch
 from torch import nn
 
 import hooktrace
-from overhead import forward_table, identity_chain, linear_relu, tiny_gpt  # benchmarks/overhead.py
-
-
-@contextlib.contextmanager
-def none(model: nn.Module) -> Iterator[None]:
-    yield
-
-
-@contextlib.contextmanager
-def time_only(model: nn.Module) -> Iterator[None]:
-    with hooktrace.trace(model, backward=False, steps=None, capacity=1 << 24):
-        yield
-
-
-@contextlib.contextmanager
-def shapes(model: nn.Module) -> Iterator[None]:
-    with hooktrace.trace(model, backward=False, steps=None, capacity=1 << 24, shapes=True):
-        yield
+from overhead import (  # benchmarks/overhead.py
+    FORWARD_BAR,
+    forward_table,
+    hooktrace_trace,
+    identity_chain,
+    linear_relu,
+    no_tracing,
+    tiny_gpt,
+)
 
 
 @contextlib.contextmanager
@@ -64,9 +55,9 @@ def shape_hooks(model: nn.Module) -> Iterator[None]:
 
 
 VARIANTS: dict[str, Callable[[nn.Module], contextlib.AbstractContextManager[Any]]] = {
-    "none": none,
-    "hooktrace (time only)": time_only,
-    "hooktrace shapes=True": shapes,
+    "none": no_tracing,
+    "hooktrace (time only)": hooktrace_trace(**FORWARD_BAR),
+    "hooktrace shapes=True": hooktrace_trace(**FORWARD_BAR, shapes=True),
     "shape hooks recipe": shape_hooks,
 }
 

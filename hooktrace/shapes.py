@@ -178,14 +178,9 @@ class ShapeTable:
         return "\n".join(lines)
 
     def to_csv(self, top: int | None = None) -> str:
-        import csv
-        import io
+        from hooktrace.text import csv_text
 
-        out = io.StringIO()
-        w = csv.DictWriter(out, fieldnames=list(self.COLUMNS), lineterminator="\n")
-        w.writeheader()
-        w.writerows(self._top(top))
-        return out.getvalue()
+        return csv_text(self._top(top), self.COLUMNS)
 
     def to_json(self, top: int | None = None) -> str:
         import json

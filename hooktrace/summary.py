@@ -21,8 +21,6 @@ Example:
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import re
 from collections.abc import Sequence
@@ -33,7 +31,7 @@ import numpy as np
 from hooktrace.kernels import Derived, Kernels, derived_spans
 from hooktrace.numerics import NUMERIC_COLUMNS, Numerics, first_nonfinite, numerics_info
 from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, CAT_RECOMPUTE, SPAN_EVAL, Spans
-from hooktrace.text import describe_dump, format_bytes, format_count, format_ns
+from hooktrace.text import csv_text, describe_dump, format_bytes, format_count, format_ns
 
 if TYPE_CHECKING:
     from hooktrace.reading import TraceData
@@ -423,11 +421,7 @@ class Summary:
     def to_csv(self, top: int | None = None) -> str:
         """CSV text of the first ``top`` rows (all when None) with a header row
         (the keys above); durations in ns, None blank."""
-        out = io.StringIO()
-        w = csv.DictWriter(out, fieldnames=list(self.columns), lineterminator="\n")
-        w.writeheader()
-        w.writerows(self._top(top))
-        return out.getvalue()
+        return csv_text(self._top(top), self.columns)
 
     def to_json(self, top: int | None = None) -> str:
         """JSON text: ``{"rows": [...], "counts": {...}, "notes": [...]}`` (first ``top``
@@ -582,11 +576,7 @@ class StepTable:
         return "\n".join(lines)
 
     def to_csv(self, top: int | None = None) -> str:
-        out = io.StringIO()
-        w = csv.DictWriter(out, fieldnames=list(self.COLUMNS), lineterminator="\n")
-        w.writeheader()
-        w.writerows(self._top(top))
-        return out.getvalue()
+        return csv_text(self._top(top), self.COLUMNS)
 
     def to_json(self, top: int | None = None) -> str:
         return json.dumps({"steps": self._top(top)})

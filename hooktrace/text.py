@@ -8,9 +8,13 @@ and the commands all format through these.
 
 from __future__ import annotations
 
+import csv
+import io
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["OPEN_HINT", "describe_dump", "format_bytes", "format_count", "format_ns", "open_hint"]
+__all__ = ["OPEN_HINT", "csv_text", "describe_dump", "format_bytes", "format_count", "format_ns",
+           "open_hint"]
 
 def open_hint(what: str) -> str:
     """Where to open a trace ``what`` names (an export or a merge: never a .htrace)."""
@@ -81,3 +85,12 @@ def describe_dump(info: dict[str, Any]) -> list[str]:
     if not lines:
         lines.append(f"no thread is inside a traced module call{where}")
     return lines
+
+
+def csv_text(rows: Iterable[dict[str, Any]], columns: Sequence[str]) -> str:
+    """CSV text of ``rows`` (dicts) with a header of ``columns``; None is blank."""
+    out = io.StringIO()
+    w = csv.DictWriter(out, fieldnames=list(columns), lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    return out.getvalue()

@@ -67,7 +67,7 @@ from hooktrace._events import (
 from hooktrace.format.meta import (
     BLOCK_CLOCK,
     BLOCK_EVENTS,
-    BLOCK_FOOTER,
+    BLOCK_FOOTER,  # noqa: F401  (stream_block's example)
     BLOCK_META,
     BLOCK_MODULES,
     BLOCK_NODE_NAMES,
