@@ -25,13 +25,23 @@ class TraceSession:
 
     ``output``/``chrome``: as ``hooktrace run -o``/``--chrome`` (a file, a folder, or
     None for ``hooktrace-<host>_<pid>_rank<R>.htrace`` in the current folder); the
-    rank is always part of the name in a multi-process run.
+    rank is always part of the name in a multi-process run. ``options``: what else
+    ``hooktrace.trace()`` records (``TRACE_OPTIONS``: numerics, shapes, memory, flops,
+    dumps), checked here so a wrong name fails before training starts.
     """
 
+    TRACE_OPTIONS = frozenset({"numerics", "numerics_every", "shapes", "memory", "flops",
+                               "dump_on", "dump_dir", "hang_timeout"})
+
     def __init__(self, output: str | os.PathLike[str] | None, *, chrome: str | os.PathLike[str] | None,
-                 backward: bool, capacity: int, summary: bool) -> None:
+                 backward: bool, capacity: int, summary: bool, **options: Any) -> None:
+        unknown = sorted(set(options) - self.TRACE_OPTIONS)
+        if unknown:
+            raise TypeError(f"hooktrace: unknown option {unknown[0]!r}; the callback takes "
+                            f"{', '.join(sorted(self.TRACE_OPTIONS))}")
         self.output, self.chrome = output, chrome
         self.backward, self.capacity, self.summary = backward, capacity, summary
+        self.options = options
         self.trace: Trace | None = None
         self.written: list[str] = []
 
@@ -40,7 +50,8 @@ class TraceSession:
             return  # a second fit() on the same callback traces from its first one
         # steps=None: the trainer's own step events end steps (an optimizer hook
         # would count a GAN's or an accumulation step's optimizers differently)
-        self.trace = Trace(model, steps=None, backward=self.backward, capacity=self.capacity)
+        self.trace = Trace(model, steps=None, backward=self.backward, capacity=self.capacity,
+                           **self.options)
         self.trace.__enter__()
 
     def step(self) -> None:

@@ -39,9 +39,9 @@ class HooktraceCallback(TrainerCallback):  # type: ignore[misc]
     def __init__(self, output: str | os.PathLike[str] | None = None, *,
                  chrome: str | os.PathLike[str] | None = None,
                  backward: bool = True, capacity: int = DEFAULT_CAPACITY,
-                 summary: bool = False) -> None:
+                 summary: bool = False, **options: Any) -> None:
         self.session = TraceSession(output, chrome=chrome, backward=backward, capacity=capacity,
-                                    summary=summary)
+                                    summary=summary, **options)
 
     @property
     def written(self) -> list[str]:

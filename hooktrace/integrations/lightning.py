@@ -38,9 +38,10 @@ class HooktraceCallback(Callback):  # type: ignore[misc]
 
     def __init__(self, output: str | os.PathLike[str] | None = None, *,
                  chrome: str | os.PathLike[str] | None = None, backward: bool = True,
-                 capacity: int = DEFAULT_CAPACITY, summary: bool = False) -> None:
+                 capacity: int = DEFAULT_CAPACITY, summary: bool = False,
+                 **options: Any) -> None:
         self.session = TraceSession(output, chrome=chrome, backward=backward, capacity=capacity,
-                                    summary=summary)
+                                    summary=summary, **options)
         self._global_step = 0
 
     @property

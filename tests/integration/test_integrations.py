@@ -73,6 +73,29 @@ def test_hf_trainer_callback_two_steps_same_losses(hf_script: tuple[Path, dict[s
     assert len(trace.spans().nodes) > 0  # backward recorded
 
 
+def test_hf_trainer_callback_records_numerics_and_shapes(
+        hf_script: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    """The callback passes trace() options on: numerics and shapes of a real Trainer run."""
+    from hooktrace.integrations.hf import HooktraceCallback
+    from hooktrace.numerics import first_nonfinite
+    from hooktrace.shapes import ShapeTable
+
+    _, ns = hf_script
+    with pytest.raises(TypeError, match="unknown option 'numeric'"):
+        HooktraceCallback(tmp_path / "x.htrace", numeric=True)
+    callback = HooktraceCallback(tmp_path / "hf.htrace", numerics=True, shapes=True)
+    ns["train"](str(tmp_path / "traced"), [callback])
+    trace = hooktrace.load(tmp_path / "hf.htrace")
+    rows = {r["module"]: r for r in trace.summary().rows if r["mode"] == "train"}
+    mlp = rows["transformer.h.0.mlp"]
+    assert mlp["absmax"] > 0 and mlp["rms"] > 0 and mlp["nonfinite"] == 0
+    assert mlp["bwd_absmax"] > 0  # the gradient of its input
+    assert first_nonfinite(trace) is None
+    shapes = {r["module"]: r for r in ShapeTable.from_trace(trace).rows}
+    assert shapes["transformer.h.0.mlp"]["in_shapes"].startswith("float32[")
+    assert shapes["transformer.h.0.mlp"]["calls"] == 2
+
+
 def test_hf_trainer_under_hooktrace_run(hf_script: tuple[Path, dict[str, Any]],
                                         tmp_path: Path) -> None:
     path, ns = hf_script
