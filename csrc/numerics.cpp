@@ -10,8 +10,8 @@
 #include <limits>
 #include <memory>
 #include <optional>
-#include <unordered_map>
 #include <mutex>
+#include <unordered_map>
 
 #include "event.h"
 #include "session.h"
@@ -71,13 +71,19 @@ struct Stats {
       failed = true;
       return;
     }
+    merge(a, sq, bad);
+    numel += static_cast<uint64_t>(n);
+  }
+
+  // Adds one tensor's reductions: abs-max is the max (a NaN sticks), squares and
+  // non-finite counts add up.
+  void merge(double a, double sq, uint64_t bad) {
     if (std::isnan(a) || std::isnan(absmax))
       absmax = std::numeric_limits<double>::quiet_NaN();
     else
       absmax = std::max(absmax, a);
     sumsq += sq;
     nonfinite += bad;
-    numel += static_cast<uint64_t>(n);
   }
 
   // One tensor's abs-max, sum of squares and non-finite count. Kernels (CPU, 2 x 64 x
@@ -150,13 +156,8 @@ struct Stats {
 
   void add(const Stats& o) {
     parts.insert(parts.end(), o.parts.begin(), o.parts.end());
-    if (std::isnan(o.absmax) || std::isnan(absmax))
-      absmax = std::numeric_limits<double>::quiet_NaN();
-    else
-      absmax = std::max(absmax, o.absmax);
-    sumsq += o.sumsq;
+    merge(o.absmax, o.sumsq, o.nonfinite);
     numel += o.numel;
-    nonfinite += o.nonfinite;
     tensors += o.tensors;
     failed = failed || o.failed;
   }
@@ -223,8 +224,6 @@ std::shared_ptr<DeferredStore> deferred_store(const Session* s, bool create) {
   g_deferred.emplace(s, store);
   return store;
 }
-
-void record(Session* s, uint32_t slot, uint8_t flags, const Stats& st);
 
 void record_deferred(Session* s, uint32_t slot, uint8_t flags, const Stats& st) {
   auto store = deferred_store(s, true);
@@ -327,21 +326,14 @@ size_t flush_numerics(Session* s) {
   const double* v = ok && host.defined() ? host.data_ptr<double>() : nullptr;
   size_t k = 0;
   for (auto& item : items) {
-    Stats st = item.stats;  // its host part
+    Stats& st = item.stats;  // its host part, then the parts read above
     const size_t n = st.parts.size();
     st.parts.clear();
     if (!v) {
       st.failed = true;
     } else {
-      for (size_t i = 0; i < n; ++i, ++k) {
-        const double a = v[3 * k], sq = v[3 * k + 1], bad = v[3 * k + 2];
-        if (std::isnan(a) || std::isnan(st.absmax))
-          st.absmax = std::numeric_limits<double>::quiet_NaN();
-        else
-          st.absmax = std::max(st.absmax, a);
-        st.sumsq += sq;
-        st.nonfinite += static_cast<uint64_t>(bad);
-      }
+      for (size_t i = 0; i < n; ++i, ++k)
+        st.merge(v[3 * k], v[3 * k + 1], static_cast<uint64_t>(v[3 * k + 2]));
     }
     // the value event names the call by its id (the NUMERICS event's rf_tid)
     const Encoded e = encode(item.flags, st);
@@ -379,11 +371,7 @@ void numerics_enter(PyObject* const* args, size_t nargsf, PyObject* kwnames, Ses
     return true;
   };
   walk_call_args(args, nargsf, kwnames, add);
-  if (inputs.empty()) {
-    // Nothing can carry a gradient: a skipped backward event now, so every call
-    // that could have one is accounted for (counted as skipped by the reader).
-    return;
-  }
+  if (inputs.empty()) return;  // nothing can carry a gradient: no backward event
   auto pending = std::make_shared<Pending>();
   if (a) pending->a = a->shared_from_this();
   if (b) pending->b = b->shared_from_this();
