@@ -482,7 +482,7 @@ class Diff:
         return json.dumps(doc, ensure_ascii=False, allow_nan=False, default=_json_number)
 
     def to_text(self, top: int | None = None) -> str:
-        from hooktrace.text import format_ns
+        from hooktrace.text import align_columns, format_ns
 
         unit = "step" if self.per_step else "run"
         by_rank = self.ranks is not None
@@ -512,10 +512,7 @@ class Diff:
                             f"({_pct(r['median_per_step_change_pct'])})")
             body.append(line + [calls])
         table = [header] + body
-        widths = [max(len(line[i]) for line in table) for i in range(len(header))]
-        lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w)
-                           for i, (c, w) in enumerate(zip(line, widths))).rstrip()
-                 for line in table]
+        lines = align_columns(table, 2)
         if top is not None and len(self.rows) > top:
             lines.append(f"... {len(self.rows) - top} more rows")
         src = self.sources

@@ -102,12 +102,7 @@ class Kernels:
 
     @classmethod
     def from_trace(cls, trace: TraceData) -> Kernels:
-        cached = getattr(trace, "_kernels", None)
-        if isinstance(cached, Kernels):
-            return cached
-        out = cls._build(trace)
-        trace._kernels = out  # type: ignore[attr-defined]
-        return out
+        return trace.derived("kernels", lambda: cls._build(trace))
 
     @classmethod
     def _build(cls, trace: TraceData) -> Kernels:
@@ -203,12 +198,7 @@ class Derived:
 
 def derived_spans(trace: TraceData) -> Derived:
     """The kernel-derived entries of ``trace`` (cached on it); see the module docstring."""
-    cached = getattr(trace, "_derived", None)
-    if isinstance(cached, Derived):
-        return cached
-    out = _derive(trace)
-    trace._derived = out  # type: ignore[attr-defined]
-    return out
+    return trace.derived("kernel_spans", lambda: _derive(trace))
 
 
 def _derive(trace: TraceData) -> Derived:

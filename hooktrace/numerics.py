@@ -67,7 +67,8 @@ from hooktrace.reading import (
     forward_span_before,
 )
 
-__all__ = ["COUNTER_NAME", "NUMERIC_COLUMNS", "Numerics", "counter_points", "first_nonfinite",
+__all__ = ["COUNTER_NAME", "NUMERIC_COLUMNS", "Numerics", "aggregate", "counter_points",
+           "first_nonfinite",
            "history", "number_for_json", "numerics_info"]
 
 # The summary's columns (recorded only with numerics=True): forward output and
@@ -123,12 +124,7 @@ class Numerics:
 
     @classmethod
     def from_trace(cls, trace: TraceData) -> Numerics:
-        cached = getattr(trace, "_numerics", None)
-        if isinstance(cached, Numerics):
-            return cached
-        out = cls._build(trace)
-        trace._numerics = out  # type: ignore[attr-defined]
-        return out
+        return trace.derived("numerics", lambda: cls._build(trace))
 
     @classmethod
     def _build(cls, trace: TraceData) -> Numerics:
@@ -251,11 +247,30 @@ def first_nonfinite(trace: TraceData) -> dict[str, Any] | None:
                               else f"every {n.every}th step (0, {n.every}, {2 * n.every}, ...)")}
 
 
-def number_for_json(value: float) -> float | str:
-    """A float for JSON: NaN and ±Inf as the strings "nan", "inf", "-inf"."""
-    if np.isfinite(value):
+def number_for_json(value: float | None) -> float | str | None:
+    """A float for JSON: NaN and ±Inf as the strings "nan", "inf", "-inf" (None stays)."""
+    if value is None or np.isfinite(value):
         return value
     return "nan" if np.isnan(value) else ("inf" if value > 0 else "-inf")
+
+
+def aggregate(n: Numerics, sel: np.ndarray, *keys: np.ndarray
+              ) -> tuple[list[tuple[int, ...]], dict[str, np.ndarray]]:
+    """The statistics of the events ``sel`` per distinct value of ``keys`` (arrays over
+    all events): the keys in sorted order, and per key ``calls``, ``absmax`` (the max:
+    a NaN sticks), ``rms`` (the mean over calls) and ``nonfinite`` (the sum)."""
+    if not len(sel):
+        return [], {c: np.zeros(0) for c in ("calls", "absmax", "rms", "nonfinite")}
+    uniq, inverse = np.unique(np.stack([k[sel] for k in keys]), axis=1, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    g = uniq.shape[1]
+    calls = np.bincount(inverse, minlength=g)
+    absmax = np.full(g, -np.inf)
+    np.maximum.at(absmax, inverse, n.absmax[sel])  # (np.maximum propagates NaN)
+    return [tuple(int(x) for x in col) for col in uniq.T], {
+        "calls": calls, "absmax": absmax,
+        "rms": np.bincount(inverse, weights=n.rms[sel], minlength=g) / calls,
+        "nonfinite": np.bincount(inverse, weights=n.nonfinite[sel], minlength=g).astype(np.int64)}
 
 
 def history(trace: TraceData) -> list[dict[str, Any]]:
@@ -264,21 +279,10 @@ def history(trace: TraceData) -> list[dict[str, Any]]:
     out), in step order."""
     n = Numerics.from_trace(trace)
     sel = np.flatnonzero(n.measured() & ~n.eval)
-    out: dict[tuple[int, bool, int], dict[str, Any]] = {}
-    for k in sel.tolist():
-        key = (int(n.module[k]), bool(n.backward[k]), int(n.step[k]))
-        row = out.get(key)
-        if row is None:
-            m = key[0]
-            row = out[key] = {"module": trace.modules[m][0] if m < len(trace.modules) else "",
-                              "phase": "backward" if key[1] else "forward", "step": key[2],
-                              "calls": 0, "absmax": 0.0, "rms": 0.0, "nonfinite": 0}
-        row["calls"] += 1
-        a = float(n.absmax[k])
-        row["absmax"] = a if np.isnan(a) or a > row["absmax"] else row["absmax"]
-        row["rms"] += float(n.rms[k])
-        row["nonfinite"] += int(n.nonfinite[k])
-    for row in out.values():
-        row["rms"] = number_for_json(row["rms"] / row["calls"])
-        row["absmax"] = number_for_json(row["absmax"])
-    return sorted(out.values(), key=lambda r: (r["step"], r["phase"], r["module"]))
+    keys, v = aggregate(n, sel, n.module, n.backward.astype(np.int64), n.step)
+    out = [{"module": trace.modules[m][0] if m < len(trace.modules) else "",
+            "phase": "backward" if backward else "forward", "step": step,
+            "calls": int(v["calls"][i]), "absmax": number_for_json(float(v["absmax"][i])),
+            "rms": number_for_json(float(v["rms"][i])), "nonfinite": int(v["nonfinite"][i])}
+           for i, (m, backward, step) in enumerate(keys)]
+    return sorted(out, key=lambda r: (r["step"], r["phase"], r["module"]))

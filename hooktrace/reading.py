@@ -20,8 +20,8 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -30,6 +30,8 @@ import hooktrace._C as _C
 from hooktrace._events import EVENT_DTYPE, STEP, Clock
 from hooktrace.format import read_trace, write_trace
 
+
+_T = TypeVar("_T")
 
 __all__ = [
     "SPAN_ERROR",
@@ -431,6 +433,14 @@ class TraceData:
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the run to a ``.htrace`` file; ``hooktrace.load`` reads it back."""
         write_trace(path, self.events, self.modules, self.node_names, self.clock, self.info)
+
+    def derived(self, key: str, build: Callable[[], _T]) -> _T:
+        """What an analysis derives from this run (its kernels, numerics, shapes per
+        span): ``build()`` on first use under ``key``, the same object after."""
+        cache: dict[str, Any] = self.__dict__.setdefault("_derived", {})
+        if key not in cache:
+            cache[key] = build()
+        return cache[key]  # type: ignore[no-any-return]
 
     def spans(self) -> Spans:
         """The run's spans (computed once, then cached)."""

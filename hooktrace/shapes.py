@@ -72,9 +72,10 @@ def span_shapes(trace: TraceData) -> tuple[np.ndarray, np.ndarray]:
     """Per span of ``trace.spans()``: the input and output signature index of its call
     (int64; -1 for spans without one: backward spans, calls that raised, runs
     without shapes, unknown signatures)."""
-    cached = getattr(trace, "_span_shapes", None)
-    if cached is not None:
-        return cached  # type: ignore[no-any-return]
+    return trace.derived("span_shapes", lambda: _span_shapes(trace))
+
+
+def _span_shapes(trace: TraceData) -> tuple[np.ndarray, np.ndarray]:
     spans = trace.spans()
     in_sig = np.full(len(spans), -1, np.int64)
     out_sig = np.full(len(spans), -1, np.int64)
@@ -91,7 +92,6 @@ def span_shapes(trace: TraceData) -> tuple[np.ndarray, np.ndarray]:
             h = half.astype(np.int64)
             known = ok & (half != SHAPE_UNKNOWN) & (h < n)
             arr[span[known]] = h[known]
-    trace._span_shapes = (in_sig, out_sig)  # type: ignore[attr-defined]
     return in_sig, out_sig
 
 
@@ -151,7 +151,7 @@ class ShapeTable:
         return self.rows if top is None else self.rows[:top]
 
     def to_text(self, top: int | None = None, *, wide: bool = False) -> str:
-        from hooktrace.text import format_ns
+        from hooktrace.text import align_columns, format_ns, shorten_middle
 
         if not self.recorded:
             return "no shapes recorded: trace with hooktrace.trace(model, shapes=True) or run --shapes"
@@ -164,13 +164,8 @@ class ShapeTable:
             for r in self._top(top)]
         if not wide:  # long signatures: cut in the middle, keeping both ends
             for line in table[1:]:
-                for c in (1, 2):
-                    if len(line[c]) > 36:
-                        line[c] = line[c][:20] + "…" + line[c][-15:]
-        widths = [max(len(line[i]) for line in table) for i in range(len(header))]
-        lines = ["  ".join(c.ljust(w) if i < 3 else c.rjust(w)
-                           for i, (c, w) in enumerate(zip(line, widths))).rstrip()
-                 for line in table]
+                line[1], line[2] = shorten_middle(line[1], 36), shorten_middle(line[2], 36)
+        lines = align_columns(table, 3)
         if top is not None and len(self.rows) > top:
             lines.append(f"... {len(self.rows) - top} more rows")
         lines.append("one row per module and input signature (dtype[sizes] of each tensor "

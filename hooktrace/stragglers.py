@@ -56,7 +56,7 @@ import numpy as np
 from hooktrace._kineto import ProfilerTraceError, open_binary, scan, us_to_ns
 from hooktrace.rankset import RankFile, RankSet, find_rank_files, map_ranks
 from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL, load
-from hooktrace.text import format_ns
+from hooktrace.text import align_columns, format_ns
 
 __all__ = ["EXPLAINED", "MODES", "PHASES", "RankStats", "RanksSummary", "analyze",
            "rank_stats"]
@@ -253,7 +253,7 @@ class RanksSummary:
             table.append([_module_cell(r), r["phase"], format_ns(r["median_ns"]),
                           str(r["slowest_rank"]), format_ns(r["slowest_ns"]),
                           _signed(r["excess_ns"]), _ratio(r["ratio"])])
-        lines += _align(table)
+        lines += align_columns(table, 2)
         if top is not None and len(self.rows) > top:
             lines.append(f"... {len(self.rows) - top} more rows")
         lines.append("")
@@ -272,7 +272,7 @@ class RanksSummary:
                               format_ns(s["time_ns"]), format_ns(s["others_median_ns"]),
                               _signed(s["excess_ns"]), _ratio(s["ratio"]), waited,
                               s["wait_source"]])
-            lines += _align(table)
+            lines += align_columns(table, 2)
             if top is not None and len(self.stragglers) > top:
                 lines.append(f"... {len(self.stragglers) - top} more")
         if any(r["mode"] == "eval" for r in self.rows):
@@ -299,12 +299,6 @@ def _ratio(x: float | None) -> str:
     if x is None or x != x:
         return ""
     return f"{x:.1f}x" if x < 100 else f"{x:.0f}x"
-
-
-def _align(table: list[list[str]]) -> list[str]:
-    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    return ["  ".join(c.ljust(w) if i < 2 else c.rjust(w)
-                      for i, (c, w) in enumerate(zip(row, widths))).rstrip() for row in table]
 
 
 def _num(x: float) -> float | None:

@@ -22,16 +22,30 @@ Example:
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hooktrace.kernels import Derived, Kernels, derived_spans
-from hooktrace.numerics import NUMERIC_COLUMNS, Numerics, first_nonfinite, numerics_info
+from hooktrace.numerics import (
+    NUMERIC_COLUMNS,
+    Numerics,
+    aggregate,
+    first_nonfinite,
+    number_for_json,
+    numerics_info,
+)
 from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, CAT_RECOMPUTE, SPAN_EVAL, Spans
-from hooktrace.text import csv_text, describe_dump, format_bytes, format_count, format_ns
+from hooktrace.text import (
+    align_columns,
+    csv_text,
+    describe_dump,
+    format_bytes,
+    format_count,
+    format_ns,
+    shorten_middle,
+)
 
 if TYPE_CHECKING:
     from hooktrace.reading import TraceData
@@ -176,8 +190,12 @@ class Summary:
         self.notes = list(notes)  # about the file itself: a dump's where-abouts, a cut
         self.columns = tuple(columns)  # the row keys, in CSV order
         # numerics=True (hooktrace.numerics): the earliest call holding a NaN/Inf
-        self.numerics = False
         self.first_nonfinite: dict[str, Any] | None = None
+
+    @property
+    def numerics(self) -> bool:
+        """Whether the run recorded numerics (its columns are there)."""
+        return "absmax" in self.columns
 
     @classmethod
     def from_trace(cls, trace: TraceData, *, peak_tflops: float | None = None) -> Summary:
@@ -229,7 +247,6 @@ class Summary:
             notes += _add_numerics(rows, trace)
             first = first_nonfinite(trace)
         out = cls(rows, counts, notes, columns)
-        out.numerics = numerics_info(trace.info) is not None
         out.first_nonfinite = first
         return out
 
@@ -392,7 +409,7 @@ class Summary:
                 if excess > 0 and widths[col] > floor:
                     keep = max(widths[col] - excess, len(header[col]), floor)
                     for line in table[1:]:
-                        line[col] = _shorten(line[col], keep)
+                        line[col] = shorten_middle(line[col], keep)
                     widths[col] = max(len(line[col]) for line in table)
         left = 2  # module and type are left-aligned; numbers right-aligned
         lines = [
@@ -453,35 +470,6 @@ _TEXT_NARROW_BACKWARD = [("bwd_total", "bwd_total_ns"), ("bwd_self", "bwd_self_n
                          ("bwd/fwd", "bwd_fwd_ratio")]
 
 
-_MARKERS = re.compile(r"( \[[a-z]+\])+$")
-
-
-def _shorten(text: str, width: int) -> str:
-    """``text`` cut in the middle to ``width`` characters: its start (up to a third,
-    ending at a ``.`` when there is one) and as much of its end as fits, so the leaf
-    module's name is never lost.
-
-    Example:
-        >>> _shorten("model.layers.11.self_attn.q_proj", 24)
-        'model.….self_attn.q_proj'
-        >>> _shorten("VeryLongModuleClassName", 12)
-        'Ver…lassName'
-        >>> _shorten("transformer.h.0.attn.c_attn [eval] [kernels]", 32)
-        'tran…ttn.c_attn [eval] [kernels]'
-
-    Markers at the end (`` [eval]``, `` [kernels]``) are kept whole.
-    """
-    if len(text) <= width:
-        return text
-    marks = _MARKERS.search(text)
-    if marks is not None and marks.start() > 0 and width - len(marks.group()) >= 8:
-        return _shorten(text[:marks.start()], width - len(marks.group())) + marks.group()
-    if width < 4:
-        return text[len(text) - width:]
-    room = (width - 1) // 3
-    dot = text.rfind(".", 0, room)
-    head = text[:dot + 1] if dot >= 0 else text[:room]
-    return head + "…" + text[len(text) - (width - 1 - len(head)):]
 
 
 def _per_step_totals(spans: Spans, modules: Sequence[tuple[str, str]], span_step: np.ndarray,
@@ -563,8 +551,7 @@ class StepTable:
             [str(r["step"]) + ("" if r["complete"] else "*"), f"{r['start_s']:.3f}",
              format_ns(r["duration_ns"]), format_ns(r["forward_ns"]),
              format_ns(r["backward_ns"]), str(r["spans"])] for r in self._top(top)]
-        widths = [max(len(line[i]) for line in table) for i in range(len(header))]
-        lines = ["  ".join(c.rjust(w) for c, w in zip(line, widths)).rstrip() for line in table]
+        lines = align_columns(table, 0)
         done = [r["duration_ns"] for r in self.rows if r["complete"]]
         if top is not None and len(self.rows) > top:
             lines.append(f"... {len(self.rows) - top} more steps")
@@ -628,29 +615,16 @@ def _add_flops(rows: list[dict[str, Any]], trace: TraceData,
 def _add_numerics(rows: list[dict[str, Any]], trace: TraceData) -> list[str]:
     """Fill the numerics columns (hooktrace.numerics); returns notes."""
     n = Numerics.from_trace(trace)
-    ok = n.measured()
-    by_row: dict[tuple[str, str], dict[str, Any]] = {}
-    for phase, prefix in ((False, ""), (True, "bwd_")):
-        sel = np.flatnonzero(ok & (n.backward == phase))
-        for k in sel.tolist():
-            m = int(n.module[k])
-            if m >= len(trace.modules):
-                continue
-            key = (trace.modules[m][0], "eval" if n.eval[k] else "train")
-            v = by_row.setdefault(key, {})
-            a, r = float(n.absmax[k]), float(n.rms[k])
-            old = v.get(prefix + "absmax")
-            v[prefix + "absmax"] = a if old is None or np.isnan(a) or a > old else old
-            v[prefix + "rms_sum"] = v.get(prefix + "rms_sum", 0.0) + r
-            v[prefix + "calls"] = v.get(prefix + "calls", 0) + 1
-            v[prefix + "nonfinite"] = v.get(prefix + "nonfinite", 0) + int(n.nonfinite[k])
+    keys, v = aggregate(n, np.flatnonzero(n.measured()), n.module, n.eval.astype(np.int64),
+                        n.backward.astype(np.int64))
+    by_row = {(trace.modules[m][0], "eval" if is_eval else "train", backward): i
+              for i, (m, is_eval, backward) in enumerate(keys) if m < len(trace.modules)}
     for row in rows:
-        v = by_row.get((row["module"], row["mode"]), {})
-        for prefix in ("", "bwd_"):
-            calls = v.get(prefix + "calls", 0)
-            row[prefix + "absmax"] = _finite_or_text(v.get(prefix + "absmax"))
-            row[prefix + "rms"] = _finite_or_text(v[prefix + "rms_sum"] / calls) if calls else None
-            row[prefix + "nonfinite"] = v.get(prefix + "nonfinite") if calls else None
+        for backward, prefix in ((0, ""), (1, "bwd_")):
+            i = by_row.get((row["module"], row["mode"], backward))
+            row[prefix + "absmax"] = None if i is None else number_for_json(float(v["absmax"][i]))
+            row[prefix + "rms"] = None if i is None else number_for_json(float(v["rms"][i]))
+            row[prefix + "nonfinite"] = None if i is None else int(v["nonfinite"][i])
     skipped = int(np.count_nonzero(n.skipped & ~n.recompute))
     failed = int(np.count_nonzero(n.failed))
     every = n.every
@@ -661,13 +635,6 @@ def _add_numerics(rows: list[dict[str, Any]], trace: TraceData) -> list[str]:
         notes.append(f"numerics: {skipped} calls without a floating-point tensor (skipped)"
                      + (f", {failed} that could not be reduced" if failed else ""))
     return notes
-
-
-def _finite_or_text(value: float | None) -> float | str | None:
-    """A statistic for the rows: a float, or "nan"/"inf" (JSON has no NaN)."""
-    if value is None or np.isfinite(value):
-        return value
-    return "nan" if np.isnan(value) else ("inf" if value > 0 else "-inf")
 
 
 def _add_memory(rows: list[dict[str, Any]], trace: TraceData, device: str) -> list[str]:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["OPEN_HINT", "csv_text", "describe_dump", "format_bytes", "format_count", "format_ns",
-           "open_hint"]
+__all__ = ["OPEN_HINT", "align_columns", "csv_text", "describe_dump", "format_bytes",
+           "format_count", "format_ns", "open_hint", "shorten_middle"]
 
 def open_hint(what: str) -> str:
     """Where to open a trace ``what`` names (an export or a merge: never a .htrace)."""
@@ -94,3 +95,42 @@ def csv_text(rows: Iterable[dict[str, Any]], columns: Sequence[str]) -> str:
     w.writeheader()
     w.writerows(rows)
     return out.getvalue()
+
+
+def align_columns(table: Sequence[Sequence[str]], left: int) -> list[str]:
+    """Lines of ``table`` (its first row the header) in aligned columns, two spaces
+    apart: the first ``left`` columns flush left, the others flush right."""
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    return ["  ".join(c.ljust(w) if i < left else c.rjust(w)
+                      for i, (c, w) in enumerate(zip(row, widths))).rstrip() for row in table]
+
+
+_MARKERS = re.compile(r"( \[[a-z]+\])+$")
+
+
+def shorten_middle(text: str, width: int) -> str:
+    """``text`` cut in the middle to ``width`` characters: its start (up to a third,
+    ending at a ``.`` when there is one) and as much of its end as fits, so the leaf
+    module's name is never lost.
+
+    Example:
+        >>> shorten_middle("model.layers.11.self_attn.q_proj", 24)
+        'model.….self_attn.q_proj'
+        >>> shorten_middle("VeryLongModuleClassName", 12)
+        'Ver…lassName'
+        >>> shorten_middle("transformer.h.0.attn.c_attn [eval] [kernels]", 32)
+        'tran…ttn.c_attn [eval] [kernels]'
+
+    Markers at the end (`` [eval]``, `` [kernels]``) are kept whole.
+    """
+    if len(text) <= width:
+        return text
+    marks = _MARKERS.search(text)
+    if marks is not None and marks.start() > 0 and width - len(marks.group()) >= 8:
+        return shorten_middle(text[:marks.start()], width - len(marks.group())) + marks.group()
+    if width < 4:
+        return text[len(text) - width:]
+    room = (width - 1) // 3
+    dot = text.rfind(".", 0, room)
+    head = text[:dot + 1] if dot >= 0 else text[:room]
+    return head + "…" + text[len(text) - (width - 1 - len(head)):]

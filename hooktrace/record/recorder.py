@@ -263,7 +263,6 @@ class Recorder(StepMarks, FlightRecorder):
         self._numerics = bool(numerics)
         self._shapes = bool(shapes)
         self._numerics_every = int(numerics_every)
-        self._first_nonfinite: dict[str, Any] | None = None  # as seen live (stderr)
         self._session: Any = None
         self._call: Any = None  # the _C.ModuleCall while this recorder holds it
         self._state: Literal["new", "recording", "done"] = "new"
@@ -454,11 +453,9 @@ class Recorder(StepMarks, FlightRecorder):
         name the call and pick the innermost module of a tie."""
         table = self._scope.modules_table()
         name = (table[slot][0] or "<root>") if slot < len(table) else f"<module {slot}>"
-        what = "gradient of its inputs" if backward else "output"
-        self._first_nonfinite = {"module": name, "phase": "backward" if backward else "forward",
-                                 "step": self._step}
-        print(f"hooktrace: first non-finite value: {name} {self._first_nonfinite['phase']} "
-              f"({what}), step {self._step}", file=sys.stderr)
+        phase, what = ("backward", "gradient of its inputs") if backward else ("forward", "output")
+        print(f"hooktrace: first non-finite value: {name} {phase} ({what}), step {self._step}",
+              file=sys.stderr)
         if "nonfinite" in self._dump_on and self._state == "recording":
             self._dump("nonfinite", quiet_errors=True)
 

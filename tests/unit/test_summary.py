@@ -235,7 +235,7 @@ def test_huge_duration_spread_uses_the_fallback_sort():
 
 
 def test_long_names_are_cut_in_the_middle_keeping_start_and_leaf():
-    from hooktrace.summary import _shorten
+    from hooktrace.text import shorten_middle as _shorten
 
     name = "model.decoder.layers.11.self_attn.q_proj"
     cut = _shorten(name, 28)
