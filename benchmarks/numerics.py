@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 import hooktrace
-from overhead import measure  # benchmarks/overhead.py
+from overhead import best_times  # benchmarks/overhead.py
 
 
 def gpt2() -> tuple[nn.Module, Callable[[], Any]]:
@@ -114,12 +114,7 @@ def main() -> None:
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, hooktrace {hooktrace.__version__}, 1 intra-op thread")
     model, step = gpt2()
-    best = {v: float("inf") for v in VARIANTS}
-    for _ in range(rounds):
-        for name, install in VARIANTS.items():
-            with install(model):
-                step()
-                best[name] = min(best[name], measure(step, inner))
+    best = best_times(VARIANTS, model, step, rounds, inner, grad=True)
     base = best["none"]
     anomaly_added = best["detect_anomaly(check_nan=True)"] - base
     print(f"\nGPT-2 (2 layers, n_embd 128, 2 x 64 tokens) training step, min of {rounds} "

@@ -207,6 +207,20 @@ def measure(run: Callable[[], Any], inner: int) -> float:
         gc.enable()
 
 
+def best_times(variants: dict[str, Installer], model: nn.Module, run: Callable[[], Any],
+               rounds: int, inner: int, grad: bool) -> dict[str, float]:
+    """The best seconds per ``run`` of each variant: variants interleaved round by round,
+    each warmed up once inside its own installation."""
+    best = {v: float("inf") for v in variants}
+    with torch.set_grad_enabled(grad):
+        for _ in range(rounds):
+            for name, install in variants.items():
+                with install(model):
+                    run()
+                    best[name] = min(best[name], measure(run, inner))
+    return best
+
+
 def forward_table(variants: dict[str, Installer], models: dict[str, Callable[[], Any]],
                   rounds: int, inner: int, bar: str = "hooktrace (time only)") -> None:
     """One table per model: every variant's best seconds per forward run (grad off,
@@ -214,13 +228,7 @@ def forward_table(variants: dict[str, Installer], models: dict[str, Callable[[],
     over the ``bar`` variant, and that as a multiple of the bar's own added cost."""
     for title, make in models.items():
         model, run, calls = make()
-        best = {v: float("inf") for v in variants}
-        with torch.no_grad():
-            for _ in range(rounds):
-                for name, install in variants.items():
-                    with install(model):
-                        run()
-                        best[name] = min(best[name], measure(run, inner))
+        best = best_times(variants, model, run, rounds, inner, grad=False)
         base, bar_s = best["none"], best[bar]
         print(f"\n{title}: {calls} module calls per run, min of {rounds} rounds x {inner}")
         print(f"{'variant':28} {'per run':>11} {'added/call':>12} {'over bar/call':>14} "
@@ -244,13 +252,7 @@ def bench(
     grad: bool,
 ) -> dict[str, float]:
     """Prints one table; returns the best seconds per run of each variant."""
-    best = {v: float("inf") for v in variants}
-    with torch.set_grad_enabled(grad):
-        for _ in range(rounds):
-            for vname, install in variants.items():
-                with install(model):
-                    run()  # warm-up inside the variant
-                    best[vname] = min(best[vname], measure(run, inner))
+    best = best_times(variants, model, run, rounds, inner, grad)
     base = best["none"]
     recipe_added = best[baseline] - base
     print(f"\n{title}: {calls} module calls per run, min of {rounds} rounds x {inner}")
