@@ -312,28 +312,45 @@ size_t flush_numerics(Session* s) {
     items.swap(store->items);
   }
   if (items.empty()) return 0;
-  // One read of every part: one sync per device for the whole step.
-  std::vector<at::Tensor> parts;
-  for (const auto& item : items)
-    for (const auto& p : item.stats.parts) parts.push_back(p.to(at::kCPU));
-  at::Tensor host;
-  bool ok = true;
-  try {
-    if (!parts.empty()) host = at::stack(parts).contiguous();
-  } catch (...) {
-    ok = false;
+  // One read per device for the whole step: its parts stacked where they live, then
+  // one copy to the host (a copy per part would wait on the device once per part).
+  // A device whose parts cannot be read (a meta tensor has no data) fails its calls.
+  std::vector<c10::Device> devices;
+  std::vector<std::vector<at::Tensor>> stacks;
+  std::vector<std::pair<size_t, size_t>> where;  // per part, in order: (device, row)
+  for (const auto& item : items) {
+    for (const auto& p : item.stats.parts) {
+      const auto it = std::find(devices.begin(), devices.end(), p.device());
+      const size_t d = static_cast<size_t>(it - devices.begin());
+      if (it == devices.end()) {
+        devices.push_back(p.device());
+        stacks.emplace_back();
+      }
+      where.emplace_back(d, stacks[d].size());
+      stacks[d].push_back(p);
+    }
   }
-  const double* v = ok && host.defined() ? host.data_ptr<double>() : nullptr;
+  std::vector<at::Tensor> host(stacks.size());
+  for (size_t d = 0; d < stacks.size(); ++d) {
+    try {
+      host[d] = at::stack(stacks[d]).to(at::kCPU).contiguous();
+    } catch (...) {
+      // (left undefined: these calls are recorded as failed)
+    }
+  }
   size_t k = 0;
   for (auto& item : items) {
     Stats& st = item.stats;  // its host part, then the parts read above
     const size_t n = st.parts.size();
     st.parts.clear();
-    if (!v) {
-      st.failed = true;
-    } else {
-      for (size_t i = 0; i < n; ++i, ++k)
-        st.merge(v[3 * k], v[3 * k + 1], static_cast<uint64_t>(v[3 * k + 2]));
+    for (size_t i = 0; i < n; ++i, ++k) {
+      const auto [d, row] = where[k];
+      if (!host[d].defined()) {
+        st.failed = true;
+        continue;
+      }
+      const double* v = host[d].data_ptr<double>() + 3 * row;
+      st.merge(v[0], v[1], static_cast<uint64_t>(v[2]));
     }
     // the value event names the call by its id (the NUMERICS event's rf_tid)
     const Encoded e = encode(item.flags, st);

@@ -473,3 +473,20 @@ def test_cuda_statistics_are_deferred_and_equal_the_reference() -> None:
     first = [k for k in range(len(n)) if tr.modules[int(n.module[k])][0] == "0"
              and not n.backward[k] and n.call[k] == 0]
     assert [float(n.absmax[k]) for k in first] == pytest.approx(outs, rel=1e-5)
+
+
+def test_tensors_without_data_are_counted_as_not_reduced() -> None:
+    """A model on the meta device (no data to read): its statistics, queued as for any
+    tensor off the CPU, cannot be read at the step's flush; the calls are counted as not
+    reduced and the run goes on (the flush used to raise out of step())."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU()).to("meta")
+    with hooktrace.trace(model, numerics=True, shapes=True) as tr:
+        for _ in range(2):
+            model(torch.randn(2, 4, device="meta"))
+            tr.step()
+    n = Numerics.from_trace(tr)
+    assert len(n) == 6 and n.failed.all()
+    summary = tr.summary()
+    assert "6 that could not be reduced" in summary.to_text()
+    assert all(r["absmax"] is None for r in summary.rows)
+    assert first_nonfinite(tr) is None
