@@ -44,7 +44,7 @@ from hooktrace.text import (
     format_bytes,
     format_count,
     format_ns,
-    shorten_middle,
+    shorten_distinct,
 )
 
 if TYPE_CHECKING:
@@ -408,8 +408,10 @@ class Summary:
                 excess = sum(widths) + 2 * (len(widths) - 1) - width
                 if excess > 0 and widths[col] > floor:
                     keep = max(widths[col] - excess, len(header[col]), floor)
-                    for line in table[1:]:
-                        line[col] = shorten_middle(line[col], keep)
+                    # two different names never read the same (text.shorten_distinct)
+                    cut = shorten_distinct([line[col] for line in table[1:]], keep)
+                    for line, text in zip(table[1:], cut):
+                        line[col] = text
                     widths[col] = max(len(line[col]) for line in table)
         left = 2  # module and type are left-aligned; numbers right-aligned
         lines = [

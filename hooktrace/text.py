@@ -10,12 +10,24 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import re
+import shutil
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 __all__ = ["OPEN_HINT", "align_columns", "csv_text", "describe_dump", "format_bytes",
-           "format_count", "format_ns", "open_hint", "shorten_middle"]
+           "format_count", "format_ns", "open_hint", "shorten_distinct", "shorten_middle",
+           "terminal_width"]
+
+DEFAULT_WIDTH = 120  # the width of a table when the output is not a terminal (issue #7)
+
+
+def terminal_width(default: int = DEFAULT_WIDTH) -> int:
+    """The columns a table may use: ``$COLUMNS`` when set, else the terminal's width,
+    else ``default`` (output to a file or a pipe)."""
+    return max(shutil.get_terminal_size((default, 24)).columns, 40)
+
 
 def open_hint(what: str) -> str:
     """Where to open a trace ``what`` names (an export or a merge: never a .htrace)."""
@@ -134,3 +146,97 @@ def shorten_middle(text: str, width: int) -> str:
     dot = text.rfind(".", 0, room)
     head = text[:dot + 1] if dot >= 0 else text[:room]
     return head + "…" + text[len(text) - (width - 1 - len(head)):]
+
+
+def shorten_distinct(texts: Sequence[str], width: int) -> list[str]:
+    """Each of ``texts`` cut to ``width`` like :func:`shorten_middle`, except that two
+    different texts never become the same text: where the usual cut makes them equal,
+    the cut moves (keeping more of the end, so the leaf and the index before it stay),
+    or keeps the differing part between two ``…``, and only when neither tells them
+    apart at ``width`` are they left longer.
+
+    Example:
+        >>> shorten_distinct(["transformer.h.0.attn.resid_dropout",
+        ...                   "transformer.h.1.attn.resid_dropout"], 24)
+        ['tra…0.attn.resid_dropout', 'tra…1.attn.resid_dropout']
+        >>> shorten_distinct(["model.layers.11.self_attn.q_proj"], 24)
+        ['model.….self_attn.q_proj']
+    """
+    out = [shorten_middle(t, width) for t in texts]
+    while True:
+        by_cut: dict[str, set[str]] = {}
+        for t, c in zip(texts, out):
+            by_cut.setdefault(c, set()).add(t)
+        clash = next((g for g in by_cut.values() if len(g) > 1), None)
+        if clash is None:
+            return out
+        # every text sharing a cut with a member of the clash is re-cut with it
+        group = sorted(clash)
+        taken = {c for t, c in zip(texts, out) if t not in clash}
+        fixed = _separate(group, width, taken)
+        out = [fixed.get(t, c) for t, c in zip(texts, out)]
+
+
+def _separate(group: list[str], width: int, taken: set[str]) -> dict[str, str]:
+    """Cuts of the (different) ``group``, pairwise different and none in ``taken``: at
+    the narrowest width from ``width`` on at which each keeps the part that tells it
+    apart: one cut position for all (more end first), else that part between two ``…``."""
+    prefix = len(os.path.commonprefix(group))
+    suffix = len(os.path.commonprefix([t[::-1] for t in group]))
+    differs = {t: t[prefix:max(len(t) - suffix, prefix)] for t in group}
+    for w in range(width, max(len(t) for t in group) + 1):
+        usual = max((w - 1) // 3, 0)
+        candidates = [{t: _cut_kept(t, w, head) for t in group} for head in range(usual, -1, -1)]
+        candidates.append({t: _cut_twice(t, w, prefix, suffix) for t in group})
+        candidates += [{t: _cut_kept(t, w, head) for t in group} for head in range(usual + 1, w)]
+        for cuts in candidates:
+            values = set(cuts.values())
+            if (len(values) == len(group) and not values & taken
+                    and all(len(c) <= w for c in values)
+                    and all(differs[t] in c for t, c in cuts.items())):
+                return cuts
+    return {t: t for t in group}
+
+
+
+def _cut(text: str, width: int, head: int) -> str:
+    """``text`` as its first ``head`` characters, ``…`` and its end, ``width`` in all."""
+    return text[:head] + "…" + text[len(text) - (width - 1 - head):]
+
+
+def _cut_kept(text: str, width: int, head: int) -> str:
+    """``text`` cut at ``head`` to ``width``, its end markers (`` [eval]``) kept whole."""
+    if len(text) <= width:
+        return text
+    marks = _MARKERS.search(text)
+    if marks is not None and marks.start() > 0:
+        name, mark = text[:marks.start()], marks.group()
+        room = width - len(mark)
+        if len(name) <= room:
+            return name + mark
+        if room >= 2:  # the markers stay whole, whatever the cut position
+            return _cut(name, room, min(head, room - 1)) + mark
+    return _cut(text, width, min(head, width - 1))
+
+
+def _cut_twice(text: str, width: int, prefix: int, suffix: int) -> str:
+    """``text`` as its start, ``…``, the dotted segments holding the part that differs
+    from its group (after the common ``prefix``, before the common ``suffix``), ``…``
+    and its leaf: ``tr…h.0…resid_dropout [eval]``; ``text`` when that is no shorter."""
+    marks = _MARKERS.search(text)
+    mark = marks.group() if marks is not None and marks.start() > 0 else ""
+    name = text[:len(text) - len(mark)]
+    end = len(text) - suffix
+    if end > len(name) or prefix > end:
+        return text
+    a = name.rfind(".", 0, prefix) + 1
+    b = name.find(".", end)
+    b = len(name) if b < 0 else b
+    leaf = name[name.rfind(".") + 1:] if "." in name[b:] else ""
+    tail = name[len(name) - len(leaf):] if leaf else ""
+    middle = name[a:b]
+    room = width - len(mark) - len(middle) - len(tail) - (2 if tail else 1)
+    if room < 0 or (not tail and b < len(name)):
+        return text
+    cut = name[:room] + "…" + middle + ("…" + tail if tail else "")
+    return cut + mark if len(cut) + len(mark) < len(text) else text

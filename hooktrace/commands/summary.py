@@ -12,7 +12,7 @@ from hooktrace.commands import CliError
 if TYPE_CHECKING:
     from hooktrace.attribution import Attribution
     from hooktrace.shapes import ShapeTable
-    from hooktrace.summary import StepTable, Summary
+    from hooktrace.summary import StepTable
 
 NAME = "summary"
 HELP = "per-module time table of a .htrace file"
@@ -62,6 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     from hooktrace._naming import rank_files_of
     from hooktrace.result import load
+    from hooktrace.summary import Summary
+    from hooktrace.text import terminal_width
 
     if len(args.run) > 1 or os.path.isdir(args.run[0]) or rank_files_of(args.run[0]):
         _run_ranks(args)
@@ -122,7 +124,10 @@ def run(args: argparse.Namespace) -> None:
         print(table.to_json(top=args.top))
     elif args.flops or args.memory or args.numerics:  # (then the table is a Summary)
         print(table.to_text(top=args.top, wide=args.wide,  # type: ignore[call-arg]
-                            flops=args.flops, memory=args.memory, numerics=args.numerics))
+                            width=terminal_width(), flops=args.flops, memory=args.memory,
+                            numerics=args.numerics))
+    elif isinstance(table, Summary):
+        print(table.to_text(top=args.top, wide=args.wide, width=terminal_width()))
     else:
         print(table.to_text(top=args.top, wide=args.wide))
 

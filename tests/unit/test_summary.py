@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 
 import numpy as np
 import pytest
@@ -242,3 +243,56 @@ def test_long_names_are_cut_in_the_middle_keeping_start_and_leaf():
     assert len(cut) == 28 and cut.startswith("model.") and cut.endswith("self_attn.q_proj")
     assert "…" in cut and _shorten(name, 80) == name
     assert _shorten("Sequential", 8) == "Se…ntial"  # a class name: its start and its end
+
+
+def _colliding_run(n: int = 12):
+    """A run whose modules' names differ only in a layer index in their middle, each
+    called once with grad off (an [eval] row) and once in training."""
+    from hooktrace._events import FLAG_NO_GRAD
+
+    modules = [("", "GPT2LMHeadModel")] + [
+        (f"transformer.h.{i}.attn.resid_dropout", "Dropout") for i in range(n)]
+    rows, t = [], 0
+    for flags in (0, FLAG_NO_GRAD):
+        rows.append((1, ENTER, 0, t, flags))
+        for m in range(1, n + 1):
+            rows += [(1, ENTER, m, t + 1, flags), (1, EXIT, m, t + 2 + m)]
+            t += 10 + m
+        rows.append((1, EXIT, 0, t))
+        t += 10
+    return build_trace(build_events(rows), modules, clock=CLOCK)
+
+
+@pytest.mark.parametrize("width", [60, 80, 120])
+def test_cut_names_stay_distinct_and_keep_the_differing_index(width):
+    # GIVEN names that the usual middle cut makes equal ("transfo…n.resid_dropout [eval]")
+    summary = _colliding_run().summary()
+    for extra in ({}, {"memory": True}, {"flops": True}):
+        lines = summary.to_text(width=width, **extra).splitlines()[1:len(summary.rows) + 1]
+        cells = [line[:line.index("  ")] for line in lines]
+        # THEN no two rows read the same, and each keeps its layer index and leaf
+        assert len(set(cells)) == len(cells), cells
+        for cell, row in zip(cells, summary.rows):
+            if row["module"]:
+                index = row["module"].split(".")[2]
+                assert re.search(rf"[.…]{index}[.…]", cell), cell
+                assert "resid_dropout" in cell or "…" in cell.split(".")[-1], cell
+
+
+def test_cli_summary_uses_the_terminal_width(tmp_path, monkeypatch, capsys):
+    from hooktrace.cli import main
+
+    run = tmp_path / "run.htrace"
+    _colliding_run().save(run)
+    widths = {}
+    for columns in ("60", "200"):
+        monkeypatch.setenv("COLUMNS", columns)
+        assert main(["summary", str(run)]) == 0
+        out = capsys.readouterr().out.splitlines()
+        table = out[1:26]
+        widths[columns] = max(len(line) for line in table)
+        cells = [line[:line.index("  ")] for line in table]
+        assert len(set(cells)) == len(cells)
+    # COLUMNS=60: names cut (as far as they stay distinct); COLUMNS=200: room for them whole
+    assert widths["60"] < 70 < widths["200"] <= 200
+    assert "transformer.h.11.attn.resid_dropout [eval]" in "\n".join(out)
