@@ -8,19 +8,50 @@ Example::
         model(torch.randn(4, 8))
     tr.result.export_chrome("trace.json")   # open in https://ui.perfetto.dev
     print(tr.result.summary())
+
+``import hooktrace`` imports neither torch nor the native core: the names below are
+imported on first use (PEP 562), so the read-only command-line verbs (``summary``,
+``diff``, ``report``, ...) start in a fraction of torch's import time.
 """
 
-import torch as _torch  # noqa: F401  (loads libc10/libtorch before the native core)
+from __future__ import annotations
 
-from hooktrace._version import __version__  # noqa: E402
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from hooktrace import _moved, errors  # noqa: E402
-from hooktrace.errors import HooktraceError  # noqa: E402
-from hooktrace.reading import TraceData  # noqa: E402
-from hooktrace.result import TraceResult, load  # noqa: E402
-from hooktrace.profiling import profile  # noqa: E402
-from hooktrace.record import GlobalTrace, Trace, global_trace, trace, window_handler  # noqa: E402
-from hooktrace.flight import dump  # noqa: E402
+from hooktrace import _moved, errors
+from hooktrace._version import __version__
+from hooktrace.errors import HooktraceError
+
+if TYPE_CHECKING:
+    from hooktrace.flight import dump
+    from hooktrace.profiling import profile
+    from hooktrace.reading import TraceData
+    from hooktrace.record import GlobalTrace, Trace, global_trace, trace, window_handler
+    from hooktrace.result import TraceResult, load
+
+# public name -> the module it comes from, imported on first use
+_LAZY = {
+    "TraceData": "hooktrace.reading", "TraceResult": "hooktrace.result",
+    "load": "hooktrace.result", "profile": "hooktrace.profiling", "dump": "hooktrace.flight",
+    "GlobalTrace": "hooktrace.record", "Trace": "hooktrace.record",
+    "global_trace": "hooktrace.record", "trace": "hooktrace.record",
+    "window_handler": "hooktrace.record",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hooktrace' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next look-up does not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 _moved.install()
 

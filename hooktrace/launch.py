@@ -30,14 +30,15 @@ import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from hooktrace._naming import env_rank, output_path
 from hooktrace._output import check_output_path
 from hooktrace.errors import OptionError, OutputPathError
-from hooktrace.flight import check_dump_on
-from hooktrace.record import GlobalTrace
 from hooktrace.text import open_hint
+
+if TYPE_CHECKING:  # (imported when recording starts: `hooktrace --help` imports no torch)
+    from hooktrace.record import GlobalTrace
 
 __all__ = ["RunOptions", "add_options", "discard_empty", "options_from_args", "start",
            "stop_writing_on_sigterm", "streams", "write_outputs"]
@@ -153,6 +154,8 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
             raise OptionError(f"{flag}: {e}") from None
     dump_on = tuple(w.strip() for w in args.dump_on.split(",")) if args.dump_on else ()
     try:
+        from hooktrace.flight import check_dump_on
+
         check_dump_on(dump_on)
     except (TypeError, ValueError) as e:
         raise OptionError(f"--dump-on: {e}") from None
@@ -208,8 +211,10 @@ def start(options: RunOptions) -> GlobalTrace:
     windows = _Windows(options) if options.schedule is not None else None
     # absolute: read back (and removed when empty) at exit, whatever the script's cwd then
     out = os.path.abspath(options.output) if streams(options) else None
+    from hooktrace.record import GlobalTrace
+
     # --profile with --schedule: the profiler steps with the trace's steps
-    cls = _ProfiledTrace if windows is not None and options.profile else GlobalTrace
+    cls = _profiled_trace() if windows is not None and options.profile else GlobalTrace
     trace = cls(capacity=options.capacity,
                 policy="ring" if options.ring else "drop",
                 backward=options.backward, steps=options.steps,
@@ -235,17 +240,22 @@ def start(options: RunOptions) -> GlobalTrace:
 _profiler: Any = None
 
 
-class _ProfiledTrace(GlobalTrace):
+def _profiled_trace() -> type[GlobalTrace]:
     """The global trace of --profile with --schedule: each of its steps steps the
     profiler too, after the trace's (as hooktrace.profile's step() does), so the
-    profiler's windows are the trace's and each is merged with the trace's window."""
+    profiler's windows are the trace's and each is merged with the trace's window.
+    (A class made on first use: hooktrace.record imports torch.)"""
+    from hooktrace.record import GlobalTrace
 
-    def _after_step_mark(self, ended: int) -> None:
-        if _profiler is not None:
-            with warnings.catch_warnings():  # each window has its own events: as asked
-                warnings.filterwarnings("ignore", "Warning: Profiler clears events",
-                                        UserWarning)
-                _profiler.step()
+    class _ProfiledTrace(GlobalTrace):
+        def _after_step_mark(self, ended: int) -> None:
+            if _profiler is not None:
+                with warnings.catch_warnings():  # each window has its own events: as asked
+                    warnings.filterwarnings("ignore", "Warning: Profiler clears events",
+                                            UserWarning)
+                    _profiler.step()
+
+    return _ProfiledTrace
 
 
 def _start_profiler(windows: _Windows | None) -> None:

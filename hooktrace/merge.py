@@ -251,8 +251,9 @@ def assign_lanes(start: np.ndarray, end: np.ndarray, group: np.ndarray) -> np.nd
         ...              np.zeros(4, np.int64)).tolist()
         [0, 1, 0, 0]
     """
-    import hooktrace._C as _C
+    from hooktrace._native import load_native
 
+    _C = load_native()
     return np.asarray(
         _C.assign_lanes(
             np.ascontiguousarray(start, dtype=np.int64),

@@ -25,10 +25,11 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-import torch  # noqa: F401  (loads libc10 for _C)
-import hooktrace._C as _C
+from hooktrace._native import load_native
 from hooktrace._events import EVENT_DTYPE, STEP, Clock
 from hooktrace.format import read_trace, write_trace
+
+_C = load_native()  # torch's libraries, not torch (hooktrace._native)
 
 
 _T = TypeVar("_T")

@@ -20,7 +20,7 @@ import sys
 from typing import Any
 
 from hooktrace.commands import CliError
-from hooktrace.launch import (
+from hooktrace.launch import (  # (imports no torch until start())
     add_options,
     options_from_args,
     start,

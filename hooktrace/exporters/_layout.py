@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 import numpy as np
 
-import torch  # noqa: F401  (loads libc10 for _C)
-import hooktrace._C as _C
+from hooktrace._native import load_native
 from hooktrace.kernels import Kernels
 from hooktrace._filters import OPEN_WINDOW, SPAN_CLIPPED, Cut, Filters, cut
 from hooktrace.flops import SpanFlops, run_flop_info, span_flops
 from hooktrace.reading import CAT_BACKWARD, CAT_NAMES, Spans
 from hooktrace.format import FORMAT_VERSION
+
+_C = load_native()  # torch's libraries, not torch (hooktrace._native)
 
 if TYPE_CHECKING:
     from hooktrace.reading import TraceData

@@ -61,8 +61,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 import numpy as np
 
-import torch  # noqa: F401  (loads libc10 for _C)
-import hooktrace._C as _C
+from hooktrace._native import load_native
 from hooktrace._filters import OPEN_WINDOW, Filters
 from hooktrace._output import open_output
 from hooktrace.exporters._extra_args import extra_args
@@ -85,6 +84,8 @@ from hooktrace.exporters._layout import (
     kernel_slices,
     plan_export,
 )
+
+_C = load_native()  # torch's libraries, not torch (hooktrace._native)
 
 if TYPE_CHECKING:
     from hooktrace.reading import TraceData

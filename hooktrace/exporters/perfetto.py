@@ -52,8 +52,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
-import torch  # noqa: F401  (loads libc10 for _C)
-import hooktrace._C as _C
+from hooktrace._native import load_native
 from hooktrace._filters import OPEN_WINDOW, Filters
 from hooktrace._output import open_output
 from hooktrace.exporters._layout import (
@@ -76,6 +75,8 @@ from hooktrace.numerics import COUNTER_NAME as NUMERICS_COUNTER
 from hooktrace.numerics import counter_points as numerics_counter
 from hooktrace.numerics import numerics_info
 from hooktrace.reading import NO_PASS
+
+_C = load_native()  # torch's libraries, not torch (hooktrace._native)
 
 if TYPE_CHECKING:
     from hooktrace.reading import TraceData

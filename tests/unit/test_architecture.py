@@ -19,7 +19,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "hooktrace"
 LAYERS: list[tuple[str, set[str]]] = [
     ("leaf: constants, errors and formatting helpers", {
         "hooktrace._events", "hooktrace.errors", "hooktrace._naming", "hooktrace._output",
-        "hooktrace._progress", "hooktrace.text", "hooktrace._version", "hooktrace._moved"}),
+        "hooktrace._progress", "hooktrace.text", "hooktrace._version", "hooktrace._moved",
+        "hooktrace._native"}),
     ("file formats", {
         "hooktrace.format", "hooktrace.format.meta", "hooktrace.format.v2",
         "hooktrace.format.stream", "hooktrace._kineto", "hooktrace._profiler_events"}),
