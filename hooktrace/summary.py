@@ -323,27 +323,28 @@ class Summary:
         rows.sort(key=lambda r: -((r["total_ns"] or 0) + r["bwd_total_ns"]))
         return [{key: row.get(key) for key in _COLUMNS} for row in rows]
 
-    def footer(self) -> str:
-        """How rows are sorted and what backward times mean, then lost or partial
-        data and unattributed nodes when there are any."""
+    def footer(self, shown: Sequence[str] | None = None) -> str:
+        """How rows are sorted, one short line per shown column that needs one, then
+        lost or partial data and unattributed nodes when there are any. ``shown``: the
+        row keys of the columns shown (None: every column), so that nothing explains
+        a column the table does not have."""
         c = self.counts
+        keys = set(self.columns if shown is None else shown)
         lines = ["sorted by forward total + backward total, descending"]
         if c.get("steps"):
             lines.append(f"{c['steps']} complete steps: p50 {format_ns(c['step_p50_ns'])}, "
-                         f"p99 {format_ns(c['step_p99_ns'])} per step; step_p50/step_p99: "
-                         "a module's forward + backward time per step")
+                         f"p99 {format_ns(c['step_p99_ns'])} per step"
+                         + ("; step_p50/step_p99: a module's forward + backward time per step"
+                            if "step_p50_ns" in keys else ""))
         if any(r.get("mode") == "eval" for r in self.rows):
-            lines.append("[eval]: the calls made with grad off (no_grad, inference_mode) or the module "
-                         "in eval mode;\nper-step times count the training calls only")
+            lines.append("[eval]: the calls made with grad off (no_grad, inference_mode) or the "
+                         "module in eval mode; no backward")
         if any(r.get("timing") == "kernels" for r in self.rows):
-            lines.append("[kernels]: inside a compiled region, per call of the region: the time "
-                         "of the kernels that ran the\nmodule's ops (a kernel fusing several "
-                         "modules' ops counts in their nearest common ancestor)")
-        if any(r["bwd_calls"] for r in self.rows):
+            lines.append("[kernels]: in a compiled region: per call of the region, the time of "
+                         "the kernels that ran the module's ops")
+        if keys & {"bwd_total_ns", "bwd_self_ns"} and any(r["bwd_calls"] for r in self.rows):
             lines.append("bwd_total: first to last autograd node of a call and its submodules; "
-                         "bwd_self: in its own nodes;\n"
-                         "bwd_total - bwd_self - submodules' bwd_total: time between nodes\n"
-                         "(autograd engine, unattributed nodes, the module's backward hooks)")
+                         "bwd_self: in its own nodes")
         lost = [(c.get("dropped_events", 0), "events dropped (buffer full)"),
                 (c.get("overwritten_events", 0), "events overwritten (ring buffer)"),
                 (c.get("orphan_exits", 0), "orphan exits"),
@@ -357,7 +358,7 @@ class Summary:
                 f"({format_ns(c['unattributed_ns'])}) ran outside any traced module call "
                 f"(rows {UNATTRIBUTED})"
             )
-        lines += [f"note: {n}" for n in self.notes]
+        lines += [f"note: {n}" for n in self.notes if _note_shown(n, keys)]
         if self.numerics:
             f = self.first_nonfinite
             lines.append("numerics: no NaN or Inf seen" if f is None else
@@ -423,7 +424,7 @@ class Summary:
         ]
         if top is not None and len(self.rows) > top:
             lines.append(f"... {len(self.rows) - top} more rows")
-        foot = self.footer()
+        foot = self.footer([key for _, key in columns])
         if foot:
             lines.append(foot)
         return "\n".join(lines)
@@ -597,7 +598,10 @@ def _add_flops(rows: list[dict[str, Any]], trace: TraceData,
     for row in rows:
         values = per_module.get(row["module"], {}) if row["module"] != UNATTRIBUTED else {}
         for key in FLOP_COLUMNS:
-            row[key] = values.get(key)
+            # an [eval] row's calls have no backward: no backward FLOPs (blank, not the
+            # training calls' figure)
+            row[key] = (None if row["mode"] == "eval" and key.startswith("bwd_")
+                        else values.get(key))
     counted = len(info.get("counted", []))
     if counted:
         note = (f"FLOPs from torch's FlopCounterMode on {counted} root call(s), one per input "
@@ -697,6 +701,18 @@ def _kernel_notes(trace: TraceData, rows: list[dict[str, Any]]) -> list[str]:
         notes.append(f"{names}: compiled before the trace, so one span each; to see the modules "
                      "inside, compile inside hooktrace.trace() or under hooktrace run")
     return notes
+
+
+def _note_shown(note: str, keys: set[str]) -> bool:
+    """Whether a note about the FLOP, memory or numerics columns has its columns shown
+    (the other notes, about the run, always are)."""
+    if note.startswith(("FLOPs from", "FLOP columns")):
+        return "flops" in keys
+    if note.startswith("memory ("):
+        return any("mem_" in k for k in keys)
+    if note.startswith("numerics:"):
+        return "absmax" in keys
+    return True
 
 
 def _cell(row: dict[str, Any], key: str) -> str:

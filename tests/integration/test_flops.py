@@ -121,3 +121,22 @@ def test_a_root_returning_a_dataclass_still_counts_its_backward() -> None:
     bwd = tr.info["flops"]["signatures"][0]["backward"]
     assert bwd and bwd == {k.removeprefix("model."): v for k, v in bwd_ref.items()
                            if k.startswith("model.")}
+
+
+def test_eval_rows_have_no_backward_flops() -> None:
+    # GIVEN a module called in training (with a backward) and with grad off
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+    x = torch.randn(4, 8)
+    with hooktrace.trace(model, flops=True) as tr:
+        model(x).sum().backward()
+        with torch.no_grad():
+            model(x)
+    rows = {(r["module"], r["mode"]): r for r in tr.result.summary().rows}
+    # THEN the [eval] row's backward FLOP cells are blank: its calls have no backward
+    assert rows[("0", "train")]["bwd_flops"] and rows[("0", "eval")]["flops"]
+    assert rows[("0", "eval")]["bwd_flops"] is None and rows[("0", "eval")]["bwd_tflops"] is None
+    text = tr.result.summary().to_text(wide=True).splitlines()
+    header = text[0].split()
+    eval_line = next(line for line in text if line.startswith("0 [eval]"))
+    assert "bwd_flops" in header and len(eval_line.split()) < len(
+        next(line for line in text if line.startswith("0 ")).split())

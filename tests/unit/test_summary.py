@@ -296,3 +296,25 @@ def test_cli_summary_uses_the_terminal_width(tmp_path, monkeypatch, capsys):
     # COLUMNS=60: names cut (as far as they stay distinct); COLUMNS=200: room for them whole
     assert widths["60"] < 70 < widths["200"] <= 200
     assert "transformer.h.11.attn.resid_dropout [eval]" in "\n".join(out)
+
+
+def test_footer_explains_only_the_columns_shown():
+    # GIVEN a run with backward, steps, and notes about memory and numerics columns
+    summary = backward_trace(3).summary()
+    summary.counts.update(steps=4, step_p50_ns=1000, step_p99_ns=2000)
+    summary.notes += ["memory (cpu): mem_net = bytes a call leaves allocated (mean over calls)",
+                      "numerics: absmax/rms/nonfinite of each call's output"]
+    narrow = summary.to_text().splitlines()
+    foot = narrow[narrow.index("sorted by forward total + backward total, descending"):]
+    # THEN the narrow table's footer has no word on step_p50, memory or numerics columns
+    assert not any("step_p50" in line or "memory (" in line or "numerics:" in line
+                   for line in foot), foot
+    assert "4 complete steps: p50 1.00 µs, p99 2.00 µs per step" in foot
+    assert any(line.startswith("bwd_total: ") for line in foot)
+    # and one line per explanation: sort order, steps, bwd_total, unattributed nodes
+    assert len(foot) <= 4, foot
+    # a table without backward columns does not explain them
+    fwd_only = Summary(summary.rows, summary.counts, columns=summary.columns)
+    assert "bwd_total:" not in fwd_only.footer(["module", "calls", "total_ns"])
+    # the whole footer (every column) still has them
+    assert "step_p50/step_p99" in summary.footer()
