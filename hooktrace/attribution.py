@@ -69,7 +69,12 @@ from hooktrace.text import format_ns
 __all__ = ["Attribution", "attribute_events", "UNATTRIBUTED"]
 
 UNATTRIBUTED = "<unattributed>"
-PHASES = ("forward", "backward")
+# "optimizer": ops outside every module's forward and backward, inside an optimizer's
+# step (the profiler's "Optimizer.step#..." annotation); "other": the rest of those
+# (the loss, data loading, the script's own ops) and GPU work without its launch.
+PHASES = ("forward", "backward", "optimizer", "other")
+_OPTIMIZER, _OTHER = 2, 3
+_OPTIMIZER_PREFIX = "Optimizer."
 _COLUMNS = ("module", "type", "phase", "ops", "cpu_total_ns", "cpu_self_ns", "gpu_total_ns",
             "gpu_self_ns", "top_ops")
 
@@ -123,8 +128,11 @@ class Attribution:
                 c if i == len(row) - 1 else c.rjust(widths[i]) if i in numeric else c.ljust(widths[i])
                 for i, c in enumerate(row)).rstrip())
         c = self.counts
-        out.append("\nsorted by phase (forward first), then CPU total, descending; "
-                   "unattributed rows last in each phase")
+        out.append("\nsorted by phase (forward, backward, optimizer, other), then CPU total, "
+                   "descending; unattributed rows last in each phase")
+        if any(r["phase"] in ("optimizer", "other") for r in self.rows):
+            out.append("optimizer: ops outside every module call, in an optimizer's step(); "
+                       "other: the rest of those (loss, data, the script's own ops)")
         out.append(f"{c['attributed_ops']} of {c['cpu_ops']} CPU ops attributed "
                    f"({c['backward_by_sequence']} backward nodes by sequence number, "
                    f"{c['backward_by_time']} by time)")
@@ -267,6 +275,31 @@ def _ancestors(name: str) -> list[str]:
     return [""] + [".".join(parts[: i + 1]) for i in range(len(parts))]
 
 
+def _inside_annotation(cols: dict[str, np.ndarray], names: list[str], prefix: str,
+                       tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per item (``tid``, ``start``, ``end``): whether it lies inside a profiler
+    annotation (``user_annotation``, ...) whose name starts with ``prefix``, on its
+    thread."""
+    named = np.array([nm.startswith(prefix) for nm in names], dtype=bool)
+    if not named.any():
+        return np.zeros(len(tid), dtype=bool)
+    ann = np.flatnonzero(named[cols["name"]] & (cols["kind"] != CAT_CPU_OP)
+                         & (cols["kind"] != CAT_LAUNCH))
+    out = np.zeros(len(tid), dtype=bool)
+    for t in np.unique(tid).tolist():
+        a = ann[cols["tid"][ann] == t]
+        if not len(a):
+            continue
+        a = a[np.argsort(cols["start"][a], kind="stable")]
+        a_start, a_end = cols["start"][a], cols["end"][a]
+        sel = np.flatnonzero(tid == t)
+        # the annotation starting last at or before the item (step annotations do not nest)
+        j = np.searchsorted(a_start, start[sel], side="right") - 1
+        ok = j >= 0
+        out[sel[ok]] = a_end[j[ok]] >= end[sel[ok]]
+    return out
+
+
 def attribute_events(run: TraceData, p: ProfilerEvents, *, top_ops: int = 3) -> Attribution:
     """Attribute the host ops and GPU activities of ``p`` to ``run``'s modules."""
     spans = run.spans()
@@ -347,6 +380,13 @@ def attribute_events(run: TraceData, p: ProfilerEvents, *, top_ops: int = 3) -> 
             module[i] = int(spans.module[s])
             backward[i] = True
     phase = backward.astype(np.int64)
+    # Ops outside every forward and backward: the optimizer's step, or other.
+    outside = np.flatnonzero((module < 0) & ~backward)
+    phase[outside] = _OTHER
+    if len(outside):
+        in_step = _inside_annotation(cols, p.names, _OPTIMIZER_PREFIX, tid[outside],
+                                     start[outside], end[outside])
+        phase[outside[in_step]] = _OPTIMIZER
     # Ops inside a compiled region's kernel marks: the kernel's module and phase.
     kernels = Kernels.from_trace(run)
     in_kernel = _inside_kernel(kernels, tid, start, end) if len(kernels) else np.full(n, -1)
@@ -378,22 +418,23 @@ def attribute_events(run: TraceData, p: ProfilerEvents, *, top_ops: int = 3) -> 
                 gpu_key[(int(module[i]), int(phase[i]))] += int(gpu_dur[g])
                 attributed_gpu += 1
             else:
-                gpu_key[(-1, int(phase[i]) if i >= 0 else 0)] += int(gpu_dur[g])
+                gpu_key[(-1, int(phase[i]) if i >= 0 else _OTHER)] += int(gpu_dur[g])
 
     # Aggregate per (module, phase).
     cpu = np.flatnonzero(is_cpu)
-    key = module[cpu] * 2 + phase[cpu]  # -2/-1: unattributed forward/backward
+    n_ph = len(PHASES)
+    key = module[cpu] * n_ph + phase[cpu]  # -n_ph + phase: unattributed
     self_by: dict[tuple[int, int], int] = defaultdict(int)
     ops_by: dict[tuple[int, int], int] = defaultdict(int)
     top_by: dict[tuple[int, int], dict[str, int]] = defaultdict(lambda: defaultdict(int))
     cpu_parent = parent[cpu]
     par_key = np.where(cpu_parent >= 0,
-                       module[np.maximum(cpu_parent, 0)] * 2 + phase[np.maximum(cpu_parent, 0)],
-                       -10)
+                       module[np.maximum(cpu_parent, 0)] * n_ph
+                       + phase[np.maximum(cpu_parent, 0)], -10 * n_ph)
     cpu_dur = (end - start)[cpu]
     for k, s, pk, nm, d in zip(key.tolist(), self_ns[cpu].tolist(), par_key.tolist(),
                                name[cpu].tolist(), cpu_dur.tolist()):
-        mk = (k // 2, k % 2) if k >= 0 else (-1, k + 2)
+        mk = (k // n_ph, k % n_ph) if k >= 0 else (-1, k + n_ph)
         self_by[mk] += s
         ops_by[mk] += 1
         if pk != k:  # outermost op of this module
@@ -433,7 +474,7 @@ def attribute_events(run: TraceData, p: ProfilerEvents, *, top_ops: int = 3) -> 
             "gpu_total_ns": int(gpu_total), "gpu_self_ns": int(gpu_key.get((m, ph), 0)),
             "top_ops": [[nm, int(ns)] for nm, ns in tops],
         })
-    rows.sort(key=lambda r: (r["phase"] != "forward", r["module"] == UNATTRIBUTED,
+    rows.sort(key=lambda r: (PHASES.index(r["phase"]), r["module"] == UNATTRIBUTED,
                              -r["cpu_total_ns"], -r["gpu_total_ns"], r["module"]))
     counts.update({
         "cpu_ops": int(len(cpu)),

@@ -602,7 +602,7 @@ def test_forward_ops_by_innermost_span_with_self_and_total(tmp_path: Path) -> No
     assert (fc["ops"], fc["cpu_self_ns"], fc["cpu_total_ns"]) == (2, 19_000, 19_000)
     assert fc["top_ops"] == [["aten::linear", 19_000]]
     assert (act["cpu_self_ns"], net["cpu_self_ns"], net["cpu_total_ns"]) == (4_000, 1_000, 24_000)
-    assert t.row("<unattributed>")["cpu_self_ns"] == 1_000  # type: ignore[index]
+    assert t.row("<unattributed>", "other")["cpu_self_ns"] == 1_000  # type: ignore[index]  # outside every call: "other", not forward
     assert t.counts["attributed_ops"] == 4 and t.counts["cpu_ops"] == 5
     text = t.to_text()
     assert "fc" in text and "aten::linear 19.0 µs" in text
@@ -683,3 +683,39 @@ def test_gpu_kernels_by_correlation_and_by_flow(tmp_path: Path) -> None:
     assert t.row("")["gpu_total_ns"] == 57_000  # type: ignore[index]
     assert t.counts["gpu_activities"] == 3 and t.counts["attributed_gpu"] == 2
     assert "gpu total" in t.to_text()
+
+
+def test_ops_outside_every_module_call_are_optimizer_or_other_not_forward():
+    import io
+
+    import numpy as np
+
+    from hooktrace._events import EVENT_DTYPE, Clock
+    from hooktrace._profiler_events import collect
+    from hooktrace.attribution import attribute_events
+    from hooktrace.reading import TraceData
+
+    # GIVEN a module call (1-9 us), the loss after it and an optimizer step after that
+    ev = np.zeros(2, EVENT_DTYPE)
+    ev["kind"] = [1, 2]
+    ev["t"] = [1000, 9000]
+    ev["tid"] = 7
+    run = TraceData(ev, [("fc", "Linear")], [], Clock(0, 0, 1.0),
+                    {"pid": 7, "hostname": "h", "dropped_events": 0, "overwritten_events": 0})
+    src = (b'{"baseTimeNanoseconds": 0, "traceEvents": ['
+           b'{"ph":"X","cat":"cpu_op","name":"aten::linear","pid":7,"tid":7,"ts":2,"dur":5},'
+           b'{"ph":"X","cat":"cpu_op","name":"aten::mse_loss","pid":7,"tid":7,"ts":10,"dur":2},'
+           b'{"ph":"X","cat":"user_annotation","name":"Optimizer.step#SGD.step","pid":7,'
+           b'"tid":7,"ts":20,"dur":10},'
+           b'{"ph":"X","cat":"cpu_op","name":"aten::add_","pid":7,"tid":7,"ts":21,"dur":3},'
+           b'{"ph":"X","cat":"cpu_op","name":"aten::add_","pid":7,"tid":7,"ts":25,"dur":3}]}')
+    table = attribute_events(run, collect(io.BytesIO(src), "p.json", pid=7))
+    rows = {(r["module"], r["phase"]): r for r in table.rows}
+    # THEN only the module's op is forward; the step's ops are "optimizer", the loss "other"
+    assert set(rows) == {("fc", "forward"), ("<unattributed>", "optimizer"),
+                         ("<unattributed>", "other")}
+    assert rows[("<unattributed>", "optimizer")]["ops"] == 2
+    assert rows[("<unattributed>", "optimizer")]["cpu_self_ns"] == 6000
+    assert rows[("<unattributed>", "other")]["top_ops"] == [["aten::mse_loss", 2000]]
+    assert [r["phase"] for r in table.rows] == ["forward", "optimizer", "other"]
+    assert "optimizer: ops outside every module call" in table.to_text()
