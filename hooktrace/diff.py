@@ -4,9 +4,13 @@ One row per (module, phase) present in both runs, ``phase`` being ``"forward"``,
 ``"backward"`` or ``"eval"`` (forward calls with grad off or in eval mode), with
 p50 time per call and per step in A and B, their absolute and relative change,
 and the number of calls (per step when both runs have steps). Rows are sorted by impact: the absolute change of the
-module's *self* time per step (per run when a run has no steps; forward self
-excludes the children's calls, backward self is the module's own autograd
-nodes), largest first, then by the change of its total time. Self time puts
+module's typical *self* time per step (the median call's self time x calls per
+step, per run when a run has no steps, so that one stalled call does not outrank
+a change of every call; forward self excludes the children's calls, backward
+self is the module's own autograd nodes), largest first, then by the change of
+its typical total time. ``within_noise`` marks a change no larger than A's
+run-to-run spread (the interquartile range of its time per step from 4 steps on,
+else of its calls' durations x calls). Self time puts
 the module where the time was added first: a slowed leaf adds the same total
 time to every ancestor, but self time only to itself. Modules seen in one run
 only are listed apart, and the step itself is compared when both runs have
@@ -108,7 +112,9 @@ _STEP = "<step>"  # the row name of the step itself
 
 _COLUMNS = ("module", "type", "phase", "p50_a_ns", "p50_b_ns", "p50_change_ns", "p50_change_pct",
             "per_step_a_ns", "per_step_b_ns", "per_step_change_ns", "per_step_change_pct",
-            "self_per_step_change_ns", "calls_a", "calls_b", "share_a", "timing_a", "timing_b")
+            "self_per_step_change_ns", "typical_a_ns", "typical_b_ns", "typical_change_ns",
+            "typical_change_pct", "typical_self_change_ns", "noise_a_ns", "within_noise",
+            "calls_a", "calls_b", "share_a", "timing_a", "timing_b")
 
 
 Key = tuple[str, str]  # (module, phase)
@@ -124,6 +130,8 @@ class _PhaseStats:
     self_per_step_ns: float
     calls: float
     timing: str = "measured"  # or "kernels" / "measured+kernels", as summary's column
+    p50_self_ns: float = 0.0  # the median call's self time
+    spread_ns: float = 0.0  # run-to-run noise: IQR of the time per step (see _spread)
 
 
 @dataclass
@@ -162,6 +170,11 @@ class _Part:
     # per key, when not "measured": "kernels" (kernel-derived inside compiled regions,
     # hooktrace.kernels) or "measured+kernels"
     timing: dict[Key, str] = field(default_factory=dict)
+    # the median call's self time; every call's self time, sorted, as calls_ns
+    p50_self: dict[Key, float] = field(default_factory=dict)
+    self_calls_ns: dict[Key, np.ndarray] | None = None
+    # the interquartile range of the calls' durations (for a run without steps' noise)
+    iqr: dict[Key, float] = field(default_factory=dict)
 
 
 def _whole_run(part: _Part) -> _Part:
@@ -238,7 +251,7 @@ def _part(trace: TraceData, keep_calls: bool = False) -> _Part:
         derived = np.r_[derived, np.ones(len(d), bool)]
     part = _Part({}, {}, {} if keep_calls else None, {}, {}, {}, n_steps,
                  steps.duration_ns[complete].astype(np.int64), 0.0,
-                 span_definition(trace.info))
+                 span_definition(trace.info), self_calls_ns={} if keep_calls else None)
     is_eval = (flags & SPAN_EVAL) != 0
     for phase, cat in PHASES.items():
         sel = np.flatnonzero((cat_of == cat) & (is_eval == (phase == "eval")))
@@ -254,6 +267,10 @@ def _part(trace: TraceData, keep_calls: bool = False) -> _Part:
         lo = (counts - 1) // 2
         hi = counts // 2
         p50 = (d_sorted[starts + lo] + d_sorted[starts + hi]) / 2.0  # np.percentile(.., 50)
+        s_sorted = self_ns[sel][np.lexsort((self_ns[sel], module))]
+        p50_self = (s_sorted[starts + lo] + s_sorted[starts + hi]) / 2.0
+        iqr = (_percentile_groups(d_sorted, starts, counts, 75)
+               - _percentile_groups(d_sorted, starts, counts, 25))
         n_mod = int(module.max()) + 1
         in_step = span_col[sel] >= 0
         cell = module[in_step] * width + span_col[sel][in_step]
@@ -273,8 +290,11 @@ def _part(trace: TraceData, keep_calls: bool = False) -> _Part:
             part.run[key] = (float(run_total[m]), float(run_self[m]), float(run_calls[m]))
             part.types[key] = type_name
             part.p50[key] = float(p50[k])
-            if part.calls_ns is not None:
+            part.p50_self[key] = float(p50_self[k])
+            part.iqr[key] = float(iqr[k])
+            if part.calls_ns is not None and part.self_calls_ns is not None:
                 part.calls_ns[key] = d_sorted[starts[k]:starts[k] + counts[k]].copy()
+                part.self_calls_ns[key] = s_sorted[starts[k]:starts[k] + counts[k]].copy()
             part.total[key] = per_step[m].copy()
             part.self_ns[key] = self_step[m].copy()
             part.calls[key] = calls[m].astype(np.float64)
@@ -285,6 +305,26 @@ def _part(trace: TraceData, keep_calls: bool = False) -> _Part:
         part.root_ns += float(dur[sel][roots & (span_col[sel] >= 0)].sum())
         part.run_root_ns += float(dur[sel][roots].sum())
     return part
+
+
+def _percentile_groups(values: np.ndarray, starts: np.ndarray, counts: np.ndarray,
+                       q: float) -> np.ndarray:
+    """np.percentile (linear) of each group of a group-sorted array."""
+    pos = q / 100.0 * (counts - 1)
+    lo = np.floor(pos).astype(np.int64)
+    hi = np.minimum(lo + 1, counts - 1)
+    v_lo, v_hi = values[starts + lo].astype(np.float64), values[starts + hi].astype(np.float64)
+    return v_lo + (v_hi - v_lo) * (pos - lo)
+
+
+def _spread(per_step: np.ndarray, call_iqr: float, calls: float) -> float:
+    """Run-to-run noise of a (module, phase)'s time per step: the interquartile range
+    of its time over the complete steps, from 4 steps on; else (fewer steps, or the
+    whole run as one) the calls' interquartile range times the calls per step."""
+    if len(per_step) >= 4:
+        q75, q25 = np.percentile(per_step, [75, 25])
+        return float(q75 - q25)
+    return float(call_iqr * calls)
 
 
 def _pool(parts: Sequence[_Part]) -> _RunStats:
@@ -300,12 +340,15 @@ def _pool(parts: Sequence[_Part]) -> _RunStats:
     if len(parts) == 1:
         p = parts[0]
         width = max(p.n_steps, 1)
-        out = {key: _PhaseStats(p.types[key], p.p50[key],
-                                float(np.percentile(p.total[key], 50)),
-                                float(np.percentile(p.self_ns[key], 50)),
-                                float(np.percentile(p.calls[key], 50)),
-                                p.timing.get(key, "measured"))
-               for key in p.types}
+        out = {}
+        for key in p.types:
+            calls = float(np.percentile(p.calls[key], 50))
+            out[key] = _PhaseStats(p.types[key], p.p50[key],
+                                   float(np.percentile(p.total[key], 50)),
+                                   float(np.percentile(p.self_ns[key], 50)), calls,
+                                   p.timing.get(key, "measured"), p.p50_self[key],
+                                   _spread(p.total[key] if p.n_steps else np.zeros(0),
+                                           p.iqr[key], calls))
         step_p50 = float(np.percentile(p.step_ns, 50)) if p.n_steps else None
         root_total = p.root_ns / width
         return _RunStats(out, p.n_steps, step_p50, step_p50 if step_p50 else root_total,
@@ -318,17 +361,24 @@ def _pool(parts: Sequence[_Part]) -> _RunStats:
             keys.setdefault(key, type_name)
     out = {}
     for key, type_name in keys.items():
-        calls_ns = []
+        calls_ns, self_calls_ns = [], []
         for p in parts:
             if key in p.types:
-                if p.calls_ns is None:
+                if p.calls_ns is None or p.self_calls_ns is None:
                     raise ValueError("hooktrace.diff: a part to pool was made without its calls")
                 calls_ns.append(p.calls_ns[key])
-        p50 = float(np.median(np.concatenate(calls_ns)))
+                self_calls_ns.append(p.self_calls_ns[key])
+        every = np.concatenate(calls_ns)
+        p50 = float(np.median(every))
+        q75, q25 = np.percentile(every, [75, 25])
 
         total, self_ns, calls = (_pooled_column(parts, stepped, f, key)
                                  for f in ("total", "self_ns", "calls"))
-        out[key] = _PhaseStats(type_name, p50, total, self_ns, calls, _pooled_timing(parts, key))
+        per_step = (np.concatenate([p.total.get(key, np.zeros(p.n_steps)) for p in stepped])
+                    if stepped else np.zeros(0))
+        out[key] = _PhaseStats(type_name, p50, total, self_ns, calls, _pooled_timing(parts, key),
+                               float(np.median(np.concatenate(self_calls_ns))),
+                               _spread(per_step, float(q75 - q25), calls))
     step_p50 = (float(np.median(np.concatenate([p.step_ns for p in stepped])))
                 if n_steps else None)
     root_total = (sum(p.root_ns for p in stepped) / n_steps if n_steps
@@ -404,10 +454,11 @@ class Diff:
     notes: list[str] = field(default_factory=list)
 
     def _failing(self, pct: float, min_share: float) -> list[tuple[dict[str, Any], float]]:
-        key = "per_step_change_pct" if self.per_step else "p50_change_pct"
         bad = []
         for r in ([self.step] if self.step else []) + self.rows:
-            change = r[key] if r is not self.step else r["per_step_change_pct"]
+            # modules: the typical time per step (median call x calls), which one stalled
+            # call does not move
+            change = r["typical_change_pct"] if r is not self.step else r["per_step_change_pct"]
             if change is None or change <= pct:
                 continue
             if r is not self.step and (r["share_a"] or 0.0) * 100.0 < min_share:
@@ -418,8 +469,9 @@ class Diff:
     def failures(self, pct: float, *, min_share: float = 1.0) -> list[str]:
         """Rows (and the step) that got slower by more than ``pct`` percent, one line each.
 
-        A module row is compared on its time per step when both runs have steps
-        (so more calls count as slower), else on its p50 time per call; rows
+        A module row is compared on its typical time per step (p50 per call x calls
+        per step, or per run without steps: more calls count as slower, one stalled
+        call does not), the step on its p50; rows
         under ``min_share`` percent of A's step time are left out: a module that
         small moves by large percentages from run to run on timer resolution and
         scheduling alone, and a gate on it would fail at random.
@@ -504,8 +556,9 @@ class Diff:
                 "" if is_step else format_ns(r["p50_b_ns"]),
                 "" if is_step else _pct(r["p50_change_pct"]),
                 format_ns(r["per_step_a_ns"]), format_ns(r["per_step_b_ns"]),
-                f"{_signed_ns(r['per_step_change_ns'])} ({_pct(r['per_step_change_pct'])})",
-                "" if is_step else _signed_ns(r["self_per_step_change_ns"]),
+                f"{_signed_ns(r['per_step_change_ns'])} ({_pct(r['per_step_change_pct'])})"
+                + (" noise" if r.get("within_noise") else ""),
+                "" if is_step else _signed_ns(r["typical_self_change_ns"]),
             ]
             if by_rank:
                 line.append(f"{_signed_ns(r['median_per_step_change_ns'])} "
@@ -518,8 +571,12 @@ class Diff:
         src = self.sources
         a = self.names[0] + (f" ({src[0]['text']})" if src and src[0]["text"] else "")
         b = self.names[1] + (f" ({src[1]['text']})" if src and src[1]["text"] else "")
-        lines.append(f"A = {a}, B = {b}; sorted by |Δ self time per {unit}|, largest first; "
+        lines.append(f"A = {a}, B = {b}; sorted by |Δself/{unit}| (median call's self time x "
+                     f"calls per {unit}: one stalled call does not move it), largest first; "
                      "Δ% relative to A")
+        if any(r.get("within_noise") for r in shown):
+            lines.append(f"noise: a change no larger than A's run-to-run spread (interquartile "
+                         f"range of its time per {unit})")
         if any("kernels" in (r.get("timing_a") or "") + (r.get("timing_b") or "")
                for r in shown):
             lines.append("[kernels]: inside a compiled region, the module's time is its "
@@ -595,6 +652,9 @@ def _compare_stats(sa: _RunStats, sb: _RunStats, names: tuple[str, str]) -> Diff
         x, y = sa.per_key[key], sb.per_key[key]
         dp, dpp = _change(x.p50_ns, y.p50_ns)
         ds, dsp = _change(x.per_step_ns, y.per_step_ns)
+        # the typical time per step: the median call times the calls per step, which one
+        # stalled call (or step) does not move, unlike a sum or a median of 2 steps
+        dt, dtp = _change(x.p50_ns * x.calls, y.p50_ns * y.calls)
         rows.append({
             "module": key[0], "type": x.type, "phase": key[1],
             "p50_a_ns": x.p50_ns, "p50_b_ns": y.p50_ns, "p50_change_ns": dp,
@@ -602,12 +662,16 @@ def _compare_stats(sa: _RunStats, sb: _RunStats, names: tuple[str, str]) -> Diff
             "per_step_b_ns": y.per_step_ns, "per_step_change_ns": ds,
             "per_step_change_pct": dsp,
             "self_per_step_change_ns": y.self_per_step_ns - x.self_per_step_ns,
+            "typical_a_ns": x.p50_ns * x.calls, "typical_b_ns": y.p50_ns * y.calls,
+            "typical_change_ns": dt, "typical_change_pct": dtp,
+            "typical_self_change_ns": y.p50_self_ns * y.calls - x.p50_self_ns * x.calls,
+            "noise_a_ns": x.spread_ns, "within_noise": bool(abs(dt or 0.0) <= x.spread_ns),
             "calls_a": x.calls, "calls_b": y.calls,
             "share_a": x.per_step_ns / sa.total_ns if sa.total_ns > 0 else None,
             "timing_a": x.timing, "timing_b": y.timing,
         })
     # Stable: equal impact keeps A's order (forward before backward, module slots).
-    rows.sort(key=lambda r: (-abs(r["self_per_step_change_ns"]), -abs(r["per_step_change_ns"])))
+    rows.sort(key=_impact)
     step = None
     if per_step and sa.step_p50_ns is not None and sb.step_p50_ns is not None:
         ds, dsp = _change(sa.step_p50_ns, sb.step_p50_ns)
@@ -617,7 +681,34 @@ def _compare_stats(sa: _RunStats, sb: _RunStats, names: tuple[str, str]) -> Diff
                      "per_step_change_ns": ds, "per_step_change_pct": dsp, "share_a": 1.0})
     only_a = [k for k in sa.per_key if k not in sb.per_key]
     only_b = [k for k in sb.per_key if k not in sa.per_key]
-    return Diff(rows, step, only_a, only_b, per_step, names, notes=_timing_notes(rows, names))
+    return Diff(rows, step, only_a, only_b, per_step, names,
+                notes=_model_note(sa, sb, names) + _timing_notes(rows, names))
+
+
+def _model_note(sa: _RunStats, sb: _RunStats, names: tuple[str, str]) -> list[str]:
+    """One line when A and B look like two different models: the root modules' classes
+    differ, or fewer than half of the module names are in both runs."""
+    def root(s: _RunStats) -> str | None:
+        return next((st.type for (m, _), st in s.per_key.items() if m == ""), None)
+
+    ra, rb = root(sa), root(sb)
+    mods_a, mods_b = ({m for m, _ in s.per_key} for s in (sa, sb))
+    union = mods_a | mods_b
+    shared = len(mods_a & mods_b) / len(union) if union else 1.0
+    if ra is not None and rb is not None and ra != rb:
+        why = f"{names[0]}'s model is {ra}, {names[1]}'s {rb}"
+    elif shared < 0.5:
+        why = (f"only {len(mods_a & mods_b)} of {len(union)} module names are in both runs "
+               f"({len(mods_a)} in {names[0]}, {len(mods_b)} in {names[1]})")
+    else:
+        return []
+    return [f"different models? {why}: the rows compare modules by name"]
+
+
+def _impact(row: dict[str, Any]) -> tuple[float, float]:
+    """The sort key: the change of typical self time per step (median call's self time
+    times calls), then of typical time per step, largest first."""
+    return (-abs(row["typical_self_change_ns"]), -abs(row["typical_change_ns"] or 0.0))
 
 
 def _timing_notes(rows: Sequence[dict[str, Any]], names: tuple[str, str]) -> list[str]:
@@ -658,7 +749,7 @@ def _compare_rank_stats(sa: Mapping[int, _RunStats], sb: Mapping[int, _RunStats]
                              f"{_ranks(sa)} and {_ranks(sb)})")
     by_rank = {r: _compare_stats(sa[r], sb[r], names) for r in common}
     rows = _worst_rows(by_rank, [k for r in common for k in sa[r].per_key if k in sb[r].per_key])
-    rows.sort(key=lambda r: (-abs(r["self_per_step_change_ns"]), -abs(r["per_step_change_ns"])))
+    rows.sort(key=_impact)
     steps = {r: d.step for r, d in by_rank.items() if d.step is not None}
     step = None
     if steps and len(steps) == len(by_rank):
@@ -667,7 +758,7 @@ def _compare_rank_stats(sa: Mapping[int, _RunStats], sb: Mapping[int, _RunStats]
     only_a = list(dict.fromkeys(k for d in by_rank.values() for k in d.only_a))
     only_b = list(dict.fromkeys(k for d in by_rank.values() for k in d.only_b))
     return Diff(rows, step, only_a, only_b, all(d.per_step for d in by_rank.values()), names,
-                ranks=common, ranks_only_a=sorted(set(sa) - set(sb)),
+                notes=_model_note(sa[common[0]], sb[common[0]], names), ranks=common, ranks_only_a=sorted(set(sa) - set(sb)),
                 ranks_only_b=sorted(set(sb) - set(sa)), by_rank=by_rank)
 
 
@@ -681,8 +772,8 @@ def _worst_rows(by_rank: Mapping[int, Diff], order: Sequence[Key]) -> list[dict[
     out = []
     for key in dict.fromkeys(order):
         cands = per_key[key]
-        rank, row = max(cands, key=lambda c: (c[1]["self_per_step_change_ns"],
-                                             c[1]["per_step_change_ns"], -c[0]))
+        rank, row = max(cands, key=lambda c: (c[1]["typical_self_change_ns"],
+                                             c[1]["typical_change_ns"], -c[0]))
         out.append(_with_rank_columns(row, rank, [c[1] for c in cands]))
     return out
 
@@ -771,7 +862,7 @@ def compare_paths(a: str, b: str, *, workers: int | None = None) -> Diff:
             f"directory of {len(multi.processes)} ranks: compare two rank directories, or "
             f"{single.spec} with one rank's file (e.g. {example})")
     d.sources = ({**sa.describe(), "text": sa.text()}, {**sb.describe(), "text": sb.text()})
-    d.notes = sa.notes + sb.notes + unit_notes
+    d.notes = sa.notes + sb.notes + unit_notes + d.notes
     return d
 
 

@@ -34,7 +34,8 @@ unreadable file is an error naming the path and the file.
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = ("Per module and phase: p50 time per call and per step in A and B,\n"
-                     "their change, and calls per step, sorted by the change of self time.")
+                     "their change, and calls per step, sorted by the change of the median call's\n"
+                     "self time x calls (one stalled call does not move it).")
     p.epilog = EPILOG
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("a", metavar="A", help="the baseline: a .htrace file, a rank directory or "
@@ -44,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="JSON instead of a table (times in ns)")
     p.add_argument("--fail-above", type=float, default=None, metavar="PCT",
                    help="exit 1 when the step or any module got slower by more than PCT "
-                        "percent (per step when both runs have steps, else p50 per call); "
+                        "percent (a module: its median call x calls per step, or per run); "
                         "rank directories: on any rank, named in the verdict")
     p.add_argument("--min-share", type=float, default=1.0, metavar="PCT",
                    help="with --fail-above: ignore modules below PCT percent of A's step "
@@ -73,7 +74,9 @@ def run(args: argparse.Namespace) -> int:
         print(d.to_text(top=args.top))
     if failed:
         # stdout carries the table; the verdict goes to stderr, so `| head` keeps it
-        print(f"hooktrace: diff: slower by more than {args.fail_above:g}%: "
-              + "; ".join(failed), file=sys.stderr)
+        print(f"hooktrace: diff: {len(failed)} slower by more than {args.fail_above:g}%:",
+              file=sys.stderr)
+        for line in failed:
+            print(f"  {line}", file=sys.stderr)
         return 1
     return 0

@@ -141,3 +141,104 @@ def test_runs_recorded_under_different_span_definitions_are_refused(
     # the windows of one run must agree too
     with pytest.raises(DiffInputError, match="different span definitions"):
         compare([old, new], [new])
+
+
+def calls_run(steps: list[list[tuple[int, int]]],
+              modules: list[tuple[str, str]] = MODULES) -> TraceData:
+    """Per step: root{ the (module, duration ns) calls in order } then a step mark."""
+    rows: list[tuple[int, int, int, int]] = []
+    t = 0
+    for s, calls in enumerate(steps):
+        rows.append((ENTER, 0, t, 0))
+        t += 100
+        for mod, d in calls:
+            rows += [(ENTER, mod, t, 0), (EXIT, mod, t + d, 0)]
+            t += d + 10
+        rows.append((EXIT, 0, t, 0))
+        t += 50
+        rows.append((STEP, 0, t, s))
+        t += 1
+    ev = np.zeros(len(rows), EVENT_DTYPE)
+    for i, (kind, mod, tt, seq) in enumerate(rows):
+        ev[i]["kind"], ev[i]["id"], ev[i]["t"], ev[i]["tid"], ev[i]["rf_tid"] = kind, mod, tt, 1, 1
+        ev[i]["seq"] = seq
+    return build_trace(ev, modules)
+
+
+def _stall_runs(stall_in: str) -> tuple[TraceData, TraceData]:
+    """Two steps of 40 calls of a (120 µs) and one of b (1 ms); b is 4 ms per call slower
+    in B, and one call of a stalled for 84 ms in ``stall_in``."""
+    def steps(b_ns: int, stall: bool) -> list[list[tuple[int, int]]]:
+        out = []
+        for s in range(2):
+            calls = [(1, 84_000_000 if stall and s == 0 and i == 7 else 120_000)
+                     for i in range(40)]
+            out.append(calls + [(2, b_ns)])
+        return out
+    return (calls_run(steps(1_000_000, stall_in == "A")),
+            calls_run(steps(5_000_000, stall_in == "B")))
+
+
+def test_one_stalled_call_does_not_outrank_a_regression_of_every_call() -> None:
+    # GIVEN a baseline with one 84 ms call of a (its median call: 120 µs), and b 4 ms
+    # per call slower in B
+    d = compare(*_stall_runs("A"))
+    # (the stall moved a's median of 2 steps by 42 ms: the old sort put a first)
+    a = next(r for r in d.rows if r["module"] == "a")
+    assert abs(a["self_per_step_change_ns"]) > 40e6
+    # THEN b, the real regression, ranks first, on the typical self time per step
+    assert (d.rows[0]["module"], d.rows[0]["phase"]) == ("b", "forward")
+    assert d.rows[0]["typical_self_change_ns"] == pytest.approx(4e6)
+    assert a["typical_change_ns"] == 0 and a["within_noise"]
+    assert not d.rows[0]["within_noise"]
+    assert [f.split(":")[0] for f in d.failures(50.0)] == ["b forward"]
+
+
+def test_a_stalled_call_in_b_does_not_fail_the_gate() -> None:
+    # GIVEN b as slow as before in B, and one call of a stalled for 84 ms in B
+    d = compare(*_stall_runs("B"))
+    failed = d.failures(50.0)
+    # THEN the gate names b (median call x calls: +400%), not a (median call unchanged),
+    # though a's time per step (median of 2 steps) rose by > 40 ms
+    a = next(r for r in d.rows if r["module"] == "a")
+    assert a["per_step_change_pct"] > 50.0
+    assert any(f.startswith("b forward: +400.0%") for f in failed), failed
+    assert not any(f.startswith("a forward") for f in failed), failed
+
+
+def test_changes_within_the_baselines_step_to_step_spread_are_marked_noise() -> None:
+    # GIVEN a whose time per step varies by ~2 µs between A's steps, and moves 500 ns
+    base = calls_run([[(1, 10_000 + 1000 * (s % 3)), (2, 5000)] for s in range(8)])
+    moved = calls_run([[(1, 10_500 + 1000 * (s % 3)), (2, 5000)] for s in range(8)])
+    d = compare(base, moved)
+    a = next(r for r in d.rows if r["module"] == "a")
+    # THEN the change is marked as noise, in the row and in the table
+    assert a["typical_change_ns"] == 500 and a["noise_a_ns"] >= 1000 and a["within_noise"]
+    line = next(x for x in d.to_text().splitlines() if x.startswith("a "))
+    assert "noise" in line and "noise: a change no larger than A's" in d.to_text()
+
+
+def test_cli_verdict_is_a_short_line_and_one_row_per_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base, slow = tmp_path / "a.htrace", tmp_path / "b.htrace"
+    run().save(base)
+    run(a_ns=5000, b_ns=15000, c_calls=3).save(slow)
+    assert main(["diff", str(base), str(slow), "--fail-above", "50"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("hooktrace: diff: ") and "slower by more than 50%" in err[0]
+    assert len(err[0]) < 80
+    assert {line.split(":")[0].strip() for line in err[1:]} >= {
+        "a forward", "b forward", "c forward"}
+    assert all(line.startswith("  ") and len(line) < 80 for line in err[1:])
+
+
+def test_two_different_models_get_a_warning() -> None:
+    other = [("", "ResNet"), ("conv1", "Conv2d"), ("layer1", "Sequential"), ("fc", "Linear")]
+    d = compare(run(), run(modules=other))
+    assert any(n.startswith("different models? A's model is Net, B's ResNet")
+               for n in d.notes), d.notes
+    assert "note: different models?" in d.to_text()
+    same_class = [("", "Net"), ("x", "Linear"), ("y", "Linear"), ("z", "ReLU")]
+    d = compare(run(), run(modules=same_class))
+    assert any("only 1 of 7 module names are in both runs" in n for n in d.notes), d.notes
+    assert not any(n.startswith("different models") for n in compare(run(), run()).notes)
