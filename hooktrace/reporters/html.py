@@ -52,7 +52,8 @@ from hooktrace.summary import (
 if TYPE_CHECKING:
     from hooktrace.reading import TraceData
 
-__all__ = ["ReportError", "plotly_js", "render_report", "write_report"]
+__all__ = ["ICICLE_OPTIONS", "OTHER_MEANS", "ReportError", "plotly_js", "render_report",
+           "steps_figure", "write_report"]
 
 RUN_ID = "run"  # the icicle's root box
 
@@ -275,6 +276,39 @@ def _script_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False).replace("</", "<\\/")
 
 
+# The icicle's trace options. sort False: boxes in the data's order, so forward is always
+# left of backward (plotly sorts siblings by value by default, and the larger phase went
+# first: they swapped sides between reports).
+ICICLE_OPTIONS: dict[str, Any] = {"type": "icicle", "branchvalues": "remainder",
+                                  "sort": False, "tiling": {"orientation": "v"}}
+# What the step chart's "other" is (legend, hover and caption)
+OTHER_MEANS = ("the step's time outside its outermost forward and backward calls: the "
+               "optimizer step, data loading, the loss, Python between calls")
+
+
+def steps_figure(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The step chart's plotly figure (``data``, ``layout``): per step, forward, backward
+    and other time (ms), stacked in that order. The legend sits above the plot on the
+    left, clear of plotly's toolbar (top right), and says what "other" is."""
+    parts = [("forward", "forward", [r["forward_ns"] / 1e6 for r in rows], FORWARD_COLOR,
+              "the step's outermost forward calls"),
+             ("backward", "backward", [r["backward_ns"] / 1e6 for r in rows], BACKWARD_COLOR,
+              "the step's outermost backward spans"),
+             ("other", "other (optimizer, data, ...)",
+              [max(0, r["duration_ns"] - r["forward_ns"] - r["backward_ns"]) / 1e6
+               for r in rows], OTHER_COLOR, OTHER_MEANS)]
+    data = [{"type": "bar", "name": label, "x": [r["step"] for r in rows], "y": y,
+             "marker": {"color": color}, "meta": key,
+             "hovertemplate": f"{html.escape(key)}: %{{y:.3f}} ms<br>{html.escape(means)}"
+                              "<extra></extra>"}
+            for key, label, y, color, means in parts]
+    layout = {"barmode": "stack", "xaxis": {"title": {"text": "step"}},
+              "yaxis": {"title": {"text": "ms"}}, "margin": {"t": 40},
+              "legend": {"orientation": "h", "x": 0, "xanchor": "left", "y": 1.02,
+                         "yanchor": "bottom", "traceorder": "normal"}}
+    return {"data": data, "layout": layout}
+
+
 def render_report(trace: TraceData, *, source: str | None = None,
                   title: str | None = None, peak_tflops: float | None = None) -> str:
     """The report's HTML text (see the module docstring); ``peak_tflops`` (TFLOP/s)
@@ -308,18 +342,14 @@ def render_report(trace: TraceData, *, source: str | None = None,
     # complete steps only: what follows the last step mark (an eval pass, the end of
     # the run) is not a training step and would set the chart's scale
     done = [r for r in steps.rows if r["complete"]] or steps.rows
-    step_data = {"step": [r["step"] for r in done],
-                 "forward": [r["forward_ns"] / 1e6 for r in done],
-                 "backward": [r["backward_ns"] / 1e6 for r in done],
-                 "other": [max(0, r["duration_ns"] - r["forward_ns"] - r["backward_ns"]) / 1e6
-                           for r in done]}
+    step_figure = steps_figure(done)
     src = html.escape(source or "RUN.htrace")
     return _TEMPLATE.format(
         title=html.escape(title), plotly=js.replace("</script", "<\\/script"),
         facts=html.escape(" · ".join(facts)), name=html.escape(name),
         footer=html.escape(summary.footer()), table=_table_html(summary),
-        icicle=_script_json(ice), steps=_script_json(step_data), src=src,
-        forward_color=FORWARD_COLOR, backward_color=BACKWARD_COLOR, other_color=OTHER_COLOR,
+        icicle=_script_json(ice), steps=_script_json(step_figure), src=src,
+        icicle_options=_script_json(ICICLE_OPTIONS), other_means=html.escape(OTHER_MEANS),
         run_color=RUN_COLOR,
         steps_display="block" if steps.rows else "none",
     )
@@ -360,7 +390,9 @@ pre {{ background: #f6f6f6; padding: .6em; white-space: pre-wrap; }}
 the top bar to zoom out. Hover for totals and calls.</div>
 <div id="icicle"></div>
 <div id="steps-section" style="display:{steps_display}">
-<h2>Step times</h2><div id="steps"></div></div>
+<h2>Step times</h2>
+<div class="hint">Per step: forward, backward and other, {other_means}.</div>
+<div id="steps"></div></div>
 <h2>Per module</h2>
 <div class="hint">Click a column header to sort.</div>
 {table}
@@ -375,24 +407,16 @@ network; the trace viewer is a web page.</div>
   var config = {{displaylogo: false, responsive: true, showLink: false,
                 showSendToCloud: false}};
   var ice = {icicle};
-  Plotly.newPlot("icicle", [{{
-    type: "icicle", ids: ice.ids, labels: ice.labels, parents: ice.parents,
-    values: ice.values, branchvalues: "remainder", customdata: ice.hover,
-    hovertemplate: "%{{customdata}}<extra></extra>", tiling: {{orientation: "v"}},
+  Plotly.newPlot("icicle", [Object.assign({{
+    ids: ice.ids, labels: ice.labels, parents: ice.parents,
+    values: ice.values, customdata: ice.hover,
+    hovertemplate: "%{{customdata}}<extra></extra>",
     marker: {{colors: ice.colors}}, root: {{color: "{run_color}"}}
-  }}], {{margin: {{t: 10, l: 10, r: 10, b: 10}}}}, config);
+  }}, {icicle_options})], {{margin: {{t: 10, l: 10, r: 10, b: 10}}}}, config);
+  // the step chart (hooktrace.reporters.html.steps_figure): the icicle's colours
   var s = {steps};
-  if (s.step.length) {{
-    // the icicle's colours: forward and backward are the same colour everywhere
-    var bar = function (name, y, color) {{
-      return {{type: "bar", name: name, x: s.step, y: y, marker: {{color: color}},
-               hovertemplate: "%{{y:.3f}} ms"}};
-    }};
-    Plotly.newPlot("steps", [bar("forward", s.forward, "{forward_color}"),
-                             bar("backward", s.backward, "{backward_color}"),
-                             bar("other", s.other, "{other_color}")],
-      {{barmode: "stack", xaxis: {{title: {{text: "step"}}}}, yaxis: {{title: {{text: "ms"}}}},
-       margin: {{t: 10}}}}, config);
+  if (s.data[0].x.length) {{
+    Plotly.newPlot("steps", s.data, s.layout, config);
   }}
   var table = document.getElementById("summary");
   table.querySelectorAll("th").forEach(function (th) {{

@@ -14,7 +14,13 @@ from test_diff import run
 pytest.importorskip("plotly")
 
 from hooktrace.cli import main  # noqa: E402
-from hooktrace.reporters.html import icicle_data, render_report  # noqa: E402
+from hooktrace.reporters.html import (  # noqa: E402
+    ICICLE_OPTIONS,
+    OTHER_MEANS,
+    icicle_data,
+    render_report,
+    steps_figure,
+)
 
 
 def test_forward_widths_are_the_modules_totals() -> None:
@@ -118,7 +124,7 @@ def test_the_report_command_takes_a_peak(tmp_path: Path,
 def test_each_phase_has_one_colour_whatever_the_run_holds() -> None:
     # a forward-only run and one with backward: forward boxes are the same colour in both,
     # and the step chart uses the same two colours (plotly's own order would swap them)
-    from hooktrace.reporters.html import BACKWARD_COLOR, FORWARD_COLOR
+    from hooktrace.reporters.html import BACKWARD_COLOR, FORWARD_COLOR, OTHER_COLOR
 
     for trace in (run(), backward_trace(3)):
         ice = icicle_data(trace.summary())
@@ -129,8 +135,10 @@ def test_each_phase_has_one_colour_whatever_the_run_holds() -> None:
                 assert color == BACKWARD_COLOR, id_
         page = render_report(trace)
         assert "marker: {colors: ice.colors}" in page
-        assert f'bar("forward", s.forward, "{FORWARD_COLOR}")' in page
-        assert f'bar("backward", s.backward, "{BACKWARD_COLOR}")' in page
+        fig = steps_figure([{"step": 0, "forward_ns": 1, "backward_ns": 1, "duration_ns": 3}])
+        assert [(d["meta"], d["marker"]["color"]) for d in fig["data"]] == [
+            ("forward", FORWARD_COLOR), ("backward", BACKWARD_COLOR), ("other", OTHER_COLOR)]
+        assert 'Plotly.newPlot("steps", s.data, s.layout, config)' in page
 
 
 def test_time_headers_name_no_unit_the_cells_do_not_show() -> None:
@@ -139,3 +147,46 @@ def test_time_headers_name_no_unit_the_cells_do_not_show() -> None:
     assert headers["total_ns"] == "total (time)" and headers["p50_ns"] == "p50 (time)"
     assert not any(h.endswith("_ns") for h in headers.values())
     assert '<div class="scroll"><table id="summary">' in page
+
+
+def _page_json(page: str, var: str) -> dict:
+    """The JSON a page's script assigns to ``var`` (``var NAME = {...};``)."""
+    start = page.index(f"var {var} = ") + len(f"var {var} = ")
+    return json.JSONDecoder().raw_decode(page[start:])[0]
+
+
+def test_step_chart_legend_clears_the_toolbar_and_says_what_other_is() -> None:
+    page = render_report(run(steps=3), source="r.htrace")
+    fig = _page_json(page, "s")
+    layout = fig["layout"]
+    # the legend: one row above the plot, on the left (plotly's toolbar is top right),
+    # with room above the plot for it
+    assert layout["legend"]["orientation"] == "h"
+    assert layout["legend"]["y"] >= 1 and layout["legend"]["yanchor"] == "bottom"
+    assert layout["legend"]["x"] == 0 and layout["legend"]["xanchor"] == "left"
+    assert layout["margin"]["t"] >= 30
+    # "other" says what it is: in the legend, its hover and the caption
+    other = next(d for d in fig["data"] if d["meta"] == "other")
+    assert other["name"].startswith("other (optimizer")
+    assert "optimizer step" in other["hovertemplate"]
+    assert "optimizer step" in OTHER_MEANS and html_text(OTHER_MEANS) in page
+    assert [d["meta"] for d in fig["data"]] == ["forward", "backward", "other"]
+    assert len(fig["data"][0]["x"]) == 3
+
+
+def html_text(text: str) -> str:
+    import html
+
+    return html.escape(text)
+
+
+def test_forward_is_left_of_backward_whichever_is_larger() -> None:
+    # GIVEN runs where backward takes 4-10x forward's time (plotly's default, sorting
+    # siblings by value, drew backward on the left)
+    for trace in (backward_trace(3), backward_trace(5)):
+        page = render_report(trace)
+        ice = _page_json(page, "ice")
+        # THEN the icicle keeps the data's order (plotly would sort siblings by value)
+        assert ICICLE_OPTIONS["sort"] is False and '"sort": false' in page
+        tops = [i for i, p in zip(ice["ids"], ice["parents"]) if p == "run"]
+        assert tops == ["run/forward", "run/backward"]
