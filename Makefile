@@ -12,6 +12,13 @@ TEST_DEPS ?= pytest transformers==5.23.0 accelerate==1.15.0 lightning==2.6.6 plo
 BUILD_DEPS ?= numpy ninja pybind11 setuptools wheel tqdm
 
 PY := $(VENV)/bin/python
+# What the native core's build prints first: it compiles for minutes with no output of
+# its own until it ends; then ninja's "[n/N] file.cpp" as each file is compiled.
+BUILD_NOTE = building hooktrace's native core ($(words $(wildcard csrc/*.cpp)) C++ files in csrc/, \
+	MAX_JOBS=$${MAX_JOBS:-2}): about 5 minutes on 2 cores; a line per compiled file follows
+BUILD_LOG = $(VENV)/hooktrace-build.log
+# "[3/12] session.cpp" from each of ninja's -v lines ("[3/12] c++ ... -c .../session.cpp ...")
+NINJA_PROGRESS = sed -unE 's|^(\[[0-9]+/[0-9]+\]) .* -c ([^ ]*/)?([^ /]+) .*|  \1 \3|p'
 # One stamp per torch spec, so `make test TORCH=...` reinstalls torch and rebuilds
 # in an existing .venv; `make clean` removes it so the next target rebuilds.
 STAMP := $(VENV)/.hooktrace-installed-$(shell printf '%s' '$(TORCH)' | tr -c 'A-Za-z0-9.' '_')
@@ -27,14 +34,22 @@ $(STAMP): Makefile setup.py pyproject.toml $(wildcard csrc/*.cpp csrc/*.h)
 	$(PY) -m pip install -q "$(TORCH)" $(BUILD_DEPS) $(TEST_DEPS)
 	# --no-build-isolation: compile against the torch installed above, not a fresh
 	# (different, multi-GB) torch that an isolated build environment would download.
-	MAX_JOBS=$${MAX_JOBS:-2} $(PY) -m pip install -q --no-build-isolation -e .
+	# The build takes minutes: say so, and show ninja's [n/N] line per compiled file
+	# (pip -v streams the build's output; the whole of it goes to $(BUILD_LOG)).
+	@echo "$(BUILD_NOTE)"
+	{ MAX_JOBS=$${MAX_JOBS:-2} $(PY) -m pip install -v --no-build-isolation -e . 2>&1; \
+		echo $$? > $(BUILD_LOG).status; } | tee $(BUILD_LOG) | $(NINJA_PROGRESS); \
+		status=$$(cat $(BUILD_LOG).status); rm -f $(BUILD_LOG).status; \
+		if [ "$$status" != 0 ]; then tail -n 40 $(BUILD_LOG); \
+		echo "the build failed: its whole output is in $(BUILD_LOG)"; exit "$$status"; fi
 	rm -f $(VENV)/.hooktrace-installed*
 	touch $(STAMP)
 
 venv: $(STAMP)  ## create .venv, install torch + deps, build hooktrace
 
 build: venv  ## rebuild the native core in place after editing csrc/
-	MAX_JOBS=$${MAX_JOBS:-2} $(PY) setup.py -q build_ext --inplace
+	@echo "$(BUILD_NOTE)"
+	MAX_JOBS=$${MAX_JOBS:-2} $(PY) setup.py -q build_ext --inplace  # (ninja's lines show: torch runs it verbose)
 
 demo: venv  ## train the built-in TinyGPT a few steps under hooktrace; writes out/demo/
 	$(VENV)/bin/hooktrace demo --out out/demo

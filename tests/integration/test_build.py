@@ -48,3 +48,30 @@ def test_the_type_stub_names_exactly_what_the_native_core_exports() -> None:
     stub = set(re.findall(r"^(?:class|def) (\w+)", text, re.M)) | set(
         re.findall(r"^(\w+):", text, re.M))
     assert stub == {n for n in dir(_C) if not n.startswith("_")}
+
+
+def test_the_build_says_what_it_builds_and_shows_progress() -> None:
+    # GIVEN a venv to (re)build: the native core's build takes minutes on 2 cores
+    out = make_n("venv", "TORCH=torch==2.6.0").splitlines()
+    build = next(i for i, line in enumerate(out) if "--no-build-isolation -e ." in line)
+    # THEN a line first says what it builds and for how long, and pip runs verbose (not
+    # -q, which held back every line until the end) through the [n/N] filter
+    note = next(i for i, line in enumerate(out) if line.startswith("echo \"building hooktrace"))
+    assert note < build and "minutes" in out[note]
+    assert "pip install -v --no-build-isolation -e ." in out[build]
+    assert "sed -unE" in "\n".join(out[build:build + 3])
+    assert 'exit "$status"' in "\n".join(out[build:build + 6])
+    assert any(line.startswith('echo "building hooktrace') for line in make_n("build").splitlines())
+
+
+def test_the_progress_filter_keeps_one_short_line_per_compiled_file(tmp_path: Path) -> None:
+    # ninja -v's lines (torch's rule: $cxx -MMD -MF $out.d $cflags -c $in -o $out ...)
+    text = (REPO / "Makefile").read_text()
+    sed = text.split("NINJA_PROGRESS = ", 1)[1].split("\n", 1)[0]
+    lines = ["[1/3] c++ -MMD -MF /b/session.o.d -O2 -c /r/csrc/session.cpp -o /b/session.o -DX",
+             "[2/3] c++ -MMD -MF /b/spans.o.d -c /r/csrc/spans.cpp -o /b/spans.o",
+             "[3/3] c++ /b/session.o /b/spans.o -shared -o /r/hooktrace/_C.so", "noise"]
+    r = subprocess.run(["sh", "-c", sed.replace("$$", "$")], input="\n".join(lines) + "\n",
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.splitlines() == ["  [1/3] session.cpp",
+                                                          "  [2/3] spans.cpp"]
