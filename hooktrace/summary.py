@@ -409,8 +409,11 @@ class Summary:
                 excess = sum(widths) + 2 * (len(widths) - 1) - width
                 if excess > 0 and widths[col] > floor:
                     keep = max(widths[col] - excess, len(header[col]), floor)
-                    # two different names never read the same (text.shorten_distinct)
-                    cut = shorten_distinct([line[col] for line in table[1:]], keep)
+                    # two different names never read the same (text.shorten_distinct),
+                    # rows left out by `top` included: the cut keeps what tells a shown
+                    # row from every other row of the run
+                    every = [_cell(r, columns[col][1]) for r in self.rows]
+                    cut = shorten_distinct(every, keep)
                     for line, text in zip(table[1:], cut):
                         line[col] = text
                     widths[col] = max(len(line[col]) for line in table)

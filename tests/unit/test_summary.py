@@ -318,3 +318,13 @@ def test_footer_explains_only_the_columns_shown():
     assert "bwd_total:" not in fwd_only.footer(["module", "calls", "total_ns"])
     # the whole footer (every column) still has them
     assert "step_p50/step_p99" in summary.footer()
+
+
+def test_a_cut_name_is_told_apart_from_the_rows_top_leaves_out():
+    # GIVEN --top 3 of names that differ only in their layer index
+    summary = _colliding_run().summary()
+    lines = summary.to_text(top=3, width=60).splitlines()[1:4]
+    # THEN each shown name keeps its index, though no other shown row shares its leaf
+    for line, row in zip(lines, summary.rows[:3]):
+        if row["module"]:
+            assert re.search(rf"[.…]{row['module'].split('.')[2]}[.…]", line), line
