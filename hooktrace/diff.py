@@ -665,7 +665,9 @@ def _compare_stats(sa: _RunStats, sb: _RunStats, names: tuple[str, str]) -> Diff
             "typical_a_ns": x.p50_ns * x.calls, "typical_b_ns": y.p50_ns * y.calls,
             "typical_change_ns": dt, "typical_change_pct": dtp,
             "typical_self_change_ns": y.p50_self_ns * y.calls - x.p50_self_ns * x.calls,
-            "noise_a_ns": x.spread_ns, "within_noise": bool(abs(dt or 0.0) <= x.spread_ns),
+            # a change (typical or per step) that the typical time keeps within A's spread
+            "noise_a_ns": x.spread_ns,
+            "within_noise": bool((dt or ds) and abs(dt or 0.0) <= x.spread_ns),
             "calls_a": x.calls, "calls_b": y.calls,
             "share_a": x.per_step_ns / sa.total_ns if sa.total_ns > 0 else None,
             "timing_a": x.timing, "timing_b": y.timing,

@@ -242,3 +242,9 @@ def test_two_different_models_get_a_warning() -> None:
     d = compare(run(), run(modules=same_class))
     assert any("only 1 of 7 module names are in both runs" in n for n in d.notes), d.notes
     assert not any(n.startswith("different models") for n in compare(run(), run()).notes)
+
+
+def test_an_unchanged_row_is_not_called_noise() -> None:
+    d = compare(run(), run(b_ns=15000))
+    assert not any(r["within_noise"] for r in d.rows if r["per_step_change_ns"] == 0)
+    assert "noise" not in d.to_text()
