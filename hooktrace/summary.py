@@ -707,13 +707,14 @@ def _kernel_notes(trace: TraceData, rows: list[dict[str, Any]]) -> list[str]:
 
 
 def _note_shown(note: str, keys: set[str]) -> bool:
-    """Whether a note about the FLOP, memory or numerics columns has its columns shown
-    (the other notes, about the run, always are)."""
+    """Whether a note that explains the FLOP, memory or numerics columns has its columns
+    shown; the other notes (about the run, and what it lost: calls not reduced, samples
+    missing) always are."""
     if note.startswith(("FLOPs from", "FLOP columns")):
         return "flops" in keys
-    if note.startswith("memory ("):
+    if note.startswith("memory (") and "mem_net = " in note:
         return any("mem_" in k for k in keys)
-    if note.startswith("numerics:"):
+    if note.startswith("numerics: absmax/rms/nonfinite"):
         return "absmax" in keys
     return True
 

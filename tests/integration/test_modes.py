@@ -124,5 +124,5 @@ def test_the_report_charts_complete_training_steps_and_shows_the_mode(tmp_path: 
     assert not steps.complete.all()  # the eval pass after the last optimizer step
     page = render_report(run)
     complete = [int(n) for n, c in zip(steps.number, steps.complete) if c]
-    assert f'"step": {json.dumps(complete)}' in page
+    assert f'"x": {json.dumps(complete)}' in page  # the step chart's steps (steps_figure)
     assert 'data-key="mode"' in page
