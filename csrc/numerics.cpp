@@ -60,7 +60,17 @@ struct Stats {
   // reductions where it lives, read at the session's next flush_numerics().
   std::vector<Part> parts;
 
+  // No exception leaves (a subclass may raise from any query): counted as not reduced.
   void add(const at::Tensor& t) {
+    try {
+      add_unguarded(t);
+    } catch (...) {
+      clear_python_error();
+      failed = true;
+    }
+  }
+
+  void add_unguarded(const at::Tensor& t) {
     if (!t.defined() || !(t.is_floating_point() || t.is_complex())) return;
     ++tensors;
     // a nested tensor has no single size to reduce over: counted as not reduced
@@ -499,10 +509,19 @@ void numerics_exit(PyObject* result, Session* a, uint32_t slot_a, Session* b, ui
     st.add(t);
     return true;
   };
-  walk_tensors(result, 0, add, &st.not_walked);
-  record(a, slot_a, 0, st);
-  record(b, slot_b, 0, st);
+  try {  // (no C++ exception may leave a module call: it would abort the process)
+    walk_tensors(result, 0, add, &st.not_walked);
+    record(a, slot_a, 0, st);
+    record(b, slot_b, 0, st);
+  } catch (...) {
+    clear_python_error();
+  }
 }
+
+namespace {
+void enter_unguarded(PyObject* const* args, size_t nargsf, PyObject* kwnames, Session* a,
+                     uint32_t slot_a, Session* b, uint32_t slot_b);
+}  // namespace
 
 void numerics_enter(PyObject* const* args, size_t nargsf, PyObject* kwnames, Session* a,
                     uint32_t slot_a, Session* b, uint32_t slot_b) {
@@ -510,6 +529,16 @@ void numerics_enter(PyObject* const* args, size_t nargsf, PyObject* kwnames, Ses
   // backward (activation checkpointing), whose inputs' gradients are the original
   // call's, already hooked.
   if (!c10::GradMode::is_enabled() || torch::autograd::get_current_graph_task_id() >= 0) return;
+  try {  // (no C++ exception may leave a module call: it would abort the process)
+    enter_unguarded(args, nargsf, kwnames, a, slot_a, b, slot_b);
+  } catch (...) {
+    clear_python_error();
+  }
+}
+
+namespace {
+void enter_unguarded(PyObject* const* args, size_t nargsf, PyObject* kwnames, Session* a,
+                     uint32_t slot_a, Session* b, uint32_t slot_b) {
   std::vector<at::Tensor> inputs;
   auto add = [&inputs](const at::Tensor& t) {
     if (t.defined() && t.requires_grad()) inputs.push_back(t);
@@ -542,5 +571,6 @@ void numerics_enter(PyObject* const* args, size_t nargsf, PyObject* kwnames, Ses
     }
   }
 }
+}  // namespace
 
 }  // namespace hooktrace
