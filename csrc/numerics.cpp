@@ -40,10 +40,11 @@ void clear_python_error() {
   PyGILState_Release(gil);
 }
 
-// One tensor's deferred reductions, where it lives (no host sync): min and max (its
-// dtype), the 2-norm, and the count of non-finite values; read at the flush.
+// One tensor's deferred reductions, where it lives (no host sync): abs-max, the
+// 2-norm of the tensor scaled by it, and the count of its non-zeros (reduce_deferred);
+// read at the flush.
 struct Part {
-  at::Tensor min, max, norm, nonfinite;
+  at::Tensor absmax, scaled_norm, nonzero;
 };
 
 // Statistics of several tensors, combined: abs-max is the max (NaN sticks), the
@@ -157,27 +158,27 @@ struct Stats {
     return true;
   }
 
-  // The reductions queued where t lives, no host sync: four kernels, none of them
-  // an elementwise op except the subtraction for the non-finite count (t - t is NaN
-  // exactly where t is not finite; its count of non-zeros, the 0-"norm", counts them).
-  // The 2-norm accumulates in float32 for float32/bf16/half (in-kernel on a GPU): a
-  // float64 accumulation would cast the tensor first (make_reduction: a copy of 2-4x
-  // its size and one more pass), so here a sum of squares past float32's range still
-  // reads inf (known limit of this path; a fused kernel would lift it).
+  // The reductions queued where t lives, no host sync: five kernels, two passes over
+  // t and two over one temporary of its size.
+  //   A = max |t| (linalg_vector_norm, ord inf: NaN-propagating on CPU and CUDA);
+  //   D = A, or inf where A is NaN or inf (nan_to_num on the 0-d A);
+  //   s = t / D: |s| <= 1 when A is finite, so its 2-norm cannot overflow (nor
+  //       underflow where t's would) in the float32 accumulation a GPU does in-kernel
+  //       for bf16/half (float64 would cast t first: a copy 2-4x its size); when A is
+  //       not finite, s is 0 where t is finite and NaN where it is not;
+  //   ||s||_2 (sum of squares = (A ||s||_2)^2 when A is finite) and ||s||_0 (the
+  //   non-finite count when A is not finite: float32, exact up to 2^24).
+  // (A = 0: s is NaN, unused: the sum of squares and the count are 0.)
   static Part reduce_deferred(const at::Tensor& t) {
     c10::AutoGradMode no_grad(false);
     std::optional<at::ScalarType> acc;
     if (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16) acc = at::kFloat;
+    const double inf = std::numeric_limits<double>::infinity();
     Part p;
-    if (t.is_complex()) {
-      p.max = at::abs(t).max();
-      p.min = p.max.neg();
-    } else {
-      std::tie(p.min, p.max) = at::aminmax(t);
-    }
-    p.norm = at::linalg_vector_norm(t, 2, std::nullopt, false, acc);
-    // (float32 counts: exact up to 2^24 non-finite values in one tensor)
-    p.nonfinite = at::linalg_vector_norm(at::sub(t, t), 0, std::nullopt, false, acc);
+    p.absmax = at::linalg_vector_norm(t, inf, std::nullopt, false, acc);
+    const at::Tensor scaled = at::div(t, at::nan_to_num(p.absmax, inf, inf, inf));
+    p.scaled_norm = at::linalg_vector_norm(scaled, 2, std::nullopt, false, acc);
+    p.nonzero = at::linalg_vector_norm(scaled, 0, std::nullopt, false, acc);
     return p;
   }
 
@@ -436,22 +437,21 @@ size_t flush_numerics(Session* s) {
   // once per part). A device whose parts cannot be read (a meta tensor has no data)
   // fails its calls.
   std::vector<c10::Device> devices;
-  std::vector<std::array<std::vector<at::Tensor>, 4>> stacks;
+  std::vector<std::array<std::vector<at::Tensor>, 3>> stacks;
   std::vector<std::pair<size_t, size_t>> where;  // per part, in order: (device, row)
   for (const auto& item : items) {
     for (const auto& p : item.stats.parts) {
-      const auto it = std::find(devices.begin(), devices.end(), p.max.device());
+      const auto it = std::find(devices.begin(), devices.end(), p.absmax.device());
       const size_t d = static_cast<size_t>(it - devices.begin());
       if (it == devices.end()) {
-        devices.push_back(p.max.device());
+        devices.push_back(p.absmax.device());
         stacks.emplace_back();
       }
       auto& st = stacks[d];
       where.emplace_back(d, st[0].size());
-      st[0].push_back(p.min);  // (stack promotes: bfloat16 and float32 mins, one stack)
-      st[1].push_back(p.max);
-      st[2].push_back(p.norm);
-      st[3].push_back(p.nonfinite);
+      st[0].push_back(p.absmax);  // (stack promotes: float32 and float64 parts, one stack)
+      st[1].push_back(p.scaled_norm);
+      st[2].push_back(p.nonzero);
     }
   }
   std::vector<at::Tensor> host(stacks.size());
@@ -459,7 +459,7 @@ size_t flush_numerics(Session* s) {
     try {
       c10::AutoGradMode no_grad(false);
       auto field = [&](int f) { return at::stack(stacks[d][f]).to(at::kDouble); };
-      host[d] = at::stack({field(0), field(1), field(2), field(3)}, 1)
+      host[d] = at::stack({field(0), field(1), field(2)}, 1)
                     .to(at::kCPU)
                     .contiguous();
     } catch (...) {
@@ -477,10 +477,14 @@ size_t flush_numerics(Session* s) {
         st.failed = true;
         continue;
       }
-      const double* v = host[d].data_ptr<double>() + 4 * row;
-      const double a = Stats::absmax_of(v[0], v[1]);
-      // non-finite values exist only where abs-max is not finite
-      st.merge(a, v[2] * v[2], std::isfinite(a) ? 0 : static_cast<uint64_t>(v[3]));
+      const double* v = host[d].data_ptr<double>() + 3 * row;
+      const double a = v[0];
+      if (std::isfinite(a)) {  // (no non-finite value; A = 0: all zeros)
+        st.merge(a, a > 0.0 ? (a * v[1]) * (a * v[1]) : 0.0, 0);
+      } else {  // the sum of squares is NaN or inf as the tensor's own would be
+        st.merge(a, std::isnan(a) ? a : std::numeric_limits<double>::infinity(),
+                 static_cast<uint64_t>(v[2]));
+      }
     }
     // the value event names the call by its id (the NUMERICS event's rf_tid)
     const Encoded e = encode(item.flags, st);

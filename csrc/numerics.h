@@ -53,8 +53,8 @@ enum NumericsFlags : uint8_t {
 
 // Deferred statistics (a tensor off the CPU, or every tensor after
 // set_numerics_deferred(true)): the call's reductions are queued where its tensors
-// live, four ops per tensor (aminmax, 2-norm, t - t and its count of non-zeros: the
-// non-finite count), with no host sync; its kNumerics event
+// live, five ops per tensor (abs-max, the tensor scaled by it, that copy's 2-norm and
+// count of non-zeros: numerics.cpp, reduce_deferred), with no host sync; its kNumerics event
 // carries kNumDeferred, seq 0 and rf_tid = an id unique in the session.
 // flush_numerics() reads every queued tensor of the session at once (one sync per
 // step: the recorder calls it at each step mark and before it stops) and records a

@@ -548,9 +548,10 @@ class _Const(nn.Module):
 @pytest.mark.parametrize("t", [torch.full((4,), 3e38),
                                torch.full((100_000,), 1e36, dtype=torch.bfloat16),
                                torch.full((8,), 1e-30)], ids=["f32-top", "bf16-top", "f32-tiny"])
-def test_rms_of_finite_values_near_the_ends_of_the_range_is_exact(t: torch.Tensor) -> None:
-    # (the immediate path: a sum of squares past float32's range is redone in float64;
-    # the deferred path keeps float32 accumulation, a known limit: README)
+def test_rms_of_finite_values_near_the_ends_of_the_range_is_exact(t: torch.Tensor, path: str
+                                                                  ) -> None:
+    # (immediate: a float32 sum of squares that overflows or underflows is redone in
+    # float64; deferred: the sum of squares of the tensor scaled by its abs-max)
     m = _Const(t)
     with hooktrace.trace(m, numerics=True) as tr:
         m(None)
@@ -708,7 +709,25 @@ def test_the_deferred_path_queues_few_ops_per_tensor() -> None:
     extra = list(measured)
     for op in plain:
         extra.remove(op)
-    # aminmax (abs-max), linalg_vector_norm (sum of squares), and the non-finite count:
-    # sub + linalg_vector_norm(ord=0); no casts, no stack, no isfinite chain per tensor
-    assert sorted(extra) == ["aten::aminmax", "aten::linalg_vector_norm",
-                             "aten::linalg_vector_norm", "aten::sub"], extra
+    # abs-max (ord inf), the divisor (nan_to_num on the 0-d abs-max), the tensor scaled
+    # by it (div), its 2-norm and its count of non-zeros: no casts, no stack, no
+    # isfinite chain per tensor (it was 12 ops, casts to float64 and a stack included)
+    assert sorted(extra) == ["aten::div", "aten::linalg_vector_norm",
+                             "aten::linalg_vector_norm", "aten::linalg_vector_norm",
+                             "aten::nan_to_num"], extra
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_nonfinite_counts_and_zeros_on_both_paths(dtype: torch.dtype, path: str) -> None:
+    nan, inf = float("nan"), float("inf")
+    cases = {"nan+inf": ([1.0, nan, -inf, 2.0, nan, inf, inf], (nan, nan, 5)),
+             "inf": ([1.0, -inf, 3.0], (inf, inf, 1)),
+             "zeros": ([0.0, 0.0], (0.0, 0.0, 0))}
+    for name, (values, (absmax, rms, nonfinite)) in cases.items():
+        m = _Const(torch.tensor(values, dtype=dtype))
+        with hooktrace.trace(m, numerics=True) as tr:
+            m(None)
+        got = _forward_stats(tr.result)["<root>"]
+        assert got[2] == nonfinite, name
+        for want, have in ((absmax, got[0]), (rms, got[1])):
+            assert (math.isnan(want) and math.isnan(have)) or want == have, (name, got)
