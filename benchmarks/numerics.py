@@ -17,6 +17,11 @@ for numerics=True: at most 1/10, i.e. 0.10).
 
     python benchmarks/numerics.py            # full run (~2 min on 2 cores)
     python benchmarks/numerics.py --quick    # smoke run
+    python benchmarks/numerics.py --device cuda --config 124m --dtype bfloat16 --batch 8 --seq 1024
+
+On CUDA (the deferred path: no host sync per call) each step ends with an SGD step
+(lr 0: the step marks at which the deferred statistics are read) and a synchronize;
+traced variants then mark steps at the optimizer's step(), as a training run does.
 """
 
 from __future__ import annotations
@@ -34,20 +39,31 @@ import hooktrace
 from overhead import best_times  # benchmarks/overhead.py
 
 
-def gpt2() -> tuple[nn.Module, Callable[[], Any]]:
+STEPS: Any = None  # the traced variants' steps= ("optimizer" on CUDA: see the docstring)
+
+
+def gpt2(device: str = "cpu", config: str = "small", dtype: str = "float32", batch: int = 2,
+         seq: int = 64) -> tuple[nn.Module, Callable[[], Any]]:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
-    cfg = GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=1000, n_positions=64,
-                     bos_token_id=0, eos_token_id=0)
-    model = GPT2LMHeadModel(cfg)
+    if config == "124m":  # GPT-2 small as released: 12 layers, 768 wide, 50257 tokens
+        cfg = GPT2Config(n_positions=max(seq, 1024))
+    else:
+        cfg = GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=1000,
+                         n_positions=max(seq, 64), bos_token_id=0, eos_token_id=0)
+    model = GPT2LMHeadModel(cfg).to(device=device, dtype=getattr(torch, dtype))
     model.train()
-    x = torch.randint(0, cfg.vocab_size, (2, 64))
+    x = torch.randint(0, cfg.vocab_size, (batch, seq), device=device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0) if device != "cpu" else None
 
     def step() -> None:
         for p in model.parameters():
             p.grad = None
         model(x, labels=x).loss.backward()
+        if opt is not None:
+            opt.step()
+            torch.cuda.synchronize()
     return model, step
 
 
@@ -58,13 +74,13 @@ def none(model: nn.Module) -> Iterator[None]:
 
 @contextlib.contextmanager
 def time_only(model: nn.Module) -> Iterator[None]:
-    with hooktrace.trace(model, steps=None, capacity=1 << 24):
+    with hooktrace.trace(model, steps=STEPS, capacity=1 << 24):
         yield
 
 
 @contextlib.contextmanager
 def numerics(model: nn.Module) -> Iterator[None]:
-    with hooktrace.trace(model, steps=None, capacity=1 << 24, numerics=True):
+    with hooktrace.trace(model, steps=STEPS, capacity=1 << 24, numerics=True):
         yield
 
 
@@ -108,17 +124,28 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="few rounds, for a smoke test")
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    ap.add_argument("--config", choices=("small", "124m"), default="small",
+                    help="small: 2 layers, 128 wide, 1000 tokens (default); 124m: GPT-2 small")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--seq", type=int, default=64)
     args = ap.parse_args()
     rounds = 2 if args.quick else args.rounds
     inner = 2 if args.quick else 5
-    torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, hooktrace {hooktrace.__version__}, 1 intra-op thread")
-    model, step = gpt2()
+    global STEPS
+    if args.device != "cpu":
+        STEPS = "optimizer"
+    else:
+        torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, hooktrace {hooktrace.__version__}, device {args.device}"
+          + (" (1 intra-op thread)" if args.device == "cpu" else ""))
+    model, step = gpt2(args.device, args.config, args.dtype, args.batch, args.seq)
     best = best_times(VARIANTS, model, step, rounds, inner, grad=True)
     base = best["none"]
     anomaly_added = best["detect_anomaly(check_nan=True)"] - base
-    print(f"\nGPT-2 (2 layers, n_embd 128, 2 x 64 tokens) training step, min of {rounds} "
-          f"rounds x {inner}")
+    print(f"\nGPT-2 ({args.config}, {args.dtype}, {args.batch} x {args.seq} tokens, "
+          f"{args.device}) training step, min of {rounds} rounds x {inner}")
     print(f"{'variant':32} {'per step':>10} {'added':>9} {'vs anomaly':>11}")
     for name in VARIANTS:
         added = best[name] - base

@@ -158,6 +158,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("session"));
   m.def("set_numerics_deferred", &hooktrace::set_numerics_deferred, py::arg("on"),
         "Tests: take the deferred numerics path on CPU too.");
+  m.def("numerics_leaf_hooks", &hooktrace::numerics_leaf_hooks,
+        "Tests: leaf tensors holding a numerics gradient hook (numerics.h).");
   m.def("shape_signatures", &hooktrace::shape_signatures, py::arg("first") = 0,
         "The process's shape signatures from index `first` (shapes.h).");
   m.def("now_ticks", &hooktrace::now_ticks);

@@ -5,6 +5,8 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <algorithm>
+#include <array>
+#include <tuple>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -28,13 +30,21 @@ namespace {
 // set_numerics_deferred(): every tensor takes the deferred path (tests, on CPU).
 std::atomic<bool> g_force_deferred{false};
 
-// The tensor this thread reduced last (held weakly: its storage is not kept alive).
-struct Last {
-  std::optional<c10::weak_intrusive_ptr<c10::TensorImpl>> impl;
-  const c10::TensorImpl* raw = nullptr;
-  int64_t version = -1;
-  double absmax = 0.0, sumsq = 0.0;
-  uint64_t nonfinite = 0;
+// A Python error left set by a tensor subclass whose op raised (its C++ exception
+// caught here): cleared, else the user's call would return a result with an
+// exception set (SystemError). Takes the GIL (a backward hook runs without it).
+void clear_python_error() {
+  if (!Py_IsInitialized()) return;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  if (PyErr_Occurred()) PyErr_Clear();
+  PyGILState_Release(gil);
+}
+
+// One tensor's deferred reductions, where it lives (no host sync): abs-max, the
+// 2-norm of the tensor scaled by it, and the count of its non-zeros (reduce_deferred);
+// read at the flush.
+struct Part {
+  at::Tensor absmax, scaled_norm, nonzero;
 };
 
 // Statistics of several tensors, combined: abs-max is the max (NaN sticks), the
@@ -45,22 +55,45 @@ struct Stats {
   uint64_t numel = 0;
   uint64_t nonfinite = 0;
   uint32_t tensors = 0;  // floating (or complex) tensors reduced
+  uint32_t not_walked = 0;  // containers deeper than the walk goes (tensor_walk.h)
   bool failed = false;
-  // Deferred (a tensor off the CPU, or set_numerics_deferred): per tensor, a [3]
-  // float64 tensor (abs-max, sum of squares, non-finite count) where it lives,
-  // read at the session's next flush_numerics().
-  std::vector<at::Tensor> parts;
+  // Deferred (a tensor off the CPU, or set_numerics_deferred): per tensor, its
+  // reductions where it lives, read at the session's next flush_numerics().
+  std::vector<Part> parts;
 
+  // No exception leaves (a subclass may raise from any query): counted as not reduced.
   void add(const at::Tensor& t) {
+    try {
+      add_unguarded(t);
+    } catch (...) {
+      clear_python_error();
+      failed = true;
+    }
+  }
+
+  void add_unguarded(const at::Tensor& t) {
     if (!t.defined() || !(t.is_floating_point() || t.is_complex())) return;
     ++tensors;
-    const int64_t n = t.numel();
+    // a nested tensor has no single size to reduce over: counted as not reduced
+    if (t.is_nested()) {
+      failed = true;
+      return;
+    }
+    int64_t n;
+    try {
+      n = t.numel();
+    } catch (...) {
+      clear_python_error();
+      failed = true;
+      return;
+    }
     if (n == 0) return;
     if (C10_UNLIKELY(g_force_deferred.load(std::memory_order_relaxed) || !t.is_cpu())) {
       try {
         parts.push_back(reduce_deferred(t));
         numel += static_cast<uint64_t>(n);
-      } catch (...) {
+      } catch (...) {  // a subclass without these ops (its Python error cleared)
+        clear_python_error();
         failed = true;
       }
       return;
@@ -68,6 +101,7 @@ struct Stats {
     double a, sq;
     uint64_t bad;
     if (!reduce(t, &a, &sq, &bad)) {
+      clear_python_error();
       failed = true;
       return;
     }
@@ -86,26 +120,21 @@ struct Stats {
     nonfinite += bad;
   }
 
+  // abs-max from a tensor's min and max: NaN when either is.
+  static double absmax_of(double lo, double hi) {
+    return std::isnan(lo) || std::isnan(hi) ? std::numeric_limits<double>::quiet_NaN()
+                                            : std::max(-lo, hi);
+  }
+
   // One tensor's abs-max, sum of squares and non-finite count. Kernels (CPU, 2 x 64 x
   // 128 floats, one thread, measured): aminmax 5 us where linalg_vector_norm(inf)
   // takes 90 us (not vectorized); the 2-norm 8 us; isfinite().sum() only when a
-  // value is not finite. A tensor reduced last on this thread and unchanged since
-  // (same TensorImpl alive, same version: a parent returning its child's output) is
-  // not reduced again.
+  // value is not finite. The 2-norm accumulates in the tensor's width (float32 for
+  // float32, bfloat16 and half): when it overflows (or underflows to 0) while abs-max
+  // is finite, it is computed again in float64 (no finite input overflows there).
+  // (No cache of a tensor reduced before: a write through .data or a numpy view
+  // changes a tensor without its version, so "unchanged" cannot be known.)
   static bool reduce(const at::Tensor& t, double* a, double* sq, uint64_t* bad) {
-    thread_local Last last;
-    c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-    const bool cacheable = !t.is_inference();  // (inference tensors have no version)
-    const int64_t version = cacheable ? t._version() : -1;
-    if (cacheable && last.impl && last.version == version && last.raw == impl) {
-      auto alive = last.impl->lock();
-      if (alive.get() == impl) {
-        *a = last.absmax;
-        *sq = last.sumsq;
-        *bad = last.nonfinite;
-        return true;
-      }
-    }
     try {
       c10::AutoGradMode no_grad(false);
       std::optional<at::ScalarType> acc;
@@ -114,11 +143,11 @@ struct Stats {
         *a = at::abs(t).max().item<double>();
       } else {
         const auto [mn, mx] = at::aminmax(t);
-        const double lo = mn.item<double>(), hi = mx.item<double>();
-        *a = std::isnan(lo) || std::isnan(hi) ? std::numeric_limits<double>::quiet_NaN()
-                                              : std::max(-lo, hi);
+        *a = absmax_of(mn.item<double>(), mx.item<double>());
       }
-      const double norm = at::linalg_vector_norm(t, 2, std::nullopt, false, acc).item<double>();
+      double norm = at::linalg_vector_norm(t, 2, std::nullopt, false, acc).item<double>();
+      if (std::isfinite(*a) && (!std::isfinite(norm) || (norm == 0.0 && *a > 0.0)))
+        norm = at::linalg_vector_norm(t, 2, std::nullopt, false, at::kDouble).item<double>();
       *sq = norm * norm;
       *bad = 0;
       if (!std::isfinite(*a) || !std::isfinite(norm))
@@ -126,32 +155,31 @@ struct Stats {
     } catch (...) {
       return false;
     }
-    if (!cacheable) return true;
-    last.impl = c10::weak_intrusive_ptr<c10::TensorImpl>(
-        c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(impl));
-    last.raw = impl;
-    last.version = version;
-    last.absmax = *a;
-    last.sumsq = *sq;
-    last.nonfinite = *bad;
     return true;
   }
 
-  // The three statistics as one [3] float64 tensor on t's device: no host sync.
-  static at::Tensor reduce_deferred(const at::Tensor& t) {
+  // The reductions queued where t lives, no host sync: five kernels, two passes over
+  // t and two over one temporary of its size.
+  //   A = max |t| (linalg_vector_norm, ord inf: NaN-propagating on CPU and CUDA);
+  //   D = A, or inf where A is NaN or inf (nan_to_num on the 0-d A);
+  //   s = t / D: |s| <= 1 when A is finite, so its 2-norm cannot overflow (nor
+  //       underflow where t's would) in the float32 accumulation a GPU does in-kernel
+  //       for bf16/half (float64 would cast t first: a copy 2-4x its size); when A is
+  //       not finite, s is 0 where t is finite and NaN where it is not;
+  //   ||s||_2 (sum of squares = (A ||s||_2)^2 when A is finite) and ||s||_0 (the
+  //   non-finite count when A is not finite: float32, exact up to 2^24).
+  // (A = 0: s is NaN, unused: the sum of squares and the count are 0.)
+  static Part reduce_deferred(const at::Tensor& t) {
     c10::AutoGradMode no_grad(false);
     std::optional<at::ScalarType> acc;
     if (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16) acc = at::kFloat;
-    at::Tensor a;
-    if (t.is_complex()) {
-      a = at::abs(t).max();
-    } else {
-      const auto [mn, mx] = at::aminmax(t);
-      a = at::maximum(mn.neg(), mx);  // (NaN propagates)
-    }
-    const at::Tensor norm = at::linalg_vector_norm(t, 2, std::nullopt, false, acc);
-    const at::Tensor bad = at::logical_not(at::isfinite(t)).sum();
-    return at::stack({a.to(at::kDouble), norm.to(at::kDouble).square(), bad.to(at::kDouble)});
+    const double inf = std::numeric_limits<double>::infinity();
+    Part p;
+    p.absmax = at::linalg_vector_norm(t, inf, std::nullopt, false, acc);
+    const at::Tensor scaled = at::div(t, at::nan_to_num(p.absmax, inf, inf, inf));
+    p.scaled_norm = at::linalg_vector_norm(scaled, 2, std::nullopt, false, acc);
+    p.nonzero = at::linalg_vector_norm(scaled, 0, std::nullopt, false, acc);
+    return p;
   }
 
   void add(const Stats& o) {
@@ -159,6 +187,7 @@ struct Stats {
     merge(o.absmax, o.sumsq, o.nonfinite);
     numel += o.numel;
     tensors += o.tensors;
+    not_walked += o.not_walked;
     failed = failed || o.failed;
   }
 };
@@ -252,6 +281,7 @@ Encoded encode(uint8_t flags, const Stats& st) {
   uint8_t f = flags;
   if (st.tensors == 0) f |= kNumSkipped;
   if (st.failed) f |= kNumFailed;
+  if (st.not_walked) f |= kNumNotWalked;
   const double rms = st.numel ? std::sqrt(st.sumsq / static_cast<double>(st.numel)) : 0.0;
   return {f,
           static_cast<uint64_t>(float_bits(st.absmax)) |
@@ -271,14 +301,104 @@ void record(Session* s, uint32_t slot, uint8_t flags, const Stats& st) {
   if (C10_UNLIKELY(st.nonfinite > 0) && s->active()) first_nonfinite(s, slot, flags & kNumBackward);
 }
 
-// The gradients of one call's inputs, gathered by their hooks.
+// The gradients of one call's inputs, gathered by their hooks. The sessions are held
+// weakly: a hook that outlives the trace (on a tensor the user keeps) keeps no
+// session's buffers alive, and records nothing.
 struct Pending {
-  std::shared_ptr<Session> a, b;
+  std::weak_ptr<Session> a, b;
   uint32_t slot_a = 0, slot_b = 0;
   std::mutex mutex;
   int remaining = 0;
   Stats stats;
+
+  void deliver(const Stats& one) {
+    std::lock_guard<std::mutex> lock(mutex);
+    stats.add(one);
+    if (--remaining == 0) {
+      const auto sa = a.lock(), sb = b.lock();
+      record(sa.get(), slot_a, kNumBackward, stats);
+      record(sb.get(), slot_b, kNumBackward, stats);
+    }
+  }
 };
+
+// A leaf tensor (a parameter passed to a submodule, a learned initial state) lives
+// past the trace: a hook per call on it would stay there, one more per call. Such a
+// tensor gets one hook per session, registered at its first call, which hands its
+// gradient to every call waiting on it; the session's end (forget_numerics) removes
+// it. (Its hooks fire with the leaf's whole gradient, summed over its uses, as a
+// hook per call did.)
+struct LeafWaiters {
+  std::mutex mutex;
+  std::vector<std::shared_ptr<Pending>> calls;
+};
+struct LeafHook {
+  c10::weak_intrusive_ptr<c10::TensorImpl> impl;
+  unsigned index;  // register_hook's handle
+  std::shared_ptr<LeafWaiters> waiters;
+};
+std::mutex g_leaf_mutex;
+// per session (the call's first numerics session), per leaf
+std::unordered_map<const Session*, std::unordered_map<const c10::TensorImpl*, LeafHook>>
+    g_leaf_hooks;
+
+// Queues `pending` on the leaf `t`'s gradient; false: the leaf takes no hooks.
+bool wait_on_leaf(const Session* owner, const at::Tensor& t,
+                  const std::shared_ptr<Pending>& pending) {
+  std::shared_ptr<LeafWaiters> waiters;
+  {
+    std::lock_guard<std::mutex> lock(g_leaf_mutex);
+    auto& hooks = g_leaf_hooks[owner];
+    c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    auto it = hooks.find(impl);
+    if (it != hooks.end() && it->second.impl.lock().get() != impl) {
+      hooks.erase(it);  // (a dead leaf's address, reused)
+      it = hooks.end();
+    }
+    if (it == hooks.end()) {
+      auto w = std::make_shared<LeafWaiters>();
+      const unsigned index = t.register_hook([w](const at::TensorBase& grad) {
+        std::vector<std::shared_ptr<Pending>> calls;
+        {
+          std::lock_guard<std::mutex> lock(w->mutex);
+          calls.swap(w->calls);
+        }
+        if (calls.empty()) return;
+        Stats one;
+        if (grad.defined()) one.add(at::Tensor(grad));
+        for (const auto& p : calls) p->deliver(one);
+      });
+      it = hooks.emplace(impl, LeafHook{c10::weak_intrusive_ptr<c10::TensorImpl>(
+                                            c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(impl)),
+                                        index, std::move(w)})
+               .first;
+    }
+    waiters = it->second.waiters;
+  }
+  std::lock_guard<std::mutex> lock(waiters->mutex);
+  waiters->calls.push_back(pending);
+  return true;
+}
+
+// Removes the session's leaf hooks (the model is left as it was).
+void remove_leaf_hooks(const Session* s) {
+  std::unordered_map<const c10::TensorImpl*, LeafHook> hooks;
+  {
+    std::lock_guard<std::mutex> lock(g_leaf_mutex);
+    auto it = g_leaf_hooks.find(s);
+    if (it == g_leaf_hooks.end()) return;
+    hooks.swap(it->second);
+    g_leaf_hooks.erase(it);
+  }
+  for (auto& [raw, hook] : hooks) {
+    auto alive = hook.impl.lock();
+    if (!alive) continue;  // (its hooks went with it)
+    try {
+      at::Tensor(std::move(alive)).remove_hook(hook.index);
+    } catch (...) {
+    }
+  }
+}
 
 }  // namespace
 
@@ -312,30 +432,38 @@ size_t flush_numerics(Session* s) {
     items.swap(store->items);
   }
   if (items.empty()) return 0;
-  // One read per device for the whole step: its parts stacked where they live, then
-  // one copy to the host (a copy per part would wait on the device once per part).
-  // A device whose parts cannot be read (a meta tensor has no data) fails its calls.
+  // One read per device for the whole step: its parts' four fields stacked where
+  // they live, then one copy to the host (a copy per part would wait on the device
+  // once per part). A device whose parts cannot be read (a meta tensor has no data)
+  // fails its calls.
   std::vector<c10::Device> devices;
-  std::vector<std::vector<at::Tensor>> stacks;
+  std::vector<std::array<std::vector<at::Tensor>, 3>> stacks;
   std::vector<std::pair<size_t, size_t>> where;  // per part, in order: (device, row)
   for (const auto& item : items) {
     for (const auto& p : item.stats.parts) {
-      const auto it = std::find(devices.begin(), devices.end(), p.device());
+      const auto it = std::find(devices.begin(), devices.end(), p.absmax.device());
       const size_t d = static_cast<size_t>(it - devices.begin());
       if (it == devices.end()) {
-        devices.push_back(p.device());
+        devices.push_back(p.absmax.device());
         stacks.emplace_back();
       }
-      where.emplace_back(d, stacks[d].size());
-      stacks[d].push_back(p);
+      auto& st = stacks[d];
+      where.emplace_back(d, st[0].size());
+      st[0].push_back(p.absmax);  // (stack promotes: float32 and float64 parts, one stack)
+      st[1].push_back(p.scaled_norm);
+      st[2].push_back(p.nonzero);
     }
   }
   std::vector<at::Tensor> host(stacks.size());
   for (size_t d = 0; d < stacks.size(); ++d) {
     try {
-      host[d] = at::stack(stacks[d]).to(at::kCPU).contiguous();
+      c10::AutoGradMode no_grad(false);
+      auto field = [&](int f) { return at::stack(stacks[d][f]).to(at::kDouble); };
+      host[d] = at::stack({field(0), field(1), field(2)}, 1)
+                    .to(at::kCPU)
+                    .contiguous();
     } catch (...) {
-      // (left undefined: these calls are recorded as failed)
+      clear_python_error();  // (left undefined: these calls are recorded as failed)
     }
   }
   size_t k = 0;
@@ -350,7 +478,13 @@ size_t flush_numerics(Session* s) {
         continue;
       }
       const double* v = host[d].data_ptr<double>() + 3 * row;
-      st.merge(v[0], v[1], static_cast<uint64_t>(v[2]));
+      const double a = v[0];
+      if (std::isfinite(a)) {  // (no non-finite value; A = 0: all zeros)
+        st.merge(a, a > 0.0 ? (a * v[1]) * (a * v[1]) : 0.0, 0);
+      } else {  // the sum of squares is NaN or inf as the tensor's own would be
+        st.merge(a, std::isnan(a) ? a : std::numeric_limits<double>::infinity(),
+                 static_cast<uint64_t>(v[2]));
+      }
     }
     // the value event names the call by its id (the NUMERICS event's rf_tid)
     const Encoded e = encode(item.flags, st);
@@ -361,8 +495,16 @@ size_t flush_numerics(Session* s) {
 }
 
 void forget_numerics(const Session* s) {
+  remove_leaf_hooks(s);
   std::lock_guard<std::mutex> lock(g_deferred_mutex);
   g_deferred.erase(s);
+}
+
+size_t numerics_leaf_hooks() {
+  std::lock_guard<std::mutex> lock(g_leaf_mutex);
+  size_t n = 0;
+  for (const auto& [s, hooks] : g_leaf_hooks) n += hooks.size();
+  return n;
 }
 
 void numerics_exit(PyObject* result, Session* a, uint32_t slot_a, Session* b, uint32_t slot_b) {
@@ -371,10 +513,19 @@ void numerics_exit(PyObject* result, Session* a, uint32_t slot_a, Session* b, ui
     st.add(t);
     return true;
   };
-  walk_tensors(result, 0, add);
-  record(a, slot_a, 0, st);
-  record(b, slot_b, 0, st);
+  try {  // (no C++ exception may leave a module call: it would abort the process)
+    walk_tensors(result, 0, add, &st.not_walked);
+    record(a, slot_a, 0, st);
+    record(b, slot_b, 0, st);
+  } catch (...) {
+    clear_python_error();
+  }
 }
+
+namespace {
+void enter_unguarded(PyObject* const* args, size_t nargsf, PyObject* kwnames, Session* a,
+                     uint32_t slot_a, Session* b, uint32_t slot_b);
+}  // namespace
 
 void numerics_enter(PyObject* const* args, size_t nargsf, PyObject* kwnames, Session* a,
                     uint32_t slot_a, Session* b, uint32_t slot_b) {
@@ -382,6 +533,16 @@ void numerics_enter(PyObject* const* args, size_t nargsf, PyObject* kwnames, Ses
   // backward (activation checkpointing), whose inputs' gradients are the original
   // call's, already hooked.
   if (!c10::GradMode::is_enabled() || torch::autograd::get_current_graph_task_id() >= 0) return;
+  try {  // (no C++ exception may leave a module call: it would abort the process)
+    enter_unguarded(args, nargsf, kwnames, a, slot_a, b, slot_b);
+  } catch (...) {
+    clear_python_error();
+  }
+}
+
+namespace {
+void enter_unguarded(PyObject* const* args, size_t nargsf, PyObject* kwnames, Session* a,
+                     uint32_t slot_a, Session* b, uint32_t slot_b) {
   std::vector<at::Tensor> inputs;
   auto add = [&inputs](const at::Tensor& t) {
     if (t.defined() && t.requires_grad()) inputs.push_back(t);
@@ -395,23 +556,25 @@ void numerics_enter(PyObject* const* args, size_t nargsf, PyObject* kwnames, Ses
   pending->slot_a = slot_a;
   pending->slot_b = slot_b;
   pending->remaining = static_cast<int>(inputs.size());
+  const Session* owner = a ? a : b;
   for (const at::Tensor& t : inputs) {
     try {
-      t.register_hook([pending](const at::TensorBase& grad) {
-        Stats one;
-        if (grad.defined()) one.add(at::Tensor(grad));
-        std::lock_guard<std::mutex> lock(pending->mutex);
-        pending->stats.add(one);
-        if (--pending->remaining == 0) {
-          record(pending->a.get(), pending->slot_a, kNumBackward, pending->stats);
-          record(pending->b.get(), pending->slot_b, kNumBackward, pending->stats);
-        }
-      });
+      if (t.is_leaf()) {
+        wait_on_leaf(owner, t, pending);
+      } else {  // (a hook on a non-leaf goes with the tensor)
+        t.register_hook([pending](const at::TensorBase& grad) {
+          Stats one;
+          if (grad.defined()) one.add(at::Tensor(grad));
+          pending->deliver(one);
+        });
+      }
     } catch (...) {  // (a tensor that takes no hooks: counted as never reported)
+      clear_python_error();
       std::lock_guard<std::mutex> lock(pending->mutex);
       --pending->remaining;
     }
   }
 }
+}  // namespace
 
 }  // namespace hooktrace

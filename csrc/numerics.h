@@ -1,15 +1,18 @@
 // Numeric health per module call (issue #19): trace(model, numerics=True).
 //
 // Forward: after a recorded call returns (its EXIT recorded), the floating-point
-// tensors of its output (nested tuples, lists, dicts, dataclasses: depth <= 4) are
-// reduced where they live: abs-max (linalg_vector_norm, ord=inf) and the 2-norm
-// (ord=2), one kernel each; only when one of them is not finite, the count of
-// non-finite values (isfinite().sum()). One kNumerics event follows the EXIT on
+// tensors of its output (nested tuples, lists, dicts, dataclasses: depth <= 4; deeper
+// containers are counted, kNumNotWalked) are reduced where they live: abs-max
+// (aminmax) and the 2-norm, one kernel each (the 2-norm redone in float64 when float32
+// overflows); only when one of them is not finite, the count of non-finite values
+// (isfinite().sum()). A tensor that cannot be reduced (nested, a subclass without
+// those ops) is counted (kNumFailed); no C++ exception or Python error leaves here. One kNumerics event follows the EXIT on
 // the same thread.
 //
 // Backward: the gradient with respect to the module's *inputs* (not its output):
 // the call registers a tensor hook on each input tensor that requires grad (grad
-// mode on); when every hook has fired, the gradients' statistics are one
+// mode on; a leaf tensor, such as a parameter given to a submodule, gets one hook per
+// session instead, removed by forget_numerics); when every hook has fired, the gradients' statistics are one
 // kNumerics event with kNumBackward, on the engine thread. Why the inputs: a module
 // whose backward produces a NaN (a custom autograd Function) shows it in the
 // gradient of its own inputs; the gradient of its output is still finite. A tensor
@@ -20,7 +23,8 @@
 // (float32 bits, high half), id = the module's slot, rf_tid = non-finite values
 // (saturating), flags = kNumBackward | kNumSkipped (no floating tensor: integer or
 // boolean outputs, nothing requiring grad) | kNumFailed (a reduction raised: a
-// tensor subclass or fake tensor that cannot be reduced; stats are zero).
+// tensor subclass or fake tensor that cannot be reduced; stats are zero) |
+// kNumNotWalked (containers deeper than the walk goes).
 //
 // Cost: this path is taken only by sessions with numerics on (module_call.cpp tests
 // one byte); it allocates (tensors, hooks) and, on CPU, reads three scalars per
@@ -44,11 +48,13 @@ enum NumericsFlags : uint8_t {
   kNumSkipped = 2,
   kNumFailed = 4,
   kNumDeferred = 8,  // the statistics follow in a kNumericsValue event (rf_tid = its id)
+  kNumNotWalked = 16,  // the output holds containers deeper than the walk goes
 };
 
 // Deferred statistics (a tensor off the CPU, or every tensor after
 // set_numerics_deferred(true)): the call's reductions are queued where its tensors
-// live, as a [3] float64 tensor per tensor, with no host sync; its kNumerics event
+// live, five ops per tensor (abs-max, the tensor scaled by it, that copy's 2-norm and
+// count of non-zeros: numerics.cpp, reduce_deferred), with no host sync; its kNumerics event
 // carries kNumDeferred, seq 0 and rf_tid = an id unique in the session.
 // flush_numerics() reads every queued tensor of the session at once (one sync per
 // step: the recorder calls it at each step mark and before it stops) and records a
@@ -57,8 +63,11 @@ enum NumericsFlags : uint8_t {
 size_t flush_numerics(Session* s);
 // Process-wide: take the deferred path on CPU too (tests the GPU path on CPU).
 void set_numerics_deferred(bool on);
-// Drops the session's queue (the recorder, after its last flush).
+// Drops the session's queue and removes the hooks it left on leaf tensors (the
+// recorder, after its last flush).
 void forget_numerics(const Session* s);
+// Leaf tensors holding a numerics hook, all sessions (tests).
+size_t numerics_leaf_hooks();
 
 // The session's callback for its first non-finite value: called once, with the GIL,
 // as callback(slot, backward: bool); exceptions it raises are reported as

@@ -49,7 +49,8 @@ NUM_BACKWARD = 1  # NUMERICS flags: the gradient of the call's inputs (else its 
 NUM_SKIPPED = 2  # no floating-point tensor (integer/boolean output, no input needing grad)
 NUM_FAILED = 4  # a reduction raised (a tensor that cannot be reduced): stats are zero
 NUM_DEFERRED = 8  # the stats follow in a NUMERICS_VALUE event whose id is this rf_tid
-NUM_FLAGS = NUM_BACKWARD | NUM_SKIPPED | NUM_FAILED | NUM_DEFERRED
+NUM_NOT_WALKED = 16  # the call held containers nested deeper than the walk goes (4)
+NUM_FLAGS = NUM_BACKWARD | NUM_SKIPPED | NUM_FAILED | NUM_DEFERRED | NUM_NOT_WALKED
 # A deferred NUMERICS event's statistics, recorded when the session flushed them (at the
 # next step mark or the end): id = the call's id; seq, rf_tid, flags as NUMERICS'.
 NUMERICS_VALUE = 13

@@ -13,7 +13,10 @@ The recorder (csrc/numerics.h) writes one NUMERICS event per module call and pha
 Each holds ``absmax`` (max |x|), ``rms`` (sqrt of the mean of squares over all the
 call's elements) and ``nonfinite`` (NaN and ±Inf values); calls with no
 floating-point tensor (integer or boolean outputs, no input needing grad) are
-*skipped* and counted, as are tensors that could not be reduced (*failed*).
+*skipped* and counted, as are tensors that could not be reduced (*failed*: nested
+tensors, subclasses without the reductions); tuples, lists, dicts and dataclasses
+nested deeper than 4 levels are not walked, and the calls holding some are counted
+(*not_walked*).
 
 :class:`Numerics` reads them: per event, the module, phase, step (numbered as the
 steps are: the first is 0), call (0-based among that module's calls of that phase in
@@ -46,7 +49,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -55,6 +58,7 @@ from hooktrace._events import (
     NUM_BACKWARD,
     NUM_DEFERRED,
     NUM_FAILED,
+    NUM_NOT_WALKED,
     NUM_SKIPPED,
     NUMERICS,
     NUMERICS_VALUE,
@@ -112,12 +116,15 @@ class Numerics:
     rms: np.ndarray
     nonfinite: np.ndarray  # int64
     skipped: np.ndarray  # bool: no floating-point tensor
-    failed: np.ndarray  # bool: a reduction raised
+    failed: np.ndarray  # bool: a reduction raised (a nested tensor, a subclass without the ops)
     eval: np.ndarray  # bool: a forward call with grad off or the module in eval mode
     recompute: np.ndarray  # bool: a forward call recomputed in backward (checkpointing)
     raw: np.ndarray  # index of the event in trace.events (per thread in recorded order)
     span: np.ndarray  # forward: the call's span in trace.spans() (-1: backward, not found)
     every: int = 1
+    # bool: its output held tuples/lists/dicts/dataclasses nested deeper than the walk
+    # goes (4 levels): their tensors are not in the statistics
+    not_walked: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
 
     def __len__(self) -> int:
         return len(self.module)
@@ -174,7 +181,8 @@ class Numerics:
         return cls(module, backward, step.astype(np.int64), call, t, tid, absmax, rms,
                    e["rf_tid"].astype(np.int64), (flags & NUM_SKIPPED) != 0,
                    (flags & NUM_FAILED) != 0, is_eval, recompute, raw, span_of,
-                   every if isinstance(every, int) and every >= 1 else 1)
+                   every if isinstance(every, int) and every >= 1 else 1,
+                   (flags & NUM_NOT_WALKED) != 0)
 
     def measured(self) -> np.ndarray:
         """Events that count in the statistics: reduced, not a recompute."""

@@ -34,7 +34,7 @@ __all__ = ["UNKNOWN", "ShapeTable", "parse_signature", "shape_args", "shapes_rec
            "span_shapes"]
 
 UNKNOWN = "?"  # a signature not in the table (SHAPE_UNKNOWN, or cut off a stream)
-_TENSOR = re.compile(r"([A-Za-z0-9_.]+)\[([0-9?,]*)\]")
+_TENSOR = re.compile(r"([A-Za-z0-9_.]+)\[([0-9?,]*|nested|unreadable)\]")
 
 
 def shapes_recorded(trace: TraceData) -> bool:

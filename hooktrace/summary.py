@@ -640,9 +640,13 @@ def _add_numerics(rows: list[dict[str, Any]], trace: TraceData) -> list[str]:
     notes = ["numerics: absmax/rms/nonfinite of each call's output (max, mean, sum over calls); "
              "bwd_: of the gradient of its inputs"
              + ("" if every == 1 else f"; steps 0, {every}, {2 * every}, ... only")]
-    if skipped or failed:
+    not_walked = int(np.count_nonzero(n.not_walked & ~n.recompute))
+    if skipped or failed or not_walked:
         notes.append(f"numerics: {skipped} calls without a floating-point tensor (skipped)"
-                     + (f", {failed} that could not be reduced" if failed else ""))
+                     + (f", {failed} that could not be reduced" if failed else "")
+                     + (f", {not_walked} whose output nests tuples/lists/dicts/dataclasses "
+                        "deeper than 4 levels (not walked: their tensors are left out)"
+                        if not_walked else ""))
     return notes
 
 

@@ -490,3 +490,244 @@ def test_tensors_without_data_are_counted_as_not_reduced() -> None:
     assert "6 that could not be reduced" in summary.to_text()
     assert all(r["absmax"] is None for r in summary.rows)
     assert first_nonfinite(tr) is None
+
+
+# -- issue #26 part 3: hostile tensors and outputs, stale statistics, hooks left behind --
+
+
+def _forward_stats(result: Any) -> dict[str, tuple[float, float, int, bool]]:
+    """Per module name (root "<root>"): (absmax, rms, nonfinite, failed) of its forward
+    event."""
+    n = Numerics.from_trace(result)
+    return {result.modules[int(m)][0] or "<root>": (float(a), float(r), int(k), bool(f))
+            for m, a, r, k, f, b in zip(n.module, n.absmax, n.rms, n.nonfinite, n.failed,
+                                        n.backward) if not b}
+
+
+class _ChildTimesTwo(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+
+class _WritesBehindVersion(nn.Module):
+    """Returns its child's output after changing it by a write that does not bump the
+    tensor's version counter."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.child, self.how = _ChildTimesTwo(), how
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.child(x)
+        if self.how == "data":
+            y.data.mul_(1000)
+        else:
+            y.detach().numpy()[:] = 12345.0
+        return y
+
+
+@pytest.mark.parametrize("how", ["data", "numpy"])
+def test_a_write_behind_the_version_counter_is_seen(how: str, path: str) -> None:
+    m = _WritesBehindVersion(how)
+    with hooktrace.trace(m, numerics=True) as tr:
+        out = m(torch.ones(4))
+    stats = _forward_stats(tr.result)
+    assert stats["child"][0] == 2.0
+    assert stats["<root>"][0] == float(out.abs().max()) == (2000.0 if how == "data" else 12345.0)
+
+
+class _Const(nn.Module):
+    def __init__(self, t: torch.Tensor) -> None:
+        super().__init__()
+        self.t = t
+
+    def forward(self, x: Any) -> torch.Tensor:
+        return self.t
+
+
+@pytest.mark.parametrize("t", [torch.full((4,), 3e38),
+                               torch.full((100_000,), 1e36, dtype=torch.bfloat16),
+                               torch.full((8,), 1e-30)], ids=["f32-top", "bf16-top", "f32-tiny"])
+def test_rms_of_finite_values_near_the_ends_of_the_range_is_exact(t: torch.Tensor, path: str
+                                                                  ) -> None:
+    # (immediate: a float32 sum of squares that overflows or underflows is redone in
+    # float64; deferred: the sum of squares of the tensor scaled by its abs-max)
+    m = _Const(t)
+    with hooktrace.trace(m, numerics=True) as tr:
+        m(None)
+    absmax, rms, nonfinite, _ = _forward_stats(tr.result)["<root>"]
+    true_rms = float(t.double().square().mean().sqrt())
+    assert nonfinite == 0
+    assert math.isfinite(rms) and rms == pytest.approx(true_rms, rel=1e-6)
+    assert absmax == pytest.approx(float(t.double().abs().max()), rel=1e-6)
+
+
+class _OnlySomeOps(torch.Tensor):
+    """A __torch_dispatch__ wrapper subclass that supports few ops (no aminmax, no
+    norm), as many real ones do."""
+
+    ALLOWED = {"aten.mul.Tensor", "aten.detach.default"}
+
+    @staticmethod
+    def __new__(cls, elem: torch.Tensor) -> Any:
+        return torch.Tensor._make_wrapper_subclass(cls, elem.shape, dtype=elem.dtype,
+                                                   requires_grad=elem.requires_grad)
+
+    def __init__(self, elem: torch.Tensor) -> None:
+        self.elem = elem
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
+                           ) -> Any:
+        if str(func) not in cls.ALLOWED:
+            raise NotImplementedError(f"{func} not supported")
+        from torch.utils._pytree import tree_map
+        out = func(*tree_map(lambda t: t.elem if isinstance(t, cls) else t, args),
+                   **tree_map(lambda t: t.elem if isinstance(t, cls) else t, kwargs or {}))
+        return tree_map(lambda t: cls(t) if isinstance(t, torch.Tensor) else t, out)
+
+
+@pytest.mark.parametrize("kind", ["subclass", "jagged", "strided"])
+def test_a_tensor_numerics_cannot_reduce_is_counted_not_raised(kind: str, path: str) -> None:
+    if kind == "subclass":
+        x: torch.Tensor = _OnlySomeOps(torch.randn(3))
+    else:
+        x = torch.nested.nested_tensor(
+            [torch.randn(2, 3), torch.randn(4, 3)],
+            layout=torch.jagged if kind == "jagged" else torch.strided)
+    m = _ChildTimesTwo()
+    with hooktrace.trace(m, numerics=True) as tr:
+        y = m(x)  # (raised SystemError: a result with an exception set)
+        z = m(torch.ones(2))  # the next call is measured as usual
+    assert type(y) is type(x) and float(z.max()) == 2.0
+    n = Numerics.from_trace(tr.result)
+    assert n.failed.tolist() == [True, False]
+    assert n.absmax.tolist() == [0.0, 2.0]
+    assert "1 that could not be reduced" in "\n".join(tr.result.summary().notes)
+
+
+@dataclasses.dataclass(slots=True)
+class _Slotted:
+    logits: torch.Tensor
+    ids: torch.Tensor
+
+
+class _SlotsOut(nn.Module):
+    def forward(self, x: torch.Tensor) -> _Slotted:
+        return _Slotted(x * 2, x.long())
+
+
+class _Deep(nn.Module):
+    def forward(self, x: torch.Tensor) -> Any:
+        return (((((x * 2,),),),), x * 3)
+
+
+def test_slotted_dataclasses_are_walked_and_deeper_outputs_said(path: str) -> None:
+    slots, deep = _SlotsOut(), _Deep()
+    with hooktrace.trace(slots, numerics=True) as tr:
+        slots(torch.ones(3))
+    n = Numerics.from_trace(tr.result)
+    assert n.skipped.tolist() == [False] and n.absmax.tolist() == [2.0]
+    assert n.not_walked.tolist() == [False]
+    with hooktrace.trace(deep, numerics=True) as tr:
+        deep(torch.ones(3))
+    n = Numerics.from_trace(tr.result)
+    # the tensor 5 levels down is not walked: the statistics are the other one's, and
+    # the call is counted as holding something not walked
+    assert n.absmax.tolist() == [3.0] and n.not_walked.tolist() == [True]
+    notes = "\n".join(tr.result.summary().notes)
+    assert "1 whose output nests tuples/lists/dicts/dataclasses deeper than 4 levels" in notes
+
+
+class _MatMul(nn.Module):
+    def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x @ w
+
+
+class _PassesItsWeight(nn.Module):
+    """Gives its parameter to a submodule: a leaf tensor as a traced call's input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, 8))
+        self.mm = _MatMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mm(x, self.w)
+
+
+def test_a_parameter_given_to_a_submodule_is_left_without_hooks(path: str) -> None:
+    import hooktrace._C as _C
+
+    m = _PassesItsWeight()
+    x = torch.randn(2, 8)
+    assert _C.numerics_leaf_hooks() == 0
+    with hooktrace.trace(m, numerics=True) as tr:
+        for _ in range(5):
+            m(x)  # forward only: no gradient ever comes for these calls
+        # one hook on the parameter for the session, not one per call
+        assert _C.numerics_leaf_hooks() == 1
+        m.zero_grad()
+        m(x).sum().backward()
+        grad_absmax = float(m.w.grad.abs().max())
+        assert _C.numerics_leaf_hooks() == 1
+    assert _C.numerics_leaf_hooks() == 0  # the model is left as it was
+    n = Numerics.from_trace(tr.result)
+    bwd = [(tr.result.modules[int(k)][0], float(a)) for k, a, b in
+           zip(n.module, n.absmax, n.backward) if b]
+    # each of the 6 calls of mm waited on w's gradient: the one backward gives it to all
+    assert len(bwd) == 6 and all(name == "mm" for name, _ in bwd)
+    assert all(a == pytest.approx(grad_absmax, rel=1e-6) for _, a in bwd)
+    # after the trace the parameter's gradient runs no hook of the trace
+    m.zero_grad()
+    m(x).sum().backward()
+    assert _C.numerics_leaf_hooks() == 0
+
+
+def test_the_deferred_path_queues_few_ops_per_tensor() -> None:
+    """The deferred (GPU) path, counted with torch.profiler on CPU: the aten ops one
+    traced call with numerics on runs beyond the same call without numerics."""
+    import hooktrace._C as _C
+    from torch.profiler import ProfilerActivity, profile
+
+    m = _ChildTimesTwo()
+    x = torch.randn(64, 128)
+
+    def top_level_ops(numerics: bool) -> list[str]:
+        with hooktrace.trace(m, numerics=numerics):
+            m(x)  # (warm: first-call work out of the count)
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                m(x)
+        return sorted(e.name for e in prof.events()
+                      if e.name.startswith("aten::") and e.cpu_parent is None)
+
+    _C.set_numerics_deferred(True)
+    try:
+        plain, measured = top_level_ops(False), top_level_ops(True)
+    finally:
+        _C.set_numerics_deferred(False)
+    extra = list(measured)
+    for op in plain:
+        extra.remove(op)
+    # abs-max (ord inf), the divisor (nan_to_num on the 0-d abs-max), the tensor scaled
+    # by it (div), its 2-norm and its count of non-zeros: no casts, no stack, no
+    # isfinite chain per tensor (it was 12 ops, casts to float64 and a stack included)
+    assert sorted(extra) == ["aten::div", "aten::linalg_vector_norm",
+                             "aten::linalg_vector_norm", "aten::linalg_vector_norm",
+                             "aten::nan_to_num"], extra
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_nonfinite_counts_and_zeros_on_both_paths(dtype: torch.dtype, path: str) -> None:
+    nan, inf = float("nan"), float("inf")
+    cases = {"nan+inf": ([1.0, nan, -inf, 2.0, nan, inf, inf], (nan, nan, 5)),
+             "inf": ([1.0, -inf, 3.0], (inf, inf, 1)),
+             "zeros": ([0.0, 0.0], (0.0, 0.0, 0))}
+    for name, (values, (absmax, rms, nonfinite)) in cases.items():
+        m = _Const(torch.tensor(values, dtype=dtype))
+        with hooktrace.trace(m, numerics=True) as tr:
+            m(None)
+        got = _forward_stats(tr.result)["<root>"]
+        assert got[2] == nonfinite, name
+        for want, have in ((absmax, got[0]), (rms, got[1])):
+            assert (math.isnan(want) and math.isnan(have)) or want == have, (name, got)

@@ -194,6 +194,31 @@ def test_run_shapes_and_summary_by_shape(tmp_path: Path) -> None:
     assert "no shapes recorded" in r.stderr
 
 
+def test_nested_tensors_get_a_signature_that_says_so(tmp_path: Path) -> None:
+    # GIVEN a script whose module takes and returns a strided nested tensor (reading its
+    # sizes throws a C++ exception) and a jagged one
+    script = tmp_path / "nested.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+        class M(nn.Module):
+            def forward(self, x): return x * 2
+        for layout in (torch.strided, torch.jagged):
+            x = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)],
+                                           layout=layout)
+            print(M()(x).is_nested)
+    """))
+    out = tmp_path / "run.htrace"
+    # WHEN it runs under hooktrace run --shapes (it exited 134: SIGABRT)
+    r = subprocess.run([sys.executable, "-m", "hooktrace", "run", "--shapes", "-o", str(out),
+                        str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    # THEN it runs as it does untraced, and the signatures name the nested tensor
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["True", "True"]
+    assert hooktrace.load(out).info["shape_signatures"] == ["float32[nested]"]  # both layouts
+    assert parse_signature("float32[nested]") == [("float32", ["nested"])]
+
+
 def test_a_cut_stream_loads_with_unknown_shapes(tmp_path: Path) -> None:
     # GIVEN a streamed trace whose signatures are first seen after the stream began
     model = Net()
