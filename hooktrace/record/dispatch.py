@@ -123,6 +123,7 @@ def _hook_dynamo() -> None:
             saved = getattr(mod, "unpatched_nn_module_call", None)
             if isinstance(saved, _C.ModuleCall):
                 mod.unpatched_nn_module_call = saved.__wrapped__  # type: ignore[union-attr]
+        _hook_optimized_module()
         callback = sys.modules.get("torch._dynamo.callback")
         if callback is None:
             return
@@ -140,6 +141,37 @@ def _hook_dynamo() -> None:
 
             handler.clear = clear
             _dynamo_hooked = True
+
+
+_optimized_hooked = False
+
+
+def _hook_optimized_module() -> None:
+    """A ``torch.compile(module)`` wrapper made while recording is shown to the scopes.
+
+    For a module of a ``torch.nn`` class (``nn.Sequential``...), the wrapper compiles a
+    frame that calls the module (``external_utils.wrap_inline``): the module's own call
+    is inside the compiled code and never reaches the recorder. The scope then records
+    the wrapper's call as the module's (scopes.adopt_wrapper), as it does for a
+    wrapper made before the trace. Costs nothing to a wrapper made while nothing
+    records."""
+    global _optimized_hooked
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    optimized = getattr(eval_frame, "OptimizedModule", None)
+    if _optimized_hooked or optimized is None:
+        return
+    original_init = optimized.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        if _holders:
+            from hooktrace.record import scopes
+
+            scopes.adopt_wrapper(self)
+
+    __init__.__wrapped__ = original_init  # type: ignore[attr-defined]
+    optimized.__init__ = __init__
+    _optimized_hooked = True
 
 
 def _register(handler: Any) -> None:
