@@ -339,6 +339,9 @@ class Summary:
             lines.append("[kernels]: inside a compiled region, per call of the region: the time "
                          "of the kernels that ran the\nmodule's ops (a kernel fusing several "
                          "modules' ops counts in their nearest common ancestor)")
+            if fused_phases(self.rows):
+                lines.append("fused: no kernel of its own in that phase; its ops ran in kernels "
+                             "counted in an enclosing module")
         if any(r["bwd_calls"] for r in self.rows):
             lines.append("bwd_total: first to last autograd node of a call and its submodules; "
                          "bwd_self: in its own nodes;\n"
@@ -401,7 +404,9 @@ class Summary:
         if "absmax" in self.columns and (wide or numerics):
             columns += [(k, k) for k in NUMERIC_COLUMNS if has_bwd or not k.startswith("bwd_")]
         header = [title for title, _ in columns]
-        table = [header] + [[_cell(r, key) for _, key in columns] for r in rows]
+        fused = fused_phases(self.rows)
+        table = [header] + [[_cell(r, key, fused.get((r["module"], r.get("mode")), ()))
+                             for _, key in columns] for r in rows]
         widths = [max(len(line[i]) for line in table) for i in range(len(header))]
         if not wide:  # shorten the names (type to 24 first, then module, then type) to fit
             for col, floor in ((1, 24), (0, 16), (1, 8)):
@@ -697,8 +702,38 @@ def _kernel_notes(trace: TraceData, rows: list[dict[str, Any]]) -> list[str]:
     return notes
 
 
-def _cell(row: dict[str, Any], key: str) -> str:
+_PHASE_KEYS = {"calls": ("calls", "total_ns", "self_ns", "mean_ns", "p50_ns", "p99_ns",
+                          "step_p50_ns", "step_p99_ns", "bwd_fwd_ratio"),
+               "bwd_calls": ("bwd_calls", "bwd_total_ns", "bwd_self_ns", "bwd_p50_ns",
+                             "bwd_p99_ns", "bwd_fwd_ratio")}
+
+
+def fused_phases(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], list[str]]:
+    """(module, mode) -> the phases ("forward", "backward") in which a kernel-timed row
+    (a module inside a compiled region) ran no kernel of its own while a module
+    enclosing it did: its ops there were fused into kernels counted in an enclosing
+    module (or were views). Its 0 calls there is not 0 ns of work."""
+    active = {(r["module"], r.get("mode"), key) for r in rows
+              for key in ("calls", "bwd_calls") if r.get(key)}
+    out: dict[tuple[str, str], list[str]] = {}
+    for r in rows:
+        if r.get("timing") != "kernels":
+            continue
+        name = r["module"]
+        ancestors = [name.rsplit(".", i)[0] for i in range(1, name.count(".") + 1)] + [""]
+        phases = [phase for phase, key in (("forward", "calls"), ("backward", "bwd_calls"))
+                  if r.get(key) == 0
+                  and any((a, r.get("mode"), key) in active for a in ancestors if a != name)]
+        if phases:
+            out[(name, r.get("mode"))] = phases
+    return out
+
+
+def _cell(row: dict[str, Any], key: str, fused: Sequence[str] = ()) -> str:
     value = row[key]
+    for phase, calls in (("forward", "calls"), ("backward", "bwd_calls")):
+        if key in _PHASE_KEYS[calls] and phase in fused:
+            return "fused" if key in _PHASE_KEYS[calls][:2] else ""
     if key == "module":
         return ((value or "<root>") + (" [eval]" if row.get("mode") == "eval" else "")
                 + (" [kernels]" if row.get("timing") == "kernels" else ""))

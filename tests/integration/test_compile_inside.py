@@ -80,3 +80,38 @@ def test_a_model_compiled_inside_the_trace_has_its_rows(root: str, how: str) -> 
     k = Kernels.from_trace(result)
     assert len(k) > 0 and (k.unplaced, k.unpaired) == (0, 0)
     assert "outside any recorded module call" not in result.summary().to_text()
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(64)
+        self.fc = nn.Linear(64, 128)
+        self.act = nn.GELU()
+        self.proj = nn.Linear(128, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.proj(self.act(self.fc(self.ln(x))))
+
+
+def test_a_module_fused_away_shows_fused_not_calls_0_and_0_ns() -> None:
+    # GELU's backward fuses with its neighbours' into a kernel counted in the block
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(32, 64), Block(), nn.Linear(64, 8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with hooktrace.trace(net) as tr:
+            cnet = torch.compile(net)
+            for _ in range(STEPS):
+                net.zero_grad()
+                cnet(torch.randn(4, 32)).sum().backward()
+    s = tr.result.summary()
+    zero = [r["module"] for r in s.rows if r["timing"] == "kernels"
+            and (r["calls"] == 0 or r["bwd_calls"] == 0)]
+    assert zero, [(r["module"], r["calls"], r["bwd_calls"]) for r in s.rows]
+    text = s.to_text(wide=True)
+    for line in text.splitlines()[1:]:
+        if line.split()[0] in zero:
+            assert "fused" in line and " 0 ns" not in line, line
+    assert "\nfused: no kernel of its own" in text

@@ -242,3 +242,35 @@ def test_long_names_are_cut_in_the_middle_keeping_start_and_leaf():
     assert len(cut) == 28 and cut.startswith("model.") and cut.endswith("self_attn.q_proj")
     assert "…" in cut and _shorten(name, 80) == name
     assert _shorten("Sequential", 8) == "Se…ntial"  # a class name: its start and its end
+
+
+def _row(module: str, timing: str, calls: int, bwd_calls: int) -> dict:
+    t, b = 1000 * calls, 2000 * bwd_calls
+    return {"module": module, "type": "M", "mode": "train", "timing": timing,
+            "calls": calls, "total_ns": t, "self_ns": t, "mean_ns": t / max(calls, 1),
+            "p50_ns": t, "p99_ns": t, "bwd_calls": bwd_calls, "bwd_total_ns": b,
+            "bwd_self_ns": b, "bwd_p50_ns": b, "bwd_p99_ns": b, "bwd_fwd_ratio": None,
+            "recompute_calls": 0, "recompute_total_ns": 0, "step_p50_ns": None,
+            "step_p99_ns": None}
+
+
+def test_a_module_fused_away_in_a_phase_says_fused_not_zero_calls_and_0_ns():
+    # GIVEN kernel rows inside a compiled root: blk.act ran no forward kernel of its
+    # own (fused into blk's), blk.drop no backward kernel, while blk ran both
+    rows = [_row("", "measured", 3, 3), _row("blk", "kernels", 3, 3),
+            _row("blk.act", "kernels", 0, 3), _row("blk.drop", "kernels", 3, 0)]
+    text = Summary(rows, {}).to_text(wide=True)
+    lines = {line.split()[0]: line for line in text.splitlines()[1:5]}
+    # THEN those phases say "fused" instead of calls 0 and 0 ns, and the footer says why
+    act, drop = lines["blk.act"], lines["blk.drop"]
+    assert act.split()[3] == "fused" and "0 ns" not in act, act
+    assert "fused" in drop and "0 ns" not in drop, drop
+    assert "fused" not in lines["blk"]
+    assert any(line.startswith("fused: no kernel of its own") for line in text.splitlines())
+
+
+def test_no_backward_at_all_is_not_called_fused():
+    # an inference run: no module ran backward, so no row's backward was fused away
+    rows = [_row("", "measured", 3, 0), _row("blk", "kernels", 3, 0)]
+    text = Summary(rows, {}).to_text(wide=True)
+    assert "fused" not in text
