@@ -12,7 +12,12 @@ fullgraph, dynamic shapes, a recompile from a new input shape, and reduce-overhe
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +27,7 @@ from torch import nn
 import hooktrace
 from hooktrace.kernels import Kernels
 
+REPO = Path(__file__).resolve().parents[2]
 STEPS = 2
 
 
@@ -115,3 +121,59 @@ def test_a_module_fused_away_shows_fused_not_calls_0_and_0_ns() -> None:
         if line.split()[0] in zero:
             assert "fused" in line and " 0 ns" not in line, line
     assert "\nfused: no kernel of its own" in text
+
+
+CACHED_SCRIPT = """
+import json, sys, warnings, torch, torch.nn as nn, hooktrace
+from torch._dynamo.utils import counters
+from hooktrace.kernels import Kernels
+warnings.simplefilter("ignore")
+torch.manual_seed(0)
+net = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 8))
+rows, unplaced = [], 0
+if sys.argv[1] == "traced":
+    with hooktrace.trace(net) as tr:
+        if sys.argv[2] == "shift":  # other sites first: ids differ from the first run's
+            from hooktrace.record import kernels
+            for i in range(5):
+                kernels.site(f"cpp_fused_{i}", "elsewhere", "forward")
+        cnet = torch.compile(net)
+        for _ in range(2):
+            net.zero_grad(); cnet(torch.randn(4, 32)).sum().backward()
+    rows = sorted(r["module"] for r in tr.result.summary().rows if r["timing"] == "kernels")
+    unplaced = Kernels.from_trace(tr.result).unplaced
+else:
+    cnet = torch.compile(net)
+    for _ in range(2):
+        net.zero_grad(); cnet(torch.randn(4, 32)).sum().backward()
+print(json.dumps({"hit": counters["inductor"]["fxgraph_cache_hit"],
+                  "miss": counters["inductor"]["fxgraph_cache_miss"],
+                  "rows": rows, "unplaced": unplaced}))
+"""
+
+
+def test_marked_code_is_cached_under_its_own_key(tmp_path: Path) -> None:
+    """Two processes compiling the same model under the trace: the second loads the
+    marked code from Inductor's cache (no recompile) and its kernels still have rows;
+    an untraced compile never gets the marked code (a miss, then its own entry)."""
+    script = tmp_path / "cached.py"
+    script.write_text(CACHED_SCRIPT)
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"),
+               PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    env.pop("TORCHINDUCTOR_FORCE_DISABLE_CACHES", None)
+
+    def run(*args: str) -> dict[str, Any]:
+        r = subprocess.run([sys.executable, str(script), *args], env=env, cwd=tmp_path,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    first = run("traced", "plain")
+    assert first["miss"] > 0 and first["hit"] == 0, first
+    assert first["rows"] == ["0", "1", "2"] and first["unplaced"] == 0, first
+    second = run("traced", "shift")  # other sites registered first in this process
+    assert second["hit"] >= first["miss"], second  # every marked graph from the cache
+    assert second["rows"] == ["0", "1", "2"] and second["unplaced"] == 0, second
+    plain = run("plain")
+    assert plain["hit"] == 0 and plain["miss"] > 0, plain  # never the marked code
+    assert run("plain")["hit"] > 0  # and unmarked code is cached as before
