@@ -163,8 +163,36 @@ def _install() -> bool:
 
     KernelGroup.call_kernel = call_kernel  # type: ignore[method-assign]
     Scheduler.codegen_extern_call = codegen_extern_call  # type: ignore[method-assign]
+    _key_module_paths()
     _installed = True
     return True
+
+
+def _key_module_paths() -> None:
+    """The sites baked into marked code name modules (``nn_module_stack``), which the
+    caches' graph hash leaves out: two models with the same ops under other module names
+    would share marked code, and the second's kernels would carry the first's names.
+    While marking, each graph's module paths join its key (``FxGraphHashDetails``, whose
+    fields are the FX graph cache key, and which AOTAutograd's cache key extends). If
+    this torch lacks it, marked code is not cached."""
+    try:
+        from torch._inductor.codecache import FxGraphHashDetails
+    except Exception:
+        _no_cache.append(True)
+        return
+    original_init = FxGraphHashDetails.__init__
+
+    def __init__(self: Any, gm: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, gm, *args, **kwargs)
+        if _marking:
+            graph = getattr(gm, "graph", None)
+            self.hooktrace_module_paths = tuple(
+                _module_path(n) for n in getattr(graph, "nodes", ()))
+
+    FxGraphHashDetails.__init__ = __init__  # type: ignore[method-assign]
+
+
+_no_cache: list[bool] = []  # the module paths cannot enter the cache keys
 
 
 def _origins_of(scheduler_node: Any) -> Iterable[Any]:
@@ -311,6 +339,9 @@ def _key_caches() -> None:
     without custom passes), the caches are bypassed instead."""
     import torch._inductor.config as inductor_config
 
+    if _no_cache:
+        _bypass_caches()
+        return
     try:
         mark = _mark_pass_type()
         current = inductor_config.post_grad_custom_post_pass

@@ -129,7 +129,10 @@ from torch._dynamo.utils import counters
 from hooktrace.kernels import Kernels
 warnings.simplefilter("ignore")
 torch.manual_seed(0)
-net = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 8))
+from collections import OrderedDict
+layers = [nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 8)]
+net = (nn.Sequential(OrderedDict(zip(["first", "g", "last"], layers)))
+       if sys.argv[-1] == "renamed" else nn.Sequential(*layers))
 rows, unplaced = [], 0
 if sys.argv[1] == "traced":
     with hooktrace.trace(net) as tr:
@@ -141,7 +144,8 @@ if sys.argv[1] == "traced":
         for _ in range(2):
             net.zero_grad(); cnet(torch.randn(4, 32)).sum().backward()
     rows = sorted(r["module"] for r in tr.result.summary().rows if r["timing"] == "kernels")
-    unplaced = Kernels.from_trace(tr.result).unplaced
+    k = Kernels.from_trace(tr.result)
+    unplaced = k.unplaced + k.unnamed
 else:
     cnet = torch.compile(net)
     for _ in range(2):
@@ -155,7 +159,8 @@ print(json.dumps({"hit": counters["inductor"]["fxgraph_cache_hit"],
 def test_marked_code_is_cached_under_its_own_key(tmp_path: Path) -> None:
     """Two processes compiling the same model under the trace: the second loads the
     marked code from Inductor's cache (no recompile) and its kernels still have rows;
-    an untraced compile never gets the marked code (a miss, then its own entry)."""
+    the same ops under other module names, and an untraced compile, never get that
+    code (a miss, then an entry of their own)."""
     script = tmp_path / "cached.py"
     script.write_text(CACHED_SCRIPT)
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "cache"),
@@ -174,6 +179,11 @@ def test_marked_code_is_cached_under_its_own_key(tmp_path: Path) -> None:
     second = run("traced", "shift")  # other sites registered first in this process
     assert second["hit"] >= first["miss"], second  # every marked graph from the cache
     assert second["rows"] == ["0", "1", "2"] and second["unplaced"] == 0, second
+    # the same ops under other module names: not the first model's code (its sites
+    # name the first model's modules), an entry of its own
+    renamed = run("traced", "renamed")
+    assert renamed["hit"] == 0 and renamed["miss"] > 0, renamed
+    assert renamed["rows"] == ["first", "g", "last"] and renamed["unplaced"] == 0, renamed
     plain = run("plain")
     assert plain["hit"] == 0 and plain["miss"] > 0, plain  # never the marked code
     assert run("plain")["hit"] > 0  # and unmarked code is cached as before
