@@ -28,6 +28,7 @@ import importlib.abc
 import importlib.machinery
 import sys
 import threading
+import time
 import types
 import warnings
 from typing import Any
@@ -90,10 +91,33 @@ def release(holder: object) -> None:
 _dynamo_hooked = False
 
 
-def _on_compile_start(_args: Any) -> None:
+# Compiles seen while recording (issue #26): [start Unix ns, end Unix ns, OS thread id,
+# what compiled ("dynamo", "lazy_backward"...)], outermost only, for info["compiles"]
+# (summary: compile steps, the <torch.compile> row). Python, at compile start/end only.
+_compiles: list[list[Any]] = []
+_compile_open: list[Any] = []  # the outermost compile running now, and its depth
+
+
+def compiles_since(start_unix_ns: int) -> list[list[Any]]:
+    """The compiles that ended at or after ``start_unix_ns`` (a recording's start)."""
+    with _lock:
+        return [list(c) for c in _compiles if c[1] >= start_unix_ns]
+
+
+def _trigger(args: Any) -> str:
+    trigger = getattr(args, "callback_trigger", None)
+    return str(getattr(trigger, "name", trigger or "dynamo")).lower()
+
+
+def _on_compile_start(args: Any) -> None:
     global _swapped
     _C.set_compiling(True)  # AOTAutograd's fake backward is not the program's
     with _lock:
+        if _compile_open:
+            _compile_open[1] += 1
+        elif _holders:
+            _compile_open[:] = [[time.time_ns(), 0, threading.get_native_id(),
+                                 _trigger(args)], 1]
         if _holders:
             kernels.compile_started()  # mark the kernels of what this compile makes
         if _holders and nn.Module.__dict__.get("__call__") is _call:
@@ -106,6 +130,13 @@ def _on_compile_end(_args: Any) -> None:
     _C.set_compiling(False)
     kernels.compile_ended()
     with _lock:
+        if _compile_open:
+            _compile_open[1] -= 1
+            if _compile_open[1] <= 0:
+                done = _compile_open[0]
+                done[1] = time.time_ns()
+                _compiles.append(done)
+                _compile_open.clear()
         if _swapped:
             _swapped = False
             if _holders and nn.Module.__dict__.get("__call__") is _original:

@@ -293,6 +293,9 @@ def render_report(trace: TraceData, *, source: str | None = None,
     if summary.counts.get("steps"):
         facts.append(f"{summary.counts['steps']} complete steps, p50 "
                      f"{format_ns(summary.counts['step_p50_ns'])}")
+    if summary.counts.get("compile_steps"):
+        facts.append(f"{summary.counts['compile_steps']} compile steps (hatched in the step "
+                     "chart) left out of step statistics")
     root = next((r for r in summary.rows if r["module"] == "" and r.get("mode") != "eval"), None)
     if "flops" in summary.columns and root is not None:
         achieved = [f"{root[k]:.3g} TFLOP/s {phase}" for k, phase in
@@ -312,7 +315,9 @@ def render_report(trace: TraceData, *, source: str | None = None,
                  "forward": [r["forward_ns"] / 1e6 for r in done],
                  "backward": [r["backward_ns"] / 1e6 for r in done],
                  "other": [max(0, r["duration_ns"] - r["forward_ns"] - r["backward_ns"]) / 1e6
-                           for r in done]}
+                           for r in done],
+                 # torch.compile compiled during the step: hatched bars
+                 "pattern": ["/" if r.get("compile") else "" for r in done]}
     src = html.escape(source or "RUN.htrace")
     return _TEMPLATE.format(
         title=html.escape(title), plotly=js.replace("</script", "<\\/script"),
@@ -385,7 +390,8 @@ network; the trace viewer is a web page.</div>
   if (s.step.length) {{
     // the icicle's colours: forward and backward are the same colour everywhere
     var bar = function (name, y, color) {{
-      return {{type: "bar", name: name, x: s.step, y: y, marker: {{color: color}},
+      return {{type: "bar", name: name, x: s.step, y: y,
+               marker: {{color: color, pattern: {{shape: s.pattern}}}},
                hovertemplate: "%{{y:.3f}} ms"}};
     }};
     Plotly.newPlot("steps", [bar("forward", s.forward, "{forward_color}"),

@@ -187,3 +187,56 @@ def test_marked_code_is_cached_under_its_own_key(tmp_path: Path) -> None:
     plain = run("plain")
     assert plain["hit"] == 0 and plain["miss"] > 0, plain  # never the marked code
     assert run("plain")["hit"] > 0  # and unmarked code is cached as before
+
+
+def _train_steps(compiled: bool, steps: int = 4) -> hooktrace.TraceResult:
+    torch._dynamo.reset()
+    net, _, _ = _model("sequential")
+    opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with hooktrace.trace(net) as tr:
+            fn = torch.compile(net) if compiled else net
+            for _ in range(steps):
+                opt.zero_grad()
+                fn(torch.randn(4, 32)).sum().backward()
+                opt.step()
+    return tr.result
+
+
+def test_compile_steps_are_told_apart_and_compile_time_shown_apart() -> None:
+    from hooktrace.reporters.html import render_report
+    from hooktrace.summary import COMPILE_ROW, StepTable
+
+    result = _train_steps(compiled=True)
+    compiles = result.info["compiles"]
+    assert compiles and all(c[1] > c[0] for c in compiles)
+    compile_ns = sum(c[1] - c[0] for c in compiles)
+    # the first step compiled; the step table says so and leaves it out of p50/p99
+    table = StepTable.from_trace(result)
+    assert [r["compile"] for r in table.rows] == [True, False, False, False]
+    assert "(1 compile steps left out)" in table.to_text()
+    first = table.rows[0]["duration_ns"]
+    s = result.summary()
+    assert s.counts["steps"] == 3 and s.counts["compile_steps"] == 1
+    assert s.counts["step_p99_ns"] < first  # the compile step is not in the statistics
+    rows = {r["module"]: r for r in s.rows}
+    # the compile time is a row of its own, and out of the root's self time
+    assert rows[COMPILE_ROW]["total_ns"] == compile_ns and rows[COMPILE_ROW]["calls"] == len(compiles)
+    # (before: the root's self time was the compile's, seconds against microseconds)
+    assert rows[""]["self_ns"] < 0.5 * compile_ns, (rows[""], compiles)
+    assert COMPILE_ROW in s.to_text() and "compile steps left out" in s.to_text()
+    # the report's step chart hatches the compile step
+    assert '"pattern": ["/", "", "", ""]' in render_report(result).replace("\\/", "/")
+
+
+def test_an_eager_run_has_no_compile_step() -> None:
+    from hooktrace.summary import COMPILE_ROW, StepTable
+
+    result = _train_steps(compiled=False)
+    assert "compiles" not in result.info
+    s = result.summary()
+    assert s.counts["steps"] == 4 and s.counts["compile_steps"] == 0
+    assert all(r["module"] != COMPILE_ROW for r in s.rows)
+    assert not any(r["compile"] for r in StepTable.from_trace(result).rows)
+    assert "compile" not in s.footer()

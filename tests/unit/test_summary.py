@@ -274,3 +274,44 @@ def test_no_backward_at_all_is_not_called_fused():
     rows = [_row("", "measured", 3, 0), _row("blk", "kernels", 3, 0)]
     text = Summary(rows, {}).to_text(wide=True)
     assert "fused" not in text
+
+
+def _three_steps(**info):
+    # root 0 -> 1000 (the compile 100 -> 900 inside it), mark; 1010 -> 1100, mark;
+    # 1110 -> 1200, mark: step 0 compiled, steps 1 and 2 did not
+    from hooktrace._events import STEP
+
+    ev = build_events([(1, ENTER, 0, 0), (1, EXIT, 0, 1000), (1, STEP, 0, 1000),
+                       (1, ENTER, 0, 1010), (1, EXIT, 0, 1100), (1, STEP, 0, 1100),
+                       (1, ENTER, 0, 1110), (1, EXIT, 0, 1200), (1, STEP, 0, 1200)])
+    return build_trace(ev, [("", "Net")], **info)
+
+
+def test_compile_steps_are_left_out_and_compile_time_is_a_row_of_its_own():
+    from hooktrace.summary import COMPILE_ROW, StepTable
+
+    trace = _three_steps(compiles=[[100, 900, 1, "dynamo"]])
+    s = trace.summary()
+    assert s.counts["steps"] == 2 and s.counts["compile_steps"] == 1
+    assert s.counts["step_p99_ns"] == 100  # the 1000 ns compile step is not in it
+    rows = {r["module"]: r for r in s.rows}
+    assert rows[COMPILE_ROW]["total_ns"] == 800 and rows[COMPILE_ROW]["calls"] == 1
+    assert rows[""]["total_ns"] == 1180 and rows[""]["self_ns"] == 380  # 1180 - 800
+    assert rows[""]["step_p50_ns"] == 90  # steps 1 and 2 only
+    assert "1 compile steps left out" in s.footer()
+    t = StepTable.from_trace(trace)
+    assert [r["compile"] for r in t.rows] == [True, False, False]
+    assert t.to_text().splitlines()[1].split()[0].endswith("c")  # the first step
+
+
+def test_a_file_without_compile_metadata_or_with_bad_entries_loads_as_before():
+    from hooktrace.reading import compile_intervals
+    from hooktrace.summary import COMPILE_ROW
+
+    plain = _three_steps().summary()
+    bad = _three_steps(compiles=[["x", 1, 1], [900, 100, 1], 7, [True, 2, 1]]).summary()
+    for s in (plain, bad):
+        assert s.counts["steps"] == 3 and s.counts["compile_steps"] == 0
+        assert all(r["module"] != COMPILE_ROW for r in s.rows)
+    assert compile_intervals({}).shape == (0, 3)
+    assert compile_intervals({"compiles": "nonsense"}).shape == (0, 3)
