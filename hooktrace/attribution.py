@@ -178,6 +178,8 @@ class _SeqOwner:
         self.os_tid: dict[int, int] = {}
         self.seqs: dict[int, np.ndarray] = {}
         self.tops: dict[int, np.ndarray] = {}
+        if not len(ev):  # no module call recorded (only nodes, kernels): no owner
+            return
         enter = ev["kind"] == ENTER
         for rf, tid in set(zip(ev["rf_tid"][enter].tolist(), ev["tid"][enter].tolist())):
             self.os_tid.setdefault(int(rf), int(tid))

@@ -527,6 +527,31 @@ def load(path: str | os.PathLike[str], *, mmap: bool = False) -> TraceData:
     return TraceData(contents.events, contents.modules, contents.node_names, contents.clock, info)
 
 
+def compile_intervals(info: Mapping[str, Any]) -> np.ndarray:
+    """``info["compiles"]`` (torch.compile compiles while recording, record/dispatch.py)
+    as an int64 array of rows [start Unix ns, end Unix ns, OS thread id]; empty for a
+    file without them. Entries that are not three integers with start <= end are left
+    out (a file written by hand or cut)."""
+    raw = info.get("compiles")
+    rows = []
+    if isinstance(raw, list):
+        for c in raw:
+            if (isinstance(c, (list, tuple)) and len(c) >= 3
+                    and all(isinstance(v, int) and not isinstance(v, bool) for v in c[:3])
+                    and c[0] <= c[1]):
+                rows.append(c[:3])
+    return np.array(rows, np.int64).reshape(-1, 3)
+
+
+def compile_steps(steps: Steps, intervals: np.ndarray) -> np.ndarray:
+    """Per step: whether a compile ran during it (it overlaps one of ``intervals``)."""
+    if not len(steps) or not len(intervals):
+        return np.zeros(len(steps), bool)
+    start, end = intervals[:, 0], intervals[:, 1]
+    return ((steps.start_ns[:, None] < end[None, :])
+            & (steps.end_ns[:, None] > start[None, :])).any(axis=1)
+
+
 def forward_span_before(trace: TraceData, tid: np.ndarray, module: np.ndarray, t: np.ndarray
                   ) -> np.ndarray:
     """Per event (thread ``tid``, module slot ``module``, Unix ns ``t``): the index of

@@ -36,7 +36,15 @@ from hooktrace.numerics import (
     number_for_json,
     numerics_info,
 )
-from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, CAT_RECOMPUTE, SPAN_EVAL, Spans
+from hooktrace.reading import (
+    CAT_BACKWARD,
+    CAT_FORWARD,
+    CAT_RECOMPUTE,
+    SPAN_EVAL,
+    Spans,
+    compile_intervals,
+    compile_steps,
+)
 from hooktrace.text import (
     align_columns,
     csv_text,
@@ -54,6 +62,7 @@ __all__ = ["FLOP_COLUMNS", "StepTable", "Summary", "TEXT_WIDTH", "UNATTRIBUTED",
            "format_ns"]
 
 UNATTRIBUTED = "<unattributed>"  # "module" of the rows for unattributed autograd nodes
+COMPILE_ROW = "<torch.compile>"  # "module" of the row of torch.compile's compile time
 TEXT_WIDTH = 120  # the default text table fits this many columns (issue #7)
 
 _COLUMNS = ("module", "type", "mode", "timing", "calls", "total_ns", "self_ns", "mean_ns", "p50_ns", "p99_ns",
@@ -213,10 +222,15 @@ class Summary:
             "unattributed_ns": int(nodes.self_ns[unattributed].sum()),
         }
         derived = derived_spans(trace)
-        rows = cls._rows(spans, trace.modules, trace.node_names, derived)
+        compiles = compile_intervals(trace.info)
+        rows = cls._rows(spans, trace.modules, trace.node_names, derived, compiles)
         steps = trace.steps()
-        complete = np.flatnonzero(steps.complete)
+        # Steps that compiled (torch.compile's first calls, recompiles) are left out of
+        # the per-step statistics: they measure the compiler, not the step.
+        compiling = compile_steps(steps, compiles)
+        complete = np.flatnonzero(steps.complete & ~compiling)
         counts["steps"] = len(complete)
+        counts["compile_steps"] = int(np.count_nonzero(steps.complete & compiling))
         per_step = _per_step_totals(spans, trace.modules, trace.span_steps(), complete)
         for row in rows:
             values = (per_step.get(row["module"])
@@ -252,9 +266,10 @@ class Summary:
 
     @staticmethod
     def _rows(spans: Spans, modules: Sequence[tuple[str, str]],
-              node_names: Sequence[str] = (), derived: Derived | None = None
-              ) -> list[dict[str, Any]]:
+              node_names: Sequence[str] = (), derived: Derived | None = None,
+              compiles: np.ndarray | None = None) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
+        taken = _compile_self(spans, compiles)
         d = derived if derived is not None and len(derived) else None
         if len(spans):
             # A module's eval calls are a row of their own (_mode_groups). Modules inside
@@ -268,11 +283,14 @@ class Summary:
             dur = spans.duration_ns
             self_ns = spans.self_ns
             kernel_groups: set[int] = set()
-            if d is not None:
+            if d is not None or taken is not None:
                 self_ns = self_ns.copy()
+            if d is not None:
                 self_ns[d.region_span] = d.region_self_ns
                 d_group = d.module + n_mod * (d.flags != 0).astype(np.int64)
                 kernel_groups = set(d_group.tolist())
+            if taken is not None:  # compile time is the <torch.compile> row's
+                self_ns = np.maximum(self_ns - taken, 0)
             per_cat = []
             for cat in (CAT_FORWARD, CAT_BACKWARD, CAT_RECOMPUTE):
                 sel = spans.cat == cat
@@ -319,6 +337,8 @@ class Summary:
                 del row["bwd_mean_ns"]
                 row["bwd_fwd_ratio"] = None
                 rows.append(row)
+        if compiles is not None and len(compiles):
+            rows.append(_compile_row(compiles))
         # Stable: equal totals keep module-slot order, unattributed rows last.
         rows.sort(key=lambda r: -((r["total_ns"] or 0) + r["bwd_total_ns"]))
         return [{key: row.get(key) for key in _COLUMNS} for row in rows]
@@ -336,12 +356,18 @@ class Summary:
                          f"p99 {format_ns(c['step_p99_ns'])} per step"
                          + ("; step_p50/step_p99: a module's forward + backward time per step"
                             if "step_p50_ns" in keys else ""))
+        if c.get("compile_steps") or any(r["module"] == COMPILE_ROW for r in self.rows):
+            lines.append(f"{COMPILE_ROW}: compile time, out of its callers' self time; "
+                         f"{c.get('compile_steps', 0)} compile steps left out of step statistics")
         if any(r.get("mode") == "eval" for r in self.rows):
             lines.append("[eval]: the calls made with grad off (no_grad, inference_mode) or the "
                          "module in eval mode; no backward")
         if any(r.get("timing") == "kernels" for r in self.rows):
             lines.append("[kernels]: in a compiled region: per call of the region, the time of "
                          "the kernels that ran the module's ops")
+            if fused_phases(self.rows):
+                lines.append("fused: no kernel of its own in that phase; its ops ran in kernels "
+                             "counted in an enclosing module")
         if keys & {"bwd_total_ns", "bwd_self_ns"} and any(r["bwd_calls"] for r in self.rows):
             lines.append("bwd_total: first to last autograd node of a call and its submodules; "
                          "bwd_self: in its own nodes")
@@ -402,7 +428,9 @@ class Summary:
         if "absmax" in self.columns and (wide or numerics):
             columns += [(k, k) for k in NUMERIC_COLUMNS if has_bwd or not k.startswith("bwd_")]
         header = [title for title, _ in columns]
-        table = [header] + [[_cell(r, key) for _, key in columns] for r in rows]
+        fused = fused_phases(self.rows)
+        table = [header] + [[_cell(r, key, fused.get((r["module"], r.get("mode")), ()))
+                             for _, key in columns] for r in rows]
         widths = [max(len(line[i]) for line in table) for i in range(len(header))]
         if not wide:  # shorten the names (type to 24 first, then module, then type) to fit
             for col, floor in ((1, 24), (0, 16), (1, 8)):
@@ -478,6 +506,37 @@ _TEXT_NARROW_BACKWARD = [("bwd_total", "bwd_total_ns"), ("bwd_self", "bwd_self_n
 
 
 
+def _compile_self(spans: Spans, compiles: np.ndarray | None) -> np.ndarray | None:
+    """Per span: the compile time (``compiles``: [start, end, thread id] rows) that ran
+    inside it and in no span nested in it (while Dynamo compiles no module call is
+    recorded): the innermost span of the compile's thread containing it. None when
+    no compile ran inside any span."""
+    if compiles is None or not len(compiles) or not len(spans):
+        return None
+    taken = np.zeros(len(spans), np.int64)
+    for start, end, tid in compiles.tolist():
+        inside = np.flatnonzero((spans.tid == tid) & (spans.start_ns <= start)
+                                & (spans.end_ns >= end))
+        if len(inside):
+            taken[inside[np.argmax(spans.depth[inside])]] += end - start
+    return taken if taken.any() else None
+
+
+def _compile_row(compiles: np.ndarray) -> dict[str, Any]:
+    """The ``<torch.compile>`` row: each compile a call, forward (compiles run in the
+    forward call that first needs the code; a lazy backward compile counts here too)."""
+    d = (compiles[:, 1] - compiles[:, 0]).astype(np.int64)
+    row: dict[str, Any] = {"module": COMPILE_ROW, "type": "torch.compile", "mode": "train",
+                           "timing": "measured", "calls": len(d), "total_ns": int(d.sum()),
+                           "self_ns": int(d.sum()), "mean_ns": float(d.mean()),
+                           "p50_ns": float(np.percentile(d, 50)),
+                           "p99_ns": float(np.percentile(d, 99)), "bwd_calls": 0,
+                           "bwd_total_ns": 0, "bwd_self_ns": 0, "bwd_p50_ns": None,
+                           "bwd_p99_ns": None, "bwd_fwd_ratio": None, "recompute_calls": 0,
+                           "recompute_total_ns": 0}
+    return row
+
+
 def _per_step_totals(spans: Spans, modules: Sequence[tuple[str, str]], span_step: np.ndarray,
                      complete: np.ndarray) -> dict[str, np.ndarray]:
     """Per module: its forward + backward time in each complete step (zeros where it
@@ -512,7 +571,8 @@ class StepTable:
         1 steps: p50 2.00 ms, p99 2.00 ms
     """
 
-    COLUMNS = ("step", "start_s", "duration_ns", "forward_ns", "backward_ns", "spans", "complete")
+    COLUMNS = ("step", "start_s", "duration_ns", "forward_ns", "backward_ns", "spans", "complete",
+               "compile")
 
     def __init__(self, rows: list[dict[str, Any]]) -> None:
         self.rows = rows
@@ -537,12 +597,14 @@ class StepTable:
         fwd = per_step(inside & outer & (spans.cat == CAT_FORWARD))
         bwd = per_step(inside & outer & (spans.cat == CAT_BACKWARD))
         count = np.bincount(row_of[inside], minlength=n)
+        compiling = compile_steps(steps, compile_intervals(trace.info))
         for i in range(n):
             rows.append({"step": int(steps.number[i]),
                          "start_s": (int(steps.start_ns[i]) - t0) / 1e9,
                          "duration_ns": int(steps.duration_ns[i]),
                          "forward_ns": int(fwd[i]), "backward_ns": int(bwd[i]),
-                         "spans": int(count[i]), "complete": bool(steps.complete[i])})
+                         "spans": int(count[i]), "complete": bool(steps.complete[i]),
+                         "compile": bool(compiling[i])})
         return cls(rows)
 
     def _top(self, top: int | None) -> list[dict[str, Any]]:
@@ -554,16 +616,21 @@ class StepTable:
                     "each Optimizer.step(), or call trace.step())")
         header = ["step", "start_s", "duration", "forward", "backward", "spans"]
         table = [header] + [
-            [str(r["step"]) + ("" if r["complete"] else "*"), f"{r['start_s']:.3f}",
+            [str(r["step"]) + ("c" if r.get("compile") else "") + ("" if r["complete"] else "*"),
+             f"{r['start_s']:.3f}",
              format_ns(r["duration_ns"]), format_ns(r["forward_ns"]),
              format_ns(r["backward_ns"]), str(r["spans"])] for r in self._top(top)]
         lines = align_columns(table, 0)
-        done = [r["duration_ns"] for r in self.rows if r["complete"]]
+        done = [r["duration_ns"] for r in self.rows if r["complete"] and not r.get("compile")]
+        compiled = sum(1 for r in self.rows if r["complete"] and r.get("compile"))
         if top is not None and len(self.rows) > top:
             lines.append(f"... {len(self.rows) - top} more steps")
         if done:
             lines.append(f"{len(done)} steps: p50 {format_ns(float(np.percentile(done, 50)))}, "
-                         f"p99 {format_ns(float(np.percentile(done, 99)))}")
+                         f"p99 {format_ns(float(np.percentile(done, 99)))}"
+                         + (f" ({compiled} compile steps left out)" if compiled else ""))
+        if any(r.get("compile") for r in self.rows):
+            lines.append("c: torch.compile compiled during the step (first calls, recompiles)")
         if not all(r["complete"] for r in self.rows):
             lines.append("* not ended by a step mark: recorded after the last one")
         return "\n".join(lines)
@@ -723,8 +790,38 @@ def _note_shown(note: str, keys: set[str]) -> bool:
     return True
 
 
-def _cell(row: dict[str, Any], key: str) -> str:
+_PHASE_KEYS = {"calls": ("calls", "total_ns", "self_ns", "mean_ns", "p50_ns", "p99_ns",
+                          "step_p50_ns", "step_p99_ns", "bwd_fwd_ratio"),
+               "bwd_calls": ("bwd_calls", "bwd_total_ns", "bwd_self_ns", "bwd_p50_ns",
+                             "bwd_p99_ns", "bwd_fwd_ratio")}
+
+
+def fused_phases(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], list[str]]:
+    """(module, mode) -> the phases ("forward", "backward") in which a kernel-timed row
+    (a module inside a compiled region) ran no kernel of its own while a module
+    enclosing it did: its ops there were fused into kernels counted in an enclosing
+    module (or were views). Its 0 calls there is not 0 ns of work."""
+    active = {(r["module"], r.get("mode"), key) for r in rows
+              for key in ("calls", "bwd_calls") if r.get(key)}
+    out: dict[tuple[str, str], list[str]] = {}
+    for r in rows:
+        if r.get("timing") != "kernels":
+            continue
+        name = r["module"]
+        ancestors = [name.rsplit(".", i)[0] for i in range(1, name.count(".") + 1)] + [""]
+        phases = [phase for phase, key in (("forward", "calls"), ("backward", "bwd_calls"))
+                  if r.get(key) == 0
+                  and any((a, r.get("mode"), key) in active for a in ancestors if a != name)]
+        if phases:
+            out[(name, r.get("mode"))] = phases
+    return out
+
+
+def _cell(row: dict[str, Any], key: str, fused: Sequence[str] = ()) -> str:
     value = row[key]
+    for phase, calls in (("forward", "calls"), ("backward", "bwd_calls")):
+        if key in _PHASE_KEYS[calls] and phase in fused:
+            return "fused" if key in _PHASE_KEYS[calls][:2] else ""
     if key == "module":
         return ((value or "<root>") + (" [eval]" if row.get("mode") == "eval" else "")
                 + (" [kernels]" if row.get("timing") == "kernels" else ""))

@@ -282,13 +282,17 @@ def kernel_slices(trace: TraceData, spans: np.ndarray, start: np.ndarray, end: n
     if not len(k):
         e = _empty()
         return KernelSlices(e, e, e.astype(np.uint32), e, e.astype(np.uint32))
-    where = np.full(len(trace.spans()), -1, np.int64)
+    # one more entry, -1, for the kernels outside any recorded span (k.span -1): a run
+    # with no span at all (a compiled region entered outside the traced modules) has
+    # kernels and an empty span table
+    n = len(trace.spans())
+    where = np.full(n + 1, -1, np.int64)
     where[spans] = np.arange(len(spans))
-    p = np.where(k.span >= 0, where[np.maximum(k.span, 0)], -1)
-    ok = (p >= 0) & (k.module >= 0)
-    q = np.maximum(p, 0)
-    ok &= (k.start_ns >= start[q]) & (k.end_ns <= end[q])
-    return KernelSlices(k.start_ns[ok], k.end_ns[ok], row[q[ok]].astype(np.uint32),
+    p = where[np.where((k.span >= 0) & (k.span < n), k.span, n)]
+    ok = np.flatnonzero((p >= 0) & (k.module >= 0))
+    q = p[ok]
+    ok = ok[(k.start_ns[ok] >= start[q]) & (k.end_ns[ok] <= end[q])]
+    return KernelSlices(k.start_ns[ok], k.end_ns[ok], row[p[ok]].astype(np.uint32),
                         k.module[ok], k.site[ok])
 
 

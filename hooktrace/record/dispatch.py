@@ -28,6 +28,7 @@ import importlib.abc
 import importlib.machinery
 import sys
 import threading
+import time
 import types
 import warnings
 from typing import Any
@@ -90,10 +91,33 @@ def release(holder: object) -> None:
 _dynamo_hooked = False
 
 
-def _on_compile_start(_args: Any) -> None:
+# Compiles seen while recording (issue #26): [start Unix ns, end Unix ns, OS thread id,
+# what compiled ("dynamo", "lazy_backward"...)], outermost only, for info["compiles"]
+# (summary: compile steps, the <torch.compile> row). Python, at compile start/end only.
+_compiles: list[list[Any]] = []
+_compile_open: list[Any] = []  # the outermost compile running now, and its depth
+
+
+def compiles_since(start_unix_ns: int) -> list[list[Any]]:
+    """The compiles that ended at or after ``start_unix_ns`` (a recording's start)."""
+    with _lock:
+        return [list(c) for c in _compiles if c[1] >= start_unix_ns]
+
+
+def _trigger(args: Any) -> str:
+    trigger = getattr(args, "callback_trigger", None)
+    return str(getattr(trigger, "name", trigger or "dynamo")).lower()
+
+
+def _on_compile_start(args: Any) -> None:
     global _swapped
     _C.set_compiling(True)  # AOTAutograd's fake backward is not the program's
     with _lock:
+        if _compile_open:
+            _compile_open[1] += 1
+        elif _holders:
+            _compile_open[:] = [[time.time_ns(), 0, threading.get_native_id(),
+                                 _trigger(args)], 1]
         if _holders:
             kernels.compile_started()  # mark the kernels of what this compile makes
         if _holders and nn.Module.__dict__.get("__call__") is _call:
@@ -106,6 +130,13 @@ def _on_compile_end(_args: Any) -> None:
     _C.set_compiling(False)
     kernels.compile_ended()
     with _lock:
+        if _compile_open:
+            _compile_open[1] -= 1
+            if _compile_open[1] <= 0:
+                done = _compile_open[0]
+                done[1] = time.time_ns()
+                _compiles.append(done)
+                _compile_open.clear()
         if _swapped:
             _swapped = False
             if _holders and nn.Module.__dict__.get("__call__") is _original:
@@ -123,6 +154,7 @@ def _hook_dynamo() -> None:
             saved = getattr(mod, "unpatched_nn_module_call", None)
             if isinstance(saved, _C.ModuleCall):
                 mod.unpatched_nn_module_call = saved.__wrapped__  # type: ignore[union-attr]
+        _hook_optimized_module()
         callback = sys.modules.get("torch._dynamo.callback")
         if callback is None:
             return
@@ -140,6 +172,37 @@ def _hook_dynamo() -> None:
 
             handler.clear = clear
             _dynamo_hooked = True
+
+
+_optimized_hooked = False
+
+
+def _hook_optimized_module() -> None:
+    """A ``torch.compile(module)`` wrapper made while recording is shown to the scopes.
+
+    For a module of a ``torch.nn`` class (``nn.Sequential``...), the wrapper compiles a
+    frame that calls the module (``external_utils.wrap_inline``): the module's own call
+    is inside the compiled code and never reaches the recorder. The scope then records
+    the wrapper's call as the module's (scopes.adopt_wrapper), as it does for a
+    wrapper made before the trace. Costs nothing to a wrapper made while nothing
+    records."""
+    global _optimized_hooked
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    optimized = getattr(eval_frame, "OptimizedModule", None)
+    if _optimized_hooked or optimized is None:
+        return
+    original_init = optimized.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        if _holders:
+            from hooktrace.record import scopes
+
+            scopes.adopt_wrapper(self)
+
+    __init__.__wrapped__ = original_init  # type: ignore[attr-defined]
+    optimized.__init__ = __init__
+    _optimized_hooked = True
 
 
 def _register(handler: Any) -> None:

@@ -30,10 +30,16 @@ GELU's and LayerNorm's gradients), so the parent row holds that time.
 **What is touched.** Only graphs compiled while a recording is active (the
 compile-start/-end callbacks of record/dispatch.py turn the marks on for that
 compile): code compiled before keeps its code (no recompile), and its region stays
-one span. Inductor's FX graph cache and AOTAutograd's cache are bypassed for those
-compiles (marked code must not be served to an unmarked compile, nor unmarked code
-to a marked one). Marked code run with no recording active costs two C calls per
-kernel that record nothing. Not marked: ``cpp_wrapper`` mode (no Python wrapper)
+one span. Marked code stays in Inductor's FX graph cache and AOTAutograd's cache
+under keys of its own: while marking, a no-op post-grad pass (:class:`_MarkPass`,
+whose ``uuid()`` is a hash of this file) is added to
+``torch._inductor.config.post_grad_custom_post_pass``, which enters both caches' keys;
+so a marked compile never gets unmarked code nor the reverse, and each hits its own
+entries (a second ``hooktrace run`` of a script recompiles nothing). The generated
+module registers its sites when it is loaded (``_ht_3 = _ht_site("cpp_fused_0",
+"blocks.0", "forward")`` at its top, ``_ht_kb(_ht_3)`` per call), so code loaded from
+the cache by another process names its kernels in that process's site table. Marked
+code run with no recording active costs two C calls per kernel that record nothing. Not marked: ``cpp_wrapper`` mode (no Python wrapper)
 and GPU (triton) kernels, which hooktrace.merge attributes from the profiler.
 """
 
@@ -44,16 +50,16 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["compile_started", "compile_ended", "sites", "site_count", "installed"]
+__all__ = ["compile_started", "compile_ended", "sites", "site_count", "installed", "site"]
 
 _lock = threading.Lock()
 # The process-wide site table: [kernel name, module path relative to the compiled
 # region's root module ("" = the root), "forward" | "backward"]; a site's id is its
 # index, baked into the generated code, so the table only grows.
 _sites: list[list[str]] = []
+_site_ids: dict[tuple[str, str, str], int] = {}
 _marking = 0  # compiles in progress that mark (nested compiles possible)
 _installed = False
-_saved_config: list[tuple[Any, str, Any]] = []
 _MARKED = "_hooktrace_marks"  # attribute set on a wrapper whose imports name the marks
 
 # View-like ops fold into a kernel's indexing: they do no work of their own.
@@ -75,6 +81,18 @@ def site_count() -> int:
     return len(_sites)
 
 
+def site(kernel_name: str, module: str, phase: str) -> int:
+    """The id of a site, registered on first use; called by marked generated code when
+    it is loaded (compiled now, or loaded from Inductor's cache by a later process)."""
+    key = (str(kernel_name), str(module), str(phase))
+    with _lock:
+        found = _site_ids.get(key)
+        if found is None:
+            _sites.append(list(key))
+            found = _site_ids[key] = len(_sites) - 1
+        return found
+
+
 def installed() -> bool:
     """Whether Inductor's code generation was patched (the first marking compile)."""
     return _installed
@@ -87,7 +105,7 @@ def compile_started() -> None:
         if not _install():
             return
         if _marking == 0:
-            _bypass_caches()
+            _key_caches()
         _marking += 1
 
 
@@ -98,7 +116,7 @@ def compile_ended() -> None:
             return
         _marking -= 1
         if _marking == 0:
-            _restore_caches()
+            _restore_config()
 
 
 # -- the patches ---------------------------------------------------------------------
@@ -145,8 +163,36 @@ def _install() -> bool:
 
     KernelGroup.call_kernel = call_kernel  # type: ignore[method-assign]
     Scheduler.codegen_extern_call = codegen_extern_call  # type: ignore[method-assign]
+    _key_module_paths()
     _installed = True
     return True
+
+
+def _key_module_paths() -> None:
+    """The sites baked into marked code name modules (``nn_module_stack``), which the
+    caches' graph hash leaves out: two models with the same ops under other module names
+    would share marked code, and the second's kernels would carry the first's names.
+    While marking, each graph's module paths join its key (``FxGraphHashDetails``, whose
+    fields are the FX graph cache key, and which AOTAutograd's cache key extends). If
+    this torch lacks it, marked code is not cached."""
+    try:
+        from torch._inductor.codecache import FxGraphHashDetails
+    except Exception:
+        _no_cache.append(True)
+        return
+    original_init = FxGraphHashDetails.__init__
+
+    def __init__(self: Any, gm: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, gm, *args, **kwargs)
+        if _marking:
+            graph = getattr(gm, "graph", None)
+            self.hooktrace_module_paths = tuple(
+                _module_path(n) for n in getattr(graph, "nodes", ()))
+
+    FxGraphHashDetails.__init__ = __init__  # type: ignore[method-assign]
+
+
+_no_cache: list[bool] = []  # the module paths cannot enter the cache keys
 
 
 def _origins_of(scheduler_node: Any) -> Iterable[Any]:
@@ -156,39 +202,43 @@ def _origins_of(scheduler_node: Any) -> Iterable[Any]:
             yield from getattr(node, "origins", ()) or ()
 
 
-def _begin(wrapper: Any, kernel_name: str, nodes: list[Any], primary: Any) -> int:
-    """Registers the site and writes its begin mark; -1 when the wrapper cannot be
-    marked (C++ wrapper)."""
+def _begin(wrapper: Any, kernel_name: str, nodes: list[Any], primary: Any) -> str | None:
+    """Registers the site, in the generated module's header too (so that a cached copy
+    registers it in the process loading it), and writes its begin mark; None when the
+    wrapper cannot be marked (C++ wrapper)."""
     from torch._inductor.virtualized import V
 
     graph = V.graph
     if getattr(graph, "cpp_wrapper", False) or not hasattr(wrapper, "writeline"):
-        return -1
+        return None
     root = wrapper
     while getattr(root, "parent_wrapper", None) is not None:
         root = root.parent_wrapper
     imports = getattr(root, "imports", None)
     if imports is None:
-        return -1
-    if not getattr(root, _MARKED, False):
+        return None
+    if getattr(root, _MARKED, None) is None:
         imports.writeline("from hooktrace._C import kernel_begin as _ht_kb, "
                           "kernel_end as _ht_ke")
-        setattr(root, _MARKED, True)
+        imports.writeline("from hooktrace.record.kernels import site as _ht_site")
+        setattr(root, _MARKED, 0)
     phase = "backward" if getattr(graph, "is_backward", False) else "forward"
     if primary is not None and _module_path(primary) is not None:
         module = _module_path(primary) or ""
     else:
         module = _common_module(nodes)
-    with _lock:
-        _sites.append([kernel_name, module, phase])
-        site = len(_sites) - 1
-    wrapper.writeline(f"_ht_kb({site})")
-    return site
+    site(kernel_name, module, phase)  # known to this process now, as before
+    n = getattr(root, _MARKED)
+    setattr(root, _MARKED, n + 1)
+    name = f"_ht_{n}"
+    imports.writeline(f"{name} = _ht_site({kernel_name!r}, {module!r}, {phase!r})")
+    wrapper.writeline(f"_ht_kb({name})")
+    return name
 
 
-def _end(wrapper: Any, site: int) -> None:
-    if site >= 0:
-        wrapper.writeline(f"_ht_ke({site})")
+def _end(wrapper: Any, name: str | None) -> None:
+    if name is not None:
+        wrapper.writeline(f"_ht_ke({name})")
 
 
 def _module_path(node: Any) -> str | None:
@@ -253,6 +303,56 @@ def _common_module(nodes: list[Any]) -> str:
 
 # -- caches --------------------------------------------------------------------------
 
+_saved_config: list[tuple[Any, str, Any]] = []
+
+
+def _mark_pass_type() -> Any:
+    """:class:`torch._inductor.custom_graph_pass.CustomGraphPass` that changes nothing
+    and whose uuid is this file's hash: it only gives marked code cache keys of its own."""
+    global _MarkPass
+    if _MarkPass is None:
+        import hashlib
+        from pathlib import Path
+
+        from torch._inductor.custom_graph_pass import CustomGraphPass
+
+        digest = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+
+        class MarkPass(CustomGraphPass):  # type: ignore[misc]
+            def __call__(self, graph: Any) -> None:
+                return None
+
+            def uuid(self) -> Any:
+                return f"hooktrace-kernel-marks-{digest}"
+
+        _MarkPass = MarkPass()
+    return _MarkPass
+
+
+_MarkPass: Any = None
+
+
+def _key_caches() -> None:
+    """Marked code gets cache entries of its own: the mark pass joins
+    ``post_grad_custom_post_pass`` (after the user's own passes, if any), whose uuids
+    are in the FX graph cache's and AOTAutograd cache's keys. If that fails (a torch
+    without custom passes), the caches are bypassed instead."""
+    import torch._inductor.config as inductor_config
+
+    if _no_cache:
+        _bypass_caches()
+        return
+    try:
+        mark = _mark_pass_type()
+        current = inductor_config.post_grad_custom_post_pass
+        _saved_config.append((inductor_config, "post_grad_custom_post_pass", current))
+        passes = (tuple(current) if isinstance(current, (list, tuple))
+                  else () if current is None else (current,))
+        inductor_config.post_grad_custom_post_pass = [*passes, mark]
+    except Exception:  # no custom passes here: marked code must not be cached
+        _bypass_caches()
+
+
 def _bypass_caches() -> None:
     """Marked code must never come from or go to the compile caches."""
     import torch._inductor.config as inductor_config
@@ -271,7 +371,7 @@ def _bypass_caches() -> None:
             setattr(cfg, key, False)
 
 
-def _restore_caches() -> None:
+def _restore_config() -> None:
     while _saved_config:
         cfg, key, value = _saved_config.pop()
         setattr(cfg, key, value)

@@ -539,6 +539,9 @@ class Recorder(StepMarks, FlightRecorder):
 
     # -- reading ---------------------------------------------------------------
 
+    def _compiles(self) -> dict[str, Any]:
+        return _compiles_info(self._start_unix_ns or 0)
+
     def _run_info(self, session: Any) -> dict[str, Any]:
         """What describes the run itself (metadata of both file versions)."""
         return {
@@ -558,6 +561,7 @@ class Recorder(StepMarks, FlightRecorder):
             **({"numerics": {"every": self._numerics_every, "backward": "input gradients"}}
                if self._numerics else {}),
             **_kernel_sites(),
+            **self._compiles(),
             **({"shape_signatures": _C.shape_signatures()} if self._shapes else {}),
             **self._scope.info(),
         }
@@ -682,6 +686,7 @@ class Recorder(StepMarks, FlightRecorder):
             footer.update(rank_info(self._start_unix_ns, stop_unix_ns))
             footer.update(scope.info())  # a process scope's top-level modules, as of now
             footer.update(_kernel_sites())  # sites of regions compiled while streaming
+            footer.update(self._compiles())
             if self._shapes:  # signatures seen while streaming
                 footer["shape_signatures"] = _C.shape_signatures()
             self._add_flops(footer)  # (stopped by now: every count closed)
@@ -744,6 +749,13 @@ class Recorder(StepMarks, FlightRecorder):
             info["dropped_events"] = int(info.get("dropped_events", 0)) + lost
         return TraceResult(contents.events, contents.modules, contents.node_names,
                            contents.clock, info)
+
+
+def _compiles_info(start_unix_ns: int) -> dict[str, Any]:
+    """``compiles``: [start, end, thread id, trigger] of each torch.compile compile while
+    recording (record/dispatch.py), when there were any."""
+    found = dispatch.compiles_since(start_unix_ns)
+    return {"compiles": found} if found else {}
 
 
 def _kernel_sites() -> dict[str, Any]:

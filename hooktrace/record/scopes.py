@@ -146,6 +146,7 @@ class ModelScope(Scope):
         return [f"{self._root}.{name}" if name else self._root for name, _ in self._table]
 
     def attach(self, call: Any, session: Any) -> None:
+        self._attached = (call, session)
         for slot, ref in self._members:
             m = ref()
             if m is None:
@@ -154,7 +155,19 @@ class ModelScope(Scope):
             self._refs.append(weakref.ref(m, functools.partial(_forget, call, id(m))))
             call.register_model(m, session, slot)
 
+    def adopt(self, wrapper: nn.Module, name: str) -> None:
+        """``wrapper``, a torch.compile() wrapper made while recording, runs the module
+        named ``name`` inside its compiled code: record its calls in that module's slot."""
+        attached = getattr(self, "_attached", None)
+        slot = next((i for i, (n, _) in enumerate(self._table) if n == name), -1)
+        if attached is None or slot < 0:
+            return
+        call, session = attached
+        self._refs.append(weakref.ref(wrapper, functools.partial(_forget, call, id(wrapper))))
+        call.register_model(wrapper, session, slot)
+
     def detach(self, call: Any, session: Any) -> None:
+        self._attached = None
         call.release(session)
         self._refs.clear()  # dropped without their callbacks running
         with _claimed_lock:
@@ -449,6 +462,23 @@ def _compiled_wrappers(modules: set[nn.Module]) -> dict[nn.Module, list[nn.Modul
             if inner in modules:
                 found.setdefault(inner, []).append(obj)
     return found
+
+
+def adopt_wrapper(wrapper: nn.Module) -> None:
+    """A torch.compile() wrapper was just made while recording (record/dispatch.py). If
+    it does not call its module through the recorder (a ``torch.nn`` class: the
+    module's call is compiled in), a model scope tracing the module records the
+    wrapper's calls as the module's. (A process scope finds such a wrapper on its
+    first call: _named_modules.)"""
+    import hooktrace._C as _C
+
+    inner = wrapper.__dict__.get("_modules", {}).get("_orig_mod")
+    if inner is None or _calls_through(wrapper, _C.ModuleCall):
+        return
+    with _claimed_lock:
+        owner = _claimed.get(inner)
+    if owner is not None and isinstance(owner[0], ModelScope):
+        owner[0].adopt(wrapper, owner[1])
 
 
 def _forget(call: Any, address: int, _ref: Any) -> None:

@@ -298,7 +298,10 @@ def steps_figure(rows: list[dict[str, Any]]) -> dict[str, Any]:
               [max(0, r["duration_ns"] - r["forward_ns"] - r["backward_ns"]) / 1e6
                for r in rows], OTHER_COLOR, OTHER_MEANS)]
     data = [{"type": "bar", "name": label, "x": [r["step"] for r in rows], "y": y,
-             "marker": {"color": color}, "meta": key,
+             # torch.compile compiled during the step: hatched bars
+             "marker": {"color": color,
+                        "pattern": {"shape": ["/" if r.get("compile") else "" for r in rows]}},
+             "meta": key,
              "hovertemplate": f"{html.escape(key)}: %{{y:.3f}} ms<br>{html.escape(means)}"
                               "<extra></extra>"}
             for key, label, y, color, means in parts]
@@ -327,6 +330,9 @@ def render_report(trace: TraceData, *, source: str | None = None,
     if summary.counts.get("steps"):
         facts.append(f"{summary.counts['steps']} complete steps, p50 "
                      f"{format_ns(summary.counts['step_p50_ns'])}")
+    if summary.counts.get("compile_steps"):
+        facts.append(f"{summary.counts['compile_steps']} compile steps (hatched in the step "
+                     "chart) left out of step statistics")
     root = next((r for r in summary.rows if r["module"] == "" and r.get("mode") != "eval"), None)
     if "flops" in summary.columns and root is not None:
         achieved = [f"{root[k]:.3g} TFLOP/s {phase}" for k, phase in

@@ -328,3 +328,76 @@ def test_a_cut_name_is_told_apart_from_the_rows_top_leaves_out():
     for line, row in zip(lines, summary.rows[:3]):
         if row["module"]:
             assert re.search(rf"[.…]{row['module'].split('.')[2]}[.…]", line), line
+
+
+def _row(module: str, timing: str, calls: int, bwd_calls: int) -> dict:
+    t, b = 1000 * calls, 2000 * bwd_calls
+    return {"module": module, "type": "M", "mode": "train", "timing": timing,
+            "calls": calls, "total_ns": t, "self_ns": t, "mean_ns": t / max(calls, 1),
+            "p50_ns": t, "p99_ns": t, "bwd_calls": bwd_calls, "bwd_total_ns": b,
+            "bwd_self_ns": b, "bwd_p50_ns": b, "bwd_p99_ns": b, "bwd_fwd_ratio": None,
+            "recompute_calls": 0, "recompute_total_ns": 0, "step_p50_ns": None,
+            "step_p99_ns": None}
+
+
+def test_a_module_fused_away_in_a_phase_says_fused_not_zero_calls_and_0_ns():
+    # GIVEN kernel rows inside a compiled root: blk.act ran no forward kernel of its
+    # own (fused into blk's), blk.drop no backward kernel, while blk ran both
+    rows = [_row("", "measured", 3, 3), _row("blk", "kernels", 3, 3),
+            _row("blk.act", "kernels", 0, 3), _row("blk.drop", "kernels", 3, 0)]
+    text = Summary(rows, {}).to_text(wide=True)
+    lines = {line.split()[0]: line for line in text.splitlines()[1:5]}
+    # THEN those phases say "fused" instead of calls 0 and 0 ns, and the footer says why
+    act, drop = lines["blk.act"], lines["blk.drop"]
+    assert act.split()[3] == "fused" and "0 ns" not in act, act
+    assert "fused" in drop and "0 ns" not in drop, drop
+    assert "fused" not in lines["blk"]
+    assert any(line.startswith("fused: no kernel of its own") for line in text.splitlines())
+
+
+def test_no_backward_at_all_is_not_called_fused():
+    # an inference run: no module ran backward, so no row's backward was fused away
+    rows = [_row("", "measured", 3, 0), _row("blk", "kernels", 3, 0)]
+    text = Summary(rows, {}).to_text(wide=True)
+    assert "fused" not in text
+
+
+def _three_steps(**info):
+    # root 0 -> 1000 (the compile 100 -> 900 inside it), mark; 1010 -> 1100, mark;
+    # 1110 -> 1200, mark: step 0 compiled, steps 1 and 2 did not
+    from hooktrace._events import STEP
+
+    ev = build_events([(1, ENTER, 0, 0), (1, EXIT, 0, 1000), (1, STEP, 0, 1000),
+                       (1, ENTER, 0, 1010), (1, EXIT, 0, 1100), (1, STEP, 0, 1100),
+                       (1, ENTER, 0, 1110), (1, EXIT, 0, 1200), (1, STEP, 0, 1200)])
+    return build_trace(ev, [("", "Net")], **info)
+
+
+def test_compile_steps_are_left_out_and_compile_time_is_a_row_of_its_own():
+    from hooktrace.summary import COMPILE_ROW, StepTable
+
+    trace = _three_steps(compiles=[[100, 900, 1, "dynamo"]])
+    s = trace.summary()
+    assert s.counts["steps"] == 2 and s.counts["compile_steps"] == 1
+    assert s.counts["step_p99_ns"] == 100  # the 1000 ns compile step is not in it
+    rows = {r["module"]: r for r in s.rows}
+    assert rows[COMPILE_ROW]["total_ns"] == 800 and rows[COMPILE_ROW]["calls"] == 1
+    assert rows[""]["total_ns"] == 1180 and rows[""]["self_ns"] == 380  # 1180 - 800
+    assert rows[""]["step_p50_ns"] == 90  # steps 1 and 2 only
+    assert "1 compile steps left out" in s.footer()
+    t = StepTable.from_trace(trace)
+    assert [r["compile"] for r in t.rows] == [True, False, False]
+    assert t.to_text().splitlines()[1].split()[0].endswith("c")  # the first step
+
+
+def test_a_file_without_compile_metadata_or_with_bad_entries_loads_as_before():
+    from hooktrace.reading import compile_intervals
+    from hooktrace.summary import COMPILE_ROW
+
+    plain = _three_steps().summary()
+    bad = _three_steps(compiles=[["x", 1, 1], [900, 100, 1], 7, [True, 2, 1]]).summary()
+    for s in (plain, bad):
+        assert s.counts["steps"] == 3 and s.counts["compile_steps"] == 0
+        assert all(r["module"] != COMPILE_ROW for r in s.rows)
+    assert compile_intervals({}).shape == (0, 3)
+    assert compile_intervals({"compiles": "nonsense"}).shape == (0, 3)
