@@ -19,6 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "hooktrace"
 LAYERS: list[tuple[str, set[str]]] = [
     ("leaf: constants, errors and formatting helpers", {
         "hooktrace._events", "hooktrace.errors", "hooktrace._naming", "hooktrace._output",
+        "hooktrace._input", "hooktrace._args",
         "hooktrace._progress", "hooktrace.text", "hooktrace._version", "hooktrace._moved"}),
     ("file formats", {
         "hooktrace.format", "hooktrace.format.meta", "hooktrace.format.v2",

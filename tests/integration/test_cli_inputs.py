@@ -1,0 +1,93 @@
+"""The command line's inputs and options (issue #26 part 3): every bad input is one
+``hooktrace: error:`` line, never a traceback, a hang or a silently wrong result."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = """\
+import torch
+m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for i in range(3):
+    x = torch.randn(8, 4)
+    if i == 1 and NAN:
+        x[0, 0] = float("nan")
+    m(x).sum().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def run_cli(*args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
+    """``python -m hooktrace ARGS`` in a subprocess; a hang fails the test at ``timeout``."""
+    return subprocess.run([sys.executable, "-m", "hooktrace", *args], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **env})
+
+
+def one_line_error(r: subprocess.CompletedProcess[str], *needles: str, code: int = 1) -> None:
+    assert r.returncode == code, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith("hooktrace: error: "), r.stderr
+    for needle in needles:
+        assert needle in r.stderr, r.stderr
+
+
+def traced_run(out: Path | str, folder: Path, *options: str, nan: bool = False) -> None:
+    """``hooktrace run [options] -o out`` of a three-step script (written in ``folder``)."""
+    script = folder / ("nan_script.py" if nan else "script.py")
+    script.write_text(SCRIPT.replace("NAN", str(nan)))
+    r = run_cli("run", *options, "-o", str(out), str(script), timeout=300)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.fixture(scope="module")
+def run_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("run")
+    traced_run(d / "run.htrace", d)
+    return d / "run.htrace"
+
+
+# -- 1. a FIFO (or any non-regular file) as an input is refused, not read forever --------
+
+
+def test_open_input_refuses_what_is_not_a_regular_file(tmp_path: Path) -> None:
+    from hooktrace._input import open_input
+    from hooktrace.errors import InputPathError
+
+    fifo = tmp_path / "pipe.htrace"
+    os.mkfifo(fifo)  # no writer: a plain open() would block forever
+    for path, kind in ((fifo, "a FIFO"), ("/dev/zero", "a character device"),
+                       (tmp_path, "a directory")):
+        with pytest.raises(InputPathError, match=f"^{path}: is {kind}"):
+            open_input(path)
+    regular = tmp_path / "f"
+    regular.write_bytes(b"x")
+    with open_input(regular) as f:
+        assert f.read() == b"x"
+
+
+@pytest.mark.parametrize("verb", ["summary", "export", "report", "diff A", "diff B", "stacks",
+                                  "merge RUN", "merge PROFILER", "merge-ranks",
+                                  "summary --profiler"])
+def test_every_verb_refuses_a_fifo_input_in_one_line(verb: str, run_file: Path,
+                                                     tmp_path: Path) -> None:
+    fifo = str(tmp_path / "pipe.htrace")
+    os.mkfifo(fifo)
+    run, out = str(run_file), str(tmp_path / "out.json")
+    argv = {"summary": ["summary", fifo], "export": ["export", fifo, "-o", out],
+            "report": ["report", fifo, "-o", str(tmp_path / "r.html")],
+            "diff A": ["diff", fifo, run], "diff B": ["diff", run, fifo],
+            "stacks": ["stacks", fifo], "merge RUN": ["merge", fifo, fifo, "-o", out],
+            "merge PROFILER": ["merge", run, fifo, "-o", out],
+            "merge-ranks": ["merge-ranks", fifo, "-o", out],
+            "summary --profiler": ["summary", run, "--profiler", fifo]}[verb]
+    one_line_error(run_cli(*argv, timeout=60), f"{fifo}: is a FIFO (named pipe), not a "
+                                               "regular file")
+    assert not os.path.exists(out)
