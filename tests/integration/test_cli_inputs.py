@@ -91,3 +91,27 @@ def test_every_verb_refuses_a_fifo_input_in_one_line(verb: str, run_file: Path,
     one_line_error(run_cli(*argv, timeout=60), f"{fifo}: is a FIFO (named pipe), not a "
                                                "regular file")
     assert not os.path.exists(out)
+
+
+# -- 2. file names that are not UTF-8 -------------------------------------------------
+
+
+def test_report_and_merge_ranks_take_file_names_that_are_not_utf8(run_file: Path,
+                                                                  tmp_path: Path) -> None:
+    ff = os.fsdecode(b"r\xff")  # 'r\udcff': how Python holds the byte \xff of a name
+    folder = tmp_path / ff
+    folder.mkdir()
+    odd = folder / f"{ff}.htrace"
+    odd.write_bytes(run_file.read_bytes())
+    strict = {"PYTHONIOENCODING": "utf-8"}  # stdout as a UTF-8 terminal has it: strict
+    report = tmp_path / f"{ff}.html"
+    r = run_cli("report", str(odd), "-o", str(report), **strict)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "r\\xff.htrace" in report.read_bytes().decode("utf-8")  # valid UTF-8, name shown
+    for inputs in ([str(folder)], [str(odd)]):
+        merged = tmp_path / f"{ff}.json"
+        r = run_cli("merge-ranks", *inputs, "-o", str(merged), **strict)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+        assert "wrote " in r.stdout
+        doc = json.loads(merged.read_bytes().decode("utf-8"))
+        assert os.fsencode(doc["hooktrace"]["ranks"][0]["path"]) == os.fsencode(odd)
