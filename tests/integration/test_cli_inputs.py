@@ -115,3 +115,25 @@ def test_report_and_merge_ranks_take_file_names_that_are_not_utf8(run_file: Path
         assert "wrote " in r.stdout
         doc = json.loads(merged.read_bytes().decode("utf-8"))
         assert os.fsencode(doc["hooktrace"]["ranks"][0]["path"]) == os.fsencode(odd)
+
+
+# -- 3. --start/--end out of any run's range --------------------------------------------
+
+
+@pytest.mark.parametrize("option", ["--start=1e300", "--end=1e300", "--start=-1e300",
+                                    "--end=-1e300", "--start=1e10"])
+def test_export_refuses_a_start_or_end_beyond_any_run(option: str, run_file: Path,
+                                                      tmp_path: Path) -> None:
+    out = tmp_path / "o.json"
+    one_line_error(run_cli("export", str(run_file), "-o", str(out), option),
+                   option.split("=")[0][2:] + " must be a number of seconds within +-1e+09")
+    assert not out.exists()
+
+
+def test_filters_bound_start_and_end_for_the_api_too() -> None:
+    from hooktrace._filters import FilterError, Filters
+
+    with pytest.raises(FilterError, match="end must be a number of seconds within"):
+        Filters(end=1e300)
+    assert Filters(start=-5.0, end=1e9).end == 1e9  # as far as the bound itself
+
