@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 
+from hooktrace._args import finite_float
 from hooktrace.commands import OPEN_HINT
 
 NAME = "export"
@@ -36,9 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also write every autograd node under its module's backward span")
     p.add_argument("--steps", metavar="A:B",
                    help="only training steps A to B (inclusive; A alone for one step)")
-    p.add_argument("--start", type=float, metavar="SECONDS",
+    p.add_argument("--start", type=finite_float, metavar="SECONDS",
                    help="only from this many seconds after the run's first event")
-    p.add_argument("--end", type=float, metavar="SECONDS",
+    p.add_argument("--end", type=finite_float, metavar="SECONDS",
                    help="only until this many seconds after the run's first event")
     p.add_argument("--max-depth", type=int, metavar="N",
                    help="only module calls at depth 0..N (the root is 0); backward spans "

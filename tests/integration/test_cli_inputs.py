@@ -137,3 +137,38 @@ def test_filters_bound_start_and_end_for_the_api_too() -> None:
         Filters(end=1e300)
     assert Filters(start=-5.0, end=1e9).end == 1e9  # as far as the bound itself
 
+
+# -- 4. float options: finite and in range ------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["summary", "RUN", "RUN", "--threshold", "nan"], "argument --threshold: expected a finite"),
+    (["summary", "RUN", "RUN", "--threshold", "inf"], "argument --threshold: expected a finite"),
+    (["summary", "RUN", "RUN", "--min-excess-ms", "nan"], "argument --min-excess-ms"),
+    (["summary", "RUN", "RUN", "--min-excess-ms", "1e300"], "--min-excess-ms must be at most"),
+    (["summary", "RUN", "--peak-tflops", "inf"], "argument --peak-tflops"),
+    (["report", "RUN", "-o", "OUT.html", "--peak-tflops", "nan"], "argument --peak-tflops"),
+    (["diff", "RUN", "RUN", "--fail-above", "inf"], "argument --fail-above"),
+    (["diff", "RUN", "RUN", "--fail-above", "1", "--min-share", "nan"], "argument --min-share"),
+    (["diff", "RUN", "RUN", "--fail-above", "1", "--min-share", "101"],
+     "--min-share must be a percentage from 0 to 100"),
+    (["export", "RUN", "-o", "OUT.json", "--start", "nan"], "argument --start"),
+    (["run", "--dump-on", "hang", "--hang-timeout", "inf", "SCRIPT"], "argument --hang-timeout"),
+    (["run", "--dump-on", "hang", "--hang-timeout", "nan", "SCRIPT"], "argument --hang-timeout"),
+])
+def test_float_options_refuse_non_finite_and_out_of_range_values(
+        argv: list[str], needle: str, run_file: Path, tmp_path: Path) -> None:
+    script = tmp_path / "s.py"
+    script.write_text("print('ran')\n")
+    names = {"RUN": str(run_file), "OUT.html": str(tmp_path / "o.html"),
+             "OUT.json": str(tmp_path / "o.json"), "SCRIPT": str(script)}
+    r = run_cli(*(names.get(a, a) for a in argv))
+    one_line_error(r, needle, code=2 if "argument " in needle else 1)
+    assert "ran" not in r.stdout and not list(tmp_path.glob("o.*"))
+
+
+def test_analyze_refuses_a_nan_threshold() -> None:
+    from hooktrace.stragglers import analyze
+
+    with pytest.raises(ValueError, match="finite"):
+        analyze([], threshold=float("nan"))
