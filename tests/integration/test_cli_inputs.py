@@ -172,3 +172,26 @@ def test_analyze_refuses_a_nan_threshold() -> None:
 
     with pytest.raises(ValueError, match="finite"):
         analyze([], threshold=float("nan"))
+
+
+# -- 5. numerics holding a NaN: no numpy warning ------------------------------------------
+
+
+def test_summary_of_numerics_with_a_nan_prints_no_warning(tmp_path: Path) -> None:
+    import warnings
+
+    import hooktrace
+    from hooktrace.numerics import history
+
+    run = tmp_path / "nan.htrace"
+    traced_run(run, tmp_path, "--numerics", nan=True)
+    r = run_cli("summary", str(run), "--numerics")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a RuntimeWarning fails here
+        trace = hooktrace.load(run)
+        rows = history(trace)
+        trace.summary()
+    # NaN still sticks: the step with the NaN input has a NaN abs-max, the others not
+    nan_steps = {row["step"] for row in rows if row["absmax"] == "nan"}
+    assert 1 in nan_steps and 0 not in nan_steps, rows
