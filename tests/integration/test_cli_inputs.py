@@ -195,3 +195,38 @@ def test_summary_of_numerics_with_a_nan_prints_no_warning(tmp_path: Path) -> Non
     # NaN still sticks: the step with the NaN input has a NaN abs-max, the others not
     nan_steps = {row["step"] for row in rows if row["absmax"] == "nan"}
     assert 1 in nan_steps and 0 not in nan_steps, rows
+
+
+# -- 6. the output's suffix picks its format: an unknown one is refused -------------------
+
+
+@pytest.mark.parametrize("name, found", [("t.parquet", "unknown output suffix '.parquet'"),
+                                         ("t.json.bz2", "unknown output suffix '.bz2'"),
+                                         ("trace", "no output suffix")])
+def test_export_refuses_an_unknown_output_suffix(name: str, found: str, run_file: Path,
+                                                 tmp_path: Path) -> None:
+    out = tmp_path / name
+    one_line_error(run_cli("export", str(run_file), "-o", str(out)),
+                   f"{out}: {found}; give a name ending in .json, .json.gz, .pftrace")
+    # a directory of ranks goes through merge-ranks: refused the same way
+    one_line_error(run_cli("export", str(run_file.parent), "-o", str(out)), found)
+    one_line_error(run_cli("merge-ranks", str(run_file.parent), "-o", str(out)), found)
+    assert not out.exists()
+
+
+def test_every_output_suffix_has_its_format(run_file: Path, tmp_path: Path) -> None:
+    from hooktrace.commands.export import CHROME, OUTPUT_FORMATS, PERFETTO, output_format
+
+    for suffix, fmt in OUTPUT_FORMATS.items():
+        assert output_format(f"x{suffix}") is fmt
+        out = tmp_path / f"t{suffix}"
+        r = run_cli("export", str(run_file), "-o", str(out))
+        assert r.returncode == 0, r.stderr
+        data = out.read_bytes()
+        if suffix.endswith(".gz"):
+            import gzip
+
+            data = gzip.decompress(data)
+        assert data.startswith(b'{"traceEvents"') == (fmt is CHROME), suffix
+        assert (fmt is PERFETTO) == suffix.startswith((".pftrace", ".perfetto-trace"))
+    assert output_format("-") is CHROME and output_format("/dev/null") is CHROME
