@@ -1,9 +1,9 @@
 """``hooktrace export RUN -o OUT``: a ``.htrace`` file as a Chrome JSON or Perfetto trace.
 
-The format follows OUT's suffix, in :data:`OUTPUT_FORMATS` (one table: a new
-exporter adds its suffixes there): ``.json`` / ``.json.gz`` write Chrome JSON,
-``.pftrace`` / ``.perfetto-trace`` (optionally ``.gz``) Perfetto's protobuf; any other
-suffix is refused, naming the accepted ones. ``-`` (standard output), a FIFO or a
+The format follows OUT's suffix, in ``hooktrace.exporters.formats.OUTPUT_FORMATS`` (one
+table: a new exporter adds its suffixes there): ``.json`` / ``.json.gz`` write Chrome
+JSON, ``.pftrace`` / ``.perfetto-trace`` (optionally ``.gz``) Perfetto's protobuf; any
+other suffix is refused, naming the accepted ones. ``-`` (standard output), a FIFO or a
 device without a known suffix get Chrome JSON. ``--steps``,
 ``--start``/``--end`` and ``--max-depth`` cut the run down first (see
 ``hooktrace._filters``).
@@ -13,26 +13,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import stat
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 from hooktrace._args import finite_float
-from hooktrace.commands import OPEN_HINT, CliError
-
-if TYPE_CHECKING:
-    from hooktrace._filters import Filters
-    from hooktrace.reading import TraceData
+from hooktrace.commands import OPEN_HINT
 
 NAME = "export"
 HELP = "convert a .htrace file to Chrome trace JSON or a Perfetto .pftrace"
 
-# Measured on real and synthetic exports (benchmarks/RESULTS.md): bytes per
-# written slice, for the progress bar's total and the size warning.
-JSON_BYTES_PER_SLICE = 160
-PFTRACE_BYTES_PER_SLICE = 50
 # Browser viewers load a trace into one JS heap: the Perfetto UI and
 # chrome://tracing fail somewhere between 256 and 800 MB of JSON.
 JSON_WARN_BYTES = 500_000_000
@@ -57,69 +45,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "by their forward call's depth")
 
 
-def _write_chrome(trace: TraceData, out: Any, nodes: bool, filters: Filters) -> None:
-    from hooktrace.exporters.chrome import write_chrome
-
-    write_chrome(trace, out, nodes=nodes, filters=filters)
-
-
-def _write_perfetto(trace: TraceData, out: Any, nodes: bool, filters: Filters) -> None:
-    from hooktrace.exporters.perfetto import write_perfetto
-
-    write_perfetto(trace, out, nodes=nodes, filters=filters)
-
-
-@dataclass(frozen=True)
-class OutputFormat:
-    """One output format of ``export``: how it is named, its size per slice (for the
-    progress bar and the size warning) and its writer ``(trace, out, nodes, filters)``."""
-
-    name: str
-    bytes_per_slice: int
-    write: Callable[[TraceData, Any, bool, Filters], None]
-    browser_json: bool = False  # loaded whole by browser viewers: warn when huge
-
-
-CHROME = OutputFormat("Chrome JSON", JSON_BYTES_PER_SLICE, _write_chrome, browser_json=True)
-PERFETTO = OutputFormat("Perfetto protobuf", PFTRACE_BYTES_PER_SLICE, _write_perfetto)
-# Output suffix -> format (a ".gz" suffix is gzip-compressed by open_output). A new
-# exporter joins by adding its suffixes here.
-OUTPUT_FORMATS: dict[str, OutputFormat] = {
-    ".json": CHROME, ".json.gz": CHROME,
-    ".pftrace": PERFETTO, ".pftrace.gz": PERFETTO,
-    ".perfetto-trace": PERFETTO, ".perfetto-trace.gz": PERFETTO,
-}
-
-
-def output_format(path: str) -> OutputFormat:
-    """The format ``path`` asks for by its suffix; :class:`CliError` naming the accepted
-    suffixes for any other. ``-`` and an existing FIFO or device with no known suffix
-    are written Chrome JSON (they have no name to go by)."""
-    for suffix in sorted(OUTPUT_FORMATS, key=len, reverse=True):
-        if path.endswith(suffix) and len(path) > len(suffix):
-            return OUTPUT_FORMATS[suffix]
-    if path == "-" or _is_stream(path):
-        return CHROME
-    ext = os.path.splitext(os.path.basename(path))[1]
-    what = f"unknown output suffix '{ext}'" if ext else "no output suffix"
-    raise CliError(f"{path}: {what}; give a name ending in "
-                   f"{', '.join(OUTPUT_FORMATS)} (or - for standard output)")
-
-
-def _is_stream(path: str) -> bool:
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return False
-    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISSOCK(mode)
-
-
 def run(args: argparse.Namespace) -> None:
     import numpy as np
 
     from hooktrace._filters import Filters, cut, parse_steps
     from hooktrace._output import check_output_path, open_output
     from hooktrace._progress import WriteTo, progress_write
+    from hooktrace.exporters.formats import output_format
     from hooktrace.result import load
 
     from hooktrace._naming import rank_files_of

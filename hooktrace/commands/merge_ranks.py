@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> None:
     from hooktrace.exporters.ranks import merge_ranks
 
     add_workers_check(args)
-    from hooktrace.commands.export import CHROME, output_format
+    from hooktrace.exporters.formats import CHROME, output_format
 
     if output_format(args.output) is not CHROME:
         raise CliError(f"{args.output}: only Chrome JSON is written for many ranks yet; write "

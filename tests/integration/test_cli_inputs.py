@@ -215,7 +215,7 @@ def test_export_refuses_an_unknown_output_suffix(name: str, found: str, run_file
 
 
 def test_every_output_suffix_has_its_format(run_file: Path, tmp_path: Path) -> None:
-    from hooktrace.commands.export import CHROME, OUTPUT_FORMATS, PERFETTO, output_format
+    from hooktrace.exporters.formats import CHROME, OUTPUT_FORMATS, PERFETTO, output_format
 
     for suffix, fmt in OUTPUT_FORMATS.items():
         assert output_format(f"x{suffix}") is fmt

@@ -33,6 +33,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("outputs", {
         "hooktrace.exporters", "hooktrace.exporters._layout", "hooktrace.exporters.chrome",
         "hooktrace.exporters.perfetto", "hooktrace.exporters.ranks", "hooktrace.exporters._extra_args",
+        "hooktrace.exporters.formats",
         "hooktrace.reporters",
         "hooktrace.reporters.html", "hooktrace.merge", "hooktrace.result"}),
     ("recording", {
