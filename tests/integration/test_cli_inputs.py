@@ -230,3 +230,70 @@ def test_every_output_suffix_has_its_format(run_file: Path, tmp_path: Path) -> N
         assert data.startswith(b'{"traceEvents"') == (fmt is CHROME), suffix
         assert (fmt is PERFETTO) == suffix.startswith((".pftrace", ".perfetto-trace"))
     assert output_format("-") is CHROME and output_format("/dev/null") is CHROME
+
+
+# -- 8. separate runs in one folder are not ranks ------------------------------------------
+
+RANK_SCRIPT = """\
+import time
+import torch
+m = torch.nn.Linear(4, 4)
+for _ in range(2):
+    m(torch.randn(2, 4)).sum().backward()
+time.sleep(float(__import__("os").environ.get("HOLD", "0")))  # ranks overlap in time
+"""
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two separate ``hooktrace run -o runs/`` of one script, no launcher."""
+    d = tmp_path_factory.mktemp("two")
+    runs = d / "runs"
+    runs.mkdir()
+    traced_run(f"{runs}/", d)
+    traced_run(f"{runs}/", d)
+    assert len(list(runs.glob("*.htrace"))) == 2
+    return runs
+
+
+def test_two_separate_runs_in_a_folder_are_refused_as_ranks(two_runs: Path,
+                                                            tmp_path: Path) -> None:
+    a, b = sorted(two_runs.glob("*.htrace"))
+    out = tmp_path / "m.json"
+    for argv in (["summary", str(two_runs)], ["summary", str(a), str(b)],
+                 ["merge-ranks", str(two_runs), "-o", str(out)],
+                 ["export", str(two_runs), "-o", str(out)]):
+        one_line_error(run_cli(*argv), f"{a} (by ", f"{b} (by ", "are traces of separate runs")
+    assert not out.exists()
+    # diff refuses the same folder; each file alone is a run it compares
+    one_line_error(run_cli("diff", str(two_runs), str(two_runs)), "processes without a rank",
+                   "different runs")
+    assert run_cli("diff", str(a), str(b)).returncode == 0
+
+
+def start_rank(script: Path, out: Path, rank: int, hold: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "HOLD": hold}
+    return subprocess.Popen([sys.executable, "-m", "hooktrace", "run", "-o", f"{out}/",
+                             str(script)], env=env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+
+
+def test_ranks_of_one_run_are_a_rank_set_and_two_runs_of_ranks_are_not(tmp_path: Path) -> None:
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT)
+    job = tmp_path / "job"
+    job.mkdir()
+    # one job: ranks 0 and 1 recording at the same time (as under torchrun)
+    procs = [start_rank(script, job, r, "6") for r in (0, 1)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    r = run_cli("summary", str(job))
+    assert r.returncode == 0 and "2 ranks" in r.stdout, r.stderr
+    assert run_cli("merge-ranks", str(job), "-o", str(tmp_path / "job.json")).returncode == 0
+    # a second job's rank 0 in the same folder: rank 0 twice, by two processes
+    second = start_rank(script, job, 0, "0")
+    assert second.wait(timeout=300) == 0
+    for argv in (["summary", str(job)], ["merge-ranks", str(job), "-o", str(tmp_path / "x.json")]):
+        one_line_error(run_cli(*argv), "are both rank 0: ranks of separate runs")
+    one_line_error(run_cli("diff", str(job), str(job)), "2 processes wrote rank 0")
