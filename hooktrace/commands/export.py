@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> None:
 
     from hooktrace._naming import rank_files_of
 
+    check_output_path(args.output, [args.run])  # (a directory, an input: said first)
     fmt = output_format(args.output)
     if os.path.isdir(args.run) or rank_files_of(args.run):  # many ranks (issue #11)
         from hooktrace.commands import merge_ranks
@@ -65,7 +66,6 @@ def run(args: argparse.Namespace) -> None:
         return
     filters = Filters(start=args.start, end=args.end, max_depth=args.max_depth,
                       steps=None if args.steps is None else parse_steps(args.steps))
-    check_output_path(args.output, [args.run])
     trace = load(args.run)
     c = cut(trace, filters)  # also rejects a trace without steps before any output exists
     attributed = trace.spans().nodes.span >= 0

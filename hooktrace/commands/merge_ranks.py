@@ -29,11 +29,12 @@ def add_workers_check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> None:
     import warnings
 
+    from hooktrace._output import check_output_path
+    from hooktrace.exporters.formats import CHROME, output_format
     from hooktrace.exporters.ranks import merge_ranks
 
     add_workers_check(args)
-    from hooktrace.exporters.formats import CHROME, output_format
-
+    check_output_path(args.output, args.inputs)  # (a directory, an input: said first)
     if output_format(args.output) is not CHROME:
         raise CliError(f"{args.output}: only Chrome JSON is written for many ranks yet; write "
                        ".json or .json.gz")
