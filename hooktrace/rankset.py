@@ -152,9 +152,12 @@ def separate_runs(files: Sequence[RankFile]) -> str | None:
     when they can be. A run's ranks (under torchrun) each carry ``rank`` and the same
     ``world_size`` in their metadata, one process per rank, recording at the same time;
     files without a rank are one process each (``hooktrace run`` without a launcher),
-    so two of them, or files with and without a rank, are separate runs. A stream cut
-    before its footer (which carries the rank) is left to the callers' problem lines.
-    ``hooktrace diff`` (``hooktrace._diff_inputs.group``) refuses the same cases.
+    so two of them, or files with and without a rank, are separate runs, unless their
+    names are hooktrace's own per-rank names of one output (``STEM_rank<R>.htrace``,
+    distinct R: ``RANK`` was set without ``WORLD_SIZE``, so the metadata has no rank).
+    A stream cut before its footer (which carries the rank) is left to the callers'
+    problem lines. ``hooktrace diff`` (``hooktrace._diff_inputs.group``) refuses the
+    same cases.
 
     Example:
         >>> a = RankFile("a.htrace", None, None, "h", 1, 0, 0, False, 0, 10, 5)
@@ -171,7 +174,7 @@ def separate_runs(files: Sequence[RankFile]) -> str | None:
     procs: dict[str, RankFile] = {}
     for f in plain:
         procs.setdefault(f.process, f)
-    if len(procs) > 1:
+    if len(procs) > 1 and not _ranks_by_name(plain):
         f1, f2 = list(procs.values())[:2]
         return (f"{f1.path} (by {f1.process}) and {f2.path} (by {f2.process}) are traces of "
                 f"separate runs, not ranks of one: neither has a rank in its metadata "
@@ -194,14 +197,30 @@ def separate_runs(files: Sequence[RankFile]) -> str | None:
             return (f"{g.path} (by {g.process}) and {f.path} (by {f.process}) are both rank "
                     f"{rank}: ranks of separate runs. {_ONE_RUN}")
         seen[rank] = f
-    if len(whole) > 1:
-        late = max(whole, key=lambda f: f.start_ns)
-        early = min(whole, key=lambda f: f.stop_ns)
+    if len(ranked) > 1:
+        late = max(ranked, key=lambda f: f.start_ns)
+        early = min(ranked, key=lambda f: f.stop_ns)
         if late.start_ns > early.stop_ns:
             return (f"{early.path} stopped recording before {late.path} started: separate "
                     f"runs, not ranks of one (ranks of one job record at the same time). "
                     f"{_ONE_RUN}")
     return None
+
+
+_PER_RANK_NAME = re.compile(r"^(.*)_rank(\d+)\.htrace$")
+
+
+def _ranks_by_name(files: Sequence[RankFile]) -> bool:
+    """Whether ``files`` are named as one output's ranks by ``hooktrace run``
+    (``STEM_rank<R>.htrace``: one folder, one stem, distinct ranks)."""
+    outputs, ranks = set(), set()
+    for f in files:
+        m = _PER_RANK_NAME.match(os.path.basename(f.path))
+        if m is None:
+            return False
+        outputs.add((os.path.dirname(f.path), m.group(1)))
+        ranks.add(int(m.group(2)))
+    return len(outputs) == 1 and len(ranks) == len(files)
 
 
 def _mp_context() -> Any:

@@ -45,3 +45,15 @@ def test_a_cut_stream_among_ranks_stays_a_problem_not_a_refusal() -> None:
     # a rank killed before its footer (which carries the rank) loads without one
     files = [rank_file("r0", 0, pid=1), rank_file("r1", None, pid=2, cut=True)]
     assert separate_runs(files) is None
+
+
+def test_files_named_as_one_outputs_ranks_are_one_run() -> None:
+    # RANK set without WORLD_SIZE: hooktrace run names out_rank<R>.htrace, but the
+    # metadata holds no rank
+    named = [rank_file("d/out_rank0.htrace", None, pid=1),
+             rank_file("d/out_rank1.htrace", None, pid=2, start=500, stop=600)]
+    assert separate_runs(named) is None
+    for other in ("d/other_rank2.htrace", "e/out_rank2.htrace",
+                  "d/out.htrace"):
+        files = [named[0], rank_file(other, None, pid=3)]
+        assert separate_runs(files) is not None, other
