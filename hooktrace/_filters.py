@@ -53,6 +53,8 @@ __all__ = ["OPEN_WINDOW", "SPAN_CLIPPED", "Cut", "FilterError", "Filters", "cut"
 SPAN_CLIPPED = 4  # exporter-only span/node flag (csrc/spans.h kSpanClipped)
 # A window open at both ends, as closed bounds (Unix ns).
 OPEN_WINDOW = (-(1 << 62), 1 << 62)
+# start/end in seconds: beyond this (31 years) the run's origin plus it leaves int64 ns
+MAX_SECONDS = 1e9
 
 
 class FilterError(HooktraceError):
@@ -71,8 +73,9 @@ class Filters:
     def __post_init__(self) -> None:
         for name in ("start", "end"):
             v = getattr(self, name)
-            if v is not None and not math.isfinite(v):
-                raise FilterError(f"{name} must be a finite number of seconds, got {v}")
+            if v is not None and not (math.isfinite(v) and abs(v) <= MAX_SECONDS):
+                raise FilterError(f"{name} must be a number of seconds within +-{MAX_SECONDS:g} "
+                                  f"(the run's own times fit in it), got {v}")
         if self.start is not None and self.end is not None and self.end <= self.start:
             raise FilterError(f"end ({self.end} s) must be after start ({self.start} s)")
         if self.max_depth is not None and self.max_depth < 0:

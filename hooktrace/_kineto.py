@@ -52,6 +52,7 @@ from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from typing import IO, Any, BinaryIO
 
+from hooktrace._input import open_input
 from hooktrace.errors import HooktraceError
 
 __all__ = ["BadValue", "JsonNumber", "MAX_DEPTH", "ProfilerTraceError", "READ_BYTES",
@@ -167,7 +168,7 @@ def us_to_ns(value: Any) -> int:
 
 def open_binary(path: str | os.PathLike[str]) -> BinaryIO:
     """Open ``path`` for reading, transparently gunzipping (by content, not name)."""
-    f = open(path, "rb")
+    f = open_input(path)
     magic = f.read(2)
     f.seek(0)
     if magic == _GZIP_MAGIC:

@@ -56,6 +56,10 @@ def _torch_version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # File names that are not UTF-8 (lone surrogates in Python) print as \xNN escapes,
+    # as stderr does, rather than failing a strict UTF-8 stdout in mid-output
+    if getattr(sys.stdout, "errors", None) == "strict" and hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="backslashreplace")
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:  # bare `hooktrace`: say what there is to run

@@ -10,11 +10,15 @@ Example:
 
 from __future__ import annotations
 
-__all__ = ["HooktraceError", "OptionError", "OutputPathError"]
+__all__ = ["HooktraceError", "InputPathError", "OptionError", "OutputPathError"]
 
 
 class HooktraceError(ValueError):
     """Base of hooktrace's errors about inputs, outputs and arguments."""
+
+
+class InputPathError(HooktraceError):
+    """An input path that cannot be read as a file (a FIFO, a device, a directory)."""
 
 
 class OutputPathError(HooktraceError):

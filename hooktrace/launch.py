@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from hooktrace._args import finite_float
 from hooktrace._naming import env_rank, output_path
 from hooktrace._output import check_output_path
 from hooktrace.errors import OptionError, OutputPathError
@@ -78,7 +79,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
                         "nonfinite (the first NaN/Inf of --numerics) turns --numerics on")
     p.add_argument("--dump-dir", metavar="DIR", default="hooktrace-dumps",
                    help="where dumps go (default: %(default)s)")
-    p.add_argument("--hang-timeout", type=float, default=300.0, metavar="SECONDS",
+    p.add_argument("--hang-timeout", type=finite_float, default=300.0, metavar="SECONDS",
                    help="with --dump-on hang: seconds without a module call or step that "
                         "count as a hang (default: %(default)s)")
     p.add_argument("--profile", action="store_true",

@@ -273,8 +273,12 @@ def aggregate(n: Numerics, sel: np.ndarray, *keys: np.ndarray
     inverse = inverse.reshape(-1)
     g = uniq.shape[1]
     calls = np.bincount(inverse, minlength=g)
+    values = n.absmax[sel]
     absmax = np.full(g, -np.inf)
-    np.maximum.at(absmax, inverse, n.absmax[sel])  # (np.maximum propagates NaN)
+    # np.maximum.at would propagate a NaN but warns "invalid value" on it: take the
+    # max of the other values (np.fmax skips NaN quietly), then put the NaN back
+    np.fmax.at(absmax, inverse, values)
+    absmax[np.bincount(inverse, weights=np.isnan(values), minlength=g) > 0] = np.nan
     return [tuple(int(x) for x in col) for col in uniq.T], {
         "calls": calls, "absmax": absmax,
         "rms": np.bincount(inverse, weights=n.rms[sel], minlength=g) / calls,

@@ -39,7 +39,7 @@ from hooktrace.errors import HooktraceError
 from hooktrace.reading import TraceData, load
 
 __all__ = ["PARALLEL_FROM", "RankFile", "RankSet", "RankSetError", "find_rank_files",
-           "map_ranks", "match_profilers", "rank_label"]
+           "map_ranks", "match_profilers", "rank_label", "separate_runs"]
 
 PARALLEL_FROM = 4
 T = TypeVar("T")
@@ -78,6 +78,7 @@ class RankFile:
     events: int
     backend: str | None = None
     out_pid: int = 0  # the process id in merged outputs (unique among ranks)
+    cut: bool = False  # a stream cut before its footer (which carries the rank)
 
     @property
     def label(self) -> str:
@@ -101,7 +102,12 @@ class RankFile:
                    uncertainty_ns=int(info.get("clock_offset_uncertainty_ns", 0)),
                    aligned="clock_offset_ns" in info, start_ns=start - offset,
                    stop_ns=stop - offset, events=len(run.events),
-                   backend=info.get("backend") if isinstance(info.get("backend"), str) else None)
+                   backend=info.get("backend") if isinstance(info.get("backend"), str) else None,
+                   cut="cut" in info)
+
+    @property
+    def process(self) -> str:
+        return f"{self.hostname}:{self.pid}"
 
 
 def _peek(path: str) -> RankFile:
@@ -135,6 +141,86 @@ def find_rank_files(inputs: Sequence[PathLike]) -> tuple[list[str], list[str]]:
             seen.add(real)
             unique.append(f)
     return unique, problems
+
+
+_ONE_RUN = ("Keep one run's files per directory (hooktrace diff A B compares two runs), or "
+            "name one file")
+
+
+def separate_runs(files: Sequence[RankFile]) -> str | None:
+    """Why ``files`` are not the ranks of one run, naming two files that show it; None
+    when they can be. A run's ranks (under torchrun) each carry ``rank`` and the same
+    ``world_size`` in their metadata, one process per rank, recording at the same time;
+    files without a rank are one process each (``hooktrace run`` without a launcher),
+    so two of them, or files with and without a rank, are separate runs, unless their
+    names are hooktrace's own per-rank names of one output (``STEM_rank<R>.htrace``,
+    distinct R: ``RANK`` was set without ``WORLD_SIZE``, so the metadata has no rank).
+    A stream cut before its footer (which carries the rank) is left to the callers'
+    problem lines. ``hooktrace diff`` (``hooktrace._diff_inputs.group``) refuses the
+    same cases.
+
+    Example:
+        >>> a = RankFile("a.htrace", None, None, "h", 1, 0, 0, False, 0, 10, 5)
+        >>> b = RankFile("b.htrace", None, None, "h", 2, 0, 0, False, 20, 30, 5)
+        >>> separate_runs([a]) is None, "separate runs" in separate_runs([a, b])
+        (True, True)
+    """
+    whole = [f for f in files if not f.cut]
+    ranked = [f for f in whole if f.rank is not None]
+    plain = [f for f in whole if f.rank is None]
+    if ranked and plain:
+        return (f"{ranked[0].path} (rank {ranked[0].rank}) and {plain[0].path} (no rank) are "
+                f"traces of separate runs: files with and without a rank. {_ONE_RUN}")
+    procs: dict[str, RankFile] = {}
+    for f in plain:
+        procs.setdefault(f.process, f)
+    if len(procs) > 1 and not _ranks_by_name(plain):
+        f1, f2 = list(procs.values())[:2]
+        return (f"{f1.path} (by {f1.process}) and {f2.path} (by {f2.process}) are traces of "
+                f"separate runs, not ranks of one: neither has a rank in its metadata "
+                f"({len(procs)} processes without one). {_ONE_RUN}")
+    sizes: dict[int, RankFile] = {}
+    for f in ranked:
+        if f.world_size is not None:
+            sizes.setdefault(f.world_size, f)
+    if len(sizes) > 1:
+        (s1, f1), (s2, f2) = list(sizes.items())[:2]
+        return (f"{f1.path} (world size {s1}) and {f2.path} (world size {s2}) are ranks of "
+                f"separate runs: their world sizes differ. {_ONE_RUN}")
+    claims: dict[tuple[int, str], RankFile] = {}
+    for f in ranked:
+        claims.setdefault((f.rank, f.process), f)  # type: ignore[arg-type]
+    seen: dict[int, RankFile] = {}
+    for (rank, _), f in claims.items():
+        if rank in seen:
+            g = seen[rank]
+            return (f"{g.path} (by {g.process}) and {f.path} (by {f.process}) are both rank "
+                    f"{rank}: ranks of separate runs. {_ONE_RUN}")
+        seen[rank] = f
+    if len(ranked) > 1:
+        late = max(ranked, key=lambda f: f.start_ns)
+        early = min(ranked, key=lambda f: f.stop_ns)
+        if late.start_ns > early.stop_ns:
+            return (f"{early.path} stopped recording before {late.path} started: separate "
+                    f"runs, not ranks of one (ranks of one job record at the same time). "
+                    f"{_ONE_RUN}")
+    return None
+
+
+_PER_RANK_NAME = re.compile(r"^(.*)_rank(\d+)\.htrace$")
+
+
+def _ranks_by_name(files: Sequence[RankFile]) -> bool:
+    """Whether ``files`` are named as one output's ranks by ``hooktrace run``
+    (``STEM_rank<R>.htrace``: one folder, one stem, distinct ranks)."""
+    outputs, ranks = set(), set()
+    for f in files:
+        m = _PER_RANK_NAME.match(os.path.basename(f.path))
+        if m is None:
+            return False
+        outputs.add((os.path.dirname(f.path), m.group(1)))
+        ranks.add(int(m.group(2)))
+    return len(outputs) == 1 and len(ranks) == len(files)
 
 
 def _mp_context() -> Any:
@@ -204,6 +290,9 @@ class RankSet:
             else:
                 files.append(result)
         files.sort(key=lambda f: (f.rank is None, f.rank if f.rank is not None else 0, f.path))
+        separate = separate_runs(files)
+        if separate is not None:
+            raise RankSetError(separate)
         by_rank: dict[int, list[str]] = {}
         for f in files:
             if f.rank is not None:
@@ -213,15 +302,12 @@ class RankSet:
                 problems.append(f"rank {rank}: {len(names)} files ({', '.join(names)}); all "
                                 "are kept, in path order")
         sizes = {f.world_size for f in files if f.world_size is not None}
-        if len(sizes) == 1:
+        if len(sizes) == 1:  # (several sizes: separate_runs refused them)
             world = sizes.pop()
             missing = sorted(set(range(world)) - set(by_rank))
             if missing:
                 shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
                 problems.append(f"ranks {shown} of world size {world}: no readable file")
-        elif len(sizes) > 1:
-            problems.append(f"the files disagree on world_size ({sorted(sizes)}): traces of "
-                            "different jobs?")
         if not files:
             raise RankSetError("no rank trace could be read: " + "; ".join(problems)
                                if problems else "no .htrace file given")

@@ -315,8 +315,8 @@ def analyze(inputs: Sequence[str | os.PathLike[str]], *,
     RuntimeWarning); raises :class:`~hooktrace.rankset.RankSetError` when none is
     readable.
     """
-    if threshold < 0 or min_excess_ns < 0:
-        raise ValueError(f"threshold and min_excess_ns must be >= 0, got {threshold}, "
+    if not (0 <= threshold < float("inf") and 0 <= min_excess_ns < 2**63):
+        raise ValueError(f"threshold and min_excess_ns must be finite and >= 0, got {threshold}, "
                          f"{min_excess_ns}")
     paths, problems = find_rank_files(inputs)
     prof_of: dict[str, str] = {}

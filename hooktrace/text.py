@@ -16,7 +16,8 @@ import shutil
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["OPEN_HINT", "align_columns", "csv_text", "describe_dump", "format_bytes",
+__all__ = ["OPEN_HINT", "align_columns", "csv_text", "describe_dump", "display_path",
+           "format_bytes",
            "format_count", "format_ns", "open_hint", "shorten_distinct", "shorten_middle",
            "terminal_width"]
 
@@ -27,6 +28,17 @@ def terminal_width(default: int = DEFAULT_WIDTH) -> int:
     """The columns a table may use: ``$COLUMNS`` when set, else the terminal's width,
     else ``default`` (output to a file or a pipe)."""
     return max(shutil.get_terminal_size((default, 24)).columns, 40)
+
+
+def display_path(path: str) -> str:
+    r"""A file name as text that any UTF-8 output can hold: bytes of the name that are
+    not UTF-8 (which Python keeps as lone surrogates) are written ``\xNN``.
+
+    Example:
+        >>> display_path("runs/r\udcff.htrace"), display_path("ok/é.htrace")
+        ('runs/r\\xff.htrace', 'ok/é.htrace')
+    """
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def open_hint(what: str) -> str:

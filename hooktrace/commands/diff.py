@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from hooktrace._args import finite_float
 from hooktrace.commands import CliError
 
 NAME = "diff"
@@ -43,11 +44,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("b", metavar="B", help="the run compared with it (the same kinds)")
     p.add_argument("--top", type=int, default=None, help="only the N rows of largest change")
     p.add_argument("--json", action="store_true", help="JSON instead of a table (times in ns)")
-    p.add_argument("--fail-above", type=float, default=None, metavar="PCT",
+    p.add_argument("--fail-above", type=finite_float, default=None, metavar="PCT",
                    help="exit 1 when the step or any module got slower by more than PCT "
                         "percent (a module: its median call x calls per step, or per run); "
                         "rank directories: on any rank, named in the verdict")
-    p.add_argument("--min-share", type=float, default=1.0, metavar="PCT",
+    p.add_argument("--min-share", type=finite_float, default=1.0, metavar="PCT",
                    help="with --fail-above: ignore modules below PCT percent of A's step "
                         "time (default: %(default)s)")
     p.add_argument("--workers", type=int, default=None,
@@ -61,8 +62,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--top must be at least 1, got {args.top}")
     if args.fail_above is not None and not args.fail_above >= 0:
         raise CliError(f"--fail-above must be a percentage >= 0, got {args.fail_above}")
-    if not args.min_share >= 0:
-        raise CliError(f"--min-share must be a percentage >= 0, got {args.min_share}")
+    if not 0 <= args.min_share <= 100:
+        raise CliError(f"--min-share must be a percentage from 0 to 100, got {args.min_share}")
     if args.workers is not None and args.workers < 1:
         raise CliError(f"--workers must be at least 1, got {args.workers}")
     d = compare_paths(args.a, args.b, workers=args.workers)

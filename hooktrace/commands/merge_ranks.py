@@ -29,12 +29,15 @@ def add_workers_check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> None:
     import warnings
 
+    from hooktrace._output import check_output_path
+    from hooktrace.exporters.formats import CHROME, output_format
     from hooktrace.exporters.ranks import merge_ranks
 
     add_workers_check(args)
-    if args.output.endswith(".pftrace"):
-        raise CliError(f"{args.output}: .pftrace output is not available yet; write .json or "
-                       ".json.gz")
+    check_output_path(args.output, args.inputs)  # (a directory, an input: said first)
+    if output_format(args.output) is not CHROME:
+        raise CliError(f"{args.output}: only Chrome JSON is written for many ranks yet; write "
+                       ".json or .json.gz")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the problems are printed below, one line each
         r = merge_ranks(args.inputs, args.output, profilers=args.profiler, workers=args.workers)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from hooktrace._args import finite_float
 from hooktrace.commands import CliError
 
 NAME = "report"
@@ -14,7 +15,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run", help="the .htrace file")
     p.add_argument("-o", "--output", required=True, help="the HTML file to write")
     p.add_argument("--title", default=None, help="the page's title")
-    p.add_argument("--peak-tflops", type=float, default=None, metavar="TFLOPS",
+    p.add_argument("--peak-tflops", type=finite_float, default=None, metavar="TFLOPS",
                    help="the device's peak TFLOP/s, for the MFU column of a run recorded "
                         "with flops=True (default: known GPUs' peaks)")
 

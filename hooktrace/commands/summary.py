@@ -7,6 +7,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from hooktrace._args import finite_float
 from hooktrace.commands import CliError
 
 if TYPE_CHECKING:
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
     from hooktrace.summary import StepTable
 
 NAME = "summary"
+MAX_MIN_EXCESS_NS = 10**18  # (31 years) larger does not fit the int64 times it is compared with
 HELP = "per-module time table of a .htrace file"
 
 
@@ -46,14 +48,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "trace(model, numerics=True) or run --numerics; --wide, --csv and "
                         "--json always have them); with --json also numerics_history, per "
                         "module, phase and step")
-    p.add_argument("--peak-tflops", type=float, default=None, metavar="TFLOPS",
+    p.add_argument("--peak-tflops", type=finite_float, default=None, metavar="TFLOPS",
                    help="the device's peak TFLOP/s, for MFU (default: known GPUs' peaks)")
     p.add_argument("--steps", action="store_true",
                    help="one row per training step (duration, forward and backward time)")
     ranks = p.add_argument_group("many ranks (a directory or several files)")
-    ranks.add_argument("--threshold", type=float, default=None,
+    ranks.add_argument("--threshold", type=finite_float, default=None,
                        help="straggler: over (1 + T) x the other ranks' median (default: 0.5)")
-    ranks.add_argument("--min-excess-ms", type=float, default=None,
+    ranks.add_argument("--min-excess-ms", type=finite_float, default=None,
                        help="straggler: and more than this over it (default: 1 ms)")
     ranks.add_argument("--workers", type=int, default=None,
                        help="processes reading ranks (default: one per CPU from 4 ranks on)")
@@ -149,6 +151,9 @@ def _run_ranks(args: argparse.Namespace) -> None:
                   else int(args.min_excess_ms * 1e6))
     if threshold < 0 or min_excess < 0:
         raise CliError("--threshold and --min-excess-ms must be at least 0")
+    if min_excess > MAX_MIN_EXCESS_NS:
+        raise CliError(f"--min-excess-ms must be at most {MAX_MIN_EXCESS_NS // 10**6} ms, got "
+                       f"{args.min_excess_ms:g}")
     profilers = [args.profiler] if args.profiler is not None else []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # problems are part of the report

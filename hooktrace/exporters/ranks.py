@@ -315,7 +315,9 @@ class ChromeRankWriter:
     def finish(self, block: dict[str, Any]) -> None:
         tail = ('\n],\n"displayTimeUnit":"ns","baseTimeNanoseconds":' + str(self.base_ns)
                 + ',\n"hooktrace":' + _dumps(block) + "}\n")
-        self._out.write(tail.encode("utf-8"))
+        # the ranks' paths and problems name files: a name that is not UTF-8 holds lone
+        # surrogates, written as JSON's \udcNN escapes (json.loads gives the name back)
+        self._out.write(tail.encode("utf-8", "backslashreplace"))
 
 
 # -- profiler traces per rank --------------------------------------------------

@@ -61,6 +61,7 @@ _MAX_UNIX_NS = 2**62  # year 2116; keeps every sum below int64 overflow
 # Thread ids are gettid() values, below Linux's PID_MAX_LIMIT (2**22): larger ones
 # are not a recording's.
 _MAX_TID = 2**22
+_MAX_STEP = 2**62  # a step number (from 0 up) beyond this is no count of steps
 # Events may lie this far outside [start_unix_ns, stop_unix_ns] (the wall clock
 # can be stepped during a run); further out a timestamp cannot be right.
 INTERVAL_SLACK_NS = 60 * 10**9
@@ -643,6 +644,33 @@ def _validate_events(
         bad = np.flatnonzero(tid > _MAX_TID)
         fail(bad, "tid", f"expected a thread id of at most {_MAX_TID}, found {int(tid[bad[0]])}")
     _validate_times(events, clock, interval, fail)
+    _validate_steps(events, kind, clock, fail)
+
+
+def _validate_steps(events: np.ndarray, kind: np.ndarray, clock: Clock,
+                    fail: Callable[[np.ndarray, str, str], NoReturn]) -> None:
+    """Step marks (seq: the step's number) count up from 0: each number below
+    ``_MAX_STEP`` and, in time order, each mark's number above the one before
+    (a gap is steps lost to a full buffer; a repeat or a step back no recorder writes)."""
+    marks = np.flatnonzero(kind == STEP)
+    if not marks.size:
+        return
+    number = events["seq"][marks]
+    bad = marks[number >= np.uint64(_MAX_STEP)]
+    if bad.size:
+        found = int(np.uint64(events["seq"][bad[0]]).view(np.int64))  # -1, not 2**64-1
+        fail(bad, "seq", f"expected a step number in [0, 2**62), found {found}")
+    if marks.size < 2:
+        return
+    t = (events["t"][marks] - np.uint64(clock.ticks0)).view(np.int64)
+    order = np.lexsort((number, t))  # by time; marks at the same tick by number
+    n = number[order]
+    later = np.flatnonzero(n[1:] <= n[:-1]) + 1
+    if later.size:
+        i, before = int(marks[order[later[0]]]), int(marks[order[later[0] - 1]])
+        fail(np.sort(marks[order[later]]), "seq",
+             f"step {int(events['seq'][i])} comes after step {int(events['seq'][before])} "
+             f"(event {before}): expected step numbers that increase with time")
 
 
 def _validate_times(events: np.ndarray, clock: Clock, interval: tuple[int, int] | None,

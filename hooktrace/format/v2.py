@@ -52,6 +52,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from hooktrace._input import open_input
 from hooktrace._output import open_output
 from hooktrace._events import EVENT_DTYPE, Clock
 from hooktrace.format.meta import (
@@ -197,7 +198,7 @@ def read_trace(path: str | os.PathLike[str], *, mmap: bool = False) -> TraceFile
         FileNotFoundError: [Errno 2] No such file or directory: '/nonexistent.htrace'
     """
     name = os.fspath(path)
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         size = os.fstat(f.fileno()).st_size
         head = f.read(HEADER_SIZE)
         _check_magic(name, head, size)

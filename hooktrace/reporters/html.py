@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from hooktrace._output import open_output
 from hooktrace.errors import HooktraceError
+from hooktrace.text import display_path
 from hooktrace.summary import (
     UNATTRIBUTED,
     StepTable,
@@ -365,7 +366,9 @@ def write_report(trace: TraceData, path: str | os.PathLike[str], *,
                  source: str | None = None, title: str | None = None,
                  peak_tflops: float | None = None) -> None:
     """Write the report to ``path`` (through a temporary file, like every output)."""
-    text = render_report(trace, source=source, title=title, peak_tflops=peak_tflops)
+    # a file name that is not UTF-8 would not encode: shown with \xNN escapes
+    text = render_report(trace, source=None if source is None else display_path(source),
+                         title=title, peak_tflops=peak_tflops)
     with open_output(path, gzip_by_name=False) as f:
         f.write(text.encode("utf-8"))
 

@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("leaf: constants, errors and formatting helpers", {
         "hooktrace._events", "hooktrace.errors", "hooktrace._naming", "hooktrace._output",
         "hooktrace._progress", "hooktrace.text", "hooktrace._version", "hooktrace._moved",
-        "hooktrace._native"}),
+        "hooktrace._native", "hooktrace._input", "hooktrace._args"}),
     ("file formats", {
         "hooktrace.format", "hooktrace.format.meta", "hooktrace.format.v2",
         "hooktrace.format.stream", "hooktrace._kineto", "hooktrace._profiler_events"}),
@@ -33,6 +33,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("outputs", {
         "hooktrace.exporters", "hooktrace.exporters._layout", "hooktrace.exporters.chrome",
         "hooktrace.exporters.perfetto", "hooktrace.exporters.ranks", "hooktrace.exporters._extra_args",
+        "hooktrace.exporters.formats",
         "hooktrace.reporters",
         "hooktrace.reporters.html", "hooktrace.merge", "hooktrace.result"}),
     ("recording", {
