@@ -224,6 +224,8 @@ def test_diff_and_report_tell_kernel_time_from_measured_calls(traced) -> None:
     assert r["per_step_a_ns"] > 0 and r["per_step_b_ns"] > 0
     assert len(d.notes) == 1 and "mostly compiled" in d.notes[0], d.notes
     # the report's table gets the timing column only when some row is kernel-derived
+    pytest.importorskip("plotly", reason="the HTML report inlines plotly.js from the plotly "
+                        "package (optional: hooktrace[report])")
     assert "<td data-v=\"kernels\">kernels</td>" in render_report(compiled)
     assert 'data-key="timing"' not in render_report(tr.result)
 
