@@ -236,6 +236,13 @@ def _cuda_device(model: nn.Module | None) -> int:
     return torch.cuda.current_device()
 
 
+def _torch_version() -> tuple[int, int]:
+    import torch
+
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int(minor)
+
+
 def _cuda_allocations(device: int) -> int:
     """How many allocations the caching allocator has made on ``device`` so far."""
     import torch
@@ -251,6 +258,9 @@ def enable(session: _C.Session, model: nn.Module | None = None) -> dict[str, obj
     from hooktrace.errors import HooktraceError
 
     cuda = _cuda_device(model)
+    old_torch = cuda >= 0 and _torch_version() < (2, 9)
+    if old_torch:  # no c10::DeviceAllocator to read (csrc/memory.cpp): CPU only
+        cuda = -1
     try:
         session.set_memory(True, cuda)
     except RuntimeError as e:
@@ -261,7 +271,9 @@ def enable(session: _C.Session, model: nn.Module | None = None) -> dict[str, obj
                    "recording (tensors allocated before the trace are not subtracted "
                    "when freed)",
             **({"cuda": "the caching allocator's allocated bytes and high-water mark"}
-               if cuda >= 0 else {})}
+               if cuda >= 0 else {}),
+            **({"cuda": "not sampled: reading it needs torch 2.9 or later"}
+               if old_torch else {})}
 
 
 def cuda_allocations(block: dict[str, object]) -> int:

@@ -344,3 +344,19 @@ def test_a_cpu_model_on_a_machine_with_cuda_records_only_cpu(monkeypatch: Any) -
     assert memory.finish(block, 5) == {"devices": ["cpu"], "cpu": "..."}
     assert memory.finish(block, 4) == block
     assert memory.finish({"devices": ["cpu"]}, -1) == {"devices": ["cpu"]}
+
+
+def test_cuda_memory_before_torch_2_9_records_cpu_and_says_why(monkeypatch: Any) -> None:
+    """torch < 2.9 has no c10::DeviceAllocator to read CUDA statistics from (csrc/memory.cpp):
+    a run that uses CUDA records CPU memory and says CUDA was not sampled, instead of
+    failing at the start."""
+    monkeypatch.setattr(torch, "__version__", "2.8.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # the process uses CUDA
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    model = nn.ReLU()  # no parameters: the current device would be sampled
+    with hooktrace.trace(model, memory=True) as tr:
+        model(torch.randn(2, 8))
+    assert tr.info["memory"]["devices"] == ["cpu"]
+    assert "torch 2.9" in tr.info["memory"]["cuda"]
+    assert span_memory(tr, "cpu").known.all()
