@@ -94,11 +94,22 @@ def _compiled(how: str) -> tuple[Any, Net]:
 
 @pytest.fixture(scope="module", params=["blocks", "model"])
 def traced(request: pytest.FixtureRequest) -> tuple[str, hooktrace.TraceResult]:
-    fn, net = _compiled(request.param)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with hooktrace.trace(fn if request.param == "model" else net) as tr:
-            _train(fn, net)
+    # One intra-op thread (compiled and run): a parallel kernel ends when its slowest
+    # thread does, so on a loaded machine a tiny LayerNorm whose worker thread was
+    # descheduled measured tens of ms, longer than the six matmuls, in most calls (the
+    # heavy-submodule test failed under two CPU burners). With one thread a kernel is
+    # stretched only when its own thread is preempted while it runs, which is likelier
+    # the longer the kernel: load cannot turn the light kernels into the heavy ones.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        fn, net = _compiled(request.param)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with hooktrace.trace(fn if request.param == "model" else net) as tr:
+                _train(fn, net)
+    finally:
+        torch.set_num_threads(threads)
     return request.param, tr.result
 
 
