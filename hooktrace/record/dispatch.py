@@ -90,7 +90,8 @@ def release(holder: object) -> None:
 _dynamo_hooked = False
 
 
-def _on_compile_start(_args: Any) -> None:
+def _on_compile_start(_args: Any = None) -> None:
+    # (_args: Dynamo's CallbackArgs; torch 2.5's callback handler passes none)
     global _swapped
     _C.set_compiling(True)  # AOTAutograd's fake backward is not the program's
     with _lock:
@@ -101,7 +102,7 @@ def _on_compile_start(_args: Any) -> None:
             _swapped = True
 
 
-def _on_compile_end(_args: Any) -> None:
+def _on_compile_end(_args: Any = None) -> None:
     global _swapped
     _C.set_compiling(False)
     kernels.compile_ended()
