@@ -23,7 +23,7 @@ NINJA_PROGRESS = sed -unE 's|^(\[[0-9]+/[0-9]+\]) .* -c ([^ ]*/)?([^ /]+) .*|  \
 # in an existing .venv; `make clean` removes it so the next target rebuilds.
 STAMP := $(VENV)/.hooktrace-installed-$(shell printf '%s' '$(TORCH)' | tr -c 'A-Za-z0-9.' '_')
 
-.PHONY: help venv build demo test test-unit test-integration sanitize bench lint clean
+.PHONY: help venv build demo test test-unit test-integration test-floor sanitize bench lint clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -62,6 +62,40 @@ test-unit: venv  ## pure-Python reader/exporter/CLI tests
 
 test-integration: venv  ## compiled core with real modules
 	$(PY) -m pytest -q tests/integration
+
+# The torch floor: pyproject.toml's "torch>=X.Y" is proved by the unit tests and the
+# forward/backward integration tests against torch X.Y.0 (TORCH_FLOOR; the target checks
+# that the two agree). Like `make sanitize`: a venv of its own (.venv-floor) and a copy of
+# the sources in build/floor/tree built there with that venv's python, so the in-place
+# hooktrace/_C*.so stays the normal one. transformers 5 needs torch 2.6, so the floor
+# venv has the last transformers 4 (the tests' tiny Llama/BERT build with both).
+TORCH_FLOOR ?= torch==2.5.0
+FLOOR_VENV ?= .venv-floor
+FLOOR_DEPS ?= pytest "transformers<5" plotly
+FLOOR_TESTS ?= tests/unit tests/integration/test_forward.py tests/integration/test_backward.py
+FLOOR_DIR := build/floor
+FLOOR_PY := $(FLOOR_VENV)/bin/python
+FLOOR_STAMP := $(FLOOR_VENV)/.hooktrace-floor-$(shell printf '%s' '$(TORCH_FLOOR)' | tr -c 'A-Za-z0-9.' '_')
+FLOOR_DECLARED := torch>=$(basename $(patsubst torch==%,%,$(TORCH_FLOOR)))
+
+$(FLOOR_STAMP): Makefile
+	test -x $(FLOOR_PY) || $(PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_PY) -m pip install -q --upgrade pip
+	$(FLOOR_PY) -m pip install -q "$(TORCH_FLOOR)" $(BUILD_DEPS) $(FLOOR_DEPS)
+	rm -f $(FLOOR_VENV)/.hooktrace-floor-*
+	touch $(FLOOR_STAMP)
+
+test-floor: $(FLOOR_STAMP)  ## unit + forward/backward tests against the oldest torch declared
+	grep -q '"$(FLOOR_DECLARED)"' pyproject.toml \
+		|| { echo "test-floor: pyproject.toml does not declare $(FLOOR_DECLARED)"; exit 1; }
+	rm -rf $(FLOOR_DIR)/tree
+	mkdir -p $(FLOOR_DIR)/tree
+	tar -cf - --exclude=__pycache__ --exclude='*.so' --exclude='*.egg-info' \
+		setup.py pyproject.toml README.md csrc hooktrace tests | tar -xf - -C $(FLOOR_DIR)/tree
+	cd $(FLOOR_DIR)/tree && MAX_JOBS=$${MAX_JOBS:-2} $(abspath $(FLOOR_PY)) setup.py -q \
+		build_ext --inplace --build-temp $(abspath $(FLOOR_DIR))/temp
+	cd $(FLOOR_DIR)/tree && PYTHONPATH=$$PWD $(abspath $(FLOOR_PY)) -m pytest -q \
+		-p no:cacheprovider $(FLOOR_TESTS)
 
 # ASan + UBSan (SANITIZE=1 in setup.py). A sanitized _C.so only loads with libasan preloaded,
 # so it must never replace the normal in-place one: the target copies the sources (setup.py,

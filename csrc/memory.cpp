@@ -6,8 +6,15 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
-#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/DeviceType.h>
+#include <torch/version.h>
+
+// c10::DeviceAllocator (getDeviceStats without CUDA headers) exists from torch 2.9 on;
+// with an older torch, CUDA memory is not sampled (set_memory says so) and CPU memory is.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
+#define HOOKTRACE_DEVICE_ALLOCATOR 1
+#include <c10/core/CachingDeviceAllocator.h>
+#endif
 
 namespace hooktrace {
 
@@ -116,18 +123,27 @@ bool cpu_memory_installed() {
 }
 
 c10::DeviceAllocator* cuda_device_allocator() {
+#ifdef HOOKTRACE_DEVICE_ALLOCATOR
   // allocator_array's slot: null in a CPU-only build (GetAllocator checks in debug
   // builds only)
   c10::Allocator* a = c10::GetAllocator(c10::DeviceType::CUDA);
   return a == nullptr ? nullptr : dynamic_cast<c10::DeviceAllocator*>(a);
+#else
+  return nullptr;
+#endif
 }
 
 void sample_cuda_memory(c10::DeviceAllocator* allocator, int device, int64_t* current,
                         int64_t* peak) {
+#ifdef HOOKTRACE_DEVICE_ALLOCATOR
   auto stats = allocator->getDeviceStats(static_cast<c10::DeviceIndex>(device));
   const auto& bytes = stats.allocated_bytes[0];  // StatType::AGGREGATE
   *current = bytes.current;
   *peak = bytes.peak;
+#else
+  (void)allocator, (void)device;  // never called: cuda_device_allocator() is null
+  *current = *peak = 0;
+#endif
 }
 
 }  // namespace hooktrace

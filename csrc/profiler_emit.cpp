@@ -43,7 +43,9 @@ void emit_enter(const char* name) {
   auto callbacks = at::getStepCallbacksUnlessEmpty(at::RecordScope::USER_SCOPE);
   if (C10_LIKELY(!callbacks)) return;
   auto* rf = new (slot.storage) at::RecordFunction(std::move(*callbacks));
-  rf->before(std::string_view(name), c10::ArrayRef<const c10::IValue>{});
+  // a const char*: torch 2.5's before() takes it (not std::string_view), today's as a
+  // std::string_view; neither copies the name
+  rf->before(name, c10::ArrayRef<const c10::IValue>{});
   slot.live = true;
 }
 

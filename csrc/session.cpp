@@ -67,7 +67,7 @@ void Session::set_memory(bool cpu, int cuda_device) {
   if (cuda_device >= 0) {
     cuda = cuda_device_allocator();
     if (cuda == nullptr)
-      throw std::runtime_error("no CUDA allocator is registered (a CPU-only torch build)");
+      throw std::runtime_error("no CUDA allocator is registered (a CPU-only torch build, or torch < 2.9)");
   }
   memory_ = static_cast<uint8_t>((cpu ? kMemoryCpu : 0) | (cuda ? kMemoryCuda : 0));
   cuda_allocator_ = cuda;

@@ -747,8 +747,8 @@ def _add_memory(rows: list[dict[str, Any]], trace: TraceData, device: str) -> li
         for key in keys:
             row[key] = values.get(key)
     unknown = int(np.count_nonzero(~mem.known))
-    # (each note fits the 120-column table with its "note: " prefix)
-    notes = [f"memory ({device}): {keys[0]} = bytes a call leaves allocated (mean over calls), "
+    # (each note fits the 120-column table with its "note: " prefix, for "cuda:NNN" too)
+    notes = [f"memory ({device}): {keys[0]} = bytes a call leaves allocated (mean), "
              f"{keys[1]} = peak above its start (max)"]
     if unknown:
         notes.append(f"memory ({device}): {unknown} call(s) without both samples left out")

@@ -109,7 +109,8 @@ def _trigger(args: Any) -> str:
     return str(getattr(trigger, "name", trigger or "dynamo")).lower()
 
 
-def _on_compile_start(args: Any) -> None:
+def _on_compile_start(args: Any = None) -> None:
+    # (args: Dynamo's CallbackArgs; torch 2.5's callback handler passes none)
     global _swapped
     _C.set_compiling(True)  # AOTAutograd's fake backward is not the program's
     with _lock:
@@ -125,7 +126,7 @@ def _on_compile_start(args: Any) -> None:
             _swapped = True
 
 
-def _on_compile_end(_args: Any) -> None:
+def _on_compile_end(_args: Any = None) -> None:
     global _swapped
     _C.set_compiling(False)
     kernels.compile_ended()

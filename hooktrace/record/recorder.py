@@ -268,6 +268,7 @@ class Recorder(StepMarks, FlightRecorder):
         self._state: Literal["new", "recording", "done"] = "new"
         self._flop_recorder: Any = None
         self._memory_info: dict[str, Any] | None = None
+        self._cuda_allocations = -1  # the CUDA device's allocations when memory recording began
         self._flop_window_start = 0  # the FLOP recorder's root calls before this window
         self._result: TraceResult | None = None
         self._start_unix_ns = 0
@@ -285,9 +286,11 @@ class Recorder(StepMarks, FlightRecorder):
         session = _C.Session(self._capacity, self._policy)
         scope = self._scope
         if self._memory:
-            from hooktrace.memory import enable
+            from hooktrace.memory import cuda_allocations, enable
 
-            self._memory_info = enable(session)
+            self._memory_info = enable(
+                session, scope.model() if isinstance(scope, ModelScope) else None)
+            self._cuda_allocations = cuda_allocations(self._memory_info)
         # All or nothing: a Ctrl-C is held off until recording fully started, then
         # aborts the entry like any exception, undoing every step taken.
         with _SigintDeferred() as sigint:
@@ -577,6 +580,7 @@ class Recorder(StepMarks, FlightRecorder):
         info = self._run_info(session)
         info.update(dropped_events=int(stats["dropped"]),
                     overwritten_events=int(stats["overwritten"]), stop_unix_ns=stop_unix_ns)
+        self._add_memory(info)
         self._add_flops(info)
         clock = Clock(int(ticks0), int(unix_ns0), float(ns_per_tick))
         # Many ranks (issue #11, hooktrace/distributed.py): rank, world size, backend and
@@ -584,6 +588,13 @@ class Recorder(StepMarks, FlightRecorder):
         clock = apply_test_clock_offset(clock, info)  # the identity unless a test sets one
         info.update(rank_info(info["start_unix_ns"], info["stop_unix_ns"]))
         return events, clock, info
+
+    def _add_memory(self, info: dict[str, Any]) -> None:
+        """The memory block as of now: without a CUDA device the run did not allocate on."""
+        if self._memory_info is not None:
+            from hooktrace.memory import finish
+
+            info["memory"] = finish(self._memory_info, self._cuda_allocations)
 
     def _add_flops(self, info: dict[str, Any]) -> None:
         if self._flop_recorder is not None:
@@ -689,6 +700,7 @@ class Recorder(StepMarks, FlightRecorder):
             footer.update(self._compiles())
             if self._shapes:  # signatures seen while streaming
                 footer["shape_signatures"] = _C.shape_signatures()
+            self._add_memory(footer)  # the devices the run used
             self._add_flops(footer)  # (stopped by now: every count closed)
             self._stream_counts = {"events": int(written["events"]),
                                    "dropped_events": int(stats["dropped"]),

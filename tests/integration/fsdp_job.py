@@ -13,6 +13,7 @@ import time
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
 
@@ -50,9 +51,12 @@ dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(0)
 model = Net()
+# An explicit CPU mesh: without one, fully_shard meshes the accelerator torch finds
+# (torch._C._get_accelerator(): CUDA on a GPU machine) and moves the parameters there.
+mesh = init_device_mesh("cpu", (dist.get_world_size(),))
 for b in model.blocks:
-    fully_shard(b)
-fully_shard(model)
+    fully_shard(b, mesh=mesh)
+fully_shard(model, mesh=mesh)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 how = sys.argv[1]
 os.makedirs(os.path.dirname(sys.argv[2]) or ".", exist_ok=True)

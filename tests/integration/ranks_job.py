@@ -70,11 +70,15 @@ def main() -> None:
     if args.mode == "ddp":
         model: nn.Module = nn.parallel.DistributedDataParallel(net)
     else:
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
+        # an explicit CPU mesh: by default fully_shard meshes the accelerator torch finds
+        # (CUDA on a GPU machine) and moves the parameters there
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
         for layer in net.encoder.layers:
-            fully_shard(layer)
-        model = fully_shard(net)
+            fully_shard(layer, mesh=mesh)
+        model = fully_shard(net, mesh=mesh)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(4, 8, 16, generator=torch.Generator().manual_seed(rank))
     out_dir = os.path.join(args.out, "")

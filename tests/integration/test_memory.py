@@ -317,3 +317,46 @@ def test_hooktrace_run_memory_records_an_unmodified_script(tmp_path: Any) -> Non
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "no memory recorded" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_cpu_model_on_a_machine_with_cuda_records_only_cpu(monkeypatch: Any) -> None:
+    """issue #26: with a GPU present, memory=True listed "cuda:0" for a CPU model and
+    initialized CUDA (a context the run never used) to sample it. The devices listed are
+    those the run used; a CPU model's trace leaves CUDA alone."""
+    import hooktrace.memory as memory
+
+    def no_cuda_use(*args: Any) -> Any:
+        raise AssertionError("hooktrace touched CUDA for a CPU model")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "current_device", no_cuda_use)
+    monkeypatch.setattr(torch.cuda, "memory_stats", no_cuda_use)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU())
+    with hooktrace.trace(model, memory=True) as tr:
+        model(torch.randn(2, 8)).sum().backward()
+    assert tr.info["memory"]["devices"] == ["cpu"]
+    assert memory._cuda_device(model) == -1
+    # a process scope (hooktrace run: the script has not run yet) samples the current
+    # device, and the finished run lists it only if it allocated there
+    block = {"devices": ["cpu", "cuda:0"], "cpu": "...", "cuda": "..."}
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda d: {"allocation.all.allocated": 5})
+    assert memory.finish(block, 5) == {"devices": ["cpu"], "cpu": "..."}
+    assert memory.finish(block, 4) == block
+    assert memory.finish({"devices": ["cpu"]}, -1) == {"devices": ["cpu"]}
+
+
+def test_cuda_memory_before_torch_2_9_records_cpu_and_says_why(monkeypatch: Any) -> None:
+    """torch < 2.9 has no c10::DeviceAllocator to read CUDA statistics from (csrc/memory.cpp):
+    a run that uses CUDA records CPU memory and says CUDA was not sampled, instead of
+    failing at the start."""
+    monkeypatch.setattr(torch, "__version__", "2.8.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # the process uses CUDA
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    model = nn.ReLU()  # no parameters: the current device would be sampled
+    with hooktrace.trace(model, memory=True) as tr:
+        model(torch.randn(2, 8))
+    assert tr.info["memory"]["devices"] == ["cpu"]
+    assert "torch 2.9" in tr.info["memory"]["cuda"]
+    assert span_memory(tr, "cpu").known.all()

@@ -12,6 +12,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
@@ -122,6 +123,8 @@ def test_the_report_charts_complete_training_steps_and_shows_the_mode(tmp_path: 
     run = hooktrace.load(tmp_path / "run.htrace")
     steps = run.steps()
     assert not steps.complete.all()  # the eval pass after the last optimizer step
+    pytest.importorskip("plotly", reason="the HTML report inlines plotly.js from the plotly "
+                        "package (optional: hooktrace[report])")
     page = render_report(run)
     complete = [int(n) for n, c in zip(steps.number, steps.complete) if c]
     assert f'"x": {json.dumps(complete)}' in page  # the step chart's steps (steps_figure)
