@@ -261,6 +261,7 @@ class Recorder(StepMarks, FlightRecorder):
         self._flops = bool(flops)
         self._memory = bool(memory)
         self._numerics = bool(numerics)
+        self._fused_reason: str | None = None  # why the deferred numerics are not fused
         self._shapes = bool(shapes)
         self._numerics_every = int(numerics_every)
         self._session: Any = None
@@ -288,6 +289,8 @@ class Recorder(StepMarks, FlightRecorder):
             from hooktrace.memory import enable
 
             self._memory_info = enable(session)
+        if self._numerics:
+            self._fused_reason = _use_fused_numerics(scope)
         # All or nothing: a Ctrl-C is held off until recording fully started, then
         # aborts the entry like any exception, undoing every step taken.
         with _SigintDeferred() as sigint:
@@ -555,7 +558,8 @@ class Recorder(StepMarks, FlightRecorder):
             "start_unix_ns": self._start_unix_ns,
             "thread_names": _thread_names(),
             **({"memory": self._memory_info} if self._memory_info is not None else {}),
-            **({"numerics": {"every": self._numerics_every, "backward": "input gradients"}}
+            **({"numerics": {"every": self._numerics_every, "backward": "input gradients",
+                             **_deferred_path(self._fused_reason)}}
                if self._numerics else {}),
             **_kernel_sites(),
             **({"shape_signatures": _C.shape_signatures()} if self._shapes else {}),
@@ -744,6 +748,48 @@ class Recorder(StepMarks, FlightRecorder):
             info["dropped_events"] = int(info.get("dropped_events", 0)) + lost
         return TraceResult(contents.events, contents.modules, contents.node_names,
                            contents.clock, info)
+
+
+def _use_fused_numerics(scope: Scope) -> str | None:
+    """Hands the fused Triton reduction (record/fused_numerics.py) to the native core
+    for the deferred numerics, when the traced model is on a CUDA device (a global
+    trace: when CUDA is available) and ``triton`` imports; else returns why not.
+    Triton is imported only then (never on a CPU-only run). A launcher already
+    registered (by an earlier trace, or a test) is kept; after a failure of the fused
+    kernel in this process, the ATen ops stay in charge."""
+    registered, error = _C.numerics_fused_state()
+    if registered:
+        return None
+    if error is not None:
+        return f"the fused kernel failed earlier in this process ({error})"
+    if not torch.cuda.is_available():
+        return "no CUDA device (on the CPU, each call's statistics are read at once)"
+    if isinstance(scope, ModelScope):
+        model = scope.model()
+        on_cuda = any(t.is_cuda for t in (*model.parameters(), *model.buffers()))
+        if not on_cuda:
+            return "the model is not on a CUDA device"
+    try:
+        from hooktrace.record import fused_numerics
+
+        fused_numerics.register()
+    except Exception as e:  # (not installed, or an import that fails on this system)
+        return f"triton is not usable ({type(e).__name__}: {e})".splitlines()[0]
+    return None
+
+
+def _deferred_path(reason: str | None) -> dict[str, str]:
+    """``info["numerics"]``'s word on the deferred (GPU) path: ``deferred_path``,
+    "triton" (one fused kernel per tensor) or "aten" (five ATen ops per tensor), and
+    ``deferred_note`` saying why not triton (a failure of the fused kernel included:
+    the ATen ops took over from it)."""
+    registered, error = _C.numerics_fused_state()
+    if error is not None:
+        return {"deferred_path": "aten",
+                "deferred_note": f"the fused Triton kernel failed, the ATen ops took over: {error}"}
+    if registered:
+        return {"deferred_path": "triton"}
+    return {"deferred_path": "aten", "deferred_note": reason or "no fused launcher registered"}
 
 
 def _kernel_sites() -> dict[str, Any]:
