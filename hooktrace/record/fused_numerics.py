@@ -13,7 +13,8 @@ else the finite ones; the non-finite count is ``NANS + INFS``.
 
 :func:`register` hands :func:`launch` to the core (``_C.set_numerics_fused``); the
 recorder does so only for a model on a CUDA device, when ``triton`` imports (it is
-imported here, lazily: never on a CPU-only run). On the first launch that raises
+imported here, lazily: never on a CPU-only run) and ``HOOKTRACE_NUMERICS_FUSED`` is
+not ``0``. On the first launch that raises
 (e.g. Triton cannot compile for this GPU), the core unregisters it, takes the ATen
 path for the rest of the process and says why in ``info["numerics"]``.
 
@@ -89,12 +90,18 @@ def make_launcher(interpret: bool | None = None) -> FusedLauncher:
     return FusedLauncher(interpret)
 
 
+_launchers: dict[bool | None, FusedLauncher] = {}  # (one kernel object: compiled once)
+
+
 def register(cpu: bool = False, interpret: bool | None = None) -> None:
     """Hands a launcher to the native core (``cpu``: for CPU tensors too, with the
     interpreter; tests). Raises ImportError when triton is not installed."""
     import hooktrace._C as _C
 
-    _C.set_numerics_fused(make_launcher(interpret), cpu)
+    launcher = _launchers.get(interpret)
+    if launcher is None:
+        launcher = _launchers[interpret] = make_launcher(interpret)
+    _C.set_numerics_fused(launcher, cpu)
 
 
 def unregister() -> None:

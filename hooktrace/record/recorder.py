@@ -753,17 +753,20 @@ class Recorder(StepMarks, FlightRecorder):
 def _use_fused_numerics(scope: Scope) -> str | None:
     """Hands the fused Triton reduction (record/fused_numerics.py) to the native core
     for the deferred numerics, when the traced model is on a CUDA device (a global
-    trace: when CUDA is available) and ``triton`` imports; else returns why not.
+    trace: when CUDA is available), ``triton`` imports and ``HOOKTRACE_NUMERICS_FUSED``
+    is not ``0``; else returns why not.
     Triton is imported only then (never on a CPU-only run). A launcher already
     registered (by an earlier trace, or a test) is kept; after a failure of the fused
     kernel in this process, the ATen ops stay in charge."""
     registered, error = _C.numerics_fused_state()
     if registered:
         return None
+    if os.environ.get("HOOKTRACE_NUMERICS_FUSED", "") == "0":
+        return "turned off (HOOKTRACE_NUMERICS_FUSED=0)"
     if error is not None:
         return f"the fused kernel failed earlier in this process ({error})"
     if not torch.cuda.is_available():
-        return "no CUDA device (on the CPU, each call's statistics are read at once)"
+        return "no CUDA device: on the CPU each call's statistics are read at once"
     if isinstance(scope, ModelScope):
         model = scope.model()
         on_cuda = any(t.is_cuda for t in (*model.parameters(), *model.buffers()))

@@ -959,3 +959,24 @@ if FUSED:
         assert "RuntimeError: cannot compile for sm_00" in info["deferred_note"]
         assert results[0] == results[1] and len(results[0][0]) == 16
         assert not any(results[1][3])
+
+
+def test_a_cpu_run_never_imports_triton_and_says_its_deferred_path() -> None:
+    """numerics=True on a CPU model: triton is not imported (it is only for a CUDA
+    model), and info["numerics"] says the deferred path is ATen's and why."""
+    code = textwrap.dedent("""
+        import json, sys
+        import torch, hooktrace
+        m = torch.nn.Linear(4, 4)
+        with hooktrace.trace(m, numerics=True) as tr:
+            m(torch.randn(2, 4)).sum().backward()
+        print(json.dumps(["triton" in sys.modules, tr.result.info["numerics"]]))
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env.pop("TRITON_INTERPRET", None)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    imported, info = json.loads(r.stdout.strip().splitlines()[-1])
+    assert imported is False
+    assert info["deferred_path"] == "aten" and "no CUDA device" in info["deferred_note"]
