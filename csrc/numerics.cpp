@@ -1,6 +1,7 @@
 #include "numerics.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -124,10 +125,14 @@ bool fused_takes(const at::Tensor& t) {
   if (type != at::kFloat && type != at::kBFloat16 && type != at::kHalf) return false;
   if (!(t.is_cuda() || (g_fused_cpu.load(std::memory_order_relaxed) && t.is_cpu()))) return false;
   if (t.layout() != at::kStrided || t.is_nested()) return false;
-  // a tensor subclass dispatching to Python, a functorch wrapper: no plain memory
+  // a tensor subclass dispatching to Python (fake tensors too), a functorch or
+  // functionalization wrapper, an efficient zero tensor (no data): no plain memory to
+  // hand a kernel
   const auto keys = t.key_set();
   if (keys.has(c10::DispatchKey::Python) || keys.has(c10::DispatchKey::FuncTorchBatched) ||
-      keys.has(c10::DispatchKey::FuncTorchGradWrapper))
+      keys.has(c10::DispatchKey::FuncTorchGradWrapper) ||
+      keys.has(c10::DispatchKey::Functionalize) || keys.has(c10::DispatchKey::ZeroTensor) ||
+      !t.has_storage())
     return false;
   return true;
 }
@@ -177,6 +182,7 @@ bool reduce_fused(const at::Tensor& t, Part* p) {
   const at::Tensor x = t.is_non_overlapping_and_dense() ? t : t.reshape({-1});
   auto [chunk, row] = take_row(x);
   if (!Py_IsInitialized()) return false;
+  const c10::OptionalDeviceGuard device(x.device());  // (Triton launches on the current one)
   PyGILState_STATE gil = PyGILState_Ensure();
   bool ok = false;
   PyObject *saved_type, *saved_value, *saved_tb;

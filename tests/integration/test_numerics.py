@@ -921,6 +921,29 @@ if FUSED:
         assert len(counting.calls) == 2 and counting.launches == 2
         assert 1 + len(ops) <= 3
 
+    class _ZeroOut(nn.Module):
+        def forward(self, x: Any) -> torch.Tensor:
+            return torch._efficientzerotensor(4)  # (what some backward formulas return)
+
+    def test_a_tensor_without_plain_memory_is_left_to_the_aten_path() -> None:
+        """An efficient zero tensor has no data pointer: handed to the kernel, the
+        launcher would raise and be dropped for the whole run; it is not handed over."""
+        import hooktrace._C as _C
+
+        counting = _Counting()
+        _C.set_numerics_deferred(True)
+        _C.set_numerics_fused(counting, True)
+        try:
+            m = _ZeroOut()
+            with hooktrace.trace(m, numerics=True) as tr:
+                m(None)
+            state = _C.numerics_fused_state()
+        finally:
+            _C.set_numerics_deferred(False)
+            _C.set_numerics_fused(None)
+        assert counting.calls == [] and state == (True, None)
+        assert _forward_stats(tr.result)["<root>"] == (0.0, 0.0, 0, False)
+
     def test_a_failing_fused_launcher_falls_back_to_aten_with_a_note() -> None:
         """The first exception of the launcher (Triton cannot compile for this GPU)
         unregisters it: that tensor and the rest take the ATen path, with the same
