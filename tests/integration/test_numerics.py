@@ -944,6 +944,36 @@ if FUSED:
         assert counting.calls == [] and state == (True, None)
         assert _forward_stats(tr.result)["<root>"] == (0.0, 0.0, 0, False)
 
+    def test_a_ctrl_c_in_the_launcher_reaches_the_user_and_keeps_the_launcher() -> None:
+        """A KeyboardInterrupt raised in the launcher is the user's Ctrl-C, not a failure
+        of the kernel: it is raised again in the user's code (not swallowed), the tensor
+        is measured by the ATen path, the launcher stays registered."""
+        import hooktrace._C as _C
+
+        calls: list[int] = []
+
+        def interrupted(x: torch.Tensor, out: torch.Tensor, row: int) -> None:
+            calls.append(row)
+            raise KeyboardInterrupt
+
+        m = _Const(torch.tensor([1.0, -3.0]))
+        _C.set_numerics_deferred(True)
+        _C.set_numerics_fused(interrupted, True)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                with hooktrace.trace(m, numerics=True) as tr:
+                    m(None)  # (returns: the interrupt is raised just after)
+                    for _ in range(100_000):
+                        pass
+            state = _C.numerics_fused_state()
+        finally:
+            _C.set_numerics_deferred(False)
+            _C.set_numerics_fused(None)
+        assert len(calls) == 1 and state == (True, None)
+        absmax, rms, nonfinite, failed = _forward_stats(tr.result)["<root>"]
+        assert (absmax, nonfinite, failed) == (3.0, 0, False)
+        assert rms == pytest.approx(math.sqrt(5.0), rel=1e-6)
+
     def test_a_failing_fused_launcher_falls_back_to_aten_with_a_note() -> None:
         """The first exception of the launcher (Triton cannot compile for this GPU)
         unregisters it: that tensor and the rest take the ATen path, with the same
