@@ -1033,3 +1033,28 @@ def test_a_cpu_run_never_imports_triton_and_says_its_deferred_path() -> None:
     imported, info = json.loads(r.stdout.strip().splitlines()[-1])
     assert imported is False
     assert info["deferred_path"] == "aten" and "no CUDA device" in info["deferred_note"]
+
+
+@pytest.mark.parametrize("arch", [80, 90])
+def test_the_numerics_kernel_compiles_for_gpus(arch: int) -> None:
+    """The fused kernel, as the launcher makes it for a GPU, compiled (no GPU needed) for
+    sm_80 and sm_90 and each input dtype: the interpreter runs Python and would not see
+    what Triton's compiler rejects (it rejected the kernel's typing annotations)."""
+    pytest.importorskip("triton", reason="triton is not installed (make test installs it)")
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        pytest.skip("the interpreter process compiles nothing")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from hooktrace.record.fused_numerics import make_launcher
+
+    kernel = make_launcher(interpret=False).kernel
+    for dtype in ("fp32", "bf16", "fp16"):
+        src = ASTSource(kernel, signature={"x_ptr": f"*{dtype}", "out_ptr": "*fp64", "row": "i32",
+                                           "n": "i32", "BLOCK": "constexpr"},
+                        constexprs={(4,): 4096})
+        ptx = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                             options={"enable_fp_fusion": False}).asm["ptx"]
+        # one pass: one load per element block, the row folded by atomics
+        assert ptx.count("atom.global") >= 3 and "add.f64" in ptx, dtype
