@@ -192,7 +192,9 @@ class Recorder(StepMarks, FlightRecorder):
             output, and of the gradient with respect to its inputs in backward; the
             first non-finite value is named on stderr, in the summary and in
             ``summary --json`` (``first_nonfinite``), and ``dump_on=("nonfinite",)``
-            writes a flight-recorder dump at that moment.
+            writes a flight-recorder dump at that moment. On a CUDA model they are
+            read once per step, computed by one fused Triton kernel per tensor when
+            ``triton`` imports (``info["numerics"]["deferred_path"]`` says which).
         numerics_every: with ``numerics``, only steps ``0, N, 2N, ...`` are measured
             (the others cost nothing); the first-non-finite search covers those.
         shapes: record the dtypes and shapes of every forward call's tensor inputs and
@@ -281,16 +283,16 @@ class Recorder(StepMarks, FlightRecorder):
             raise RuntimeError(f"a hooktrace.{type(self).__name__} can be entered only once; "
                                "make another")
         self._check_flight_recorder_thread()
+        scope = self._scope
+        if self._numerics:  # (process-wide, harmless: before anything that needs undoing)
+            self._fused_reason = _use_fused_numerics(scope)
         # What can fail without touching anything is done first (the session
         # allocates nothing until the first event).
         session = _C.Session(self._capacity, self._policy)
-        scope = self._scope
         if self._memory:
             from hooktrace.memory import enable
 
             self._memory_info = enable(session)
-        if self._numerics:
-            self._fused_reason = _use_fused_numerics(scope)
         # All or nothing: a Ctrl-C is held off until recording fully started, then
         # aborts the entry like any exception, undoing every step taken.
         with _SigintDeferred() as sigint:
