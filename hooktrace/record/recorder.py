@@ -192,7 +192,9 @@ class Recorder(StepMarks, FlightRecorder):
             output, and of the gradient with respect to its inputs in backward; the
             first non-finite value is named on stderr, in the summary and in
             ``summary --json`` (``first_nonfinite``), and ``dump_on=("nonfinite",)``
-            writes a flight-recorder dump at that moment.
+            writes a flight-recorder dump at that moment. On a CUDA model they are
+            read once per step, computed by one fused Triton kernel per tensor when
+            ``triton`` imports (``info["numerics"]["deferred_path"]`` says which).
         numerics_every: with ``numerics``, only steps ``0, N, 2N, ...`` are measured
             (the others cost nothing); the first-non-finite search covers those.
         shapes: record the dtypes and shapes of every forward call's tensor inputs and
@@ -261,6 +263,7 @@ class Recorder(StepMarks, FlightRecorder):
         self._flops = bool(flops)
         self._memory = bool(memory)
         self._numerics = bool(numerics)
+        self._fused_reason: str | None = None  # why the deferred numerics are not fused
         self._shapes = bool(shapes)
         self._numerics_every = int(numerics_every)
         self._session: Any = None
@@ -281,10 +284,12 @@ class Recorder(StepMarks, FlightRecorder):
             raise RuntimeError(f"a hooktrace.{type(self).__name__} can be entered only once; "
                                "make another")
         self._check_flight_recorder_thread()
+        scope = self._scope
+        if self._numerics:  # (process-wide, harmless: before anything that needs undoing)
+            self._fused_reason = _use_fused_numerics(scope)
         # What can fail without touching anything is done first (the session
         # allocates nothing until the first event).
         session = _C.Session(self._capacity, self._policy)
-        scope = self._scope
         if self._memory:
             from hooktrace.memory import cuda_allocations, enable
 
@@ -561,7 +566,8 @@ class Recorder(StepMarks, FlightRecorder):
             "start_unix_ns": self._start_unix_ns,
             "thread_names": _thread_names(),
             **({"memory": self._memory_info} if self._memory_info is not None else {}),
-            **({"numerics": {"every": self._numerics_every, "backward": "input gradients"}}
+            **({"numerics": {"every": self._numerics_every, "backward": "input gradients",
+                             **_deferred_path(self._fused_reason)}}
                if self._numerics else {}),
             **_kernel_sites(),
             **self._compiles(),
@@ -768,6 +774,51 @@ def _compiles_info(start_unix_ns: int) -> dict[str, Any]:
     recording (record/dispatch.py), when there were any."""
     found = dispatch.compiles_since(start_unix_ns)
     return {"compiles": found} if found else {}
+
+
+def _use_fused_numerics(scope: Scope) -> str | None:
+    """Hands the fused Triton reduction (record/fused_numerics.py) to the native core
+    for the deferred numerics, when the traced model is on a CUDA device (a global
+    trace: when CUDA is available), ``triton`` imports and ``HOOKTRACE_NUMERICS_FUSED``
+    is not ``0``; else returns why not.
+    Triton is imported only then (never on a CPU-only run). A launcher already
+    registered (by an earlier trace, or a test) is kept; after a failure of the fused
+    kernel in this process, the ATen ops stay in charge."""
+    registered, error = _C.numerics_fused_state()
+    if registered:
+        return None
+    if os.environ.get("HOOKTRACE_NUMERICS_FUSED", "") == "0":
+        return "turned off (HOOKTRACE_NUMERICS_FUSED=0)"
+    if error is not None:
+        return f"the fused kernel failed earlier in this process ({error})"
+    if not torch.cuda.is_available():
+        return "no CUDA device: on the CPU each call's statistics are read at once"
+    if isinstance(scope, ModelScope):
+        model = scope.model()
+        on_cuda = any(t.is_cuda for t in (*model.parameters(), *model.buffers()))
+        if not on_cuda:
+            return "the model is not on a CUDA device"
+    try:
+        from hooktrace.record import fused_numerics
+
+        fused_numerics.register()
+    except Exception as e:  # (not installed, or an import that fails on this system)
+        return f"triton is not usable ({type(e).__name__}: {e})".splitlines()[0]
+    return None
+
+
+def _deferred_path(reason: str | None) -> dict[str, str]:
+    """``info["numerics"]``'s word on the deferred (GPU) path: ``deferred_path``,
+    "triton" (one fused kernel per tensor) or "aten" (five ATen ops per tensor), and
+    ``deferred_note`` saying why not triton (a failure of the fused kernel included:
+    the ATen ops took over from it)."""
+    registered, error = _C.numerics_fused_state()
+    if error is not None:
+        return {"deferred_path": "aten",
+                "deferred_note": f"the fused Triton kernel failed, the ATen ops took over: {error}"}
+    if registered:
+        return {"deferred_path": "triton"}
+    return {"deferred_path": "aten", "deferred_note": reason or "no fused launcher registered"}
 
 
 def _kernel_sites() -> dict[str, Any]:

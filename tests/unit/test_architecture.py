@@ -39,6 +39,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("recording", {
         "hooktrace.record", "hooktrace.record.dispatch", "hooktrace.record.scopes",
         "hooktrace.record.recorder", "hooktrace.record.kernels",
+        "hooktrace.record.fused_numerics",
         "hooktrace._windows", "hooktrace.flight", "hooktrace.profiling", "hooktrace.launch",
         "hooktrace._autostart", "hooktrace.integrations", "hooktrace.integrations.hf",
         "hooktrace.integrations.lightning", "hooktrace.demo"}),
