@@ -73,7 +73,7 @@ test-integration: venv  ## compiled core with real modules
 # venv has the last transformers 4 (the tests' tiny Llama/BERT build with both).
 TORCH_FLOOR ?= torch==2.5.0
 FLOOR_VENV ?= .venv-floor
-FLOOR_DEPS ?= pytest "transformers<5" plotly
+FLOOR_DEPS ?= pytest "transformers<5" plotly viztracer==1.1.1
 FLOOR_TESTS ?= tests/unit tests/integration/test_forward.py tests/integration/test_backward.py
 FLOOR_DIR := build/floor
 FLOOR_PY := $(FLOOR_VENV)/bin/python
