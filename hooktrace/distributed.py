@@ -326,7 +326,7 @@ def align_clocks(trace: Any = None, *, group: Any = None,
         _measurements.append(m)
         del _measurements[:-_KEPT]
     if trace is not None:
-        if getattr(trace, "_state", "done") != "done":
+        if getattr(trace, "done", True) is False:
             return m  # still recording: the trace takes it when the block ends
         info = trace.info
         kept = [ClockOffset(**s) for s in info.get("clock_sync", [])] + [m]

@@ -499,6 +499,11 @@ class Recorder(StepMarks, FlightRecorder):
     # -- the result ------------------------------------------------------------
 
     @property
+    def done(self) -> bool:
+        """Whether the block has exited (the result is complete); False before and during it."""
+        return self.__dict__.get("_state", "new") == "done"
+
+    @property
     def result(self) -> TraceResult:
         """What was recorded, once the block has exited."""
         if self._result is None:
