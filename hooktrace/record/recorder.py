@@ -46,7 +46,7 @@ from hooktrace._events import EVENT_DTYPE, SPAN_DEFINITION, Clock
 from hooktrace._naming import env_rank, process_stem
 from hooktrace._output import check_output_path
 from hooktrace._windows import StepMarks
-from hooktrace.distributed import apply_test_clock_offset, rank_info
+from hooktrace.record.ranks import apply_test_clock_offset, rank_info
 from hooktrace.errors import OutputPathError
 from hooktrace.flight import FlightRecorder
 from hooktrace.result import TraceResult

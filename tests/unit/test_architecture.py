@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("analysis", {
         "hooktrace.summary", "hooktrace.diff", "hooktrace._diff_inputs", "hooktrace.attribution",
         "hooktrace.rankset", "hooktrace.stragglers", "hooktrace._filters", "hooktrace.memory",
-        "hooktrace.flops", "hooktrace.distributed", "hooktrace.kernels", "hooktrace.numerics",
+        "hooktrace.flops", "hooktrace.kernels", "hooktrace.numerics",
         "hooktrace.shapes"}),
     ("outputs", {
         "hooktrace.exporters", "hooktrace.exporters._layout", "hooktrace.exporters.chrome",
@@ -40,7 +40,8 @@ LAYERS: list[tuple[str, set[str]]] = [
         "hooktrace.reporters.html", "hooktrace.merge", "hooktrace.result"}),
     ("recording", {
         "hooktrace.record", "hooktrace.record.dispatch", "hooktrace.record.scopes",
-        "hooktrace.record.recorder", "hooktrace.record.kernels",
+        "hooktrace.record.recorder", "hooktrace.record.kernels", "hooktrace.record.ranks",
+        "hooktrace.distributed",
         "hooktrace._windows", "hooktrace.flight", "hooktrace.profiling", "hooktrace.launch",
         "hooktrace._autostart", "hooktrace.integrations", "hooktrace.integrations.hf",
         "hooktrace.integrations.lightning", "hooktrace.demo"}),
@@ -396,9 +397,6 @@ def _findings() -> dict[str, list[str]]:
 KNOWN: dict[str, set[str]] = {
     "hooktrace/_autostart.py": {
         "module state global _trace",
-    },
-    "hooktrace/distributed.py": {
-        "module state _measurements = []",
     },
     "hooktrace/exporters/merged.py": {
         "exporter imports exporter hooktrace.exporters.chrome",
