@@ -1,7 +1,7 @@
 """The profiler merge's old home: it moved down to :mod:`hooktrace.exporters.merged`
 (issue #27: an output, written next to the other exporters, so ``exporters/`` and
 this module no longer import each other). ``from hooktrace.merge import
-merge_traces`` keeps working: the public names are the same objects.
+merge_traces`` keeps working: its public names are the same objects here.
 """
 
 from __future__ import annotations
@@ -13,21 +13,22 @@ from hooktrace.exporters.merged import (
     MergeError,
     MergeResult,
     ProfilerTraceError,
+    RunLike,
     as_run,
     assign_lanes,
     attribute,
+    check_compatible,
+    crossing,
     merge_traces,
+    place_spans,
+    run_interval,
+    write_spans,
 )
 
 __all__ = [
-    "BASE_MARGIN_NS",
-    "MergeError",
-    "MergeResult",
-    "ProfilerTraceError",
-    "as_run",
-    "assign_lanes",
-    "attribute",
-    "merge_traces",
+    "BASE_MARGIN_NS", "MergeError", "MergeResult", "ProfilerTraceError", "RunLike", "as_run",
+    "assign_lanes", "attribute", "check_compatible", "crossing", "merge_traces", "place_spans",
+    "run_interval", "write_spans",
 ]
 
 _MOVED_TO_PROFILING = frozenset({"profile", "Profile", "merged_trace_handler",
