@@ -284,7 +284,7 @@ def _stop_profiler() -> Any:
 def _write_profile(result: Any, output: Path) -> list[str]:
     """Stops --profile's profiler and writes its trace and the merged one next to
     ``output``; returns the paths written."""
-    from hooktrace.merge import merge_traces
+    from hooktrace.exporters.merged import merge_traces
 
     prof = _stop_profiler()
     if prof is None:

@@ -24,7 +24,7 @@ import torch
 
 from hooktrace._output import check_output_path
 from hooktrace.errors import HooktraceError, OutputPathError
-from hooktrace.merge import MergeResult, _as_run, merge_traces
+from hooktrace.exporters.merged import MergeResult, as_run, merge_traces
 from hooktrace.reading import TraceData
 from hooktrace.record.recorder import Recorder, Trace
 
@@ -43,9 +43,9 @@ def _snapshot(run: TraceData | Recorder | Callable[[], Any]) -> TraceData:
     if not isinstance(run, TraceData) and not hasattr(run, "snapshot") and callable(run):
         run = run()
     snapshot = getattr(run, "snapshot", None)
-    if snapshot is not None and getattr(run, "_state", "done") != "done":
+    if snapshot is not None and getattr(run, "done", True) is False:
         return snapshot()  # type: ignore[no-any-return]
-    return _as_run(run)  # type: ignore[arg-type]
+    return as_run(run)  # type: ignore[arg-type]
 
 
 _MERGED_SUFFIXES = (".json", ".json.gz")

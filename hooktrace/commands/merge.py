@@ -17,7 +17,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from hooktrace.merge import merge_traces
+    from hooktrace.exporters.merged import merge_traces
 
     r = merge_traces(args.run, args.profiler, args.output)
     moved = f", {r.adjacent} on adjacent tracks" if r.adjacent else ""

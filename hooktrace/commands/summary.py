@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> None:
 
         table = Steps.from_trace(load(args.run))
     elif args.profiler is not None:
-        from hooktrace.merge import attribute
+        from hooktrace.exporters.merged import attribute
 
         table = attribute(args.run, args.profiler, top_ops=args.top_ops)
     else:

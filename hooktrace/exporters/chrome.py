@@ -64,6 +64,8 @@ import numpy as np
 from hooktrace._native import load_native
 from hooktrace._filters import OPEN_WINDOW, Filters
 from hooktrace._output import open_output
+from hooktrace.exporters._chrome_json import dumps as _dumps
+from hooktrace.exporters._chrome_json import micros as _micros
 from hooktrace.exporters._extra_args import extra_args
 from hooktrace.kernels import kernel_sites
 from hooktrace.numerics import COUNTER_NAME as NUMERICS_COUNTER
@@ -131,10 +133,6 @@ def export_chrome(
         write_chrome(trace, f, nodes=nodes, filters=filters)
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
 def module_json(modules: Sequence[tuple[str, str]]) -> tuple[list[str], list[str]]:
     """Per module slot: the JSON event name (class name for the root) and the
     ``{"module":...,"type":...`` args prefix that ``_C.write_chrome_events`` completes."""
@@ -198,12 +196,6 @@ def write_memory_counters(write: Any, trace: TraceData, base_ns: int,
             write("".join(parts[i:i + 65536]).encode("utf-8"))
         written += len(parts)
     return written
-
-
-def _micros(ns: int) -> str:
-    """Exact ``<us>.<3 digits>`` text of integer nanoseconds (as csrc/chrome_writer does)."""
-    sign, ns = ("-", -ns) if ns < 0 else ("", ns)
-    return f"{sign}{ns // 1000}.{ns % 1000:03d}"
 
 
 def write_span_events(

@@ -50,16 +50,14 @@ import numpy as np
 from hooktrace._kineto import open_binary, scan, us_to_ns
 from hooktrace._output import check_output_path, open_output
 from hooktrace.errors import HooktraceError
+from hooktrace.exporters._chrome_json import dumps, micros
+from hooktrace.exporters._layout import UNATTRIBUTED_CAT, TrackLayout
 from hooktrace.exporters.chrome import (
-    UNATTRIBUTED_CAT,
-    TrackLayout,
-    _dumps,
-    _micros,
     write_node_events,
     write_span_events,
     write_steps,
 )
-from hooktrace.merge import BASE_MARGIN_NS, merge_traces
+from hooktrace.exporters.merged import BASE_MARGIN_NS, merge_traces
 from hooktrace.rankset import RankFile, RankSet, match_profilers
 from hooktrace.reading import CAT_BACKWARD, TraceData, load
 from hooktrace.format import FORMAT_VERSION
@@ -182,7 +180,7 @@ class ChromeRankWriter:
                  "args": {"name": f.label}},
                 {"ph": "M", "name": "process_sort_index", "pid": f.out_pid, "tid": 0,
                  "args": {"sort_index": index}}]
-        self._items("".join(",\n" + _dumps(m) for m in meta).encode("utf-8"))
+        self._items("".join(",\n" + dumps(m) for m in meta).encode("utf-8"))
 
     def add_rank(self, index: int, f: RankFile, run: TraceData) -> dict[str, Any]:
         """The rank's module spans, unattributed autograd nodes and steps, on rank 0's clock."""
@@ -201,7 +199,7 @@ class ChromeRankWriter:
                              nodes_on_backward=np.zeros(0, np.int64), unattributed=loose,
                              forward=np.zeros(0, np.int64), used_tids=os_threads)
         meta = layout.metadata(f.out_pid, run.info.get("thread_names"), named=os_threads.tolist())
-        self._items("".join(",\n" + _dumps(m) for m in meta).encode("utf-8"))
+        self._items("".join(",\n" + dumps(m) for m in meta).encode("utf-8"))
         row = spans.tid.copy()
         row[backward] = layout.backward_tid
         write_span_events(self._items, run, np.arange(len(spans)), span_start, span_end, row,
@@ -249,7 +247,7 @@ class ChromeRankWriter:
                          "args": {"name": f"{f.label} · {_utf8(name)}"}},
                         {"ph": "M", "name": "process_sort_index", "pid": other_pids[key],
                          "tid": 0, "args": {"sort_index": index}}]
-                self._items("".join(",\n" + _dumps(m) for m in meta).encode("utf-8"))
+                self._items("".join(",\n" + dumps(m) for m in meta).encode("utf-8"))
             return other_pids[key]
 
         def rewrite(event: Any, text: str) -> None:
@@ -281,7 +279,7 @@ class ChromeRankWriter:
                             f"{f.path}: rank {f.rank}'s profiler events start more than "
                             f"{BASE_MARGIN_NS // 10**9} s before its first rank's recording; "
                             "merge ranks of one run")
-                    edits.append((where, _micros(ns)))
+                    edits.append((where, micros(ns)))
             if event.get("ph") in ("s", "t", "f") and isinstance(event.get("id"), int):
                 where = _top_level(_ID, text)
                 if where is not None:
@@ -310,11 +308,11 @@ class ChromeRankWriter:
             event["args"] = dict(args, name=f"rank {f.rank} · {args.get('name', '')}")
         elif name == "process_sort_index" and isinstance(args, dict):
             event["args"] = dict(args, sort_index=index)
-        self._items((",\n" + _dumps(event)).encode("utf-8"))
+        self._items((",\n" + dumps(event)).encode("utf-8"))
 
     def finish(self, block: dict[str, Any]) -> None:
         tail = ('\n],\n"displayTimeUnit":"ns","baseTimeNanoseconds":' + str(self.base_ns)
-                + ',\n"hooktrace":' + _dumps(block) + "}\n")
+                + ',\n"hooktrace":' + dumps(block) + "}\n")
         # the ranks' paths and problems name files: a name that is not UTF-8 holds lone
         # surrogates, written as JSON's \udcNN escapes (json.loads gives the name back)
         self._out.write(tail.encode("utf-8", "backslashreplace"))

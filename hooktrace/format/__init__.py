@@ -2,8 +2,9 @@
 
 Two versions are read: 2, which ``save()`` writes (:mod:`hooktrace.format.v2`, laid
 out there), and 3, the stream that ``hooktrace.trace(model, out=...)`` and ``hooktrace
-run`` append to while the model runs (:mod:`hooktrace.format.stream`). What both share, the metadata
-block and every validation, is :mod:`hooktrace.format.meta`.
+run`` append to while the model runs (:mod:`hooktrace.format.stream`). What both share (layouts, the metadata
+block, the string table) is :mod:`hooktrace.format.meta`; what a reader checks,
+:mod:`hooktrace.format.validate`.
 """
 
 from hooktrace.format.meta import (

@@ -65,44 +65,46 @@ from hooktrace._events import (
     Clock,
 )
 from hooktrace.format.meta import (
+    BLOCK,
     BLOCK_CLOCK,
+    BLOCK_CRC_AT,
     BLOCK_EVENTS,
     BLOCK_FOOTER,  # noqa: F401  (stream_block's example)
     BLOCK_META,
     BLOCK_MODULES,
+    BLOCK_NAMES,
     BLOCK_NODE_NAMES,
+    BLOCK_SIZE,
     BLOCK_STATS,
+    CLOCK_BLOCK,
+    EVENTS_SUB,
     MAGIC,
+    MAX_PID,
+    STATS_BLOCK,
     STREAM_FORMAT_VERSION,
+    STREAM_HEADER,
     STREAM_HEADER_SIZE,
+    U32,
     TraceFileContents,
     TraceFileError,
-    _BLOCK,
-    _BLOCK_CRC_AT,
-    _BLOCK_NAMES,
-    _BLOCK_SIZE,
-    _CLOCK_BLOCK,
-    _EVENTS_SUB,
-    _MAX_PID,
-    _STATS_BLOCK,
-    _STREAM_HEADER,
-    _U32,
-    _check_info,
-    _clock_problem,
-    _crc_of,
-    _field_offset,
-    _is_int,
-    _meta_error,
-    _parse_meta,
-    _parse_strings,
-    _recorded_interval,
-    _validate_events,
+    crc_of,
+    field_offset,
+    is_int,
+    meta_error,
+    parse_meta,
+    parse_strings,
+)
+from hooktrace.format.validate import (
+    check_info,
+    clock_problem,
+    recorded_interval,
+    validate_events,
 )
 
 
 def stream_header() -> bytes:
     """The 16 bytes a version 3 stream starts with."""
-    return _STREAM_HEADER.pack(MAGIC, STREAM_FORMAT_VERSION, STREAM_HEADER_SIZE)
+    return STREAM_HEADER.pack(MAGIC, STREAM_FORMAT_VERSION, STREAM_HEADER_SIZE)
 
 
 def stream_block(block_type: int, payload: bytes) -> bytes:
@@ -112,8 +114,8 @@ def stream_block(block_type: int, payload: bytes) -> bytes:
         >>> len(stream_block(BLOCK_FOOTER, b"{}"))
         26
     """
-    head = _BLOCK.pack(block_type, 0, len(payload), zlib.crc32(payload), 0)
-    return head[:_BLOCK_CRC_AT] + _U32.pack(zlib.crc32(head[:_BLOCK_CRC_AT])) + payload
+    head = BLOCK.pack(block_type, 0, len(payload), zlib.crc32(payload), 0)
+    return head[:BLOCK_CRC_AT] + U32.pack(zlib.crc32(head[:BLOCK_CRC_AT])) + payload
 
 
 
@@ -127,12 +129,12 @@ class _Cut(Exception):
         self.why = why
 
 
-def _read_stream(name: str, f: BinaryIO, size: int, head: bytes) -> TraceFileContents:
+def read_stream(name: str, f: BinaryIO, size: int, head: bytes) -> TraceFileContents:
     """A version 3 stream: blocks up to the footer, or up to the first damaged one."""
     if len(head) < STREAM_HEADER_SIZE:
         raise TraceFileError(name, len(head), f"truncated header: expected {STREAM_HEADER_SIZE} "
                                               f"bytes, file has {size}")
-    _magic, _version, header_size = _STREAM_HEADER.unpack_from(head)
+    _magic, _version, header_size = STREAM_HEADER.unpack_from(head)
     if header_size != STREAM_HEADER_SIZE:
         raise TraceFileError(name, 12, f"expected header size {STREAM_HEADER_SIZE}, found "
                                        f"{header_size}")
@@ -161,21 +163,21 @@ def _read_stream(name: str, f: BinaryIO, size: int, head: bytes) -> TraceFileCon
         except _Cut as c:
             cut = c
             break
-        at = pos + _BLOCK_SIZE  # the payload's offset
-        what = _BLOCK_NAMES[btype]
+        at = pos + BLOCK_SIZE  # the payload's offset
+        what = BLOCK_NAMES[btype]
         if meta is None and btype != BLOCK_META:
             raise TraceFileError(name, pos, f"expected the META block first, found {what}")
         if btype == BLOCK_META:
             if meta is not None:
                 raise TraceFileError(name, pos, "expected one META block, found a second one")
-            meta, meta_bytes, meta_at = _parse_meta(name, payload, at), payload, at
+            meta, meta_bytes, meta_at = parse_meta(name, payload, at), payload, at
             modules = _stream_modules(name, meta_bytes, meta_at, meta.pop("modules", None))
         elif btype == BLOCK_CLOCK:
-            if length != _CLOCK_BLOCK.size:
-                raise TraceFileError(name, pos + 8, f"CLOCK block: expected {_CLOCK_BLOCK.size} "
+            if length != CLOCK_BLOCK.size:
+                raise TraceFileError(name, pos + 8, f"CLOCK block: expected {CLOCK_BLOCK.size} "
                                                     f"payload bytes, found {length}")
-            ticks0, unix_ns0, ns_per_tick = _CLOCK_BLOCK.unpack(payload)
-            problem = _clock_problem(ticks0, unix_ns0, ns_per_tick)
+            ticks0, unix_ns0, ns_per_tick = CLOCK_BLOCK.unpack(payload)
+            problem = clock_problem(ticks0, unix_ns0, ns_per_tick)
             if problem:
                 field = 16 if "ns_per_tick" in problem else 8 if "unix_ns0" in problem else 0
                 raise TraceFileError(name, at + field, f"clock conversion: {problem}")
@@ -184,16 +186,16 @@ def _read_stream(name: str, f: BinaryIO, size: int, head: bytes) -> TraceFileCon
             if length < 4:
                 raise TraceFileError(name, pos + 8, f"NODE_NAMES block: expected at least 4 "
                                                     f"payload bytes, found {length}")
-            (first,) = _U32.unpack_from(payload)
+            (first,) = U32.unpack_from(payload)
             if first != len(node_names):
                 raise TraceFileError(name, at, f"NODE_NAMES block: expected names from index "
                                                f"{len(node_names)} on, found {first}")
-            node_names += _parse_strings(name, at + 4, payload[4:])
+            node_names += parse_strings(name, at + 4, payload[4:])
         elif btype == BLOCK_MODULES:
             modules = _grown_modules(name, pos, payload, modules)
         elif btype == BLOCK_EVENTS:
             assert events is not None
-            thread, tid, first = _EVENTS_SUB.unpack(payload)
+            thread, tid, first = EVENTS_SUB.unpack(payload)
             if clock is None:
                 raise TraceFileError(name, pos, "expected a CLOCK block before the first EVENTS")
             known = threads.setdefault(thread, [tid, 0])
@@ -207,23 +209,23 @@ def _read_stream(name: str, f: BinaryIO, size: int, head: bytes) -> TraceFileCon
             if other.size:
                 i = int(other[0])
                 raise TraceFileError(
-                    name, at + _EVENTS_SUB.size + i * EVENT_DTYPE.itemsize + _field_offset("tid"),
+                    name, at + EVENTS_SUB.size + i * EVENT_DTYPE.itemsize + field_offset("tid"),
                     f"EVENTS block: expected every event on tid {tid}, event {i} is on "
                     f"{int(events['tid'][i])}")
             known_modules.append(len(modules))
-            runs.append((thread, n, len(events), at + _EVENTS_SUB.size))
+            runs.append((thread, n, len(events), at + EVENTS_SUB.size))
             known[1] += len(events)
             n += len(events)
         elif btype == BLOCK_STATS:
-            if length != _STATS_BLOCK.size:
-                raise TraceFileError(name, pos + 8, f"STATS block: expected {_STATS_BLOCK.size} "
+            if length != STATS_BLOCK.size:
+                raise TraceFileError(name, pos + 8, f"STATS block: expected {STATS_BLOCK.size} "
                                                     f"payload bytes, found {length}")
-            stats = _STATS_BLOCK.unpack(payload)
+            stats = STATS_BLOCK.unpack(payload)
             if max(stats) > 2**63 - 1:
                 raise TraceFileError(name, at, f"STATS block: expected counts below 2**63, "
                                                f"found {stats}")
         else:  # BLOCK_FOOTER
-            footer, footer_bytes, footer_at = _parse_meta(name, payload, at), payload, at
+            footer, footer_bytes, footer_at = parse_meta(name, payload, at), payload, at
             end = at + length
             if size > end:
                 raise TraceFileError(name, end, f"expected end of file after the FOOTER block, "
@@ -237,21 +239,21 @@ def _read_stream(name: str, f: BinaryIO, size: int, head: bytes) -> TraceFileCon
 
     _check_modules_known(name, buf, runs, known_modules, len(modules))
     if "node_names" in meta:
-        _meta_error(name, meta_bytes, "node_names", "expected node names in NODE_NAMES blocks, "
+        meta_error(name, meta_bytes, "node_names", "expected node names in NODE_NAMES blocks, "
                                                    "not in META", meta_at)
     pid = meta.get("pid")
-    if not (isinstance(pid, int) and _is_int(pid) and 1 <= pid <= _MAX_PID):
-        _meta_error(name, meta_bytes, "pid", f"expected an int in [1, {_MAX_PID}], found "
+    if not (isinstance(pid, int) and is_int(pid) and 1 <= pid <= MAX_PID):
+        meta_error(name, meta_bytes, "pid", f"expected an int in [1, {MAX_PID}], found "
                                              f"{pid!r:.60}", meta_at)
-    _check_info(name, meta_bytes, meta, pid, meta_at)
+    check_info(name, meta_bytes, meta, pid, meta_at)
     info = dict(meta)
     if footer is not None:
         written = footer.pop("events", None)
         if written != n:
-            _meta_error(name, footer_bytes, "events", f"expected the {n} events the EVENTS "
+            meta_error(name, footer_bytes, "events", f"expected the {n} events the EVENTS "
                                                       f"blocks hold, found {written!r:.40}",
                         footer_at)
-        _check_info(name, footer_bytes, footer, pid, footer_at)
+        check_info(name, footer_bytes, footer, pid, footer_at)
         info.update(footer)
     else:
         assert cut is not None
@@ -262,7 +264,7 @@ def _read_stream(name: str, f: BinaryIO, size: int, head: bytes) -> TraceFileCon
         clock = Clock(0, int(info.get("start_unix_ns", 0)), 1.0)
     interval = None
     if footer is not None:
-        interval = _recorded_interval(name, footer_bytes, info, clock, footer_at, clock_at + 8)
+        interval = recorded_interval(name, footer_bytes, info, clock, footer_at, clock_at + 8)
 
     # Thread by thread, as a recording in memory is (Session::copy_events).
     order = sorted(range(len(runs)), key=lambda r: runs[r][0])
@@ -308,7 +310,7 @@ def _read_stream(name: str, f: BinaryIO, size: int, head: bytes) -> TraceFileCon
             events["seq"][shp] = seq
             info["cut"] += (f"; {lost:,} shape signatures first seen after the stream began "
                             "are unknown (the table is in the footer)")
-    _validate_events(name, offset_of, events, len(modules), len(node_names), clock, interval,
+    validate_events(name, offset_of, events, len(modules), len(node_names), clock, interval,
                      n_sites, n_shapes)
     return TraceFileContents(events=events, modules=modules, node_names=node_names, clock=clock,
                              info=info, pid=pid)
@@ -323,26 +325,26 @@ def _next_block(name: str, f: BinaryIO, pos: int, size: int, room: np.ndarray,
     part ends: a block that is truncated or fails a checksum."""
     if pos == size:
         raise _Cut(pos, "no footer: the process did not finish")
-    head = f.read(_BLOCK_SIZE)
-    if len(head) < _BLOCK_SIZE:
-        raise _Cut(pos, f"a partly written block header, {len(head)} of {_BLOCK_SIZE} bytes: "
+    head = f.read(BLOCK_SIZE)
+    if len(head) < BLOCK_SIZE:
+        raise _Cut(pos, f"a partly written block header, {len(head)} of {BLOCK_SIZE} bytes: "
                         "the process did not finish")
-    btype, reserved, length, crc_payload, crc_head = _BLOCK.unpack(head)
-    if zlib.crc32(head[:_BLOCK_CRC_AT]) != crc_head:
+    btype, reserved, length, crc_payload, crc_head = BLOCK.unpack(head)
+    if zlib.crc32(head[:BLOCK_CRC_AT]) != crc_head:
         raise _Cut(pos, "a block header that fails its checksum")
-    if length > size - pos - _BLOCK_SIZE:
-        raise _Cut(pos, f"a partly written block, {size - pos - _BLOCK_SIZE} of {length} payload "
+    if length > size - pos - BLOCK_SIZE:
+        raise _Cut(pos, f"a partly written block, {size - pos - BLOCK_SIZE} of {length} payload "
                         "bytes: the process did not finish")
     # From here the header is intact: what it says is refused, not cut, when wrong.
     if reserved != 0:
         raise TraceFileError(name, pos + 4, f"expected a reserved 0 in the block header, "
                                             f"found {reserved}")
-    if btype not in _BLOCK_NAMES:
+    if btype not in BLOCK_NAMES:
         raise TraceFileError(name, pos, f"unknown block type {btype} (expected 1-7; the file "
                                         "was written by a newer hooktrace?)")
     events: np.ndarray | None = None
     if btype == BLOCK_EVENTS:
-        sub = _EVENTS_SUB.size
+        sub = EVENTS_SUB.size
         if length < sub or (length - sub) % EVENT_DTYPE.itemsize:
             raise TraceFileError(name, pos + 8, f"EVENTS block: expected {sub} + a multiple of "
                                                 f"{EVENT_DTYPE.itemsize} payload bytes, found "
@@ -352,14 +354,14 @@ def _next_block(name: str, f: BinaryIO, pos: int, size: int, room: np.ndarray,
         got = f.readinto(memoryview(events.view(np.uint8)))  # type: ignore[attr-defined,arg-type]
         if len(payload) + (got or 0) != length:  # the file shrank under us
             raise _Cut(pos, "a partly written block: the file shrank while read")
-        crc = _crc_of(events, zlib.crc32(payload))
+        crc = crc_of(events, zlib.crc32(payload))
     else:
         payload = f.read(length)
         if len(payload) != length:
             raise _Cut(pos, "a partly written block: the file shrank while read")
         crc = zlib.crc32(payload)
     if crc != crc_payload:
-        raise _Cut(pos, f"a block ({_BLOCK_NAMES[btype]}) whose payload fails its checksum")
+        raise _Cut(pos, f"a block ({BLOCK_NAMES[btype]}) whose payload fails its checksum")
     return btype, length, payload, events
 
 
@@ -367,12 +369,12 @@ def _stream_modules(name: str, meta_bytes: bytes, base: int, raw: Any) -> list[t
     if raw is None:
         raw = []
     if not isinstance(raw, list):
-        _meta_error(name, meta_bytes, "modules",
+        meta_error(name, meta_bytes, "modules",
                     f"expected a list of [name, class name], found {raw!r:.60}", base)
     for i, entry in enumerate(raw):
         if not (isinstance(entry, list) and len(entry) == 2
                 and all(isinstance(x, str) for x in entry)):
-            _meta_error(name, meta_bytes, "modules",
+            meta_error(name, meta_bytes, "modules",
                         f"[{i}]: expected [name, class name], found {entry!r:.60}", base)
     return [(entry[0], entry[1]) for entry in raw]
 
@@ -381,11 +383,11 @@ def _grown_modules(name: str, pos: int, payload: bytes,
                    modules: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """The module table after the MODULES block at ``pos``: modules [first, first + n)
     set (restated or new). Refused: a gap, a table that shrinks, unpaired names."""
-    at = pos + _BLOCK_SIZE
+    at = pos + BLOCK_SIZE
     if len(payload) < 8:
         raise TraceFileError(name, pos + 8, f"MODULES block: expected at least 8 payload "
                                             f"bytes, found {len(payload)}")
-    (first,), (count,) = _U32.unpack_from(payload), _U32.unpack_from(payload, 4)
+    (first,), (count,) = U32.unpack_from(payload), U32.unpack_from(payload, 4)
     if first > len(modules):
         raise TraceFileError(name, at, f"MODULES block: expected modules from index "
                                        f"{len(modules)} on (or earlier ones restated), found "
@@ -397,7 +399,7 @@ def _grown_modules(name: str, pos: int, payload: bytes,
         raise TraceFileError(name, at + 4, f"MODULES block: expected the table to keep its "
                                            f"{len(modules)} modules, found modules [{first}, "
                                            f"{first + count // 2}) only")
-    strings = _parse_strings(name, at + 4, payload[4:])
+    strings = parse_strings(name, at + 4, payload[4:])
     return modules[:first] + list(zip(strings[::2], strings[1::2], strict=True))
 
 
@@ -414,7 +416,7 @@ def _check_modules_known(name: str, buf: np.ndarray, runs: list[tuple[int, int, 
         if bad.size:
             j = int(bad[0])
             raise TraceFileError(
-                name, offset + j * EVENT_DTYPE.itemsize + _field_offset("id"),
+                name, offset + j * EVENT_DTYPE.itemsize + field_offset("id"),
                 f"EVENTS block: event {j} names module {int(ev['id'][j])}, which no MODULES "
                 f"block before it names (the table had {k} modules; expected a module's "
                 "MODULES block before the events that use it)")

@@ -56,35 +56,37 @@ from hooktrace._input import open_input
 from hooktrace._output import open_output
 from hooktrace._events import EVENT_DTYPE, Clock
 from hooktrace.format.meta import (
+    CHUNK,
     FORMAT_VERSION,
+    HEADER,
+    HEADER_CRC_AT,
     HEADER_SIZE,
     MAGIC,
+    MAX_PID,
+    RESERVED_META,
     STREAM_FORMAT_VERSION,
+    U32,
+    StringTable,
     TraceFileContents,
     TraceFileError,
-    _CHUNK,
-    _HEADER,
-    _HEADER_CRC_AT,
-    _MAX_PID,
-    _RESERVED_META,
-    _StringTable,
-    _U32,
-    _check_header_values,
-    _check_info,
-    _check_magic,
-    _clock_problem,
-    _crc_of,
-    _events_offset,
-    _json_default,
-    _parse_meta,
-    _parse_strings,
-    _recorded_interval,
-    _resolve_modules,
-    _resolve_node_names,
-    _validate_events,
+    crc_of,
+    events_offset,
+    json_default,
+    parse_meta,
+    parse_strings,
+)
+from hooktrace.format.validate import (
+    check_header_values,
+    check_info,
+    check_magic,
+    clock_problem,
+    recorded_interval,
+    resolve_modules,
+    resolve_node_names,
+    validate_events,
 )
 from hooktrace.format.stream import (
-    _read_stream,
+    read_stream,
 )
 
 
@@ -115,30 +117,30 @@ def write_trace(
         raise TypeError(f"events must be a 1-D array of EVENT_DTYPE, got {events.dtype} "
                         f"with shape {events.shape}")
     events = np.ascontiguousarray(events)
-    clash = [k for k in _RESERVED_META if k in info]
+    clash = [k for k in RESERVED_META if k in info]
     if clash:
         raise ValueError(f"info must not contain the reserved metadata keys {clash}")
 
-    table = _StringTable()
+    table = StringTable()
     meta: dict[str, Any] = dict(info)
     meta["modules"] = [[table.add(name), table.add(type_name)] for name, type_name in modules]
     meta["node_names"] = [table.add(name) for name in node_names]
     meta_bytes = json.dumps(
-        meta, ensure_ascii=False, separators=(",", ":"), default=_json_default
+        meta, ensure_ascii=False, separators=(",", ":"), default=json_default
     ).encode("utf-8")
     strings_bytes = table.encode()
-    events_off = _events_offset(len(meta_bytes), len(strings_bytes))
+    events_off = events_offset(len(meta_bytes), len(strings_bytes))
     padding = events_off - HEADER_SIZE - len(meta_bytes) - len(strings_bytes)
 
     pid = info.get("pid")
     if not (isinstance(pid, (int, np.integer)) and not isinstance(pid, bool)
-            and 1 <= pid <= _MAX_PID):
-        raise ValueError(f'info["pid"] must be an int in [1, {_MAX_PID}], got {pid!r:.60}')
+            and 1 <= pid <= MAX_PID):
+        raise ValueError(f'info["pid"] must be an int in [1, {MAX_PID}], got {pid!r:.60}')
     pid = int(pid)
-    problem = _clock_problem(clock.ticks0, clock.unix_ns0, clock.ns_per_tick)
+    problem = clock_problem(clock.ticks0, clock.unix_ns0, clock.ns_per_tick)
     if problem:
         raise ValueError(f"clock {clock}: {problem}")
-    header = _HEADER.pack(
+    header = HEADER.pack(
         MAGIC,
         FORMAT_VERSION,
         HEADER_SIZE,
@@ -149,11 +151,11 @@ def write_trace(
         clock.unix_ns0,
         clock.ns_per_tick,
         zlib.crc32(strings_bytes, zlib.crc32(meta_bytes)),
-        _crc_of(events),
+        crc_of(events),
         pid,
         0,
     )
-    header = header[:_HEADER_CRC_AT] + _U32.pack(zlib.crc32(header[:_HEADER_CRC_AT]))
+    header = header[:HEADER_CRC_AT] + U32.pack(zlib.crc32(header[:HEADER_CRC_AT]))
     # Through a temporary file renamed when complete: a failure or Ctrl-C never
     # leaves a truncated .htrace where a good one was (hooktrace._output).
     with open_output(path, gzip_by_name=False) as f:
@@ -168,8 +170,8 @@ def write_trace(
 
 def _write_array(f: BinaryIO, events: np.ndarray) -> None:
     flat = events.view(np.uint8).reshape(-1) if events.size else np.zeros(0, np.uint8)
-    for start in range(0, flat.size, _CHUNK):
-        f.write(flat[start : start + _CHUNK].data)
+    for start in range(0, flat.size, CHUNK):
+        f.write(flat[start : start + CHUNK].data)
 
 
 
@@ -201,10 +203,10 @@ def read_trace(path: str | os.PathLike[str], *, mmap: bool = False) -> TraceFile
     with open_input(path) as f:
         size = os.fstat(f.fileno()).st_size
         head = f.read(HEADER_SIZE)
-        _check_magic(name, head, size)
-        (version,) = _U32.unpack_from(head, 8)
+        check_magic(name, head, size)
+        (version,) = U32.unpack_from(head, 8)
         if version == STREAM_FORMAT_VERSION:
-            return _read_stream(name, f, size, head)
+            return read_stream(name, f, size, head)
         if version != FORMAT_VERSION:
             age = "an older" if version < FORMAT_VERSION else "a newer"
             raise TraceFileError(
@@ -221,21 +223,21 @@ def read_trace(path: str | os.PathLike[str], *, mmap: bool = False) -> TraceFile
         (
             _magic, version, header_size, meta_len, strings_len, n_events,
             ticks0, unix_ns0, ns_per_tick, crc_meta, crc_events, pid, crc_header,
-        ) = _HEADER.unpack(head)
+        ) = HEADER.unpack(head)
         if header_size != HEADER_SIZE:
             raise TraceFileError(
                 name, 12, f"expected header size {HEADER_SIZE}, found {header_size}"
             )
-        crc = zlib.crc32(head[:_HEADER_CRC_AT])
+        crc = zlib.crc32(head[:HEADER_CRC_AT])
         if crc != crc_header:
             raise TraceFileError(
-                name, _HEADER_CRC_AT,
+                name, HEADER_CRC_AT,
                 f"header checksum mismatch: header says {crc_header:#010x}, bytes "
-                f"0-{_HEADER_CRC_AT - 1} hash to {crc:#010x} (file is corrupt)",
+                f"0-{HEADER_CRC_AT - 1} hash to {crc:#010x} (file is corrupt)",
             )
-        _check_header_values(name, ticks0, unix_ns0, ns_per_tick, pid)
+        check_header_values(name, ticks0, unix_ns0, ns_per_tick, pid)
         strings_off = HEADER_SIZE + meta_len
-        events_off = _events_offset(meta_len, strings_len)
+        events_off = events_offset(meta_len, strings_len)
         end = events_off + n_events * EVENT_DTYPE.itemsize
         if size < end:
             if size < strings_off:
@@ -270,8 +272,8 @@ def read_trace(path: str | os.PathLike[str], *, mmap: bool = False) -> TraceFile
             raise TraceFileError(
                 name, strings_off + strings_len, "expected zero padding before the events block"
             )
-        meta = _parse_meta(name, meta_bytes)
-        strings = _parse_strings(name, strings_off, strings_bytes)
+        meta = parse_meta(name, meta_bytes)
+        strings = parse_strings(name, strings_off, strings_bytes)
 
         events: np.ndarray
         if mmap and n_events:
@@ -284,19 +286,19 @@ def read_trace(path: str | os.PathLike[str], *, mmap: bool = False) -> TraceFile
                 raise TraceFileError(
                     name, events_off, f"truncated: expected {n_events} events, read {len(events)}"
                 )
-    crc = _crc_of(events)
+    crc = crc_of(events)
     if crc != crc_events:
         raise TraceFileError(
             name, events_off,
             f"events checksum mismatch: header says {crc_events:#010x}, "
             f"events hash to {crc:#010x} (file is corrupt)",
         )
-    modules = _resolve_modules(name, meta_bytes, meta.pop("modules", None), strings)
-    node_names = _resolve_node_names(name, meta_bytes, meta.pop("node_names", None), strings)
-    _check_info(name, meta_bytes, meta, pid)
+    modules = resolve_modules(name, meta_bytes, meta.pop("modules", None), strings)
+    node_names = resolve_node_names(name, meta_bytes, meta.pop("node_names", None), strings)
+    check_info(name, meta_bytes, meta, pid)
     clock = Clock(ticks0, unix_ns0, ns_per_tick)
-    interval = _recorded_interval(name, meta_bytes, meta, clock)
-    _validate_events(name, lambda i: events_off + i * EVENT_DTYPE.itemsize, events,
+    interval = recorded_interval(name, meta_bytes, meta, clock)
+    validate_events(name, lambda i: events_off + i * EVENT_DTYPE.itemsize, events,
                      len(modules), len(node_names), clock, interval,
                      len(meta.get("kernel_sites", ())), len(meta.get("shape_signatures", ())))
     meta.setdefault("pid", pid)

@@ -46,7 +46,7 @@ from hooktrace._events import EVENT_DTYPE, SPAN_DEFINITION, Clock
 from hooktrace._naming import env_rank, process_stem
 from hooktrace._output import check_output_path
 from hooktrace._windows import StepMarks
-from hooktrace.distributed import apply_test_clock_offset, rank_info
+from hooktrace.record.ranks import apply_test_clock_offset, rank_info
 from hooktrace.errors import OutputPathError
 from hooktrace.flight import FlightRecorder
 from hooktrace.result import TraceResult
@@ -502,6 +502,11 @@ class Recorder(StepMarks, FlightRecorder):
             raise RuntimeError(f"hooktrace: failed to end the trace: {errors[0]!r}") from errors[0]
 
     # -- the result ------------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        """Whether the block has exited (the result is complete); False before and during it."""
+        return self.__dict__.get("_state", "new") == "done"
 
     @property
     def result(self) -> TraceResult:
