@@ -38,7 +38,10 @@ LAYERS: list[tuple[str, set[str]]] = [
         "hooktrace.reporters.html", "hooktrace.merge", "hooktrace.result"}),
     ("recording", {
         "hooktrace.record", "hooktrace.record.dispatch", "hooktrace.record.scopes",
-        "hooktrace.record.recorder", "hooktrace.record.kernels",
+        "hooktrace.record.recorder", "hooktrace.record.kernels", "hooktrace.record.options",
+        "hooktrace.record.component", "hooktrace.record.backward", "hooktrace.record.memory",
+        "hooktrace.record.shapes", "hooktrace.record.numerics", "hooktrace.record.flops",
+        "hooktrace.record.emit", "hooktrace.record.kernel_marks",
         "hooktrace._windows", "hooktrace.flight", "hooktrace.profiling", "hooktrace.launch",
         "hooktrace._autostart", "hooktrace.integrations", "hooktrace.integrations.hf",
         "hooktrace.integrations.lightning", "hooktrace.demo"}),
