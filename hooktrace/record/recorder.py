@@ -339,8 +339,10 @@ class Recorder(StepMarks, FlightRecorder):
         if self._optimizer_hook is not None:
             steps.append(self._optimizer_hook.remove)  # idempotent
         steps += [c.teardown for c in installed]
+        # Detached even when entry failed before the call was acquired (an install that
+        # raised): the scope's check() has claimed the model's modules by then.
+        steps.append(lambda: self._scope.detach(call or _NoCall(), session))
         if call is not None:
-            steps.append(lambda: self._scope.detach(call, session))
             steps.append(self._release_call)
         errors: list[BaseException] = []
         for step in steps:
