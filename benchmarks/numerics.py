@@ -22,6 +22,9 @@ for numerics=True: at most 1/10, i.e. 0.10).
 On CUDA (the deferred path: no host sync per call) each step ends with an SGD step
 (lr 0: the step marks at which the deferred statistics are read) and a synchronize;
 traced variants then mark steps at the optimizer's step(), as a training run does.
+There ``numerics=True`` runs twice: as a user gets it (the fused Triton kernel when
+triton works on this GPU) and with it turned off (``HOOKTRACE_NUMERICS_FUSED=0``: the
+ATen ops); the last lines say which deferred path each run took.
 """
 
 from __future__ import annotations
@@ -78,10 +81,38 @@ def time_only(model: nn.Module) -> Iterator[None]:
         yield
 
 
+PATHS: dict[str, str] = {}  # numerics variant -> the deferred path that ran (info)
+
+
+def _path_of(tr: Any) -> str:
+    info = tr.result.info["numerics"]
+    note = info.get("deferred_note")
+    return info.get("deferred_path", "?") + (f" ({note})" if note else "")
+
+
 @contextlib.contextmanager
 def numerics(model: nn.Module) -> Iterator[None]:
-    with hooktrace.trace(model, steps=STEPS, capacity=1 << 24, numerics=True):
+    with hooktrace.trace(model, steps=STEPS, capacity=1 << 24, numerics=True) as tr:
         yield
+    PATHS["hooktrace numerics=True"] = _path_of(tr)
+
+
+@contextlib.contextmanager
+def numerics_aten(model: nn.Module) -> Iterator[None]:
+    """numerics=True with the fused Triton kernel turned off (CUDA: the five ATen ops
+    per tensor), to compare with the fused path in the same run."""
+    import os
+
+    import hooktrace._C as _C
+
+    os.environ["HOOKTRACE_NUMERICS_FUSED"] = "0"
+    _C.set_numerics_fused(None)
+    try:
+        with hooktrace.trace(model, steps=STEPS, capacity=1 << 24, numerics=True) as tr:
+            yield
+        PATHS["hooktrace numerics=True, ATen ops"] = _path_of(tr)
+    finally:
+        del os.environ["HOOKTRACE_NUMERICS_FUSED"]
 
 
 @contextlib.contextmanager
@@ -141,16 +172,26 @@ def main() -> None:
     print(f"torch {torch.__version__}, hooktrace {hooktrace.__version__}, device {args.device}"
           + (" (1 intra-op thread)" if args.device == "cpu" else ""))
     model, step = gpt2(args.device, args.config, args.dtype, args.batch, args.seq)
-    best = best_times(VARIANTS, model, step, rounds, inner, grad=True)
+    variants = dict(VARIANTS)
+    if args.device != "cpu":  # the deferred path, fused (if triton works here) and not
+        names = list(VARIANTS)
+        variants = {k: VARIANTS[k] for k in names[:3]}
+        variants["hooktrace numerics=True, ATen ops"] = numerics_aten
+        variants.update({k: VARIANTS[k] for k in names[3:]})
+    best = best_times(variants, model, step, rounds, inner, grad=True)
     base = best["none"]
     anomaly_added = best["detect_anomaly(check_nan=True)"] - base
     print(f"\nGPT-2 ({args.config}, {args.dtype}, {args.batch} x {args.seq} tokens, "
           f"{args.device}) training step, min of {rounds} rounds x {inner}")
     print(f"{'variant':32} {'per step':>10} {'added':>9} {'vs anomaly':>11}")
-    for name in VARIANTS:
+    for name in variants:
         added = best[name] - base
         print(f"{name:32} {best[name] * 1e3:8.2f}ms {added / base * 100:+8.1f}% "
               f"{added / anomaly_added:10.3f}x")
+    # which deferred path ran (info["numerics"]): "triton" (one fused kernel per
+    # tensor) or "aten" (five ATen ops per tensor; on CPU no variant defers)
+    for name, path in PATHS.items():
+        print(f"{name}: deferred path {path}")
 
 
 if __name__ == "__main__":

@@ -158,6 +158,16 @@ PYBIND11_MODULE(_C, m) {
         py::arg("session"));
   m.def("set_numerics_deferred", &hooktrace::set_numerics_deferred, py::arg("on"),
         "Tests: take the deferred numerics path on CPU too.");
+  m.def("set_numerics_fused",
+        [](py::object launcher, bool cpu) {
+          hooktrace::set_numerics_fused(launcher.is_none() ? nullptr : launcher.ptr(), cpu);
+        },
+        py::arg("launcher"), py::arg("cpu") = false,
+        "The fused deferred numerics launcher, or None (numerics.h).");
+  m.def("numerics_fused_state", [] {
+    auto [on, error] = hooktrace::numerics_fused_state();
+    return py::make_tuple(on, error.empty() ? py::object(py::none()) : py::object(py::str(error)));
+  }, "(a fused launcher is registered, the first failure's message or None).");
   m.def("numerics_leaf_hooks", &hooktrace::numerics_leaf_hooks,
         "Tests: leaf tensors holding a numerics gradient hook (numerics.h).");
   m.def("shape_signatures", &hooktrace::shape_signatures, py::arg("first") = 0,

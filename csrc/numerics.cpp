@@ -1,6 +1,7 @@
 #include "numerics.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -13,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 
 #include "event.h"
@@ -40,12 +42,184 @@ void clear_python_error() {
   PyGILState_Release(gil);
 }
 
-// One tensor's deferred reductions, where it lives (no host sync): abs-max, the
-// 2-norm of the tensor scaled by it, and the count of its non-zeros (reduce_deferred);
-// read at the flush.
+// The fused path (numerics.h set_numerics_fused): the launcher, owned, read and
+// changed with the GIL held; g_fused_on mirrors "registered" for a check without it.
+std::atomic<bool> g_fused_on{false};
+std::atomic<bool> g_fused_cpu{false};
+PyObject* g_fused = nullptr;
+std::string g_fused_error;  // the first failure since the last registration (GIL)
+
+// Rows of a fused buffer: float64 [kFusedRows, 4] (abs-max, sum of squares, NaNs,
+// infs per tensor) on one device, zeroed before its rows are handed out. A chunk
+// goes back to its device's spares when its rows are used up, and is zeroed again
+// (one launch) once no queued tensor holds a row of it.
+constexpr int64_t kFusedRows = 1024;
+struct FusedChunk {
+  at::Tensor buf;
+  int64_t used = 0;
+};
+struct FusedArena {
+  c10::Device device;
+  std::shared_ptr<FusedChunk> current;
+  std::vector<std::shared_ptr<FusedChunk>> spare;
+};
+std::mutex g_arena_mutex;
+std::vector<FusedArena> g_arenas;
+
+FusedArena& arena_of(const c10::Device& d) {  // (g_arena_mutex held)
+  for (auto& a : g_arenas)
+    if (a.device == d) return a;
+  g_arenas.push_back(FusedArena{d, nullptr, {}});
+  return g_arenas.back();
+}
+
+// A free row on t's device. Allocation and zeroing run without the mutex (an op may
+// call into Python: a dispatch mode).
+std::pair<std::shared_ptr<FusedChunk>, int64_t> take_row(const at::Tensor& t) {
+  const c10::Device d = t.device();
+  std::shared_ptr<FusedChunk> fresh;
+  {
+    std::lock_guard<std::mutex> lock(g_arena_mutex);
+    FusedArena& a = arena_of(d);
+    if (a.current && a.current->used < kFusedRows) return {a.current, a.current->used++};
+    if (a.current) a.spare.push_back(std::move(a.current));
+    for (auto it = a.spare.begin(); it != a.spare.end(); ++it) {
+      if (it->use_count() == 1) {  // no queued tensor holds a row of it
+        fresh = std::move(*it);
+        a.spare.erase(it);
+        break;
+      }
+    }
+  }
+  if (fresh) {
+    fresh->buf.zero_();
+  } else {
+    fresh = std::make_shared<FusedChunk>();
+    fresh->buf = at::zeros({kFusedRows, 4}, t.options().dtype(at::kDouble));
+  }
+  fresh->used = 0;
+  std::lock_guard<std::mutex> lock(g_arena_mutex);
+  FusedArena& a = arena_of(d);
+  if (!a.current || a.current->used >= kFusedRows) {
+    if (a.current) a.spare.push_back(std::move(a.current));
+    a.current = fresh;
+  } else {
+    a.spare.push_back(fresh);  // (another thread installed one meanwhile)
+  }
+  return {a.current, a.current->used++};
+}
+
+// One tensor's deferred reductions, where it lives (no host sync), read at the flush:
+// ATen path: abs-max, the 2-norm of the tensor scaled by it, and the count of its
+// non-zeros (reduce_deferred); fused path: `row` of `chunk` (reduce_fused).
 struct Part {
   at::Tensor absmax, scaled_norm, nonzero;
+  std::shared_ptr<FusedChunk> chunk;
+  int64_t row = -1;
 };
+
+// Whether the fused launcher takes t (and a launcher is registered).
+bool fused_takes(const at::Tensor& t) {
+  if (!g_fused_on.load(std::memory_order_acquire)) return false;
+  const auto type = t.scalar_type();
+  if (type != at::kFloat && type != at::kBFloat16 && type != at::kHalf) return false;
+  if (!(t.is_cuda() || (g_fused_cpu.load(std::memory_order_relaxed) && t.is_cpu()))) return false;
+  if (t.layout() != at::kStrided || t.is_nested()) return false;
+  // a tensor subclass dispatching to Python (fake tensors too), a functorch or
+  // functionalization wrapper, an efficient zero tensor (no data): no plain memory to
+  // hand a kernel
+  const auto keys = t.key_set();
+  if (keys.has(c10::DispatchKey::Python) || keys.has(c10::DispatchKey::FuncTorchBatched) ||
+      keys.has(c10::DispatchKey::FuncTorchGradWrapper) ||
+      keys.has(c10::DispatchKey::Functionalize) || keys.has(c10::DispatchKey::ZeroTensor) ||
+      !t.has_storage())
+    return false;
+  return true;
+}
+
+// The launcher's exception (set): kept as the first failure and the launcher
+// unregistered; a KeyboardInterrupt is handed back to the interpreter instead (the
+// user's Ctrl-C) and the launcher kept. GIL held.
+void fused_failed() {
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  if (type && PyErr_GivenExceptionMatches(type, PyExc_KeyboardInterrupt)) {
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    PyErr_SetInterrupt();
+    return;
+  }
+  std::string msg = type ? reinterpret_cast<PyTypeObject*>(type)->tp_name : "error";
+  if (value) {
+    PyObject* str = PyObject_Str(value);
+    const char* c = str ? PyUnicode_AsUTF8(str) : nullptr;
+    if (c && *c) msg += std::string(": ") + c;
+    Py_XDECREF(str);
+    if (PyErr_Occurred()) PyErr_Clear();
+  }
+  const size_t nl = msg.find('\n');
+  if (nl != std::string::npos) msg = msg.substr(0, nl);
+  if (msg.size() > 300) msg = msg.substr(0, 300) + "...";
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(tb);
+  if (g_fused_error.empty()) g_fused_error = msg;
+  g_fused_on.store(false, std::memory_order_release);
+  PyObject* old = g_fused;
+  g_fused = nullptr;
+  Py_XDECREF(old);
+}
+
+// t reduced by the fused launcher into a row (one launch; a copy first when t's
+// elements do not fill one dense range). False: not taken (no launcher, or it
+// failed: then the ATen path). No exception leaves; no Python error is left set.
+bool reduce_fused(const at::Tensor& t, Part* p) {
+  if (!fused_takes(t)) return false;
+  c10::AutoGradMode no_grad(false);
+  // any order of a dense range will do: the statistics do not depend on it
+  const at::Tensor x = t.is_non_overlapping_and_dense() ? t : t.reshape({-1});
+  auto [chunk, row] = take_row(x);
+  if (!Py_IsInitialized()) return false;
+  const c10::OptionalDeviceGuard device(x.device());  // (Triton launches on the current one)
+  PyGILState_STATE gil = PyGILState_Ensure();
+  bool ok = false;
+  PyObject *saved_type, *saved_value, *saved_tb;
+  PyErr_Fetch(&saved_type, &saved_value, &saved_tb);
+  PyObject* launcher = g_fused;
+  if (launcher) {
+    Py_INCREF(launcher);
+    PyObject* xo = THPVariable_Wrap(x);
+    // a tensor subclass (its own Python object) is handed over as a plain alias
+    if (xo && Py_TYPE(xo) != reinterpret_cast<PyTypeObject*>(THPVariableClass)) {
+      Py_DECREF(xo);
+      xo = nullptr;
+      try {
+        xo = THPVariable_Wrap(at::alias(x));
+      } catch (...) {
+      }
+    }
+    PyObject* bo = xo ? THPVariable_Wrap(chunk->buf) : nullptr;
+    PyObject* r = bo ? PyObject_CallFunction(launcher, "OOL", xo, bo, static_cast<long long>(row))
+                     : nullptr;
+    if (r) {
+      ok = true;
+      Py_DECREF(r);
+    } else if (PyErr_Occurred()) {
+      fused_failed();
+    }
+    Py_XDECREF(xo);
+    Py_XDECREF(bo);
+    Py_DECREF(launcher);
+  }
+  PyErr_Restore(saved_type, saved_value, saved_tb);
+  PyGILState_Release(gil);
+  if (!ok) return false;
+  p->chunk = std::move(chunk);
+  p->row = row;
+  return true;
+}
 
 // Statistics of several tensors, combined: abs-max is the max (NaN sticks), the
 // 2-norm adds up as squares, non-finite values add up.
@@ -90,7 +264,8 @@ struct Stats {
     if (n == 0) return;
     if (C10_UNLIKELY(g_force_deferred.load(std::memory_order_relaxed) || !t.is_cpu())) {
       try {
-        parts.push_back(reduce_deferred(t));
+        Part p;
+        parts.push_back(reduce_fused(t, &p) ? std::move(p) : reduce_deferred(t));
         numel += static_cast<uint64_t>(n);
       } catch (...) {  // a subclass without these ops (its Python error cleared)
         clear_python_error();
@@ -423,6 +598,20 @@ void set_nonfinite_callback(Session* s, PyObject* callback) {
 
 void set_numerics_deferred(bool on) { g_force_deferred.store(on, std::memory_order_relaxed); }
 
+void set_numerics_fused(PyObject* launcher, bool cpu) {
+  PyObject* old = g_fused;
+  if (launcher) Py_INCREF(launcher);
+  g_fused = launcher;
+  g_fused_cpu.store(cpu, std::memory_order_relaxed);
+  g_fused_error.clear();
+  g_fused_on.store(launcher != nullptr, std::memory_order_release);
+  Py_XDECREF(old);
+}
+
+std::pair<bool, std::string> numerics_fused_state() {
+  return {g_fused != nullptr, g_fused_error};
+}
+
 size_t flush_numerics(Session* s) {
   auto store = deferred_store(s, false);
   if (!store) return 0;
@@ -439,8 +628,39 @@ size_t flush_numerics(Session* s) {
   std::vector<c10::Device> devices;
   std::vector<std::array<std::vector<at::Tensor>, 3>> stacks;
   std::vector<std::pair<size_t, size_t>> where;  // per part, in order: (device, row)
+  // fused parts: one copy per buffer (rows from the lowest to the highest queued)
+  std::vector<std::pair<FusedChunk*, std::pair<int64_t, int64_t>>> chunks;
   for (const auto& item : items) {
     for (const auto& p : item.stats.parts) {
+      if (!p.chunk) continue;
+      auto it = std::find_if(chunks.begin(), chunks.end(),
+                             [&](const auto& c) { return c.first == p.chunk.get(); });
+      if (it == chunks.end())
+        chunks.push_back({p.chunk.get(), {p.row, p.row}});
+      else
+        it->second = {std::min(it->second.first, p.row), std::max(it->second.second, p.row)};
+    }
+  }
+  std::vector<at::Tensor> chunk_host(chunks.size());
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    try {
+      c10::AutoGradMode no_grad(false);
+      const auto [lo, hi] = chunks[c].second;
+      chunk_host[c] = chunks[c].first->buf.slice(0, lo, hi + 1).to(at::kCPU).contiguous();
+    } catch (...) {
+      clear_python_error();  // (left undefined: these calls are recorded as failed)
+    }
+  }
+  for (const auto& item : items) {
+    for (const auto& p : item.stats.parts) {
+      if (p.chunk) {
+        const size_t c = static_cast<size_t>(
+            std::find_if(chunks.begin(), chunks.end(),
+                         [&](const auto& x) { return x.first == p.chunk.get(); }) -
+            chunks.begin());
+        where.emplace_back(c, static_cast<size_t>(p.row - chunks[c].second.first));
+        continue;
+      }
       const auto it = std::find(devices.begin(), devices.end(), p.absmax.device());
       const size_t d = static_cast<size_t>(it - devices.begin());
       if (it == devices.end()) {
@@ -470,9 +690,23 @@ size_t flush_numerics(Session* s) {
   for (auto& item : items) {
     Stats& st = item.stats;  // its host part, then the parts read above
     const size_t n = st.parts.size();
-    st.parts.clear();
+    std::vector<Part> parts;
+    parts.swap(st.parts);
     for (size_t i = 0; i < n; ++i, ++k) {
       const auto [d, row] = where[k];
+      if (parts[i].chunk) {  // fused: abs-max, sum of squares over finite values; NaNs, infs
+        if (!chunk_host[d].defined()) {
+          st.failed = true;
+          continue;
+        }
+        const double* v = chunk_host[d].data_ptr<double>() + 4 * row;
+        const double nan = std::numeric_limits<double>::quiet_NaN();
+        const double inf = std::numeric_limits<double>::infinity();
+        const double a = v[2] > 0 ? nan : (v[3] > 0 ? inf : v[0]);
+        const double sq = v[2] > 0 ? nan : (v[3] > 0 ? inf : v[1]);
+        st.merge(a, sq, static_cast<uint64_t>(v[2]) + static_cast<uint64_t>(v[3]));
+        continue;
+      }
       if (!host[d].defined()) {
         st.failed = true;
         continue;

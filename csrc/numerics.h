@@ -37,6 +37,8 @@
 #include <Python.h>
 
 #include <cstdint>
+#include <string>
+#include <utility>
 
 namespace hooktrace {
 
@@ -53,8 +55,9 @@ enum NumericsFlags : uint8_t {
 
 // Deferred statistics (a tensor off the CPU, or every tensor after
 // set_numerics_deferred(true)): the call's reductions are queued where its tensors
-// live, five ops per tensor (abs-max, the tensor scaled by it, that copy's 2-norm and
-// count of non-zeros: numerics.cpp, reduce_deferred), with no host sync; its kNumerics event
+// live, with no host sync: one fused kernel per tensor when a launcher is registered
+// (set_numerics_fused, below), else five ATen ops (abs-max, the tensor scaled by it,
+// that copy's 2-norm and count of non-zeros: numerics.cpp, reduce_deferred); its kNumerics event
 // carries kNumDeferred, seq 0 and rf_tid = an id unique in the session.
 // flush_numerics() reads every queued tensor of the session at once (one sync per
 // step: the recorder calls it at each step mark and before it stops) and records a
@@ -63,6 +66,19 @@ enum NumericsFlags : uint8_t {
 size_t flush_numerics(Session* s);
 // Process-wide: take the deferred path on CPU too (tests the GPU path on CPU).
 void set_numerics_deferred(bool on);
+// Process-wide: the fused deferred path (hooktrace/record/fused_numerics.py). With a
+// launcher registered, a deferred float32/bfloat16/float16 CUDA tensor (CPU too when
+// `cpu`) is reduced by launcher(x, buffer, row): one kernel, one pass, folding its
+// finite abs-max, sum of squares, NaN and inf counts into `row` of a float64 [rows, 4]
+// buffer handed out here (zeroed once per 1024 rows, read at the flush with one copy
+// per buffer); x is the tensor itself when its elements fill one dense range of
+// memory, else a copy (reshape). The launcher is called with the GIL (taken where the
+// caller, an autograd thread, does not hold it); the first exception it raises
+// unregisters it and is kept (numerics_fused_state); that tensor and every later one
+// take the ATen path. None unregisters. GIL held.
+void set_numerics_fused(PyObject* launcher, bool cpu);
+// (a launcher is registered, the first failure's message or "") GIL held.
+std::pair<bool, std::string> numerics_fused_state();
 // Drops the session's queue and removes the hooks it left on leaf tensors (the
 // recorder, after its last flush).
 void forget_numerics(const Session* s);

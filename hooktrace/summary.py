@@ -361,7 +361,7 @@ class Summary:
                          f"{c.get('compile_steps', 0)} compile steps left out of step statistics")
         if any(r.get("mode") == "eval" for r in self.rows):
             lines.append("[eval]: the calls made with grad off (no_grad, inference_mode) or the "
-                         "module in eval mode; no backward")
+                         "module in eval mode")
         if any(r.get("timing") == "kernels" for r in self.rows):
             lines.append("[kernels]: in a compiled region: per call of the region, the time of "
                          "the kernels that ran the module's ops")
@@ -668,9 +668,10 @@ def _add_flops(rows: list[dict[str, Any]], trace: TraceData,
     for row in rows:
         values = per_module.get(row["module"], {}) if row["module"] != UNATTRIBUTED else {}
         for key in FLOP_COLUMNS:
-            # an [eval] row's calls have no backward: no backward FLOPs (blank, not the
-            # training calls' figure)
-            row[key] = (None if row["mode"] == "eval" and key.startswith("bwd_")
+            # a row whose calls had no backward (an [eval] row of no_grad calls): no
+            # backward FLOPs (blank, not the training calls' figure); eval-mode calls
+            # with grad on do have a backward
+            row[key] = (None if not row["bwd_calls"] and key.startswith("bwd_")
                         else values.get(key))
     counted = len(info.get("counted", []))
     if counted:

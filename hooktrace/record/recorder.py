@@ -192,7 +192,9 @@ class Recorder(StepMarks, FlightRecorder):
             output, and of the gradient with respect to its inputs in backward; the
             first non-finite value is named on stderr, in the summary and in
             ``summary --json`` (``first_nonfinite``), and ``dump_on=("nonfinite",)``
-            writes a flight-recorder dump at that moment.
+            writes a flight-recorder dump at that moment. On a CUDA model they are
+            read once per step, computed by one fused Triton kernel per tensor when
+            ``triton`` imports (``info["numerics"]["deferred_path"]`` says which).
         numerics_every: with ``numerics``, only steps ``0, N, 2N, ...`` are measured
             (the others cost nothing); the first-non-finite search covers those.
         shapes: record the dtypes and shapes of every forward call's tensor inputs and

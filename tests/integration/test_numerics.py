@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import subprocess
 import sys
 import textwrap
@@ -34,15 +35,54 @@ from hooktrace.numerics import Numerics, first_nonfinite, history
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(params=["immediate", "deferred"])
+# The fused deferred path (hooktrace/record/fused_numerics.py, a Triton kernel) runs on
+# CPU tensors in the Triton interpreter, which works only when TRITON_INTERPRET=1 is
+# set before triton is imported (torch.compile imports it, in earlier tests): so
+# test_the_fused_path_in_an_interpreter_process runs this file's "fused" tests again in
+# a process of their own, with HOOKTRACE_TEST_FUSED=1, where they are collected.
+FUSED = os.environ.get("HOOKTRACE_TEST_FUSED") == "1"
+
+
+class _Counting:
+    """The fused launcher, counting its calls and the kernel launches it makes; the
+    aten ops it runs itself (the interpreter copies tensors) are inside a
+    record_function, so the profiler shows them as not top-level."""
+
+    def __init__(self) -> None:
+        from hooktrace.record.fused_numerics import make_launcher
+
+        self.launcher = make_launcher(interpret=True)
+        self.calls: list[tuple[tuple[int, ...], torch.dtype]] = []
+        self.launches = 0
+        self.launcher.kernel.add_pre_run_hook(self._launched)
+
+    def _launched(self, *args: Any, **kwargs: Any) -> None:
+        self.launches += 1
+
+    def __call__(self, x: torch.Tensor, out: torch.Tensor, row: int) -> None:
+        self.calls.append((tuple(x.shape), x.dtype))
+        with torch.profiler.record_function("hooktrace_fused_launch"):
+            self.launcher(x, out, row)
+
+
+@pytest.fixture(params=["immediate", "deferred", *(["fused"] if FUSED else [])])
 def path(request: pytest.FixtureRequest) -> Any:
-    """Both ways statistics are read: at once (CPU tensors), and deferred (what tensors
-    off the CPU take: queued where they live, read once per step; forced on CPU here)."""
+    """Each way statistics are read: at once (CPU tensors), and deferred (what tensors
+    off the CPU take: queued where they live, read once per step; forced on CPU here),
+    by ATen ops or, in the interpreter process (FUSED), by the fused Triton kernel."""
     import hooktrace._C as _C
 
-    _C.set_numerics_deferred(request.param == "deferred")
-    yield request.param
-    _C.set_numerics_deferred(False)
+    _C.set_numerics_deferred(request.param != "immediate")
+    launcher = _Counting() if request.param == "fused" else None
+    if launcher is not None:
+        _C.set_numerics_fused(launcher, True)
+    try:
+        yield request.param
+    finally:
+        _C.set_numerics_deferred(False)
+        _C.set_numerics_fused(None)
+    if launcher is not None:  # the test took the fused path
+        assert launcher.calls and launcher.launches == len(launcher.calls)
 
 
 @dataclasses.dataclass
@@ -135,7 +175,7 @@ def test_stats_equal_a_python_reference_per_call(path: str) -> None:
     result = tr.result
     n = Numerics.from_trace(result)
     deferred = (result.events["kind"] == NUMERICS) & ((result.events["flags"] & 8) != 0)
-    assert bool(deferred.any()) is (path == "deferred")
+    assert bool(deferred.any()) is (path != "immediate")
     names = [name for name, _ in result.modules]
     for (name, phase), expected in want.items():
         sel = np.flatnonzero((np.array([names[m] for m in n.module]) == name)
@@ -731,3 +771,290 @@ def test_nonfinite_counts_and_zeros_on_both_paths(dtype: torch.dtype, path: str)
         assert got[2] == nonfinite, name
         for want, have in ((absmax, got[0]), (rms, got[1])):
             assert (math.isnan(want) and math.isnan(have)) or want == have, (name, got)
+
+
+def test_the_fused_path_in_an_interpreter_process() -> None:
+    """This file's "fused" tests (the path fixture's third way and the tests below that
+    FUSED defines, all named "fused"), in a process with TRITON_INTERPRET=1 set before
+    triton is imported: the fused Triton kernel on CPU tensors."""
+    pytest.importorskip("triton", reason="triton is not installed (make test installs it)")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "HOOKTRACE_TEST_FUSED": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                        __file__, "-k", "fused and not interpreter_process"],
+                       env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
+    last = r.stdout.strip().splitlines()[-1]
+    assert "passed" in last and "skipped" not in last and "deselected" in last, last
+    assert int(last.split(" passed")[0].split()[-1]) >= 52, last
+
+
+def _nan_equal(a: float, b: float) -> bool:
+    return (math.isnan(a) and math.isnan(b)) or a == b
+
+
+def _fused_cases() -> dict[str, torch.Tensor]:
+    nan, inf = float("nan"), float("inf")
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(48, 64, generator=g)
+    out = {}
+    for dt in (torch.float32, torch.bfloat16, torch.float16):
+        name = str(dt).removeprefix("torch.")
+        big = 3e38 if dt != torch.float16 else 6e4
+        out[f"{name}-random"] = (base * 3).to(dt)
+        out[f"{name}-nan-inf"] = torch.tensor([1.0, nan, -inf, 2.0, nan, inf, -4.0], dtype=dt)
+        out[f"{name}-inf"] = torch.tensor([1.0, -inf, 3.0, inf], dtype=dt)
+        out[f"{name}-near-max"] = torch.full((3000,), big, dtype=dt)  # rms finite
+        out[f"{name}-zeros"] = torch.zeros(5, 7, dtype=dt)
+        out[f"{name}-transposed"] = base.to(dt).t()  # dense, not contiguous: no copy
+        out[f"{name}-sliced"] = base.to(dt)[::2, 3:40]  # not dense: copied first
+        out[f"{name}-scalar"] = torch.tensor(-2.5, dtype=dt)
+        out[f"{name}-empty"] = torch.zeros(0, 4, dtype=dt)
+    out["float32-tiny"] = torch.full((8,), 1e-30)
+    many = (base * 1e3).reshape(-1)[:4096].clone()  # several blocks: the atomics fold them
+    many[1500] = nan
+    out["float32-blocks-nan"] = many
+    return out
+
+
+if FUSED:
+    @pytest.mark.parametrize("case", list(_fused_cases()))
+    def test_fused_statistics_equal_the_python_reference(case: str) -> None:
+        """One fused launch per tensor: abs-max, RMS (float64) and non-finite count
+        equal a float64 reference, float32 / bfloat16 / float16, NaN, ±inf, values near
+        the top of the range, zeros, non-contiguous and empty tensors."""
+        import hooktrace._C as _C
+
+        t = _fused_cases()[case]
+        counting = _Counting()
+        _C.set_numerics_deferred(True)
+        _C.set_numerics_fused(counting, True)
+        try:
+            m = _Const(t)
+            with hooktrace.trace(m, numerics=True) as tr:
+                m(None)
+        finally:
+            _C.set_numerics_deferred(False)
+            _C.set_numerics_fused(None)
+        assert tr.result.info["numerics"]["deferred_path"] == "triton"
+        absmax, rms, nonfinite, failed = _forward_stats(tr.result)["<root>"]
+        assert not failed
+        if t.numel() == 0:
+            assert counting.calls == [] and (absmax, rms, nonfinite) == (0.0, 0.0, 0)
+            return
+        assert len(counting.calls) == 1 and counting.launches == 1
+        assert counting.calls[0] == ((t.numel(),) if case.endswith("sliced") else
+                                     tuple(t.shape), t.dtype)
+        d = t.double()
+        fin = torch.isfinite(d)
+        want_nonfinite = int((~fin).sum())
+        if d.isnan().any():
+            want_absmax = want_rms = float("nan")
+        elif want_nonfinite:
+            want_absmax = want_rms = float("inf")
+        else:
+            want_absmax = float(d.abs().amax())
+            want_rms = float(d.square().mean().sqrt())
+        assert nonfinite == want_nonfinite
+        if math.isfinite(want_rms):
+            assert math.isfinite(rms)
+            assert absmax == pytest.approx(want_absmax, rel=1e-7)
+            assert rms == pytest.approx(want_rms, rel=1e-6)
+        else:
+            assert _nan_equal(absmax, want_absmax) and _nan_equal(rms, want_rms), (absmax, rms)
+
+    @pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced"])
+    def test_fused_path_is_one_pass_and_few_launches_per_tensor(layout: str) -> None:
+        """Per tensor: one call of the launcher, one kernel launch (one pass: each block
+        read once), and beside it no aten op but the copy of a tensor whose elements
+        do not fill one dense range (reshape): <= 3 launches (the buffer's zeroing is
+        one launch per 1024 tensors)."""
+        import hooktrace._C as _C
+        from torch.profiler import ProfilerActivity, profile
+
+        base = torch.randn(64, 48)
+        x = {"contiguous": base, "transposed": base.t(),
+             "sliced": base[:, :40]}[layout]
+        m = _ChildTimesTwo()
+
+        def top_level_ops(numerics: bool) -> list[str]:
+            with hooktrace.trace(m, numerics=numerics):
+                m(x)  # (warm: first-call work, the buffer's allocation, out of the count)
+                with profile(activities=[ProfilerActivity.CPU]) as prof:
+                    m(x)
+            return sorted(e.name for e in prof.events()
+                          if e.name.startswith("aten::") and e.cpu_parent is None)
+
+        counting = _Counting()
+        _C.set_numerics_deferred(True)
+        _C.set_numerics_fused(counting, True)
+        try:
+            plain = top_level_ops(False)
+            assert counting.calls == []
+            measured = top_level_ops(True)
+        finally:
+            _C.set_numerics_deferred(False)
+            _C.set_numerics_fused(None)
+        extra = list(measured)
+        for op in plain:
+            extra.remove(op)
+        # x * 2 is contiguous whatever x is; the sliced case's own test is below
+        assert extra == [], extra
+        assert len(counting.calls) == 2 and counting.launches == 2  # (warm call + counted)
+        # a non-dense output: one reshape (a copy) before the launch
+        sliced = _Const(x)
+        counting.calls.clear()
+        counting.launches = 0
+        _C.set_numerics_deferred(True)
+        _C.set_numerics_fused(counting, True)
+        try:
+            with hooktrace.trace(sliced, numerics=True):
+                sliced(None)
+                with profile(activities=[ProfilerActivity.CPU]) as prof:
+                    sliced(None)
+        finally:
+            _C.set_numerics_deferred(False)
+            _C.set_numerics_fused(None)
+        ops = sorted(e.name for e in prof.events()
+                     if e.name.startswith("aten::") and e.cpu_parent is None)
+        assert ops == (["aten::reshape"] if layout == "sliced" else []), ops
+        assert len(counting.calls) == 2 and counting.launches == 2
+        assert 1 + len(ops) <= 3
+
+    class _ZeroOut(nn.Module):
+        def forward(self, x: Any) -> torch.Tensor:
+            return torch._efficientzerotensor(4)  # (what some backward formulas return)
+
+    def test_fused_path_leaves_a_tensor_without_plain_memory_to_aten() -> None:
+        """An efficient zero tensor has no data pointer: handed to the kernel, the
+        launcher would raise and be dropped for the whole run; it is not handed over."""
+        import hooktrace._C as _C
+
+        counting = _Counting()
+        _C.set_numerics_deferred(True)
+        _C.set_numerics_fused(counting, True)
+        try:
+            m = _ZeroOut()
+            with hooktrace.trace(m, numerics=True) as tr:
+                m(None)
+            state = _C.numerics_fused_state()
+        finally:
+            _C.set_numerics_deferred(False)
+            _C.set_numerics_fused(None)
+        assert counting.calls == [] and state == (True, None)
+        assert _forward_stats(tr.result)["<root>"] == (0.0, 0.0, 0, False)
+
+    def test_fused_path_ctrl_c_in_the_launcher_reaches_the_user() -> None:
+        """A KeyboardInterrupt raised in the launcher is the user's Ctrl-C, not a failure
+        of the kernel: it is raised again in the user's code (not swallowed), the tensor
+        is measured by the ATen path, the launcher stays registered."""
+        import hooktrace._C as _C
+
+        calls: list[int] = []
+
+        def interrupted(x: torch.Tensor, out: torch.Tensor, row: int) -> None:
+            calls.append(row)
+            raise KeyboardInterrupt
+
+        m = _Const(torch.tensor([1.0, -3.0]))
+        _C.set_numerics_deferred(True)
+        _C.set_numerics_fused(interrupted, True)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                with hooktrace.trace(m, numerics=True) as tr:
+                    m(None)  # (returns: the interrupt is raised just after)
+                    for _ in range(100_000):
+                        pass
+            state = _C.numerics_fused_state()
+        finally:
+            _C.set_numerics_deferred(False)
+            _C.set_numerics_fused(None)
+        assert len(calls) == 1 and state == (True, None)
+        absmax, rms, nonfinite, failed = _forward_stats(tr.result)["<root>"]
+        assert (absmax, nonfinite, failed) == (3.0, 0, False)
+        assert rms == pytest.approx(math.sqrt(5.0), rel=1e-6)
+
+    def test_a_failing_fused_launcher_falls_back_to_aten_with_a_note() -> None:
+        """The first exception of the launcher (Triton cannot compile for this GPU)
+        unregisters it: that tensor and the rest take the ATen path, with the same
+        statistics, no error in the user's forward, and a note in info["numerics"]."""
+        import hooktrace._C as _C
+
+        calls: list[int] = []
+
+        def broken(x: torch.Tensor, out: torch.Tensor, row: int) -> None:
+            calls.append(row)
+            raise RuntimeError("cannot compile for sm_00\nsecond line")
+
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+        x = torch.randn(4, 8, requires_grad=True)
+        results = []
+        for launcher in (None, broken):
+            _C.set_numerics_deferred(True)
+            _C.set_numerics_fused(launcher, True)
+            try:
+                with hooktrace.trace(net, numerics=True) as tr:
+                    for _ in range(2):
+                        net(x).sum().backward()  # (no error here)
+                        tr.step()
+                state = _C.numerics_fused_state()
+            finally:
+                _C.set_numerics_deferred(False)
+                _C.set_numerics_fused(None)
+            n = Numerics.from_trace(tr.result)
+            results.append((n.absmax.tolist(), n.rms.tolist(), n.nonfinite.tolist(),
+                            n.failed.tolist()))
+            info = tr.result.info["numerics"]
+        assert len(calls) == 1  # called once, then unregistered
+        assert state == (False, "RuntimeError: cannot compile for sm_00")
+        assert info["deferred_path"] == "aten"
+        assert "RuntimeError: cannot compile for sm_00" in info["deferred_note"]
+        assert results[0] == results[1] and len(results[0][0]) == 16
+        assert not any(results[1][3])
+
+
+def test_a_cpu_run_never_imports_triton_and_says_its_deferred_path() -> None:
+    """numerics=True on a CPU model: triton is not imported (it is only for a CUDA
+    model), and info["numerics"] says the deferred path is ATen's and why."""
+    code = textwrap.dedent("""
+        import json, sys
+        import torch, hooktrace
+        m = torch.nn.Linear(4, 4)
+        with hooktrace.trace(m, numerics=True) as tr:
+            m(torch.randn(2, 4)).sum().backward()
+        print(json.dumps(["triton" in sys.modules, tr.result.info["numerics"]]))
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env.pop("TRITON_INTERPRET", None)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    imported, info = json.loads(r.stdout.strip().splitlines()[-1])
+    assert imported is False
+    assert info["deferred_path"] == "aten" and "no CUDA device" in info["deferred_note"]
+
+
+@pytest.mark.parametrize("arch", [80, 90])
+def test_the_numerics_kernel_compiles_for_gpus(arch: int) -> None:
+    """The fused kernel, as the launcher makes it for a GPU, compiled (no GPU needed) for
+    sm_80 and sm_90 and each input dtype: the interpreter runs Python and would not see
+    what Triton's compiler rejects (it rejected the kernel's typing annotations)."""
+    pytest.importorskip("triton", reason="triton is not installed (make test installs it)")
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        pytest.skip("the interpreter process compiles nothing")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from hooktrace.record.fused_numerics import make_launcher
+
+    kernel = make_launcher(interpret=False).kernel
+    for dtype in ("fp32", "bf16", "fp16"):
+        src = ASTSource(kernel, signature={"x_ptr": f"*{dtype}", "out_ptr": "*fp64", "row": "i32",
+                                           "n": "i32", "BLOCK": "constexpr"},
+                        constexprs={(4,): 4096})
+        ptx = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                             options={"enable_fp_fusion": False}).asm["ptx"]
+        # one pass: one load per element block, the row folded by atomics
+        assert ptx.count("atom.global") >= 3 and "add.f64" in ptx, dtype

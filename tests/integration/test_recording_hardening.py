@@ -347,11 +347,15 @@ def test_a_custom_sigint_handler_is_left_alone(monkeypatch: pytest.MonkeyPatch) 
 def test_first_trace_imports_nothing_lazily() -> None:
     # torch._dynamo's import takes the import lock for ~1 s: a fork from another thread
     # then would inherit it held. Entering a trace must not import it (nor anything).
+    # (`hooktrace.trace` itself is imported on first use, as `import hooktrace` did
+    # before the package face became lazy: resolving the name is the import, not the
+    # entry.)
     code = (
         "import sys, torch, hooktrace\n"
         "m = torch.nn.Sequential(torch.nn.Linear(2, 2))\n"
+        "trace = hooktrace.trace\n"
         "before = set(sys.modules)\n"
-        "with hooktrace.trace(m) as tr:\n"
+        "with trace(m) as tr:\n"
         "    entered = set(sys.modules)\n"
         "    m(torch.zeros(2))\n"
         "assert entered == before, sorted(entered - before)\n"
