@@ -4,7 +4,10 @@
 (``hooktrace run``, ``HOOKTRACE=1``) every module in the process; both are a
 :class:`Recorder` over one native hot path (``_C.ModuleCall``, record/dispatch.py)
 and take the same options. A module's forward span is its whole call, hooks
-included, in both (``info["span_definition"]``, hooktrace/_events.py).
+included, in both (``info["span_definition"]``, hooktrace/_events.py). Its options are
+one :class:`~hooktrace.record.options.RecordOptions`, checked once; each recording
+feature (backward, memory, shapes, numerics, FLOPs, kernel marks, profiler ranges) is a
+component (record/component.py) the recorder composes, with no branch on any of them.
 
 The recorder is not its result: after the ``with`` block, :attr:`Recorder.result`
 is the recorded :class:`~hooktrace.result.TraceResult`; the reading methods

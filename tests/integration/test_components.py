@@ -148,3 +148,15 @@ def test_a_native_install_failure_releases_the_model(monkeypatch: pytest.MonkeyP
     with hooktrace.trace(model) as tr:
         model(torch.randn(1, 2))
     assert len(tr.spans()) == 2
+
+
+def test_a_trainer_callback_checks_option_values_when_made(tmp_path: Any) -> None:
+    # (names were checked when the callback was made; values only at train begin)
+    from hooktrace.integrations import TraceSession
+
+    with pytest.raises(ValueError, match="numerics_every must be a positive integer"):
+        TraceSession(tmp_path / "x.htrace", chrome=None, backward=True, capacity=1 << 20,
+                     summary=False, numerics=True, numerics_every=0)
+    with pytest.raises(TypeError, match="capacity must be an int"):
+        TraceSession(tmp_path / "x.htrace", chrome=None, backward=True, capacity=2.5,
+                     summary=False)
