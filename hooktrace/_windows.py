@@ -50,18 +50,8 @@ class ScheduleWindows:
         raise NotImplementedError
 
     def _init_windows(self, schedule: Callable[[int], Any] | None,
-                      on_window: Callable[[TraceResult], Any] | None, policy: str, *,
-                      streaming: bool = False) -> None:
-        """Checks the arguments (before anything is touched) and sets the state up."""
-        if schedule is not None and not callable(schedule):
-            raise TypeError(f"schedule must be a torch.profiler.schedule(...) or a callable "
-                            f"step -> ProfilerAction, got {schedule!r:.60}")
-        if on_window is not None and (schedule is None or not callable(on_window)):
-            raise TypeError("on_window needs a schedule and must be callable(window)")
-        if schedule is not None and (streaming or policy == "ring"):
-            raise ValueError("schedule= records windows and hands each to on_window; it cannot "
-                             "be combined with out= or policy='ring' (write each window with "
-                             "on_window=hooktrace.window_handler(DIR))")
+                      on_window: Callable[[TraceResult], Any] | None) -> None:
+        """Sets the state up from options already checked (hooktrace.record.options)."""
         self._schedule = schedule
         self._on_window = on_window
         self.windows: list[TraceResult] = []  # windows kept when no on_window is given
@@ -132,8 +122,6 @@ class StepMarks(ScheduleWindows):
     _state: str
 
     def _init_steps(self, steps: str | None) -> None:
-        if steps not in ("optimizer", None):
-            raise ValueError(f"steps must be 'optimizer' or None, got {steps!r}")
         self._steps_from_optimizer = steps == "optimizer"
         self._step = 0  # the number of the step being recorded
         self._lead_optimizer: weakref.ref[Any] | None = None

@@ -207,7 +207,7 @@ class FlightRecorder:
     """The flight recorder of a recording (``hooktrace.trace`` and ``global_trace``):
     ``dump_on=``, ``dump()``. The class using it has ``_state``, ``_step``,
     ``_session`` and ``snapshot()``, checks its arguments with
-    :meth:`_init_flight_recorder` before touching anything, calls
+    :meth:`_init_flight_recorder` (with options checked by ``RecordOptions``), calls
     :meth:`_start_flight_recorder` once recording and :meth:`_stop_flight_recorder`
     (idempotent) in its teardown."""
 
@@ -218,18 +218,10 @@ class FlightRecorder:
     def snapshot(self) -> TraceData:  # provided by the recording class
         raise NotImplementedError
 
-    def _init_flight_recorder(self, dump_on: object, dump_dir: str | os.PathLike[str],
+    def _init_flight_recorder(self, dump_on: frozenset[str], dump_dir: str | os.PathLike[str],
                               hang_timeout: float, dump_signal: int) -> None:
-        self._dump_on = check_dump_on(dump_on)
-        if os.path.exists(dump_dir) and not os.path.isdir(dump_dir):
-            raise ValueError(f"dump_dir {os.fspath(dump_dir)!r} exists and is not a directory")
-        if not isinstance(hang_timeout, (int, float)) or not hang_timeout > 0:
-            raise ValueError(f"hang_timeout must be a positive number of seconds, got "
-                             f"{hang_timeout!r}")
-        if dump_signal not in signal.valid_signals() or dump_signal in (signal.SIGKILL,
-                                                                        signal.SIGSTOP):
-            raise ValueError(f"dump_signal must be a signal that can be handled, got "
-                             f"{dump_signal!r}")
+        """Sets the state up from options already checked (hooktrace.record.options)."""
+        self._dump_on = dump_on
         self._dump_dir = dump_dir
         self._hang_timeout = float(hang_timeout)
         self._dump_signal = dump_signal

@@ -28,9 +28,10 @@ import stat
 import sys
 import threading
 import warnings
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from hooktrace._args import finite_float
 from hooktrace._naming import env_rank, output_path
@@ -40,6 +41,7 @@ from hooktrace.text import open_hint
 
 if TYPE_CHECKING:  # (imported when recording starts: `hooktrace --help` imports no torch)
     from hooktrace.record import GlobalTrace
+    from hooktrace.record.options import RecordOptions
 
 __all__ = ["RunOptions", "add_options", "discard_empty", "options_from_args", "start",
            "stop_writing_on_sigterm", "streams", "write_outputs"]
@@ -54,7 +56,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
                         "Streamed to while the script runs (constant memory; a killed run's "
                         "file loads up to the cut), except with --ring or --schedule")
     p.add_argument("--no-backward", dest="backward", action="store_false",
-                   help="do not record autograd nodes (forward spans only)")
+                   help="do not record autograd nodes (forward spans only)")  # (negated)
     p.add_argument("--steps", choices=("optimizer", "none"), default="optimizer",
                    help="what ends a training step: the first optimizer's step() (default) "
                         "or nothing")
@@ -88,29 +90,22 @@ def add_options(p: argparse.ArgumentParser) -> None:
                         "profiler's timeline, as hooktrace merge) and <output stem>"
                         ".profiler.json (for hooktrace summary --profiler); with --schedule, "
                         "one of each per window")
-    p.add_argument("--flops", action="store_true",
-                   help="also count FLOPs per module call (as trace(model, flops=True)): "
-                        "hooktrace summary --flops shows them")
-    p.add_argument("--memory", action="store_true",
-                   help="also record the bytes allocated at every module call and the peak "
-                        "inside it (CPU, and the current CUDA device when there is one)")
-    p.add_argument("--numerics", action="store_true",
-                   help="also record each module call's output abs-max, RMS and non-finite "
-                        "count, and of the gradient of its inputs (as trace(model, "
-                        "numerics=True)); the first NaN/Inf is named on stderr and in "
-                        "hooktrace summary --json (first_nonfinite)")
-    p.add_argument("--shapes", action="store_true",
-                   help="also record the dtypes and shapes of every forward call's tensor "
-                        "inputs and outputs (span args in_shapes/out_shapes; hooktrace "
-                        "summary --by-shape)")
+    for flag in ("flops", "memory", "numerics", "shapes"):
+        p.add_argument(f"--{flag}", action="store_true", help=_help(flag))
     p.add_argument("--numerics-every", type=int, default=1, metavar="N",
-                   help="with --numerics, measure steps 0, N, 2N, ... only (default: every step)")
+                   help=_help("numerics_every"))
     p.add_argument("--summary", action="store_true",
                    help="print the per-module table to stderr at exit")
     p.add_argument("--capacity", type=int, default=None, metavar="N",
-                   help="events held in memory (32 bytes each): while streaming, those not "
-                        "yet written (default 1 Mi); with --ring or --schedule, the trace "
-                        "(default 8 Mi). Events beyond it are dropped and counted")
+                   help=_help("capacity"))
+
+
+def _help(option: str) -> str:
+    """An option's one-line help, as RecordOptions holds it (options named as flags)."""
+    from hooktrace.record.options import OPTION_HELP
+
+    return OPTION_HELP[option].replace("numerics_every", "--numerics-every").replace(
+        "with numerics,", "with --numerics,")
 
 
 @dataclass(frozen=True)
@@ -122,25 +117,13 @@ class RunOptions:
     pftrace: Path | None
     ring: bool
     schedule: tuple[int, int, int, int] | None
-    dump_on: tuple[str, ...]
-    dump_dir: str
-    hang_timeout: float
-    backward: bool
-    steps: Literal["optimizer"] | None
     summary: bool
-    capacity: int | None
-    memory: bool = False
-    flops: bool = False
+    record: RecordOptions  # what to record (checked once, hooktrace.record.options)
     profile: bool = False
-    numerics: bool = False
-    numerics_every: int = 1
-    shapes: bool = False
 
 
 def options_from_args(args: argparse.Namespace) -> RunOptions:
     """Checks the options and resolves the output names; raises OptionError."""
-    if args.capacity is not None and not 1 <= args.capacity <= 1 << 40:
-        raise OptionError(f"--capacity must be between 1 and 2**40 events, got {args.capacity}")
     rank = env_rank()
     output = output_path(args.output, ".htrace", rank)
     chrome = output_path(args.chrome, ".json", rank) if args.chrome is not None else None
@@ -154,19 +137,6 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
         except (OutputPathError, OSError) as e:
             raise OptionError(f"{flag}: {e}") from None
     dump_on = tuple(w.strip() for w in args.dump_on.split(",")) if args.dump_on else ()
-    try:
-        from hooktrace.flight import check_dump_on
-
-        check_dump_on(dump_on)
-    except (TypeError, ValueError) as e:
-        raise OptionError(f"--dump-on: {e}") from None
-    numerics_every = getattr(args, "numerics_every", 1)
-    if numerics_every < 1:
-        raise OptionError(f"--numerics-every must be a positive number of steps, got "
-                          f"{numerics_every}")
-    if not args.hang_timeout > 0:
-        raise OptionError(f"--hang-timeout must be a positive number of seconds, got "
-                       f"{args.hang_timeout}")
     schedule = None
     if args.schedule is not None:
         try:
@@ -180,18 +150,33 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
         if args.ring:
             raise OptionError("--schedule and --ring cannot be combined: windows are drained "
                            "as they end")
+    from hooktrace.record.options import RecordOptions
+
+    try:  # the recording options' own checks (hooktrace.record.options), as flags
+        record = RecordOptions(
+            capacity=args.capacity, policy="ring" if args.ring else "drop",
+            backward=args.backward, steps="optimizer" if args.steps == "optimizer" else None,
+            dump_on=dump_on, dump_dir=args.dump_dir, hang_timeout=args.hang_timeout,
+            memory=bool(getattr(args, "memory", False)),
+            flops=bool(getattr(args, "flops", False)),
+            numerics=bool(getattr(args, "numerics", False)) or "nonfinite" in dump_on,
+            numerics_every=getattr(args, "numerics_every", 1),
+            shapes=bool(getattr(args, "shapes", False)))
+    except (TypeError, ValueError) as e:
+        raise OptionError(_as_flag(str(e))) from None
     return RunOptions(output=output, chrome=chrome, pftrace=pftrace, ring=args.ring,
-                      schedule=schedule,
-                      dump_on=dump_on, dump_dir=args.dump_dir, hang_timeout=args.hang_timeout,
-                      backward=args.backward,
-                      steps="optimizer" if args.steps == "optimizer" else None,
-                      summary=args.summary, capacity=args.capacity,
-                      memory=bool(getattr(args, "memory", False)),
-                      flops=bool(getattr(args, "flops", False)),
-                      profile=bool(getattr(args, "profile", False)),
-                      numerics=bool(getattr(args, "numerics", False)) or "nonfinite" in dump_on,
-                      numerics_every=numerics_every,
-                      shapes=bool(getattr(args, "shapes", False)))
+                      schedule=schedule, summary=args.summary, record=record,
+                      profile=bool(getattr(args, "profile", False)))
+
+
+def _as_flag(message: str) -> str:
+    """RecordOptions' error (``capacity must be ...``) naming the flag (``--capacity must
+    be ...``; ``dump_on: unknown ...`` as ``--dump-on: dump_on: unknown ...``)."""
+    name, sep, rest = message.partition(" ")
+    flag = "--" + name.rstrip(":").replace("_", "-")
+    if not sep:
+        return message
+    return f"{flag}: {message}" if name.endswith(":") else f"{flag} {rest}"
 
 
 def streams(options: RunOptions) -> bool:
@@ -216,15 +201,11 @@ def start(options: RunOptions) -> GlobalTrace:
 
     # --profile with --schedule: the profiler steps with the trace's steps
     cls = _profiled_trace() if windows is not None and options.profile else GlobalTrace
-    trace = cls(capacity=options.capacity,
-                policy="ring" if options.ring else "drop",
-                backward=options.backward, steps=options.steps,
-                dump_on=options.dump_on, dump_dir=options.dump_dir,
-                hang_timeout=options.hang_timeout, memory=options.memory,
-                flops=options.flops, numerics=options.numerics,
-                numerics_every=options.numerics_every, shapes=options.shapes, out=out,
-                **({} if windows is None else {"schedule": windows.schedule,
-                                               "on_window": windows.write}))
+    record = dataclasses.replace(
+        options.record, out=out,
+        **({} if windows is None else {"schedule": windows.schedule,
+                                       "on_window": windows.write}))
+    trace = cls(options=record)
     if windows is not None:
         windows.trace = trace
     try:

@@ -16,6 +16,7 @@ from typing import Any
 
 from hooktrace._naming import output_path
 from hooktrace.record import Trace
+from hooktrace.record.options import RecordOptions
 
 __all__ = ["TraceSession"]
 
@@ -30,6 +31,8 @@ class TraceSession:
     dumps), checked here so a wrong name fails before training starts.
     """
 
+    # what a callback passes on to trace(): options of hooktrace.record.options (their
+    # help: OPTION_HELP), the others being the trainer's (steps) or the callback's own
     TRACE_OPTIONS = frozenset({"numerics", "numerics_every", "shapes", "memory", "flops",
                                "dump_on", "dump_dir", "hang_timeout"})
 
@@ -39,6 +42,8 @@ class TraceSession:
         if unknown:
             raise TypeError(f"hooktrace: unknown option {unknown[0]!r}; the callback takes "
                             f"{', '.join(sorted(self.TRACE_OPTIONS))}")
+        # checked now (names and values), not when training starts
+        self.record = RecordOptions(steps=None, backward=backward, capacity=capacity, **options)
         self.output, self.chrome = output, chrome
         self.backward, self.capacity, self.summary = backward, capacity, summary
         self.options = options
@@ -50,8 +55,7 @@ class TraceSession:
             return  # a second fit() on the same callback traces from its first one
         # steps=None: the trainer's own step events end steps (an optimizer hook
         # would count a GAN's or an accumulation step's optimizers differently)
-        self.trace = Trace(model, steps=None, backward=self.backward, capacity=self.capacity,
-                           **self.options)
+        self.trace = Trace(model, options=self.record)
         self.trace.__enter__()
 
     def step(self) -> None:

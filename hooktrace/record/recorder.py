@@ -4,7 +4,10 @@
 (``hooktrace run``, ``HOOKTRACE=1``) every module in the process; both are a
 :class:`Recorder` over one native hot path (``_C.ModuleCall``, record/dispatch.py)
 and take the same options. A module's forward span is its whole call, hooks
-included, in both (``info["span_definition"]``, hooktrace/_events.py).
+included, in both (``info["span_definition"]``, hooktrace/_events.py). Its options are
+one :class:`~hooktrace.record.options.RecordOptions`, checked once; each recording
+feature (backward, memory, shapes, numerics, FLOPs, kernel marks, profiler ranges) is a
+component (record/component.py) the recorder composes, with no branch on any of them.
 
 The recorder is not its result: after the ``with`` block, :attr:`Recorder.result`
 is the recorded :class:`~hooktrace.result.TraceResult`; the reading methods
@@ -23,18 +26,15 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import operator
 import os
 import signal
 import socket
-import stat
-import sys
 import threading
 import time
 import warnings
 import weakref
 from types import TracebackType
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
@@ -44,13 +44,21 @@ from torch import nn
 import hooktrace._C as _C
 from hooktrace._events import EVENT_DTYPE, SPAN_DEFINITION, Clock
 from hooktrace._naming import env_rank, process_stem
-from hooktrace._output import check_output_path
 from hooktrace._windows import StepMarks
 from hooktrace.record.ranks import apply_test_clock_offset, rank_info
 from hooktrace.errors import OutputPathError
 from hooktrace.flight import FlightRecorder
 from hooktrace.result import TraceResult
-from hooktrace.record import dispatch, kernels
+from hooktrace.record import dispatch
+from hooktrace.record.backward import BackwardComponent
+from hooktrace.record.component import Component
+from hooktrace.record.emit import EmitProfilerComponent
+from hooktrace.record.flops import FlopsComponent
+from hooktrace.record.kernel_marks import KernelMarksComponent
+from hooktrace.record.memory import MemoryComponent
+from hooktrace.record.numerics import NumericsComponent
+from hooktrace.record.options import DEFAULT_CAPACITY, RecordOptions
+from hooktrace.record.shapes import ShapesComponent
 from hooktrace.record.scopes import ModelScope, ProcessScope, Scope
 from hooktrace.format import (
     BLOCK_FOOTER,
@@ -64,23 +72,17 @@ from hooktrace.format import (
 __all__ = ["DEFAULT_CAPACITY", "GlobalTrace", "Recorder", "Trace", "global_trace", "trace",
            "window_handler"]
 
-Policy = Literal["drop", "ring"]
-
-# 8 Mi events x 32 B = 256 MiB at most, allocated lazily 128 KiB at a time:
-# ~40 training steps of a 100k-module-call model before anything is dropped.
-DEFAULT_CAPACITY = 8 * 1024 * 1024
 # Events are allocated in chunks of this many (128 KiB); capacity is rounded up to whole chunks.
 CHUNK_EVENTS = 4096
-# 2**40 events = 32 TiB of buffers: far beyond any real trace, yet small enough that the
-# chunk count fits the native session's 32-bit counter. Memory is allocated as recorded.
-MAX_CAPACITY = 1 << 40
-# Streaming (out=...): the capacity bounds the chunks in flight, not the run.
-# 1 Mi events x 32 B = 32 MiB at most, within issue #9's 64 MiB above the untraced
-# process; the writer wakes every STREAM_PERIOD_MS (or when half of it is in
-# flight), so this is ~40x what a 2.6 M events/s model (1000 x Identity, the
-# fastest the overhead benchmark records) records between two wake-ups.
-STREAM_CAPACITY = 1 << 20
+# Streaming (out=...): the writer wakes every STREAM_PERIOD_MS (or when half of the
+# capacity, record/options.py, is in flight).
 STREAM_PERIOD_MS = 10
+
+# The recording features, one component each (record/component.py), in the order they
+# are prepared and installed (torn down in reverse): a new option is one more here.
+COMPONENTS: tuple[type[Component], ...] = (
+    MemoryComponent, EmitProfilerComponent, BackwardComponent, KernelMarksComponent,
+    NumericsComponent, ShapesComponent, FlopsComponent)
 
 # The one process scope of this process (nn.Module calls of the whole process).
 _process_lock = threading.Lock()
@@ -124,7 +126,8 @@ class Recorder(StepMarks, FlightRecorder):
     events as a :class:`~hooktrace.result.TraceResult`. ``snapshot()`` reads the events
     so far while recording goes on.
 
-    Args:
+    Options (keyword arguments of ``trace()``/``global_trace()``, or one
+    ``options=RecordOptions(...)``; checked once, :mod:`hooktrace.record.options`):
         capacity: number of events held (32 bytes each), an int from 1 to 2**40;
             by default 8 Mi (256 MiB), or 1 Mi (32 MiB) when streaming to ``out``.
             Rounded up to whole chunks of 4096 events (a capacity below 4096 is one
@@ -202,77 +205,28 @@ class Recorder(StepMarks, FlightRecorder):
             (and ``*_dtypes``) in the exports, ``hooktrace summary --by-shape``.
     """
 
-    def __init__(
-        self,
-        scope: Scope,
-        *,
-        capacity: int | None = None,
-        policy: Policy = "drop",
-        backward: bool = True,
-        emit_profiler: bool = False,
-        steps: Literal["optimizer"] | None = "optimizer",
-        dump_on: str | Sequence[str] | None = None,
-        dump_dir: str | os.PathLike[str] = "hooktrace-dumps",
-        hang_timeout: float = 300.0,
-        dump_signal: int = signal.SIGUSR1,
-        out: str | os.PathLike[str] | None = None,
-        schedule: Callable[[int], Any] | None = None,
-        on_window: Callable[[TraceResult], Any] | None = None,
-        flops: bool = False,
-        memory: bool = False,
-        numerics: bool = False,
-        numerics_every: int = 1,
-        shapes: bool = False,
-    ) -> None:
-        # Everything is checked here, before anything is touched: a bad argument must
-        # never leave a model half-instrumented.
-        if not isinstance(policy, str) or policy not in ("drop", "ring"):
-            error = ValueError if isinstance(policy, str) else TypeError
-            raise error(f"policy must be one of 'drop', 'ring'; got {policy!r}")
-        flag_values: tuple[tuple[str, object], ...] = (
-            ("backward", backward), ("emit_profiler", emit_profiler), ("flops", flops),
-            ("memory", memory), ("numerics", numerics), ("shapes", shapes))
-        for flag, flag_value in flag_values:
-            if not isinstance(flag_value, (bool, np.bool_)):
-                raise TypeError(f"{flag} must be True or False, got "
-                                f"{type(flag_value).__name__} {flag_value!r}")
-        if (isinstance(numerics_every, bool) or not isinstance(numerics_every, (int, np.integer))
-                or numerics_every < 1):
-            raise ValueError(f"numerics_every must be a positive integer (steps), got "
-                             f"{numerics_every!r}")
+    def __init__(self, scope: Scope, options: RecordOptions) -> None:
+        # Everything is checked by now (RecordOptions, then each component's check),
+        # before anything is touched: a bad argument never leaves a model half-instrumented.
+        for component in COMPONENTS:
+            component.check(options)
+        self.options = options
         self._scope = scope
-        self._init_steps(steps)
-        self._init_flight_recorder(dump_on, dump_dir, hang_timeout, dump_signal)
-        if "nonfinite" in self._dump_on and not numerics:
-            raise ValueError("dump_on='nonfinite' needs numerics=True (the values are checked "
-                             "only then)")
-        if capacity is None:
-            capacity = DEFAULT_CAPACITY if out is None else STREAM_CAPACITY
-        capacity = _check_capacity(capacity)
-        self._init_windows(schedule, on_window, policy, streaming=out is not None)
-        self._out = None if out is None else _check_stream_path(out, policy)
+        self._init_steps(options.steps)
+        self._init_flight_recorder(options.dump_on, options.dump_dir, options.hang_timeout,
+                                   options.dump_signal)
+        self._init_windows(options.schedule, options.on_window)
+        self._out: str | None = options.out  # type: ignore[assignment]  # (a str once checked)
         self._writer: Any = None
         self._stream_fd = -1
         self._stream_lost: tuple[str, int] | None = None  # (write error, events lost)
         self._stream_counts: dict[str, int] | None = None  # what the stream holds, at its end
         self._stream_pid = 0  # the process writing the stream (a forked child does not)
-        self._capacity = capacity
-        self._policy = policy
-        self._backward = bool(backward)
-        self._emit_profiler = bool(emit_profiler)
-        self._flops = bool(flops)
-        self._memory = bool(memory)
-        self._numerics = bool(numerics)
-        self._fused_reason: str | None = None  # why the deferred numerics are not fused
-        self._shapes = bool(shapes)
-        self._numerics_every = int(numerics_every)
         self._session: Any = None
         self._call: Any = None  # the _C.ModuleCall while this recorder holds it
         self._state: Literal["new", "recording", "done"] = "new"
-        self._flop_recorder: Any = None
-        self._memory_info: dict[str, Any] | None = None
-        self._cuda_allocations = -1  # the CUDA device's allocations when memory recording began
-        self._flop_window_start = 0  # the FLOP recorder's root calls before this window
+        self._components: list[Component] = [c(self) for c in COMPONENTS if c.enabled(options)]
+        self._installed: list[Component] = []  # those whose install() returned
         self._result: TraceResult | None = None
         self._start_unix_ns = 0
 
@@ -284,18 +238,10 @@ class Recorder(StepMarks, FlightRecorder):
             raise RuntimeError(f"a hooktrace.{type(self).__name__} can be entered only once; "
                                "make another")
         self._check_flight_recorder_thread()
-        scope = self._scope
-        if self._numerics:  # (process-wide, harmless: before anything that needs undoing)
-            self._fused_reason = _use_fused_numerics(scope)
         # What can fail without touching anything is done first (the session
         # allocates nothing until the first event).
-        session = _C.Session(self._capacity, self._policy)
-        if self._memory:
-            from hooktrace.memory import cuda_allocations, enable
-
-            self._memory_info = enable(
-                session, scope.model() if isinstance(scope, ModelScope) else None)
-            self._cuda_allocations = cuda_allocations(self._memory_info)
+        session = _C.Session(self.options.capacity, self.options.policy)
+        scope = self._scope
         # All or nothing: a Ctrl-C is held off until recording fully started, then
         # aborts the entry like any exception, undoing every step taken.
         with _SigintDeferred() as sigint:
@@ -311,15 +257,10 @@ class Recorder(StepMarks, FlightRecorder):
             except BaseException:
                 self._release_process_slot()
                 raise
-            if self._emit_profiler:
-                if isinstance(scope, ModelScope):
-                    session.set_emit_names(scope.emit_names())
-                elif isinstance(scope, ProcessScope):
-                    session.set_emit_names([])
-                    scope.on_new_slot = lambda slot, name: session.add_emit_name(name)
             try:
+                for component in self._components:  # (nothing to undo: the session goes)
+                    component.prepare(session, scope)
                 self._start_unix_ns = time.time_ns()
-                session.set_shapes(self._shapes)
                 if self._out is not None:
                     self._open_stream(session)
                 if self._schedule is not None:
@@ -331,17 +272,12 @@ class Recorder(StepMarks, FlightRecorder):
                     self._enter_step(0)
                 if self._writer is not None:
                     self._writer.start()
-                if self._backward:
-                    _C.add_backward_session(session)
-                _C.add_kernel_session(session)  # kernel marks of compiled code (kernels.py)
-                if self._numerics:
-                    session.set_nonfinite_callback(self._on_first_nonfinite)
-                    session.set_numerics(True)  # step 0 is always measured
+                for component in self._components:
+                    component.install(session, scope)
+                    self._installed.append(component)
                 self._start_steps()
                 self._call = dispatch.acquire(self)
                 scope.attach(self._call, session)
-                if self._flops:
-                    self._start_flops()
                 self._start_flight_recorder()
                 sigint.raise_pending()
             except BaseException:
@@ -370,39 +306,26 @@ class Recorder(StepMarks, FlightRecorder):
             if _process_recorder is self:
                 _process_recorder = None
 
-    def _start_flops(self) -> None:
-        from hooktrace.flops import FlopRecorder
-
-        root = self._scope.flops_root()
-        if root is not None:
-            self._flop_recorder = FlopRecorder(root)
-            self._flop_recorder.start()
-        elif isinstance(self._scope, ProcessScope):
-            # FLOPs are counted from the first top-level module, once it is called.
-            def first_root(module: nn.Module) -> None:
-                if self._flop_recorder is None and self._state == "recording":
-                    from hooktrace.flops import FlopRecorder
-
-                    self._flop_recorder = FlopRecorder(module)
-                    self._flop_recorder.start()
-
-            self._scope.on_new_root = first_root
-
     # -- steps and windows (hooktrace._windows.StepMarks) -----------------
 
     def _before_step_mark(self) -> None:
-        if self._flop_recorder is not None:
-            self._flop_recorder.on_step()  # FlopCounterMode's slow dispatch ends here
+        for component in self._installed:
+            component.before_step()
+
+    def _mark_step(self) -> int:
+        ended = super()._mark_step()
+        for component in self._installed:
+            component.step(self._step)
+        return ended
 
     def _window_opened(self) -> None:
-        if self._flop_recorder is not None:
-            self._flop_window_start = len(self._flop_recorder.calls)
+        for component in self._installed:
+            component.window_opened()
 
     def _window_meta(self) -> tuple[Clock, dict[str, Any]]:
         _, clock, info = self._collect(stop_unix_ns=time.time_ns(), with_events=False)
-        if self._flop_recorder is not None:
-            # A window's spans number its root calls from 0: its FLOP calls likewise
-            info["flops"] = self._flop_recorder.to_info(first_call=self._flop_window_start)
+        for component in self._installed:
+            component.window_info(info)
         return clock, info
 
     def _window_modules(self) -> list[tuple[str, str]]:
@@ -415,22 +338,16 @@ class Recorder(StepMarks, FlightRecorder):
         short by a KeyboardInterrupt (possible only when SIGINT could not be deferred) is
         redone, all steps being idempotent. Returns what was raised."""
         session, call = self._session, self._call
-        steps: list[Any] = [self._stop_flight_recorder, session.stop]
-        if self._numerics:  # deferred statistics (csrc/numerics.h) while it still records
-            steps.insert(0, lambda: _C.flush_numerics(session))
-        if self._flop_recorder is not None:
-            steps.insert(0, self._flop_recorder.stop)  # idempotent
+        installed = self._installed[::-1]  # in reverse order
+        steps: list[Any] = [c.flush for c in installed]  # while the session still records
+        steps += [self._stop_flight_recorder, session.stop]
         if self._optimizer_hook is not None:
             steps.append(self._optimizer_hook.remove)  # idempotent
-        if self._backward:
-            steps.append(lambda: _C.remove_backward_session(session))
-        steps.append(lambda: _C.remove_kernel_session(session))
-        if self._numerics:
-            steps.append(lambda: session.set_numerics(False))
-            steps.append(lambda: session.set_nonfinite_callback(None))
-            steps.append(lambda: _C.forget_numerics(session))
+        steps += [c.teardown for c in installed]
+        # Detached even when entry failed before the call was acquired (an install that
+        # raised): the scope's check() has claimed the model's modules by then.
+        steps.append(lambda: self._scope.detach(call or _NoCall(), session))
         if call is not None:
-            steps.append(lambda: self._scope.detach(call, session))
             steps.append(self._release_call)
         errors: list[BaseException] = []
         for step in steps:
@@ -444,28 +361,6 @@ class Recorder(StepMarks, FlightRecorder):
                     errors.append(e)
                     break
         return errors
-
-    def _mark_step(self) -> int:
-        if self._numerics and self._session is not None:
-            # the step's deferred statistics (off-CPU tensors): one read for the step
-            _C.flush_numerics(self._session)
-        ended = super()._mark_step()
-        if self._numerics and self._numerics_every > 1 and self._session is not None:
-            self._session.set_numerics(self._step % self._numerics_every == 0)  # sampling
-        return ended
-
-    def _on_first_nonfinite(self, slot: int, backward: bool) -> None:
-        """Called once by the native core (numerics.cpp), with the GIL, when the first
-        non-finite value is seen: one line on stderr, and a dump if asked. The summary's
-        ``first_nonfinite`` (hooktrace.numerics) is computed from the events, which also
-        name the call and pick the innermost module of a tie."""
-        table = self._scope.modules_table()
-        name = (table[slot][0] or "<root>") if slot < len(table) else f"<module {slot}>"
-        phase, what = ("backward", "gradient of its inputs") if backward else ("forward", "output")
-        print(f"hooktrace: first non-finite value: {name} {phase} ({what}), step {self._step}",
-              file=sys.stderr)
-        if "nonfinite" in self._dump_on and self._state == "recording":
-            self._dump("nonfinite", quiet_errors=True)
 
     def _release_call(self) -> None:
         dispatch.release(self)  # idempotent
@@ -552,33 +447,26 @@ class Recorder(StepMarks, FlightRecorder):
 
     # -- reading ---------------------------------------------------------------
 
-    def _compiles(self) -> dict[str, Any]:
-        return _compiles_info(self._start_unix_ns or 0)
-
     def _run_info(self, session: Any) -> dict[str, Any]:
         """What describes the run itself (metadata of both file versions)."""
-        return {
+        info = {
             "pid": os.getpid(),
             "hostname": socket.gethostname(),
             "torch_version": torch.__version__,
             "hooktrace_version": _version(),
             "scope": self._scope.kind,
             "span_definition": SPAN_DEFINITION,
-            "backward": self._backward,
-            "emit_profiler": self._emit_profiler,
-            "policy": self._policy,
+            "backward": self.options.backward,
+            "emit_profiler": self.options.emit_profiler,
+            "policy": self.options.policy,
             "capacity": int(session.capacity),
             "start_unix_ns": self._start_unix_ns,
             "thread_names": _thread_names(),
-            **({"memory": self._memory_info} if self._memory_info is not None else {}),
-            **({"numerics": {"every": self._numerics_every, "backward": "input gradients",
-                             **_deferred_path(self._fused_reason)}}
-               if self._numerics else {}),
-            **_kernel_sites(),
-            **self._compiles(),
-            **({"shape_signatures": _C.shape_signatures()} if self._shapes else {}),
             **self._scope.info(),
         }
+        for component in self._components:  # (prepared by now)
+            component.run_info(info)
+        return info
 
     def _collect(self, stop_unix_ns: int, *, with_events: bool = True
                  ) -> tuple[np.ndarray, Clock, dict[str, Any]]:
@@ -591,8 +479,7 @@ class Recorder(StepMarks, FlightRecorder):
         info = self._run_info(session)
         info.update(dropped_events=int(stats["dropped"]),
                     overwritten_events=int(stats["overwritten"]), stop_unix_ns=stop_unix_ns)
-        self._add_memory(info)
-        self._add_flops(info)
+        self._add_metadata(info)
         clock = Clock(int(ticks0), int(unix_ns0), float(ns_per_tick))
         # Many ranks (issue #11, hooktrace/distributed.py): rank, world size, backend and
         # the clock offset to rank 0 measured by align_clocks(); {} in a single process.
@@ -600,18 +487,10 @@ class Recorder(StepMarks, FlightRecorder):
         info.update(rank_info(info["start_unix_ns"], info["stop_unix_ns"]))
         return events, clock, info
 
-    def _add_memory(self, info: dict[str, Any]) -> None:
-        """The memory block as of now: without a CUDA device the run did not allocate on."""
-        if self._memory_info is not None:
-            from hooktrace.memory import finish
-
-            info["memory"] = finish(self._memory_info, self._cuda_allocations)
-
-    def _add_flops(self, info: dict[str, Any]) -> None:
-        if self._flop_recorder is not None:
-            info["flops"] = self._flop_recorder.to_info()
-            if torch.cuda.is_available():
-                info["device_name"] = torch.cuda.get_device_name()
+    def _add_metadata(self, info: dict[str, Any]) -> None:
+        """Each component's part of the run's info as of now."""
+        for component in self._components:
+            component.metadata(info)
 
     def snapshot(self) -> TraceResult:
         """The events recorded so far, readable while recording goes on.
@@ -707,12 +586,9 @@ class Recorder(StepMarks, FlightRecorder):
             # rank, world size and clock offsets (issue #11), as save()d files have them
             footer.update(rank_info(self._start_unix_ns, stop_unix_ns))
             footer.update(scope.info())  # a process scope's top-level modules, as of now
-            footer.update(_kernel_sites())  # sites of regions compiled while streaming
-            footer.update(self._compiles())
-            if self._shapes:  # signatures seen while streaming
-                footer["shape_signatures"] = _C.shape_signatures()
-            self._add_memory(footer)  # the devices the run used
-            self._add_flops(footer)  # (stopped by now: every count closed)
+            # kernel sites and compiles, shape signatures seen while streaming, the
+            # devices the run used, FLOPs (stopped by now: every count closed)
+            self._add_metadata(footer)
             self._stream_counts = {"events": int(written["events"]),
                                    "dropped_events": int(stats["dropped"]),
                                    "overwritten_events": int(stats["overwritten"])}
@@ -774,65 +650,6 @@ class Recorder(StepMarks, FlightRecorder):
                            contents.clock, info)
 
 
-def _compiles_info(start_unix_ns: int) -> dict[str, Any]:
-    """``compiles``: [start, end, thread id, trigger] of each torch.compile compile while
-    recording (record/dispatch.py), when there were any."""
-    found = dispatch.compiles_since(start_unix_ns)
-    return {"compiles": found} if found else {}
-
-
-def _use_fused_numerics(scope: Scope) -> str | None:
-    """Hands the fused Triton reduction (record/fused_numerics.py) to the native core
-    for the deferred numerics, when the traced model is on a CUDA device (a global
-    trace: when CUDA is available), ``triton`` imports and ``HOOKTRACE_NUMERICS_FUSED``
-    is not ``0``; else returns why not.
-    Triton is imported only then (never on a CPU-only run). A launcher already
-    registered (by an earlier trace, or a test) is kept; after a failure of the fused
-    kernel in this process, the ATen ops stay in charge."""
-    registered, error = _C.numerics_fused_state()
-    if registered:
-        return None
-    if os.environ.get("HOOKTRACE_NUMERICS_FUSED", "") == "0":
-        return "turned off (HOOKTRACE_NUMERICS_FUSED=0)"
-    if error is not None:
-        return f"the fused kernel failed earlier in this process ({error})"
-    if not torch.cuda.is_available():
-        return "no CUDA device: on the CPU each call's statistics are read at once"
-    if isinstance(scope, ModelScope):
-        model = scope.model()
-        on_cuda = any(t.is_cuda for t in (*model.parameters(), *model.buffers()))
-        if not on_cuda:
-            return "the model is not on a CUDA device"
-    try:
-        from hooktrace.record import fused_numerics
-
-        fused_numerics.register()
-    except Exception as e:  # (not installed, or an import that fails on this system)
-        return f"triton is not usable ({type(e).__name__}: {e})".splitlines()[0]
-    return None
-
-
-def _deferred_path(reason: str | None) -> dict[str, str]:
-    """``info["numerics"]``'s word on the deferred (GPU) path: ``deferred_path``,
-    "triton" (one fused kernel per tensor) or "aten" (five ATen ops per tensor), and
-    ``deferred_note`` saying why not triton (a failure of the fused kernel included:
-    the ATen ops took over from it)."""
-    registered, error = _C.numerics_fused_state()
-    if error is not None:
-        return {"deferred_path": "aten",
-                "deferred_note": f"the fused Triton kernel failed, the ATen ops took over: {error}"}
-    if registered:
-        return {"deferred_path": "triton"}
-    return {"deferred_path": "aten", "deferred_note": reason or "no fused launcher registered"}
-
-
-def _kernel_sites() -> dict[str, Any]:
-    """``kernel_sites``: the kernel call sites of compiled code marked so far
-    (record/kernels.py), when there are any: kernel events name them by index."""
-    n = kernels.site_count()
-    return {"kernel_sites": kernels.sites()} if n else {}
-
-
 # The result's attributes and methods that the recorder forwards.
 _RESULT_ATTRS = frozenset(
     {n for n in dir(TraceResult) if not n.startswith("__")} | _DATA_ATTRS)
@@ -874,7 +691,7 @@ class Trace(Recorder):
             raise error(
                 f"hooktrace: mode={mode!r} is gone: there is one way to record a module call "
                 "now, its whole call (hooks included) in every mode; drop the mode argument")
-        super().__init__(ModelScope(model), **options)
+        super().__init__(ModelScope(model), _options(options))
 
 
 class GlobalTrace(Recorder):
@@ -894,7 +711,7 @@ class GlobalTrace(Recorder):
     """
 
     def __init__(self, **options: Any) -> None:
-        super().__init__(ProcessScope(), **options)
+        super().__init__(ProcessScope(), _options(options))
 
     def modules_table(self) -> list[tuple[str, str]]:
         """(qualified name, class name) per slot so far."""
@@ -991,39 +808,15 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _check_stream_path(out: object, policy: str) -> str:
-    """The stream's path, or the one-line error saying why it cannot be one."""
-    if not isinstance(out, (str, os.PathLike)) or isinstance(os.fspath(out), bytes):
-        raise TypeError(f"out must be a file path (str or os.PathLike), got "
-                        f"{type(out).__name__} {out!r:.60}")
-    name = os.fspath(out)
-    if policy == "ring":
-        raise ValueError("out= cannot be combined with policy='ring': a ring recycles chunks "
-                         "the stream writer may still be reading; streaming drops (and counts) "
-                         "events when the writer falls behind")
-    if name == "-":
-        raise OutputPathError("-: a stream is read back when the block ends; give a file name")
-    check_output_path(name)
-    folder = os.path.dirname(os.path.abspath(name))
-    if os.path.exists(name):
-        if not stat.S_ISREG(os.stat(name).st_mode):
-            raise OutputPathError(f"{name}: not a regular file; a stream is read back when the "
-                                  "block ends, give a file name")
-        if not os.access(name, os.W_OK):
-            raise OutputPathError(f"{name}: is not writable")
-    elif not os.access(folder, os.W_OK | os.X_OK):
-        raise OutputPathError(f"{name}: the folder {folder} is not writable")
-    return name
-
-
-def _check_capacity(capacity: object) -> int:
-    # bool is an int, and int(2.5) truncates silently: both are refused.
-    if isinstance(capacity, (bool, np.bool_)) or not isinstance(capacity, (int, np.integer)):
-        raise TypeError(f"capacity must be an int number of events, got {type(capacity).__name__} {capacity!r}")
-    value = operator.index(capacity)
-    if not 1 <= value <= MAX_CAPACITY:
-        raise ValueError(f"capacity must be between 1 and 2**40 events, got {value}")
-    return value
+def _options(kwargs: dict[str, Any]) -> RecordOptions:
+    """``trace(model, **kwargs)``'s options, or ``options=RecordOptions(...)`` as is."""
+    if "options" in kwargs:
+        options = kwargs.pop("options")
+        if kwargs or not isinstance(options, RecordOptions):
+            raise TypeError("hooktrace: give options=RecordOptions(...) alone, or the options "
+                            "as keyword arguments")
+        return options
+    return RecordOptions.from_kwargs(**kwargs)
 
 
 def _version() -> str:

@@ -323,7 +323,7 @@ def test_a_cpu_model_on_a_machine_with_cuda_records_only_cpu(monkeypatch: Any) -
     """issue #26: with a GPU present, memory=True listed "cuda:0" for a CPU model and
     initialized CUDA (a context the run never used) to sample it. The devices listed are
     those the run used; a CPU model's trace leaves CUDA alone."""
-    import hooktrace.memory as memory
+    import hooktrace.record.memory as memory  # (the recording half, issue #27)
 
     def no_cuda_use(*args: Any) -> Any:
         raise AssertionError("hooktrace touched CUDA for a CPU model")
