@@ -205,18 +205,18 @@ def test_old_module_paths_are_gone_by_the_version_their_warning_names() -> None:
 
 
 def test_moved_names_say_where_they_went() -> None:
-    import numpy as np
+    from conftest import build_events, build_trace
 
     import hooktrace.merge
-    from hooktrace._events import EVENT_DTYPE, Clock
+    from hooktrace._events import Clock
     from hooktrace.reading import TraceData
     from hooktrace.result import TraceResult
 
     with pytest.raises(AttributeError, match=r"^hooktrace.merge.profile moved to "
                                              r"hooktrace.profiling.profile"):
         hooktrace.merge.profile  # noqa: B018
-    data = TraceData(np.zeros(0, EVENT_DTYPE), [("", "Net")], [], Clock(0, 0, 1.0),
-                     {"pid": 1, "hostname": "h", "dropped_events": 0, "overwritten_events": 0})
+    data = build_trace(build_events([]), [("", "Net")], clock=Clock(0, 0, 1.0), cls=TraceData,
+                       pid=1, hostname="h")
     with pytest.raises(AttributeError, match=r"TraceData.summary\(\) is a method of "
                                              r"hooktrace.TraceResult"):
         data.summary()
