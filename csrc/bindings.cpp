@@ -78,8 +78,18 @@ PYBIND11_MODULE(_C, m) {
       "Stream spans as Chrome X events.", py::arg("write"), py::arg("columns"), py::kw_only(),
       py::arg("names_json"), py::arg("args_json"), py::arg("cat_names"), py::arg("extra_json"),
       py::arg("base_ns"), py::arg("pid"), py::arg("chunk_bytes"));
-  m.def("write_chrome_nodes", &hooktrace::write_chrome_nodes,
-        "Stream autograd nodes as Chrome X events.");
+  m.def(
+      "write_chrome_nodes",
+      [](const py::object& write, const py::handle& columns, const py::sequence& node_names_json,
+         const py::sequence& module_names_json, const std::string& cat, int64_t base_ns,
+         uint32_t pid, size_t chunk_bytes) {
+        return hooktrace::write_chrome_nodes(write, hooktrace::chrome_node_columns(columns),
+                                             node_names_json, module_names_json, cat, base_ns,
+                                             pid, chunk_bytes);
+      },
+      "Stream autograd nodes as Chrome X events.", py::arg("write"), py::arg("columns"),
+      py::kw_only(), py::arg("node_names_json"), py::arg("module_names_json"), py::arg("cat"),
+      py::arg("base_ns"), py::arg("pid"), py::arg("chunk_bytes"));
   m.def(
       "write_perfetto_slices",
       [](const py::object& write, const py::handle& columns, py::array_t<uint64_t> track_uuid,

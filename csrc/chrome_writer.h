@@ -48,20 +48,20 @@ uint64_t write_chrome_events(const pybind11::object& write, const SliceColumns& 
 // nodes, flops, extra (int64), tflops (float64).
 SliceColumns chrome_span_columns(const pybind11::handle& columns);
 
-// Autograd node executions, one "X" event each, all of category `cat` (plain,
-// JSON-safe):
+// Autograd node executions, one "X" event per row of `nodes`
+// (chrome_node_columns), all of category `cat` (plain, JSON-safe):
 //   {"ph":"X","cat":<cat>,"name":<node_names_json[name]>,"pid","tid","ts","dur",
-//    "args":{"seq":<seq>,"module":<module_names_json[module]> or "",
+//    "args":{"seq":<seq>,"module":<module_names_json[span_module]> or "",
 //            "pass":<pass_id> or null when pass_id == UINT32_MAX[, "clipped":true]}}
-// `module` is the module slot of the span the node is attributed to, -1 for none.
-// `flags`: empty, or per node; kSpanClipped adds "clipped":true.
-uint64_t write_chrome_nodes(pybind11::object write, pybind11::array_t<int64_t> start_ns,
-                            pybind11::array_t<int64_t> end_ns, pybind11::array_t<uint32_t> name,
-                            pybind11::array_t<uint32_t> tid, pybind11::array_t<uint64_t> seq,
-                            pybind11::array_t<uint32_t> pass_id,
-                            pybind11::array_t<int64_t> module, pybind11::array_t<uint8_t> flags,
-                            pybind11::sequence node_names_json,
-                            pybind11::sequence module_names_json, const std::string& cat,
+// `span_module` is the module slot of the span the node is attributed to, -1 for
+// none. `flags` (optional): kSpanClipped adds "clipped":true.
+uint64_t write_chrome_nodes(const pybind11::object& write, const SliceColumns& nodes,
+                            const pybind11::sequence& node_names_json,
+                            const pybind11::sequence& module_names_json, const std::string& cat,
                             int64_t base_ns, uint32_t pid, size_t chunk_bytes);
+
+// The columns write_chrome_nodes reads: start_ns, end_ns, span_module (int64), name,
+// tid, pass_id (uint32), seq (uint64); optional flags (uint8).
+SliceColumns chrome_node_columns(const pybind11::handle& columns);
 
 }  // namespace hooktrace

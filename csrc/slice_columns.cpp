@@ -22,6 +22,8 @@ const char* dtype_name();
 template <>
 const char* dtype_name<int64_t>() { return "int64"; }
 template <>
+const char* dtype_name<uint64_t>() { return "uint64"; }
+template <>
 const char* dtype_name<uint32_t>() { return "uint32"; }
 template <>
 const char* dtype_name<uint8_t>() { return "uint8"; }
@@ -132,6 +134,9 @@ SliceColumns SliceColumns::from_python(const py::handle& columns, const char* wr
   r.take("str_b", c.str_b);
   r.take("int_a", c.int_a);
   r.take("int_b", c.int_b);
+  r.take("seq", c.seq);
+  r.take("pass_id", c.pass_id);
+  r.take("span_module", c.span_module);
   r.take("flops", c.flops);
   r.take("tflops", c.tflops);
   r.take("extra", c.extra);

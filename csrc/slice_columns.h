@@ -40,6 +40,10 @@ struct SliceColumns {
   const int64_t* str_b = nullptr;
   const int64_t* int_a = nullptr;
   const int64_t* int_b = nullptr;
+  // Autograd nodes (write_chrome_nodes; also `name`, `tid`)
+  const uint64_t* seq = nullptr;
+  const uint32_t* pass_id = nullptr;
+  const int64_t* span_module = nullptr;  // the attributed span's module slot, -1: none
   // Optional, both writers
   const int64_t* flops = nullptr;
   const double* tflops = nullptr;

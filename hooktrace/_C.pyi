@@ -107,21 +107,18 @@ def write_chrome_events(
     1-D with one row per span (ValueError naming the column otherwise)."""
 def write_chrome_nodes(
     write: Callable[[bytes], Any],
-    start_ns: np.ndarray,
-    end_ns: np.ndarray,
-    name: np.ndarray,
-    tid: np.ndarray,
-    seq: np.ndarray,
-    pass_id: np.ndarray,
-    module: np.ndarray,
-    flags: np.ndarray,
+    columns: Mapping[str, np.ndarray],
+    *,
     node_names_json: Sequence[str],
     module_names_json: Sequence[str],
     cat: str,
     base_ns: int,
     pid: int,
     chunk_bytes: int,
-) -> int: ...
+) -> int:
+    """``columns``: start_ns, end_ns, span_module (int64, -1: none), name, tid, pass_id
+    (uint32), seq (uint64); optional flags (uint8); each C-contiguous 1-D with one row
+    per node (ValueError naming the column otherwise)."""
 def write_perfetto_slices(
     write: Callable[[bytes], Any],
     columns: Mapping[str, np.ndarray],

@@ -274,22 +274,20 @@ def write_node_events(
     if len(spans):
         attributed = span >= 0
         module[attributed] = spans.module[span[attributed]]
+    columns = {
+        "start_ns": np.ascontiguousarray(start, np.int64),
+        "end_ns": np.ascontiguousarray(end, np.int64),
+        "name": np.ascontiguousarray(node_table.name[index], np.uint32),
+        "tid": np.ascontiguousarray(tid, np.uint32),
+        "seq": np.ascontiguousarray(node_table.seq[index], np.uint64),
+        "pass_id": np.ascontiguousarray(node_table.pass_id[index], np.uint32),
+        "span_module": module,
+    }
+    if flags is not None:
+        columns["flags"] = np.ascontiguousarray(flags, np.uint8)
     _C.write_chrome_nodes(
-        write,
-        np.ascontiguousarray(start, np.int64),
-        np.ascontiguousarray(end, np.int64),
-        np.ascontiguousarray(node_table.name[index]),
-        np.ascontiguousarray(tid, np.uint32),
-        np.ascontiguousarray(node_table.seq[index]),
-        np.ascontiguousarray(node_table.pass_id[index]),
-        module,
-        np.zeros(0, np.uint8) if flags is None else np.ascontiguousarray(flags, np.uint8),
-        node_names_json,
-        module_names_json,
-        cat,
-        base_ns,
-        trace.pid,
-        chunk_bytes,
+        write, columns, node_names_json=node_names_json, module_names_json=module_names_json,
+        cat=cat, base_ns=base_ns, pid=trace.pid, chunk_bytes=chunk_bytes,
     )
 
 

@@ -93,3 +93,27 @@ def test_one_writers_column_is_not_the_others() -> None:
         write_perfetto({**perfetto_columns(), "tid": np.ones(N, np.uint32)})
     with pytest.raises(TypeError, match=r"columns must be a dict of numpy arrays, got list"):
         write_chrome([])  # type: ignore[arg-type]
+
+
+def test_the_node_writer_reads_its_columns_by_name() -> None:
+    columns = {"start_ns": np.array([0, 5], np.int64), "end_ns": np.array([4, 9], np.int64),
+               "name": np.zeros(2, np.uint32), "tid": np.ones(2, np.uint32),
+               "seq": np.array([3, 2], np.uint64), "pass_id": np.array([0, 2**32 - 1], np.uint32),
+               "span_module": np.array([0, -1], np.int64)}
+
+    def write(cols: dict[str, Any]) -> str:
+        out = io.BytesIO()
+        _C.write_chrome_nodes(out.write, cols, node_names_json=['"MmBackward0"'],
+                              module_names_json=['"fc"'], cat="node", base_ns=0, pid=1,
+                              chunk_bytes=1 << 16)
+        return out.getvalue().decode()
+
+    text = write(columns)
+    assert '"args":{"seq":3,"module":"fc","pass":0}' in text
+    assert '"args":{"seq":2,"module":"","pass":null}' in text
+    assert '"clipped":true' in write({**columns, "flags": np.array([0, 4], np.uint8)})
+    with pytest.raises(ValueError, match=r"^write_chrome_nodes: column 'seq' must be a "
+                                         r"C-contiguous 1-D uint64 array, got int64 array"):
+        write({**columns, "seq": columns["seq"].astype(np.int64)})
+    with pytest.raises(ValueError, match=r"^write_chrome_nodes: unknown column 'module'$"):
+        write({**columns, "module": columns["span_module"]})
