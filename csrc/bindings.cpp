@@ -16,6 +16,7 @@
 #include "module_call.h"
 #include "numerics.h"
 #include "shapes.h"
+#include "slice_columns.h"
 #include "tensor_walk.h"
 #include "perfetto_writer.h"
 #include "session.h"
@@ -64,11 +65,44 @@ PYBIND11_MODULE(_C, m) {
         py::arg("events"), py::arg("t_ns"), py::arg("post_hook_names") = std::vector<uint32_t>{});
   m.def("assign_lanes", &hooktrace::assign_lanes, "Lanes in which intervals nest strictly.",
         py::arg("start_ns"), py::arg("end_ns"), py::arg("group"), py::arg("prefer") = py::none());
-  m.def("write_chrome_events", &hooktrace::write_chrome_events, "Stream spans as Chrome X events.");
-  m.def("write_chrome_nodes", &hooktrace::write_chrome_nodes,
-        "Stream autograd nodes as Chrome X events.");
-  m.def("write_perfetto_slices", &hooktrace::write_perfetto_slices,
-        "Stream slices as Perfetto TrackEvent packets, one sequence per track.");
+  // The writers' columns come as a dict of named arrays, checked once here (slice_columns.h).
+  m.def(
+      "write_chrome_events",
+      [](const py::object& write, const py::handle& columns, const py::sequence& names_json,
+         const py::sequence& args_json, const py::sequence& cat_names,
+         const py::sequence& extra_json, int64_t base_ns, uint32_t pid, size_t chunk_bytes) {
+        return hooktrace::write_chrome_events(write, hooktrace::chrome_span_columns(columns),
+                                              names_json, args_json, cat_names, extra_json,
+                                              base_ns, pid, chunk_bytes);
+      },
+      "Stream spans as Chrome X events.", py::arg("write"), py::arg("columns"), py::kw_only(),
+      py::arg("names_json"), py::arg("args_json"), py::arg("cat_names"), py::arg("extra_json"),
+      py::arg("base_ns"), py::arg("pid"), py::arg("chunk_bytes"));
+  m.def(
+      "write_chrome_nodes",
+      [](const py::object& write, const py::handle& columns, const py::sequence& node_names_json,
+         const py::sequence& module_names_json, const std::string& cat, int64_t base_ns,
+         uint32_t pid, size_t chunk_bytes) {
+        return hooktrace::write_chrome_nodes(write, hooktrace::chrome_node_columns(columns),
+                                             node_names_json, module_names_json, cat, base_ns,
+                                             pid, chunk_bytes);
+      },
+      "Stream autograd nodes as Chrome X events.", py::arg("write"), py::arg("columns"),
+      py::kw_only(), py::arg("node_names_json"), py::arg("module_names_json"), py::arg("cat"),
+      py::arg("base_ns"), py::arg("pid"), py::arg("chunk_bytes"));
+  m.def(
+      "write_perfetto_slices",
+      [](const py::object& write, const py::handle& columns, py::array_t<uint64_t> track_uuid,
+         const py::sequence& names, const py::sequence& strings, const py::sequence& cat_names,
+         const py::sequence& extra_annotations, uint32_t first_sequence_id, size_t chunk_bytes) {
+        return hooktrace::write_perfetto_slices(write, hooktrace::perfetto_slice_columns(columns),
+                                                track_uuid, names, strings, cat_names,
+                                                extra_annotations, first_sequence_id, chunk_bytes);
+      },
+      "Stream slices as Perfetto TrackEvent packets, one sequence per track.", py::arg("write"),
+      py::arg("columns"), py::kw_only(), py::arg("track_uuid"), py::arg("names"),
+      py::arg("strings"), py::arg("cat_names"), py::arg("extra_annotations"),
+      py::arg("first_sequence_id"), py::arg("chunk_bytes"));
 
   // --- recorder side (session.h, module_call.h) ---
   py::class_<Session, std::shared_ptr<Session>>(m, "Session")

@@ -63,43 +63,34 @@ class Buffer {
   std::string data_;
 };
 
-template <typename T>
-const T* checked(const py::array_t<T>& a, size_t n, const char* what) {
-  if (a.ndim() != 1 || static_cast<size_t>(a.shape(0)) != n ||
-      !(a.flags() & py::array::c_style)) {
-    throw std::invalid_argument(std::string("write_chrome_events: ") + what +
-                                " must be a contiguous 1-D array of length " + std::to_string(n));
-  }
-  return a.data();
-}
-
 }  // namespace
 
-uint64_t write_chrome_events(py::object write, py::array_t<int64_t> start_ns,
-                             py::array_t<int64_t> end_ns, py::array_t<uint32_t> module,
-                             py::array_t<uint32_t> tid, py::array_t<uint32_t> call,
-                             py::array_t<uint8_t> flags, py::array_t<uint8_t> cat,
-                             py::array_t<int64_t> nodes, py::array_t<int64_t> flops,
-                             py::array_t<double> tflops, py::sequence names_json,
-                             py::sequence args_json, py::sequence cat_names, int64_t base_ns,
-                             uint32_t pid, size_t chunk_bytes, py::array_t<int64_t> extra,
-                             py::sequence extra_json) {
-  const size_t n = static_cast<size_t>(start_ns.shape(0));
-  const int64_t* start = checked(start_ns, n, "start_ns");
-  const int64_t* end = checked(end_ns, n, "end_ns");
-  const uint32_t* mod = checked(module, n, "module");
-  const uint32_t* th = checked(tid, n, "tid");
-  const uint32_t* cl = checked(call, n, "call");
-  const uint8_t* fl = checked(flags, n, "flags");
-  const uint8_t* ct = checked(cat, n, "cat");
-  // Forward-only traces pass no counts: no per-event branch cost beyond one test.
-  const int64_t* nd = nodes.size() == 0 ? nullptr : checked(nodes, n, "nodes");
-  // Only runs recorded with flops=True pass FLOPs.
-  const int64_t* fp = flops.size() == 0 ? nullptr : checked(flops, n, "flops");
-  const double* tf = tflops.size() == 0 ? nullptr : checked(tflops, n, "tflops");
+SliceColumns chrome_span_columns(const py::handle& columns) {
+  return SliceColumns::from_python(columns, "write_chrome_events",
+                                   {"start_ns", "end_ns", "module", "tid", "call", "flags", "cat"},
+                                   {"nodes", "flops", "tflops", "extra"});
+}
+
+uint64_t write_chrome_events(const py::object& write, const SliceColumns& spans,
+                             const py::sequence& names_json, const py::sequence& args_json,
+                             const py::sequence& cat_names, const py::sequence& extra_json,
+                             int64_t base_ns, uint32_t pid, size_t chunk_bytes) {
+  const size_t n = spans.n;
+  const int64_t* start = spans.start_ns;
+  const int64_t* end = spans.end_ns;
+  const uint32_t* mod = spans.module;
+  const uint32_t* th = spans.tid;
+  const uint32_t* cl = spans.call;
+  const uint8_t* fl = spans.flags;
+  const uint8_t* ct = spans.cat;
+  // Forward-only traces pass no counts, runs without flops=True no FLOPs: null
+  // columns, no per-event branch cost beyond one test.
+  const int64_t* nd = spans.nodes;
+  const int64_t* fp = spans.flops;
+  const double* tf = spans.tflops;
+  const int64_t* ex = spans.extra;
   const std::vector<std::string> names = to_strings(names_json);
   const std::vector<std::string> args = to_strings(args_json);
-  const int64_t* ex = extra.size() == 0 ? nullptr : checked(extra, n, "extra");
   const std::vector<std::string> extras = to_strings(extra_json);
   if (ex != nullptr) {
     for (size_t i = 0; i < n; ++i) {
@@ -166,23 +157,26 @@ uint64_t write_chrome_events(py::object write, py::array_t<int64_t> start_ns,
   return n;
 }
 
-uint64_t write_chrome_nodes(py::object write, py::array_t<int64_t> start_ns,
-                            py::array_t<int64_t> end_ns, py::array_t<uint32_t> name,
-                            py::array_t<uint32_t> tid, py::array_t<uint64_t> seq,
-                            py::array_t<uint32_t> pass_id, py::array_t<int64_t> module,
-                            py::array_t<uint8_t> flags, py::sequence node_names_json, py::sequence module_names_json,
-                            const std::string& cat, int64_t base_ns, uint32_t pid,
-                            size_t chunk_bytes) {
-  const size_t n = static_cast<size_t>(start_ns.shape(0));
-  const int64_t* start = checked(start_ns, n, "start_ns");
-  const int64_t* end = checked(end_ns, n, "end_ns");
-  const uint32_t* nm = checked(name, n, "name");
-  const uint32_t* th = checked(tid, n, "tid");
-  const uint64_t* sq = checked(seq, n, "seq");
-  const uint32_t* ps = checked(pass_id, n, "pass_id");
-  const int64_t* mod = checked(module, n, "module");
+SliceColumns chrome_node_columns(const py::handle& columns) {
+  return SliceColumns::from_python(
+      columns, "write_chrome_nodes",
+      {"start_ns", "end_ns", "name", "tid", "seq", "pass_id", "span_module"}, {"flags"});
+}
+
+uint64_t write_chrome_nodes(const py::object& write, const SliceColumns& nodes,
+                            const py::sequence& node_names_json,
+                            const py::sequence& module_names_json, const std::string& cat,
+                            int64_t base_ns, uint32_t pid, size_t chunk_bytes) {
+  const size_t n = nodes.n;
+  const int64_t* start = nodes.start_ns;
+  const int64_t* end = nodes.end_ns;
+  const uint32_t* nm = nodes.name;
+  const uint32_t* th = nodes.tid;
+  const uint64_t* sq = nodes.seq;
+  const uint32_t* ps = nodes.pass_id;
+  const int64_t* mod = nodes.span_module;
   // Only filtered exports pass flags (kSpanClipped).
-  const uint8_t* fl = flags.size() == 0 ? nullptr : checked(flags, n, "flags");
+  const uint8_t* fl = nodes.flags;
   const std::vector<std::string> names = to_strings(node_names_json);
   const std::vector<std::string> modules = to_strings(module_names_json);
   for (size_t i = 0; i < n; ++i) {

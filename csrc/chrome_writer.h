@@ -18,47 +18,50 @@
 #include <cstdint>
 #include <string>
 
+#include "slice_columns.h"
+
 namespace hooktrace {
 
-// Spans. names_json[m]: the JSON string literal (quotes included) used as
-// "name" for module slot m; args_json[m]: the args object's opening, e.g.
-// `{"module":"encoder","type":"Linear"`; cat_names[c]: category text for cat c
-// (plain, JSON-safe). `tid` is the row to draw on (the OS tid, or a synthetic
-// track tid for backward spans). `nodes`: empty, or one count per span written
-// as args "nodes" when >= 0 (autograd nodes attributed directly to the span).
-// `flops`: empty, or one FLOP count per span written as args "flops" when >= 0;
-// `tflops`: empty, or per span, written as args "tflops" (shortest round-trip
-// decimal) when finite (hooktrace/flops.py computes both).
+// Spans, one row per span of `spans` (chrome_span_columns). names_json[m]: the
+// JSON string literal (quotes included) used as "name" for module slot m;
+// args_json[m]: the args object's opening, e.g. `{"module":"encoder","type":"Linear"`;
+// cat_names[c]: category text for cat c (plain, JSON-safe). Columns: `tid` is the row
+// to draw on (the OS tid, or a synthetic track tid for backward spans). `nodes`
+// (optional): per span a count written as args "nodes" when >= 0 (autograd nodes
+// attributed directly to the span). `flops` (optional): per span a FLOP count written
+// as args "flops" when >= 0; `tflops` (optional): per span, written as args "tflops"
+// (shortest round-trip decimal) when finite (hooktrace/flops.py computes both).
 // flags: kSpanError, kSpanUnfinished, kSpanFlopsCounted, kSpanClipped add "error",
-// "unfinished", "flops_counted", "clipped": true. `extra`: empty, or per span an
+// "unfinished", "flops_counted", "clipped": true. `extra` (optional): per span an
 // index into extra_json (-1: none), whose fragment (`,"key":value...`) is appended
 // to the args as is (shapes and numerics: hooktrace/exporters/_extra_args.py).
 // Returns the number of events written.
-uint64_t write_chrome_events(pybind11::object write, pybind11::array_t<int64_t> start_ns,
-                             pybind11::array_t<int64_t> end_ns,
-                             pybind11::array_t<uint32_t> module, pybind11::array_t<uint32_t> tid,
-                             pybind11::array_t<uint32_t> call, pybind11::array_t<uint8_t> flags,
-                             pybind11::array_t<uint8_t> cat, pybind11::array_t<int64_t> nodes,
-                             pybind11::array_t<int64_t> flops, pybind11::array_t<double> tflops,
-                             pybind11::sequence names_json, pybind11::sequence args_json,
-                             pybind11::sequence cat_names, int64_t base_ns, uint32_t pid,
-                             size_t chunk_bytes, pybind11::array_t<int64_t> extra,
-                             pybind11::sequence extra_json);
+uint64_t write_chrome_events(const pybind11::object& write, const SliceColumns& spans,
+                             const pybind11::sequence& names_json,
+                             const pybind11::sequence& args_json,
+                             const pybind11::sequence& cat_names,
+                             const pybind11::sequence& extra_json, int64_t base_ns, uint32_t pid,
+                             size_t chunk_bytes);
 
-// Autograd node executions, one "X" event each, all of category `cat` (plain,
-// JSON-safe):
+// The columns write_chrome_events reads, from Python's dict (slice_columns.h):
+// start_ns, end_ns (int64), module, tid, call (uint32), flags, cat (uint8); optional
+// nodes, flops, extra (int64), tflops (float64).
+SliceColumns chrome_span_columns(const pybind11::handle& columns);
+
+// Autograd node executions, one "X" event per row of `nodes`
+// (chrome_node_columns), all of category `cat` (plain, JSON-safe):
 //   {"ph":"X","cat":<cat>,"name":<node_names_json[name]>,"pid","tid","ts","dur",
-//    "args":{"seq":<seq>,"module":<module_names_json[module]> or "",
+//    "args":{"seq":<seq>,"module":<module_names_json[span_module]> or "",
 //            "pass":<pass_id> or null when pass_id == UINT32_MAX[, "clipped":true]}}
-// `module` is the module slot of the span the node is attributed to, -1 for none.
-// `flags`: empty, or per node; kSpanClipped adds "clipped":true.
-uint64_t write_chrome_nodes(pybind11::object write, pybind11::array_t<int64_t> start_ns,
-                            pybind11::array_t<int64_t> end_ns, pybind11::array_t<uint32_t> name,
-                            pybind11::array_t<uint32_t> tid, pybind11::array_t<uint64_t> seq,
-                            pybind11::array_t<uint32_t> pass_id,
-                            pybind11::array_t<int64_t> module, pybind11::array_t<uint8_t> flags,
-                            pybind11::sequence node_names_json,
-                            pybind11::sequence module_names_json, const std::string& cat,
+// `span_module` is the module slot of the span the node is attributed to, -1 for
+// none. `flags` (optional): kSpanClipped adds "clipped":true.
+uint64_t write_chrome_nodes(const pybind11::object& write, const SliceColumns& nodes,
+                            const pybind11::sequence& node_names_json,
+                            const pybind11::sequence& module_names_json, const std::string& cat,
                             int64_t base_ns, uint32_t pid, size_t chunk_bytes);
+
+// The columns write_chrome_nodes reads: start_ns, end_ns, span_module (int64), name,
+// tid, pass_id (uint32), seq (uint64); optional flags (uint8).
+SliceColumns chrome_node_columns(const pybind11::handle& columns);
 
 }  // namespace hooktrace

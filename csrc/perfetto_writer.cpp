@@ -188,113 +188,145 @@ void check_index(int64_t v, size_t size, size_t i, const char* what, bool allow_
   }
 }
 
-}  // namespace
+// The tables the slices' columns index, as C++ strings.
+struct Tables {
+  std::vector<std::string> names, strings, cats, extras;
+  const uint64_t* uuid;  // per track
+  size_t n_tracks;
+};
 
-py::dict write_perfetto_slices(py::object write, py::array_t<int64_t> start_ns,
-                               py::array_t<int64_t> end_ns, py::array_t<uint32_t> track,
-                               py::array_t<uint32_t> name, py::array_t<uint8_t> cat,
-                               py::array_t<uint8_t> flags, py::array_t<int64_t> str_a,
-                               py::array_t<int64_t> str_b, py::array_t<int64_t> int_a,
-                               py::array_t<int64_t> int_b, py::array_t<int64_t> flops,
-                               py::array_t<double> tflops, py::array_t<uint64_t> track_uuid,
-                               py::sequence names, py::sequence strings, py::sequence cat_names,
-                               uint32_t first_sequence_id, size_t chunk_bytes,
-                               py::array_t<int64_t> extra, py::sequence extra_annotations) {
-  const size_t n = static_cast<size_t>(start_ns.shape(0));
-  const int64_t* start = checked(start_ns, n, "start_ns");
-  const int64_t* end = checked(end_ns, n, "end_ns");
-  const uint32_t* tr = checked(track, n, "track");
-  const uint32_t* nm = checked(name, n, "name");
-  const uint8_t* ct = checked(cat, n, "cat");
-  const uint8_t* fl = checked(flags, n, "flags");
-  const int64_t* sa = checked(str_a, n, "str_a");
-  const int64_t* sb = checked(str_b, n, "str_b");
-  const int64_t* ia = checked(int_a, n, "int_a");
-  const int64_t* ib = checked(int_b, n, "int_b");
-  const int64_t* fp = flops.size() == 0 ? nullptr : checked(flops, n, "flops");
-  const double* tf = tflops.size() == 0 ? nullptr : checked(tflops, n, "tflops");
-  const size_t n_tracks = static_cast<size_t>(track_uuid.shape(0));
-  const uint64_t* uuid = checked(track_uuid, n_tracks, "track_uuid");
-  const std::vector<std::string> name_table = to_strings(names);
-  const std::vector<std::string> string_table = to_strings(strings);
-  const std::vector<std::string> cats = to_strings(cat_names);
-  const int64_t* ex = extra.size() == 0 ? nullptr : checked(extra, n, "extra");
-  const std::vector<std::string> extras = to_strings(extra_annotations);
-  // Checked up front so the encoding loop cannot index out of range.
+// Every index a slice holds, checked up front so the encoding cannot read out of
+// range. Returns whether any slice is a kernel slice.
+bool check_indices(const SliceColumns& c, const Tables& t) {
   bool has_kernels = false;
-  for (size_t i = 0; i < n; ++i) {
-    check_index(tr[i], n_tracks, i, "track", false);
-    check_index(nm[i], name_table.size(), i, "name", false);
-    check_index(ct[i], cats.size(), i, "cat", false);
-    check_index(sa[i], string_table.size(), i, "str_a", true);
-    check_index(sb[i], string_table.size(), i, "str_b", true);
-    if (ex != nullptr) check_index(ex[i], extras.size(), i, "extra", true);
-    if (fl[i] & kSliceKernel) {
-      check_index(sa[i], string_table.size(), i, "str_a", false);
-      check_index(sb[i], string_table.size(), i, "str_b", false);
-      check_index(ia[i], string_table.size(), i, "int_a", false);
+  for (size_t i = 0; i < c.n; ++i) {
+    check_index(c.track[i], t.n_tracks, i, "track", false);
+    check_index(c.name[i], t.names.size(), i, "name", false);
+    check_index(c.cat[i], t.cats.size(), i, "cat", false);
+    check_index(c.str_a[i], t.strings.size(), i, "str_a", true);
+    check_index(c.str_b[i], t.strings.size(), i, "str_b", true);
+    if (c.extra != nullptr) check_index(c.extra[i], t.extras.size(), i, "extra", true);
+    if (c.flags[i] & kSliceKernel) {
+      check_index(c.str_a[i], t.strings.size(), i, "str_a", false);
+      check_index(c.str_b[i], t.strings.size(), i, "str_b", false);
+      check_index(c.int_a[i], t.strings.size(), i, "int_a", false);
       has_kernels = true;
     }
   }
+  return has_kernels;
+}
 
-  // Group by track, keeping input order within a track (counting sort).
-  std::vector<size_t> first(n_tracks + 1, 0);
-  for (size_t i = 0; i < n; ++i) ++first[tr[i] + 1];
-  for (size_t t = 0; t < n_tracks; ++t) first[t + 1] += first[t];
-  std::vector<size_t> order(n);
-  {
-    std::vector<size_t> next(first.begin(), first.end() - 1);
-    for (size_t i = 0; i < n; ++i) order[next[tr[i]]++] = i;
-  }
-  // A slice with end < start (a clock that went backwards) is drawn empty, as
-  // lanes.h treats it.
-  auto stop = [&](size_t i) { return std::max(start[i], end[i]); };
-  auto before = [&](size_t a, size_t b) {
-    return start[a] < start[b] || (start[a] == start[b] && stop(a) > stop(b));
-  };
+// Slices grouped by track, in input order within a track (counting sort): track
+// t's are order[first[t] .. first[t + 1]).
+struct ByTrack {
+  std::vector<size_t> first, order;
+};
 
-  Out out(chunk_bytes);
-  Proto pkt, interned;
-  std::vector<uint8_t> name_seen(name_table.size()), string_seen(string_table.size());
-  std::vector<size_t> stack;
-  uint64_t written = 0, not_nested = 0;
+ByTrack group_by_track(const SliceColumns& c, size_t n_tracks) {
+  ByTrack g{std::vector<size_t>(n_tracks + 1, 0), std::vector<size_t>(c.n)};
+  for (size_t i = 0; i < c.n; ++i) ++g.first[c.track[i] + 1];
+  for (size_t t = 0; t < n_tracks; ++t) g.first[t + 1] += g.first[t];
+  std::vector<size_t> next(g.first.begin(), g.first.end() - 1);
+  for (size_t i = 0; i < c.n; ++i) g.order[next[c.track[i]]++] = i;
+  return g;
+}
 
-  for (size_t t = 0; t < n_tracks; ++t) {
-    auto b = order.begin() + static_cast<std::ptrdiff_t>(first[t]);
-    auto e = order.begin() + static_cast<std::ptrdiff_t>(first[t + 1]);
-    if (b == e) continue;
+// How many argument names each sequence interns: the FLOP and kernel argument
+// names only when there are FLOPs / kernel slices, so a run without them is
+// written byte for byte as before they existed.
+uint64_t annotation_names(const SliceColumns& c, bool has_kernels) {
+  if (has_kernels) return sizeof kAnnNames / sizeof kAnnNames[0];
+  return c.flops != nullptr || c.tflops != nullptr ? kAnnFlopsCounted : kAnnClipped;
+}
+
+// DebugAnnotation {name_iid, <value_field>: v} appended at q.
+char* annotate(char* q, uint64_t name_iid, uint32_t value_field, uint64_t v) {
+  char a[24];
+  char* r = put_uint(put_uint(a, f::kAnnNameIid, name_iid), value_field, v);
+  return put_message(q, f::kDebugAnnotations, a, r);
+}
+
+char* annotate_double(char* q, uint64_t name_iid, double v) {
+  char a[24];
+  char* r = put_double(put_uint(a, f::kAnnNameIid, name_iid), f::kDoubleValue, v);
+  return put_message(q, f::kDebugAnnotations, a, r);
+}
+
+// Encodes the tracks' packet sequences (the layout in perfetto_writer.h) into `out`.
+class SequenceWriter {
+ public:
+  SequenceWriter(const SliceColumns& c, const Tables& t, uint64_t n_ann, const py::object& write,
+                 size_t chunk_bytes)
+      : c_(c), t_(t), n_ann_(n_ann), write_(write), chunk_bytes_(chunk_bytes), out_(chunk_bytes),
+        name_seen_(t.names.size()), string_seen_(t.strings.size()) {}
+
+  // Track `track`'s slices [b, e) as sequence `seq`, as strictly nested BEGIN/END
+  // pairs (the order in perfetto_writer.h).
+  template <typename It>
+  void write_track(size_t track, uint64_t seq, It b, It e) {
     // Spans come in pre-order already (spans.h): sort only the tracks that
     // need it (backward lanes holding autograd nodes).
+    auto before = [this](size_t x, size_t y) {
+      const int64_t* start = c_.start_ns;
+      return start[x] < start[y] || (start[x] == start[y] && stop(x) > stop(y));
+    };
     if (!std::is_sorted(b, e, before)) std::stable_sort(b, e, before);
-    const uint64_t seq = first_sequence_id + t;
-    const int64_t t0 = start[*b];
-    int64_t last = t0;
+    begin_sequence(seq, t_.uuid[track], c_.start_ns[*b]);
+    stack_.clear();
+    for (auto it = b; it != e; ++it) {
+      const size_t i = *it;
+      while (!stack_.empty() && stop(stack_.back()) <= c_.start_ns[i]) {
+        emit_end(stack_.back());
+        stack_.pop_back();
+      }
+      if (!stack_.empty() && stop(i) > stop(stack_.back())) {
+        ++not_nested_;
+        continue;
+      }
+      emit_begin(i);
+      stack_.push_back(i);
+      ++written_;
+    }
+    while (!stack_.empty()) {
+      emit_end(stack_.back());
+      stack_.pop_back();
+    }
+  }
 
-    pkt.clear();
-    pkt.uint(f::kSequenceId, seq);
-    pkt.uint(f::kSequenceFlags, kSeqIncrementalStateCleared);
+  void finish() { out_.flush(write_); }
+  uint64_t written() const { return written_; }
+  uint64_t not_nested() const { return not_nested_; }
+
+ private:
+  // A slice with end < start (a clock that went backwards) is drawn empty, as
+  // lanes.h treats it.
+  int64_t stop(size_t i) const { return std::max(c_.start_ns[i], c_.end_ns[i]); }
+
+  // The sequence's first two packets: defaults + interned categories and argument
+  // names, then the clock snapshot pinning clock 64 to BOOTTIME at t0.
+  void begin_sequence(uint64_t seq, uint64_t uuid, int64_t t0) {
+    seq_ = seq;
+    last_ = t0;
+    pkt_.clear();
+    pkt_.uint(f::kSequenceId, seq);
+    pkt_.uint(f::kSequenceFlags, kSeqIncrementalStateCleared);
     {
       Proto defaults, te_defaults;
-      te_defaults.uint(f::kDefaultTrackUuid, uuid[t]);
+      te_defaults.uint(f::kDefaultTrackUuid, uuid);
       defaults.uint(f::kDefaultClockId, kIncrementalClock);
       defaults.message(f::kTrackEventDefaults, te_defaults);
-      pkt.message(f::kDefaults, defaults);
+      pkt_.message(f::kDefaults, defaults);
     }
-    interned.clear();
-    for (size_t c = 0; c < cats.size(); ++c) interned.entry(f::kEventCategories, c + 1, cats[c]);
-    // (the FLOP and kernel argument names only when there are FLOPs / kernel slices:
-    // a run without them is written byte for byte as before they existed)
-    const uint64_t n_ann = has_kernels ? sizeof kAnnNames / sizeof kAnnNames[0]
-                           : fp != nullptr || tf != nullptr ? kAnnFlopsCounted
-                                                            : kAnnClipped;
-    for (uint64_t a = 0; a < n_ann; ++a) {
-      interned.entry(f::kAnnotationNames, a + 1, kAnnNames[a]);
+    interned_.clear();
+    for (size_t k = 0; k < t_.cats.size(); ++k) {
+      interned_.entry(f::kEventCategories, k + 1, t_.cats[k]);
     }
-    pkt.message(f::kInternedData, interned);
-    out.append(pkt, f::kTracePacket);
+    for (uint64_t a = 0; a < n_ann_; ++a) interned_.entry(f::kAnnotationNames, a + 1, kAnnNames[a]);
+    pkt_.message(f::kInternedData, interned_);
+    out_.append(pkt_, f::kTracePacket);
 
-    pkt.clear();
-    pkt.uint(f::kSequenceId, seq);
+    pkt_.clear();
+    pkt_.uint(f::kSequenceId, seq);
     {
       Proto snapshot, clock;
       clock.uint(f::kClockId, kIncrementalClock);
@@ -305,126 +337,156 @@ py::dict write_perfetto_slices(py::object write, py::array_t<int64_t> start_ns,
       clock.uint(f::kClockId, kBootTime);
       clock.uint(f::kClockTimestamp, static_cast<uint64_t>(t0));
       snapshot.message(f::kClocks, clock);
-      pkt.message(f::kClockSnapshot, snapshot);
+      pkt_.message(f::kClockSnapshot, snapshot);
     }
-    out.append(pkt, f::kTracePacket);
-    std::fill(name_seen.begin(), name_seen.end(), 0);
-    std::fill(string_seen.begin(), string_seen.end(), 0);
-
-    // One TracePacket {timestamp: delta, seq, [interned_data], track_event: ev}.
-    auto emit = [&](int64_t ts, const char* ev, const char* ev_end) {
-      const uint64_t delta = static_cast<uint64_t>(ts - last);
-      const size_t ev_len = static_cast<size_t>(ev_end - ev);
-      size_t body = 2 + varint_size(delta) + varint_size(seq) + 1 + varint_size(ev_len) + ev_len;
-      if (!interned.empty()) body += 1 + varint_size(interned.size()) + interned.size();
-      char* p = out.room(body + 11);
-      p = put_len(p, f::kTracePacket, body);
-      p = put_uint(p, f::kTimestamp, delta);
-      p = put_uint(p, f::kSequenceId, seq);
-      if (!interned.empty()) {
-        p = put_message(p, f::kInternedData, interned.data(), interned.data() + interned.size());
-      }
-      out.commit(put_message(p, f::kTrackEvent, ev, ev_end));
-      last = ts;
-      if (out.size() >= chunk_bytes) out.flush(write);
-    };
-    const char end_event[] = {static_cast<char>(f::kType << 3), static_cast<char>(kSliceEnd)};
-    auto emit_end = [&](size_t i) {
-      interned.clear();
-      emit(stop(i), end_event, end_event + sizeof end_event);
-    };
-    // DebugAnnotation {name_iid, <value_field>: v} appended at q.
-    auto annotate = [](char* q, uint64_t name_iid, uint32_t value_field, uint64_t v) {
-      char a[24];
-      char* r = put_uint(put_uint(a, f::kAnnNameIid, name_iid), value_field, v);
-      return put_message(q, f::kDebugAnnotations, a, r);
-    };
-    auto annotate_double = [](char* q, uint64_t name_iid, double v) {
-      char a[24];
-      char* r = put_double(put_uint(a, f::kAnnNameIid, name_iid), f::kDoubleValue, v);
-      return put_message(q, f::kDebugAnnotations, a, r);
-    };
-    auto string_iid = [&](size_t s) -> uint64_t {
-      if (!string_seen[s]) {
-        string_seen[s] = 1;
-        interned.entry(f::kAnnotationStrings, s + 1, string_table[s]);
-      }
-      return s + 1;
-    };
-    auto emit_begin = [&](size_t i) {
-      interned.clear();
-      // type, name_iid, category_iids (<= 2+6+6 bytes) and at most 10 annotations of
-      // <= 2+1+2+10 bytes
-      char ev[192];
-      char* q = put_uint(ev, f::kType, kSliceBegin);
-      if (!name_seen[nm[i]]) {
-        name_seen[nm[i]] = 1;
-        interned.entry(f::kEventNames, nm[i] + 1ull, name_table[nm[i]]);
-      }
-      q = put_uint(q, f::kNameIid, nm[i] + 1ull);
-      q = put_uint(q, f::kCategoryIids, ct[i] + 1ull);
-      if (fl[i] & kSliceKernel) {
-        q = annotate(q, kAnnModule, f::kStringValueIid, string_iid(static_cast<size_t>(sa[i])));
-        q = annotate(q, kAnnType, f::kStringValueIid, string_iid(static_cast<size_t>(sb[i])));
-        q = annotate(q, kAnnKernel, f::kStringValueIid, string_iid(static_cast<size_t>(ia[i])));
-        q = annotate(q, kAnnDerived, f::kBoolValue, 1);
-      } else if (fl[i] & kSliceNode) {
-        q = annotate(q, kAnnSeq, f::kIntValue, static_cast<uint64_t>(ia[i]));
-        if (sa[i] >= 0) {
-          q = annotate(q, kAnnModule, f::kStringValueIid, string_iid(static_cast<size_t>(sa[i])));
-        }
-        if (ib[i] >= 0) q = annotate(q, kAnnPass, f::kIntValue, static_cast<uint64_t>(ib[i]));
-      } else {
-        if (sa[i] >= 0) {
-          q = annotate(q, kAnnModule, f::kStringValueIid, string_iid(static_cast<size_t>(sa[i])));
-        }
-        if (sb[i] >= 0) {
-          q = annotate(q, kAnnType, f::kStringValueIid, string_iid(static_cast<size_t>(sb[i])));
-        }
-        q = annotate(q, kAnnCall, f::kIntValue, static_cast<uint64_t>(ia[i]));
-        if (fl[i] & kSpanError) q = annotate(q, kAnnError, f::kBoolValue, 1);
-        if (fl[i] & kSpanUnfinished) q = annotate(q, kAnnUnfinished, f::kBoolValue, 1);
-        if (ib[i] >= 0) q = annotate(q, kAnnNodes, f::kIntValue, static_cast<uint64_t>(ib[i]));
-        if (fp != nullptr && fp[i] >= 0) {
-          q = annotate(q, kAnnFlops, f::kIntValue, static_cast<uint64_t>(fp[i]));
-        }
-        if (tf != nullptr && std::isfinite(tf[i])) q = annotate_double(q, kAnnTflops, tf[i]);
-        if (fl[i] & kSpanFlopsCounted) q = annotate(q, kAnnFlopsCounted, f::kBoolValue, 1);
-      }
-      if (fl[i] & kSpanClipped) q = annotate(q, kAnnClipped, f::kBoolValue, 1);
-      if (ex != nullptr && ex[i] >= 0) {  // encoded debug_annotations fields, appended
-        std::string with(ev, q);
-        with += extras[static_cast<size_t>(ex[i])];
-        emit(start[i], with.data(), with.data() + with.size());
-        return;
-      }
-      emit(start[i], ev, q);
-    };
-
-    stack.clear();
-    for (auto it = b; it != e; ++it) {
-      const size_t i = *it;
-      while (!stack.empty() && stop(stack.back()) <= start[i]) {
-        emit_end(stack.back());
-        stack.pop_back();
-      }
-      if (!stack.empty() && stop(i) > stop(stack.back())) {
-        ++not_nested;
-        continue;
-      }
-      emit_begin(i);
-      stack.push_back(i);
-      ++written;
-    }
-    while (!stack.empty()) {
-      emit_end(stack.back());
-      stack.pop_back();
-    }
+    out_.append(pkt_, f::kTracePacket);
+    std::fill(name_seen_.begin(), name_seen_.end(), 0);
+    std::fill(string_seen_.begin(), string_seen_.end(), 0);
   }
-  out.flush(write);
+
+  // One TracePacket {timestamp: delta, seq, [interned_data], track_event: ev}.
+  void emit(int64_t ts, const char* ev, const char* ev_end) {
+    const uint64_t delta = static_cast<uint64_t>(ts - last_);
+    const size_t ev_len = static_cast<size_t>(ev_end - ev);
+    size_t body = 2 + varint_size(delta) + varint_size(seq_) + 1 + varint_size(ev_len) + ev_len;
+    if (!interned_.empty()) body += 1 + varint_size(interned_.size()) + interned_.size();
+    char* p = out_.room(body + 11);
+    p = put_len(p, f::kTracePacket, body);
+    p = put_uint(p, f::kTimestamp, delta);
+    p = put_uint(p, f::kSequenceId, seq_);
+    if (!interned_.empty()) {
+      p = put_message(p, f::kInternedData, interned_.data(), interned_.data() + interned_.size());
+    }
+    out_.commit(put_message(p, f::kTrackEvent, ev, ev_end));
+    last_ = ts;
+    if (out_.size() >= chunk_bytes_) out_.flush(write_);
+  }
+
+  void emit_end(size_t i) {
+    static const char end_event[] = {static_cast<char>(f::kType << 3),
+                                     static_cast<char>(kSliceEnd)};
+    interned_.clear();
+    emit(stop(i), end_event, end_event + sizeof end_event);
+  }
+
+  // The iid of string s, interned in the packet being built on first use.
+  uint64_t string_iid(int64_t s) {
+    const size_t k = static_cast<size_t>(s);
+    if (!string_seen_[k]) {
+      string_seen_[k] = 1;
+      interned_.entry(f::kAnnotationStrings, k + 1, t_.strings[k]);
+    }
+    return k + 1;
+  }
+
+  char* kernel_args(char* q, size_t i) {
+    q = annotate(q, kAnnModule, f::kStringValueIid, string_iid(c_.str_a[i]));
+    q = annotate(q, kAnnType, f::kStringValueIid, string_iid(c_.str_b[i]));
+    q = annotate(q, kAnnKernel, f::kStringValueIid, string_iid(c_.int_a[i]));
+    return annotate(q, kAnnDerived, f::kBoolValue, 1);
+  }
+
+  char* node_args(char* q, size_t i) {
+    q = annotate(q, kAnnSeq, f::kIntValue, static_cast<uint64_t>(c_.int_a[i]));
+    if (c_.str_a[i] >= 0) q = annotate(q, kAnnModule, f::kStringValueIid, string_iid(c_.str_a[i]));
+    if (c_.int_b[i] >= 0) q = annotate(q, kAnnPass, f::kIntValue, static_cast<uint64_t>(c_.int_b[i]));
+    return q;
+  }
+
+  char* span_args(char* q, size_t i) {
+    const uint8_t fl = c_.flags[i];
+    if (c_.str_a[i] >= 0) q = annotate(q, kAnnModule, f::kStringValueIid, string_iid(c_.str_a[i]));
+    if (c_.str_b[i] >= 0) q = annotate(q, kAnnType, f::kStringValueIid, string_iid(c_.str_b[i]));
+    q = annotate(q, kAnnCall, f::kIntValue, static_cast<uint64_t>(c_.int_a[i]));
+    if (fl & kSpanError) q = annotate(q, kAnnError, f::kBoolValue, 1);
+    if (fl & kSpanUnfinished) q = annotate(q, kAnnUnfinished, f::kBoolValue, 1);
+    if (c_.int_b[i] >= 0) q = annotate(q, kAnnNodes, f::kIntValue, static_cast<uint64_t>(c_.int_b[i]));
+    if (c_.flops != nullptr && c_.flops[i] >= 0) {
+      q = annotate(q, kAnnFlops, f::kIntValue, static_cast<uint64_t>(c_.flops[i]));
+    }
+    if (c_.tflops != nullptr && std::isfinite(c_.tflops[i])) {
+      q = annotate_double(q, kAnnTflops, c_.tflops[i]);
+    }
+    if (fl & kSpanFlopsCounted) q = annotate(q, kAnnFlopsCounted, f::kBoolValue, 1);
+    return q;
+  }
+
+  void emit_begin(size_t i) {
+    interned_.clear();
+    // type, name_iid, category_iids (<= 2+6+6 bytes) and at most 10 annotations of
+    // <= 2+1+2+10 bytes
+    char ev[192];
+    const uint32_t nm = c_.name[i];
+    char* q = put_uint(ev, f::kType, kSliceBegin);
+    if (!name_seen_[nm]) {
+      name_seen_[nm] = 1;
+      interned_.entry(f::kEventNames, nm + 1ull, t_.names[nm]);
+    }
+    q = put_uint(q, f::kNameIid, nm + 1ull);
+    q = put_uint(q, f::kCategoryIids, c_.cat[i] + 1ull);
+    if (c_.flags[i] & kSliceKernel) {
+      q = kernel_args(q, i);
+    } else if (c_.flags[i] & kSliceNode) {
+      q = node_args(q, i);
+    } else {
+      q = span_args(q, i);
+    }
+    if (c_.flags[i] & kSpanClipped) q = annotate(q, kAnnClipped, f::kBoolValue, 1);
+    if (c_.extra != nullptr && c_.extra[i] >= 0) {  // encoded debug_annotations fields, appended
+      std::string with(ev, q);
+      with += t_.extras[static_cast<size_t>(c_.extra[i])];
+      emit(c_.start_ns[i], with.data(), with.data() + with.size());
+      return;
+    }
+    emit(c_.start_ns[i], ev, q);
+  }
+
+  const SliceColumns& c_;
+  const Tables& t_;
+  const uint64_t n_ann_;
+  const py::object& write_;
+  const size_t chunk_bytes_;
+  Out out_;
+  Proto pkt_, interned_;
+  std::vector<uint8_t> name_seen_, string_seen_;
+  std::vector<size_t> stack_;
+  uint64_t seq_ = 0;
+  int64_t last_ = 0;
+  uint64_t written_ = 0, not_nested_ = 0;
+};
+
+}  // namespace
+
+SliceColumns perfetto_slice_columns(const py::handle& columns) {
+  return SliceColumns::from_python(
+      columns, "write_perfetto_slices",
+      {"start_ns", "end_ns", "track", "name", "cat", "flags", "str_a", "str_b", "int_a", "int_b"},
+      {"flops", "tflops", "extra"});
+}
+
+py::dict write_perfetto_slices(const py::object& write, const SliceColumns& slices,
+                               py::array_t<uint64_t> track_uuid, const py::sequence& names,
+                               const py::sequence& strings, const py::sequence& cat_names,
+                               const py::sequence& extra_annotations, uint32_t first_sequence_id,
+                               size_t chunk_bytes) {
+  Tables tables{to_strings(names), to_strings(strings), to_strings(cat_names),
+                to_strings(extra_annotations), nullptr,
+                static_cast<size_t>(track_uuid.shape(0))};
+  tables.uuid = checked(track_uuid, tables.n_tracks, "track_uuid");
+  const bool has_kernels = check_indices(slices, tables);
+  ByTrack by_track = group_by_track(slices, tables.n_tracks);
+
+  SequenceWriter writer(slices, tables, annotation_names(slices, has_kernels), write,
+                        chunk_bytes);
+  for (size_t t = 0; t < tables.n_tracks; ++t) {
+    auto b = by_track.order.begin() + static_cast<std::ptrdiff_t>(by_track.first[t]);
+    auto e = by_track.order.begin() + static_cast<std::ptrdiff_t>(by_track.first[t + 1]);
+    if (b != e) writer.write_track(t, first_sequence_id + t, b, e);
+  }
+  writer.finish();
   py::dict result;
-  result["slices"] = written;
-  result["not_nested"] = not_nested;
+  result["slices"] = writer.written();
+  result["not_nested"] = writer.not_nested();
   return result;
 }
 

@@ -38,33 +38,38 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "slice_columns.h"
+
 namespace hooktrace {
 
+// One row per slice of `slices` (perfetto_slice_columns).
 // flags: kSpanError | kSpanUnfinished | kSpanFlopsCounted | kSpanClipped (spans.h),
 // plus kSliceNode for an autograd node. Arguments written (debug annotations):
 //   span: module = strings[str_a], type = strings[str_b], call = int_a,
 //         error / unfinished / flops_counted / clipped = true when set,
 //         nodes = int_b if >= 0, flops = flops[i] if >= 0 (int), tflops =
-//         tflops[i] if finite (double); `flops` and `tflops` may be empty (none);
+//         tflops[i] if finite (double); `flops` and `tflops` are optional (none);
 //   node: seq = int_a, module = strings[str_a] ("" when str_a < 0),
 //         pass = int_b if >= 0, clipped = true when set;
 //   kernel (kSliceKernel, hooktrace/kernels.py): module = strings[str_a], type =
 //         strings[str_b], kernel = strings[int_a], derived = true.
 // name[i] indexes `names` (the event name), cat[i] `cat_names`, track[i]
-// `track_uuid`. `extra`: empty, or per slice an index into extra_annotations (-1:
+// `track_uuid`. `extra` (optional): per slice an index into extra_annotations (-1:
 // none), whose bytes (encoded TrackEvent.debug_annotations fields) are appended to
 // the slice's begin event (shapes and numerics). Returns {"slices": written,
 // "not_nested": skipped}.
-pybind11::dict write_perfetto_slices(
-    pybind11::object write, pybind11::array_t<int64_t> start_ns, pybind11::array_t<int64_t> end_ns,
-    pybind11::array_t<uint32_t> track, pybind11::array_t<uint32_t> name,
-    pybind11::array_t<uint8_t> cat, pybind11::array_t<uint8_t> flags,
-    pybind11::array_t<int64_t> str_a, pybind11::array_t<int64_t> str_b,
-    pybind11::array_t<int64_t> int_a, pybind11::array_t<int64_t> int_b,
-    pybind11::array_t<int64_t> flops, pybind11::array_t<double> tflops,
-    pybind11::array_t<uint64_t> track_uuid, pybind11::sequence names, pybind11::sequence strings,
-    pybind11::sequence cat_names, uint32_t first_sequence_id, size_t chunk_bytes,
-    pybind11::array_t<int64_t> extra, pybind11::sequence extra_annotations);
+pybind11::dict write_perfetto_slices(const pybind11::object& write, const SliceColumns& slices,
+                                     pybind11::array_t<uint64_t> track_uuid,
+                                     const pybind11::sequence& names,
+                                     const pybind11::sequence& strings,
+                                     const pybind11::sequence& cat_names,
+                                     const pybind11::sequence& extra_annotations,
+                                     uint32_t first_sequence_id, size_t chunk_bytes);
+
+// The columns write_perfetto_slices reads, from Python's dict (slice_columns.h):
+// start_ns, end_ns, str_a, str_b, int_a, int_b (int64), track, name (uint32), cat,
+// flags (uint8); optional flops, extra (int64), tflops (float64).
+SliceColumns perfetto_slice_columns(const pybind11::handle& columns);
 
 constexpr uint8_t kSliceNode = 0x80;
 constexpr uint8_t kSliceKernel = 0x40;

@@ -1,6 +1,6 @@
 """Type stubs for the native core (csrc/). Private: use the hooktrace package."""
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -92,65 +92,48 @@ def assign_lanes(
 ) -> np.ndarray: ...
 def write_chrome_events(
     write: Callable[[bytes], Any],
-    start_ns: np.ndarray,
-    end_ns: np.ndarray,
-    module: np.ndarray,
-    tid: np.ndarray,
-    call: np.ndarray,
-    flags: np.ndarray,
-    cat: np.ndarray,
-    nodes: np.ndarray,
-    flops: np.ndarray,
-    tflops: np.ndarray,
+    columns: Mapping[str, np.ndarray],
+    *,
     names_json: Sequence[str],
     args_json: Sequence[str],
     cat_names: Sequence[str],
+    extra_json: Sequence[str],
     base_ns: int,
     pid: int,
     chunk_bytes: int,
-    extra: np.ndarray,
-    extra_json: Sequence[str],
-) -> int: ...
+) -> int:
+    """``columns``: start_ns, end_ns (int64), module, tid, call (uint32), flags, cat
+    (uint8); optional nodes, flops, extra (int64), tflops (float64); each C-contiguous
+    1-D with one row per span (ValueError naming the column otherwise)."""
 def write_chrome_nodes(
     write: Callable[[bytes], Any],
-    start_ns: np.ndarray,
-    end_ns: np.ndarray,
-    name: np.ndarray,
-    tid: np.ndarray,
-    seq: np.ndarray,
-    pass_id: np.ndarray,
-    module: np.ndarray,
-    flags: np.ndarray,
+    columns: Mapping[str, np.ndarray],
+    *,
     node_names_json: Sequence[str],
     module_names_json: Sequence[str],
     cat: str,
     base_ns: int,
     pid: int,
     chunk_bytes: int,
-) -> int: ...
+) -> int:
+    """``columns``: start_ns, end_ns, span_module (int64, -1: none), name, tid, pass_id
+    (uint32), seq (uint64); optional flags (uint8); each C-contiguous 1-D with one row
+    per node (ValueError naming the column otherwise)."""
 def write_perfetto_slices(
     write: Callable[[bytes], Any],
-    start_ns: np.ndarray,
-    end_ns: np.ndarray,
-    track: np.ndarray,
-    name: np.ndarray,
-    cat: np.ndarray,
-    flags: np.ndarray,
-    str_a: np.ndarray,
-    str_b: np.ndarray,
-    int_a: np.ndarray,
-    int_b: np.ndarray,
-    flops: np.ndarray,
-    tflops: np.ndarray,
+    columns: Mapping[str, np.ndarray],
+    *,
     track_uuid: np.ndarray,
     names: Sequence[str],
     strings: Sequence[str],
     cat_names: Sequence[str],
+    extra_annotations: Sequence[bytes],
     first_sequence_id: int,
     chunk_bytes: int,
-    extra: np.ndarray,
-    extra_annotations: Sequence[bytes],
-) -> dict[str, int]: ...
+) -> dict[str, int]:
+    """``columns``: start_ns, end_ns, str_a, str_b, int_a, int_b (int64), track, name
+    (uint32), cat, flags (uint8); optional flops, extra (int64), tflops (float64); each
+    C-contiguous 1-D with one row per slice (ValueError naming the column otherwise)."""
 def flush_numerics(session: Session) -> int: ...
 def forget_numerics(session: Session) -> None: ...
 def set_numerics_deferred(on: bool) -> None: ...

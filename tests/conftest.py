@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hooktrace._events import ENTER, EVENT_DTYPE, EXIT, FLAG_ERROR, NODE_BEGIN, NODE_END, Clock
-from hooktrace.reading import CAT_BACKWARD, CAT_RECOMPUTE, NO_PASS, Nodes, Spans
+from hooktrace.reading import CAT_BACKWARD, CAT_RECOMPUTE, NO_PASS, Nodes, Spans, TraceData
 from hooktrace.result import TraceResult
 
 IDENTITY_CLOCK = Clock(ticks0=0, unix_ns0=0, ns_per_tick=1.0)
@@ -29,6 +29,20 @@ def build_events(rows: Iterable[Sequence[int]]) -> np.ndarray:
     return ev
 
 
+def events_from(rows: Iterable[Sequence[int]], fields: Sequence[str] = ("tid", "kind", "id", "t"),
+                **fixed: int) -> np.ndarray:
+    """Events from rows of the named ``fields``' values (in the given order); every
+    other field is ``fixed``'s value for it, or 0. ``build_events`` fills ``rf_tid``
+    and ``seq`` for you; this fills nothing."""
+    rows = list(rows)
+    ev = np.zeros(len(rows), EVENT_DTYPE)
+    for name, value in fixed.items():
+        ev[name] = value
+    for name, column in zip(fields, zip(*rows)):
+        ev[name] = column
+    return ev
+
+
 def default_modules(n: int) -> list[tuple[str, str]]:
     return [("", "Net")] + [(f"layer.{i}", "Linear") for i in range(1, n)]
 
@@ -39,9 +53,11 @@ def build_trace(
     *,
     node_names: Sequence[str] = (),
     clock: Clock = IDENTITY_CLOCK,
+    cls: type[TraceData] = TraceResult,
     **info: Any,
-) -> TraceResult:
-    """A TraceResult with sensible defaults; ``modules`` default to enough slots."""
+) -> Any:
+    """A TraceResult (or ``cls``) with sensible defaults; ``modules`` default to enough
+    slots, ``info`` to pid 4242 on testhost with no events lost."""
     if modules is None:
         n = int(events["id"].max()) + 1 if len(events) else 1
         modules = default_modules(n)
@@ -52,7 +68,7 @@ def build_trace(
         "overwritten_events": 0,
     }
     full_info.update(info)
-    return TraceResult(events, list(modules), list(node_names), clock, full_info)
+    return cls(events, list(modules), list(node_names), clock, full_info)
 
 
 def random_stream(

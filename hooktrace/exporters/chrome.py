@@ -209,31 +209,27 @@ def write_span_events(
     spans = trace.spans()
     names_json, args_json = module_json(trace.modules)
     flags = spans.flags[index] if flags is None else flags
-    no_int, no_real = np.zeros(0, np.int64), np.zeros(0, np.float64)
-    flops, tflops = no_int, no_real
+    columns = {
+        "start_ns": np.ascontiguousarray(start, np.int64),
+        "end_ns": np.ascontiguousarray(end, np.int64),
+        "module": np.ascontiguousarray(spans.module[index], np.uint32),
+        "tid": np.ascontiguousarray(tid, np.uint32),
+        "call": np.ascontiguousarray(spans.call[index], np.uint32),
+        "cat": np.ascontiguousarray(spans.cat[index], np.uint8),
+    }
+    if node_counts is not None:
+        columns["nodes"] = np.ascontiguousarray(node_counts[index], np.int64)
     fl = flop_args(trace, index)
     if fl is not None:
-        flops, tflops = fl[0], fl[1]
+        columns["flops"] = np.ascontiguousarray(fl[0], np.int64)
+        columns["tflops"] = np.ascontiguousarray(fl[1], np.float64)
         flags = flags | fl[2]
+    columns["flags"] = np.ascontiguousarray(flags, np.uint8)
+    extra, extra_json = _extra_json(trace, index)
+    columns["extra"] = extra
     _C.write_chrome_events(
-        write,
-        np.ascontiguousarray(start, np.int64),
-        np.ascontiguousarray(end, np.int64),
-        np.ascontiguousarray(spans.module[index]),
-        np.ascontiguousarray(tid, np.uint32),
-        np.ascontiguousarray(spans.call[index]),
-        np.ascontiguousarray(flags, np.uint8),
-        np.ascontiguousarray(spans.cat[index]),
-        no_int if node_counts is None else np.ascontiguousarray(node_counts[index]),
-        flops,
-        tflops,
-        names_json,
-        args_json,
-        list(SPAN_CATS),
-        base_ns,
-        trace.pid,
-        chunk_bytes,
-        *_extra_json(trace, index),
+        write, columns, names_json=names_json, args_json=args_json, cat_names=list(SPAN_CATS),
+        extra_json=extra_json, base_ns=base_ns, pid=trace.pid, chunk_bytes=chunk_bytes,
     )
 
 
@@ -270,22 +266,20 @@ def write_node_events(
     if len(spans):
         attributed = span >= 0
         module[attributed] = spans.module[span[attributed]]
+    columns = {
+        "start_ns": np.ascontiguousarray(start, np.int64),
+        "end_ns": np.ascontiguousarray(end, np.int64),
+        "name": np.ascontiguousarray(node_table.name[index], np.uint32),
+        "tid": np.ascontiguousarray(tid, np.uint32),
+        "seq": np.ascontiguousarray(node_table.seq[index], np.uint64),
+        "pass_id": np.ascontiguousarray(node_table.pass_id[index], np.uint32),
+        "span_module": module,
+    }
+    if flags is not None:
+        columns["flags"] = np.ascontiguousarray(flags, np.uint8)
     _C.write_chrome_nodes(
-        write,
-        np.ascontiguousarray(start, np.int64),
-        np.ascontiguousarray(end, np.int64),
-        np.ascontiguousarray(node_table.name[index]),
-        np.ascontiguousarray(tid, np.uint32),
-        np.ascontiguousarray(node_table.seq[index]),
-        np.ascontiguousarray(node_table.pass_id[index]),
-        module,
-        np.zeros(0, np.uint8) if flags is None else np.ascontiguousarray(flags, np.uint8),
-        node_names_json,
-        module_names_json,
-        cat,
-        base_ns,
-        trace.pid,
-        chunk_bytes,
+        write, columns, node_names_json=node_names_json, module_names_json=module_names_json,
+        cat=cat, base_ns=base_ns, pid=trace.pid, chunk_bytes=chunk_bytes,
     )
 
 

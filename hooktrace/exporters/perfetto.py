@@ -339,11 +339,17 @@ def write_perfetto(
     write(_memory_counters(trace, plan, 3 + n_tracks))
     block = info_block(trace, plan)
     write(_info_event(int(all_start.min()) if len(all_start) else plan.base_ns, block))
+    extra, extra_annotations = _extra_annotations(trace, span_index, len(all_start))
+    columns = {
+        "start_ns": all_start, "end_ns": col(end, np.int64), "track": col(track, np.uint32),
+        "name": col(name, np.uint32), "cat": col(cat, np.uint8), "flags": col(flags, np.uint8),
+        "str_a": col(str_a, np.int64), "str_b": col(str_b, np.int64),
+        "int_a": col(int_a, np.int64), "int_b": col(int_b, np.int64),
+        "flops": col(flops, np.int64), "tflops": col(tflops, np.float64), "extra": extra,
+    }
     result = _C.write_perfetto_slices(
-        write, all_start, col(end, np.int64), col(track, np.uint32), col(name, np.uint32),
-        col(cat, np.uint8), col(flags, np.uint8), col(str_a, np.int64), col(str_b, np.int64),
-        col(int_a, np.int64), col(int_b, np.int64), col(flops, np.int64),
-        col(tflops, np.float64), np.arange(2, 2 + n_tracks, dtype=np.uint64), names, strings, cats,
-        _DESCRIPTOR_SEQUENCE + 1, chunk_bytes, *_extra_annotations(trace, span_index, len(all_start)),
+        write, columns, track_uuid=np.arange(2, 2 + n_tracks, dtype=np.uint64), names=names,
+        strings=strings, cat_names=cats, extra_annotations=extra_annotations,
+        first_sequence_id=_DESCRIPTOR_SEQUENCE + 1, chunk_bytes=chunk_bytes,
     )
     return {"slices": int(result["slices"]), "not_nested": int(result["not_nested"])}

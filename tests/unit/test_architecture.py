@@ -174,7 +174,7 @@ def test_old_module_paths_still_import_with_a_pointer(old: str) -> None:
     import subprocess
     import sys
 
-    from hooktrace._moved import MOVED
+    from hooktrace._moved import MOVED, REMOVED_IN
 
     # a fresh interpreter: the old name must not be cached by an earlier import
     code = (f"import warnings; warnings.simplefilter('always')\n"
@@ -184,22 +184,47 @@ def test_old_module_paths_still_import_with_a_pointer(old: str) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.splitlines()
     assert out[0] == MOVED[old] == importlib.import_module(MOVED[old]).__name__
-    assert out[1] == f"{old} moved to {MOVED[old]} (issue #16); import {MOVED[old]} instead"
+    assert out[1] == (f"{old} moved to {MOVED[old]} (issue #16) and is removed in hooktrace "
+                      f"{REMOVED_IN}; import {MOVED[old]} instead")
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """``"0.3"``, ``"0.3.0rc1"`` -> (0, 3, 0): the release a version string names."""
+    import re
+
+    parts = [int(p) for p in re.findall(r"\d+", version.split("+")[0])[:3]]
+    return tuple(parts + [0] * (3 - len(parts)))
+
+
+def _shims_overdue(version: str, removed_in: str, moved: dict[str, str]) -> bool:
+    return _release(version) >= _release(removed_in) and bool(moved)
+
+
+def test_old_module_paths_are_gone_by_the_version_their_warning_names() -> None:
+    from hooktrace import __version__
+    from hooktrace._moved import MOVED, REMOVED_IN
+
+    assert not _shims_overdue(__version__, REMOVED_IN, MOVED), (
+        f"hooktrace {__version__} still has the old import paths {sorted(MOVED)}, which "
+        f"their warning says are removed in {REMOVED_IN}: delete hooktrace/_moved.py")
+    # (the check itself fires at and after the removal version, not before)
+    assert _shims_overdue("0.3.0", "0.3", MOVED) and _shims_overdue("1.0", "0.3", MOVED)
+    assert not _shims_overdue("0.2.9", "0.3", MOVED) and not _shims_overdue("0.3", "0.3", {})
 
 
 def test_moved_names_say_where_they_went() -> None:
-    import numpy as np
+    from conftest import build_events, build_trace
 
     import hooktrace.merge
-    from hooktrace._events import EVENT_DTYPE, Clock
+    from hooktrace._events import Clock
     from hooktrace.reading import TraceData
     from hooktrace.result import TraceResult
 
     with pytest.raises(AttributeError, match=r"^hooktrace.merge.profile moved to "
                                              r"hooktrace.profiling.profile"):
         hooktrace.merge.profile  # noqa: B018
-    data = TraceData(np.zeros(0, EVENT_DTYPE), [("", "Net")], [], Clock(0, 0, 1.0),
-                     {"pid": 1, "hostname": "h", "dropped_events": 0, "overwritten_events": 0})
+    data = build_trace(build_events([]), [("", "Net")], clock=Clock(0, 0, 1.0), cls=TraceData,
+                       pid=1, hostname="h")
     with pytest.raises(AttributeError, match=r"TraceData.summary\(\) is a method of "
                                              r"hooktrace.TraceResult"):
         data.summary()

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from conftest import build_trace
-from hooktrace._events import ENTER, EVENT_DTYPE, EXIT, STEP
+from conftest import build_trace, events_from
+from hooktrace._events import ENTER, EXIT, STEP
 from hooktrace.cli import main
 from hooktrace.diff import DiffInputError, compare
 from hooktrace.reading import TraceData
@@ -35,10 +34,7 @@ def run(steps: int = 4, a_ns: int = 1000, b_ns: int = 5000, c_calls: int = 1,
         t += 50
         rows.append((STEP, 0, t, s))
         t += 1
-    ev = np.zeros(len(rows), EVENT_DTYPE)
-    for i, (kind, mod, tt, seq) in enumerate(rows):
-        ev[i]["kind"], ev[i]["id"], ev[i]["t"], ev[i]["tid"], ev[i]["rf_tid"] = kind, mod, tt, 1, 1
-        ev[i]["seq"] = seq
+    ev = events_from(rows, ("kind", "id", "t", "seq"), tid=1, rf_tid=1)
     return build_trace(ev, modules)
 
 
@@ -158,10 +154,7 @@ def calls_run(steps: list[list[tuple[int, int]]],
         t += 50
         rows.append((STEP, 0, t, s))
         t += 1
-    ev = np.zeros(len(rows), EVENT_DTYPE)
-    for i, (kind, mod, tt, seq) in enumerate(rows):
-        ev[i]["kind"], ev[i]["id"], ev[i]["t"], ev[i]["tid"], ev[i]["rf_tid"] = kind, mod, tt, 1, 1
-        ev[i]["seq"] = seq
+    ev = events_from(rows, ("kind", "id", "t", "seq"), tid=1, rf_tid=1)
     return build_trace(ev, modules)
 
 

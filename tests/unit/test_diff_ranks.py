@@ -10,10 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
+from conftest import build_trace, events_from
 
-from hooktrace._events import ENTER, EVENT_DTYPE, EXIT, STEP, Clock
+from hooktrace._events import ENTER, EXIT, STEP, Clock
 from hooktrace.cli import main
 from hooktrace.diff import Diff, DiffInputError, compare, compare_paths, compare_ranks
 from hooktrace.distributed import default_output_name
@@ -42,10 +42,7 @@ def trace(*, b_ns: int | list[int] = 30_000, steps: int = 4, first_step: int = 0
         if marks:
             rows.append((STEP, 0, t + 25_000 + b, first_step + k))
         t += 25_000 + b
-    ev = np.zeros(len(rows), EVENT_DTYPE)
-    for i, (kind, id_, t, seq) in enumerate(rows):
-        ev[i]["kind"], ev[i]["id"], ev[i]["t"], ev[i]["seq"] = kind, id_, t, seq
-        ev[i]["tid"] = ev[i]["rf_tid"] = 7
+    ev = events_from(rows, ("kind", "id", "t", "seq"), tid=7, rf_tid=7)
     info: dict = {"pid": pid, "hostname": "h", "dropped_events": 0, "overwritten_events": 0,
                   "start_unix_ns": start,
                   "stop_unix_ns": start + (first_step + steps + 1) * STEP_NS * 10}
@@ -54,7 +51,7 @@ def trace(*, b_ns: int | list[int] = 30_000, steps: int = 4, first_step: int = 0
     if window:
         info["window"] = {"first_step": first_step, "last_step": first_step + steps - 1,
                           "complete": True}
-    return TraceData(ev, modules, [], Clock(0, start, 1.0), info)
+    return build_trace(ev, modules, clock=Clock(0, start, 1.0), cls=TraceData, **info)
 
 
 def rank_dir(root: Path, world: int = 4, *, slow: dict[int, int] | None = None,

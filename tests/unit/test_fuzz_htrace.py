@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import build_events
+from conftest import build_events, build_trace, events_from
 
 from hooktrace import _C  # noqa: F401  (the extension must be built)
 from hooktrace._events import ENTER, EVENT_DTYPE, EXIT, NODE_BEGIN, NODE_END, Clock
@@ -66,10 +66,7 @@ def real_looking_run() -> TraceData:
         rows.append((4200, NODE_END, 9, t, s, rf_tid))
     rows.append((4200, NODE_BEGIN, 3, t, NO_SEQ, 0))  # AccumulateGrad: unattributed
     rows.append((4200, NODE_END, 9, t + 4, NO_SEQ, 0))
-    ev = np.zeros(len(rows), EVENT_DTYPE)
-    for i, (tid, kind, id_, tt, sq, rf) in enumerate(rows):
-        ev[i]["tid"], ev[i]["kind"], ev[i]["id"], ev[i]["t"] = tid, kind, id_, tt
-        ev[i]["seq"], ev[i]["rf_tid"] = sq, rf
+    ev = events_from(rows, ("tid", "kind", "id", "t", "seq", "rf_tid"))
     ev["flags"][np.flatnonzero(ev["kind"] == EXIT)[4]] = 1  # one forward raised
     clock = Clock(ticks0=900, unix_ns0=START_NS + 50, ns_per_tick=0.37)
     modules = [("", "Net"), ("enc.0", "Linear"), ("enc.1", "ReLU"), ("enc.2", "Linear"),
@@ -82,8 +79,9 @@ def real_looking_run() -> TraceData:
         "stop_unix_ns": START_NS + 10**9,
         "thread_names": {"4101": "MainThread", "4102": "worker", "4200": "autograd"},
     }
-    return TraceData(ev, modules, ["AddmmBackward0", "ReluBackward0", "TBackward0",
-                                   "AccumulateGrad"], clock, info)
+    return build_trace(ev, modules, node_names=["AddmmBackward0", "ReluBackward0", "TBackward0",
+                                                "AccumulateGrad"], clock=clock, cls=TraceData,
+                       **info)
 
 
 class Parts:

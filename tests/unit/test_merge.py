@@ -13,9 +13,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import build_trace, events_from
 
 from hooktrace import _kineto
-from hooktrace._events import ENTER, EVENT_DTYPE, EXIT, Clock
+from hooktrace._events import ENTER, EXIT, Clock
 from hooktrace._kineto import ProfilerTraceError, us_to_ns
 from hooktrace._profiler_events import NODE_PREFIX, collect
 from hooktrace.cli import main
@@ -98,14 +99,11 @@ def make_run(calls: list[tuple[int, int, int, int]], modules: list[tuple[str, st
     while stack:
         m, t = stack.pop()
         rows.append((t, EXIT, m))
-    ev = np.zeros(len(rows), EVENT_DTYPE)
-    for i, (t, kind, mod) in enumerate(rows):
-        ev[i]["t"], ev[i]["kind"], ev[i]["id"] = t - T0, kind, mod
-        ev[i]["tid"], ev[i]["rf_tid"] = tid, rf_tid
-        ev[i]["seq"] = seqs[i] if seqs is not None else 0
-    run = TraceData(ev, modules, [], Clock(0, T0, 1.0),
-                    {"pid": PID, "hostname": "testhost", "dropped_events": 0,
-                     "overwritten_events": 0})
+    ev = events_from([(t - T0, kind, mod, seqs[i] if seqs is not None else 0)
+                      for i, (t, kind, mod) in enumerate(rows)],
+                     ("t", "kind", "id", "seq"), tid=tid, rf_tid=rf_tid)
+    run = build_trace(ev, modules, clock=Clock(0, T0, 1.0), cls=TraceData, pid=PID,
+                      hostname="testhost")
     if backward:
         run._spans = with_backward(run.spans(), backward, tid)
     return run
@@ -373,14 +371,11 @@ def test_child_ending_with_its_parent_stays_inside_it_in_perfetto(tmp_path: Path
         perfetto_ns(f"{parent[0] // 1000}.{parent[0] % 1000:03d}")
         + perfetto_ns(f"{(parent[1] - parent[0]) / 1000:.3f}"))
     t0 = base + parent[0] - 1000
-    ev = np.zeros(4, EVENT_DTYPE)
-    ev["kind"] = [ENTER, ENTER, EXIT, EXIT]
-    ev["id"] = [0, 1, 1, 0]
-    ev["t"] = [base + parent[0] - t0, base + child[0] - t0, base + child[1] - t0,
-               base + parent[1] - t0]
-    ev["tid"] = TID
-    run = TraceData(ev, [("", "Net"), ("fc", "Linear")], [], Clock(0, t0, 1.0),
-                    {"pid": PID, "hostname": "h", "dropped_events": 0, "overwritten_events": 0})
+    ev = events_from([(ENTER, 0, base + parent[0] - t0), (ENTER, 1, base + child[0] - t0),
+                      (EXIT, 1, base + child[1] - t0), (EXIT, 0, base + parent[1] - t0)],
+                     ("kind", "id", "t"), tid=TID)
+    run = build_trace(ev, [("", "Net"), ("fc", "Linear")], clock=Clock(0, t0, 1.0),
+                      cls=TraceData, pid=PID, hostname="h")
     prof_events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": PID, "tid": TID,
                     "ts": f"{child[0] // 1000 + 1}.000", "dur": 1}]
     src = json.dumps({"baseTimeNanoseconds": base, "traceEvents": prof_events}).encode()
@@ -688,20 +683,16 @@ def test_gpu_kernels_by_correlation_and_by_flow(tmp_path: Path) -> None:
 def test_ops_outside_every_module_call_are_optimizer_or_other_not_forward():
     import io
 
-    import numpy as np
 
-    from hooktrace._events import EVENT_DTYPE, Clock
+    from hooktrace._events import Clock
     from hooktrace._profiler_events import collect
     from hooktrace.attribution import attribute_events
     from hooktrace.reading import TraceData
 
     # GIVEN a module call (1-9 us), the loss after it and an optimizer step after that
-    ev = np.zeros(2, EVENT_DTYPE)
-    ev["kind"] = [1, 2]
-    ev["t"] = [1000, 9000]
-    ev["tid"] = 7
-    run = TraceData(ev, [("fc", "Linear")], [], Clock(0, 0, 1.0),
-                    {"pid": 7, "hostname": "h", "dropped_events": 0, "overwritten_events": 0})
+    ev = events_from([(1, 1000), (2, 9000)], ("kind", "t"), tid=7)
+    run = build_trace(ev, [("fc", "Linear")], clock=Clock(0, 0, 1.0), cls=TraceData, pid=7,
+                      hostname="h")
     src = (b'{"baseTimeNanoseconds": 0, "traceEvents": ['
            b'{"ph":"X","cat":"cpu_op","name":"aten::linear","pid":7,"tid":7,"ts":2,"dur":5},'
            b'{"ph":"X","cat":"cpu_op","name":"aten::mse_loss","pid":7,"tid":7,"ts":10,"dur":2},'

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import build_trace, events_from
 
-from hooktrace._events import ENTER, EVENT_DTYPE, EXIT, FLAG_NO_GRAD, STEP, Clock
+from hooktrace._events import ENTER, EXIT, FLAG_NO_GRAD, STEP, Clock
 from hooktrace.cli import main
 from hooktrace.distributed import (
     ClockOffset,
@@ -52,10 +53,7 @@ def rank_trace(rank: int, world: int = 4, *, steps: int = 3, slow: dict[int, int
                      (EXIT, 1, t + 75_000 + extra + (eval_a or {})[k], 0, 0)]
             extra += (eval_a or {})[k]
         rows.append((STEP, 0, t + 90_000 + extra + (wait or {}).get(k, 0), k, 0))
-    ev = np.zeros(len(rows), EVENT_DTYPE)
-    for i, (kind, id_, t, seq, flags) in enumerate(rows):
-        ev[i]["kind"], ev[i]["id"], ev[i]["t"], ev[i]["seq"], ev[i]["tid"] = kind, id_, t, seq, 7
-        ev[i]["flags"] = flags
+    ev = events_from(rows, ("kind", "id", "t", "seq", "flags"), tid=7)
     info = {"pid": pid if pid is not None else 1000 + rank, "hostname": host,
             "dropped_events": 0, "overwritten_events": 0, "rank": rank, "world_size": world,
             "backend": "gloo", "start_unix_ns": T0 + offset_ns,
@@ -63,7 +61,7 @@ def rank_trace(rank: int, world: int = 4, *, steps: int = 3, slow: dict[int, int
             "thread_names": {"7": "MainThread"}}
     if offset_ns or rank == 0:
         info.update(clock_offset_ns=offset_ns, clock_offset_uncertainty_ns=100)
-    return TraceData(ev, MODULES, [], Clock(0, T0, 1.0), info)
+    return build_trace(ev, MODULES, clock=Clock(0, T0, 1.0), cls=TraceData, **info)
 
 
 @pytest.fixture

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
-from conftest import IDENTITY_CLOCK, build_events, garbage_stream, random_stream
+from conftest import IDENTITY_CLOCK, build_events, events_from, garbage_stream, random_stream
 
-from hooktrace._events import ENTER, EVENT_DTYPE, EXIT, FLAG_ERROR, NODE_BEGIN, NODE_END, Clock
+from hooktrace._events import ENTER, EXIT, FLAG_ERROR, NODE_BEGIN, NODE_END, Clock
 from hooktrace import _C
 from hooktrace.reading import (
     CAT_BACKWARD,
@@ -358,12 +358,8 @@ def test_sparse_module_ids_match_reference():
 
 def fb_events(rows: list[tuple]) -> np.ndarray:
     """Events from (tid, kind, id, t, seq[, rf_tid]) rows; rf_tid defaults to 1."""
-    ev = np.zeros(len(rows), EVENT_DTYPE)
-    for i, row in enumerate(rows):
-        tid, kind, id_, t, seq = row[:5]
-        ev[i]["tid"], ev[i]["kind"], ev[i]["id"], ev[i]["t"], ev[i]["seq"] = tid, kind, id_, t, seq
-        ev[i]["rf_tid"] = row[5] if len(row) > 5 else 1
-    return ev
+    return events_from([(*row[:5], row[5] if len(row) > 5 else 1) for row in rows],
+                       ("tid", "kind", "id", "t", "seq", "rf_tid"))
 
 
 def test_backward_nodes_are_attributed_by_sequence_number_on_the_forward_thread():

@@ -9,9 +9,9 @@ import re
 
 import numpy as np
 import pytest
-from conftest import NODE_NAMES, backward_trace, build_events, build_trace, random_stream
+from conftest import NODE_NAMES, backward_trace, build_events, build_trace, events_from, random_stream
 
-from hooktrace._events import ENTER, EVENT_DTYPE, EXIT, Clock
+from hooktrace._events import ENTER, EXIT, Clock
 from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, CAT_RECOMPUTE
 from hooktrace.summary import UNATTRIBUTED, Summary, format_ns
 
@@ -407,14 +407,12 @@ def test_memory_notes_of_a_cuda_device_fit_120_columns() -> None:
     """issue #26: on a GPU the summary's CUDA memory note ran past 120 columns."""
     from hooktrace.reading import TraceData
 
-    ev = np.zeros(6, EVENT_DTYPE)
-    ev["kind"] = [ENTER, 6, 7, EXIT, 6, 7]  # each event with its CPU and CUDA sample
-    ev["t"] = [10, 10, 10, 30, 30, 30]
-    ev["seq"] = [0, 100, 512, 0, 400, 1024]
-    ev["id"] = [0, 100, 512, 0, 900, 1024]
-    trace = TraceData(ev, [("", "Net")], [], Clock(0, 0, 1.0),
-                      {"pid": 1, "hostname": "h", "dropped_events": 0, "overwritten_events": 0,
-                       "memory": {"devices": ["cpu", "cuda:123"]}})
+    # each event with its CPU and CUDA sample: (kind, t, seq, id)
+    ev = events_from([(ENTER, 10, 0, 0), (6, 10, 100, 100), (7, 10, 512, 512),
+                      (EXIT, 30, 0, 0), (6, 30, 400, 900), (7, 30, 1024, 1024)],
+                     ("kind", "t", "seq", "id"))
+    trace = build_trace(ev, [("", "Net")], clock=Clock(0, 0, 1.0), cls=TraceData, pid=1,
+                        hostname="h", memory={"devices": ["cpu", "cuda:123"]})
     s = Summary.from_trace(trace)
     notes = [n for n in s.notes if n.startswith("memory (cuda:123)")]
     assert notes and "cuda_mem_net" in notes[0]
