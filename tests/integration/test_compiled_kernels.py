@@ -310,6 +310,7 @@ def test_run_and_summary_json_show_rows_inside_compiled_blocks(tmp_path: Path) -
         import sys, torch
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         from test_compiled_kernels import Net, _train
+        torch.set_num_threads(1)  # (one intra-op thread: see the traced fixture)
         net = Net()
         for b in net.blocks:
             b.compile()
