@@ -45,7 +45,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "hooktrace.record.component", "hooktrace.record.backward", "hooktrace.record.memory",
         "hooktrace.record.shapes", "hooktrace.record.numerics", "hooktrace.record.flops",
         "hooktrace.record.emit", "hooktrace.record.kernel_marks",
-        "hooktrace.record.fused_numerics",
+        "hooktrace.record.fused_numerics", "hooktrace.record.process_state",
         "hooktrace.distributed",
         "hooktrace._windows", "hooktrace.flight", "hooktrace.profiling", "hooktrace.launch",
         "hooktrace._autostart", "hooktrace.integrations", "hooktrace.integrations.hf",
@@ -427,26 +427,13 @@ def _findings() -> dict[str, list[str]]:
 # - merged/ranks borrow chrome's event writers (write_span_events, ...: the _C.write_*
 #   call sites, which another branch is changing): they go to a helper afterwards;
 #   ranks calls merged.merge_traces for each rank's profiler trace.
-# - process-wide singletons of hooktrace run / HOOKTRACE=1 (launch, _autostart) and
-#   the flight recorder's list of live recorders and dump counter (flight).
 KNOWN: dict[str, set[str]] = {
-    "hooktrace/_autostart.py": {
-        "module state global _trace",
-    },
     "hooktrace/exporters/merged.py": {
         "exporter imports exporter hooktrace.exporters.chrome",
     },
     "hooktrace/exporters/ranks.py": {
         "exporter imports exporter hooktrace.exporters.chrome",
         "exporter imports exporter hooktrace.exporters.merged",
-    },
-    "hooktrace/flight.py": {
-        "module state _active = []",
-        "module state global _dumps_written",
-    },
-    "hooktrace/launch.py": {
-        "module state global _profiler",
-        "module state global _sigterm_handler",
     },
 }
 
