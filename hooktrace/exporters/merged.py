@@ -82,7 +82,7 @@ from hooktrace._output import check_output_path, open_output
 from hooktrace._profiler_events import ProfilerEvents, check_base, collect, time_ns
 from hooktrace.exporters._layout import UNATTRIBUTED_CAT, TrackLayout, kernel_slices
 from hooktrace.exporters._chrome_json import dumps, micros
-from hooktrace.exporters.chrome import (
+from hooktrace.exporters._chrome_events import (
     write_kernel_events,
     write_node_events,
     write_memory_counters,

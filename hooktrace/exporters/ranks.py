@@ -52,7 +52,7 @@ from hooktrace._output import check_output_path, open_output
 from hooktrace.errors import HooktraceError
 from hooktrace.exporters._chrome_json import dumps, micros
 from hooktrace.exporters._layout import UNATTRIBUTED_CAT, TrackLayout
-from hooktrace.exporters.chrome import (
+from hooktrace.exporters._chrome_events import (
     write_node_events,
     write_span_events,
     write_steps,
