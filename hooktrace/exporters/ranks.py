@@ -57,7 +57,7 @@ from hooktrace.exporters._chrome_events import (
     write_span_events,
     write_steps,
 )
-from hooktrace.exporters.merged import BASE_MARGIN_NS, merge_traces
+from hooktrace.exporters._profiler_merge import BASE_MARGIN_NS, merge_traces
 from hooktrace.rankset import RankFile, RankSet, match_profilers
 from hooktrace.reading import CAT_BACKWARD, TraceData, load
 from hooktrace.format import FORMAT_VERSION
