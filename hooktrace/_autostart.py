@@ -28,11 +28,11 @@ import shlex
 import sys
 from typing import Any
 
-_trace: Any = None  # the running global trace, if this process was started traced
+# STATE.autostart_trace: the running global trace, if this process was started traced
+from hooktrace.record.process_state import STATE
 
 
 def _start() -> None:
-    global _trace
     from hooktrace.launch import add_options, options_from_args, start
 
     parser = argparse.ArgumentParser(prog="HOOKTRACE_OPTIONS", add_help=False, exit_on_error=False)
@@ -43,22 +43,23 @@ def _start() -> None:
     if args.output is None and os.environ.get("HOOKTRACE_OUT"):
         args.output = os.environ["HOOKTRACE_OUT"]
     options = options_from_args(args)
-    _trace = start(options)
-    atexit.register(_finish, _trace, options)
+    trace = start(options)
+    STATE.autostart_trace = trace
+    atexit.register(_finish, trace, options)
 
 
 def cancel() -> None:
     """Ends the switch's trace without writing it (``hooktrace run`` takes over): its
     stream, if any, is removed."""
-    global _trace
-    if _trace is not None:
+    trace = STATE.autostart_trace
+    if trace is not None:
         atexit.unregister(_finish)
         from hooktrace.launch import stop_writing_on_sigterm
 
         stop_writing_on_sigterm()
-        _trace.__exit__(None, None, None)
-        _trace.discard_stream()
-        _trace = None
+        trace.__exit__(None, None, None)
+        trace.discard_stream()
+        STATE.autostart_trace = None
 
 
 def _finish(trace: Any, options: Any) -> None:

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from hooktrace._naming import env_rank, process_stem
+from hooktrace.record.process_state import STATE
 from hooktrace.reading import CAT_FORWARD, SPAN_ERROR, SPAN_UNFINISHED, TraceData
 from hooktrace.text import describe_dump as describe
 
@@ -43,20 +44,19 @@ __all__ = ["DUMP_REASONS", "FlightRecorder", "describe", "dump", "open_calls", "
 
 DUMP_REASONS = ("exception", "signal", "hang", "nonfinite")
 
-_active_lock = threading.Lock()
-_active: list[FlightRecorder] = []  # recording traces that hooktrace.dump() covers
-_dumps_written = 0
+# the recording traces that hooktrace.dump() covers and the dump counter live in
+# hooktrace.record.process_state (STATE.active, STATE.dumps_written, under STATE.lock)
 
 
 def register(trace: FlightRecorder) -> None:
-    with _active_lock:
-        _active.append(trace)
+    with STATE.lock:
+        STATE.active.append(trace)
 
 
 def unregister(trace: FlightRecorder) -> None:
-    with _active_lock:
-        if trace in _active:
-            _active.remove(trace)
+    with STATE.lock:
+        if trace in STATE.active:
+            STATE.active.remove(trace)
 
 
 def dump(directory: str | os.PathLike[str] | None = None) -> list[str]:
@@ -64,8 +64,8 @@ def dump(directory: str | os.PathLike[str] | None = None) -> list[str]:
 
     ``directory`` defaults to each trace's ``dump_dir``.
     """
-    with _active_lock:
-        traces = list(_active)
+    with STATE.lock:
+        traces = list(STATE.active)
     return [os.fspath(t._dump("request", directory=directory)) for t in traces]
 
 
@@ -135,10 +135,7 @@ def write_dump(trace: FlightRecorder, reason: str, directory: str | os.PathLike[
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     stem = process_stem(env_rank())
-    with _active_lock:  # numbered per process: several traces may dump to one folder
-        global _dumps_written
-        n = _dumps_written
-        _dumps_written += 1
+    n = STATE.next_dump_number()  # numbered per process: several traces may dump to one folder
     path = folder / f"{stem}.{reason}-{n}.htrace"
     TraceData(data.events, data.modules, data.node_names, data.clock, info).save(path)
     for line in describe(info):

@@ -37,6 +37,7 @@ from hooktrace._args import finite_float
 from hooktrace._naming import env_rank, output_path
 from hooktrace._output import check_output_path
 from hooktrace.errors import OptionError, OutputPathError
+from hooktrace.record.process_state import STATE
 from hooktrace.text import open_hint
 
 if TYPE_CHECKING:  # (imported when recording starts: `hooktrace --help` imports no torch)
@@ -218,8 +219,8 @@ def start(options: RunOptions) -> GlobalTrace:
     return trace
 
 
-# torch.profiler of --profile, while it runs.
-_profiler: Any = None
+# torch.profiler of --profile, while it runs, is STATE.profiler
+# (hooktrace.record.process_state).
 
 
 def _profiled_trace() -> type[GlobalTrace]:
@@ -231,17 +232,17 @@ def _profiled_trace() -> type[GlobalTrace]:
 
     class _ProfiledTrace(GlobalTrace):
         def _after_step_mark(self, ended: int) -> None:
-            if _profiler is not None:
+            profiler = STATE.profiler
+            if profiler is not None:
                 with warnings.catch_warnings():  # each window has its own events: as asked
                     warnings.filterwarnings("ignore", "Warning: Profiler clears events",
                                             UserWarning)
-                    _profiler.step()
+                    profiler.step()
 
     return _ProfiledTrace
 
 
 def _start_profiler(windows: _Windows | None) -> None:
-    global _profiler
     import torch
 
     activities = [torch.profiler.ProfilerActivity.CPU]
@@ -249,14 +250,14 @@ def _start_profiler(windows: _Windows | None) -> None:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     scheduled: dict[str, Any] = {} if windows is None else {
         "schedule": windows.schedule, "on_trace_ready": windows.profiler_window}
-    _profiler = torch.profiler.profile(activities=activities, **scheduled)
-    _profiler.__enter__()
+    profiler = torch.profiler.profile(activities=activities, **scheduled)
+    STATE.profiler = profiler
+    profiler.__enter__()
 
 
 def _stop_profiler() -> Any:
     """Stops --profile's profiler, if running; returns it (its events are kept)."""
-    global _profiler
-    prof, _profiler = _profiler, None
+    prof, STATE.profiler = STATE.profiler, None
     if prof is not None:
         prof.__exit__(None, None, None)
     return prof
@@ -278,8 +279,8 @@ def _write_profile(result: Any, output: Path) -> list[str]:
     return [str(merged), str(raw)]
 
 
-# The SIGTERM handler installed by start(), while it is installed.
-_sigterm_handler: Any = None
+# The SIGTERM handler installed by start(), while it is installed, is
+# STATE.sigterm_handler (hooktrace.record.process_state).
 
 
 def _write_on_sigterm(trace: GlobalTrace, options: RunOptions) -> None:
@@ -289,7 +290,6 @@ def _write_on_sigterm(trace: GlobalTrace, options: RunOptions) -> None:
     the signal as the program would have (exit status 128+15 / -15). Installed only
     where SIGTERM still has its default action, on the main thread; a handler the
     program installs later replaces it (and the trace is then written at exit)."""
-    global _sigterm_handler
     if (threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
         return
@@ -308,17 +308,17 @@ def _write_on_sigterm(trace: GlobalTrace, options: RunOptions) -> None:
         sys.stderr.flush()
         os.kill(os.getpid(), signal.SIGTERM)
 
-    _sigterm_handler = on_sigterm
+    STATE.sigterm_handler = on_sigterm
     signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def stop_writing_on_sigterm() -> None:
     """Puts SIGTERM's default action back if start()'s handler is still installed
     (the trace is being written by the normal path)."""
-    global _sigterm_handler
-    if _sigterm_handler is not None and signal.getsignal(signal.SIGTERM) is _sigterm_handler:
+    handler = STATE.sigterm_handler
+    if handler is not None and signal.getsignal(signal.SIGTERM) is handler:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _sigterm_handler = None
+    STATE.sigterm_handler = None
 
 
 class _Windows:

@@ -54,40 +54,34 @@ Example:
 
 from __future__ import annotations
 
-import json
 import os
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 import numpy as np
 
-from hooktrace._native import load_native
-from hooktrace._filters import OPEN_WINDOW, Filters
+from hooktrace._filters import Filters
 from hooktrace._output import open_output
 from hooktrace.exporters._chrome_json import dumps as _dumps
-from hooktrace.exporters._chrome_json import micros as _micros
-from hooktrace.exporters._extra_args import extra_args
-from hooktrace.kernels import kernel_sites
-from hooktrace.numerics import COUNTER_NAME as NUMERICS_COUNTER
-from hooktrace.numerics import counter_points as numerics_counter
-from hooktrace.numerics import numerics_info
+from hooktrace.exporters._chrome_events import (  # re-exported: their old home
+    module_json,
+    write_kernel_events,
+    write_memory_counters,
+    write_node_events,
+    write_span_events,
+    write_steps,
+)
 from hooktrace.exporters._layout import (
     CHUNK_BYTES,
-    KERNEL_CAT,
     NODE_CAT,
     SPAN_CATS,
     STEP_CAT,
     UNATTRIBUTED_CAT,
     ExportPlan,
-    KernelSlices,
     TrackLayout,
-    flop_args,
     info_block,
     kernel_slices,
     plan_export,
 )
-
-_C = load_native()  # torch's libraries, not torch (hooktrace._native)
 
 if TYPE_CHECKING:
     from hooktrace.reading import TraceData
@@ -101,9 +95,13 @@ __all__ = [
     "TrackLayout",
     "UNATTRIBUTED_CAT",
     "export_chrome",
+    "module_json",
     "plan_export",
     "write_chrome",
+    "write_kernel_events",
     "write_memory_counters",
+    "write_node_events",
+    "write_span_events",
     "write_steps",
 ]
 
@@ -131,182 +129,6 @@ def export_chrome(
     """
     with open_output(path, compresslevel=compresslevel) as f:
         write_chrome(trace, f, nodes=nodes, filters=filters)
-
-
-def module_json(modules: Sequence[tuple[str, str]]) -> tuple[list[str], list[str]]:
-    """Per module slot: the JSON event name (class name for the root) and the
-    ``{"module":...,"type":...`` args prefix that ``_C.write_chrome_events`` completes."""
-    names = [_dumps(name if name else type_name) for name, type_name in modules]
-    args = ['{"module":' + _dumps(name) + ',"type":' + _dumps(type_name)
-            for name, type_name in modules]
-    return names, args
-
-
-def write_steps(write: Any, trace: TraceData, tid: int, base_ns: int,
-                window: tuple[int, int] | None = None) -> dict[str, Any] | None:
-    """The run's steps as ``,\n{event}`` items on their own row ``tid`` named "steps"
-    (placed above the threads), clipped to ``window``; returns the row's entry for the
-    ``"tracks"`` table, or None when the run has no steps in the window.
-
-    Each step is an X event ``"step N"`` (category ``hooktrace.step``, args ``step``
-    and ``complete``: False for the last one when no mark ended it).
-    """
-    steps = trace.steps()
-    lo, hi = window if window is not None else OPEN_WINDOW
-    # (strictly: a step that only touches the window's edge would be drawn empty)
-    keep = np.flatnonzero((steps.end_ns > lo) & (steps.start_ns < hi))
-    if not len(keep):
-        return None
-    pid = trace.pid
-    items = [{"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-              "args": {"name": "steps"}},
-             {"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
-              "args": {"sort_index": 0}}]
-    text = "".join(",\n" + _dumps(m) for m in items)
-    for i in keep.tolist():
-        start = max(int(steps.start_ns[i]), lo) - base_ns
-        end = min(int(steps.end_ns[i]), hi) - base_ns
-        n = int(steps.number[i])
-        text += (f',\n{{"ph":"X","cat":"{STEP_CAT}","name":"step {n}","pid":{pid},"tid":{tid},'
-                 f'"ts":{_micros(start)},"dur":{_micros(end - start)},'
-                 f'"args":{{"step":{n},"complete":{"true" if steps.complete[i] else "false"}}}}}')
-    write(text.encode("utf-8"))
-    return {"tid": tid, "thread": 0, "kind": "steps", "lane": 0}
-
-
-def write_memory_counters(write: Any, trace: TraceData, base_ns: int,
-                          window: tuple[int, int] | None = None) -> int:
-    """One counter track per recorded device (``trace(memory=True)``): ``C`` events
-    named ``memory <device> (hooktrace)`` with arg ``allocated_bytes``, at every sample
-    where the value changes, clipped to ``window``; with ``numerics=True`` also
-    ``non-finite values (hooktrace)`` (arg ``nonfinite``, :func:`hooktrace.numerics.
-    counter_points`); returns how many were written."""
-    from hooktrace.memory import counter_name, counter_points, memory_devices
-
-    tracks = [(counter_name(device), "allocated_bytes", *counter_points(trace, device, window))
-              for device in memory_devices(trace)]
-    if numerics_info(trace.info) is not None:  # non-finite values so far (numerics=True)
-        tracks.append((NUMERICS_COUNTER, "nonfinite", *numerics_counter(trace, window)))
-    written = 0
-    for name, arg, t, values in tracks:
-        head = f',\n{{"ph":"C","name":{_dumps(name)},"pid":{trace.pid},"ts":'
-        parts = [f'{head}{_micros(ts - base_ns)},"args":{{"{arg}":{v}}}}}'
-                 for ts, v in zip(t.tolist(), values.tolist())]
-        for i in range(0, len(parts), 65536):
-            write("".join(parts[i:i + 65536]).encode("utf-8"))
-        written += len(parts)
-    return written
-
-
-def write_span_events(
-    write: Any, trace: TraceData, index: np.ndarray, start: np.ndarray, end: np.ndarray,
-    tid: np.ndarray, base_ns: int, *, node_counts: np.ndarray | None = None,
-    chunk_bytes: int = CHUNK_BYTES, flags: np.ndarray | None = None,
-) -> None:
-    """Spans ``index`` (with these times and rows) as ``,\\n{event}`` items;
-    ``flags`` (per written span) replaces the spans' own (adds SPAN_CLIPPED). A run
-    recorded with ``flops=True`` adds the FLOP args (``hooktrace.flops``)."""
-    spans = trace.spans()
-    names_json, args_json = module_json(trace.modules)
-    flags = spans.flags[index] if flags is None else flags
-    columns = {
-        "start_ns": np.ascontiguousarray(start, np.int64),
-        "end_ns": np.ascontiguousarray(end, np.int64),
-        "module": np.ascontiguousarray(spans.module[index], np.uint32),
-        "tid": np.ascontiguousarray(tid, np.uint32),
-        "call": np.ascontiguousarray(spans.call[index], np.uint32),
-        "cat": np.ascontiguousarray(spans.cat[index], np.uint8),
-    }
-    if node_counts is not None:
-        columns["nodes"] = np.ascontiguousarray(node_counts[index], np.int64)
-    fl = flop_args(trace, index)
-    if fl is not None:
-        columns["flops"] = np.ascontiguousarray(fl[0], np.int64)
-        columns["tflops"] = np.ascontiguousarray(fl[1], np.float64)
-        flags = flags | fl[2]
-    columns["flags"] = np.ascontiguousarray(flags, np.uint8)
-    extra, extra_json = _extra_json(trace, index)
-    columns["extra"] = extra
-    _C.write_chrome_events(
-        write, columns, names_json=names_json, args_json=args_json, cat_names=list(SPAN_CATS),
-        extra_json=extra_json, base_ns=base_ns, pid=trace.pid, chunk_bytes=chunk_bytes,
-    )
-
-
-def _extra_json(trace: TraceData, index: np.ndarray) -> tuple[np.ndarray, list[str]]:
-    """Shapes / numerics args (exporters/_extra_args.py) as ``,"key":value`` fragments."""
-    extra = extra_args(trace, index)
-    if extra is None:
-        return np.zeros(0, np.int64), []
-    which, dicts = extra
-    return (np.ascontiguousarray(which, np.int64),
-            ["," + json.dumps(d, separators=(",", ":"), ensure_ascii=False)[1:-1]
-             if d else "" for d in dicts])
-
-
-def write_node_events(
-    write: Any, trace: TraceData, index: np.ndarray, start: np.ndarray, end: np.ndarray,
-    tid: np.ndarray, cat: str, base_ns: int, *, chunk_bytes: int = CHUNK_BYTES,
-    flags: np.ndarray | None = None,
-) -> None:
-    """Autograd nodes ``index`` (with these times and rows) as ``,\\n{event}`` items;
-    ``flags`` (per written node, optional): SPAN_CLIPPED adds ``"clipped": true``."""
-    if not len(index):
-        return
-    spans = trace.spans()
-    node_table = spans.nodes
-    n_names = max(len(trace.node_names), int(node_table.name[index].max()) + 1)
-    node_names_json = [
-        _dumps(trace.node_names[i] if i < len(trace.node_names) else f"<node {i}>")
-        for i in range(n_names)
-    ]
-    module_names_json = [_dumps(name) for name, _ in trace.modules]
-    span = node_table.span[index]
-    module = np.full(len(index), -1, np.int64)
-    if len(spans):
-        attributed = span >= 0
-        module[attributed] = spans.module[span[attributed]]
-    columns = {
-        "start_ns": np.ascontiguousarray(start, np.int64),
-        "end_ns": np.ascontiguousarray(end, np.int64),
-        "name": np.ascontiguousarray(node_table.name[index], np.uint32),
-        "tid": np.ascontiguousarray(tid, np.uint32),
-        "seq": np.ascontiguousarray(node_table.seq[index], np.uint64),
-        "pass_id": np.ascontiguousarray(node_table.pass_id[index], np.uint32),
-        "span_module": module,
-    }
-    if flags is not None:
-        columns["flags"] = np.ascontiguousarray(flags, np.uint8)
-    _C.write_chrome_nodes(
-        write, columns, node_names_json=node_names_json, module_names_json=module_names_json,
-        cat=cat, base_ns=base_ns, pid=trace.pid, chunk_bytes=chunk_bytes,
-    )
-
-
-def write_kernel_events(write: Any, trace: TraceData, ks: KernelSlices, base_ns: int, *,
-                        chunk_bytes: int = CHUNK_BYTES) -> None:
-    """The kernel-derived slices (``hooktrace.kernels``) as ``,\n{event}`` items: named
-    by their module, category ``hooktrace.kernel``, args ``module``, ``type``,
-    ``kernel`` (the generated kernel's name) and ``derived: true``."""
-    if not len(ks.start):
-        return
-    names, args = module_json(trace.modules)
-    sites = [_dumps(s[0]) for s in kernel_sites(trace.info)]
-    pid, cat = trace.pid, _dumps(KERNEL_CAT)
-    parts: list[str] = []
-    size = 0
-    for start, end, row, module, site in zip(ks.start.tolist(), ks.end.tolist(), ks.row.tolist(),
-                                             ks.module.tolist(), ks.site.tolist()):
-        item = (f',\n{{"ph":"X","cat":{cat},"name":{names[module]},"pid":{pid},"tid":{row},'
-                f'"ts":{_micros(start - base_ns)},"dur":{_micros(end - start)},'
-                f'"args":{args[module]},"kernel":{sites[site]},"derived":true}}}}')
-        parts.append(item)
-        size += len(item)
-        if size >= chunk_bytes:
-            write("".join(parts).encode("utf-8"))
-            parts, size = [], 0
-    if parts:
-        write("".join(parts).encode("utf-8"))
 
 
 def write_chrome(

@@ -52,12 +52,12 @@ from hooktrace._output import check_output_path, open_output
 from hooktrace.errors import HooktraceError
 from hooktrace.exporters._chrome_json import dumps, micros
 from hooktrace.exporters._layout import UNATTRIBUTED_CAT, TrackLayout
-from hooktrace.exporters.chrome import (
+from hooktrace.exporters._chrome_events import (
     write_node_events,
     write_span_events,
     write_steps,
 )
-from hooktrace.exporters.merged import BASE_MARGIN_NS, merge_traces
+from hooktrace.exporters._profiler_merge import BASE_MARGIN_NS, merge_traces
 from hooktrace.rankset import RankFile, RankSet, match_profilers
 from hooktrace.reading import CAT_BACKWARD, TraceData, load
 from hooktrace.format import FORMAT_VERSION
