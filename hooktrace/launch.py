@@ -202,10 +202,9 @@ def start(options: RunOptions) -> GlobalTrace:
 
     # --profile with --schedule: the profiler steps with the trace's steps
     cls = _profiled_trace() if windows is not None and options.profile else GlobalTrace
-    record = dataclasses.replace(
-        options.record, out=out,
-        **({} if windows is None else {"schedule": windows.schedule,
-                                       "on_window": windows.write}))
+    windowed: dict[str, Any] = ({} if windows is None else
+                                {"schedule": windows.schedule, "on_window": windows.write})
+    record = dataclasses.replace(options.record, out=out, **windowed)
     trace = cls(options=record)
     if windows is not None:
         windows.trace = trace

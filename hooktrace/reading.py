@@ -548,8 +548,8 @@ def compile_steps(steps: Steps, intervals: np.ndarray) -> np.ndarray:
     if not len(steps) or not len(intervals):
         return np.zeros(len(steps), bool)
     start, end = intervals[:, 0], intervals[:, 1]
-    return ((steps.start_ns[:, None] < end[None, :])
-            & (steps.end_ns[:, None] > start[None, :])).any(axis=1)
+    overlaps = (steps.start_ns[:, None] < end[None, :]) & (steps.end_ns[:, None] > start[None, :])
+    return np.asarray(overlaps.any(axis=1), bool)
 
 
 def forward_span_before(trace: TraceData, tid: np.ndarray, module: np.ndarray, t: np.ndarray

@@ -797,14 +797,14 @@ _PHASE_KEYS = {"calls": ("calls", "total_ns", "self_ns", "mean_ns", "p50_ns", "p
                              "bwd_p99_ns", "bwd_fwd_ratio")}
 
 
-def fused_phases(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], list[str]]:
+def fused_phases(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str | None], list[str]]:
     """(module, mode) -> the phases ("forward", "backward") in which a kernel-timed row
     (a module inside a compiled region) ran no kernel of its own while a module
     enclosing it did: its ops there were fused into kernels counted in an enclosing
     module (or were views). Its 0 calls there is not 0 ns of work."""
     active = {(r["module"], r.get("mode"), key) for r in rows
               for key in ("calls", "bwd_calls") if r.get(key)}
-    out: dict[tuple[str, str], list[str]] = {}
+    out: dict[tuple[str, str | None], list[str]] = {}
     for r in rows:
         if r.get("timing") != "kernels":
             continue

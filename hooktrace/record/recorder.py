@@ -240,7 +240,8 @@ class Recorder(StepMarks, FlightRecorder):
         self._check_flight_recorder_thread()
         # What can fail without touching anything is done first (the session
         # allocates nothing until the first event).
-        session = _C.Session(self.options.capacity, self.options.policy)
+        # (RecordOptions resolves the capacity: never None here)
+        session = _C.Session(int(self.options.capacity or 0), self.options.policy)
         scope = self._scope
         # All or nothing: a Ctrl-C is held off until recording fully started, then
         # aborts the entry like any exception, undoing every step taken.

@@ -146,7 +146,7 @@ class ModelScope(Scope):
         return [f"{self._root}.{name}" if name else self._root for name, _ in self._table]
 
     def attach(self, call: Any, session: Any) -> None:
-        self._attached = (call, session)
+        self._attached: tuple[Any, Any] | None = (call, session)
         for slot, ref in self._members:
             m = ref()
             if m is None:
