@@ -110,7 +110,7 @@ class RecordOptions:
         # (numpy and the flight recorder on first use: `hooktrace --help` reads OPTION_HELP)
         import numpy as np
 
-        from hooktrace.flight import check_dump_on
+        from hooktrace.record.flight import check_dump_on
 
         set_ = object.__setattr__
         policy = self.policy

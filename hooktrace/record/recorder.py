@@ -47,7 +47,7 @@ from hooktrace._naming import env_rank, process_stem
 from hooktrace._windows import StepMarks
 from hooktrace.record.ranks import apply_test_clock_offset, rank_info
 from hooktrace.errors import OutputPathError
-from hooktrace.flight import FlightRecorder
+from hooktrace.record.flight import FlightRecorder
 from hooktrace.result import TraceResult
 from hooktrace.record import dispatch
 from hooktrace.record.backward import BackwardComponent

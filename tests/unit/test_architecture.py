@@ -46,7 +46,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "hooktrace.record.component", "hooktrace.record.backward", "hooktrace.record.memory",
         "hooktrace.record.shapes", "hooktrace.record.numerics", "hooktrace.record.flops",
         "hooktrace.record.emit", "hooktrace.record.kernel_marks",
-        "hooktrace.record.fused_numerics", "hooktrace.record.process_state",
+        "hooktrace.record.fused_numerics", "hooktrace.record.flight", "hooktrace.record.process_state",
         "hooktrace.distributed",
         "hooktrace._windows", "hooktrace.flight", "hooktrace.profiling", "hooktrace.launch",
         "hooktrace._autostart", "hooktrace.integrations", "hooktrace.integrations.hf",
