@@ -44,6 +44,7 @@ __all__ = [
     "forward_span_before",
     "counter_changes",
     "NO_PASS",
+    "GpuSpans",
     "Nodes",
     "Spans",
     "Steps",
@@ -359,6 +360,84 @@ class Steps:
         return np.where(inside, i, -1)
 
 
+_GPU_FIELDS: dict[str, np.dtype[Any]] = {
+    "start_ns": np.dtype(np.int64),
+    "end_ns": np.dtype(np.int64),
+    "self_ns": np.dtype(np.int64),
+    "span": np.dtype(np.int64),
+    "module": np.dtype(np.uint32),
+    "cat": np.dtype(np.uint8),
+    "device": np.dtype(np.int16),
+    "stream": np.dtype(np.int64),
+}
+
+
+class GpuSpans:
+    """Device time of module calls (``trace(gpu=True)``, issue #28), one entry per timed
+    interval, as parallel numpy arrays.
+
+    Fields: ``start_ns``/``end_ns`` (int64 Unix ns: the device's timeline aligned to the
+    host clock, so they sit beside the host spans), ``self_ns`` (the interval minus the
+    device time of the intervals nested in it: its module's children on the same stream),
+    ``span`` (int64 index into :meth:`TraceData.spans` of the host span it times, forward,
+    recompute or backward; -1 when it has none, e.g. a kernel site of a compiled region),
+    ``module`` (module slot), ``cat`` (CAT_FORWARD, CAT_BACKWARD or CAT_RECOMPUTE: the
+    phase it ran in), ``device`` (accelerator index), ``stream`` (stream id on it).
+
+    How the run was timed is in ``TraceData.info["gpu"]`` when it was: ``timer``
+    (``"cuda"``, or ``"host"`` for the host-clock backend the tests use), ``every``,
+    ``timed_steps``, ``skipped_capturing`` (calls not timed while a CUDA graph was
+    being captured), ``dropped`` (calls not timed: the event pool was exhausted) and
+    ``align_error_ns`` (the device-to-host clock alignment's bound).
+
+    Example:
+        >>> import numpy as np
+        >>> g = GpuSpans({"start_ns": np.array([0, 2]), "end_ns": np.array([10, 6]),
+        ...               "self_ns": np.array([6, 4]), "span": np.array([0, 1]),
+        ...               "module": np.array([0, 1], np.uint32), "cat": np.array([0, 0], np.uint8),
+        ...               "device": np.array([0, 0], np.int16), "stream": np.array([7, 7])})
+        >>> len(g), g.duration_ns.tolist()
+        (2, [10, 4])
+        >>> len(GpuSpans.empty())
+        0
+    """
+
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    self_ns: np.ndarray
+    span: np.ndarray
+    module: np.ndarray
+    cat: np.ndarray
+    device: np.ndarray
+    stream: np.ndarray
+
+    def __init__(self, arrays: Mapping[str, np.ndarray]) -> None:
+        _checked_arrays(self, "GpuSpans", _GPU_FIELDS, arrays)
+
+    @classmethod
+    def empty(cls) -> GpuSpans:
+        """No device time (not recorded, or a run without an accelerator)."""
+        return cls({name: np.zeros(0, dtype) for name, dtype in _GPU_FIELDS.items()})
+
+    def __len__(self) -> int:
+        return len(self.start_ns)
+
+    def __repr__(self) -> str:
+        return f"GpuSpans({len(self)} intervals)"
+
+    @property
+    def duration_ns(self) -> np.ndarray:
+        """``end_ns - start_ns`` (int64)."""
+        return self.end_ns - self.start_ns
+
+    def to_records(self) -> np.ndarray:
+        """The intervals as one structured array with the field names above."""
+        out = np.empty(len(self), dtype=list(_GPU_FIELDS.items()))
+        for name in _GPU_FIELDS:
+            out[name] = getattr(self, name)
+        return out
+
+
 class TraceData:
     """One recorded run: raw events plus everything needed to interpret them.
 
@@ -398,6 +477,7 @@ class TraceData:
         self.info: dict[str, Any] = dict(info)
         self._spans: Spans | None = None
         self._steps: Steps | None = None
+        self._gpu_spans: GpuSpans | None = None
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for a missing attribute: the outputs live on the result above
@@ -467,6 +547,14 @@ class TraceData:
             steps = self._steps = Steps.from_events(self.events, self.clock, start, stop, last)
         return steps
 
+    def gpu_spans(self) -> GpuSpans:
+        """The run's device time per module call (computed once, then cached); empty
+        when none was recorded (``trace(gpu=True)``: :class:`GpuSpans`)."""
+        gpu = getattr(self, "_gpu_spans", None)
+        if gpu is None:
+            gpu = self._gpu_spans = _gpu_spans_of(self)
+        return gpu
+
     def span_steps(self) -> np.ndarray:
         """Per span: the row in :meth:`steps` of the step it started in (-1 for none)."""
         return self.steps().index_of(self.spans().start_ns)
@@ -483,6 +571,11 @@ class TraceData:
                     if len(steps) else "no step marks (call trace.step(), or step an optimizer)")
             raise ValueError(f"no step in {first}..{last}: the trace has {have}")
         return int(steps.start_ns[sel].min()), int(steps.end_ns[sel].max())
+
+
+def _gpu_spans_of(trace: TraceData) -> GpuSpans:
+    # Issue #28's recording side decodes its events here; until then no run has any.
+    return GpuSpans.empty()
 
 
 _RESULT_METHODS = frozenset({"summary", "export_chrome", "export_perfetto"})

@@ -36,6 +36,7 @@ class TraceResult(TraceData):
             return data
         result = cls(data.events, data.modules, data.node_names, data.clock, data.info)
         result._spans, result._steps = data._spans, data._steps
+        result._gpu_spans = data._gpu_spans
         return result
 
     def export_chrome(self, path: str | os.PathLike[str], *, nodes: bool = False) -> None:
