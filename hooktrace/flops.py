@@ -161,10 +161,15 @@ def _root_call(spans: Spans) -> np.ndarray:
 
 
 def flop_columns(info: Any, spans: Spans, modules: Sequence[tuple[str, str]],
-                 peak_tflops: float | None) -> dict[str, dict[str, float | None]]:
+                 peak_tflops: float | None, *, durations: np.ndarray | None = None,
+                 timed: np.ndarray | None = None) -> dict[str, dict[str, float | None]]:
     """Per module name: ``flops`` / ``bwd_flops`` (mean per call, all calls),
     ``tflops`` / ``bwd_tflops`` (over the calls not counted) and ``mfu``
-    ((forward + backward FLOPs) / time / ``peak_tflops``)."""
+    ((forward + backward FLOPs) / time / ``peak_tflops``).
+
+    ``durations`` (per span) replaces the spans' host durations, and ``timed`` (per
+    span, bool) keeps TFLOP/s and MFU to those spans: the device time of the calls
+    that were timed on the GPU (``trace(gpu=True)``, hooktrace.device_time)."""
     from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD
 
     sigs, calls, counted = _parse(info)
@@ -176,7 +181,7 @@ def flop_columns(info: Any, spans: Spans, modules: Sequence[tuple[str, str]],
     measured_call = np.ones(len(calls), bool)
     measured_call[[c for c in counted if 0 <= c < len(calls)]] = False
     out: dict[str, dict[str, float | None]] = {}
-    dur = spans.duration_ns
+    dur = spans.duration_ns if durations is None else np.asarray(durations)
     for phase, cat, prefix in (("forward", CAT_FORWARD, ""), ("backward", CAT_BACKWARD, "bwd_")):
         sel = known & (spans.cat == cat)
         for m in np.unique(spans.module[sel]).tolist():
@@ -187,9 +192,10 @@ def flop_columns(info: Any, spans: Spans, modules: Sequence[tuple[str, str]],
             per_root = np.array([s[phase].get(name, 0) for s in sigs], np.float64)
             roots = np.unique(rc)
             flops_all = float(per_root[sig_of_call[roots]].sum())
-            measured_roots = roots[measured_call[roots]]
+            meas = measured_call[rc] if timed is None else measured_call[rc] & timed[mine]
+            measured_roots = np.unique(rc[meas])
             flops_measured = float(per_root[sig_of_call[measured_roots]].sum())
-            time_measured = float(dur[mine][measured_call[rc]].sum())
+            time_measured = float(dur[mine][meas].sum())
             row = out.setdefault(name, {})
             row[f"{prefix}flops"] = flops_all / int(mine.sum())
             row[f"{prefix}tflops"] = (flops_measured / time_measured / 1e3

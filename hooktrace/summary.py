@@ -27,6 +27,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hooktrace.device_time import (
+    GPU_COLUMNS,
+    LAUNCH_NOTE,
+    gpu_notes,
+    gpu_recorded,
+    launch_time_only,
+    module_gpu,
+    span_gpu,
+)
 from hooktrace.kernels import Derived, Kernels, derived_spans
 from hooktrace.numerics import (
     NUMERIC_COLUMNS,
@@ -58,7 +67,7 @@ from hooktrace.text import (
 if TYPE_CHECKING:
     from hooktrace.reading import TraceData
 
-__all__ = ["FLOP_COLUMNS", "StepTable", "Summary", "TEXT_WIDTH", "UNATTRIBUTED", "format_count",
+__all__ = ["FLOP_COLUMNS", "GPU_COLUMNS", "StepTable", "Summary", "TEXT_WIDTH", "UNATTRIBUTED", "format_count",
            "format_ns"]
 
 UNATTRIBUTED = "<unattributed>"  # "module" of the rows for unattributed autograd nodes
@@ -200,6 +209,21 @@ class Summary:
         self.columns = tuple(columns)  # the row keys, in CSV order
         # numerics=True (hooktrace.numerics): the earliest call holding a NaN/Inf
         self.first_nonfinite: dict[str, Any] | None = None
+        # what the host times are on a GPU (hooktrace.device_time): "device" when the run
+        # recorded device time (the GPU columns lead), "launch" on a CUDA run without it
+        # (host times are launch times), "" elsewhere (a CPU run: host time is compute time)
+        self.time_kind = "device" if "gpu_total_ns" in self.columns else ""
+
+    @property
+    def gpu(self) -> bool:
+        """Whether the run recorded device time (the ``gpu_*`` columns are there)."""
+        return "gpu_total_ns" in self.columns
+
+    @property
+    def kernels_label(self) -> str:
+        """How a kernel-derived row is labelled: "kernel launches" where its host time
+        is launch time (CUDA without device time), else "kernels"."""
+        return "kernel launches" if self.time_kind == "launch" else "kernels"
 
     @property
     def numerics(self) -> bool:
@@ -247,9 +271,16 @@ class Summary:
         if isinstance(trace.info.get("cut"), str):
             notes.append(trace.info["cut"])
         columns: tuple[str, ...] = _COLUMNS
+        gpu = gpu_recorded(trace)
+        launch = launch_time_only(trace)
+        if gpu:  # the GPU columns lead, and sort the rows (hooktrace.device_time)
+            columns = _COLUMNS[:4] + GPU_COLUMNS + _COLUMNS[4:]
+            notes += _add_gpu(rows, trace)
+        elif launch:
+            notes.append(LAUNCH_NOTE)
         if "flops" in trace.info:
             columns += FLOP_COLUMNS
-            notes += _add_flops(rows, trace, peak_tflops)
+            notes += _add_flops(rows, trace, peak_tflops, gpu=gpu, launch=launch)
         from hooktrace.memory import memory_devices
 
         for device in memory_devices(trace):
@@ -260,8 +291,11 @@ class Summary:
             columns += NUMERIC_COLUMNS
             notes += _add_numerics(rows, trace)
             first = first_nonfinite(trace)
+        if gpu:  # every row's keys in column order: the GPU columns lead (--json, report)
+            rows = [{key: row.get(key) for key in columns} for row in rows]
         out = cls(rows, counts, notes, columns)
         out.first_nonfinite = first
+        out.time_kind = "device" if gpu else "launch" if launch else ""
         return out
 
     @staticmethod
@@ -350,7 +384,9 @@ class Summary:
         a column the table does not have."""
         c = self.counts
         keys = set(self.columns if shown is None else shown)
-        lines = ["sorted by forward total + backward total, descending"]
+        lines = (["sorted by gpu_total + gpu_bwd_total (device time), descending; host_*: host "
+                  "time"] if self.gpu else
+                 ["sorted by forward total + backward total, descending"])
         if c.get("steps"):
             lines.append(f"{c['steps']} complete steps: p50 {format_ns(c['step_p50_ns'])}, "
                          f"p99 {format_ns(c['step_p99_ns'])} per step"
@@ -363,8 +399,15 @@ class Summary:
             lines.append("[eval]: the calls made with grad off (no_grad, inference_mode) or the "
                          "module in eval mode")
         if any(r.get("timing") == "kernels" for r in self.rows):
-            lines.append("[kernels]: in a compiled region: per call of the region, the time of "
-                         "the kernels that ran the module's ops")
+            if self.time_kind == "launch":
+                lines.append("[kernel launches]: in a compiled region: per call of the region, "
+                             "the host time launching the module's kernels (not their run time)")
+            elif self.gpu:
+                lines.append("[kernels]: in a compiled region: gpu_*: the device time of the "
+                             "module's kernels; host_*: the host time launching them")
+            else:
+                lines.append("[kernels]: in a compiled region: per call of the region, the time "
+                             "of the kernels that ran the module's ops")
             if fused_phases(self.rows):
                 lines.append("fused: no kernel of its own in that phase; its ops ran in kernels "
                              "counted in an enclosing module")
@@ -427,9 +470,18 @@ class Summary:
             columns += [(k, k) for k in mem_keys]
         if "absmax" in self.columns and (wide or numerics):
             columns += [(k, k) for k in NUMERIC_COLUMNS if has_bwd or not k.startswith("bwd_")]
+        if self.gpu:  # device time first; the host columns say they are host time
+            columns = [c for c in columns[:2]] + ([("calls", "calls")] if not wide else []) + [
+                (title, key) for title, key in _TEXT_GPU
+                if has_bwd or "bwd" not in key] + [
+                ("host_" + title if key.endswith("_ns") or key == "bwd_fwd_ratio" else title, key)
+                for title, key in columns[2:]
+                if wide or key not in ("calls", "self_ns", "p50_ns", "bwd_self_ns",
+                                       "bwd_fwd_ratio")]
         header = [title for title, _ in columns]
         fused = fused_phases(self.rows)
-        table = [header] + [[_cell(r, key, fused.get((r["module"], r.get("mode")), ()))
+        label = self.kernels_label
+        table = [header] + [[_cell(r, key, fused.get((r["module"], r.get("mode")), ()), label)
                              for _, key in columns] for r in rows]
         widths = [max(len(line[i]) for line in table) for i in range(len(header))]
         if not wide:  # shorten the names (type to 24 first, then module, then type) to fit
@@ -440,7 +492,7 @@ class Summary:
                     # two different names never read the same (text.shorten_distinct),
                     # rows left out by `top` included: the cut keeps what tells a shown
                     # row from every other row of the run
-                    every = [_cell(r, columns[col][1]) for r in self.rows]
+                    every = [_cell(r, columns[col][1], (), label) for r in self.rows]
                     cut = shorten_distinct(every, keep)
                     for line, text in zip(table[1:], cut):
                         line[col] = text
@@ -500,6 +552,9 @@ _TEXT_FLOPS = [("flops", "flops"), ("bwd_flops", "bwd_flops"), ("TFLOP/s", "tflo
 # The default table: what fits 120 columns with typical module names.
 _TEXT_NARROW = [("module", "module"), ("type", "type"), ("calls", "calls"),
                 ("total", "total_ns"), ("self", "self_ns"), ("p50", "p50_ns")]
+_TEXT_GPU = [("gpu_calls", "gpu_calls"), ("gpu_total", "gpu_total_ns"),
+             ("gpu_self", "gpu_self_ns"), ("gpu_bwd_total", "gpu_bwd_total_ns"),
+             ("gpu_bwd_self", "gpu_bwd_self_ns")]
 _TEXT_NARROW_BACKWARD = [("bwd_total", "bwd_total_ns"), ("bwd_self", "bwd_self_ns"),
                          ("bwd/fwd", "bwd_fwd_ratio")]
 
@@ -657,14 +712,25 @@ def _stats(groups: _Groups, gid: int, prefix: str) -> dict[str, Any]:
 
 
 def _add_flops(rows: list[dict[str, Any]], trace: TraceData,
-               peak_tflops: float | None) -> list[str]:
-    """Fill the FLOP columns of ``rows`` from ``trace.info["flops"]``; returns notes."""
+               peak_tflops: float | None, *, gpu: bool = False,
+               launch: bool = False) -> list[str]:
+    """Fill the FLOP columns of ``rows`` from ``trace.info["flops"]``; returns notes.
+    ``gpu``: TFLOP/s and MFU from the device time of the timed calls; ``launch`` (a
+    CUDA run without device time): withheld, as launch time says nothing of them."""
     from hooktrace.flops import flop_columns, peak_tflops_for, run_flop_info
 
     info = run_flop_info(trace)
     peak = peak_tflops if peak_tflops is not None else peak_tflops_for(
         trace.info.get("device_name"))
-    per_module = flop_columns(info, trace.spans(), trace.modules, peak)
+    if gpu:
+        total, _, timed = span_gpu(trace)
+        per_module = flop_columns(info, trace.spans(), trace.modules, peak, durations=total,
+                                  timed=timed)
+    else:
+        per_module = flop_columns(info, trace.spans(), trace.modules, peak)
+    if launch:
+        for values in per_module.values():
+            values.update(tflops=None, bwd_tflops=None, mfu=None)
     for row in rows:
         values = per_module.get(row["module"], {}) if row["module"] != UNATTRIBUTED else {}
         for key in FLOP_COLUMNS:
@@ -680,13 +746,62 @@ def _add_flops(rows: list[dict[str, Any]], trace: TraceData,
     else:  # a window or a ring buffer's newest calls: counted before
         note = ("FLOPs from torch's FlopCounterMode on earlier root calls of the same input "
                 "signatures; TFLOP/s over every call")
-    if peak is None:
+    if launch:
+        note += "; TFLOP/s and MFU withheld (no device time)"
+    elif peak is None:
         note += "; MFU needs --peak-tflops"
     else:
         note += f"; MFU against a peak of {peak:g} TFLOP/s"
+    if gpu:
+        note += "; TFLOP/s and MFU over the device time of the timed calls"
     if any(r["mode"] == "eval" for r in rows):
         return [note, "FLOP columns of a module's train and [eval] rows are over all its calls"]
     return [note]
+
+
+def _add_gpu(rows: list[dict[str, Any]], trace: TraceData) -> list[str]:
+    """Fill the GPU columns of ``rows`` from the run's device time (hooktrace.device_time),
+    add a row for each module timed only on the device (a kernel site of a compiled
+    region without a row), and sort the rows by device time; returns notes."""
+    gpu = trace.gpu_spans()
+    spans = trace.spans()
+    m = module_gpu(trace, int(spans.module.max()) + 1 if len(spans) else 0)
+    n = 2 * m.n_mod
+    dur = gpu.duration_ns.astype(np.float64)
+    self_ns = gpu.self_ns.astype(np.float64)
+    values: dict[tuple[str, str], dict[str, int]] = {}
+    for backward, prefix in ((False, "gpu_"), (True, "gpu_bwd_")):
+        sel = m.backward == backward
+        g = m.group[sel]
+        calls = np.bincount(g, minlength=n)
+        total = np.bincount(g, weights=dur[sel], minlength=n)
+        own = np.bincount(g, weights=self_ns[sel], minlength=n)
+        for k in np.flatnonzero(calls).tolist():
+            slot = k % m.n_mod
+            name = trace.modules[slot][0] if slot < len(trace.modules) else f"<module {slot}>"
+            v = values.setdefault((name, _group_mode(k, m.n_mod)), {})
+            v[prefix + "total_ns"] = int(total[k])
+            v[prefix + "self_ns"] = int(own[k])
+            if not backward:
+                v["gpu_calls"] = int(calls[k])
+    seen = {(r["module"], r["mode"]) for r in rows}
+    for (name, mode), v in values.items():
+        if (name, mode) in seen:
+            continue
+        slot = next((i for i, (n_, _) in enumerate(trace.modules) if n_ == name), None)
+        row: dict[str, Any] = dict.fromkeys(_COLUMNS)
+        # no host column: its calls were compiled into a region launched from the host
+        row.update(module=name, type=trace.modules[slot][1] if slot is not None else "?",
+                   mode=mode, timing="kernels")
+        rows.append(row)
+    for row in rows:
+        v = values.get((row["module"], row["mode"]), {})
+        special = row["module"] in (UNATTRIBUTED, COMPILE_ROW)
+        for key in GPU_COLUMNS:
+            row[key] = None if special else v.get(key, 0)
+    # Stable: equal device time keeps the host order (rows without any: last)
+    rows.sort(key=lambda r: -((r["gpu_total_ns"] or 0) + (r["gpu_bwd_total_ns"] or 0)))
+    return gpu_notes(trace)
 
 
 def _add_numerics(rows: list[dict[str, Any]], trace: TraceData) -> list[str]:
@@ -818,14 +933,15 @@ def fused_phases(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str | None],
     return out
 
 
-def _cell(row: dict[str, Any], key: str, fused: Sequence[str] = ()) -> str:
+def _cell(row: dict[str, Any], key: str, fused: Sequence[str] = (),
+          kernels: str = "kernels") -> str:
     value = row[key]
     for phase, calls in (("forward", "calls"), ("backward", "bwd_calls")):
         if key in _PHASE_KEYS[calls] and phase in fused:
             return "fused" if key in _PHASE_KEYS[calls][:2] else ""
     if key == "module":
         return ((value or "<root>") + (" [eval]" if row.get("mode") == "eval" else "")
-                + (" [kernels]" if row.get("timing") == "kernels" else ""))
+                + (f" [{kernels}]" if row.get("timing") == "kernels" else ""))
     if value is None:
         return ""
     if key == "bwd_fwd_ratio":

@@ -10,7 +10,16 @@ import numpy as np
 import pytest
 
 from hooktrace._events import ENTER, EVENT_DTYPE, EXIT, FLAG_ERROR, NODE_BEGIN, NODE_END, Clock
-from hooktrace.reading import CAT_BACKWARD, CAT_RECOMPUTE, NO_PASS, Nodes, Spans, TraceData
+from hooktrace.reading import (
+    CAT_BACKWARD,
+    CAT_RECOMPUTE,
+    NO_PASS,
+    GpuSpans,
+    Nodes,
+    Spans,
+    Steps,
+    TraceData,
+)
 from hooktrace.result import TraceResult
 
 IDENTITY_CLOCK = Clock(ticks0=0, unix_ns0=0, ns_per_tick=1.0)
@@ -331,6 +340,88 @@ def trace_with_spans(spans: Spans, modules: Sequence[tuple[str, str]],
     """A TraceResult whose spans are the given ones (events are not consulted)."""
     trace = build_trace(build_events([]), modules, node_names=node_names, **info)
     trace._spans = spans
+    return trace
+
+
+GPU_MODULES = [("", "Net"), ("fc1", "Linear"), ("fc2", "Linear"), ("attn", "Attention")]
+GPU_STEP_NS = 2_000_000  # the synthetic GPU run's steps start every 2 ms
+GPU_INFO = {"timer": "host", "every": 1, "timed_steps": 2, "skipped_capturing": 0,
+            "dropped": 0, "align_error_ns": 1500}
+
+
+def gpu_trace(*, gpu: bool = True, fc1_gpu_ns: int = 400_000, fc2_host_ns: int = 160_000,
+              steps: int = 2, **info: Any) -> TraceResult:
+    """A synthetic CUDA run of ``Net(fc1, fc2, attn)`` with device time (issue #28): per
+    step, one forward and one backward of each; ``attn`` is a kernel site of a compiled
+    region (device intervals with ``span == -1``, no host span).
+
+    Per step (ns; ``o`` = step * GPU_STEP_NS), host spans (forward: root [o, o+300k],
+    fc1 [o+10k, o+110k], fc2 [o+120k, o+120k+fc2_host_ns]; backward: root [o+400k,
+    o+800k] self 20k, fc2 [o+410k, o+500k], fc1 [o+510k, o+600k]) and device
+    intervals, forward on stream 7 (root 600k + (F - 400k), fc1 F = ``fc1_gpu_ns``,
+    fc2 100k, attn 50k: root self 50k) and backward on stream 13 (root 340k, fc2 100k,
+    fc1 200k: root self 40k). Host order: root, fc2, fc1; device order: root, fc1,
+    fc2, attn. ``gpu=False``: the same run without device time (``info["gpu"]`` absent);
+    ``info`` overrides (``accelerator=None`` for a CPU run)."""
+    f = fc1_gpu_ns
+    host: list[tuple[int, int, int, int, int, int, int]] = []  # start, end, self, parent, mod, depth, cat
+    fwd_host = [(0, 300_000, 1, -1, 0), (10_000, 110_000, None, 0, 1),
+                (120_000, 120_000 + fc2_host_ns, None, 0, 2)]
+    bwd_host = [(400_000, 800_000, 20_000, -1, 0), (410_000, 500_000, None, 0, 2),
+                (510_000, 600_000, None, 0, 1)]
+    n_fwd = 3 * steps
+    index: dict[tuple[int, int, int], int] = {}  # (step, cat, module) -> span index
+    for cat, pattern, base in ((0, fwd_host, 0), (CAT_BACKWARD, bwd_host, n_fwd)):
+        for s in range(steps):
+            o = s * GPU_STEP_NS
+            first = base + 3 * s
+            for k, (a, b, self_, parent, mod) in enumerate(pattern):
+                index[(s, cat, mod)] = first + k
+                if self_ is None:
+                    self_ = b - a
+                elif cat == 0:
+                    self_ = (b - a) - 100_000 - fc2_host_ns
+                host.append((o + a, o + b, self_, -1 if parent < 0 else first + parent, mod,
+                             0 if parent < 0 else 1, cat))
+    arr = np.array(host, np.int64)
+    n = len(arr)
+    spans = Spans({"start_ns": arr[:, 0], "end_ns": arr[:, 1], "self_ns": arr[:, 2],
+                   "parent": arr[:, 3], "module": arr[:, 4].astype(np.uint32),
+                   "tid": np.ones(n, np.uint32), "depth": arr[:, 5].astype(np.uint32),
+                   "call": np.array([i // 3 for i in range(n)], np.uint32) % steps,
+                   "flags": np.zeros(n, np.uint8), "cat": arr[:, 6].astype(np.uint8)},
+                  threads=np.array([1], np.uint32), orphan_exits=0, unfinished=0)
+    rows = []  # start, end, self, span, module, cat, stream
+    for s in range(steps):
+        o = s * GPU_STEP_NS
+        d = f - 400_000
+        rows += [
+            (o + 50_000, o + 650_000 + d, 50_000, index[(s, 0, 0)], 0, 0, 7),
+            (o + 60_000, o + 60_000 + f, f, index[(s, 0, 1)], 1, 0, 7),
+            (o + 460_000 + d, o + 560_000 + d, 100_000, index[(s, 0, 2)], 2, 0, 7),
+            (o + 560_000 + d, o + 610_000 + d, 50_000, -1, 3, 0, 7),
+            (o + 650_000 + d, o + 990_000 + d, 40_000, index[(s, CAT_BACKWARD, 0)], 0,
+             CAT_BACKWARD, 13),
+            (o + 660_000 + d, o + 760_000 + d, 100_000, index[(s, CAT_BACKWARD, 2)], 2,
+             CAT_BACKWARD, 13),
+            (o + 765_000 + d, o + 965_000 + d, 200_000, index[(s, CAT_BACKWARD, 1)], 1,
+             CAT_BACKWARD, 13),
+        ]
+    g = np.array(rows, np.int64)
+    full_info: dict[str, Any] = {"accelerator": "cuda"}
+    if gpu:
+        full_info["gpu"] = dict(GPU_INFO, timed_steps=steps)
+    full_info.update(info)
+    full_info = {k: v for k, v in full_info.items() if v is not None}
+    trace = trace_with_spans(spans, GPU_MODULES, **full_info)
+    # each step ends 5 µs before the next one's first call (a step mark's own time
+    # belongs to the step it ends)
+    trace._steps = Steps(np.arange(steps), np.arange(steps) * GPU_STEP_NS - 5_000,
+                         np.arange(1, steps + 1) * GPU_STEP_NS - 5_000, np.ones(steps, bool))
+    trace._gpu_spans = GpuSpans({
+        "start_ns": g[:, 0], "end_ns": g[:, 1], "self_ns": g[:, 2], "span": g[:, 3],
+        "module": g[:, 4].astype(np.uint32), "cat": g[:, 5].astype(np.uint8),
+        "device": np.zeros(len(g), np.int16), "stream": g[:, 6]}) if gpu else GpuSpans.empty()
     return trace
 
 

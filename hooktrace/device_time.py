@@ -1,0 +1,152 @@
+"""What the outputs show of a run's device time (``trace(gpu=True)``, issue #28).
+
+The recording (``TraceData.gpu_spans()``: :class:`~hooktrace.reading.GpuSpans`) gives
+each timed module call its interval on the device, aligned to the host clock. This
+module turns it into what the summary, diff, report, straggler and shape tables and the
+exports need:
+
+* :func:`gpu_recorded` / :func:`launch_time_only`: which of three kinds of run this
+  is. With GPU time, the tables lead with it. On a CUDA run without it
+  (``info["accelerator"] == "cuda"``, no ``info["gpu"]``) the host times are when the
+  kernels were *queued*: the tables say so in one line and withhold TFLOP/s and MFU.
+  A CPU run is neither (its host time is its compute time) and shows nothing new.
+* :func:`span_gpu`: per host span, the device time of its intervals (total and self).
+* :func:`module_gpu`: per (module slot, eval, phase), the summed device time: forward
+  = CAT_FORWARD + CAT_RECOMPUTE, backward = CAT_BACKWARD; an interval without a host
+  span (a kernel site of a compiled region) counts to its module, as a training call.
+
+Example:
+    >>> import numpy as np
+    >>> from hooktrace.reading import GpuSpans
+    >>> g = GpuSpans({"start_ns": np.array([0, 2, 20]), "end_ns": np.array([10, 6, 25]),
+    ...               "self_ns": np.array([6, 4, 5]), "span": np.array([0, 1, -1]),
+    ...               "module": np.array([0, 1, 2], np.uint32),
+    ...               "cat": np.array([0, 0, 0], np.uint8),
+    ...               "device": np.array([0, 0, 0], np.int16), "stream": np.array([7, 7, 7])})
+    >>> total, self_, timed = span_totals(g, 2)
+    >>> total.tolist(), self_.tolist(), timed.tolist()
+    ([10, 4], [6, 4], [True, True])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hooktrace.reading import CAT_BACKWARD, SPAN_EVAL, GpuSpans, TraceData
+from hooktrace.text import format_ns
+
+__all__ = ["GPU_COLUMNS", "LAUNCH_NOTE", "ModuleGpu", "gpu_info", "gpu_notes", "gpu_recorded",
+           "kernel_label", "launch_time_only", "module_gpu", "span_gpu", "span_totals",
+           "timed_steps"]
+
+# The summary's GPU columns (ns), in the order the table leads with them.
+GPU_COLUMNS = ("gpu_calls", "gpu_total_ns", "gpu_self_ns", "gpu_bwd_total_ns", "gpu_bwd_self_ns")
+# The one line a CUDA run without device time prints under its tables.
+LAUNCH_NOTE = ("host (launch) times: on CUDA these are when kernels were queued, not when they "
+               "ran; TFLOP/s and MFU withheld; trace(model, gpu=True) for device time")
+
+
+def gpu_info(trace: TraceData) -> dict[str, Any] | None:
+    """``info["gpu"]`` (how the run's device time was recorded), or None."""
+    info = trace.info.get("gpu")
+    return info if isinstance(info, dict) else None
+
+
+def gpu_recorded(trace: TraceData) -> bool:
+    """Whether the run recorded device time (``trace(gpu=True)``)."""
+    return gpu_info(trace) is not None or len(trace.gpu_spans()) > 0
+
+
+def launch_time_only(trace: TraceData) -> bool:
+    """A CUDA run without device time: its host times are launch times."""
+    return trace.info.get("accelerator") == "cuda" and not gpu_recorded(trace)
+
+
+def kernel_label(trace: TraceData) -> str:
+    """What a kernel-derived row (a module inside a compiled region) is labelled:
+    ``"kernel launches"`` where its host time is when its kernels were queued (a CUDA
+    run without device time), else ``"kernels"``."""
+    return "kernel launches" if launch_time_only(trace) else "kernels"
+
+
+def span_totals(gpu: GpuSpans, n_spans: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per host span (``n_spans`` of them): device total and self time (int64, summed over
+    its intervals: one per stream it ran work on) and whether it was timed."""
+    has = gpu.span >= 0
+    idx = gpu.span[has]
+    total = np.bincount(idx, weights=gpu.duration_ns[has], minlength=n_spans)[:n_spans]
+    self_ = np.bincount(idx, weights=gpu.self_ns[has], minlength=n_spans)[:n_spans]
+    timed = np.bincount(idx, minlength=n_spans)[:n_spans] > 0
+    return total.astype(np.int64), self_.astype(np.int64), timed
+
+
+def span_gpu(trace: TraceData) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`span_totals` of ``trace``'s spans (cached on the trace)."""
+    return trace.derived("span_gpu", lambda: span_totals(trace.gpu_spans(), len(trace.spans())))
+
+
+@dataclass
+class ModuleGpu:
+    """Per interval of a run's :class:`GpuSpans`: its row group (module slot, + ``n_mod``
+    for an eval call), whether it is backward, and its step row (-1: none)."""
+
+    group: np.ndarray
+    backward: np.ndarray
+    step: np.ndarray
+    n_mod: int
+
+
+def module_gpu(trace: TraceData, n_mod: int) -> ModuleGpu:
+    """The row group of each of the run's intervals: a module's eval calls (SPAN_EVAL on
+    the host span) are rows of their own, as in the summary; the step of an interval is
+    its host span's (a kernel site's: the step its device start falls in)."""
+    gpu = trace.gpu_spans()
+    spans = trace.spans()
+    has = (gpu.span >= 0) & (gpu.span < len(spans))
+    safe = np.where(has, gpu.span, 0)
+    eval_ = np.zeros(len(gpu), bool)
+    if len(spans):
+        eval_ = has & ((spans.flags[safe] & SPAN_EVAL) != 0)
+    steps = trace.steps()
+    step = steps.index_of(gpu.start_ns)
+    if len(spans):
+        step = np.where(has, trace.span_steps()[safe], step)
+    n_mod = max(n_mod, int(gpu.module.max()) + 1 if len(gpu) else 0)
+    return ModuleGpu(gpu.module.astype(np.int64) + n_mod * eval_, gpu.cat == CAT_BACKWARD,
+                     step, n_mod)
+
+
+def timed_steps(trace: TraceData) -> np.ndarray:
+    """Rows of ``trace.steps()`` that hold device time (``gpu_every=N`` times every N-th)."""
+    m = module_gpu(trace, 0)
+    return np.unique(m.step[m.step >= 0])
+
+
+def gpu_notes(trace: TraceData) -> list[str]:
+    """The lines under a table with GPU columns: what they are, how many steps were
+    timed, the clock alignment's bound, and the calls not timed."""
+    info = gpu_info(trace) or {}
+    every = info.get("every")
+    steps = info.get("timed_steps")
+    timer = info.get("timer")
+    what = ("gpu_*: device time on the module's stream (gpu_self: less its children's); "
+            "host columns: when the calls ran on the CPU")
+    if timer == "host":
+        what += " (timer 'host': the test backend, host clock)"
+    lines = [what]
+    parts = []
+    if isinstance(steps, int):
+        parts.append(f"{steps} timed steps" + (f" (1 step in {every})" if isinstance(every, int)
+                                               and every > 1 else ""))
+    err = info.get("align_error_ns")
+    if isinstance(err, (int, float)):
+        parts.append(f"device clock aligned to the host's within ±{format_ns(err)}")
+    lost = [(info.get("dropped"), "calls not timed (event pool exhausted)"),
+            (info.get("skipped_capturing"), "calls not timed while a CUDA graph was captured")]
+    parts += [f"{n} {what}" for n, what in lost if isinstance(n, int) and n]
+    if parts:
+        lines.append("gpu: " + "; ".join(parts))
+    return lines
