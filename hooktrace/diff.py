@@ -98,16 +98,21 @@ from hooktrace._diff_inputs import (
     group,
     parse_spec,
 )
+from hooktrace.device_time import gpu_recorded, launch_time_only, module_gpu
 from hooktrace.kernels import derived_spans
 from hooktrace.rankset import map_ranks
 from hooktrace._events import SPAN_DEFINITION, SPAN_DEFINITIONS, span_definition
 from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL, TraceData, as_data, load
 
-__all__ = ["PHASES", "Diff", "DiffInputError", "compare", "compare_paths", "compare_ranks"]
+__all__ = ["GPU_PHASES", "PHASES", "Diff", "DiffInputError", "compare", "compare_paths", "compare_ranks"]
 
 # "eval": forward calls made with grad off or in eval mode (SPAN_EVAL), compared apart
 # from the training calls of the same module.
 PHASES = {"forward": CAT_FORWARD, "backward": CAT_BACKWARD, "eval": CAT_FORWARD}
+# Device time (trace(gpu=True), hooktrace.device_time): the same phases on the GPU, rows
+# of their own ("gpu forward": forward and recompute, as the summary's gpu_total). When
+# both runs have them, the gate (``failures``) checks these rows and the step only.
+GPU_PHASES = ("gpu forward", "gpu backward", "gpu eval")
 _STEP = "<step>"  # the row name of the step itself
 
 _COLUMNS = ("module", "type", "phase", "p50_a_ns", "p50_b_ns", "p50_change_ns", "p50_change_pct",
@@ -141,6 +146,8 @@ class _RunStats:
     step_p50_ns: float | None
     total_ns: float  # time per step of the root calls, forward + backward: the run's scale
     span_definition: int = SPAN_DEFINITION  # what a span covers (hooktrace._events)
+    gpu: bool = False  # device time recorded
+    launch: bool = False  # a CUDA run without device time
 
 
 @dataclass
@@ -175,6 +182,8 @@ class _Part:
     self_calls_ns: dict[Key, np.ndarray] | None = None
     # the interquartile range of the calls' durations (for a run without steps' noise)
     iqr: dict[Key, float] = field(default_factory=dict)
+    gpu: bool = False  # device time recorded (the GPU_PHASES keys, hooktrace.device_time)
+    launch: bool = False  # a CUDA run without device time: host times are launch times
 
 
 def _whole_run(part: _Part) -> _Part:
@@ -304,7 +313,58 @@ def _part(trace: TraceData, keep_calls: bool = False) -> _Part:
         roots = parent[sel] < 0
         part.root_ns += float(dur[sel][roots & (span_col[sel] >= 0)].sum())
         part.run_root_ns += float(dur[sel][roots].sum())
+    if gpu_recorded(trace):
+        _add_gpu_phases(part, trace, complete)
+    part.launch = launch_time_only(trace)
     return part
+
+
+def _add_gpu_phases(part: _Part, trace: TraceData, complete: np.ndarray) -> None:
+    """The run's device time as the GPU_PHASES rows of ``part``: per (module, phase) its
+    intervals as calls, in the columns of the complete steps that were timed
+    (``gpu_every=N`` times every N-th: the others would count as 0), or the whole run."""
+    gpu = trace.gpu_spans()
+    part.gpu = True
+    if not len(gpu):
+        return
+    m = module_gpu(trace, len(trace.modules))
+    timed = np.intersect1d(complete, m.step[m.step >= 0])
+    n_cols = max(len(timed), 1) if part.n_steps else 1
+    col = np.full(len(trace.steps()) + 1, -1, np.int64)
+    if part.n_steps:
+        col[timed] = np.arange(len(timed))
+        span_col = col[m.step]
+    else:
+        span_col = np.zeros(len(gpu), np.int64)
+    dur, self_ns = gpu.duration_ns, gpu.self_ns
+    is_eval = m.group >= m.n_mod
+    module = m.group % m.n_mod
+    for phase in GPU_PHASES:
+        sel = np.flatnonzero((m.backward == (phase == "gpu backward"))
+                             & (is_eval == (phase == "gpu eval")))
+        for mod in np.unique(module[sel]).tolist():
+            mine = sel[module[sel] == mod]
+            d, s_ = np.sort(dur[mine]), np.sort(self_ns[mine])
+            name, type_name = (trace.modules[mod] if mod < len(trace.modules)
+                               else (f"<module {mod}>", "?"))
+            key = (name, phase)
+            c = span_col[mine]
+            ok = c >= 0
+            per_col = np.bincount(c[ok], weights=dur[mine][ok], minlength=n_cols)
+            part.types[key] = type_name
+            part.p50[key] = float(np.percentile(d, 50))
+            part.p50_self[key] = float(np.percentile(s_, 50))
+            q75, q25 = np.percentile(d, [75, 25])
+            part.iqr[key] = float(q75 - q25)
+            if part.calls_ns is not None and part.self_calls_ns is not None:
+                part.calls_ns[key], part.self_calls_ns[key] = d, s_
+            part.total[key] = per_col
+            part.self_ns[key] = np.bincount(c[ok], weights=self_ns[mine][ok],
+                                            minlength=n_cols)
+            part.calls[key] = np.bincount(c[ok], minlength=n_cols).astype(np.float64)
+            part.run[key] = (float(d.sum()), float(s_.sum()), float(len(d)))
+            if np.any(gpu.span[mine] < 0):
+                part.timing[key] = "kernels"
 
 
 def _percentile_groups(values: np.ndarray, starts: np.ndarray, counts: np.ndarray,
@@ -352,7 +412,7 @@ def _pool(parts: Sequence[_Part]) -> _RunStats:
         step_p50 = float(np.percentile(p.step_ns, 50)) if p.n_steps else None
         root_total = p.root_ns / width
         return _RunStats(out, p.n_steps, step_p50, step_p50 if step_p50 else root_total,
-                         p.span_definition)
+                         p.span_definition, p.gpu, p.launch)
     stepped = [p for p in parts if p.n_steps]
     n_steps = sum(p.n_steps for p in stepped)
     keys: dict[Key, str] = {}
@@ -384,7 +444,7 @@ def _pool(parts: Sequence[_Part]) -> _RunStats:
     root_total = (sum(p.root_ns for p in stepped) / n_steps if n_steps
                   else sum(p.root_ns for p in parts))
     return _RunStats(out, n_steps, step_p50, step_p50 if step_p50 else root_total,
-                     definitions[0])
+                     definitions[0], all(p.gpu for p in parts), any(p.launch for p in parts))
 
 
 def _pooled_timing(parts: Sequence[_Part], key: Key) -> str:
@@ -452,10 +512,17 @@ class Diff:
     by_rank: dict[int, Diff] = field(default_factory=dict, repr=False)
     sources: tuple[dict[str, Any], dict[str, Any]] | None = None
     notes: list[str] = field(default_factory=list)
+    # both runs recorded device time (trace(gpu=True)): the gate checks the GPU rows
+    # ("gpu forward", ...) and the step, not the host rows (launch time on a GPU)
+    gpu: bool = False
+    # a run is a CUDA run without device time: its kernel rows are launch times
+    launch: bool = False
 
     def _failing(self, pct: float, min_share: float) -> list[tuple[dict[str, Any], float]]:
         bad = []
-        for r in ([self.step] if self.step else []) + self.rows:
+        rows = ([r for r in self.rows if r["phase"] in GPU_PHASES] if self.gpu
+                else self.rows)
+        for r in ([self.step] if self.step else []) + rows:
             # modules: the typical time per step (median call x calls), which one stalled
             # call does not move
             change = r["typical_change_pct"] if r is not self.step else r["per_step_change_pct"]
@@ -469,6 +536,9 @@ class Diff:
     def failures(self, pct: float, *, min_share: float = 1.0) -> list[str]:
         """Rows (and the step) that got slower by more than ``pct`` percent, one line each.
 
+        When both runs recorded device time (``gpu``), the module rows gated are the
+        GPU rows (device time; the host rows are launch times there).
+
         A module row is compared on its typical time per step (p50 per call x calls
         per step, or per run without steps: more calls count as slower, one stalled
         call does not), the step on its p50; rows
@@ -481,7 +551,8 @@ class Diff:
         did, how many.
         """
         if self.ranks is None:
-            return [f"{_label(r)}: +{c:.1f}%" for r, c in self._failing(pct, min_share)]
+            return [f"{_label(r, self.launch)}: +{c:.1f}%"
+                    for r, c in self._failing(pct, min_share)]
         worst: dict[Key, tuple[float, int]] = {}
         count: dict[Key, int] = {}
         for rank in sorted(self.by_rank):
@@ -499,7 +570,7 @@ class Diff:
                 c, rank = worst[k]
                 more = (f" ({count[k]} of {len(self.ranks)} ranks above {pct:g}%)"
                         if count[k] > 1 else "")
-                lines.append(f"{_label({'module': k[0], 'phase': k[1]})} on rank {rank}: "
+                lines.append(f"{_label({'module': k[0], 'phase': k[1]}, self.launch)} on rank {rank}: "
                              f"+{c:.1f}%{more}")
         return lines
 
@@ -521,6 +592,7 @@ class Diff:
             "a": self.names[0], "b": self.names[1], "per_step": self.per_step,
             "step": self.step, "rows": self.rows if top is None else self.rows[:top],
             "only_a": only("a", self.only_a), "only_b": only("b", self.only_b),
+            "gpu": self.gpu,
         }
         if self.ranks is not None:
             doc.update(ranks=self.ranks, ranks_only_a=self.ranks_only_a,
@@ -548,7 +620,8 @@ class Diff:
             calls = "" if is_step else (_num(r["calls_a"]) if r["calls_a"] == r["calls_b"]
                                         else f"{_num(r['calls_a'])}→{_num(r['calls_b'])}")
             kernels = "kernels" in (r.get("timing_a") or "") + (r.get("timing_b") or "")
-            line = [(r["module"] or "<root>") + (" [kernels]" if kernels else ""), r["phase"]]
+            line = [(r["module"] or "<root>")
+                    + (f" [{_kernels_tag(r, self.launch)}]" if kernels else ""), r["phase"]]
             if by_rank:
                 line.append(str(r["rank"]))
             line += [
@@ -579,8 +652,16 @@ class Diff:
                          f"range of its time per {unit})")
         if any("kernels" in (r.get("timing_a") or "") + (r.get("timing_b") or "")
                for r in shown):
-            lines.append("[kernels]: inside a compiled region, the module's time is its "
-                         "kernels' (attributed from Inductor's code), not measured calls")
+            if self.launch:
+                lines.append("[kernel launches]: inside a compiled region, the module's host "
+                             "time launching its kernels (a CUDA run without device time), "
+                             "not their run time")
+            else:
+                lines.append("[kernels]: inside a compiled region, the module's time is its "
+                             "kernels' (attributed from Inductor's code), not measured calls")
+        if self.gpu:
+            lines.append("gpu rows: device time (both runs recorded it), first; the gate "
+                         "(--fail-above) checks them and the step, not the host rows")
         if by_rank:
             assert self.ranks is not None
             lines.append(f"each row: the rank where the module slowed most (largest Δself/"
@@ -612,9 +693,16 @@ class Diff:
         return self.to_text()
 
 
-def _label(row: dict[str, Any]) -> str:
+def _label(row: dict[str, Any], launch: bool = False) -> str:
     kernels = "kernels" in (row.get("timing_a") or "") + (row.get("timing_b") or "")
-    return f"{row['module'] or '<root>'}{' [kernels]' if kernels else ''} {row['phase']}"
+    tag = f" [{_kernels_tag(row, launch)}]" if kernels else ""
+    return f"{row['module'] or '<root>'}{tag} {row['phase']}"
+
+
+def _kernels_tag(row: dict[str, Any], launch: bool) -> str:
+    """A kernel-derived row's tag: its kernels' launch time on a CUDA run without device
+    time (host rows there), else their time."""
+    return "kernel launches" if launch and row["phase"] not in GPU_PHASES else "kernels"
 
 
 def compare(a: TraceData | Sequence[TraceData], b: TraceData | Sequence[TraceData],
@@ -672,8 +760,10 @@ def _compare_stats(sa: _RunStats, sb: _RunStats, names: tuple[str, str]) -> Diff
             "share_a": x.per_step_ns / sa.total_ns if sa.total_ns > 0 else None,
             "timing_a": x.timing, "timing_b": y.timing,
         })
-    # Stable: equal impact keeps A's order (forward before backward, module slots).
-    rows.sort(key=_impact)
+    # Stable: equal impact keeps A's order (forward before backward, module slots);
+    # with device time in both runs its rows come first.
+    gpu = sa.gpu and sb.gpu
+    rows.sort(key=lambda r: (gpu and r["phase"] not in GPU_PHASES, *_impact(r)))
     step = None
     if per_step and sa.step_p50_ns is not None and sb.step_p50_ns is not None:
         ds, dsp = _change(sa.step_p50_ns, sb.step_p50_ns)
@@ -683,8 +773,13 @@ def _compare_stats(sa: _RunStats, sb: _RunStats, names: tuple[str, str]) -> Diff
                      "per_step_change_ns": ds, "per_step_change_pct": dsp, "share_a": 1.0})
     only_a = [k for k in sa.per_key if k not in sb.per_key]
     only_b = [k for k in sb.per_key if k not in sa.per_key]
-    return Diff(rows, step, only_a, only_b, per_step, names,
-                notes=_model_note(sa, sb, names) + _timing_notes(rows, names))
+    notes = _model_note(sa, sb, names) + _timing_notes(rows, names)
+    if sa.gpu != sb.gpu:
+        has, lacks = (names[0], names[1]) if sa.gpu else (names[1], names[0])
+        notes.append(f"only {has} recorded device time (trace(gpu=True)); {lacks}'s times are "
+                     "host time: compared on host time")
+    return Diff(rows, step, only_a, only_b, per_step, names, notes=notes, gpu=gpu,
+                launch=sa.launch or sb.launch)
 
 
 def _model_note(sa: _RunStats, sb: _RunStats, names: tuple[str, str]) -> list[str]:
@@ -751,7 +846,8 @@ def _compare_rank_stats(sa: Mapping[int, _RunStats], sb: Mapping[int, _RunStats]
                              f"{_ranks(sa)} and {_ranks(sb)})")
     by_rank = {r: _compare_stats(sa[r], sb[r], names) for r in common}
     rows = _worst_rows(by_rank, [k for r in common for k in sa[r].per_key if k in sb[r].per_key])
-    rows.sort(key=_impact)
+    gpu = all(d.gpu for d in by_rank.values())
+    rows.sort(key=lambda r: (gpu and r["phase"] not in GPU_PHASES, *_impact(r)))
     steps = {r: d.step for r, d in by_rank.items() if d.step is not None}
     step = None
     if steps and len(steps) == len(by_rank):
@@ -761,7 +857,8 @@ def _compare_rank_stats(sa: Mapping[int, _RunStats], sb: Mapping[int, _RunStats]
     only_b = list(dict.fromkeys(k for d in by_rank.values() for k in d.only_b))
     return Diff(rows, step, only_a, only_b, all(d.per_step for d in by_rank.values()), names,
                 notes=_model_note(sa[common[0]], sb[common[0]], names), ranks=common, ranks_only_a=sorted(set(sa) - set(sb)),
-                ranks_only_b=sorted(set(sb) - set(sa)), by_rank=by_rank)
+                ranks_only_b=sorted(set(sb) - set(sa)), by_rank=by_rank, gpu=gpu,
+                launch=any(d.launch for d in by_rank.values()))
 
 
 def _worst_rows(by_rank: Mapping[int, Diff], order: Sequence[Key]) -> list[dict[str, Any]]:

@@ -47,7 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fail-above", type=finite_float, default=None, metavar="PCT",
                    help="exit 1 when the step or any module got slower by more than PCT "
                         "percent (a module: its median call x calls per step, or per run); "
-                        "rank directories: on any rank, named in the verdict")
+                        "rank directories: on any rank, named in the verdict; when both runs "
+                        "recorded device time (trace(gpu=True)), the modules' GPU rows")
     p.add_argument("--min-share", type=finite_float, default=1.0, metavar="PCT",
                    help="with --fail-above: ignore modules below PCT percent of A's step "
                         "time (default: %(default)s)")

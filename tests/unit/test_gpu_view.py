@@ -1,0 +1,147 @@
+"""What the user sees of device time (issue #28, item 2) on synthetic GpuSpans
+(conftest.gpu_trace): the summary's GPU columns and order, FLOP/s and MFU from device
+time, the launch-time line of a CUDA run without it and its absence on a CPU run."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+from conftest import gpu_trace
+
+from hooktrace.device_time import LAUNCH_NOTE, kernel_label, timed_steps
+
+# per module over the two synthetic steps (conftest.gpu_trace's docstring)
+DEVICE = {  # gpu_calls, gpu_total, gpu_self, gpu_bwd_total, gpu_bwd_self
+    "": (2, 1_200_000, 100_000, 680_000, 80_000),
+    "fc1": (2, 800_000, 800_000, 400_000, 400_000),
+    "fc2": (2, 200_000, 200_000, 200_000, 200_000),
+    "attn": (2, 100_000, 100_000, 0, 0),
+}
+GPU_KEYS = ("gpu_calls", "gpu_total_ns", "gpu_self_ns", "gpu_bwd_total_ns", "gpu_bwd_self_ns")
+
+
+def flop_info() -> dict:
+    # one signature, both root calls measured (none counted under FlopCounterMode)
+    return {"signatures": [{"forward": {"": 6_000_000_000, "fc1": 4_000_000_000,
+                                        "fc2": 2_000_000_000},
+                            "backward": {"": 12_000_000_000, "fc1": 8_000_000_000,
+                                         "fc2": 4_000_000_000}}],
+            "calls": [0, 0], "counted": []}
+
+
+def test_gpu_columns_lead_and_sort_the_rows():
+    s = gpu_trace().summary()
+    # THEN the rows are in device-time order (host order would be root, fc2, fc1)
+    assert [r["module"] for r in s.rows] == ["", "fc1", "fc2", "attn"]
+    for r in s.rows:
+        assert tuple(r[k] for k in GPU_KEYS) == DEVICE[r["module"]], r["module"]
+    # the GPU columns come right after the row's identity, in CSV/JSON and in the dicts
+    assert s.columns[:9] == ("module", "type", "mode", "timing") + GPU_KEYS
+    assert list(s.rows[0])[:9] == list(s.columns[:9])
+    # host numbers untouched
+    fc2 = next(r for r in s.rows if r["module"] == "fc2")
+    assert (fc2["total_ns"], fc2["bwd_total_ns"]) == (320_000, 180_000)
+    # attn: a kernel site of a compiled region, device time only
+    attn = s.rows[-1]
+    assert attn["timing"] == "kernels" and attn["calls"] is None and attn["total_ns"] is None
+
+
+def test_gpu_text_table_labels_host_columns():
+    text = gpu_trace().summary().to_text()
+    header = text.splitlines()[0].split()
+    assert header[:4] == ["module", "type", "calls", "gpu_calls"]
+    assert header[4:8] == ["gpu_total", "gpu_self", "gpu_bwd_total", "gpu_bwd_self"]
+    assert "host_total" in header and "host_bwd_total" in header and "total" not in header
+    lines = text.splitlines()
+    assert lines[1].split()[:8] == ["<root>", "Net", "2", "2", "1.20", "ms", "100", "µs"]
+    assert lines[2].startswith("fc1 ")
+    assert "sorted by gpu_total + gpu_bwd_total (device time)" in text
+    assert "device clock aligned to the host's within ±1.50 µs" in text
+    assert LAUNCH_NOTE not in text
+    wide = gpu_trace().summary().to_text(wide=True).splitlines()[0].split()
+    assert "host_p50" in wide and "host_bwd_self" in wide and "p50" not in wide
+
+
+def test_gpu_csv_and_json_carry_the_columns():
+    s = gpu_trace().summary()
+    rows = list(csv.DictReader(io.StringIO(s.to_csv())))
+    assert [r["module"] for r in rows] == ["", "fc1", "fc2", "attn"]
+    assert rows[1]["gpu_total_ns"] == "800000" and rows[1]["gpu_bwd_self_ns"] == "400000"
+    assert rows[3]["total_ns"] == ""  # device time only
+    doc = json.loads(s.to_json())
+    assert [r["gpu_self_ns"] for r in doc["rows"]] == [100_000, 800_000, 200_000, 100_000]
+    assert any("gpu: 2 timed steps" in n for n in doc["notes"])
+
+
+def test_mfu_and_tflops_come_from_device_time():
+    s = gpu_trace(flops=flop_info(), device_name="NVIDIA H100 80GB HBM3").summary(
+        peak_tflops=100.0)
+    fc1 = next(r for r in s.rows if r["module"] == "fc1")
+    # fc1: 4 GFLOP per forward in 400 µs of device time (host: 100 µs, 4x more)
+    assert fc1["tflops"] == pytest.approx(4e9 / 400_000 / 1e3)
+    assert fc1["bwd_tflops"] == pytest.approx(8e9 / 200_000 / 1e3)
+    # MFU: (2 x 4 + 2 x 8) GFLOP over (800 + 400) µs of device time, peak 100 TFLOP/s
+    assert fc1["mfu"] == pytest.approx(24e9 / 1_200_000 / 1e3 / 100.0)
+    assert any("over the device time of the timed calls" in n for n in s.notes)
+
+
+def test_cuda_without_device_time_says_launch_time_once_and_withholds_mfu():
+    s = gpu_trace(gpu=False, flops=flop_info()).summary(peak_tflops=100.0)
+    text = s.to_text(flops=True)
+    assert text.count("host (launch) times") == 1
+    assert "gpu_total" not in text
+    fc1 = next(r for r in s.rows if r["module"] == "fc1")
+    assert fc1["flops"] == 4e9  # FLOPs are still counted
+    assert (fc1["tflops"], fc1["bwd_tflops"], fc1["mfu"]) == (None, None, None)
+    assert "MFU" not in text.splitlines()[0]
+    assert [r["module"] for r in s.rows] == ["", "fc2", "fc1"]  # host order, no GPU columns
+    assert "gpu_total_ns" not in s.columns
+
+
+def test_cpu_run_is_unchanged():
+    s = gpu_trace(gpu=False, accelerator=None, flops=flop_info()).summary(peak_tflops=100.0)
+    text = s.to_text(flops=True)
+    assert "launch" not in text and "host_" not in text and "gpu" not in text
+    fc1 = next(r for r in s.rows if r["module"] == "fc1")
+    # host time is compute time on a CPU: 4 GFLOP in 100 µs
+    assert fc1["tflops"] == pytest.approx(4e9 / 100_000 / 1e3)
+    assert fc1["mfu"] is not None
+
+
+def test_kernel_rows_are_labelled_launch_time_without_device_time():
+    cuda = gpu_trace(gpu=False)
+    assert kernel_label(cuda) == "kernel launches"
+    assert kernel_label(gpu_trace()) == "kernels"
+    assert kernel_label(gpu_trace(gpu=False, accelerator=None)) == "kernels"
+    # a summary row timed from kernel marks, on each kind of run
+    from hooktrace.summary import Summary
+
+    for trace, label in ((cuda, "[kernel launches]"), (gpu_trace(gpu=False, accelerator=None),
+                                                        "[kernels]")):
+        s = Summary.from_trace(trace)
+        s.rows[1]["timing"] = "kernels"
+        text = s.to_text(wide=True)
+        assert f"fc2 {label}" in text
+        launch = "host time launching the module's kernels (not their run time)" in text
+        assert launch == (label == "[kernel launches]")
+
+
+def test_timed_steps_with_gpu_every():
+    # gpu_every=2 on a 4-step run: only steps 0 and 2 have device time
+    t = gpu_trace(steps=4)
+    g = t.gpu_spans()
+    keep = (g.start_ns // 2_000_000) % 2 == 0
+    from hooktrace.reading import GpuSpans
+
+    t._gpu_spans = GpuSpans({k: getattr(g, k)[keep] for k in
+                             ("start_ns", "end_ns", "self_ns", "span", "module", "cat",
+                              "device", "stream")})
+    t.info["gpu"].update(every=2, timed_steps=2)
+    assert timed_steps(t).tolist() == [0, 2]
+    s = t.summary()
+    fc1 = next(r for r in s.rows if r["module"] == "fc1")
+    assert (fc1["gpu_calls"], fc1["gpu_total_ns"], fc1["calls"]) == (2, 800_000, 4)
+    assert "2 timed steps (1 step in 2)" in s.to_text()
