@@ -78,6 +78,13 @@ _HEADERS = {
     )},
     "mfu": ("MFU", "model FLOPs utilization: forward + backward FLOPs over their time, "
                    "against the peak"),
+    # device time (trace(gpu=True), hooktrace.device_time)
+    "gpu_calls": ("gpu_calls", "forward calls timed on the GPU"),
+    "gpu_total_ns": ("gpu_total", "device time of the forward calls (recompute included) on "
+                                  "the module's stream"),
+    "gpu_self_ns": ("gpu_self", "gpu_total less its children's device time"),
+    "gpu_bwd_total_ns": ("gpu_bwd_total", "device time of the module's backward"),
+    "gpu_bwd_self_ns": ("gpu_bwd_self", "gpu_bwd_total less its children's device time"),
 }
 
 
@@ -240,15 +247,18 @@ def _cell(key: str, value: Any) -> tuple[str, str]:
     return str(value), str(value)
 
 
-def _header(key: str) -> tuple[str, str]:
+def _header(key: str, gpu: bool = False) -> tuple[str, str]:
     """(shown name, tooltip) of a column: a time column is named without its ``_ns`` (its
-    cells carry their unit: ns, µs, ms, s), a byte column likewise."""
+    cells carry their unit: ns, µs, ms, s), a byte column likewise. ``gpu`` (the run
+    recorded device time): the host time columns are named ``host_...``."""
     if key in _HEADERS:
         return _HEADERS[key]
+    host = "host_" if gpu else ""
     if key.endswith("_ns"):
-        return f"{key[:-3]} (time)", "time; each cell gives its unit (ns, µs, ms, s)"
+        return (f"{host}{key[:-3]} (time)", "time; each cell gives its unit (ns, µs, ms, s)"
+                + ("; host time: when the calls ran on the CPU (kernel launches)" if gpu else ""))
     if key == "bwd_fwd_ratio":
-        return "bwd/fwd", "backward total over forward total"
+        return f"{host}bwd/fwd", "backward total over forward total"
     return key, ""
 
 
@@ -257,7 +267,7 @@ def _table_html(summary: Summary) -> str:
     head = "".join(
         f'<th data-col="{i}" data-key="{c}" title="{html.escape(tip)}'
         f'{"; " if tip else ""}click to sort">{html.escape(name)}</th>'
-        for i, c in enumerate(cols) for name, tip in [_header(c)])
+        for i, c in enumerate(cols) for name, tip in [_header(c, summary.gpu)])
     body = []
     for r in summary.rows:
         cells = []
@@ -313,6 +323,20 @@ def steps_figure(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"data": data, "layout": layout}
 
 
+def _device_view(summary: Summary) -> Summary:
+    """``summary`` with its device time in the host columns the icicle reads (forward:
+    gpu_total / gpu_self over gpu_calls; backward: gpu_bwd_total / gpu_bwd_self)."""
+    rows = []
+    for r in summary.rows:
+        if r.get("gpu_total_ns") is None:  # unattributed nodes, compile time: no device time
+            continue
+        rows.append({**r, "calls": r["gpu_calls"], "total_ns": r["gpu_total_ns"],
+                     "self_ns": r["gpu_self_ns"], "bwd_total_ns": r["gpu_bwd_total_ns"],
+                     "bwd_self_ns": r["gpu_bwd_self_ns"],
+                     "bwd_calls": (r["bwd_calls"] or 1) if r["gpu_bwd_total_ns"] else 0})
+    return Summary(rows, summary.counts, summary.notes, summary.columns)
+
+
 def render_report(trace: TraceData, *, source: str | None = None,
                   title: str | None = None, peak_tflops: float | None = None) -> str:
     """The report's HTML text (see the module docstring); ``peak_tflops`` (TFLOP/s)
@@ -320,7 +344,7 @@ def render_report(trace: TraceData, *, source: str | None = None,
     js = plotly_js()
     summary = Summary.from_trace(trace, peak_tflops=peak_tflops)
     steps = StepTable.from_trace(trace)
-    ice = icicle_data(summary)
+    ice = icicle_data(_device_view(summary) if summary.gpu else summary)
     name = source or "the run"
     title = title or f"hooktrace report: {os.path.basename(source) if source else 'run'}"
     info = trace.info
@@ -331,6 +355,8 @@ def render_report(trace: TraceData, *, source: str | None = None,
     if summary.counts.get("steps"):
         facts.append(f"{summary.counts['steps']} complete steps, p50 "
                      f"{format_ns(summary.counts['step_p50_ns'])}")
+    if summary.gpu:
+        facts.append("device time recorded: the table leads with it, the icicle shows it")
     if summary.counts.get("compile_steps"):
         facts.append(f"{summary.counts['compile_steps']} compile steps (hatched in the step "
                      "chart) left out of step statistics")

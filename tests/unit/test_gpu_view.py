@@ -145,3 +145,120 @@ def test_timed_steps_with_gpu_every():
     fc1 = next(r for r in s.rows if r["module"] == "fc1")
     assert (fc1["gpu_calls"], fc1["gpu_total_ns"], fc1["calls"]) == (2, 800_000, 4)
     assert "2 timed steps (1 step in 2)" in s.to_text()
+
+
+# -- diff ----------------------------------------------------------------------------
+
+
+def test_diff_compares_device_time_and_gates_on_it():
+    from hooktrace.diff import compare
+
+    # B: fc1's device time doubled (400 -> 800 µs per call), host times the same
+    d = compare(gpu_trace(), gpu_trace(fc1_gpu_ns=800_000))
+    assert d.gpu
+    rows = {(r["module"], r["phase"]): r for r in d.rows}
+    fc1 = rows[("fc1", "gpu forward")]
+    assert (fc1["p50_a_ns"], fc1["p50_b_ns"], fc1["per_step_change_ns"]) == (
+        400_000, 800_000, 400_000)
+    assert rows[("", "gpu forward")]["per_step_b_ns"] == 1_000_000
+    assert rows[("fc1", "gpu backward")]["p50_a_ns"] == 200_000
+    assert rows[("attn", "gpu forward")]["timing_a"] == "kernels"
+    assert rows[("fc1", "forward")]["per_step_change_ns"] == 0  # host unchanged
+    # the GPU rows lead
+    assert [r["phase"].startswith("gpu ") for r in d.rows] == sorted(
+        (r["phase"].startswith("gpu ") for r in d.rows), reverse=True)
+    assert d.rows[0]["module"] == "fc1"
+    assert d.failures(50.0, min_share=0.0) == ["fc1 gpu forward: +100.0%",
+                                               "<root> gpu forward: +66.7%"]
+    assert "the gate (--fail-above) checks them" in d.to_text()
+    assert json.loads(d.to_json())["gpu"] is True
+
+
+def test_diff_gate_ignores_host_rows_when_both_have_device_time():
+    from hooktrace.diff import compare
+
+    # B: fc2's host time doubled (launch time), device time the same
+    d = compare(gpu_trace(), gpu_trace(fc2_host_ns=320_000))
+    assert d.failures(50.0, min_share=0.0) == []
+    # without device time the same change fails the gate
+    d = compare(gpu_trace(gpu=False), gpu_trace(gpu=False, fc2_host_ns=320_000))
+    assert not d.gpu
+    assert d.failures(50.0, min_share=0.0) == ["fc2 forward: +100.0%"]
+
+
+def test_diff_one_run_without_device_time_compares_host_time():
+    from hooktrace.diff import compare
+
+    d = compare(gpu_trace(gpu=False), gpu_trace(fc1_gpu_ns=800_000))
+    assert not d.gpu and d.failures(50.0, min_share=0.0) == []
+    assert ("fc1", "gpu forward") in d.only_b
+    assert any("only B recorded device time" in n for n in d.notes)
+
+
+def test_diff_ranks_gate_on_device_time():
+    from hooktrace.diff import compare_ranks
+
+    d = compare_ranks({0: gpu_trace(), 1: gpu_trace()},
+                      {0: gpu_trace(), 1: gpu_trace(fc1_gpu_ns=600_000)})
+    assert d.gpu
+    assert d.failures(20.0, min_share=0.0) == ["fc1 gpu forward on rank 1: +50.0%",
+                                               "<root> gpu forward on rank 1: +33.3%"]
+
+
+def test_diff_cli_gate_names_the_gpu_row(monkeypatch, capsys):
+    import hooktrace.diff as diff
+    from hooktrace.cli import main
+
+    monkeypatch.setattr(diff, "compare_paths", lambda a, b, workers=None: diff.compare(
+        gpu_trace(), gpu_trace(fc1_gpu_ns=800_000), names=(a, b)))
+    assert main(["diff", "a.htrace", "b.htrace", "--fail-above", "50", "--min-share", "0"]) == 1
+    err = capsys.readouterr().err
+    assert "fc1 gpu forward: +100.0%" in err and "fc1 forward" not in err
+
+
+def test_diff_kernel_rows_of_a_cuda_run_without_device_time_are_launches():
+    from hooktrace.diff import _label
+
+    row = {"module": "attn", "phase": "forward", "timing_a": "kernels", "timing_b": "kernels"}
+    assert _label(row, launch=True) == "attn [kernel launches] forward"
+    assert _label(row) == "attn [kernels] forward"
+    assert _label(dict(row, phase="gpu forward"), launch=True) == "attn [kernels] gpu forward"
+
+
+# -- HTML report ---------------------------------------------------------------------
+
+
+def _report_table(html_text: str) -> tuple[list[str], list[list[str]]]:
+    import re
+
+    table = html_text.split('<table id="summary">')[1].split("</table>")[0]
+    heads = re.findall(r'<th data-col="\d+" data-key="([^"]+)"[^>]*>([^<]*)</th>', table)
+    rows = [re.findall(r'<td data-v="([^"]*)"', tr) for tr in table.split("<tr>")[2:]]
+    return [f"{k}={name}" for k, name in heads], rows
+
+
+def test_report_shows_the_gpu_columns_first_and_the_icicle_in_device_time():
+    from hooktrace.reporters.html import render_report
+
+    text = render_report(gpu_trace())
+    heads, rows = _report_table(text)
+    assert heads[:7] == ["module=module", "type=type", "timing=timing", "gpu_calls=gpu_calls",
+                         "gpu_total_ns=gpu_total", "gpu_self_ns=gpu_self",
+                         "gpu_bwd_total_ns=gpu_bwd_total"]
+    assert "total_ns=host_total (time)" in heads and "bwd_total_ns=host_bwd_total (time)" in heads
+    assert [r[0] for r in rows] == ["", "fc1", "fc2", "attn"]
+    assert rows[1][4] == "800000"  # fc1's gpu_total, the sort key of the cell
+    assert "device time recorded" in text
+    icicle = json.loads(text.split("var ice = ")[1].split(";\n")[0])
+    # fc1's forward box: its device self time, 800 µs (host: 200 µs)
+    assert icicle["values"][icicle["ids"].index("run/forward/fc1")] == 800.0
+
+
+def test_report_of_a_cuda_run_without_device_time_says_launch_time():
+    from hooktrace.reporters.html import render_report
+
+    text = render_report(gpu_trace(gpu=False))
+    heads, _ = _report_table(text)
+    assert "total_ns=total (time)" in heads and not any("gpu" in h for h in heads)
+    assert text.count("host (launch) times") == 1
+    assert "host (launch)" not in render_report(gpu_trace(gpu=False, accelerator=None))
