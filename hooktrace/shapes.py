@@ -102,13 +102,24 @@ class ShapeTable:
 
     COLUMNS = ("module", "type", "mode", "in_shapes", "out_shapes", "calls", "total_ns",
                "mean_ns", "p50_ns", "p99_ns", "bwd_calls", "bwd_total_ns")
+    # with device time (trace(gpu=True), hooktrace.device_time): after the shapes, and the
+    # rows sorted by gpu_total + gpu_bwd_total
+    GPU_COLUMNS = ("gpu_calls", "gpu_total_ns", "gpu_p50_ns", "gpu_bwd_total_ns")
 
-    def __init__(self, rows: list[dict[str, Any]], recorded: bool) -> None:
+    def __init__(self, rows: list[dict[str, Any]], recorded: bool, gpu: bool = False) -> None:
         self.rows = rows
         self.recorded = recorded
+        self.gpu = gpu
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The row keys, in CSV order."""
+        return (self.COLUMNS[:5] + self.GPU_COLUMNS + self.COLUMNS[5:] if self.gpu
+                else self.COLUMNS)
 
     @classmethod
     def from_trace(cls, trace: TraceData) -> ShapeTable:
+        from hooktrace.device_time import gpu_recorded, span_gpu
         from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL
 
         if not shapes_recorded(trace):
@@ -124,16 +135,22 @@ class ShapeTable:
         bwd = np.flatnonzero(spans.cat == CAT_BACKWARD)
         bwd_fwd = np.array([sig_of_call.get(k, -1) for k in call_key[bwd].tolist()], np.int64)
         dur = spans.duration_ns
+        gpu = gpu_recorded(trace)
+        gpu_ns, _, timed = span_gpu(trace) if gpu else (dur, dur, np.zeros(len(dur), bool))
         groups: dict[tuple[int, bool, int], dict[str, Any]] = {}
         for i in fwd.tolist():
             key = (int(spans.module[i]), bool(spans.flags[i] & SPAN_EVAL), int(in_sig[i]))
-            g = groups.setdefault(key, {"durs": [], "out": int(out_sig[i]), "bwd": []})
+            g = groups.setdefault(key, {"durs": [], "out": int(out_sig[i]), "bwd": [],
+                                        "gpu": [], "gpu_bwd": 0})
             g["durs"].append(int(dur[i]))
+            if timed[i]:
+                g["gpu"].append(int(gpu_ns[i]))
         for b, f in zip(bwd.tolist(), bwd_fwd.tolist()):
             if f >= 0:
                 key = (int(spans.module[f]), bool(spans.flags[f] & SPAN_EVAL), int(in_sig[f]))
                 if key in groups:
                     groups[key]["bwd"].append(int(dur[b]))
+                    groups[key]["gpu_bwd"] += int(gpu_ns[b]) if timed[b] else 0
         rows: list[dict[str, Any]] = []
         for (m, is_eval, sig), g in groups.items():
             name, type_name = trace.modules[m] if m < len(trace.modules) else (f"<module {m}>", "?")
@@ -144,8 +161,14 @@ class ShapeTable:
                 "calls": len(d), "total_ns": int(d.sum()), "mean_ns": float(d.mean()),
                 "p50_ns": float(np.percentile(d, 50)), "p99_ns": float(np.percentile(d, 99)),
                 "bwd_calls": len(g["bwd"]), "bwd_total_ns": int(sum(g["bwd"]))})
+            if gpu:
+                rows[-1].update(gpu_calls=len(g["gpu"]), gpu_total_ns=int(sum(g["gpu"])),
+                                gpu_p50_ns=float(np.percentile(g["gpu"], 50)) if g["gpu"]
+                                else None, gpu_bwd_total_ns=g["gpu_bwd"])
         rows.sort(key=lambda r: -(r["total_ns"] + r["bwd_total_ns"]))
-        return cls(rows, True)
+        if gpu:  # stable: equal device time keeps the host order
+            rows.sort(key=lambda r: -(r["gpu_total_ns"] + r["gpu_bwd_total_ns"]))
+        return cls(rows, True, gpu)
 
     def _top(self, top: int | None) -> list[dict[str, Any]]:
         return self.rows if top is None else self.rows[:top]
@@ -156,11 +179,18 @@ class ShapeTable:
         if not self.recorded:
             return "no shapes recorded: trace with hooktrace.trace(model, shapes=True) or run --shapes"
         header = ["module", "in_shapes", "out_shapes", "calls", "total", "p50", "p99", "bwd_total"]
+        if self.gpu:
+            header = header[:3] + ["gpu_total", "gpu_p50", "gpu_bwd_total", "calls"] + [
+                "host_" + h for h in header[4:]]
         table = [header] + [
             [(r["module"] or "<root>") + (" [eval]" if r["mode"] == "eval" else ""),
-             r["in_shapes"] or "-", r["out_shapes"] or "-", str(r["calls"]),
-             format_ns(r["total_ns"]), format_ns(r["p50_ns"]), format_ns(r["p99_ns"]),
-             format_ns(r["bwd_total_ns"]) if r["bwd_calls"] else ""]
+             r["in_shapes"] or "-", r["out_shapes"] or "-"]
+            + ([format_ns(r["gpu_total_ns"]),
+                "" if r["gpu_p50_ns"] is None else format_ns(r["gpu_p50_ns"]),
+                format_ns(r["gpu_bwd_total_ns"]) if r["bwd_calls"] else ""] if self.gpu else [])
+            + [str(r["calls"]),
+               format_ns(r["total_ns"]), format_ns(r["p50_ns"]), format_ns(r["p99_ns"]),
+               format_ns(r["bwd_total_ns"]) if r["bwd_calls"] else ""]
             for r in self._top(top)]
         if not wide:  # long signatures: cut in the middle, keeping both ends
             for line in table[1:]:
@@ -170,12 +200,15 @@ class ShapeTable:
             lines.append(f"... {len(self.rows) - top} more rows")
         lines.append("one row per module and input signature (dtype[sizes] of each tensor "
                      "argument, in order); bwd_total: the backward of those calls")
+        if self.gpu:
+            lines.append("gpu_*: device time of the timed calls, sorted by gpu_total + "
+                         "gpu_bwd_total; host_*: host time")
         return "\n".join(lines)
 
     def to_csv(self, top: int | None = None) -> str:
         from hooktrace.text import csv_text
 
-        return csv_text(self._top(top), self.COLUMNS)
+        return csv_text(self._top(top), self.columns)
 
     def to_json(self, top: int | None = None) -> str:
         import json

@@ -262,3 +262,45 @@ def test_report_of_a_cuda_run_without_device_time_says_launch_time():
     assert "total_ns=total (time)" in heads and not any("gpu" in h for h in heads)
     assert text.count("host (launch) times") == 1
     assert "host (launch)" not in render_report(gpu_trace(gpu=False, accelerator=None))
+
+
+# -- summary --by-shape ---------------------------------------------------------------
+
+
+def _shaped(**kw):
+    import numpy as np
+
+    t = gpu_trace(shape_signatures=["float32[2,8]", "float32[4,8]"], fc1_gpu_ns=400_000, **kw)
+    # forward spans 0-2 (step 0) ran signature 0, 3-5 (step 1) signature 1
+    sig = np.array([0, 0, 0, 1, 1, 1] + [-1] * 6, np.int64)
+    t.derived("span_shapes", lambda: (sig, sig))
+    return t
+
+
+def test_by_shape_carries_device_time():
+    from hooktrace.shapes import ShapeTable
+
+    table = ShapeTable.from_trace(_shaped())
+    assert table.gpu
+    rows = [(r["module"], r["in_shapes"], r["gpu_total_ns"], r["gpu_bwd_total_ns"],
+             r["total_ns"]) for r in table.rows]
+    # device order (root, fc1, fc2) per signature; host would put fc2 before fc1
+    assert rows[:2] == [("", "float32[2,8]", 600_000, 340_000, 300_000),
+                        ("", "float32[4,8]", 600_000, 340_000, 300_000)]
+    assert rows[2][:4] == ("fc1", "float32[2,8]", 400_000, 200_000)
+    assert [r[0] for r in rows[4:]] == ["fc2", "fc2"]
+    text = table.to_text()
+    assert text.splitlines()[0].split()[:6] == ["module", "in_shapes", "out_shapes",
+                                                "gpu_total", "gpu_p50", "gpu_bwd_total"]
+    assert "host_total" in text.splitlines()[0]
+    header = table.to_csv().splitlines()[0].split(",")
+    assert header[5:9] == ["gpu_calls", "gpu_total_ns", "gpu_p50_ns", "gpu_bwd_total_ns"]
+    assert json.loads(table.to_json())["rows"][2]["gpu_p50_ns"] == 400_000
+
+
+def test_by_shape_without_device_time_is_unchanged():
+    from hooktrace.shapes import ShapeTable
+
+    table = ShapeTable.from_trace(_shaped(gpu=False))
+    assert not table.gpu and "gpu" not in table.to_text() and "gpu" not in table.to_csv()
+    assert [r["module"] for r in table.rows][2:4] == ["fc2", "fc2"]  # host order
