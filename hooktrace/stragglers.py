@@ -55,13 +55,16 @@ import numpy as np
 
 from hooktrace._kineto import ProfilerTraceError, open_binary, scan, us_to_ns
 from hooktrace.rankset import RankFile, RankSet, find_rank_files, map_ranks
-from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL, load
+from hooktrace.device_time import gpu_recorded, module_gpu
+from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL, TraceData, load
 from hooktrace.text import align_columns, format_ns
 
 __all__ = ["EXPLAINED", "MODES", "PHASES", "RankStats", "RanksSummary", "analyze",
-           "rank_stats"]
+           "rank_stats", "reduce_rank"]
 
-PHASES = ("fwd", "bwd")
+# "gpu fwd" / "gpu bwd": device time (trace(gpu=True), hooktrace.device_time), per step
+# over the steps that were timed; rows and stragglers of their own, listed first
+PHASES = ("fwd", "bwd", "gpu fwd", "gpu bwd")
 MODES = ("train", "eval")  # as the summary's rows' "mode"
 EXPLAINED = 0.8
 DEFAULT_THRESHOLD = 0.5  # a rank 1.5x the others' median ...
@@ -81,7 +84,7 @@ class RankStats:
     types: list[str]
     module: np.ndarray  # per (module, mode, phase, step) entry: module slot (int64)
     mode: np.ndarray  # 0 training calls, 1 eval calls (SPAN_EVAL)
-    phase: np.ndarray  # 0 forward, 1 backward
+    phase: np.ndarray  # index into PHASES: 0 forward, 1 backward, 2/3 their device time
     step: np.ndarray  # step number
     total_ns: np.ndarray
     calls: np.ndarray
@@ -93,6 +96,7 @@ class RankStats:
     coll_start_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     coll_end_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     profiler: str | None = None
+    timed_steps: int = 0  # steps with device time (0: none recorded)
 
 
 def _union_per_step(start: np.ndarray, end: np.ndarray, step_start: np.ndarray,
@@ -147,7 +151,15 @@ def _collectives(path: str, offset_ns: int) -> tuple[np.ndarray, np.ndarray]:
 def rank_stats(path: str, profiler: str | None = None) -> RankStats:
     """Read one rank and reduce it (runs in a worker process)."""
     run = load(path)
-    f = RankFile.from_trace(path, run)
+    stats = reduce_rank(run, RankFile.from_trace(path, run))
+    if profiler is not None:
+        stats.coll_start_ns, stats.coll_end_ns = _collectives(profiler, stats.file.offset_ns)
+        stats.profiler = profiler
+    return stats
+
+
+def reduce_rank(run: TraceData, f: RankFile) -> RankStats:
+    """One rank's run reduced to its :class:`RankStats` (``f``: its file's metadata)."""
     off = f.offset_ns
     spans = run.spans()
     steps = run.steps()
@@ -158,15 +170,29 @@ def rank_stats(path: str, profiler: str | None = None) -> RankStats:
     module = spans.module[sel].astype(np.int64)
     step = steps.number[row[sel]] if len(steps) else np.zeros(0, np.int64)
     n_mod = max(len(run.modules), int(module.max(initial=-1)) + 1)
+    dur = spans.duration_ns[sel]
+    end = spans.end_ns[sel]
+    timed = 0
+    if gpu_recorded(run) and len(steps):  # device time: phases 2 and 3, its steps
+        m = module_gpu(run, n_mod)
+        g_sel = m.step >= 0
+        gpu = run.gpu_spans()
+        n_mod = max(n_mod, m.n_mod)
+        module = np.r_[module, (m.group % m.n_mod)[g_sel]]
+        mode = np.r_[mode, (m.group >= m.n_mod)[g_sel].astype(np.int64)]
+        phase = np.r_[phase, 2 + m.backward[g_sel].astype(np.int64)]
+        step = np.r_[step, steps.number[m.step[g_sel]]]
+        dur = np.r_[dur, gpu.duration_ns[g_sel]]
+        end = np.r_[end, gpu.end_ns[g_sel]]
+        timed = len(np.unique(m.step[g_sel]))
     n_step = int(step.max(initial=-1)) + 1
     width = max(n_step, 1)
-    key = ((module * 2 + mode) * 2 + phase) * width + step
+    key = ((module * 2 + mode) * 4 + phase) * width + step
     uniq, inv = np.unique(key, return_inverse=True)
-    dur = spans.duration_ns[sel]
     total = np.bincount(inv, weights=dur, minlength=len(uniq)).astype(np.int64)
     calls = np.bincount(inv, minlength=len(uniq)).astype(np.int64)
     last_end = np.full(len(uniq), np.iinfo(np.int64).min, np.int64)
-    np.maximum.at(last_end, inv, spans.end_ns[sel] - off)
+    np.maximum.at(last_end, inv, end - off)
     top = np.flatnonzero(sel & (spans.parent < 0))
     covered = _union_per_step(spans.start_ns[top], spans.end_ns[top], steps.start_ns,
                               steps.end_ns)
@@ -175,13 +201,11 @@ def rank_stats(path: str, profiler: str | None = None) -> RankStats:
     types = [t for _, t in run.modules] + ["?"] * (n_mod - len(run.modules))
     stats = RankStats(
         file=f, modules=names, types=types,
-        module=uniq // width // 4, mode=uniq // width // 2 % 2, phase=uniq // width % 2,
+        module=uniq // width // 8, mode=uniq // width // 4 % 2, phase=uniq // width % 4,
         step=uniq % width, total_ns=total, calls=calls, last_end_ns=last_end,
         step_number=steps.number.copy(), step_start_ns=steps.start_ns - off,
-        step_end_ns=steps.end_ns - off, outside_ns=steps.duration_ns - covered)
-    if profiler is not None:
-        stats.coll_start_ns, stats.coll_end_ns = _collectives(profiler, off)
-        stats.profiler = profiler
+        step_end_ns=steps.end_ns - off, outside_ns=steps.duration_ns - covered,
+        timed_steps=timed)
     return stats
 
 
@@ -275,6 +299,10 @@ class RanksSummary:
             lines += align_columns(table, 2)
             if top is not None and len(self.stragglers) > top:
                 lines.append(f"... {len(self.stragglers) - top} more")
+        if any(r["phase"].startswith("gpu") for r in self.rows):
+            lines.append("")
+            lines.append("gpu fwd / gpu bwd: device time (trace(gpu=True)) per timed step; "
+                         "fwd / bwd: host time")
         if any(r["mode"] == "eval" for r in self.rows):
             lines.append("")
             lines.append("[eval]: the calls made with grad off (no_grad, inference_mode) or the "
@@ -353,7 +381,7 @@ def _combine(stats: list[RankStats], problems: list[str], threshold: float,
     types = [type_of[n] for n in names]
     all_steps = np.unique(np.concatenate([s.step for s in stats] + [np.zeros(0, np.int64)]))
     n_step = max(int(all_steps.max(initial=-1)) + 1, 1)
-    keys = [(g * 2 + s.phase) * n_step + s.step for g, s in zip(gmods, stats)]
+    keys = [(g * 4 + s.phase) * n_step + s.step for g, s in zip(gmods, stats)]
     uniq = np.unique(np.concatenate(keys + [np.zeros(0, np.int64)]))
     v = np.full((n_rank, len(uniq)), np.nan)
     last_end = np.full((n_rank, len(uniq)), np.iinfo(np.int64).min, np.int64)
@@ -361,22 +389,24 @@ def _combine(stats: list[RankStats], problems: list[str], threshold: float,
         col = np.searchsorted(uniq, k)
         v[i, col] = s.total_ns
         last_end[i, col] = s.last_end_ns
-    k_group, k_phase, k_step = uniq // n_step // 2, uniq // n_step % 2, uniq % n_step
+    k_group, k_phase, k_step = uniq // n_step // 4, uniq // n_step % 4, uniq % n_step
     k_mod, k_mode = k_group // 2, k_group % 2
     names_list = list(names)
     rank_ids = [s.file.rank if s.file.rank is not None else i for i, s in enumerate(stats)]
 
     # per module x mode x phase: time per step (NaN where a rank never ran it)
-    mp, mp_inv = np.unique(k_group * 2 + k_phase, return_inverse=True)
+    mp, mp_inv = np.unique(k_group * 4 + k_phase, return_inverse=True)
     steps_of = np.array([max(len(s.step_number), 1) for s in stats], np.float64)
+    # device time: per step over the steps that were timed (gpu_every=N times every N-th)
+    timed_of = np.array([max(s.timed_steps, 1) for s in stats], np.float64)
     agg = np.zeros((n_rank, len(mp)))
     seen = np.zeros((n_rank, len(mp)), bool)
     for j in range(len(mp)):  # (columns of one module x phase: its steps)
         block = v[:, mp_inv == j]
         seen[:, j] = ~np.isnan(block).all(axis=1)
-        agg[:, j] = np.nansum(block, axis=1) / steps_of
+        agg[:, j] = np.nansum(block, axis=1) / (timed_of if mp[j] % 4 >= 2 else steps_of)
     agg[~seen] = np.nan
-    rows = _rows(agg, mp // 2, mp % 2, names_list, types, rank_ids)
+    rows = _rows(agg, mp // 4, mp % 4, names_list, types, rank_ids)
     per_step = _rows(v, k_group, k_phase, names_list, types, rank_ids, steps=k_step)
 
     # stragglers
@@ -434,7 +464,8 @@ def _rows(v: np.ndarray, group: np.ndarray, phase: np.ndarray, names: list[str],
                    excess_ns=_num(slow_v[c] - slow_others[c]),
                    ratio=_num(slow_v[c] / slow_others[c]) if slow_others[c] > 0 else None)
         out.append(row)
-    out.sort(key=lambda r: -(r["median_ns"] or 0))
+    # device time first (when recorded), then by the median, largest first
+    out.sort(key=lambda r: (not r["phase"].startswith("gpu"), -(r["median_ns"] or 0)))
     return out
 
 

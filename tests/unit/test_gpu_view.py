@@ -304,3 +304,57 @@ def test_by_shape_without_device_time_is_unchanged():
     table = ShapeTable.from_trace(_shaped(gpu=False))
     assert not table.gpu and "gpu" not in table.to_text() and "gpu" not in table.to_csv()
     assert [r["module"] for r in table.rows][2:4] == ["fc2", "fc2"]  # host order
+
+
+# -- the ranks' straggler tables ------------------------------------------------------
+
+
+def _ranks(*traces):
+    from hooktrace.rankset import RankFile
+    from hooktrace.stragglers import _combine, reduce_rank
+
+    stats = [reduce_rank(t, RankFile.from_trace(f"rank{i}.htrace", t))
+             for i, t in enumerate(traces)]
+    return _combine(stats, [], 0.5, 100_000)
+
+
+def test_straggler_tables_carry_device_time():
+    # rank 1: fc1's device time 3x (1.2 ms per step), host times the same
+    report = _ranks(gpu_trace(rank=0, world_size=2),
+                    gpu_trace(rank=1, world_size=2, fc1_gpu_ns=1_200_000))
+    rows = {(r["module"], r["phase"]): r for r in report.rows}
+    fc1 = rows[("fc1", "gpu fwd")]
+    assert (fc1["median_ns"], fc1["slowest_rank"], fc1["slowest_ns"], fc1["excess_ns"]) == (
+        800_000, 1, 1_200_000, 800_000)
+    assert rows[("fc1", "gpu bwd")]["median_ns"] == 200_000
+    assert rows[("attn", "gpu fwd")]["median_ns"] == 50_000  # a kernel site, no host span
+    assert rows[("fc1", "fwd")]["median_ns"] == 100_000  # host per step
+    assert report.rows[0]["phase"].startswith("gpu")  # device time first
+    # the straggler is named on the device: fc1 (root's excess is explained by it)
+    found = [(s["rank"], s["module"], s["phase"], s["step"], s["excess_ns"])
+             for s in report.stragglers]
+    assert found == [(1, "fc1", "gpu fwd", 0, 800_000), (1, "fc1", "gpu fwd", 1, 800_000)]
+    text = report.to_text()
+    import re
+
+    assert "gpu fwd / gpu bwd: device time" in text
+    assert re.search(r"^fc1\s+gpu fwd\s+800 µs\s+1\s+1.20 ms", text, re.M), text
+
+
+def test_straggler_tables_per_timed_step_with_gpu_every():
+    import numpy as np
+
+    from hooktrace.reading import GpuSpans
+
+    t = gpu_trace(rank=0, steps=4)
+    g = t.gpu_spans()
+    keep = (g.start_ns // 2_000_000) % 2 == 0  # steps 0 and 2 timed
+    t._gpu_spans = GpuSpans({k: getattr(g, k)[keep] for k in
+                             ("start_ns", "end_ns", "self_ns", "span", "module", "cat",
+                              "device", "stream")})
+    report = _ranks(t, gpu_trace(rank=1, steps=4))
+    rows = {(r["module"], r["phase"]): r for r in report.rows}
+    # 400 µs per timed step on both ranks (not 200 µs over all 4 steps on rank 0)
+    assert rows[("fc1", "gpu fwd")]["slowest_ns"] == 400_000
+    assert np.isclose(rows[("fc1", "gpu fwd")]["median_ns"], 400_000)
+    assert report.stragglers == []
