@@ -345,6 +345,7 @@ def trace_with_spans(spans: Spans, modules: Sequence[tuple[str, str]],
 
 GPU_MODULES = [("", "Net"), ("fc1", "Linear"), ("fc2", "Linear"), ("attn", "Attention")]
 GPU_STEP_NS = 2_000_000  # the synthetic GPU run's steps start every 2 ms
+GPU_T0 = 1_000_000_000  # ... from 1 s after the epoch (Perfetto drops negative times)
 GPU_INFO = {"timer": "host", "every": 1, "timed_steps": 2, "skipped_capturing": 0,
             "dropped": 0, "align_error_ns": 1500}
 
@@ -355,7 +356,7 @@ def gpu_trace(*, gpu: bool = True, fc1_gpu_ns: int = 400_000, fc2_host_ns: int =
     step, one forward and one backward of each; ``attn`` is a kernel site of a compiled
     region (device intervals with ``span == -1``, no host span).
 
-    Per step (ns; ``o`` = step * GPU_STEP_NS), host spans (forward: root [o, o+300k],
+    Per step (ns; ``o`` = GPU_T0 + step * GPU_STEP_NS), host spans (forward: root [o, o+300k],
     fc1 [o+10k, o+110k], fc2 [o+120k, o+120k+fc2_host_ns]; backward: root [o+400k,
     o+800k] self 20k, fc2 [o+410k, o+500k], fc1 [o+510k, o+600k]) and device
     intervals, forward on stream 7 (root 600k + (F - 400k), fc1 F = ``fc1_gpu_ns``,
@@ -373,7 +374,7 @@ def gpu_trace(*, gpu: bool = True, fc1_gpu_ns: int = 400_000, fc2_host_ns: int =
     index: dict[tuple[int, int, int], int] = {}  # (step, cat, module) -> span index
     for cat, pattern, base in ((0, fwd_host, 0), (CAT_BACKWARD, bwd_host, n_fwd)):
         for s in range(steps):
-            o = s * GPU_STEP_NS
+            o = GPU_T0 + s * GPU_STEP_NS
             first = base + 3 * s
             for k, (a, b, self_, parent, mod) in enumerate(pattern):
                 index[(s, cat, mod)] = first + k
@@ -393,7 +394,7 @@ def gpu_trace(*, gpu: bool = True, fc1_gpu_ns: int = 400_000, fc2_host_ns: int =
                   threads=np.array([1], np.uint32), orphan_exits=0, unfinished=0)
     rows = []  # start, end, self, span, module, cat, stream
     for s in range(steps):
-        o = s * GPU_STEP_NS
+        o = GPU_T0 + s * GPU_STEP_NS
         d = f - 400_000
         rows += [
             (o + 50_000, o + 650_000 + d, 50_000, index[(s, 0, 0)], 0, 0, 7),
@@ -416,8 +417,9 @@ def gpu_trace(*, gpu: bool = True, fc1_gpu_ns: int = 400_000, fc2_host_ns: int =
     trace = trace_with_spans(spans, GPU_MODULES, **full_info)
     # each step ends 5 µs before the next one's first call (a step mark's own time
     # belongs to the step it ends)
-    trace._steps = Steps(np.arange(steps), np.arange(steps) * GPU_STEP_NS - 5_000,
-                         np.arange(1, steps + 1) * GPU_STEP_NS - 5_000, np.ones(steps, bool))
+    trace._steps = Steps(np.arange(steps), GPU_T0 + np.arange(steps) * GPU_STEP_NS - 5_000,
+                         GPU_T0 + np.arange(1, steps + 1) * GPU_STEP_NS - 5_000,
+                         np.ones(steps, bool))
     trace._gpu_spans = GpuSpans({
         "start_ns": g[:, 0], "end_ns": g[:, 1], "self_ns": g[:, 2], "span": g[:, 3],
         "module": g[:, 4].astype(np.uint32), "cat": g[:, 5].astype(np.uint8),

@@ -20,11 +20,14 @@ from hooktrace.exporters._chrome_json import micros as _micros
 from hooktrace.exporters._extra_args import extra_args
 from hooktrace.exporters._layout import (
     CHUNK_BYTES,
+    GPU_CATS,
     KERNEL_CAT,
     SPAN_CATS,
     STEP_CAT,
+    GpuSlices,
     KernelSlices,
     flop_args,
+    gpu_track_name,
 )
 from hooktrace.kernels import kernel_sites
 from hooktrace.numerics import COUNTER_NAME as NUMERICS_COUNTER
@@ -37,7 +40,9 @@ if TYPE_CHECKING:
     from hooktrace.reading import TraceData
 
 __all__ = [
+    "GPU_SORT_INDEX",
     "module_json",
+    "write_gpu_events",
     "write_kernel_events",
     "write_memory_counters",
     "write_node_events",
@@ -53,6 +58,53 @@ def module_json(modules: Sequence[tuple[str, str]]) -> tuple[list[str], list[str
     args = ['{"module":' + _dumps(name) + ',"type":' + _dumps(type_name)
             for name, type_name in modules]
     return names, args
+
+
+GPU_SORT_INDEX = 1 << 20  # the GPU rows' thread_sort_index: below every thread's rows
+
+
+def write_gpu_events(write: Any, trace: TraceData, gs: GpuSlices, first_tid: int,
+                     base_ns: int, *, chunk_bytes: int = CHUNK_BYTES) -> list[dict[str, Any]]:
+    """The device intervals (``trace(gpu=True)``) as ``,\n{event}`` items: one row per
+    device and stream, ``"GPU 0 stream 7"`` (tids from ``first_tid``, below the
+    threads), each interval an X event named by its module (the class for the root),
+    category ``hooktrace.gpu_forward`` / ``gpu_backward`` / ``gpu_recompute``, args
+    ``module``, ``type``, ``call``, ``device``, ``stream``, ``self_ns`` (less the
+    intervals nested in it). Returns the rows' entries for the ``"tracks"`` table."""
+    if not len(gs.index):
+        return []
+    pid = trace.pid
+    gpu = trace.gpu_spans()
+    names, args = module_json(trace.modules)
+    entries = []
+    items = []
+    for k, (device, stream, lane) in enumerate(gs.tracks):
+        tid = first_tid + k
+        items += [{"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                   "args": {"name": gpu_track_name(device, stream, lane)}},
+                  {"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+                   "args": {"sort_index": GPU_SORT_INDEX + k}}]
+        entries.append({"tid": tid, "thread": 0, "kind": "gpu", "lane": lane,
+                        "device": device, "stream": stream})
+    text = "".join(",\n" + _dumps(m) for m in items)
+    n_mod = len(trace.modules)
+    for j, i in enumerate(gs.index.tolist()):
+        m = int(gpu.module[i])
+        name, arg = ((names[m], args[m]) if m < n_mod else
+                     (_dumps(f"<module {m}>"), '{"module":' + _dumps(f"<module {m}>")
+                      + ',"type":"?"'))
+        device, stream, _ = gs.tracks[int(gs.track[j])]
+        start, end = int(gs.start[j]), int(gs.end[j])
+        text += (f',\n{{"ph":"X","cat":"{GPU_CATS[int(gpu.cat[i])]}","name":{name},'
+                 f'"pid":{pid},"tid":{first_tid + int(gs.track[j])},'
+                 f'"ts":{_micros(start - base_ns)},"dur":{_micros(end - start)},'
+                 f'"args":{arg},"call":{int(gs.call[j])},"device":{device},'
+                 f'"stream":{stream},"self_ns":{int(gpu.self_ns[i])}}}}}')
+        if len(text) >= chunk_bytes:
+            write(text.encode("utf-8"))
+            text = ""
+    write(text.encode("utf-8"))
+    return entries
 
 
 def write_steps(write: Any, trace: TraceData, tid: int, base_ns: int,

@@ -38,6 +38,9 @@ NODE_CAT = "hooktrace.autograd_node"
 # named by the module it is attributed to, on its region span's row.
 KERNEL_CAT = "hooktrace.kernel"
 UNATTRIBUTED_CAT = "hooktrace.autograd_unattributed"
+# Device time of module calls (trace(gpu=True), hooktrace.device_time): one slice per
+# timed interval, on a row per device and stream ("GPU 0 stream 7"), indexed by cat.
+GPU_CATS = tuple(f"hooktrace.gpu_{c}" for c in CAT_NAMES)
 
 # Exporter-only span flag (csrc/spans.h kSpanFlopsCounted): args "flops_counted": true.
 SPAN_FLOPS_COUNTED = 8
@@ -70,6 +73,67 @@ def track_name(thread: str, kind: int, lane: int) -> str:
     if kind == KIND_BACKWARD:
         return f"{thread} backward" + (f" (overlap {lane})" if lane else "")
     return f"{thread} autograd (unattributed" + (f", overlap {lane}" if lane else "") + ")"
+
+
+def gpu_track_name(device: int, stream: int, lane: int) -> str:
+    """Row name of a device stream's slices (``lane`` > 0: intervals that did not nest).
+
+    Example:
+        >>> gpu_track_name(0, 7, 0), gpu_track_name(1, 13, 1)
+        ('GPU 0 stream 7', 'GPU 1 stream 13 (overlap 1)')
+    """
+    return f"GPU {device} stream {stream}" + (f" (overlap {lane})" if lane else "")
+
+
+class GpuSlices(NamedTuple):
+    """The device intervals to write (:func:`gpu_slices`): ``index`` into the run's
+    GpuSpans, ``start``/``end`` (Unix ns, clipped to the window), ``track`` (index into
+    ``tracks``: ``(device, stream, lane)``, in that order) and ``call`` (the host
+    call's ordinal; a kernel site's: its n-th interval of the module)."""
+
+    index: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    track: np.ndarray
+    call: np.ndarray
+    tracks: list[tuple[int, int, int]]
+
+
+def gpu_slices(trace: TraceData, window: tuple[int, int] | None = None) -> GpuSlices:
+    """The run's device intervals (``trace.gpu_spans()``) that overlap ``window``, on
+    one row per (device, stream), with overlap lanes (``_C.assign_lanes``) wherever
+    intervals of one stream would not nest strictly. Times are the device's, aligned
+    to the host clock, so the rows sit under the host's."""
+    gpu = trace.gpu_spans()
+    lo, hi = window if window is not None else (np.iinfo(np.int64).min, np.iinfo(np.int64).max)
+    keep = np.flatnonzero((gpu.end_ns >= lo) & (gpu.start_ns <= hi)
+                          & (gpu.end_ns >= gpu.start_ns))
+    start = np.maximum(gpu.start_ns[keep], lo).astype(np.int64)
+    end = np.minimum(gpu.end_ns[keep], hi).astype(np.int64)
+    dev, stream = gpu.device[keep].astype(np.int64), gpu.stream[keep].astype(np.int64)
+    pairs, group = (np.unique(np.stack([dev, stream], 1), axis=0, return_inverse=True)
+                    if len(keep) else (np.zeros((0, 2), np.int64), np.zeros(0, np.int64)))
+    group = group.reshape(-1)
+    lane = (_C.assign_lanes(np.ascontiguousarray(start), np.ascontiguousarray(end),
+                            group.astype(np.uint32)).astype(np.int64)
+            if len(keep) else np.zeros(0, np.int64))
+    keys, track = (np.unique(group * (1 << 20) + lane, return_inverse=True)
+                   if len(keep) else (np.zeros(0, np.int64), np.zeros(0, np.int64)))
+    tracks = [(int(pairs[k >> 20][0]), int(pairs[k >> 20][1]), int(k & ((1 << 20) - 1)))
+              for k in keys.tolist()]
+    spans = trace.spans()
+    span = gpu.span[keep]
+    has = (span >= 0) & (span < len(spans))
+    call = np.zeros(len(keep), np.int64)
+    if len(spans):
+        call[has] = spans.call[span[has]]
+    loose = np.flatnonzero(~has)  # kernel sites: the n-th of the module's, in time order
+    if len(loose):
+        order = loose[np.lexsort((gpu.start_ns[keep][loose], gpu.module[keep][loose]))]
+        m = gpu.module[keep][order].astype(np.int64)
+        first = np.r_[0, np.flatnonzero(np.diff(m)) + 1]
+        call[order] = np.arange(len(order)) - np.repeat(first, np.diff(np.r_[first, len(m)]))
+    return GpuSlices(keep, start, end, track.reshape(-1).astype(np.int64), call, tracks)
 
 
 def _empty() -> np.ndarray:
@@ -240,8 +304,11 @@ def plan_export(trace: TraceData, *, nodes: bool = False,
     lo, hi = c.bounds or OPEN_WINDOW
     in_window = (steps.end_ns >= lo) & (steps.start_ns <= hi)
     step_starts = np.maximum(steps.start_ns[in_window], lo)
+    # device intervals (trace(gpu=True)) in the window, clipped to it, count too
+    gpu = trace.gpu_spans()
+    gpu_starts = np.maximum(gpu.start_ns[(gpu.end_ns >= lo) & (gpu.start_ns <= hi)], lo)
     starts = [int(a.min()) for a in (c.span_start[kept], c.node_start[on_backward],
-                                     c.node_start[loose], step_starts) if len(a)]
+                                     c.node_start[loose], step_starts, gpu_starts) if len(a)]
     if starts:
         base_ns = min(starts) // 1000 * 1000
     else:

@@ -64,6 +64,7 @@ from hooktrace._output import open_output
 from hooktrace.exporters._chrome_json import dumps as _dumps
 from hooktrace.exporters._chrome_events import (  # re-exported: their old home
     module_json,
+    write_gpu_events,
     write_kernel_events,
     write_memory_counters,
     write_node_events,
@@ -78,6 +79,7 @@ from hooktrace.exporters._layout import (
     UNATTRIBUTED_CAT,
     ExportPlan,
     TrackLayout,
+    gpu_slices,
     info_block,
     kernel_slices,
     plan_export,
@@ -173,9 +175,14 @@ def write_chrome(
                         base_ns, chunk_bytes=chunk_bytes)
     window = plan.cut.bounds
     step_track = write_steps(f.write, trace, plan.layout.next_tid, base_ns, window)
+    # device time (trace(gpu=True)): a row per device and stream, below the threads
+    gpu_tracks = write_gpu_events(f.write, trace, gpu_slices(trace, window),
+                                  plan.layout.next_tid + 1, base_ns, chunk_bytes=chunk_bytes)
     write_memory_counters(f.write, trace, base_ns, window)
+    block = info_block(trace, plan, step_track)
+    block["tracks"] += gpu_tracks
     tail = (
         '\n],\n"displayTimeUnit":"ns","baseTimeNanoseconds":' + str(base_ns)
-        + ',\n"hooktrace":' + _dumps(info_block(trace, plan, step_track)) + "}\n"
+        + ',\n"hooktrace":' + _dumps(block) + "}\n"
     )
     f.write(tail.encode("utf-8"))

@@ -57,12 +57,15 @@ from hooktrace._filters import OPEN_WINDOW, Filters
 from hooktrace._output import open_output
 from hooktrace.exporters._layout import (
     CHUNK_BYTES,
+    GPU_CATS,
     KERNEL_CAT,
     NODE_CAT,
     SPAN_CATS,
     STEP_CAT,
     UNATTRIBUTED_CAT,
     flop_args,
+    gpu_slices,
+    gpu_track_name,
     info_block,
     kernel_slices,
     plan_export,
@@ -91,6 +94,7 @@ _PROCESS_UUID = 1
 _TYPE_COUNTER = 4  # TrackEvent.Type
 _UNIT_SIZE_BYTES = 3  # CounterDescriptor.Unit
 _DESCRIPTOR_SEQUENCE = 1  # descriptors and the info event; tracks use 2, 3, ...
+_GPU_UUID = 1 << 40  # the first device stream track's uuid (trace(gpu=True))
 _CHILD_ORDERING_EXPLICIT = 3
 
 
@@ -269,7 +273,7 @@ def write_perfetto(
         trace.node_names[i] if i < len(trace.node_names) else f"<node {i}>"
         for i in range(n_node_names)]
     strings = ([name for name, _ in trace.modules] + [t for _, t in trace.modules] + [""])
-    cats = [*SPAN_CATS, NODE_CAT, UNATTRIBUTED_CAT, KERNEL_CAT]
+    cats = [*SPAN_CATS, NODE_CAT, UNATTRIBUTED_CAT, KERNEL_CAT, *GPU_CATS]
 
     # Columns: the written spans, then each node group (the Chrome file's order).
     start = [plan.start]
@@ -326,20 +330,59 @@ def write_perfetto(
             flops.append(np.full(len(ks.start), -1, np.int64))
             tflops.append(np.full(len(ks.start), np.nan))
 
+    # device intervals (trace(gpu=True)): a track per device and stream, under the
+    # process, with the Chrome export's slices (args device, stream, self_ns as extras)
+    n_tracks = n_threads + len(layout.tracks)
+    gs = gpu_slices(trace, plan.cut.bounds)
+    gpu_at = sum(len(a) for a in start)
+    gpu_extras: list[bytes] = []
+    if len(gs.index):
+        gpu = trace.gpu_spans()
+        mod = gpu.module[gs.index].astype(np.int64)
+        if int(mod.max()) >= n_modules:  # (a slot past the module table: named "?")
+            strings.append("?")
+            names.append("?")
+        unknown = mod >= n_modules
+        start.append(gs.start)
+        end.append(gs.end)
+        track.append((n_tracks + gs.track).astype(np.uint32))
+        name.append(np.where(unknown, len(names) - 1, mod).astype(np.uint32))
+        cat.append((cats.index(GPU_CATS[0]) + gpu.cat[gs.index]).astype(np.uint8))
+        flags.append(np.zeros(len(gs.index), np.uint8))
+        str_a.append(np.where(unknown, len(strings) - 1, mod))
+        str_b.append(np.where(unknown, len(strings) - 1, n_modules + mod))
+        int_a.append(gs.call)
+        int_b.append(np.full(len(gs.index), -1, np.int64))
+        if fl is not None:
+            flops.append(np.full(len(gs.index), -1, np.int64))
+            tflops.append(np.full(len(gs.index), np.nan))
+        for j, i in enumerate(gs.index.tolist()):
+            device, stream, _ = gs.tracks[int(gs.track[j])]
+            gpu_extras.append(b"".join(_bytes(4, _annotation(k, v)) for k, v in (
+                ("device", device), ("stream", stream), ("self_ns", int(gpu.self_ns[i])))))
+
     def col(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
         if not parts:  # (FLOPs of a run recorded without them: none)
             return np.zeros(0, dtype)
         return np.ascontiguousarray(np.concatenate(parts).astype(dtype, copy=False))
 
     all_start = col(start, np.int64)
-    n_tracks = n_threads + len(layout.tracks)
     write(_descriptors(trace, os_threads, layout.tracks))
+    write(b"".join(_packet(_bytes(60, _uint(1, _GPU_UUID + k) + _uint(5, _PROCESS_UUID)
+                                  + _str(2, gpu_track_name(*t))))
+                   for k, t in enumerate(gs.tracks)))
     steps_packets, n_steps = _steps(trace, plan, 2 + n_tracks)
     write(steps_packets)
     write(_memory_counters(trace, plan, 3 + n_tracks))
     block = info_block(trace, plan)
     write(_info_event(int(all_start.min()) if len(all_start) else plan.base_ns, block))
     extra, extra_annotations = _extra_annotations(trace, span_index, len(all_start))
+    if gpu_extras:
+        if not len(extra):
+            extra = np.full(len(all_start), -1, np.int64)
+        extra[gpu_at:gpu_at + len(gpu_extras)] = len(extra_annotations) + np.arange(
+            len(gpu_extras))
+        extra_annotations = extra_annotations + gpu_extras
     columns = {
         "start_ns": all_start, "end_ns": col(end, np.int64), "track": col(track, np.uint32),
         "name": col(name, np.uint32), "cat": col(cat, np.uint8), "flags": col(flags, np.uint8),
@@ -348,7 +391,9 @@ def write_perfetto(
         "flops": col(flops, np.int64), "tflops": col(tflops, np.float64), "extra": extra,
     }
     result = _C.write_perfetto_slices(
-        write, columns, track_uuid=np.arange(2, 2 + n_tracks, dtype=np.uint64), names=names,
+        write, columns, track_uuid=np.r_[np.arange(2, 2 + n_tracks, dtype=np.uint64),
+                                         _GPU_UUID + np.arange(len(gs.tracks), dtype=np.uint64)],
+        names=names,
         strings=strings, cat_names=cats, extra_annotations=extra_annotations,
         first_sequence_id=_DESCRIPTOR_SEQUENCE + 1, chunk_bytes=chunk_bytes,
     )

@@ -9,7 +9,7 @@ import io
 import json
 
 import pytest
-from conftest import gpu_trace
+from conftest import GPU_STEP_NS, GPU_T0, gpu_trace
 
 from hooktrace.device_time import LAUNCH_NOTE, kernel_label, timed_steps
 
@@ -133,7 +133,7 @@ def test_timed_steps_with_gpu_every():
     # gpu_every=2 on a 4-step run: only steps 0 and 2 have device time
     t = gpu_trace(steps=4)
     g = t.gpu_spans()
-    keep = (g.start_ns // 2_000_000) % 2 == 0
+    keep = ((g.start_ns - GPU_T0) // GPU_STEP_NS) % 2 == 0
     from hooktrace.reading import GpuSpans
 
     t._gpu_spans = GpuSpans({k: getattr(g, k)[keep] for k in
@@ -348,7 +348,7 @@ def test_straggler_tables_per_timed_step_with_gpu_every():
 
     t = gpu_trace(rank=0, steps=4)
     g = t.gpu_spans()
-    keep = (g.start_ns // 2_000_000) % 2 == 0  # steps 0 and 2 timed
+    keep = ((g.start_ns - GPU_T0) // GPU_STEP_NS) % 2 == 0  # steps 0 and 2 timed
     t._gpu_spans = GpuSpans({k: getattr(g, k)[keep] for k in
                              ("start_ns", "end_ns", "self_ns", "span", "module", "cat",
                               "device", "stream")})
