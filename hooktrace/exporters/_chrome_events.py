@@ -29,6 +29,7 @@ from hooktrace.exporters._layout import (
     flop_args,
     gpu_track_name,
 )
+from hooktrace.device_time import launch_time_only
 from hooktrace.kernels import kernel_sites
 from hooktrace.numerics import COUNTER_NAME as NUMERICS_COUNTER
 from hooktrace.numerics import counter_points as numerics_counter
@@ -252,9 +253,12 @@ def write_kernel_events(write: Any, trace: TraceData, ks: KernelSlices, base_ns:
                         chunk_bytes: int = CHUNK_BYTES) -> None:
     """The kernel-derived slices (``hooktrace.kernels``) as ``,\n{event}`` items: named
     by their module, category ``hooktrace.kernel``, args ``module``, ``type``,
-    ``kernel`` (the generated kernel's name) and ``derived: true``."""
+    ``kernel`` (the generated kernel's name) and ``derived: true``; on a CUDA run
+    without device time also ``launch: true`` (the slice is the host time launching
+    the kernel, not its run time: hooktrace.device_time)."""
     if not len(ks.start):
         return
+    launch = ',"launch":true' if launch_time_only(trace) else ""
     names, args = module_json(trace.modules)
     sites = [_dumps(s[0]) for s in kernel_sites(trace.info)]
     pid, cat = trace.pid, _dumps(KERNEL_CAT)
@@ -264,7 +268,7 @@ def write_kernel_events(write: Any, trace: TraceData, ks: KernelSlices, base_ns:
                                              ks.module.tolist(), ks.site.tolist()):
         item = (f',\n{{"ph":"X","cat":{cat},"name":{names[module]},"pid":{pid},"tid":{row},'
                 f'"ts":{_micros(start - base_ns)},"dur":{_micros(end - start)},'
-                f'"args":{args[module]},"kernel":{sites[site]},"derived":true}}}}')
+                f'"args":{args[module]},"kernel":{sites[site]},"derived":true{launch}}}}}')
         parts.append(item)
         size += len(item)
         if size >= chunk_bytes:

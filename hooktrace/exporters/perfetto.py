@@ -73,6 +73,7 @@ from hooktrace.exporters._layout import (
     track_name,
 )
 from hooktrace.exporters._extra_args import extra_args
+from hooktrace.device_time import launch_time_only
 from hooktrace.kernels import kernel_sites
 from hooktrace.numerics import COUNTER_NAME as NUMERICS_COUNTER
 from hooktrace.numerics import counter_points as numerics_counter
@@ -313,6 +314,7 @@ def write_perfetto(
 
     # kernel-derived slices (hooktrace.kernels), on their region span's row
     ks = kernel_slices(trace, plan.spans, plan.start, plan.end, plan.row)
+    kernels_at = sum(len(a) for a in start)
     if len(ks.start):
         site_strings = len(strings)
         strings += [site[0] for site in kernel_sites(trace.info)]
@@ -377,6 +379,11 @@ def write_perfetto(
     block = info_block(trace, plan)
     write(_info_event(int(all_start.min()) if len(all_start) else plan.base_ns, block))
     extra, extra_annotations = _extra_annotations(trace, span_index, len(all_start))
+    if len(ks.start) and launch_time_only(trace):  # their host time is launch time
+        if not len(extra):
+            extra = np.full(len(all_start), -1, np.int64)
+        extra[kernels_at:kernels_at + len(ks.start)] = len(extra_annotations)
+        extra_annotations = extra_annotations + [_bytes(4, _annotation("launch", True))]
     if gpu_extras:
         if not len(extra):
             extra = np.full(len(all_start), -1, np.int64)

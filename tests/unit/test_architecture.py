@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "hooktrace.summary", "hooktrace.diff", "hooktrace._diff_inputs", "hooktrace.attribution",
         "hooktrace.rankset", "hooktrace.stragglers", "hooktrace._filters", "hooktrace.memory",
         "hooktrace.flops", "hooktrace.kernels", "hooktrace.numerics",
-        "hooktrace.shapes"}),
+        "hooktrace.shapes", "hooktrace.device_time"}),
     ("outputs", {
         "hooktrace.exporters", "hooktrace.exporters._layout", "hooktrace.exporters.chrome",
         "hooktrace.exporters.perfetto", "hooktrace.exporters.ranks", "hooktrace.exporters._extra_args",

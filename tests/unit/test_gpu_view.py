@@ -358,3 +358,140 @@ def test_straggler_tables_per_timed_step_with_gpu_every():
     assert rows[("fc1", "gpu fwd")]["slowest_ns"] == 400_000
     assert np.isclose(rows[("fc1", "gpu fwd")]["median_ns"], 400_000)
     assert report.stragglers == []
+
+
+# -- exports -------------------------------------------------------------------------
+
+
+def test_chrome_export_draws_a_gpu_row_per_device_and_stream(tmp_path):
+    from hooktrace.exporters.chrome import write_chrome
+
+    with open(tmp_path / "run.json", "wb") as f:
+        write_chrome(gpu_trace(), f)
+    doc = json.loads((tmp_path / "run.json").read_text())
+    rows = {e["args"]["name"]: e["tid"] for e in doc["traceEvents"]
+            if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert "GPU 0 stream 7" in rows and "GPU 0 stream 13" in rows
+    gpu = [e for e in doc["traceEvents"] if e.get("cat", "").startswith("hooktrace.gpu_")]
+    assert len(gpu) == 14  # 7 intervals per step, 2 steps
+    fwd = [e for e in gpu if e["tid"] == rows["GPU 0 stream 7"]]
+    assert {e["cat"] for e in fwd} == {"hooktrace.gpu_forward"}
+    base = doc["baseTimeNanoseconds"]
+    assert base == GPU_T0 - 5_000  # the first step's start
+    fc1 = next(e for e in fwd if e["name"] == "fc1")
+    # fc1's first interval: [T0 + 60 µs, + 400 µs] on the device timeline, host-aligned
+    assert (fc1["ts"], fc1["dur"]) == (65.0, 400.0)
+    assert fc1["args"] == {"module": "fc1", "type": "Linear", "call": 0, "device": 0,
+                           "stream": 7, "self_ns": 400_000}
+    attn = [e for e in fwd if e["name"] == "attn"]  # kernel sites: numbered per module
+    assert [e["args"]["call"] for e in attn] == [0, 1]
+    bwd = [e for e in gpu if e["tid"] == rows["GPU 0 stream 13"]]
+    assert {e["cat"] for e in bwd} == {"hooktrace.gpu_backward"} and len(bwd) == 6
+    tracks = [t for t in doc["hooktrace"]["tracks"] if t["kind"] == "gpu"]
+    assert [(t["device"], t["stream"], t["lane"]) for t in tracks] == [(0, 7, 0), (0, 13, 0)]
+
+
+def test_chrome_export_window_clips_the_gpu_rows():
+    import io
+
+    from hooktrace._filters import Filters
+    from hooktrace.exporters.chrome import write_chrome
+
+    b = io.BytesIO()
+    write_chrome(gpu_trace(), b, filters=Filters(steps=(1, 1)))
+    doc = json.loads(b.getvalue())
+    gpu = [e for e in doc["traceEvents"] if e.get("cat", "").startswith("hooktrace.gpu_")]
+    assert len(gpu) == 7 and all(e["args"]["call"] == 1 for e in gpu if e["name"] != "attn")
+
+
+def test_no_gpu_rows_without_device_time():
+    import io
+
+    from hooktrace.exporters.chrome import write_chrome
+
+    b = io.BytesIO()
+    write_chrome(gpu_trace(gpu=False), b)
+    assert b"GPU 0" not in b.getvalue() and b"hooktrace.gpu_" not in b.getvalue()
+
+
+@pytest.fixture(scope="module")
+def tp():
+    from perfetto_check import trace_processor
+
+    with trace_processor() as tp:
+        yield tp
+
+
+def test_gpu_rows_pass_perfetto_check_in_both_formats(tp, tmp_path):
+    from perfetto_check import check
+
+    from hooktrace.exporters.chrome import write_chrome
+    from hooktrace.exporters.perfetto import write_perfetto
+
+    trace = gpu_trace()
+    with open(tmp_path / "run.json", "wb") as f:
+        write_chrome(trace, f)
+    with open(tmp_path / "run.pftrace", "wb") as f:
+        assert write_perfetto(trace, f) == {"slices": 26, "not_nested": 0}
+    js, pb = check([tmp_path / "run.json", tmp_path / "run.pftrace"], tp)
+    assert js.ok and pb.ok, f"{js}\n{pb}"
+    assert {"hooktrace.gpu_forward", "hooktrace.gpu_backward"} <= js.categories
+    assert pb.slices == js.slices + 1  # (and the .pftrace's "hooktrace info" instant)
+    rows = tp.query("select t.name as track, s.name, s.ts, s.dur, s.depth from slice s "
+                    "join track t on s.track_id = t.id where t.name like 'GPU %' "
+                    "order by t.name, s.ts, s.depth")
+    on7 = [r for r in rows if r["track"] == "GPU 0 stream 7"]
+    assert len(on7) == 8 and len(rows) == 14
+    # the root's forward, its children nested one level down, at the device's times
+    assert (on7[0]["name"], on7[0]["ts"], on7[0]["dur"], on7[0]["depth"]) == (
+        "Net", GPU_T0 + 50_000, 600_000, 0)
+    assert (on7[1]["name"], on7[1]["ts"], on7[1]["depth"]) == ("fc1", GPU_T0 + 60_000, 1)
+    args = tp.query("select a.key, a.int_value from slice s join track t on s.track_id = t.id "
+                    "join args a on a.arg_set_id = s.arg_set_id where t.name = 'GPU 0 stream 13'"
+                    " and s.name = 'fc1' and s.ts = " + str(GPU_T0 + 765_000))
+    got = {r["key"].split(".")[-1]: r["int_value"] for r in args}
+    assert got["stream"] == 13 and got["self_ns"] == 200_000 and got["device"] == 0
+
+
+def _compiled_region(**info):
+    import numpy as np
+
+    from conftest import build_trace
+
+    from hooktrace._events import EVENT_DTYPE
+
+    # one compiled region (Block) whose wrapper ran two kernel sites (kernels.py's example)
+    ev = np.zeros(6, EVENT_DTYPE)
+    ev["kind"] = [1, 8, 9, 8, 9, 2]
+    ev["id"] = [0, 0, 0, 1, 1, 0]
+    ev["t"] = np.array([0, 10, 30, 40, 100, 120]) + GPU_T0
+    ev["tid"] = 1
+    return build_trace(ev, [("", "Block"), ("norm", "LayerNorm"), ("fc", "Linear")],
+                       kernel_sites=[["triton_0", "norm", "forward"],
+                                     ["extern_kernels.mm", "fc", "forward"]], **info)
+
+
+def test_kernel_rows_and_slices_of_a_cuda_run_without_device_time_are_launches(tmp_path, tp):
+    from perfetto_check import check
+
+    from hooktrace.exporters.chrome import write_chrome
+    from hooktrace.exporters.perfetto import write_perfetto
+
+    cuda, cpu = _compiled_region(accelerator="cuda"), _compiled_region()
+    text = cuda.summary().to_text()
+    assert "fc [kernel launches]" in text and "norm [kernel launches]" in text
+    assert "fc [kernels]" in cpu.summary().to_text()
+    for trace, launch in ((cuda, True), (cpu, False)):
+        with open(tmp_path / "k.json", "wb") as f:
+            write_chrome(trace, f)
+        ks = [e for e in json.loads((tmp_path / "k.json").read_text())["traceEvents"]
+              if e.get("cat") == "hooktrace.kernel"]
+        assert [(e["name"], e["dur"], e["args"].get("launch")) for e in ks] == [
+            ("norm", 0.02, True if launch else None), ("fc", 0.06, True if launch else None)]
+        with open(tmp_path / "k.pftrace", "wb") as f:
+            write_perfetto(trace, f)
+        [pb] = check([tmp_path / "k.pftrace"], tp)
+        assert pb.ok, pb
+        got = tp.query("select count(*) as n from slice s join args a on a.arg_set_id = "
+                       "s.arg_set_id where a.key like '%launch'")
+        assert got == [{"n": 2 if launch else 0}]
