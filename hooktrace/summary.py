@@ -459,8 +459,10 @@ class Summary:
             columns = list(_TEXT_NARROW) + (_TEXT_NARROW_BACKWARD if has_bwd else []) + (
                 _TEXT_RECOMPUTE[:1] if has_rec else [])
         if "flops" in self.columns and (wide or flops):
-            columns += [c for c in _TEXT_FLOPS if wide or c[1] != "mfu" or any(
-                r.get("mfu") is not None for r in self.rows)]
+            # (MFU and TFLOP/s are withheld on a CUDA run without device time: no column)
+            columns += [c for c in _TEXT_FLOPS if wide or c[1] not in ("mfu", "tflops",
+                                                                       "bwd_tflops") or any(
+                r.get(c[1]) is not None for r in self.rows)]
         mem_keys = [k for k in self.columns if k.startswith(("mem_", "bwd_mem_", "cuda_"))]
         if mem_keys and (wide or memory):
             if not wide and any(k.startswith("cuda_") for k in mem_keys):
@@ -788,11 +790,10 @@ def _add_gpu(rows: list[dict[str, Any]], trace: TraceData) -> list[str]:
     for (name, mode), v in values.items():
         if (name, mode) in seen:
             continue
-        slot = next((i for i, (n_, _) in enumerate(trace.modules) if n_ == name), None)
+        type_name = next((t for n_, t in trace.modules if n_ == name), "?")
         row: dict[str, Any] = dict.fromkeys(_COLUMNS)
         # no host column: its calls were compiled into a region launched from the host
-        row.update(module=name, type=trace.modules[slot][1] if slot is not None else "?",
-                   mode=mode, timing="kernels")
+        row.update(module=name, type=type_name, mode=mode, timing="kernels")
         rows.append(row)
     for row in rows:
         v = values.get((row["module"], row["mode"]), {})

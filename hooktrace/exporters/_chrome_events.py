@@ -72,7 +72,7 @@ def write_gpu_events(write: Any, trace: TraceData, gs: GpuSlices, first_tid: int
     category ``hooktrace.gpu_forward`` / ``gpu_backward`` / ``gpu_recompute``, args
     ``module``, ``type``, ``call``, ``device``, ``stream``, ``self_ns`` (less the
     intervals nested in it). Returns the rows' entries for the ``"tracks"`` table."""
-    if not len(gs.index):
+    if not len(gs.rows):
         return []
     pid = trace.pid
     gpu = trace.gpu_spans()
@@ -89,7 +89,7 @@ def write_gpu_events(write: Any, trace: TraceData, gs: GpuSlices, first_tid: int
                         "device": device, "stream": stream})
     text = "".join(",\n" + _dumps(m) for m in items)
     n_mod = len(trace.modules)
-    for j, i in enumerate(gs.index.tolist()):
+    for j, i in enumerate(gs.rows.tolist()):
         m = int(gpu.module[i])
         name, arg = ((names[m], args[m]) if m < n_mod else
                      (_dumps(f"<module {m}>"), '{"module":' + _dumps(f"<module {m}>")

@@ -86,12 +86,12 @@ def gpu_track_name(device: int, stream: int, lane: int) -> str:
 
 
 class GpuSlices(NamedTuple):
-    """The device intervals to write (:func:`gpu_slices`): ``index`` into the run's
+    """The device intervals to write (:func:`gpu_slices`): ``rows`` of the run's
     GpuSpans, ``start``/``end`` (Unix ns, clipped to the window), ``track`` (index into
     ``tracks``: ``(device, stream, lane)``, in that order) and ``call`` (the host
     call's ordinal; a kernel site's: its n-th interval of the module)."""
 
-    index: np.ndarray
+    rows: np.ndarray
     start: np.ndarray
     end: np.ndarray
     track: np.ndarray

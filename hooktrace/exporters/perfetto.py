@@ -338,9 +338,9 @@ def write_perfetto(
     gs = gpu_slices(trace, plan.cut.bounds)
     gpu_at = sum(len(a) for a in start)
     gpu_extras: list[bytes] = []
-    if len(gs.index):
+    if len(gs.rows):
         gpu = trace.gpu_spans()
-        mod = gpu.module[gs.index].astype(np.int64)
+        mod = gpu.module[gs.rows].astype(np.int64)
         if int(mod.max()) >= n_modules:  # (a slot past the module table: named "?")
             strings.append("?")
             names.append("?")
@@ -349,16 +349,16 @@ def write_perfetto(
         end.append(gs.end)
         track.append((n_tracks + gs.track).astype(np.uint32))
         name.append(np.where(unknown, len(names) - 1, mod).astype(np.uint32))
-        cat.append((cats.index(GPU_CATS[0]) + gpu.cat[gs.index]).astype(np.uint8))
-        flags.append(np.zeros(len(gs.index), np.uint8))
+        cat.append((cats.index(GPU_CATS[0]) + gpu.cat[gs.rows]).astype(np.uint8))
+        flags.append(np.zeros(len(gs.rows), np.uint8))
         str_a.append(np.where(unknown, len(strings) - 1, mod))
         str_b.append(np.where(unknown, len(strings) - 1, n_modules + mod))
         int_a.append(gs.call)
-        int_b.append(np.full(len(gs.index), -1, np.int64))
+        int_b.append(np.full(len(gs.rows), -1, np.int64))
         if fl is not None:
-            flops.append(np.full(len(gs.index), -1, np.int64))
-            tflops.append(np.full(len(gs.index), np.nan))
-        for j, i in enumerate(gs.index.tolist()):
+            flops.append(np.full(len(gs.rows), -1, np.int64))
+            tflops.append(np.full(len(gs.rows), np.nan))
+        for j, i in enumerate(gs.rows.tolist()):
             device, stream, _ = gs.tracks[int(gs.track[j])]
             gpu_extras.append(b"".join(_bytes(4, _annotation(k, v)) for k, v in (
                 ("device", device), ("stream", stream), ("self_ns", int(gpu.self_ns[i])))))

@@ -96,7 +96,8 @@ def test_cuda_without_device_time_says_launch_time_once_and_withholds_mfu():
     fc1 = next(r for r in s.rows if r["module"] == "fc1")
     assert fc1["flops"] == 4e9  # FLOPs are still counted
     assert (fc1["tflops"], fc1["bwd_tflops"], fc1["mfu"]) == (None, None, None)
-    assert "MFU" not in text.splitlines()[0]
+    assert "MFU" not in text.splitlines()[0] and "TFLOP/s" not in text.splitlines()[0]
+    assert "flops" in text.splitlines()[0].split()
     assert [r["module"] for r in s.rows] == ["", "fc2", "fc1"]  # host order, no GPU columns
     assert "gpu_total_ns" not in s.columns
 
