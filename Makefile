@@ -9,8 +9,10 @@ TORCH ?= torch==2.13.0
 # under node (tests/perfetto_check) to open every trace hooktrace writes.
 # triton: the fused numerics kernel (hooktrace/record/fused_numerics.py), tested on CPU
 # in its interpreter (tests/integration/test_numerics.py); it does not touch torch.
+# mkdocs*: the docs site (`make docs`), built strictly and its examples run by
+# tests/unit/test_docs.py.
 TEST_DEPS ?= pytest transformers==5.23.0 accelerate==1.15.0 lightning==2.6.6 plotly selenium \
-	viztracer==1.1.1 triton==3.9.0
+	viztracer==1.1.1 triton==3.9.0 mkdocs mkdocs-material "mkdocstrings[python]"
 BUILD_DEPS ?= numpy ninja pybind11 setuptools wheel tqdm
 
 PY := $(VENV)/bin/python
@@ -25,7 +27,7 @@ NINJA_PROGRESS = sed -unE 's|^(\[[0-9]+/[0-9]+\]) .* -c ([^ ]*/)?([^ /]+) .*|  \
 # in an existing .venv; `make clean` removes it so the next target rebuilds.
 STAMP := $(VENV)/.hooktrace-installed-$(shell printf '%s' '$(TORCH)' | tr -c 'A-Za-z0-9.' '_')
 
-.PHONY: help venv build demo test test-unit test-integration test-floor sanitize bench lint clean
+.PHONY: help venv build demo test test-unit test-integration test-floor sanitize bench lint docs clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -153,5 +155,11 @@ lint: venv  ## ruff (pyflakes + pycodestyle rules) and mypy on the package
 	$(PY) -m ruff check hooktrace benchmarks tests --select E,F,W --ignore E501
 	$(PY) -m mypy hooktrace
 
+# The docs site (mkdocs.yml, docs/): --strict fails on any warning (a broken link, a
+# reference mkdocstrings cannot resolve); the CLI reference and the format layouts are
+# generated from the code at build time (docs/hooks/generate.py). Open site/index.html.
+docs: venv  ## build the docs site into site/ (mkdocs build --strict)
+	NO_MKDOCS_2_WARNING=1 PYTHONPATH=$(CURDIR) $(PY) -m mkdocs build --strict
+
 clean:  ## remove build outputs (keeps .venv)
-	rm -rf build *.egg-info hooktrace/_C*.so out $(VENV)/.hooktrace-installed*
+	rm -rf build *.egg-info hooktrace/_C*.so out site $(VENV)/.hooktrace-installed*
