@@ -144,6 +144,31 @@ def test_the_site_builds_strictly_with_zero_warnings(site: Path) -> None:
     assert "u32 crc32 of block header bytes 0-19" in page_text(site, "format.html")
 
 
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def test_the_readme_is_short_and_its_links_resolve() -> None:
+    from markdown.extensions.toc import slugify
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.encode()) <= 15 * 1024  # issue #30: the details live in docs/
+    broken = []
+    for target in LINK.findall(readme):
+        if "://" in target:
+            continue
+        path, _, anchor = target.partition("#")
+        file = ROOT / path
+        if not file.is_file():
+            broken.append(target)
+        elif anchor:
+            headings = [slugify(h.lstrip("#").strip().replace("`", ""), "-")
+                        for h in file.read_text(encoding="utf-8").splitlines()
+                        if h.startswith("#")]
+            if anchor not in headings:
+                broken.append(target)
+    assert broken == []
+
+
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
