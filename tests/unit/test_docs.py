@@ -169,6 +169,32 @@ def test_the_readme_is_short_and_its_links_resolve() -> None:
     assert broken == []
 
 
+def test_the_api_reference_documents_every_public_name(site: Path) -> None:
+    import importlib
+
+    import hooktrace
+
+    page = (site / "reference" / "api.html").read_text(encoding="utf-8")
+    ids = set(re.findall(r'id="([\w.]+)"', page))
+
+    def documented(obj: object) -> bool:
+        # an entry whose path resolves to this very object (trace is the class Trace)
+        for entry in ids:
+            path, _, attr = entry.rpartition(".")
+            if not path.startswith("hooktrace"):
+                continue  # a heading's id
+            try:
+                if getattr(importlib.import_module(path), attr, None) is obj:
+                    return True
+            except ImportError:  # a member's id: Class.method
+                continue
+        return False
+
+    missing = [name for name in hooktrace.__all__
+               if name != "__version__" and not documented(getattr(hooktrace, name))]
+    assert missing == []
+
+
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
