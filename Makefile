@@ -9,8 +9,11 @@ TORCH ?= torch==2.13.0
 # under node (tests/perfetto_check) to open every trace hooktrace writes.
 # triton: the fused numerics kernel (hooktrace/record/fused_numerics.py), tested on CPU
 # in its interpreter (tests/integration/test_numerics.py); it does not touch torch.
+# DOCS_DEPS: the docs site (`make docs`), built strictly and its examples run by
+# tests/unit/test_docs.py.
+DOCS_DEPS ?= mkdocs mkdocs-material "mkdocstrings[python]"
 TEST_DEPS ?= pytest transformers==5.23.0 accelerate==1.15.0 lightning==2.6.6 plotly selenium \
-	viztracer==1.1.1 triton==3.9.0
+	viztracer==1.1.1 triton==3.9.0 $(DOCS_DEPS)
 BUILD_DEPS ?= numpy ninja pybind11 setuptools wheel tqdm
 
 PY := $(VENV)/bin/python
@@ -25,7 +28,7 @@ NINJA_PROGRESS = sed -unE 's|^(\[[0-9]+/[0-9]+\]) .* -c ([^ ]*/)?([^ /]+) .*|  \
 # in an existing .venv; `make clean` removes it so the next target rebuilds.
 STAMP := $(VENV)/.hooktrace-installed-$(shell printf '%s' '$(TORCH)' | tr -c 'A-Za-z0-9.' '_')
 
-.PHONY: help venv build demo test test-unit test-integration test-floor sanitize bench lint clean
+.PHONY: help venv build demo test test-unit test-integration test-floor sanitize bench lint docs clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -101,7 +104,8 @@ test-floor: $(FLOOR_STAMP)  ## unit + forward/backward tests against the oldest 
 
 # ASan + UBSan (SANITIZE=1 in setup.py). A sanitized _C.so only loads with libasan preloaded,
 # so it must never replace the normal in-place one: the target copies the sources (setup.py,
-# csrc/, hooktrace/, tests/; no .so, no caches) into build/sanitize/tree, builds there and
+# csrc/, hooktrace/, tests/, and the docs that tests/unit/test_docs.py builds; no .so, no
+# caches) into build/sanitize/tree, builds there and
 # keeps the objects in build/sanitize/temp (tar keeps mtimes, so ninja recompiles only what
 # changed), then runs pytest in the copy. Your hooktrace/_C*.so is never touched; no
 # `make build` is needed afterwards.
@@ -130,7 +134,8 @@ sanitize: venv  ## ASan+UBSan build (a copy in build/sanitize, not in place) and
 	rm -rf $(SAN_DIR)/tree $(SAN_DIR)/log
 	mkdir -p $(SAN_DIR)/tree $(SAN_DIR)/log
 	tar -cf - --exclude=__pycache__ --exclude='*.so' --exclude='*.egg-info' \
-		setup.py pyproject.toml README.md csrc hooktrace tests | tar -xf - -C $(SAN_DIR)/tree
+		setup.py pyproject.toml README.md mkdocs.yml docs benchmarks/RESULTS.md csrc hooktrace \
+		tests | tar -xf - -C $(SAN_DIR)/tree
 	cd $(SAN_DIR)/tree && SANITIZE=1 MAX_JOBS=$${MAX_JOBS:-2} $(abspath $(PY)) setup.py -q \
 		build_ext --inplace --build-temp $(abspath $(SAN_DIR))/temp
 	readelf -d $(SAN_DIR)/tree/hooktrace/_C*.so | grep -q 'libasan' \
@@ -153,5 +158,15 @@ lint: venv  ## ruff (pyflakes + pycodestyle rules) and mypy on the package
 	$(PY) -m ruff check hooktrace benchmarks tests --select E,F,W --ignore E501
 	$(PY) -m mypy hooktrace
 
+# The docs site (mkdocs.yml, docs/): --strict fails on any warning (a broken link, a
+# reference mkdocstrings cannot resolve); the CLI reference and the format layouts are
+# generated from the code at build time (docs/hooks/generate.py), which imports neither
+# torch nor the native core: no build needed, only DOCS_DEPS. Open site/index.html.
+docs:  ## build the docs site into site/ (mkdocs build --strict; no native build needed)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -c "import mkdocs, material, mkdocstrings_handlers.python" 2>/dev/null \
+		|| $(PY) -m pip install -q $(DOCS_DEPS)
+	NO_MKDOCS_2_WARNING=1 PYTHONPATH=$(CURDIR) $(PY) -m mkdocs build --strict
+
 clean:  ## remove build outputs (keeps .venv)
-	rm -rf build *.egg-info hooktrace/_C*.so out $(VENV)/.hooktrace-installed*
+	rm -rf build *.egg-info hooktrace/_C*.so out site $(VENV)/.hooktrace-installed*

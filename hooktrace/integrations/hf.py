@@ -32,7 +32,9 @@ class HooktraceCallback(TrainerCallback):  # type: ignore[misc]
     Args:
         output: the .htrace file or folder (default ``hooktrace-<host>_<pid>_rank<R>.htrace``).
         chrome: also write Chrome trace JSON there.
-        backward, capacity: as for :func:`hooktrace.trace`.
+        backward: as for :func:`hooktrace.trace`.
+        capacity: as for :func:`hooktrace.trace`.
+        **options: any other option of :func:`hooktrace.trace` (``memory=``, ``flops=``, ...).
         summary: print the per-module table to stderr at the end (rank 0).
     """
 
