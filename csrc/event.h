@@ -66,8 +66,9 @@ enum EventKind : uint8_t {
   kNumericsValue = 13,
   // Device time (trace(gpu=True), gpu_time.h). kGpuMark: a timing event was recorded
   // on the device stream, right after the ENTER (before the EXIT) of a forward call,
-  // or in backward where the module of the autograd nodes changed: id = module slot
-  // (kGpuNoModule: backward left every module, the interval before it ends), seq =
+  // or in backward where the module of the autograd nodes changed, or around a kernel
+  // call site of compiled code (kGpuKernel): id = module slot (kGpuNoModule: backward
+  // left every module, the interval before it ends; kGpuKernel: the site), seq =
   // the stream id (c10::StreamId, int64), rf_tid = the mark's id (unique in the
   // session, modulo 2**32), flags = GpuMarkFlags (gpu_time.h).
   kGpuMark = 14,

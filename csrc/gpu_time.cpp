@@ -72,14 +72,19 @@ class HostBackend final : public TimerBackend {
   int64_t reference_ = 0;
 };
 
-// c10::Event with timing on, on the current stream of the current CUDA device.
+// c10::Event with timing on, on the current stream of the current CUDA device. The
+// pool holds n + 1 events: slot k uses events_[which_[k]], the reference the spare
+// one; make_reference swaps the two indexes (the events themselves never move).
 class DeviceBackend final : public TimerBackend {
  public:
-  explicit DeviceBackend(uint64_t n) : impl_(c10::DeviceType::CUDA) {
+  explicit DeviceBackend(uint64_t n) : impl_(c10::DeviceType::CUDA), which_(n) {
     if (impl_.deviceCount() <= 0) throw std::runtime_error("no CUDA device");
-    events_.reserve(n);
-    for (uint64_t i = 0; i < n; ++i)
+    events_.reserve(n + 1);
+    for (uint64_t i = 0; i <= n; ++i) {
       events_.emplace_back(c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT);
+      if (i < n) which_[i] = i;
+    }
+    reference_ = n;
   }
   const char* name() const override { return "cuda"; }
   int64_t start(int64_t* error_ns) override {
@@ -88,12 +93,10 @@ class DeviceBackend final : public TimerBackend {
     // Create every event now (c10::Event creates its backend event on first
     // record): the hot path then never creates one.
     for (auto& e : events_) e.record(stream);
-    reference_ = std::make_unique<c10::Event>(c10::DeviceType::CUDA,
-                                              c10::EventFlag::BACKEND_DEFAULT);
     stream.synchronize();  // the one sync at the start: the stream is idle now
     const int64_t before = host_unix_ns();
-    reference_->record(stream);
-    reference_->synchronize();
+    events_[reference_].record(stream);
+    events_[reference_].synchronize();
     const int64_t after = host_unix_ns();
     *error_ns = (after - before + 1) / 2;
     return before + (after - before) / 2;
@@ -102,7 +105,7 @@ class DeviceBackend final : public TimerBackend {
     try {
       const c10::Device d = impl_.getDevice();
       const c10::Stream s = impl_.getStream(d);
-      events_[k].record(s);
+      events_[which_[k]].record(s);
       *device = d.index();
       *stream = s.id();
       return true;
@@ -110,17 +113,18 @@ class DeviceBackend final : public TimerBackend {
       return false;
     }
   }
-  bool done(uint64_t k) override { return events_[k].query(); }
-  void wait(uint64_t k) override { events_[k].synchronize(); }
+  bool done(uint64_t k) override { return events_[which_[k]].query(); }
+  void wait(uint64_t k) override { events_[which_[k]].synchronize(); }
   int64_t since_reference_ns(uint64_t k) override {
-    return std::llround(reference_->elapsedTime(events_[k]) * 1e6);
+    return std::llround(events_[reference_].elapsedTime(events_[which_[k]]) * 1e6);
   }
-  void make_reference(uint64_t k) override { std::swap(*reference_, events_[k]); }
+  void make_reference(uint64_t k) override { std::swap(reference_, which_[k]); }
 
  private:
   c10::impl::VirtualGuardImpl impl_;
   std::vector<c10::Event> events_;
-  std::unique_ptr<c10::Event> reference_;
+  std::vector<uint64_t> which_;
+  uint64_t reference_;
 };
 
 std::atomic<bool> g_capturing{false};
@@ -367,6 +371,12 @@ void gpu_exit(Session* s, uint32_t slot) {
       --t->depth;
     }
   }
+}
+
+void gpu_kernel(Session* s, uint32_t site, bool end) {
+  GpuTimer* g = s->gpu_timer.get();
+  if (!g || !s->active()) return;
+  g->mark(s, site, static_cast<uint8_t>(kGpuKernel | (end ? kGpuExit : 0)));
 }
 
 void gpu_node(Session* s, uint64_t seq, uint32_t fwd_tid) {

@@ -26,6 +26,10 @@
 // event becomes the reference (its time known), so the float milliseconds that
 // elapsed() returns always span less than a step or two.
 //
+// Compiled regions: each kernel call site hooktrace marks (kernel_marks.h) gets one
+// event before the kernel and one after it (kGpuKernel); the reader makes them
+// intervals of the site's module.
+//
 // CUDA graphs. While hooktrace knows a graph is being captured (gpu_set_capturing,
 // raised by the Python component around torch.cuda.CUDAGraph.capture_begin/end),
 // nothing is recorded; such calls are counted (skipped_capturing).
@@ -48,6 +52,8 @@ class Session;
 enum GpuMarkFlags : uint8_t {
   kGpuExit = 1,      // forward: the call's end (else its start)
   kGpuBackward = 2,  // backward: from here on the stream's work is this module's
+  kGpuKernel = 4,    // a kernel site of compiled code (id: the site): its start, or
+                     // with kGpuExit its end
 };
 // kGpuMark id in backward when the nodes left every module.
 constexpr uint32_t kGpuNoModule = UINT32_MAX;
@@ -80,5 +86,7 @@ void gpu_exit(Session* s, uint32_t slot);
 // A backward node starts on this thread: `seq` its sequence number, `fwd_tid` its
 // forward thread's RecordFunction id.
 void gpu_node(Session* s, uint64_t seq, uint32_t fwd_tid);
+// A kernel mark of compiled code (kernel_marks.h) starts / ends: `site` its call site.
+void gpu_kernel(Session* s, uint32_t site, bool end);
 
 }  // namespace hooktrace

@@ -59,10 +59,14 @@ NUMERICS_VALUE = 13
 # (flag GPU_EXIT), or in backward where the autograd nodes' module changed (flag
 # GPU_BACKWARD; id GPU_NO_MODULE: no module from there on); id = module slot, seq = the
 # stream id (int64), rf_tid = the mark's id (unique in the run, modulo 2**32).
+# GPU_KERNEL: around a kernel call site of compiled code (KERNEL_BEGIN/END's sites):
+# id = the site; GPU_KERNEL | GPU_EXIT after the kernel.
 GPU_MARK = 14
 GPU_EXIT = 1
 GPU_BACKWARD = 2
-GPU_MARK_FLAGS = (0, GPU_EXIT, GPU_BACKWARD)  # the combinations a recorder writes
+GPU_KERNEL = 4
+# the combinations a recorder writes
+GPU_MARK_FLAGS = (0, GPU_EXIT, GPU_BACKWARD, GPU_KERNEL, GPU_KERNEL | GPU_EXIT)
 GPU_NO_MODULE = 0xFFFFFFFF
 # A GPU_MARK's device time, recorded when the run resolved it (next step mark or the
 # end): id = the mark's id, seq = int64 Unix ns (device clock aligned to the host's),

@@ -126,7 +126,8 @@ class RunOptions:
 
 
 def options_from_args(args: argparse.Namespace) -> RunOptions:
-    """Checks the options and resolves the output names; raises OptionError."""
+    """Checks the options and resolves the output names; raises OptionError (NoDeviceError
+    for --gpu without CUDA)."""
     rank = env_rank()
     output = output_path(args.output, ".htrace", rank)
     chrome = output_path(args.chrome, ".json", rank) if args.chrome is not None else None
@@ -168,15 +169,10 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
             gpu=bool(getattr(args, "gpu", False)), gpu_every=getattr(args, "gpu_every", 1))
     except (TypeError, ValueError) as e:
         raise OptionError(_as_flag(str(e))) from None
-    if record.gpu:  # no CUDA: one line and exit status 2, before the script runs
-        from hooktrace.errors import NoDeviceError
+    if record.gpu:  # no CUDA: NoDeviceError, before the script runs (`run`: exit status 2)
         from hooktrace.record.gpu_time import GpuTimeComponent
 
-        try:
-            GpuTimeComponent.check(record)
-        except NoDeviceError as e:
-            print(f"hooktrace: error: --gpu: {e}", file=sys.stderr)
-            raise SystemExit(2) from None
+        GpuTimeComponent.check(record)
     return RunOptions(output=output, chrome=chrome, pftrace=pftrace, ring=args.ring,
                       schedule=schedule, summary=args.summary, record=record,
                       profile=bool(getattr(args, "profile", False)))

@@ -7,8 +7,8 @@ node executions behind the backward ones.
 
 Example:
     >>> import numpy as np
-    >>> from hooktrace._events import (EVENT_DTYPE, GPU_BACKWARD, GPU_EXIT, GPU_MARK, GPU_NO_MODULE,
-                               GPU_TIME, STEP, Clock)
+    >>> from hooktrace._events import (EVENT_DTYPE, GPU_BACKWARD, GPU_EXIT, GPU_KERNEL, GPU_MARK,
+                               GPU_NO_MODULE, GPU_TIME, STEP, Clock)
     >>> ev = np.zeros(4, EVENT_DTYPE)
     >>> ev["kind"] = [1, 1, 2, 2]; ev["id"] = [0, 1, 1, 0]; ev["t"] = [0, 1000, 3000, 5000]
     >>> trace = TraceData(ev, [("", "Net"), ("fc", "Linear")], [], Clock(0, 0, 1.0),
@@ -27,8 +27,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from hooktrace._native import load_native
-from hooktrace._events import (EVENT_DTYPE, GPU_BACKWARD, GPU_EXIT, GPU_MARK, GPU_NO_MODULE,
-                               GPU_TIME, STEP, Clock)
+from hooktrace._events import (EVENT_DTYPE, GPU_BACKWARD, GPU_EXIT, GPU_KERNEL, GPU_MARK,
+                               GPU_NO_MODULE, GPU_TIME, STEP, Clock)
 from hooktrace.format import read_trace, write_trace
 
 _C = load_native()  # torch's libraries, not torch (hooktrace._native)
@@ -208,8 +208,8 @@ class Spans:
 
     Example:
         >>> import numpy as np
-        >>> from hooktrace._events import (EVENT_DTYPE, GPU_BACKWARD, GPU_EXIT, GPU_MARK, GPU_NO_MODULE,
-                               GPU_TIME, STEP, Clock)
+        >>> from hooktrace._events import (EVENT_DTYPE, GPU_BACKWARD, GPU_EXIT, GPU_KERNEL, GPU_MARK,
+                               GPU_NO_MODULE, GPU_TIME, STEP, Clock)
         >>> ev = np.zeros(3, EVENT_DTYPE); ev["kind"] = [2, 1, 2]; ev["t"] = [1, 2, 5]
         >>> s = Spans.from_events(ev, Clock(0, 0, 1.0))
         >>> len(s), s.orphan_exits, s.unfinished
@@ -452,8 +452,8 @@ class TraceData:
 
     Example:
         >>> import numpy as np
-        >>> from hooktrace._events import (EVENT_DTYPE, GPU_BACKWARD, GPU_EXIT, GPU_MARK, GPU_NO_MODULE,
-                               GPU_TIME, STEP, Clock)
+        >>> from hooktrace._events import (EVENT_DTYPE, GPU_BACKWARD, GPU_EXIT, GPU_KERNEL, GPU_MARK,
+                               GPU_NO_MODULE, GPU_TIME, STEP, Clock)
         >>> t = TraceData(np.zeros(0, EVENT_DTYPE), [], [], Clock(0, 0, 1.0),
         ...               {"pid": 7, "hostname": "h", "dropped_events": 2,
         ...                "overwritten_events": 0})
@@ -613,38 +613,124 @@ def _gpu_spans_of(trace: TraceData) -> GpuSpans:
     stream = ev["seq"][mark_i].view(np.int64)
     spans = trace.spans()
     backward = (flags & GPU_BACKWARD) != 0
-    parts = [_forward_gpu(spans, *(a[~backward] for a in (
+    kernel = (flags & GPU_KERNEL) != 0
+    forward = ~backward & ~kernel
+    parts = [_forward_gpu(spans, *(a[forward] for a in (
         module, flags, host_t, dev_t, device, stream)))]
     parts.append(_backward_gpu(spans, *(a[backward] for a in (
         module, host_t, dev_t, device, stream, ev["rf_tid"][mark_i]))))
     out = {name: np.concatenate([p[name] for p in parts]).astype(dtype)
            for name, dtype in _GPU_FIELDS.items()}
+    if kernel.any():
+        out = _with_kernel_sites(trace, spans, out, *(a[kernel] for a in (
+            module, flags, host_t, dev_t, device, stream, ev["tid"][mark_i])))
     by_start = np.argsort(out["start_ns"], kind="stable")
     return GpuSpans({name: a[by_start] for name, a in out.items()})
+
+
+def _with_kernel_sites(trace: TraceData, spans: Spans, out: dict[str, np.ndarray],
+                       site: np.ndarray, flags: np.ndarray, host_t: np.ndarray,
+                       dev_t: np.ndarray, device: np.ndarray, stream: np.ndarray,
+                       tid: np.ndarray) -> dict[str, np.ndarray]:
+    """``out`` and the intervals of compiled code's kernel sites: a site's two marks
+    (before and after its kernel, one after the other on the recording thread) are one
+    interval of the site's module (``span`` -1) in the site's phase. The innermost host
+    span holding it is the compiled region's call (hooktrace.kernels places kernels the
+    same way); the site's module is the region's module joined with the site's path,
+    and the region's interval loses the kernel's time from its ``self_ns`` when on the
+    same stream."""
+    raw = trace.info.get("kernel_sites")
+    sites = raw if isinstance(raw, list) else []
+    slot_of: dict[str, int] = {}
+    for i, (name, _) in enumerate(trace.modules):
+        slot_of.setdefault(name, i)
+    order = np.argsort(tid, kind="stable")  # (marks in recorded order per thread)
+    site, flags, host_t, dev_t = site[order], flags[order], host_t[order], dev_t[order]
+    device, stream, tid = device[order], stream[order], tid[order]
+    begin = np.flatnonzero((flags[:-1] & GPU_EXIT) == 0)
+    pair = begin[((flags[begin + 1] & GPU_EXIT) != 0) & (site[begin + 1] == site[begin])
+                 & (tid[begin + 1] == tid[begin]) & (dev_t[begin + 1] >= dev_t[begin])]
+    if not len(pair):
+        return out
+    # the host span holding each kernel is its region's call (forward, or the backward
+    # span of its CompiledFunctionBackward node); a site names a module under the region
+    holder = _innermost_span(spans, tid[pair], host_t[pair])
+    region = np.where(holder >= 0, spans.module[np.maximum(holder, 0)].astype(np.int64), -1)
+    slot = np.full(len(pair), -1, np.int64)
+    cat = np.zeros(len(pair), np.uint8)
+    keys, inverse = np.unique(np.stack([region, site[pair].astype(np.int64)]), axis=1,
+                              return_inverse=True)
+    for k, (r, s) in enumerate(keys.T.tolist()):
+        entry = sites[s] if 0 <= s < len(sites) else None
+        if r < 0 or not isinstance(entry, (list, tuple)) or len(entry) < 3:
+            continue
+        base, path = trace.modules[r][0], str(entry[1])
+        name = f"{base}.{path}" if base and path else base or path
+        here = inverse.reshape(-1) == k
+        slot[here] = slot_of.get(name, -1)
+        cat[here] = CAT_BACKWARD if entry[2] == "backward" else CAT_FORWARD
+    keep = slot >= 0
+    pair, slot, cat, holder = pair[keep], slot[keep], cat[keep], holder[keep]
+    a, b = dev_t[pair], dev_t[pair + 1]
+    row = np.full(len(spans), -1, np.int64)
+    placed = out["span"] >= 0
+    row[out["span"][placed]] = np.flatnonzero(placed)
+    r = np.where(holder >= 0, row[np.maximum(holder, 0)], -1)
+    hit = np.flatnonzero(r >= 0)
+    hit = hit[(out["device"][r[hit]] == device[pair][hit])
+              & (out["stream"][r[hit]] == stream[pair][hit])]
+    out = dict(out)
+    out["self_ns"] = out["self_ns"].copy()
+    np.subtract.at(out["self_ns"], r[hit], (b - a)[hit])
+    add = {"start_ns": a, "end_ns": b, "self_ns": b - a,
+           "span": np.full(len(pair), -1, np.int64), "module": slot, "cat": cat,
+           "device": device[pair], "stream": stream[pair]}
+    return {name: np.concatenate([out[name], np.asarray(add[name]).astype(dtype)])
+            for name, dtype in _GPU_FIELDS.items()}
+
+
+def _innermost_span(spans: Spans, tid: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Per (thread, host time): the innermost span of that thread holding it, or -1."""
+    cur = _latest_start(spans, np.ones(len(spans), bool), spans.tid, tid, t)
+    out = np.full(len(t), -1, np.int64)
+    # the latest-starting span may have ended before t; a span enclosing it may not
+    while (cur >= 0).any():
+        live = cur >= 0
+        done = live & (spans.end_ns[np.maximum(cur, 0)] >= t)
+        out[done] = cur[done]
+        cur = np.where(live & ~done, spans.parent[np.maximum(cur, 0)], -1)
+    return out
+
+
+def _latest_start(spans: Spans, pick: np.ndarray, of_span: np.ndarray, group: np.ndarray,
+                  t: np.ndarray) -> np.ndarray:
+    """Per (group, time): the index of the latest-starting span among ``pick`` whose
+    ``of_span`` is that group and that starts at or before that time, or -1."""
+    cand = np.flatnonzero(pick)
+    out = np.full(len(t), -1, np.int64)
+    if not cand.size or not len(t):
+        return out
+    # rank both sets of times together, then one key: group, then time
+    uniq, inverse = np.unique(np.concatenate([spans.start_ns[cand], t]), return_inverse=True)
+    rank = inverse.astype(np.int64)
+    width = np.int64(len(uniq) + 1)
+    span_key = of_span[cand].astype(np.int64) * width + rank[: len(cand)]
+    by_key = np.argsort(span_key, kind="stable")
+    mark_key = np.asarray(group).astype(np.int64) * width + rank[len(cand):]
+    k = np.searchsorted(span_key[by_key], mark_key, "right") - 1
+    idx = cand[by_key[np.maximum(k, 0)]]
+    ok = (k >= 0) & (of_span[idx] == group)
+    out[ok] = idx[ok]
+    return out
 
 
 def _span_of(spans: Spans, pick: np.ndarray, module: np.ndarray, t: np.ndarray) -> np.ndarray:
     """Per (module, host time): the index of the latest-starting span among ``pick`` of
     that module holding that time (the innermost one of a module calling itself), or -1."""
-    cand = np.flatnonzero(pick)
-    out = np.full(len(t), -1, np.int64)
-    if not cand.size or not len(t):
-        return out
-    starts = spans.start_ns[cand]
-    # rank both sets of times together, then one key: module, then time
-    uniq, inverse = np.unique(np.concatenate([starts, t]), return_inverse=True)
-    rank = inverse.astype(np.int64)
-    width = np.int64(len(uniq) + 1)
-    span_key = spans.module[cand].astype(np.int64) * width + rank[: len(cand)]
-    by_key = np.argsort(span_key, kind="stable")
-    key_sorted = span_key[by_key]
-    mark_key = module.astype(np.int64) * width + rank[len(cand):]
-    k = np.searchsorted(key_sorted, mark_key, "right") - 1
-    ok = k >= 0
-    idx = cand[by_key[np.maximum(k, 0)]]
-    ok &= (spans.module[idx] == module) & (spans.end_ns[idx] >= t)
-    out[ok] = idx[ok]
-    return out
+    idx = _latest_start(spans, pick, spans.module, module, t)
+    ok = idx >= 0
+    ok[ok] &= spans.end_ns[idx[ok]] >= t[ok]
+    return np.where(ok, idx, -1)
 
 
 def _forward_gpu(spans: Spans, module: np.ndarray, flags: np.ndarray, host_t: np.ndarray,
@@ -757,8 +843,8 @@ def load(path: str | os.PathLike[str], *, mmap: bool = False) -> TraceData:
 
     Example:
         >>> import numpy as np, tempfile, os
-        >>> from hooktrace._events import (EVENT_DTYPE, GPU_BACKWARD, GPU_EXIT, GPU_MARK, GPU_NO_MODULE,
-                               GPU_TIME, STEP, Clock)
+        >>> from hooktrace._events import (EVENT_DTYPE, GPU_BACKWARD, GPU_EXIT, GPU_KERNEL, GPU_MARK,
+                               GPU_NO_MODULE, GPU_TIME, STEP, Clock)
         >>> p = os.path.join(tempfile.mkdtemp(), "run.htrace")
         >>> TraceData(np.zeros(0, EVENT_DTYPE), [("", "Net")], [], Clock(0, 0, 1.0),
         ...           {"pid": 7, "hostname": "h", "dropped_events": 0,

@@ -24,6 +24,7 @@ from hooktrace._events import (
     ENTER_FLAGS,
     EXIT,
     FLAG_ERROR,
+    GPU_KERNEL,
     GPU_MARK,
     GPU_MARK_FLAGS,
     GPU_NO_MODULE,
@@ -338,7 +339,7 @@ def validate_events(
                 k = int(np.flatnonzero(shp == bad[0])[0])
                 fail(bad, "seq", f"shape signature {int(half[k])} out of range (the "
                                  f"shape_signatures table has {n_shapes})")
-    _validate_gpu(events, kind, n_modules, interval, fail)
+    _validate_gpu(events, kind, n_modules, n_sites, interval, fail)
     # memory samples: bytes now (seq) and the peak (id | rf_tid << 32) are int64 >= 0
     mem = np.flatnonzero((kind == MEM_CPU) | (kind == MEM_CUDA))
     if mem.size:
@@ -377,18 +378,24 @@ def validate_events(
     _validate_steps(events, kind, clock, fail)
 
 
-def _validate_gpu(events: np.ndarray, kind: np.ndarray, n_modules: int,
+def _validate_gpu(events: np.ndarray, kind: np.ndarray, n_modules: int, n_sites: int,
                   interval: tuple[int, int] | None,
                   fail: Callable[[np.ndarray, str, str], NoReturn]) -> None:
     """Device time (csrc/gpu_time.h): a GPU mark names a module (or GPU_NO_MODULE in
-    backward); a GPU time is Unix ns within the run and names a device index."""
+    backward), or a kernel site; a GPU time is Unix ns within the run and names a
+    device index."""
     marks = np.flatnonzero(kind == GPU_MARK)
     if marks.size:
         ids = events["id"][marks]
-        bad = marks[(ids >= n_modules) & (ids != GPU_NO_MODULE)]
+        site = (events["flags"][marks] & GPU_KERNEL) != 0
+        bad = marks[~site & (ids >= n_modules) & (ids != GPU_NO_MODULE)]
         if bad.size:
             fail(bad, "id", f"GPU mark's module id {int(events['id'][bad[0]])} out of range "
                             f"(the module table has {n_modules} modules)")
+        bad = marks[site & (ids >= n_sites)]
+        if bad.size:
+            fail(bad, "id", f"GPU mark's kernel site {int(events['id'][bad[0]])} out of range "
+                            f"(the kernel_sites table has {n_sites} sites)")
     times = np.flatnonzero(kind == GPU_TIME)
     if times.size:
         t = events["seq"][times].view(np.int64)

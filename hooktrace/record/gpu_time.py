@@ -44,9 +44,8 @@ def gpu_timer() -> str | None:
     ``"cuda"`` when CUDA is available, else None."""
     if os.environ.get("HOOKTRACE_GPU_TIMER", "") == "host":
         return "host"
-    torch = sys.modules.get("torch")
-    if torch is None:
-        import torch
+    import torch
+
     return "cuda" if torch.cuda.is_available() else None
 
 

@@ -298,3 +298,44 @@ def test_cuda_graph_capture_is_skipped_and_counted(monkeypatch: pytest.MonkeyPat
     info = tr.result.info["gpu"]
     assert info["skipped_capturing"] == 2
     assert len(_marks(tr.result)) == 2
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm, self.fc, self.act = nn.LayerNorm(32), nn.Linear(32, 32), nn.GELU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.act(self.fc(self.norm(x)))
+
+
+def test_kernel_sites_of_compiled_regions_are_timed(host_timer: None) -> None:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    net = nn.Sequential(_Block(), nn.Linear(32, 1))
+    net[0].compile()
+    data = _train_shaped(net, 2)
+    g, ev = data.gpu_spans(), data.events
+    sites = (ev["kind"] == GPU_MARK) & ((ev["flags"] & 4) != 0)
+    kernel_marks = int(((ev["kind"] == 8) | (ev["kind"] == 9)).sum())
+    assert kernel_marks > 0 and int(sites.sum()) == kernel_marks  # one event each
+    k = g.span == -1
+    names = {data.modules[m][0] for m in g.module[k]}
+    assert int(k.sum()) == kernel_marks // 2 and names and all(n.startswith("0") for n in names)
+    assert set(g.cat[k].tolist()) == {CAT_FORWARD, CAT_BACKWARD}
+    # the region's forward interval keeps only what its kernels did not take
+    block = int(next(i for i, (n, _) in enumerate(data.modules) if n == "0"))
+    for i in np.flatnonzero((g.module == block) & (g.cat == CAT_FORWARD) & ~k):
+        inside = k & (g.start_ns >= g.start_ns[i]) & (g.end_ns <= g.end_ns[i])
+        assert inside.any()
+        assert g.self_ns[i] == g.duration_ns[i] - g.duration_ns[inside].sum()
+
+
+def _train_shaped(net: nn.Module, steps: int) -> TraceData:
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    with hooktrace.trace(net, gpu=True) as tr:
+        for i in range(steps):
+            net(torch.randn(8, 32)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    return tr.result

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from hooktrace._events import (ENTER, EVENT_DTYPE, EXIT, GPU_EXIT, GPU_MARK, GPU_TIME,
-                               Clock)
+from hooktrace._events import (ENTER, EVENT_DTYPE, EXIT, GPU_EXIT, GPU_KERNEL, GPU_MARK,
+                               GPU_TIME, KERNEL_BEGIN, KERNEL_END, Clock)
 from hooktrace.reading import CAT_FORWARD, GpuSpans, TraceData
 
 INFO = {"pid": 1, "hostname": "h", "dropped_events": 0, "overwritten_events": 0}
@@ -61,3 +61,25 @@ def test_no_marks_no_intervals() -> None:
     rows = [r for r in _forward_rows() if r[1] != GPU_TIME]
     assert len(_trace(rows).gpu_spans()) == 0
     assert len(_trace([(0, ENTER, 0, 0, 0, 0), (1, EXIT, 0, 0, 0, 0)]).gpu_spans()) == 0
+
+
+def test_kernel_sites_are_intervals_of_their_module_and_leave_the_regions_self() -> None:
+    # root's forward is a compiled region running one kernel of site 0 (module "a")
+    rows = [
+        (0, ENTER, 0, 0, 0, 0), (1, GPU_MARK, 0, 5, 0, 0),
+        (2, KERNEL_BEGIN, 0, 0, 0, 0), (3, GPU_MARK, 0, 5, 1, GPU_KERNEL),
+        (4, GPU_MARK, 0, 5, 2, GPU_KERNEL | GPU_EXIT), (5, KERNEL_END, 0, 0, 0, 0),
+        (6, GPU_MARK, 0, 5, 3, GPU_EXIT), (7, EXIT, 0, 0, 0, 0),
+        (20, GPU_TIME, 0, 100, 0, 0), (21, GPU_TIME, 1, 120, 0, 0),
+        (22, GPU_TIME, 2, 170, 0, 0), (23, GPU_TIME, 3, 200, 0, 0),
+    ]
+    ev = np.zeros(len(rows), EVENT_DTYPE)
+    for i, (t, kind, id_, seq, rf, flags) in enumerate(rows):
+        ev[i] = (t, seq, id_, 7, rf, kind, flags, 0)
+    info = {**INFO, "kernel_sites": [["triton_poi_fused_0", "a", "forward"]]}
+    g = TraceData(ev, MODULES, [], Clock(0, 0, 1.0), info).gpu_spans()
+    assert len(g) == 2
+    root, k = (int(np.flatnonzero(g.module == m)[0]) for m in (0, 1))
+    assert (g.start_ns[root], g.end_ns[root], g.self_ns[root]) == (100, 200, 50)
+    assert (g.start_ns[k], g.end_ns[k], g.self_ns[k], g.span[k]) == (120, 170, 50, -1)
+    assert g.cat[k] == CAT_FORWARD
