@@ -8,8 +8,9 @@ into :class:`hooktrace.reading.GpuSpans`. ``gpu_every=N`` times steps 0, N, 2N, 
 
 ``info["gpu"]`` says how: ``timer``, ``every``, ``timed_steps``, ``skipped_capturing``
 (calls made while a CUDA graph was being captured: not timed), ``dropped`` and
-``align_error_ns`` (the bound of the device-to-host clock alignment). ``info
-["accelerator"] = "cuda"`` whenever the process used CUDA, timed or not.
+``align_error_ns`` (the bound of the device-to-host clock alignment). (``info
+["accelerator"] = "cuda"``, whenever the process used CUDA, timed or not, is the
+recorder's.)
 
 Test seam: ``HOOKTRACE_GPU_TIMER=host`` selects the host-clock timer (its "events"
 are host timestamps), which runs the whole pipeline without a GPU; ``HOOKTRACE_GPU_POOL``
@@ -19,7 +20,6 @@ sets the pool's size (default 16384 events). Neither is a user option.
 from __future__ import annotations
 
 import os
-import sys
 from typing import TYPE_CHECKING, Any
 
 import hooktrace._C as _C
@@ -108,8 +108,9 @@ def _unwrap_capture() -> None:
 
 
 class GpuTimeComponent(Component):
-    """Always composed: ``info["accelerator"]`` is said with gpu off too; timing only
-    with ``gpu=True``."""
+    @classmethod
+    def enabled(cls, options: RecordOptions) -> bool:
+        return options.gpu
 
     @classmethod
     def check(cls, options: RecordOptions) -> None:
@@ -128,8 +129,6 @@ class GpuTimeComponent(Component):
 
     def prepare(self, session: Any, scope: Any) -> None:
         self._session = session
-        if not self.recorder.options.gpu:
-            return
         self._timer = gpu_timer()
         if self._timer is None:  # (checked when the recorder was made)
             raise NoDeviceError("gpu=True needs a CUDA device")
@@ -170,9 +169,6 @@ class GpuTimeComponent(Component):
             _unwrap_capture()
 
     def metadata(self, info: dict[str, Any]) -> None:
-        torch = sys.modules.get("torch")
-        if torch is not None and torch.cuda.is_initialized():
-            info["accelerator"] = "cuda"
         if self._timer is None or self._session is None:
             return
         stats = _C.gpu_stats(self._session)

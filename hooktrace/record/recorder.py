@@ -494,9 +494,12 @@ class Recorder(StepMarks, FlightRecorder):
         return events, clock, info
 
     def _add_metadata(self, info: dict[str, Any]) -> None:
-        """Each component's part of the run's info as of now."""
+        """Each component's part of the run's info as of now, and whether the process
+        used CUDA (``accelerator``: then host times are launch times, issue #28)."""
         for component in self._components:
             component.metadata(info)
+        if torch.cuda.is_initialized():
+            info["accelerator"] = "cuda"
 
     def snapshot(self) -> TraceResult:
         """The events recorded so far, readable while recording goes on.
