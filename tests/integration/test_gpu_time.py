@@ -339,3 +339,14 @@ def _train_shaped(net: nn.Module, steps: int) -> TraceData:
             opt.step()
             opt.zero_grad()
     return tr.result
+
+
+def test_trainer_callbacks_take_the_gpu_options(host_timer: None) -> None:
+    from hooktrace.integrations import TraceSession
+
+    session = TraceSession(None, chrome=None, backward=True, capacity=1 << 16, summary=False,
+                           gpu=True, gpu_every=3)
+    assert session.record.gpu and session.record.gpu_every == 3
+    with pytest.raises(ValueError, match="gpu_every must be a positive integer"):
+        TraceSession(None, chrome=None, backward=True, capacity=1 << 16, summary=False,
+                     gpu=True, gpu_every=-1)
