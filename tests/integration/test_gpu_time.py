@@ -7,6 +7,7 @@ as one line. The tests at the end need a CUDA device (real c10::Event timing).""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -249,6 +250,18 @@ def test_gpu_without_cuda_is_one_clear_line(tmp_path: Path,
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.count("\n") == 1 and "needs a CUDA device" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.skipif(CUDA, reason="checks the machine without CUDA")
+def test_hooktrace_1_with_gpu_without_cuda_runs_untraced_with_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HOOKTRACE_GPU_TIMER", raising=False)
+    env = {**os.environ, "HOOKTRACE": "1", "HOOKTRACE_OPTIONS": "--gpu",
+           "HOOKTRACE_OUT": str(tmp_path / "x.htrace"), "PYTHONPATH": str(REPO)}
+    r = subprocess.run([sys.executable, "-c", "print('ran')"], capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path, env=env)
+    assert r.returncode == 0 and r.stdout == "ran\n"
+    assert r.stderr.count("\n") == 1 and "needs a CUDA device" in r.stderr
 
 
 # --- on a CUDA device ----------------------------------------------------------------
