@@ -1,5 +1,6 @@
 #include "backward.h"
 
+#include "gpu_time.h"
 #include "session_set.h"
 
 #include <ATen/record_function.h>
@@ -74,7 +75,10 @@ std::unique_ptr<at::ObserverContext> on_node_start(const at::RecordFunction& fn)
   const uint32_t name = intern(fn.name());
   const uint64_t seq = static_cast<uint64_t>(fn.seqNr());
   const uint32_t fwd = static_cast<uint32_t>(fn.forwardThreadId());
-  g_sessions.for_each([&](Session* s) { s->record_node(kNodeBegin, seq, name, fwd); });
+  g_sessions.for_each([&](Session* s) {
+    s->record_node(kNodeBegin, seq, name, fwd);
+    if (C10_UNLIKELY(s->gpu())) gpu_node(s, seq, fwd);  // device time (gpu_time.h)
+  });
   return nullptr;
 }
 

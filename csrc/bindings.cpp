@@ -11,6 +11,7 @@
 #include "backward.h"
 #include "chrome_writer.h"
 #include "event.h"
+#include "gpu_time.h"
 #include "kernel_marks.h"
 #include "lanes.h"
 #include "module_call.h"
@@ -149,6 +150,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("emits", &Session::emits)
       .def("set_shapes", &Session::set_shapes, py::arg("on"))
       .def_property_readonly("shapes", &Session::shapes)
+      .def("set_gpu", &Session::set_gpu, py::arg("on"))
+      .def_property_readonly("gpu", &Session::gpu)
       .def("set_numerics", &Session::set_numerics, py::arg("on"))
       .def_property_readonly("numerics", &Session::numerics)
       .def("set_nonfinite_callback",
@@ -204,6 +207,27 @@ PYBIND11_MODULE(_C, m) {
   }, "(a fused launcher is registered, the first failure's message or None).");
   m.def("numerics_leaf_hooks", &hooktrace::numerics_leaf_hooks,
         "Tests: leaf tensors holding a numerics gradient hook (numerics.h).");
+  // --- device time (gpu_time.h) ---
+  m.def("gpu_start", &hooktrace::gpu_start, py::arg("session"), py::arg("timer"),
+        py::arg("pool_events"), "Create the session's timer ('cuda', or 'host' for tests).");
+  m.def("gpu_resolve",
+        [](std::shared_ptr<Session> s, bool wait) { return hooktrace::gpu_resolve(s.get(), wait); },
+        py::arg("session"), py::arg("wait") = false,
+        "Record the device times of the completed marks (all of them when wait).");
+  m.def("gpu_stats", [](std::shared_ptr<Session> s) {
+    auto st = hooktrace::gpu_stats(s.get());
+    py::dict d;
+    d["timer"] = st.timer;
+    d["dropped"] = st.dropped;
+    d["skipped_capturing"] = st.skipped_capturing;
+    d["align_error_ns"] = st.align_error_ns;
+    d["pending"] = st.pending;
+    d["resolved"] = st.resolved;
+    d["pool"] = st.pool;
+    return d;
+  }, py::arg("session"));
+  m.def("gpu_set_capturing", &hooktrace::gpu_set_capturing, py::arg("on"),
+        "A CUDA graph is being captured: record no device time meanwhile.");
   m.def("shape_signatures", &hooktrace::shape_signatures, py::arg("first") = 0,
         "The process's shape signatures from index `first` (shapes.h).");
   m.def("now_ticks", &hooktrace::now_ticks);

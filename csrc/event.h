@@ -64,6 +64,18 @@ enum EventKind : uint8_t {
   // recorded when the session flushes them: id = the call's id (that event's rf_tid);
   // seq, rf_tid, flags as kNumerics'.
   kNumericsValue = 13,
+  // Device time (trace(gpu=True), gpu_time.h). kGpuMark: a timing event was recorded
+  // on the device stream, right after the ENTER (before the EXIT) of a forward call,
+  // or in backward where the module of the autograd nodes changed, or around a kernel
+  // call site of compiled code (kGpuKernel): id = module slot (kGpuNoModule: backward
+  // left every module, the interval before it ends; kGpuKernel: the site), seq =
+  // the stream id (c10::StreamId, int64), rf_tid = the mark's id (unique in the
+  // session, modulo 2**32), flags = GpuMarkFlags (gpu_time.h).
+  kGpuMark = 14,
+  // The device time of a kGpuMark, recorded when the session resolved it (at the
+  // next step mark or the end): id = the mark's id, seq = the time as int64 Unix ns
+  // (the device's clock aligned to the host's), rf_tid = the device index.
+  kGpuTime = 15,
 };
 
 enum EventFlags : uint8_t {

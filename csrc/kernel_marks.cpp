@@ -1,5 +1,6 @@
 #include "kernel_marks.h"
 
+#include "gpu_time.h"
 #include "session_set.h"
 
 namespace hooktrace {
@@ -24,14 +25,20 @@ inline bool site_of(PyObject* arg, uint32_t* site) {
 PyObject* kernel_begin(PyObject*, PyObject* arg) {
   uint32_t site;
   if (site_of(arg, &site))
-    g_sessions.for_each([&](Session* s) { s->record_kernel(kKernelBegin, site); });
+    g_sessions.for_each([&](Session* s) {
+      s->record_kernel(kKernelBegin, site);
+      if (C10_UNLIKELY(s->gpu())) gpu_kernel(s, site, false);  // device time (gpu_time.h)
+    });
   Py_RETURN_NONE;
 }
 
 PyObject* kernel_end(PyObject*, PyObject* arg) {
   uint32_t site;
   if (site_of(arg, &site))
-    g_sessions.for_each([&](Session* s) { s->record_kernel(kKernelEnd, site); });
+    g_sessions.for_each([&](Session* s) {
+      if (C10_UNLIKELY(s->gpu())) gpu_kernel(s, site, true);
+      s->record_kernel(kKernelEnd, site);
+    });
   Py_RETURN_NONE;
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "event.h"
+#include "gpu_time.h"
 #include "numerics.h"
 #include "shapes.h"
 #include "profiler_emit.h"
@@ -228,7 +229,7 @@ inline PyObject* call_module(ModuleCall* g, PyObject* const* args, size_t nargsf
   return PyObject_Vectorcall(g->wrapped, args, nargsf, kwnames);
 }
 
-// module_call with shapes and/or numerics on in one of the sessions (x: extras;
+// module_call with shapes, numerics and/or device time on in one of the sessions (x: extras;
 // a null session records nothing). Out of line: the common path stays as it was.
 C10_NOINLINE PyObject* call_with_extras(ModuleCall* g, PyObject* const* args, size_t nargsf,
                            PyObject* kwnames, uint8_t model_x, uint8_t global_x,
@@ -243,7 +244,14 @@ C10_NOINLINE PyObject* call_with_extras(ModuleCall* g, PyObject* const* args, si
   Session* global_num = global_x & Session::kExtraNumerics ? global : nullptr;
   if (model_num || global_num)
     numerics_enter(args, nargsf, kwnames, model_num, model_slot, global_num, global_slot);
+  // device time (gpu_time.h): the marks hug the call, numerics' kernels stay outside
+  const bool model_gpu = model_x & Session::kExtraGpu;
+  const bool global_gpu = global_x & Session::kExtraGpu;
+  if (model_gpu) gpu_enter(model, model_slot);
+  if (global_gpu) gpu_enter(global, global_slot);
   PyObject* result = call_module(g, args, nargsf, kwnames);
+  if (global_gpu) gpu_exit(global, global_slot);
+  if (model_gpu) gpu_exit(model, model_slot);
   const uint8_t flags = result ? 0 : kFlagError;
   if (global) span_exit(global, global_slot, flags, global_on);
   if (model) span_exit(model, model_slot, flags, model_on);

@@ -60,6 +60,8 @@
 
 namespace hooktrace {
 
+class GpuTimer;  // gpu_time.h
+
 enum class Policy { kDrop, kRing };
 
 struct Chunk {
@@ -265,7 +267,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // Per-call extras, tested once per module call (module_call.cpp): shapes
   // (shapes.h; fixed before start()) and numerics (numerics.h; set before start()
   // and between steps when sampling, numerics_every).
-  static constexpr uint8_t kExtraShapes = 1, kExtraNumerics = 2;
+  static constexpr uint8_t kExtraShapes = 1, kExtraNumerics = 2, kExtraGpu = 4;
   uint8_t extras() const { return extras_.load(std::memory_order_relaxed); }
   void set_shapes(bool on) { set_extra(kExtraShapes, on); }
   bool shapes() const { return extras() & kExtraShapes; }
@@ -279,6 +281,16 @@ class Session : public std::enable_shared_from_this<Session> {
   inline void record_numerics_value(uint32_t id, uint8_t flags, uint64_t stats, uint32_t nonfinite) {
     record_extra(kNumericsValue, id, flags, stats, nonfinite);
   }
+  // Device time (gpu_time.h): set_gpu toggles the timing of calls (gpu_every); the
+  // kGpuMark / kGpuTime events it records.
+  void set_gpu(bool on) { set_extra(kExtraGpu, on); }
+  bool gpu() const { return extras() & kExtraGpu; }
+  inline void record_gpu(uint8_t kind, uint32_t id, uint8_t flags, uint64_t seq, uint32_t rf) {
+    record_extra(kind, id, flags, seq, rf);
+  }
+  // The session's device timer (gpu_time.h): set once by gpu_start(), under the GIL,
+  // before the kExtraGpu bit is first set; lives as long as the session.
+  std::shared_ptr<GpuTimer> gpu_timer;
   // A call's shape signatures (shapes.h): input | output << 32.
   inline void record_shapes(uint32_t slot, uint32_t in_sig, uint32_t out_sig) {
     record_extra(kShapes, slot, 0, static_cast<uint64_t>(in_sig) | static_cast<uint64_t>(out_sig) << 32, 0);

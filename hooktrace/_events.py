@@ -54,8 +54,26 @@ NUM_FLAGS = NUM_BACKWARD | NUM_SKIPPED | NUM_FAILED | NUM_DEFERRED | NUM_NOT_WAL
 # A deferred NUMERICS event's statistics, recorded when the session flushed them (at the
 # next step mark or the end): id = the call's id; seq, rf_tid, flags as NUMERICS'.
 NUMERICS_VALUE = 13
+# Device time (trace(gpu=True), csrc/gpu_time.h, reading.GpuSpans). GPU_MARK: a timing
+# event was recorded on a device stream: after a forward call's ENTER, before its EXIT
+# (flag GPU_EXIT), or in backward where the autograd nodes' module changed (flag
+# GPU_BACKWARD; id GPU_NO_MODULE: no module from there on); id = module slot, seq = the
+# stream id (int64), rf_tid = the mark's id (unique in the run, modulo 2**32).
+# GPU_KERNEL: around a kernel call site of compiled code (KERNEL_BEGIN/END's sites):
+# id = the site; GPU_KERNEL | GPU_EXIT after the kernel.
+GPU_MARK = 14
+GPU_EXIT = 1
+GPU_BACKWARD = 2
+GPU_KERNEL = 4
+# the combinations a recorder writes
+GPU_MARK_FLAGS = (0, GPU_EXIT, GPU_BACKWARD, GPU_KERNEL, GPU_KERNEL | GPU_EXIT)
+GPU_NO_MODULE = 0xFFFFFFFF
+# A GPU_MARK's device time, recorded when the run resolved it (next step mark or the
+# end): id = the mark's id, seq = int64 Unix ns (device clock aligned to the host's),
+# rf_tid = the device index.
+GPU_TIME = 15
 VALID_KINDS = (ENTER, EXIT, NODE_BEGIN, NODE_END, STEP, MEM_CPU, MEM_CUDA, KERNEL_BEGIN,
-               KERNEL_END, SHAPES, NUMERICS, NUMERICS_VALUE)
+               KERNEL_END, SHAPES, NUMERICS, NUMERICS_VALUE, GPU_MARK, GPU_TIME)
 
 FLAG_ERROR = 1  # EXIT: forward raised
 FLAG_NO_GRAD = 2  # ENTER: grad mode was off (torch.no_grad, inference_mode)

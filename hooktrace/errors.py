@@ -10,7 +10,7 @@ Example:
 
 from __future__ import annotations
 
-__all__ = ["HooktraceError", "InputPathError", "OptionError", "OutputPathError"]
+__all__ = ["HooktraceError", "InputPathError", "NoDeviceError", "OptionError", "OutputPathError"]
 
 
 class HooktraceError(ValueError):
@@ -27,3 +27,8 @@ class OutputPathError(HooktraceError):
 
 class OptionError(HooktraceError):
     """A bad option of a traced launch (``hooktrace run``, ``HOOKTRACE_OPTIONS``)."""
+
+
+class NoDeviceError(HooktraceError):
+    """An option that needs an accelerator on a machine without one (``gpu=True``
+    without CUDA)."""

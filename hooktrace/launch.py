@@ -95,6 +95,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
         p.add_argument(f"--{flag}", action="store_true", help=_help(flag))
     p.add_argument("--numerics-every", type=int, default=1, metavar="N",
                    help=_help("numerics_every"))
+    p.add_argument("--gpu", action="store_true", help=_help("gpu"))
+    p.add_argument("--gpu-every", type=int, default=1, metavar="N", help=_help("gpu_every"))
     p.add_argument("--summary", action="store_true",
                    help="print the per-module table to stderr at exit")
     p.add_argument("--capacity", type=int, default=None, metavar="N",
@@ -106,7 +108,7 @@ def _help(option: str) -> str:
     from hooktrace.record.options import OPTION_HELP
 
     return OPTION_HELP[option].replace("numerics_every", "--numerics-every").replace(
-        "with numerics,", "with --numerics,")
+        "with numerics,", "with --numerics,").replace("with gpu,", "with --gpu,")
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,8 @@ class RunOptions:
 
 
 def options_from_args(args: argparse.Namespace) -> RunOptions:
-    """Checks the options and resolves the output names; raises OptionError."""
+    """Checks the options and resolves the output names; raises OptionError (NoDeviceError
+    for --gpu without CUDA)."""
     rank = env_rank()
     output = output_path(args.output, ".htrace", rank)
     chrome = output_path(args.chrome, ".json", rank) if args.chrome is not None else None
@@ -162,9 +165,14 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
             flops=bool(getattr(args, "flops", False)),
             numerics=bool(getattr(args, "numerics", False)) or "nonfinite" in dump_on,
             numerics_every=getattr(args, "numerics_every", 1),
-            shapes=bool(getattr(args, "shapes", False)))
+            shapes=bool(getattr(args, "shapes", False)),
+            gpu=bool(getattr(args, "gpu", False)), gpu_every=getattr(args, "gpu_every", 1))
     except (TypeError, ValueError) as e:
         raise OptionError(_as_flag(str(e))) from None
+    if record.gpu:  # no CUDA: NoDeviceError, before the script runs (`run`: exit status 2)
+        from hooktrace.record.gpu_time import GpuTimeComponent
+
+        GpuTimeComponent.check(record)
     return RunOptions(output=output, chrome=chrome, pftrace=pftrace, ring=args.ring,
                       schedule=schedule, summary=args.summary, record=record,
                       profile=bool(getattr(args, "profile", False)))

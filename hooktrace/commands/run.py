@@ -20,6 +20,7 @@ import sys
 from typing import Any
 
 from hooktrace.commands import CliError
+from hooktrace.errors import NoDeviceError
 from hooktrace.launch import (  # (imports no torch until start())
     add_options,
     options_from_args,
@@ -52,7 +53,11 @@ def run(args: argparse.Namespace) -> None:
             raise CliError(f"{target}: no such script file")
     else:
         raise CliError("give a script to run (hooktrace run train.py ARGS) or -m MODULE")
-    options = options_from_args(args)
+    try:
+        options = options_from_args(args)
+    except NoDeviceError as e:  # --gpu without CUDA: one line, exit status 2
+        print(f"hooktrace: error: --gpu: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     autostart = sys.modules.get("hooktrace._autostart")
     if autostart is not None:  # HOOKTRACE=1 is set too: this command's options win
         autostart.cancel()

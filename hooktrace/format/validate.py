@@ -24,6 +24,11 @@ from hooktrace._events import (
     ENTER_FLAGS,
     EXIT,
     FLAG_ERROR,
+    GPU_KERNEL,
+    GPU_MARK,
+    GPU_MARK_FLAGS,
+    GPU_NO_MODULE,
+    GPU_TIME,
     KERNEL_BEGIN,
     KERNEL_END,
     MEM_CPU,
@@ -334,6 +339,7 @@ def validate_events(
                 k = int(np.flatnonzero(shp == bad[0])[0])
                 fail(bad, "seq", f"shape signature {int(half[k])} out of range (the "
                                  f"shape_signatures table has {n_shapes})")
+    _validate_gpu(events, kind, n_modules, n_sites, interval, fail)
     # memory samples: bytes now (seq) and the peak (id | rf_tid << 32) are int64 >= 0
     mem = np.flatnonzero((kind == MEM_CPU) | (kind == MEM_CUDA))
     if mem.size:
@@ -354,10 +360,12 @@ def validate_events(
     bad = flagged[~(((on == EXIT) & (flags == FLAG_ERROR))
                     | ((on == ENTER) & ((flags & ~np.uint8(ENTER_FLAGS)) == 0))
                     | (((on == NUMERICS) | (on == NUMERICS_VALUE))
-                       & ((flags & ~np.uint8(NUM_FLAGS)) == 0)))]
+                       & ((flags & ~np.uint8(NUM_FLAGS)) == 0))
+                    | ((on == GPU_MARK) & np.isin(flags, GPU_MARK_FLAGS)))]
     if bad.size:
         fail(bad, "flags", f"expected flags 0 (or {FLAG_ERROR} on an EXIT, a combination of "
-                           f"{ENTER_FLAGS} on an ENTER, of {NUM_FLAGS} on numerics), found "
+                           f"{ENTER_FLAGS} on an ENTER, of {NUM_FLAGS} on numerics, one of "
+                           f"{list(GPU_MARK_FLAGS)} on a GPU mark), found "
                            f"{int(events['flags'][bad[0]])} on kind {int(kind[bad[0]])}")
     pad = events["pad"]
     if pad.any():
@@ -368,6 +376,38 @@ def validate_events(
         fail(bad, "tid", f"expected a thread id of at most {MAX_TID}, found {int(tid[bad[0]])}")
     _validate_times(events, clock, interval, fail)
     _validate_steps(events, kind, clock, fail)
+
+
+def _validate_gpu(events: np.ndarray, kind: np.ndarray, n_modules: int, n_sites: int,
+                  interval: tuple[int, int] | None,
+                  fail: Callable[[np.ndarray, str, str], NoReturn]) -> None:
+    """Device time (csrc/gpu_time.h): a GPU mark names a module (or GPU_NO_MODULE in
+    backward), or a kernel site; a GPU time is Unix ns within the run and names a
+    device index."""
+    marks = np.flatnonzero(kind == GPU_MARK)
+    if marks.size:
+        ids = events["id"][marks]
+        site = (events["flags"][marks] & GPU_KERNEL) != 0
+        bad = marks[~site & (ids >= n_modules) & (ids != GPU_NO_MODULE)]
+        if bad.size:
+            fail(bad, "id", f"GPU mark's module id {int(events['id'][bad[0]])} out of range "
+                            f"(the module table has {n_modules} modules)")
+        bad = marks[site & (ids >= n_sites)]
+        if bad.size:
+            fail(bad, "id", f"GPU mark's kernel site {int(events['id'][bad[0]])} out of range "
+                            f"(the kernel_sites table has {n_sites} sites)")
+    times = np.flatnonzero(kind == GPU_TIME)
+    if times.size:
+        t = events["seq"][times].view(np.int64)
+        lo, hi = interval if interval is not None else (0, MAX_UNIX_NS)
+        bad = times[(t < lo) | (t > hi)]
+        if bad.size:
+            fail(bad, "seq", f"expected a GPU time within [{lo}, {hi}] Unix ns, found "
+                             f"{int(np.uint64(events['seq'][bad[0]]).view(np.int64))}")
+        bad = times[events["rf_tid"][times] > 0x7FFF]
+        if bad.size:
+            fail(bad, "rf_tid", f"expected a device index below 32768 on a GPU time, found "
+                                f"{int(events['rf_tid'][bad[0]])}")
 
 
 def _validate_steps(events: np.ndarray, kind: np.ndarray, clock: Clock,

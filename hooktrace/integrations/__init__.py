@@ -27,14 +27,14 @@ class TraceSession:
     ``output``/``chrome``: as ``hooktrace run -o``/``--chrome`` (a file, a folder, or
     None for ``hooktrace-<host>_<pid>_rank<R>.htrace`` in the current folder); the
     rank is always part of the name in a multi-process run. ``options``: what else
-    ``hooktrace.trace()`` records (``TRACE_OPTIONS``: numerics, shapes, memory, flops,
+    ``hooktrace.trace()`` records (``TRACE_OPTIONS``: numerics, shapes, memory, flops, gpu,
     dumps), checked here so a wrong name fails before training starts.
     """
 
     # what a callback passes on to trace(): options of hooktrace.record.options (their
     # help: OPTION_HELP), the others being the trainer's (steps) or the callback's own
     TRACE_OPTIONS = frozenset({"numerics", "numerics_every", "shapes", "memory", "flops",
-                               "dump_on", "dump_dir", "hang_timeout"})
+                               "dump_on", "dump_dir", "hang_timeout", "gpu", "gpu_every"})
 
     def __init__(self, output: str | os.PathLike[str] | None, *, chrome: str | os.PathLike[str] | None,
                  backward: bool, capacity: int, summary: bool, **options: Any) -> None:

@@ -65,11 +65,15 @@ OPTION_HELP: Mapping[str, str] = {
                 "first NaN/Inf is named on stderr and in hooktrace summary --json "
                 "(first_nonfinite)",
     "numerics_every": "with numerics, measure steps 0, N, 2N, ... only (default: every step)",
+    "gpu": "also record each module call's device time on its CUDA stream, forward and "
+           "backward (timing events resolved at step marks: no sync per call); needs a "
+           "CUDA device",
+    "gpu_every": "with gpu, time steps 0, N, 2N, ... only (default: every step)",
     "shapes": "also record the dtypes and shapes of every forward call's tensor inputs and "
               "outputs (span args in_shapes/out_shapes; hooktrace summary --by-shape)",
 }
 
-_FLAGS = ("backward", "emit_profiler", "flops", "memory", "numerics", "shapes")
+_FLAGS = ("backward", "emit_profiler", "flops", "memory", "numerics", "shapes", "gpu")
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,8 @@ class RecordOptions:
     numerics: bool = False
     numerics_every: int = 1
     shapes: bool = False
+    gpu: bool = False
+    gpu_every: int = 1
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> RecordOptions:
@@ -123,11 +129,11 @@ class RecordOptions:
                 raise TypeError(f"{flag} must be True or False, got "
                                 f"{type(value).__name__} {value!r}")
             set_(self, flag, bool(value))
-        every = self.numerics_every
-        if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 1:
-            raise ValueError(f"numerics_every must be a positive integer (steps), got "
-                             f"{every!r}")
-        set_(self, "numerics_every", int(every))
+        for name in ("numerics_every", "gpu_every"):
+            every = getattr(self, name)
+            if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 1:
+                raise ValueError(f"{name} must be a positive integer (steps), got {every!r}")
+            set_(self, name, int(every))
         if self.steps not in ("optimizer", None):
             raise ValueError(f"steps must be 'optimizer' or None, got {self.steps!r}")
         set_(self, "dump_on", check_dump_on(self.dump_on))

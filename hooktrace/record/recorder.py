@@ -56,6 +56,7 @@ from hooktrace.record.emit import EmitProfilerComponent
 from hooktrace.record.flops import FlopsComponent
 from hooktrace.record.kernel_marks import KernelMarksComponent
 from hooktrace.record.memory import MemoryComponent
+from hooktrace.record.gpu_time import GpuTimeComponent
 from hooktrace.record.numerics import NumericsComponent
 from hooktrace.record.options import DEFAULT_CAPACITY, RecordOptions
 from hooktrace.record.shapes import ShapesComponent
@@ -82,7 +83,7 @@ STREAM_PERIOD_MS = 10
 # are prepared and installed (torn down in reverse): a new option is one more here.
 COMPONENTS: tuple[type[Component], ...] = (
     MemoryComponent, EmitProfilerComponent, BackwardComponent, KernelMarksComponent,
-    NumericsComponent, ShapesComponent, FlopsComponent)
+    NumericsComponent, ShapesComponent, FlopsComponent, GpuTimeComponent)
 
 # The one process scope of this process (nn.Module calls of the whole process).
 _process_lock = threading.Lock()
@@ -203,6 +204,10 @@ class Recorder(StepMarks, FlightRecorder):
         shapes: record the dtypes and shapes of every forward call's tensor inputs and
             outputs (:mod:`hooktrace.shapes`): span args ``in_shapes``/``out_shapes``
             (and ``*_dtypes``) in the exports, ``hooktrace summary --by-shape``.
+        gpu: record each module call's device time on its CUDA stream, forward and
+            backward (:mod:`hooktrace.record.gpu_time`; read as
+            ``TraceData.gpu_spans()``); needs a CUDA device.
+        gpu_every: with ``gpu``, only steps ``0, N, 2N, ...`` are timed.
     """
 
     def __init__(self, scope: Scope, options: RecordOptions) -> None:
@@ -489,9 +494,12 @@ class Recorder(StepMarks, FlightRecorder):
         return events, clock, info
 
     def _add_metadata(self, info: dict[str, Any]) -> None:
-        """Each component's part of the run's info as of now."""
+        """Each component's part of the run's info as of now, and whether the process
+        used CUDA (``accelerator``: then host times are launch times, issue #28)."""
         for component in self._components:
             component.metadata(info)
+        if torch.cuda.is_initialized():
+            info["accelerator"] = "cuda"
 
     def snapshot(self) -> TraceResult:
         """The events recorded so far, readable while recording goes on.

@@ -45,6 +45,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "hooktrace.record.options",
         "hooktrace.record.component", "hooktrace.record.backward", "hooktrace.record.memory",
         "hooktrace.record.shapes", "hooktrace.record.numerics", "hooktrace.record.flops",
+        "hooktrace.record.gpu_time",
         "hooktrace.record.emit", "hooktrace.record.kernel_marks",
         "hooktrace.record.fused_numerics", "hooktrace.record.flight", "hooktrace.record.process_state",
         "hooktrace.distributed",

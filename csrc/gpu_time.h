@@ -1,0 +1,92 @@
+// Device time per module call (issue #28): trace(model, gpu=True).
+//
+// What is timed. A forward call: one timing event on the current stream of the
+// current device right after its ENTER, one right before its EXIT. Backward: one
+// event where the module owning the autograd nodes changes (not two per node): the
+// owner of a node is the innermost module whose forward call created it (its
+// sequence number lies in the call's [enter, exit) range of sequence numbers on the
+// forward thread, tracked here while timing is on), and a final callback of the
+// graph task closes the last interval. Each event is followed by a kGpuMark event
+// in the session (event.h); the reader (hooktrace/reading.py) pairs them into
+// intervals.
+//
+// The hot path (module_call.cpp, backward.cpp; taken only while the session's
+// kExtraGpu bit is set: one byte tested when off) draws its timing events from a
+// pool preallocated at gpu_start(): a bounded ring of slots, taken with one
+// compare-and-swap of an atomic counter (no lock, no allocation). A full pool is
+// counted (dropped) and the call goes untimed; never a wait.
+//
+// Resolution. gpu_resolve(session, wait) turns completed events into kGpuTime
+// events (device time as Unix ns) in slot order and frees their slots: at each step
+// mark (wait=false: only events the device has completed, no host sync) and at the
+// end (wait=true: one wait for the last ones). Clock alignment: at gpu_start() the
+// stream is synchronized once and a reference event is recorded between two host
+// readings: device time = reference + elapsed(reference, event), the reference's
+// host time known within align_error_ns. After each resolution the last resolved
+// event becomes the reference (its time known), so the float milliseconds that
+// elapsed() returns always span less than a step or two.
+//
+// Compiled regions: each kernel call site hooktrace marks (kernel_marks.h) gets one
+// event before the kernel and one after it (kGpuKernel); the reader makes them
+// intervals of the site's module.
+//
+// CUDA graphs. While hooktrace knows a graph is being captured (gpu_set_capturing,
+// raised by the Python component around torch.cuda.CUDAGraph.capture_begin/end),
+// nothing is recorded; such calls are counted (skipped_capturing).
+//
+// Timer backends, the seam: "cuda" (c10::Event, EventFlag::BACKEND_DEFAULT: timing on,
+// recorded on VirtualGuardImpl(CUDA).getStream(current device): device-generic, no
+// CUDA headers) and "host", whose events are host timestamps (tests: the whole
+// pipeline on a machine without a GPU).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace hooktrace {
+
+class Session;
+
+// Flags of a kGpuMark event.
+enum GpuMarkFlags : uint8_t {
+  kGpuExit = 1,      // forward: the call's end (else its start)
+  kGpuBackward = 2,  // backward: from here on the stream's work is this module's
+  kGpuKernel = 4,    // a kernel site of compiled code (id: the site): its start, or
+                     // with kGpuExit its end
+};
+// kGpuMark id in backward when the nodes left every module.
+constexpr uint32_t kGpuNoModule = UINT32_MAX;
+
+struct GpuStats {
+  std::string timer;
+  uint64_t dropped = 0;            // calls not timed: the pool was full (or a record failed)
+  uint64_t skipped_capturing = 0;  // calls not timed: a CUDA graph was being captured
+  int64_t align_error_ns = 0;      // the bound of the clock alignment
+  uint64_t pending = 0;            // recorded, not resolved yet
+  uint64_t resolved = 0;           // kGpuTime events recorded so far
+  uint64_t pool = 0;               // the pool's size
+};
+
+// Creates the session's timer ("cuda" or "host") with a pool of `pool_events` slots,
+// aligns the clocks (one sync of the current stream for "cuda") and sets
+// s->gpu_timer. Throws std::runtime_error (no CUDA device, an unknown timer, a
+// timer already set). GIL held, before the kExtraGpu bit is set.
+void gpu_start(const std::shared_ptr<Session>& s, const std::string& timer, uint64_t pool_events);
+// Records the kGpuTime events of the completed marks (all of them, waiting, when
+// `wait`). Returns how many. GIL held; not while another resolution runs.
+uint64_t gpu_resolve(Session* s, bool wait);
+GpuStats gpu_stats(Session* s);
+// Process-wide: a CUDA graph is being captured (record nothing meanwhile).
+void gpu_set_capturing(bool on);
+
+// The hot path (s->gpu() is true, s->gpu_timer set).
+void gpu_enter(Session* s, uint32_t slot);
+void gpu_exit(Session* s, uint32_t slot);
+// A backward node starts on this thread: `seq` its sequence number, `fwd_tid` its
+// forward thread's RecordFunction id.
+void gpu_node(Session* s, uint64_t seq, uint32_t fwd_tid);
+// A kernel mark of compiled code (kernel_marks.h) starts / ends: `site` its call site.
+void gpu_kernel(Session* s, uint32_t site, bool end);
+
+}  // namespace hooktrace
