@@ -25,6 +25,7 @@ None of these is on the hot path: a module call runs native code only.
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -46,7 +47,12 @@ class Component:
         """Raises the one-line error for options this feature refuses together."""
 
     def __init__(self, recorder: Any) -> None:
-        self.recorder = recorder
+        # A weak proxy: the recorder holds its components, so a strong reference back
+        # would make a cycle, and a dropped recorder (its session's buffers, up to
+        # 256 MiB, with it) would live on until the cyclic GC ran; a later recording
+        # then page-faults fresh buffers instead of reusing freed ones (~20-30 ns per
+        # module call on the Identity chain, benchmarks/RESULTS.md #27).
+        self.recorder = weakref.proxy(recorder)
 
     def prepare(self, session: Any, scope: Any) -> None:
         """Before the session starts."""

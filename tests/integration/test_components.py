@@ -160,3 +160,38 @@ def test_a_trainer_callback_checks_option_values_when_made(tmp_path: Any) -> Non
     with pytest.raises(TypeError, match="capacity must be an int"):
         TraceSession(tmp_path / "x.htrace", chrome=None, backward=True, capacity=2.5,
                      summary=False)
+
+
+@pytest.mark.parametrize("scope", ["model", "process"])
+@pytest.mark.parametrize("options", [
+    {}, {"memory": True}, {"numerics": True, "numerics_every": 2}, {"shapes": True},
+    {"flops": True}, {"emit_profiler": True}, {"dump_on": "exception"}, {"policy": "ring"},
+    {"out": "stream.htrace"}], ids=repr)
+def test_a_dropped_recorder_is_freed_at_once(scope: str, options: dict[str, Any],
+                                             tmp_path: Any) -> None:
+    # No reference cycle through the recorder (its components held it strongly after
+    # #27's refactor): the session's buffers went only when the cyclic GC ran, and the
+    # next recording page-faulted fresh ones (the global_trace A/B regression).
+    import gc
+    import weakref
+
+    if "out" in options:
+        options = {**options, "out": tmp_path / options["out"]}
+    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gc.collect()
+    gc.disable()
+    try:
+        tr = hooktrace.trace(model, **options) if scope == "model" else \
+            hooktrace.global_trace(**options)
+        with tr:
+            for _ in range(2):
+                model(torch.randn(3, 2)).sum().backward()
+                opt.step()
+        assert len(tr.spans()) > 0
+        alive = weakref.ref(tr)
+        del tr
+        assert alive() is None, "the recorder is in a reference cycle"
+    finally:
+        gc.enable()
+
