@@ -171,6 +171,13 @@ class Option:
             raise ValueError(f"option {self.name!r}: its help must be one line")
         if isinstance(self.cli, str):
             object.__setattr__(self, "cli", Flag(self.cli))
+        flag = self.flag
+        if flag is not None and flag.form == "switch" and flag.value is None and not isinstance(
+                self.default, bool):
+            raise ValueError(f"option {self.name!r}: a switch of a non-bool option needs "
+                             "Flag(value=...)")
+        if flag is not None and flag.form == "choice" and not flag.choices:
+            raise ValueError(f"option {self.name!r}: a choice needs Flag(choices={{...}})")
 
     @property
     def annotation(self) -> Any:

@@ -30,7 +30,7 @@ from hooktrace.record.core_options import (
 )
 
 __all__ = ["DEFAULT_CAPACITY", "MAX_CAPACITY", "OPTION_HELP", "RecordOptions",
-           "STREAM_CAPACITY", "check_capacity", "declared", "refresh"]
+           "STREAM_CAPACITY", "check_capacity", "refresh"]
 
 # One line of help per option, as declared (refresh() fills it).
 OPTION_HELP: dict[str, str] = {}
@@ -86,11 +86,6 @@ class RecordOptions:
             declarer.resolve(values)
         for name, value in values.items():
             object.__setattr__(self, name, value)
-
-
-def declared() -> tuple[Option, ...]:
-    """The declared options (:meth:`RecordOptions.declared`)."""
-    return RecordOptions.declared()
 
 
 # What dataclass() adds to a class; removed before it makes the class again.

@@ -335,3 +335,18 @@ def test_dump_on_nonfinite_turns_numerics_on(tmp_path: Path) -> None:
     record = options_from_args(p.parse_args(["-o", os.fspath(tmp_path / "n.htrace"),
                                              "--dump-on", "nonfinite,hang"])).record
     assert record.numerics is True and record.dump_on == {"nonfinite", "hang"}
+
+
+def test_a_declaration_is_checked_when_written() -> None:
+    from hooktrace.record.component import Flag, Option
+
+    with pytest.raises(ValueError, match="help must be one line"):
+        Option("x", False, "two\nlines")
+    with pytest.raises(ValueError, match="not a public identifier"):
+        Option("_x", False, "private")
+    with pytest.raises(ValueError, match="needs Flag\\(value=...\\)"):
+        Option("mode", "a", "a mode", cli="switch")
+    with pytest.raises(ValueError, match="a choice needs"):
+        Option("mode", "a", "a mode", cli=Flag("choice"))
+    assert Option("backward", True, "b", cli="switch").flag_name() == "--no-backward"
+    assert Option("gpu_every", 1, "g", cli="int").flag_name() == "--gpu-every"
