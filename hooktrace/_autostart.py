@@ -21,10 +21,8 @@ untraced: the switch must never stop the program it was set for.
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import os
-import shlex
 import sys
 from typing import Any
 
@@ -33,16 +31,9 @@ from hooktrace.record.process_state import STATE
 
 
 def _start() -> None:
-    from hooktrace.launch import add_options, options_from_args, start
+    from hooktrace.launch import options_from_env, start
 
-    parser = argparse.ArgumentParser(prog="HOOKTRACE_OPTIONS", add_help=False, exit_on_error=False)
-    add_options(parser)
-    args, unknown = parser.parse_known_args(shlex.split(os.environ.get("HOOKTRACE_OPTIONS", "")))
-    if unknown:
-        raise ValueError(f"unknown option(s) {' '.join(unknown)}")
-    if args.output is None and os.environ.get("HOOKTRACE_OUT"):
-        args.output = os.environ["HOOKTRACE_OUT"]
-    options = options_from_args(args)
+    options = options_from_env(os.environ)
     trace = start(options)
     STATE.autostart_trace = trace
     atexit.register(_finish, trace, options)

@@ -34,13 +34,13 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
 from hooktrace.errors import HooktraceError
-from hooktrace.rankset import RankFile, find_rank_files
+from hooktrace.rankset import NotOneRun, RankFile, check_one_run, find_rank_files
 from hooktrace.reading import TraceData
 
 __all__ = ["DiffInputError", "FileMeta", "Side", "file_meta", "find_files", "group",
@@ -208,6 +208,29 @@ def _rel(path: str, root: str) -> str:
     return rel if not rel.startswith("..") else path
 
 
+def _not_one_run(found: NotOneRun[FileMeta], name: Callable[[FileMeta], str]) -> str:
+    """``check_one_run``'s finding in diff's words (after ``SPEC: ``)."""
+    a, b = found.a, found.b
+    if found.kind == "rank_and_no_rank":
+        why = (f"{name(b)} is a stream cut before its footer, which carries the rank: "
+               "move it out, or name one file" if b.cut else
+               "traces of different runs? Keep one run's files per directory")
+        return (f"mixes files with a rank ({name(a)}: rank {a.rank}) and without one "
+                f"({name(b)}): {why}")
+    if found.kind == "world_sizes":
+        return (f"the files disagree on the world size ({name(a)}: {a.world_size}, "
+                f"{name(b)}: {b.world_size}): ranks of different runs? Keep one run's files "
+                "per directory")
+    if found.kind == "processes":
+        what = (f"{found.processes} processes wrote rank {found.rank}" if found.rank is not None
+                else f"holds the traces of {found.processes} processes without a rank")
+        return (f"{what} ({name(a)} by {a.process}, {name(b)} by {b.process}): traces of "
+                "different runs? Keep one run's files per directory, or name one file")
+    return (f"rank {a.rank} ({name(a)}) stopped recording at {_when(found.stop_ns)}, before "
+            f"rank {b.rank} ({name(b)}) started at {_when(found.start_ns)}: ranks of "
+            "different runs? Ranks of one job record at the same time")
+
+
 def group(spec: str, path: str, window: int | None, metas: Sequence[FileMeta]) -> Side:
     """Group one input's files into processes by rank, refusing anything that is not
     one run (see the module docstring)."""
@@ -216,41 +239,18 @@ def group(spec: str, path: str, window: int | None, metas: Sequence[FileMeta]) -
     def name(f: FileMeta) -> str:
         return _rel(f.path, path)
 
-    ranked = [f for f in metas if f.rank is not None]
-    plain = [f for f in metas if f.rank is None]
-    if ranked and plain:
-        cut = next((f for f in plain if f.cut), None)
-        why = (f"{name(cut)} is a stream cut before its footer, which carries the rank: "
-               "move it out, or name one file" if cut is not None else
-               "traces of different runs? Keep one run's files per directory")
-        raise DiffInputError(
-            f"{spec}: mixes files with a rank ({name(ranked[0])}: rank {ranked[0].rank}) and "
-            f"without one ({name(cut or plain[0])}): {why}")
-    sizes: dict[int, FileMeta] = {}
-    for f in ranked:
-        if f.world_size is not None:
-            sizes.setdefault(f.world_size, f)
-    if len(sizes) > 1:
-        (s1, f1), (s2, f2) = list(sizes.items())[:2]
-        raise DiffInputError(
-            f"{spec}: the files disagree on the world size ({name(f1)}: {s1}, {name(f2)}: "
-            f"{s2}): ranks of different runs? Keep one run's files per directory")
-    world = next(iter(sizes), None)
+    ordered = sorted(metas, key=lambda f: (f.rank if f.rank is not None else -1,
+                                           f.window[0] if f.window else -1, f.path))
+    # one run? (the rules rank sets follow too: rankset.check_one_run)
+    found = check_one_run(ordered)
+    if found is not None:
+        raise DiffInputError(f"{spec}: {_not_one_run(found, name)}")
+    world = next((f.world_size for f in ordered if f.world_size is not None), None)
     by_rank: dict[int | None, list[FileMeta]] = {}
-    for f in sorted(metas, key=lambda f: (f.rank if f.rank is not None else -1,
-                                          f.window[0] if f.window else -1, f.path)):
+    for f in ordered:
         by_rank.setdefault(f.rank, []).append(f)
+    # each rank (or the one process without a rank): one trace, or distinct windows
     for rank, files in by_rank.items():
-        procs: dict[str, FileMeta] = {}
-        for f in files:
-            procs.setdefault(f.process, f)
-        if len(procs) > 1:
-            (p1, f1), (p2, f2) = list(procs.items())[:2]
-            what = (f"{len(procs)} processes wrote rank {rank}" if rank is not None else
-                    f"holds the traces of {len(procs)} processes without a rank")
-            raise DiffInputError(
-                f"{spec}: {what} ({name(f1)} by {p1}, {name(f2)} by {p2}): traces of "
-                "different runs? Keep one run's files per directory, or name one file")
         who = (f"rank {rank} ({files[0].process})" if rank is not None
                else f"process {files[0].process}")
         if world is not None and rank is not None and rank >= world:
@@ -271,17 +271,6 @@ def group(spec: str, path: str, window: int | None, metas: Sequence[FileMeta]) -
                         f"{spec}: {name(prev)} (steps {prev.window[0]}-{prev.window[1]}) and "
                         f"{name(cur)} (steps {cur.window[0]}-{cur.window[1]}) are overlapping "
                         f"windows of {who}: a copy of a window?")
-    if len(by_rank) > 1:
-        spans = {r: (min(f.start_ns for f in fs), max(f.stop_ns for f in fs))
-                 for r, fs in by_rank.items()}
-        late = max(spans, key=lambda r: spans[r][0])
-        early = min(spans, key=lambda r: spans[r][1])
-        if spans[late][0] > spans[early][1]:
-            raise DiffInputError(
-                f"{spec}: rank {early} ({name(by_rank[early][0])}) stopped recording at "
-                f"{_when(spans[early][1])}, before rank {late} ({name(by_rank[late][0])}) "
-                f"started at {_when(spans[late][0])}: ranks of different runs? Ranks of one "
-                "job record at the same time")
     side = Side(spec, path, is_dir, window, by_rank, world)
     if world is not None and is_dir:
         missing = sorted(set(range(world)) - set(by_rank))

@@ -4,9 +4,11 @@ switch (``HOOKTRACE=1``, ``HOOKTRACE_OPTIONS``, :mod:`hooktrace._autostart`) sha
 The options are parsed by :func:`add_options` and turned into a
 :class:`RunOptions` by :func:`options_from_args`; :func:`start` starts the
 process-wide recorder with them and :func:`write_outputs` writes what they ask
-for. A new option (``--schedule``, ``--ring``/``--dump-on``, ``--pftrace``) is
-one ``add_argument`` in :func:`add_options`, one field in :class:`RunOptions`,
-and its use in :func:`start` or :func:`write_outputs`. The ``run`` verb
+for. A recording option's flag comes from its declaration (its component's
+``OPTIONS``, hooktrace/record/component.py): nothing here names one. An option of
+the launch itself (an output: ``--pftrace``, ``--profile``) is one ``add_argument``
+in :func:`add_options`, one field in :class:`RunOptions`, and its use in
+:func:`start` or :func:`write_outputs`. The ``run`` verb
 (``hooktrace/commands/run.py``) adds running the script.
 
 The ``.htrace`` is streamed to the output file while the process runs (format version
@@ -23,12 +25,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import signal
 import stat
 import sys
 import threading
 import warnings
-import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,31 +39,32 @@ from typing import TYPE_CHECKING, Any
 from hooktrace._args import finite_float
 from hooktrace._naming import env_rank, output_path
 from hooktrace._output import check_output_path
-from hooktrace.errors import OptionError, OutputPathError
+from hooktrace.errors import NoDeviceError, OptionError, OutputPathError
 from hooktrace.record.process_state import STATE
 from hooktrace.text import open_hint
 
 if TYPE_CHECKING:  # (imported when recording starts: `hooktrace --help` imports no torch)
     from hooktrace.record import GlobalTrace
+    from hooktrace.record.component import Option
     from hooktrace.record.options import RecordOptions
 
-__all__ = ["RunOptions", "add_options", "discard_empty", "options_from_args", "start",
+__all__ = ["RunOptions", "add_options", "discard_empty", "options_from_args", "options_from_env",
+           "start",
            "stop_writing_on_sigterm", "streams", "write_outputs"]
 
 
 def add_options(p: argparse.ArgumentParser) -> None:
-    """The tracing options shared by ``hooktrace run`` and ``HOOKTRACE_OPTIONS``."""
+    """The tracing options shared by ``hooktrace run`` and ``HOOKTRACE_OPTIONS``: the
+    outputs, and a flag per recording option that declares one (its component's
+    ``OPTIONS``, hooktrace/record/component.py), in their order."""
+    from hooktrace.record.options import RecordOptions
+
     p.add_argument("-o", "--output", metavar="PATH", default=None,
                    help="the .htrace file, or a folder for the default name "
                         "(default: ./hooktrace-<host>_<pid>[_rank<R>].htrace); {rank}, {pid} and "
                         "{host} are replaced; with RANK set and no {rank}, _rank<R> is added. "
                         "Streamed to while the script runs (constant memory; a killed run's "
                         "file loads up to the cut), except with --ring or --schedule")
-    p.add_argument("--no-backward", dest="backward", action="store_false",
-                   help="do not record autograd nodes (forward spans only)")  # (negated)
-    p.add_argument("--steps", choices=("optimizer", "none"), default="optimizer",
-                   help="what ends a training step: the first optimizer's step() (default) "
-                        "or nothing")
     p.add_argument("--chrome", metavar="OUT.json", default=None,
                    help="also export Chrome trace JSON (.json or .json.gz) at exit; "
                         "same naming rules as --output")
@@ -72,43 +76,67 @@ def add_options(p: argparse.ArgumentParser) -> None:
                         "OUTPUT's folder as <stem>.<last step>.htrace (with --profile, the "
                         "profiler records the same windows: <stem>.<last step>.merged.json "
                         "and .profiler.json beside it)")
-    p.add_argument("--ring", action="store_true",
-                   help="flight recorder: keep the newest --capacity events, not the oldest "
-                        "(in memory, written at exit: a ring cannot stream)")
-    p.add_argument("--dump-on", metavar="WHEN", default=None,
-                   help="flight-recorder dumps, any of exception,signal,hang,nonfinite "
-                        "(comma-separated): the events, Python stacks and open module calls of "
-                        "every thread, to --dump-dir; with --ring, the newest events; "
-                        "nonfinite (the first NaN/Inf of --numerics) turns --numerics on")
-    p.add_argument("--dump-dir", metavar="DIR", default="hooktrace-dumps",
-                   help="where dumps go (default: %(default)s)")
-    p.add_argument("--hang-timeout", type=finite_float, default=300.0, metavar="SECONDS",
-                   help="with --dump-on hang: seconds without a module call or step that "
-                        "count as a hang (default: %(default)s)")
     p.add_argument("--profile", action="store_true",
                    help="also run torch.profiler (CPU ops; CUDA kernels when CUDA is "
                         "available) and write <output stem>.merged.json (module spans on the "
                         "profiler's timeline, as hooktrace merge) and <output stem>"
                         ".profiler.json (for hooktrace summary --profiler); with --schedule, "
                         "one of each per window")
-    for flag in ("flops", "memory", "numerics", "shapes"):
-        p.add_argument(f"--{flag}", action="store_true", help=_help(flag))
-    p.add_argument("--numerics-every", type=int, default=1, metavar="N",
-                   help=_help("numerics_every"))
-    p.add_argument("--gpu", action="store_true", help=_help("gpu"))
-    p.add_argument("--gpu-every", type=int, default=1, metavar="N", help=_help("gpu_every"))
     p.add_argument("--summary", action="store_true",
                    help="print the per-module table to stderr at exit")
-    p.add_argument("--capacity", type=int, default=None, metavar="N",
-                   help=_help("capacity"))
+    recording = p.add_argument_group("recording (hooktrace.trace()'s options)")
+    for option in RecordOptions.declared():
+        _add_flag(recording, option)
 
 
-def _help(option: str) -> str:
-    """An option's one-line help, as RecordOptions holds it (options named as flags)."""
-    from hooktrace.record.options import OPTION_HELP
+def _add_flag(p: Any, option: Option) -> None:
+    """The option's flag, as its declaration says (record/component.py ``Flag``); its
+    value lands in ``args.<option name>`` as the flag spells it (:func:`_from_flag`)."""
+    flag = option.flag
+    if flag is None:
+        return
+    common: dict[str, Any] = {"dest": option.name, "help": option.flag_help or option.help}
+    if flag.form == "switch":
+        p.add_argument(option.flag_name(), action="store_const", const=option.switch_value(),
+                       default=option.default, **common)
+    elif flag.form == "choice":
+        assert flag.choices is not None
+        default = next((word for word, value in flag.choices.items()
+                        if value == option.default), None)
+        p.add_argument(option.flag_name(), choices=list(flag.choices), default=default,
+                       **common)
+    else:
+        convert = {"int": int, "float": finite_float, "str": None, "list": None}[flag.form]
+        p.add_argument(option.flag_name(), default=None if flag.form == "list" else option.default,
+                       metavar=option.metavar(), **({"type": convert} if convert else {}),
+                       **common)
 
-    return OPTION_HELP[option].replace("numerics_every", "--numerics-every").replace(
-        "with numerics,", "with --numerics,").replace("with gpu,", "with --gpu,")
+
+def _from_flag(option: Option, raw: Any) -> Any:
+    """The option's value from its flag's (a choice's word, a comma-separated list)."""
+    flag = option.flag
+    assert flag is not None
+    if flag.form == "choice" and raw is not None:
+        assert flag.choices is not None
+        return flag.choices[raw]
+    if flag.form == "list":
+        return tuple(w.strip() for w in raw.split(",")) if raw else ()
+    return raw
+
+
+def options_from_env(environ: Mapping[str, str]) -> RunOptions:
+    """The options of the environment switch: ``HOOKTRACE_OPTIONS`` (``hooktrace run``'s
+    flags) and ``HOOKTRACE_OUT`` (``-o``'s); raises ValueError (OptionError included)
+    for a bad one, argparse's errors as they are."""
+    parser = argparse.ArgumentParser(prog="HOOKTRACE_OPTIONS", add_help=False,
+                                     exit_on_error=False)
+    add_options(parser)
+    args, unknown = parser.parse_known_args(shlex.split(environ.get("HOOKTRACE_OPTIONS", "")))
+    if unknown:
+        raise ValueError(f"unknown option(s) {' '.join(unknown)}")
+    if args.output is None and environ.get("HOOKTRACE_OUT"):
+        args.output = environ["HOOKTRACE_OUT"]
+    return options_from_args(args)
 
 
 @dataclass(frozen=True)
@@ -126,8 +154,8 @@ class RunOptions:
 
 
 def options_from_args(args: argparse.Namespace) -> RunOptions:
-    """Checks the options and resolves the output names; raises OptionError (NoDeviceError
-    for --gpu without CUDA)."""
+    """Checks the options and resolves the output names; raises OptionError
+    (NoDeviceError for --gpu without CUDA)."""
     rank = env_rank()
     output = output_path(args.output, ".htrace", rank)
     chrome = output_path(args.chrome, ".json", rank) if args.chrome is not None else None
@@ -140,7 +168,7 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
             check_output_path(path)
         except (OutputPathError, OSError) as e:
             raise OptionError(f"{flag}: {e}") from None
-    dump_on = tuple(w.strip() for w in args.dump_on.split(",")) if args.dump_on else ()
+    ring = getattr(args, "policy", "drop") == "ring"
     schedule = None
     if args.schedule is not None:
         try:
@@ -151,29 +179,36 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
             raise OptionError(f"--schedule must be WAIT,WARMUP,ACTIVE[,REPEAT] (integers, "
                            f"ACTIVE >= 1), got {args.schedule!r}")
         schedule = (parts[0], parts[1], parts[2], parts[3] if len(parts) == 4 else 0)
-        if args.ring:
+        if ring:
             raise OptionError("--schedule and --ring cannot be combined: windows are drained "
                            "as they end")
     from hooktrace.record.options import RecordOptions
 
+    # the recording options, as their flags gave them (a flag not on this parser: the
+    # option's default), then what a flag implies (--dump-on nonfinite: --numerics)
+    values = {o.name: _from_flag(o, getattr(args, o.name, o.default))
+              for o in RecordOptions.declared() if o.flag is not None}
+    for declarer in RecordOptions.declarers():
+        declarer.from_flags(values)
+    # streamed (out=): its capacity's default is the stream's (record/core_options.py)
+    # absolute: read back (and removed when empty) at exit, whatever the script's cwd then
+    out = os.path.abspath(output) if _streams(output, ring, schedule) else None
     try:  # the recording options' own checks (hooktrace.record.options), as flags
-        record = RecordOptions(
-            capacity=args.capacity, policy="ring" if args.ring else "drop",
-            backward=args.backward, steps="optimizer" if args.steps == "optimizer" else None,
-            dump_on=dump_on, dump_dir=args.dump_dir, hang_timeout=args.hang_timeout,
-            memory=bool(getattr(args, "memory", False)),
-            flops=bool(getattr(args, "flops", False)),
-            numerics=bool(getattr(args, "numerics", False)) or "nonfinite" in dump_on,
-            numerics_every=getattr(args, "numerics_every", 1),
-            shapes=bool(getattr(args, "shapes", False)),
-            gpu=bool(getattr(args, "gpu", False)), gpu_every=getattr(args, "gpu_every", 1))
+        record = RecordOptions(**values, out=out)
+    except OutputPathError as e:
+        raise OptionError(f"--output: {e}") from None
     except (TypeError, ValueError) as e:
         raise OptionError(_as_flag(str(e))) from None
-    if record.gpu:  # no CUDA: NoDeviceError, before the script runs (`run`: exit status 2)
-        from hooktrace.record.gpu_time import GpuTimeComponent
+    from hooktrace.record.registry import COMPONENTS
 
-        GpuTimeComponent.check(record)
-    return RunOptions(output=output, chrome=chrome, pftrace=pftrace, ring=args.ring,
+    try:  # what the components refuse, before the script runs (--gpu without CUDA:
+        for component in COMPONENTS:  # NoDeviceError, which `run` ends with exit status 2)
+            component.check(record)
+    except NoDeviceError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise OptionError(_as_flag(str(e))) from None
+    return RunOptions(output=output, chrome=chrome, pftrace=pftrace, ring=ring,
                       schedule=schedule, summary=args.summary, record=record,
                       profile=bool(getattr(args, "profile", False)))
 
@@ -181,38 +216,45 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
 def _as_flag(message: str) -> str:
     """RecordOptions' error (``capacity must be ...``) naming the flag (``--capacity must
     be ...``; ``dump_on: unknown ...`` as ``--dump-on: dump_on: unknown ...``)."""
+    from hooktrace.record.options import RecordOptions
+
     name, sep, rest = message.partition(" ")
-    flag = "--" + name.rstrip(":").replace("_", "-")
     if not sep:
         return message
+    option = name.rstrip(":")
+    flags = {o.name: o.flag_name() for o in RecordOptions.declared() if o.flag is not None}
+    flag = flags.get(option) or "--" + option.replace("_", "-")
     return f"{flag}: {message}" if name.endswith(":") else f"{flag} {rest}"
 
 
-def streams(options: RunOptions) -> bool:
-    """Whether the .htrace is streamed to ``options.output`` while the process runs (see
-    the module docstring): not a ring, not windows, and a regular file (or a new one)."""
-    if options.ring or options.schedule is not None or str(options.output) == "-":
+def _streams(output: Path, ring: bool, schedule: object) -> bool:
+    if ring or schedule is not None or str(output) == "-":
         return False
     try:
-        return stat.S_ISREG(os.stat(options.output).st_mode)
+        return stat.S_ISREG(os.stat(output).st_mode)
     except FileNotFoundError:
         return True
     except OSError:
         return False
 
 
+def streams(options: RunOptions) -> bool:
+    """Whether the .htrace is streamed to ``options.output`` while the process runs (see
+    the module docstring): not a ring, not windows, and a regular file (or a new one)."""
+    return _streams(options.output, options.ring, options.schedule)
+
+
 def start(options: RunOptions) -> GlobalTrace:
     """A started global trace with these options."""
     windows = _Windows(options) if options.schedule is not None else None
-    # absolute: read back (and removed when empty) at exit, whatever the script's cwd then
-    out = os.path.abspath(options.output) if streams(options) else None
     from hooktrace.record import GlobalTrace
 
     # --profile with --schedule: the profiler steps with the trace's steps
     cls = _profiled_trace() if windows is not None and options.profile else GlobalTrace
     windowed: dict[str, Any] = ({} if windows is None else
                                 {"schedule": windows.schedule, "on_window": windows.write})
-    record = dataclasses.replace(options.record, out=out, **windowed)
+    # (options.record.out: the stream, when streamed, options_from_args)
+    record = options.record.replace(**windowed) if windowed else options.record
     trace = cls(options=record)
     if windows is not None:
         windows.trace = trace

@@ -31,15 +31,16 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from hooktrace._kineto import ProfilerTraceError, open_binary, scan
 from hooktrace._naming import rank_files_of
 from hooktrace.errors import HooktraceError
 from hooktrace.reading import TraceData, load
 
-__all__ = ["PARALLEL_FROM", "RankFile", "RankSet", "RankSetError", "find_rank_files",
-           "map_ranks", "match_profilers", "rank_label", "separate_runs"]
+__all__ = ["PARALLEL_FROM", "NotOneRun", "RankFile", "RankSet", "RankSetError", "RunFile",
+           "check_one_run", "find_rank_files", "map_ranks", "match_profilers", "rank_label",
+           "separate_runs"]
 
 PARALLEL_FROM = 4
 T = TypeVar("T")
@@ -147,17 +148,102 @@ _ONE_RUN = ("Keep one run's files per directory (hooktrace diff A B compares two
             "name one file")
 
 
+class RunFile(Protocol):
+    """What :func:`check_one_run` reads of a trace file: :class:`RankFile` (rank sets)
+    and ``hooktrace._diff_inputs.FileMeta`` (``hooktrace diff``) both are one."""
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def rank(self) -> int | None: ...
+    @property
+    def world_size(self) -> int | None: ...
+    @property
+    def start_ns(self) -> int: ...
+    @property
+    def stop_ns(self) -> int: ...
+    @property
+    def cut(self) -> bool: ...
+    @property
+    def process(self) -> str: ...
+
+
+F = TypeVar("F", bound=RunFile)
+
+
+@dataclass(frozen=True)
+class NotOneRun(Generic[F]):
+    """Why trace files are not one run (:func:`check_one_run`), with two files that show
+    it; each caller words it for its own command.
+
+    ``kind``: ``"rank_and_no_rank"`` (``a`` has a rank, ``b`` none: a cut stream if any
+    is), ``"world_sizes"`` (``a`` and ``b`` disagree), ``"processes"`` (``a`` and ``b``
+    are two of the ``processes`` that wrote ``rank``, or, ``rank`` None, two processes
+    without a rank), ``"not_at_the_same_time"`` (``a``'s rank stopped recording at
+    ``stop_ns``, before ``b``'s started at ``start_ns``)."""
+
+    kind: Literal["rank_and_no_rank", "world_sizes", "processes", "not_at_the_same_time"]
+    a: F
+    b: F
+    rank: int | None = None
+    processes: int = 0
+    stop_ns: int = 0
+    start_ns: int = 0
+
+
+def check_one_run(files: Sequence[F], *, named_ranks: bool = False) -> NotOneRun[F] | None:
+    """Whether ``files`` can be the traces of one run: None, or why not.
+
+    The rules (one place for rank sets, :func:`separate_runs`, and ``hooktrace diff``,
+    ``hooktrace._diff_inputs.group``): a run's ranks (under torchrun) each carry
+    ``rank`` and the same ``world_size`` in their metadata, one process per rank
+    (several files of one process: its schedule windows), recording at the same time;
+    files without a rank are one process each (``hooktrace run`` without a launcher), so
+    two processes without a rank, or files with and without a rank, are separate runs.
+    ``named_ranks``: files without a rank named as one output's ranks by ``hooktrace
+    run`` (``STEM_rank<R>.htrace``, distinct R: ``RANK`` was set without
+    ``WORLD_SIZE``) are one run's ranks. Files are taken in the order given (the two
+    named are the first two that show it)."""
+    ranked = [f for f in files if f.rank is not None]
+    plain = [f for f in files if f.rank is None]
+    if ranked and plain:
+        cut = next((f for f in plain if f.cut), None)
+        return NotOneRun("rank_and_no_rank", ranked[0], cut or plain[0])
+    sizes: dict[int, F] = {}
+    for f in ranked:
+        if f.world_size is not None:
+            sizes.setdefault(f.world_size, f)
+    if len(sizes) > 1:
+        f1, f2 = list(sizes.values())[:2]
+        return NotOneRun("world_sizes", f1, f2)
+    by_rank: dict[int | None, list[F]] = {}
+    for f in files:
+        by_rank.setdefault(f.rank, []).append(f)
+    for rank in sorted(by_rank, key=lambda r: -1 if r is None else r):
+        procs: dict[str, F] = {}
+        for f in by_rank[rank]:
+            procs.setdefault(f.process, f)
+        if len(procs) > 1 and not (rank is None and named_ranks
+                                   and _ranks_by_name(by_rank[rank])):
+            f1, f2 = list(procs.values())[:2]
+            return NotOneRun("processes", f1, f2, rank=rank, processes=len(procs))
+    if len(by_rank) > 1:  # (ranks: ranks of one job record at the same time)
+        stops = {r: max(fs, key=lambda f: f.stop_ns) for r, fs in by_rank.items()}
+        starts = {r: min(fs, key=lambda f: f.start_ns) for r, fs in by_rank.items()}
+        early = min(stops.values(), key=lambda f: f.stop_ns)
+        late = max(starts.values(), key=lambda f: f.start_ns)
+        if late.start_ns > early.stop_ns:
+            return NotOneRun("not_at_the_same_time", early, late, stop_ns=early.stop_ns,
+                             start_ns=late.start_ns)
+    return None
+
+
 def separate_runs(files: Sequence[RankFile]) -> str | None:
     """Why ``files`` are not the ranks of one run, naming two files that show it; None
-    when they can be. A run's ranks (under torchrun) each carry ``rank`` and the same
-    ``world_size`` in their metadata, one process per rank, recording at the same time;
-    files without a rank are one process each (``hooktrace run`` without a launcher),
-    so two of them, or files with and without a rank, are separate runs, unless their
-    names are hooktrace's own per-rank names of one output (``STEM_rank<R>.htrace``,
-    distinct R: ``RANK`` was set without ``WORLD_SIZE``, so the metadata has no rank).
-    A stream cut before its footer (which carries the rank) is left to the callers'
-    problem lines. ``hooktrace diff`` (``hooktrace._diff_inputs.group``) refuses the
-    same cases.
+    when they can be (:func:`check_one_run`'s rules, files named as one output's ranks
+    included). A stream cut before its footer (which carries the rank) is left to the
+    callers' problem lines. ``hooktrace diff`` (``hooktrace._diff_inputs.group``)
+    refuses the same cases, in its own words.
 
     Example:
         >>> a = RankFile("a.htrace", None, None, "h", 1, 0, 0, False, 0, 10, 5)
@@ -165,52 +251,32 @@ def separate_runs(files: Sequence[RankFile]) -> str | None:
         >>> separate_runs([a]) is None, "separate runs" in separate_runs([a, b])
         (True, True)
     """
-    whole = [f for f in files if not f.cut]
-    ranked = [f for f in whole if f.rank is not None]
-    plain = [f for f in whole if f.rank is None]
-    if ranked and plain:
-        return (f"{ranked[0].path} (rank {ranked[0].rank}) and {plain[0].path} (no rank) are "
-                f"traces of separate runs: files with and without a rank. {_ONE_RUN}")
-    procs: dict[str, RankFile] = {}
-    for f in plain:
-        procs.setdefault(f.process, f)
-    if len(procs) > 1 and not _ranks_by_name(plain):
-        f1, f2 = list(procs.values())[:2]
-        return (f"{f1.path} (by {f1.process}) and {f2.path} (by {f2.process}) are traces of "
+    found = check_one_run([f for f in files if not f.cut], named_ranks=True)
+    if found is None:
+        return None
+    a, b = found.a, found.b
+    if found.kind == "rank_and_no_rank":
+        return (f"{a.path} (rank {a.rank}) and {b.path} (no rank) are traces of separate "
+                f"runs: files with and without a rank. {_ONE_RUN}")
+    if found.kind == "world_sizes":
+        return (f"{a.path} (world size {a.world_size}) and {b.path} (world size "
+                f"{b.world_size}) are ranks of separate runs: their world sizes differ. "
+                f"{_ONE_RUN}")
+    if found.kind == "processes" and found.rank is None:
+        return (f"{a.path} (by {a.process}) and {b.path} (by {b.process}) are traces of "
                 f"separate runs, not ranks of one: neither has a rank in its metadata "
-                f"({len(procs)} processes without one). {_ONE_RUN}")
-    sizes: dict[int, RankFile] = {}
-    for f in ranked:
-        if f.world_size is not None:
-            sizes.setdefault(f.world_size, f)
-    if len(sizes) > 1:
-        (s1, f1), (s2, f2) = list(sizes.items())[:2]
-        return (f"{f1.path} (world size {s1}) and {f2.path} (world size {s2}) are ranks of "
-                f"separate runs: their world sizes differ. {_ONE_RUN}")
-    claims: dict[tuple[int, str], RankFile] = {}
-    for f in ranked:
-        claims.setdefault((f.rank, f.process), f)  # type: ignore[arg-type]
-    seen: dict[int, RankFile] = {}
-    for (rank, _), f in claims.items():
-        if rank in seen:
-            g = seen[rank]
-            return (f"{g.path} (by {g.process}) and {f.path} (by {f.process}) are both rank "
-                    f"{rank}: ranks of separate runs. {_ONE_RUN}")
-        seen[rank] = f
-    if len(ranked) > 1:
-        late = max(ranked, key=lambda f: f.start_ns)
-        early = min(ranked, key=lambda f: f.stop_ns)
-        if late.start_ns > early.stop_ns:
-            return (f"{early.path} stopped recording before {late.path} started: separate "
-                    f"runs, not ranks of one (ranks of one job record at the same time). "
-                    f"{_ONE_RUN}")
-    return None
+                f"({found.processes} processes without one). {_ONE_RUN}")
+    if found.kind == "processes":
+        return (f"{a.path} (by {a.process}) and {b.path} (by {b.process}) are both rank "
+                f"{found.rank}: ranks of separate runs. {_ONE_RUN}")
+    return (f"{a.path} stopped recording before {b.path} started: separate runs, not ranks "
+            f"of one (ranks of one job record at the same time). {_ONE_RUN}")
 
 
 _PER_RANK_NAME = re.compile(r"^(.*)_rank(\d+)\.htrace$")
 
 
-def _ranks_by_name(files: Sequence[RankFile]) -> bool:
+def _ranks_by_name(files: Sequence[RunFile]) -> bool:
     """Whether ``files`` are named as one output's ranks by ``hooktrace run``
     (``STEM_rank<R>.htrace``: one folder, one stem, distinct ranks)."""
     outputs, ranks = set(), set()

@@ -18,7 +18,15 @@ from hooktrace._naming import output_path
 from hooktrace.record import Trace
 from hooktrace.record.options import RecordOptions
 
-__all__ = ["TraceSession"]
+__all__ = ["TraceSession", "trace_options"]
+
+
+def trace_options() -> frozenset[str]:
+    """What a callback passes on to trace() as keywords: the recording options declared
+    for the callbacks (``Option.callbacks``, hooktrace/record/component.py; their help:
+    OPTION_HELP); the others are the trainer's (steps) or the callback's own (backward,
+    capacity)."""
+    return frozenset(o.name for o in RecordOptions.declared() if o.callbacks)
 
 
 class TraceSession:
@@ -27,21 +35,18 @@ class TraceSession:
     ``output``/``chrome``: as ``hooktrace run -o``/``--chrome`` (a file, a folder, or
     None for ``hooktrace-<host>_<pid>_rank<R>.htrace`` in the current folder); the
     rank is always part of the name in a multi-process run. ``options``: what else
-    ``hooktrace.trace()`` records (``TRACE_OPTIONS``: numerics, shapes, memory, flops, gpu,
-    dumps), checked here so a wrong name fails before training starts.
+    ``hooktrace.trace()`` records (:func:`trace_options`: numerics, shapes, memory, flops,
+    gpu, dumps: any option a component declares for the callbacks), checked here so a
+    wrong name fails before training starts.
     """
-
-    # what a callback passes on to trace(): options of hooktrace.record.options (their
-    # help: OPTION_HELP), the others being the trainer's (steps) or the callback's own
-    TRACE_OPTIONS = frozenset({"numerics", "numerics_every", "shapes", "memory", "flops",
-                               "dump_on", "dump_dir", "hang_timeout", "gpu", "gpu_every"})
 
     def __init__(self, output: str | os.PathLike[str] | None, *, chrome: str | os.PathLike[str] | None,
                  backward: bool, capacity: int, summary: bool, **options: Any) -> None:
-        unknown = sorted(set(options) - self.TRACE_OPTIONS)
+        accepted = trace_options()
+        unknown = sorted(set(options) - accepted)
         if unknown:
             raise TypeError(f"hooktrace: unknown option {unknown[0]!r}; the callback takes "
-                            f"{', '.join(sorted(self.TRACE_OPTIONS))}")
+                            f"{', '.join(sorted(accepted))}")
         # checked now (names and values), not when training starts
         self.record = RecordOptions(steps=None, backward=backward, capacity=capacity, **options)
         self.output, self.chrome = output, chrome

@@ -3,25 +3,31 @@ per-module backward spans, ``"cat": "hooktrace.backward"``)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import hooktrace._C as _C
-from hooktrace.record.component import Component
-
-if TYPE_CHECKING:
-    from hooktrace.record.options import RecordOptions
+from hooktrace.record.component import Component, Option, Options
 
 __all__ = ["BackwardComponent"]
 
 
 class BackwardComponent(Component):
+    OPTIONS = (
+        Option("backward", True, "record autograd nodes (per-module backward spans)",
+               cli="switch", flag_help="do not record autograd nodes (forward spans only)",
+               callbacks=False),  # (the callbacks' own keyword)
+    )
+
     @classmethod
-    def enabled(cls, options: RecordOptions) -> bool:
+    def enabled(cls, options: Options) -> bool:
         return options.backward
 
     def install(self, session: Any, scope: Any) -> None:
+        import hooktrace._C as _C
+
         self._session = session
         _C.add_backward_session(session)
 
     def teardown(self) -> None:
+        import hooktrace._C as _C
+
         _C.remove_backward_session(self._session)

@@ -3,19 +3,21 @@ from C++ under the module's name (its table handed to the session before it star
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from hooktrace.record.component import Component
-
-if TYPE_CHECKING:
-    from hooktrace.record.options import RecordOptions
+from hooktrace.record.component import Component, Option, Options
 
 __all__ = ["EmitProfilerComponent"]
 
 
 class EmitProfilerComponent(Component):
+    OPTIONS = (
+        Option("emit_profiler", False, "also open a torch.profiler range per module call",
+               callbacks=False),
+    )
+
     @classmethod
-    def enabled(cls, options: RecordOptions) -> bool:
+    def enabled(cls, options: Options) -> bool:
         return options.emit_profiler
 
     def prepare(self, session: Any, scope: Any) -> None:

@@ -10,12 +10,10 @@ import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from hooktrace.record.component import Component
+from hooktrace.record.component import Component, Option, Options
 
 if TYPE_CHECKING:
     from torch import nn
-
-    from hooktrace.record.options import RecordOptions
 
 __all__ = ["FlopRecorder", "FlopsComponent"]
 
@@ -168,8 +166,13 @@ class FlopsComponent(Component):
     """``flops=True``: a :class:`FlopRecorder` on the scope's root (in a process scope,
     the first top-level module called); ``info["flops"]`` (and ``device_name``)."""
 
+    OPTIONS = (
+        Option("flops", False, "also count FLOPs per module call (as trace(model, "
+               "flops=True)): hooktrace summary --flops shows them", cli="switch"),
+    )
+
     @classmethod
-    def enabled(cls, options: RecordOptions) -> bool:
+    def enabled(cls, options: Options) -> bool:
         return options.flops
 
     def __init__(self, recorder: Any) -> None:

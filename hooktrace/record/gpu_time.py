@@ -20,14 +20,10 @@ sets the pool's size (default 16384 events). Neither is a user option.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import hooktrace._C as _C
 from hooktrace.errors import NoDeviceError
-from hooktrace.record.component import Component
-
-if TYPE_CHECKING:
-    from hooktrace.record.options import RecordOptions
+from hooktrace.record.component import Component, Option, Options, positive_int
 
 __all__ = ["GpuTimeComponent", "gpu_timer"]
 
@@ -49,6 +45,14 @@ def gpu_timer() -> str | None:
     return "cuda" if torch.cuda.is_available() else None
 
 
+def _native() -> Any:
+    """The native core, imported when first used (``hooktrace run --help`` reads this
+    file's declarations without importing torch)."""
+    import hooktrace._C as _C
+
+    return _C
+
+
 def _pool_size() -> int:
     raw = os.environ.get("HOOKTRACE_GPU_POOL", "")
     try:
@@ -59,7 +63,7 @@ def _pool_size() -> int:
 
 def _marks(session: Any) -> int:
     """The marks the session's timer has taken from its pool so far."""
-    stats = _C.gpu_stats(session)
+    stats = _native().gpu_stats(session)
     return int(stats["pending"]) + int(stats["resolved"])
 
 
@@ -81,18 +85,18 @@ def _wrap_capture() -> None:
     _capture_saved.update(cls=graph, begin=begin, end=end)
 
     def capture_begin(self: Any, *args: Any, **kwargs: Any) -> Any:
-        _C.gpu_set_capturing(True)
+        _native().gpu_set_capturing(True)
         try:
             return begin(self, *args, **kwargs)
         except BaseException:
-            _C.gpu_set_capturing(False)
+            _native().gpu_set_capturing(False)
             raise
 
     def capture_end(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return end(self, *args, **kwargs)
         finally:
-            _C.gpu_set_capturing(False)
+            _native().gpu_set_capturing(False)
 
     graph.capture_begin, graph.capture_end = capture_begin, capture_end
 
@@ -108,12 +112,21 @@ def _unwrap_capture() -> None:
 
 
 class GpuTimeComponent(Component):
+    OPTIONS = (
+        Option("gpu", False, "also record each module call's device time on its CUDA stream, "
+               "forward and backward (timing events resolved at step marks: no sync per "
+               "call); needs a CUDA device", cli="switch"),
+        Option("gpu_every", 1, "with gpu, time steps 0, N, 2N, ... only (default: every "
+               "step)", check=positive_int("steps"), cli="int",
+               flag_help="with --gpu, time steps 0, N, 2N, ... only (default: every step)"),
+    )
+
     @classmethod
-    def enabled(cls, options: RecordOptions) -> bool:
+    def enabled(cls, options: Options) -> bool:
         return options.gpu
 
     @classmethod
-    def check(cls, options: RecordOptions) -> None:
+    def check(cls, options: Options) -> None:
         if options.gpu and gpu_timer() is None:
             raise NoDeviceError("gpu=True needs a CUDA device: torch.cuda.is_available() is "
                                 "False on this machine")
@@ -132,7 +145,7 @@ class GpuTimeComponent(Component):
         self._timer = gpu_timer()
         if self._timer is None:  # (checked when the recorder was made)
             raise NoDeviceError("gpu=True needs a CUDA device")
-        _C.gpu_start(session, self._timer, _pool_size())
+        _native().gpu_start(session, self._timer, _pool_size())
 
     def install(self, session: Any, scope: Any) -> None:
         if self._timer is None:
@@ -145,7 +158,7 @@ class GpuTimeComponent(Component):
 
     def before_step(self) -> None:
         if self._timer is not None:
-            _C.gpu_resolve(self._session, False)  # completed ones only: no wait
+            _native().gpu_resolve(self._session, False)  # completed ones only: no wait
 
     def step(self, step_no: int) -> None:
         if self._timer is None:
@@ -159,7 +172,7 @@ class GpuTimeComponent(Component):
 
     def flush(self) -> None:
         if self._timer is not None:
-            _C.gpu_resolve(self._session, True)  # the one wait, at the end
+            _native().gpu_resolve(self._session, True)  # the one wait, at the end
 
     def teardown(self) -> None:
         if self._timer is not None and self._session is not None:
@@ -171,7 +184,7 @@ class GpuTimeComponent(Component):
     def metadata(self, info: dict[str, Any]) -> None:
         if self._timer is None or self._session is None:
             return
-        stats = _C.gpu_stats(self._session)
+        stats = _native().gpu_stats(self._session)
         # the steps ended while timed, and the one running now if it timed a call
         running = self._on and _marks(self._session) > self._marks_at_step
         info["gpu"] = {"timer": self._timer, "every": self.recorder.options.gpu_every,

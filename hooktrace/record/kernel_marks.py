@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import hooktrace._C as _C
-from hooktrace.record import dispatch, kernels
 from hooktrace.record.component import Component
 
 __all__ = ["KernelMarksComponent"]
@@ -16,13 +14,19 @@ __all__ = ["KernelMarksComponent"]
 
 class KernelMarksComponent(Component):
     def install(self, session: Any, scope: Any) -> None:
+        import hooktrace._C as _C
+
         self._session = session
         _C.add_kernel_session(session)
 
     def teardown(self) -> None:
+        import hooktrace._C as _C
+
         _C.remove_kernel_session(self._session)
 
     def run_info(self, info: dict[str, Any]) -> None:
+        from hooktrace.record import dispatch, kernels
+
         if kernels.site_count():
             info["kernel_sites"] = kernels.sites()
         found = dispatch.compiles_since(self.recorder._start_unix_ns or 0)

@@ -8,13 +8,12 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING, Any
 
-from hooktrace.record.component import Component
+from hooktrace.record.component import Component, Option, Options
 
 if TYPE_CHECKING:
     from torch import nn
 
     import hooktrace._C as _C
-    from hooktrace.record.options import RecordOptions
 
 __all__ = ["MemoryComponent", "cuda_allocations", "enable", "finish"]
 
@@ -101,8 +100,14 @@ def finish(block: dict[str, object], allocations_before: int) -> dict[str, objec
 class MemoryComponent(Component):
     """``memory=True``: sampling on before the session starts; ``info["memory"]``."""
 
+    OPTIONS = (
+        Option("memory", False, "also record the bytes allocated at every module call and the "
+               "peak inside it (CPU, and the current CUDA device when there is one)",
+               cli="switch"),
+    )
+
     @classmethod
-    def enabled(cls, options: RecordOptions) -> bool:
+    def enabled(cls, options: Options) -> bool:
         return options.memory
 
     def __init__(self, recorder: Any) -> None:

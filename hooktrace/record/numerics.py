@@ -11,24 +11,36 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import hooktrace._C as _C
-from hooktrace.record.component import Component
-
-if TYPE_CHECKING:
-    from hooktrace.record.options import RecordOptions
+from hooktrace.record.component import Component, Option, Options, positive_int
 
 __all__ = ["NumericsComponent"]
 
 
 class NumericsComponent(Component):
+    OPTIONS = (
+        Option("numerics", False, "also record each module call's output abs-max, RMS and "
+               "non-finite count, and of the gradient of its inputs (as trace(model, "
+               "numerics=True)); the first NaN/Inf is named on stderr and in hooktrace "
+               "summary --json (first_nonfinite)", cli="switch"),
+        Option("numerics_every", 1, "with numerics, measure steps 0, N, 2N, ... only "
+               "(default: every step)", check=positive_int("steps"), cli="int",
+               flag_help="with --numerics, measure steps 0, N, 2N, ... only (default: every "
+                         "step)"),
+    )
+
     @classmethod
-    def enabled(cls, options: RecordOptions) -> bool:
+    def enabled(cls, options: Options) -> bool:
         return options.numerics
 
     @classmethod
-    def check(cls, options: RecordOptions) -> None:
+    def from_flags(cls, values: dict[str, Any]) -> None:
+        if "nonfinite" in (values.get("dump_on") or ()):  # --dump-on nonfinite
+            values["numerics"] = True
+
+    @classmethod
+    def check(cls, options: Options) -> None:
         if "nonfinite" in options.dump_on and not options.numerics:
             raise ValueError("dump_on='nonfinite' needs numerics=True (the values are checked "
                              "only then)")
@@ -47,6 +59,8 @@ class NumericsComponent(Component):
 
     def before_step(self) -> None:
         # the step's deferred statistics (off-CPU tensors): one read for the step
+        import hooktrace._C as _C
+
         _C.flush_numerics(self._session)
 
     def step(self, step_no: int) -> None:
@@ -56,9 +70,13 @@ class NumericsComponent(Component):
 
     def flush(self) -> None:
         # deferred statistics (csrc/numerics.h) while the session still records
+        import hooktrace._C as _C
+
         _C.flush_numerics(self._session)
 
     def teardown(self) -> None:
+        import hooktrace._C as _C
+
         session = self._session
         session.set_numerics(False)
         session.set_nonfinite_callback(None)
@@ -94,6 +112,8 @@ def _use_fused_numerics(scope: Any) -> str | None:
     kernel in this process, the ATen ops stay in charge."""
     import torch
 
+    import hooktrace._C as _C
+
     registered, error = _C.numerics_fused_state()
     if registered:
         return None
@@ -122,6 +142,8 @@ def _deferred_path(reason: str | None) -> dict[str, str]:
     "triton" (one fused kernel per tensor) or "aten" (five ATen ops per tensor), and
     ``deferred_note`` saying why not triton (a failure of the fused kernel included:
     the ATen ops took over from it)."""
+    import hooktrace._C as _C
+
     registered, error = _C.numerics_fused_state()
     if error is not None:
         return {"deferred_path": "aten",

@@ -1,4 +1,4 @@
-"""Every recording option in one place (issue #27): :class:`RecordOptions`.
+"""Every recording option in one validated object (issue #27): :class:`RecordOptions`.
 
 ``trace()``, ``global_trace()``, ``hooktrace run``, ``HOOKTRACE=1`` and the trainer
 callbacks all build one; it checks each option once, when it is made, with the same
@@ -7,203 +7,119 @@ model half-instrumented). Options that components refuse together (e.g.
 ``dump_on="nonfinite"`` without ``numerics``) are checked by the components
 (:mod:`hooktrace.record.component`) when the recorder is made.
 
-:data:`OPTION_HELP` holds each option's one-line help, read by ``hooktrace run``'s
-argparse help (``HOOKTRACE_OPTIONS`` too) and the trainer callbacks.
+No option is written here: each is declared by the component it belongs to
+(``OPTIONS``, record/component.py), the recording's own by record/core_options.py, and
+:class:`RecordOptions` is a frozen dataclass with one field per declared option, built
+from the registry (record/registry.py) by :func:`refresh`, once at import.
+:data:`OPTION_HELP` holds each option's one-line help (``hooktrace run``'s argparse
+help reads the declarations, the trainer callbacks their names).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import operator
-import os
-import signal
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from hooktrace.record import registry
+from hooktrace.record.component import Declares, Option
+from hooktrace.record.core_options import (
+    DEFAULT_CAPACITY,
+    MAX_CAPACITY,
+    STREAM_CAPACITY,
+    check_capacity,
+)
 
 __all__ = ["DEFAULT_CAPACITY", "MAX_CAPACITY", "OPTION_HELP", "RecordOptions",
-           "STREAM_CAPACITY"]
+           "STREAM_CAPACITY", "check_capacity", "refresh"]
 
-Policy = Literal["drop", "ring"]
-
-# 8 Mi events x 32 B = 256 MiB at most, allocated lazily 128 KiB at a time:
-# ~40 training steps of a 100k-module-call model before anything is dropped.
-DEFAULT_CAPACITY = 8 * 1024 * 1024
-# 2**40 events = 32 TiB of buffers: far beyond any real trace, yet small enough that the
-# chunk count fits the native session's 32-bit counter. Memory is allocated as recorded.
-MAX_CAPACITY = 1 << 40
-# Streaming (out=...): the capacity bounds the chunks in flight, not the run.
-# 1 Mi events x 32 B = 32 MiB at most, within issue #9's 64 MiB above the untraced
-# process; the writer wakes every STREAM_PERIOD_MS (record/recorder.py), so this is
-# ~40x what a 2.6 M events/s model records between two wake-ups.
-STREAM_CAPACITY = 1 << 20
-
-# One line of help per option, written once: hooktrace run's --help (launch.py) and
-# the trainer callbacks' option names (integrations/) read it.
-OPTION_HELP: Mapping[str, str] = {
-    "capacity": "events held in memory (32 bytes each): while streaming, those not yet "
-                "written (default 1 Mi); with --ring or --schedule, the trace (default 8 Mi). "
-                "Events beyond it are dropped and counted",
-    "policy": "when full, 'drop' keeps the oldest events, 'ring' the newest (flight recorder)",
-    "backward": "record autograd nodes (per-module backward spans)",
-    "emit_profiler": "also open a torch.profiler range per module call",
-    "steps": "what ends a training step: the first optimizer's step() or nothing",
-    "dump_on": "flight-recorder dumps, any of exception,signal,hang,nonfinite",
-    "dump_dir": "where dumps go",
-    "hang_timeout": "with dump_on hang: seconds without a module call or step that count "
-                    "as a hang",
-    "dump_signal": "the signal that asks for a dump",
-    "out": "stream the events to this .htrace file while the model runs",
-    "schedule": "record only the steps a torch.profiler.schedule marks",
-    "on_window": "called with each recorded window",
-    "flops": "also count FLOPs per module call (as trace(model, flops=True)): hooktrace "
-             "summary --flops shows them",
-    "memory": "also record the bytes allocated at every module call and the peak inside it "
-              "(CPU, and the current CUDA device when there is one)",
-    "numerics": "also record each module call's output abs-max, RMS and non-finite count, "
-                "and of the gradient of its inputs (as trace(model, numerics=True)); the "
-                "first NaN/Inf is named on stderr and in hooktrace summary --json "
-                "(first_nonfinite)",
-    "numerics_every": "with numerics, measure steps 0, N, 2N, ... only (default: every step)",
-    "gpu": "also record each module call's device time on its CUDA stream, forward and "
-           "backward (timing events resolved at step marks: no sync per call); needs a "
-           "CUDA device",
-    "gpu_every": "with gpu, time steps 0, N, 2N, ... only (default: every step)",
-    "shapes": "also record the dtypes and shapes of every forward call's tensor inputs and "
-              "outputs (span args in_shapes/out_shapes; hooktrace summary --by-shape)",
-}
-
-_FLAGS = ("backward", "emit_profiler", "flops", "memory", "numerics", "shapes", "gpu")
+# One line of help per option, as declared (refresh() fills it).
+OPTION_HELP: dict[str, str] = {}
 
 
-@dataclass(frozen=True)
 class RecordOptions:
-    """Every option of a recording, checked once (``__post_init__``): see
-    :class:`hooktrace.record.Recorder` for what each does. ``capacity`` is resolved
-    (its default depends on ``out``), ``dump_on`` is a frozenset, ``out`` a str."""
+    """Every option of a recording, checked once when made (``__post_init__``): see
+    :class:`hooktrace.record.Recorder` for what each does, and each component's
+    ``OPTIONS`` for its own. A frozen dataclass: ``options.memory``,
+    ``dataclasses.replace(options, out=...)`` (or :meth:`replace`). ``capacity`` is
+    resolved (its default depends on ``out``), ``dump_on`` is a frozenset, ``out`` a str.
+    """
 
-    capacity: int | None = None
-    policy: Policy = "drop"
-    backward: bool = True
-    emit_profiler: bool = False
-    steps: Literal["optimizer"] | None = "optimizer"
-    dump_on: Any = None
-    dump_dir: str | os.PathLike[str] = "hooktrace-dumps"
-    hang_timeout: float = 300.0
-    dump_signal: int = signal.SIGUSR1
-    out: str | os.PathLike[str] | None = None
-    schedule: Callable[[int], Any] | None = field(default=None, compare=False)
-    on_window: Callable[[Any], Any] | None = field(default=None, compare=False)
-    flops: bool = False
-    memory: bool = False
-    numerics: bool = False
-    numerics_every: int = 1
-    shapes: bool = False
-    gpu: bool = False
-    gpu_every: int = 1
+    # (the fields are the declared options: refresh() makes them)
+    if TYPE_CHECKING:
+        __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+
+        def __init__(self, **options: Any) -> None: ...
+
+        def __getattr__(self, name: str) -> Any: ...
+
+    _declarers: ClassVar[tuple[type[Declares], ...]] = ()
+    _options: ClassVar[tuple[Option, ...]] = ()
+
+    @classmethod
+    def declared(cls) -> tuple[Option, ...]:
+        """The declared options, in order: the core's, then each component's."""
+        return cls._options
+
+    @classmethod
+    def declarers(cls) -> tuple[type[Declares], ...]:
+        """What declared them: the core's options (record/core_options.py), then each
+        component's (record/registry.py)."""
+        return cls._declarers
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> RecordOptions:
         """The options of ``trace(model, **kwargs)``; an unknown name is a TypeError."""
-        names = {f.name for f in dataclasses.fields(cls)}
+        names = {o.name for o in cls._options}
         unknown = sorted(set(kwargs) - names)
         if unknown:
             raise TypeError(f"hooktrace: unknown option {unknown[0]!r}; the options are "
                             f"{', '.join(sorted(names))}")
         return cls(**kwargs)
 
+    def replace(self, **changes: Any) -> RecordOptions:
+        """These options with some changed (checked again)."""
+        return dataclasses.replace(self, **changes)
+
     def __post_init__(self) -> None:
-        # (numpy and the flight recorder on first use: `hooktrace --help` reads OPTION_HELP)
-        import numpy as np
-
-        from hooktrace.record.flight import check_dump_on
-
-        set_ = object.__setattr__
-        policy = self.policy
-        if not isinstance(policy, str) or policy not in ("drop", "ring"):
-            error = ValueError if isinstance(policy, str) else TypeError
-            raise error(f"policy must be one of 'drop', 'ring'; got {policy!r}")
-        for flag in _FLAGS:
-            value = getattr(self, flag)
-            if not isinstance(value, (bool, np.bool_)):
-                raise TypeError(f"{flag} must be True or False, got "
-                                f"{type(value).__name__} {value!r}")
-            set_(self, flag, bool(value))
-        for name in ("numerics_every", "gpu_every"):
-            every = getattr(self, name)
-            if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 1:
-                raise ValueError(f"{name} must be a positive integer (steps), got {every!r}")
-            set_(self, name, int(every))
-        if self.steps not in ("optimizer", None):
-            raise ValueError(f"steps must be 'optimizer' or None, got {self.steps!r}")
-        set_(self, "dump_on", check_dump_on(self.dump_on))
-        if os.path.exists(self.dump_dir) and not os.path.isdir(self.dump_dir):
-            raise ValueError(f"dump_dir {os.fspath(self.dump_dir)!r} exists and is not a "
-                             "directory")
-        timeout = self.hang_timeout
-        if not isinstance(timeout, (int, float)) or not timeout > 0:
-            raise ValueError(f"hang_timeout must be a positive number of seconds, got "
-                             f"{timeout!r}")
-        set_(self, "hang_timeout", float(timeout))
-        sig = self.dump_signal
-        if sig not in signal.valid_signals() or sig in (signal.SIGKILL, signal.SIGSTOP):
-            raise ValueError(f"dump_signal must be a signal that can be handled, got {sig!r}")
-        capacity = self.capacity
-        if capacity is None:
-            capacity = DEFAULT_CAPACITY if self.out is None else STREAM_CAPACITY
-        set_(self, "capacity", check_capacity(capacity))
-        if self.schedule is not None and not callable(self.schedule):
-            raise TypeError(f"schedule must be a torch.profiler.schedule(...) or a callable "
-                            f"step -> ProfilerAction, got {self.schedule!r:.60}")
-        if self.on_window is not None and (self.schedule is None or not callable(self.on_window)):
-            raise TypeError("on_window needs a schedule and must be callable(window)")
-        if self.schedule is not None and (self.out is not None or policy == "ring"):
-            raise ValueError("schedule= records windows and hands each to on_window; it cannot "
-                             "be combined with out= or policy='ring' (write each window with "
-                             "on_window=hooktrace.window_handler(DIR))")
-        if self.out is not None:
-            set_(self, "out", _check_stream_path(self.out, policy))
+        values = {o.name: o.checked(getattr(self, o.name)) for o in self._options}
+        for declarer in self._declarers:
+            declarer.resolve(values)
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
 
 
-def check_capacity(capacity: object) -> int:
-    """``capacity`` as an int, or the one-line error saying what is wrong with it."""
-    import numpy as np
-
-    # bool is an int, and int(2.5) truncates silently: both are refused.
-    if isinstance(capacity, (bool, np.bool_)) or not isinstance(capacity, (int, np.integer)):
-        raise TypeError(f"capacity must be an int number of events, got "
-                        f"{type(capacity).__name__} {capacity!r}")
-    value = operator.index(capacity)
-    if not 1 <= value <= MAX_CAPACITY:
-        raise ValueError(f"capacity must be between 1 and 2**40 events, got {value}")
-    return value
+# What dataclass() adds to a class; removed before it makes the class again.
+_GENERATED = ("__init__", "__repr__", "__eq__", "__hash__", "__setattr__", "__delattr__",
+              "__match_args__", "__dataclass_fields__", "__dataclass_params__")
 
 
-def _check_stream_path(out: object, policy: str) -> str:
-    """The stream's path, or the one-line error saying why it cannot be one."""
-    import stat
+def refresh() -> None:
+    """Makes :class:`RecordOptions`'s fields (and :data:`OPTION_HELP`) the options the
+    registry's declarers declare now, in place (every module holding the class sees
+    them). Done once at import; again only where the registry changed (a test adding a
+    toy component). Raises ValueError for an option declared twice."""
+    declarers = registry.declarers()
+    options: list[Option] = []
+    owner: dict[str, str] = {}
+    for declarer in declarers:
+        for option in declarer.OPTIONS:
+            if option.name in owner:
+                raise ValueError(f"option {option.name!r} is declared by {owner[option.name]} "
+                                 f"and {declarer.__name__}")
+            owner[option.name] = declarer.__name__
+            options.append(option)
+    cls = RecordOptions
+    for name in [*_GENERATED, *(o.name for o in cls._options)]:
+        if name in cls.__dict__:
+            delattr(cls, name)
+    cls.__annotations__ = {o.name: o.annotation for o in options}
+    for o in options:
+        setattr(cls, o.name, dataclasses.field(default=o.default, compare=o.compare))
+    cls._declarers = declarers
+    cls._options = tuple(options)
+    dataclasses.dataclass(frozen=True)(cls)
+    OPTION_HELP.clear()
+    OPTION_HELP.update({o.name: o.help for o in options})
 
-    from hooktrace._output import check_output_path
-    from hooktrace.errors import OutputPathError
 
-    if not isinstance(out, (str, os.PathLike)) or isinstance(os.fspath(out), bytes):
-        raise TypeError(f"out must be a file path (str or os.PathLike), got "
-                        f"{type(out).__name__} {out!r:.60}")
-    name = os.fspath(out)
-    if policy == "ring":
-        raise ValueError("out= cannot be combined with policy='ring': a ring recycles chunks "
-                         "the stream writer may still be reading; streaming drops (and counts) "
-                         "events when the writer falls behind")
-    if name == "-":
-        raise OutputPathError("-: a stream is read back when the block ends; give a file name")
-    check_output_path(name)
-    folder = os.path.dirname(os.path.abspath(name))
-    if os.path.exists(name):
-        if not stat.S_ISREG(os.stat(name).st_mode):
-            raise OutputPathError(f"{name}: not a regular file; a stream is read back when the "
-                                  "block ends, give a file name")
-        if not os.access(name, os.W_OK):
-            raise OutputPathError(f"{name}: is not writable")
-    elif not os.access(folder, os.W_OK | os.X_OK):
-        raise OutputPathError(f"{name}: the folder {folder} is not writable")
-    return name
+refresh()

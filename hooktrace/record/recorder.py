@@ -49,17 +49,9 @@ from hooktrace.record.ranks import apply_test_clock_offset, rank_info
 from hooktrace.errors import OutputPathError
 from hooktrace.record.flight import FlightRecorder
 from hooktrace.result import TraceResult
-from hooktrace.record import dispatch
-from hooktrace.record.backward import BackwardComponent
+from hooktrace.record import dispatch, registry
 from hooktrace.record.component import Component
-from hooktrace.record.emit import EmitProfilerComponent
-from hooktrace.record.flops import FlopsComponent
-from hooktrace.record.kernel_marks import KernelMarksComponent
-from hooktrace.record.memory import MemoryComponent
-from hooktrace.record.gpu_time import GpuTimeComponent
-from hooktrace.record.numerics import NumericsComponent
 from hooktrace.record.options import DEFAULT_CAPACITY, RecordOptions
-from hooktrace.record.shapes import ShapesComponent
 from hooktrace.record.scopes import ModelScope, ProcessScope, Scope
 from hooktrace.format import (
     BLOCK_FOOTER,
@@ -78,12 +70,6 @@ CHUNK_EVENTS = 4096
 # Streaming (out=...): the writer wakes every STREAM_PERIOD_MS (or when half of the
 # capacity, record/options.py, is in flight).
 STREAM_PERIOD_MS = 10
-
-# The recording features, one component each (record/component.py), in the order they
-# are prepared and installed (torn down in reverse): a new option is one more here.
-COMPONENTS: tuple[type[Component], ...] = (
-    MemoryComponent, EmitProfilerComponent, BackwardComponent, KernelMarksComponent,
-    NumericsComponent, ShapesComponent, FlopsComponent, GpuTimeComponent)
 
 # The one process scope of this process (nn.Module calls of the whole process).
 _process_lock = threading.Lock()
@@ -213,7 +199,9 @@ class Recorder(StepMarks, FlightRecorder):
     def __init__(self, scope: Scope, options: RecordOptions) -> None:
         # Everything is checked by now (RecordOptions, then each component's check),
         # before anything is touched: a bad argument never leaves a model half-instrumented.
-        for component in COMPONENTS:
+        # the recording features (record/registry.py), in order
+        components = registry.COMPONENTS
+        for component in components:
             component.check(options)
         self.options = options
         self._scope = scope
@@ -221,7 +209,7 @@ class Recorder(StepMarks, FlightRecorder):
         self._init_flight_recorder(options.dump_on, options.dump_dir, options.hang_timeout,
                                    options.dump_signal)
         self._init_windows(options.schedule, options.on_window)
-        self._out: str | None = options.out  # type: ignore[assignment]  # (a str once checked)
+        self._out: str | None = options.out  # (a str once checked)
         self._writer: Any = None
         self._stream_fd = -1
         self._stream_lost: tuple[str, int] | None = None  # (write error, events lost)
@@ -230,7 +218,7 @@ class Recorder(StepMarks, FlightRecorder):
         self._session: Any = None
         self._call: Any = None  # the _C.ModuleCall while this recorder holds it
         self._state: Literal["new", "recording", "done"] = "new"
-        self._components: list[Component] = [c(self) for c in COMPONENTS if c.enabled(options)]
+        self._components: list[Component] = [c(self) for c in components if c.enabled(options)]
         self._installed: list[Component] = []  # those whose install() returned
         self._result: TraceResult | None = None
         self._start_unix_ns = 0

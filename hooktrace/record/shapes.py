@@ -4,26 +4,30 @@ outputs (csrc/shapes.cpp); ``info["shape_signatures"]``. Reading them:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import hooktrace._C as _C
-from hooktrace.record.component import Component
-
-if TYPE_CHECKING:
-    from hooktrace.record.options import RecordOptions
+from hooktrace.record.component import Component, Option, Options
 
 __all__ = ["ShapesComponent"]
 
 
 class ShapesComponent(Component):
+    OPTIONS = (
+        Option("shapes", False, "also record the dtypes and shapes of every forward call's "
+               "tensor inputs and outputs (span args in_shapes/out_shapes; hooktrace summary "
+               "--by-shape)", cli="switch"),
+    )
+
     @classmethod
-    def enabled(cls, options: RecordOptions) -> bool:
+    def enabled(cls, options: Options) -> bool:
         return options.shapes
 
     def prepare(self, session: Any, scope: Any) -> None:
         session.set_shapes(True)
 
     def run_info(self, info: dict[str, Any]) -> None:
+        import hooktrace._C as _C
+
         info["shape_signatures"] = _C.shape_signatures()  # the signatures seen so far
 
     metadata = run_info

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import hooktrace
-import hooktrace.record.recorder as recorder_module
+from hooktrace.record import registry
 from hooktrace.record.component import Component
 from hooktrace.record.numerics import NumericsComponent
 from hooktrace.record.options import RecordOptions
@@ -55,7 +55,7 @@ def _model_state(model: nn.Module) -> list[Any]:
 
 def test_components_run_in_order_and_tear_down_in_reverse(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
-    monkeypatch.setattr(recorder_module, "COMPONENTS", tuple(_components(calls)))
+    monkeypatch.setattr(registry, "COMPONENTS", tuple(_components(calls)))
     model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
     with hooktrace.trace(model, steps=None) as tr:
         model(torch.randn(1, 2))
@@ -72,7 +72,7 @@ def test_components_run_in_order_and_tear_down_in_reverse(monkeypatch: pytest.Mo
 def test_an_install_failing_midway_tears_down_what_was_installed_in_reverse(
         monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
-    monkeypatch.setattr(recorder_module, "COMPONENTS", tuple(_components(calls, "b")))
+    monkeypatch.setattr(registry, "COMPONENTS", tuple(_components(calls, "b")))
     model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
     before, call = _model_state(model), nn.Module.__call__
     with pytest.raises(RuntimeError, match="b cannot install"):
@@ -83,7 +83,7 @@ def test_an_install_failing_midway_tears_down_what_was_installed_in_reverse(
                      "flush a", "teardown a"]
     assert _model_state(model) == before and nn.Module.__call__ is call
     # nothing is left recording: the same model traces again, normally
-    monkeypatch.setattr(recorder_module, "COMPONENTS", recorder_module.COMPONENTS[:0])
+    monkeypatch.setattr(registry, "COMPONENTS", ())
     with hooktrace.trace(model) as tr:
         model(torch.randn(1, 2))
     assert len(tr.spans()) == 3
@@ -98,7 +98,7 @@ def test_a_failing_teardown_does_not_stop_the_others(monkeypatch: pytest.MonkeyP
             calls.append("teardown b")
             raise ValueError("b broke")
 
-    monkeypatch.setattr(recorder_module, "COMPONENTS", (comps[0], Broken, comps[2]))
+    monkeypatch.setattr(registry, "COMPONENTS", (comps[0], Broken, comps[2]))
     model = nn.Linear(2, 2)
     before, call = _model_state(model), nn.Module.__call__
     with pytest.raises(RuntimeError, match="failed to end the trace.*b broke"):
@@ -160,3 +160,94 @@ def test_a_trainer_callback_checks_option_values_when_made(tmp_path: Any) -> Non
     with pytest.raises(TypeError, match="capacity must be an int"):
         TraceSession(tmp_path / "x.htrace", chrome=None, backward=True, capacity=2.5,
                      summary=False)
+
+
+@pytest.mark.parametrize("scope", ["model", "process"])
+@pytest.mark.parametrize("options", [
+    {}, {"memory": True}, {"numerics": True, "numerics_every": 2}, {"shapes": True},
+    {"flops": True}, {"emit_profiler": True}, {"dump_on": "exception"}, {"policy": "ring"},
+    {"out": "stream.htrace"}], ids=repr)
+def test_a_dropped_recorder_is_freed_at_once(scope: str, options: dict[str, Any],
+                                             tmp_path: Any) -> None:
+    # No reference cycle through the recorder (its components held it strongly after
+    # #27's refactor): the session's buffers went only when the cyclic GC ran, and the
+    # next recording page-faulted fresh ones (the global_trace A/B regression).
+    import gc
+    import weakref
+
+    if "out" in options:
+        options = {**options, "out": tmp_path / options["out"]}
+    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gc.collect()
+    gc.disable()
+    try:
+        tr = hooktrace.trace(model, **options) if scope == "model" else \
+            hooktrace.global_trace(**options)
+        with tr:
+            for _ in range(2):
+                model(torch.randn(3, 2)).sum().backward()
+                opt.step()
+        assert len(tr.spans()) > 0
+        alive = weakref.ref(tr)
+        del tr
+        assert alive() is None, "the recorder is in a reference cycle"
+    finally:
+        gc.enable()
+
+
+def test_a_new_component_is_one_file_and_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                   tmp_path: Any) -> None:
+    # A feature as a contributor adds it (record/component.py's docstring): its options
+    # declared next to its code, one line in the registry; trace() takes the options,
+    # the recorder composes it, the trainer callbacks pass them on.
+    from hooktrace.integrations import TraceSession
+    from hooktrace.record import options as options_module
+    from hooktrace.record.component import Option, positive_int
+
+    class ToyComponent(Component):
+        OPTIONS = (
+            Option("toy", False, "also record the toys", cli="switch"),
+            Option("toy_every", 1, "with toy, every N steps", check=positive_int("steps"),
+                   cli="int"),
+        )
+
+        @classmethod
+        def enabled(cls, options: Any) -> bool:
+            return options.toy
+
+        def install(self, session: Any, scope: Any) -> None:
+            self.steps: list[int] = []
+
+        def step(self, step_no: int) -> None:
+            if step_no % self.recorder.options.toy_every == 0:
+                self.steps.append(step_no)
+
+        def metadata(self, info: dict[str, Any]) -> None:
+            info["toy"] = {"every": self.recorder.options.toy_every, "steps": self.steps}
+
+    monkeypatch.setattr(registry, "COMPONENTS", (*registry.COMPONENTS, ToyComponent))
+    options_module.refresh()
+    try:
+        model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+        with hooktrace.trace(model, toy=True, toy_every=2, steps=None) as tr:
+            for _ in range(4):
+                model(torch.randn(1, 2))
+                tr.step()
+        assert tr.result.info["toy"] == {"every": 2, "steps": [2, 4]}
+        with hooktrace.trace(model) as off:
+            model(torch.randn(1, 2))
+        assert "toy" not in off.result.info
+        with pytest.raises(ValueError, match=r"^toy_every must be a positive integer \(steps\)"):
+            hooktrace.trace(model, toy=True, toy_every=0)
+        session = TraceSession(tmp_path / "t.htrace", chrome=None, backward=False,
+                               capacity=1 << 16, summary=False, toy=True, toy_every=3)
+        assert session.record.toy is True and session.record.toy_every == 3
+        with pytest.raises(ValueError, match="toy_every must be a positive integer"):
+            TraceSession(tmp_path / "t.htrace", chrome=None, backward=False,
+                         capacity=1 << 16, summary=False, toy_every=0)
+    finally:
+        monkeypatch.undo()
+        options_module.refresh()
+    with pytest.raises(TypeError, match="unknown option 'toy'"):
+        hooktrace.trace(nn.Linear(2, 2), toy=True)

@@ -42,7 +42,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("recording", {
         "hooktrace.record", "hooktrace.record.dispatch", "hooktrace.record.scopes",
         "hooktrace.record.recorder", "hooktrace.record.kernels", "hooktrace.record.ranks",
-        "hooktrace.record.options",
+        "hooktrace.record.options", "hooktrace.record.core_options", "hooktrace.record.registry",
         "hooktrace.record.component", "hooktrace.record.backward", "hooktrace.record.memory",
         "hooktrace.record.shapes", "hooktrace.record.numerics", "hooktrace.record.flops",
         "hooktrace.record.gpu_time",

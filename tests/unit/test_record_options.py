@@ -169,3 +169,184 @@ def test_run_reports_record_options_errors_as_flags(argv: list[str], message: st
     with pytest.raises(OptionError) as e:
         options_from_args(args)
     assert str(e.value).startswith(message)
+
+
+# -- options are declared by the components (record/component.py) ------------------------
+
+
+def test_every_option_is_declared_by_exactly_one_declarer() -> None:
+    from hooktrace.record import registry
+
+    fields = [f.name for f in dataclasses.fields(RecordOptions)]
+    for name in fields:
+        owners = [d.__name__ for d in registry.declarers() if name in {o.name for o in d.OPTIONS}]
+        assert len(owners) == 1, (name, owners)
+    assert fields == [o.name for o in RecordOptions.declared()]
+    assert RecordOptions.declarers() == registry.declarers()
+
+
+def test_an_option_declared_twice_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hooktrace.record import options, registry
+    from hooktrace.record.component import Component, Option
+
+    class Twin(Component):
+        OPTIONS = (Option("memory", False, "memory again"),)
+
+    monkeypatch.setattr(registry, "COMPONENTS", (*registry.COMPONENTS, Twin))
+    with pytest.raises(ValueError, match="'memory' is declared by MemoryComponent and Twin"):
+        options.refresh()
+    monkeypatch.undo()
+    options.refresh()
+    assert "memory" in {f.name for f in dataclasses.fields(RecordOptions)}
+
+
+def _toy_component() -> type:
+    from hooktrace.record.component import Component, Flag, Option, one_of, positive_int
+
+    def kinds(name: str, value: Any) -> tuple[str, ...]:
+        if not isinstance(value, (tuple, list)) or not all(isinstance(k, str) for k in value):
+            raise TypeError(f"{name} must be a sequence of names, got {value!r}")
+        return tuple(value)
+
+    class ToyComponent(Component):
+        """A feature written as a contributor would: one file, one line in COMPONENTS."""
+
+        OPTIONS = (
+            Option("toy", False, "also record the toys", cli="switch"),
+            Option("toy_every", 1, "with toy, record steps 0, N, 2N, ... only",
+                   check=positive_int("steps"), cli="int",
+                   flag_help="with --toy, record steps 0, N, 2N, ... only"),
+            Option("toy_mode", "fast", "how the toys are recorded", check=one_of("fast", "slow"),
+                   cli=Flag("choice", choices={"fast": "fast", "slow": "slow"})),
+            Option("toy_kinds", (), "which toys (comma-separated)", type=tuple, check=kinds,
+                   cli=Flag("list", metavar="KINDS")),
+            Option("toy_secret", 0, "not a flag, not for the callbacks", callbacks=False),
+        )
+
+        @classmethod
+        def enabled(cls, options: Any) -> bool:
+            return bool(options.toy)
+
+    return ToyComponent
+
+
+@pytest.fixture
+def toy(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The registry with a toy component added (one line), RecordOptions made again."""
+    from hooktrace.record import options, registry
+
+    component = _toy_component()
+    monkeypatch.setattr(registry, "COMPONENTS", (*registry.COMPONENTS, component))
+    options.refresh()
+    yield component
+    monkeypatch.undo()
+    options.refresh()
+
+
+def test_a_toy_components_options_are_record_options(toy: Any) -> None:
+    o = RecordOptions(toy=True, toy_every=3, toy_kinds=["a", "b"])
+    assert (o.toy, o.toy_every, o.toy_mode, o.toy_kinds) == (True, 3, "fast", ("a", "b"))
+    assert RecordOptions().toy is False and RecordOptions.from_kwargs(toy_mode="slow").toy_mode == "slow"
+    assert OPTION_HELP["toy_every"] == "with toy, record steps 0, N, 2N, ... only"
+    assert dataclasses.replace(o, toy_every=4).toy_every == 4
+    with pytest.raises(TypeError, match="^toy must be True or False, got int 1$"):
+        RecordOptions(toy=1)
+    with pytest.raises(ValueError, match=r"^toy_every must be a positive integer \(steps\), got 0$"):
+        RecordOptions(toy_every=0)
+    with pytest.raises(ValueError, match="^toy_mode must be one of 'fast', 'slow'; got 'medium'$"):
+        RecordOptions(toy_mode="medium")
+    with pytest.raises(TypeError, match="unknown option 'toys'"):
+        RecordOptions.from_kwargs(toys=True)
+
+
+def _run_parser() -> Any:
+    import argparse
+
+    from hooktrace.launch import add_options
+
+    p = argparse.ArgumentParser(prog="hooktrace run")
+    add_options(p)
+    return p
+
+
+def test_a_toy_components_options_are_run_flags(toy: Any, tmp_path: Path) -> None:
+    from hooktrace.errors import OptionError
+    from hooktrace.launch import options_from_args
+
+    p = _run_parser()
+    text = " ".join(p.format_help().split())
+    assert "--toy also record the toys" in text
+    assert "--toy-every N with --toy, record steps 0, N, 2N, ... only" in text
+    assert "--toy-mode {fast,slow}" in text and "--toy-kinds KINDS" in text
+    assert "--toy-secret" not in text
+    out = os.fspath(tmp_path / "a.htrace")
+    record = options_from_args(p.parse_args(["-o", out])).record
+    assert (record.toy, record.toy_every, record.toy_mode, record.toy_kinds) == (False, 1, "fast", ())
+    record = options_from_args(p.parse_args(
+        ["-o", out, "--toy", "--toy-every", "5", "--toy-mode", "slow", "--toy-kinds", "a, b"])).record
+    assert (record.toy, record.toy_every, record.toy_mode, record.toy_kinds) == (True, 5, "slow", ("a", "b"))
+    with pytest.raises(OptionError) as e:
+        options_from_args(p.parse_args(["-o", out, "--toy-every", "0"]))
+    assert str(e.value) == "--toy-every must be a positive integer (steps), got 0"
+
+
+def test_a_toy_components_options_are_environment_options(toy: Any, tmp_path: Path) -> None:
+    from hooktrace.errors import OptionError
+    from hooktrace.launch import options_from_env
+
+    env = {"HOOKTRACE_OUT": os.fspath(tmp_path / "e.htrace"),
+           "HOOKTRACE_OPTIONS": "--toy --toy-every 2 --no-backward"}
+    record = options_from_env(env).record
+    assert record.toy is True and record.toy_every == 2 and record.backward is False
+    with pytest.raises(OptionError, match="^--toy-every must be a positive integer"):
+        options_from_env({**env, "HOOKTRACE_OPTIONS": "--toy-every -3"})
+
+
+def test_a_toy_components_options_are_the_callbacks_keywords(toy: Any) -> None:
+    from hooktrace.integrations import trace_options
+
+    accepted = trace_options()
+    assert {"toy", "toy_every", "toy_mode", "toy_kinds"} <= accepted
+    assert "toy_secret" not in accepted
+    assert {"numerics", "numerics_every", "shapes", "memory", "flops", "dump_on", "dump_dir",
+            "hang_timeout"} <= accepted
+    assert not {"capacity", "backward", "steps", "out", "policy", "schedule"} & accepted
+
+
+def test_run_streams_with_the_stream_capacity(tmp_path: Path) -> None:
+    # hooktrace run streams its .htrace: the capacity's default is the stream's (1 Mi
+    # events in flight), not the in-memory trace's 8 Mi (as before issue #27)
+    from hooktrace.launch import options_from_args
+
+    p = _run_parser()
+    out = tmp_path / "s.htrace"
+    record = options_from_args(p.parse_args(["-o", os.fspath(out)])).record
+    assert record.out == os.path.abspath(out) and record.capacity == STREAM_CAPACITY
+    record = options_from_args(p.parse_args(["-o", os.fspath(out), "--ring"])).record
+    assert record.out is None and record.policy == "ring" and record.capacity == DEFAULT_CAPACITY
+    record = options_from_args(p.parse_args(["-o", os.fspath(out), "--capacity", "4096"])).record
+    assert record.capacity == 4096
+
+
+def test_dump_on_nonfinite_turns_numerics_on(tmp_path: Path) -> None:
+    from hooktrace.launch import options_from_args
+
+    p = _run_parser()
+    record = options_from_args(p.parse_args(["-o", os.fspath(tmp_path / "n.htrace"),
+                                             "--dump-on", "nonfinite,hang"])).record
+    assert record.numerics is True and record.dump_on == {"nonfinite", "hang"}
+
+
+def test_a_declaration_is_checked_when_written() -> None:
+    from hooktrace.record.component import Flag, Option
+
+    with pytest.raises(ValueError, match="help must be one line"):
+        Option("x", False, "two\nlines")
+    with pytest.raises(ValueError, match="not a public identifier"):
+        Option("_x", False, "private")
+    with pytest.raises(ValueError, match="needs Flag\\(value=...\\)"):
+        Option("mode", "a", "a mode", cli="switch")
+    with pytest.raises(ValueError, match="a choice needs"):
+        Option("mode", "a", "a mode", cli=Flag("choice"))
+    assert Option("backward", True, "b", cli="switch").flag_name() == "--no-backward"
+    assert Option("gpu_every", 1, "g", cli="int").flag_name() == "--gpu-every"
