@@ -10,7 +10,7 @@ TORCH ?= torch==2.13.0
 # triton: the fused numerics kernel (hooktrace/record/fused_numerics.py), tested on CPU
 # in its interpreter (tests/integration/test_numerics.py); it does not touch torch.
 TEST_DEPS ?= pytest transformers==5.23.0 accelerate==1.15.0 lightning==2.6.6 plotly selenium \
-	viztracer==1.1.1 triton==3.9.0
+	viztracer==1.1.1 triton==3.9.0 pyarrow duckdb pyspark pandas
 BUILD_DEPS ?= numpy ninja pybind11 setuptools wheel tqdm
 
 PY := $(VENV)/bin/python

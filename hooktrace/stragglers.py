@@ -53,17 +53,20 @@ from typing import Any
 
 import numpy as np
 
+from hooktrace.data.intervals import union_per_step
 from hooktrace._kineto import ProfilerTraceError, open_binary, scan, us_to_ns
 from hooktrace.rankset import RankFile, RankSet, find_rank_files, map_ranks
 from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL, load
 from hooktrace.text import align_columns, format_ns
 
-__all__ = ["EXPLAINED", "MODES", "PHASES", "RankStats", "RanksSummary", "analyze",
-           "rank_stats"]
+__all__ = ["ENGINES", "EXPLAINED", "MODES", "PHASES", "RankStats", "RanksSummary", "analyze",
+           "rank_stats", "summary_from_tables"]
 
 PHASES = ("fwd", "bwd")
 MODES = ("train", "eval")  # as the summary's rows' "mode"
 EXPLAINED = 0.8
+ENGINES = ("duckdb", "pool")
+DEFAULT_ENGINE = "duckdb"
 DEFAULT_THRESHOLD = 0.5  # a rank 1.5x the others' median ...
 DEFAULT_MIN_EXCESS_NS = 1_000_000  # ... and at least 1 ms over it
 # Profiler events that are a collective's execution, waiting included: gloo runs
@@ -93,28 +96,6 @@ class RankStats:
     coll_start_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     coll_end_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     profiler: str | None = None
-
-
-def _union_per_step(start: np.ndarray, end: np.ndarray, step_start: np.ndarray,
-                    step_end: np.ndarray) -> np.ndarray:
-    """Per step: the length of the union of the intervals, clipped to the step."""
-    covered = np.zeros(len(step_start), np.int64)
-    if not len(start) or not len(step_start):
-        return covered
-    o = np.argsort(start, kind="stable")
-    s, e = start[o], end[o]
-    reach = np.maximum.accumulate(e)
-    new = np.r_[True, s[1:] > reach[:-1]]  # a segment starts past everything before
-    seg_start = s[new]
-    seg_end = np.maximum.reduceat(e, np.flatnonzero(new))
-    for i in range(len(step_start)):  # steps are few; segments are sliced by searchsorted
-        a, b = int(step_start[i]), int(step_end[i])
-        lo = np.searchsorted(seg_end, a, "right")
-        hi = np.searchsorted(seg_start, b, "left")
-        if hi > lo:
-            covered[i] = int((np.minimum(seg_end[lo:hi], b) - np.maximum(seg_start[lo:hi], a))
-                             .clip(0).sum())
-    return covered
 
 
 def _collectives(path: str, offset_ns: int) -> tuple[np.ndarray, np.ndarray]:
@@ -168,7 +149,7 @@ def rank_stats(path: str, profiler: str | None = None) -> RankStats:
     last_end = np.full(len(uniq), np.iinfo(np.int64).min, np.int64)
     np.maximum.at(last_end, inv, spans.end_ns[sel] - off)
     top = np.flatnonzero(sel & (spans.parent < 0))
-    covered = _union_per_step(spans.start_ns[top], spans.end_ns[top], steps.start_ns,
+    covered = union_per_step(spans.start_ns[top], spans.end_ns[top], steps.start_ns,
                               steps.end_ns)
     names = [name for name, _ in run.modules] + [f"<module {m}>"
                                                  for m in range(len(run.modules), n_mod)]
@@ -308,8 +289,15 @@ def _num(x: float) -> float | None:
 def analyze(inputs: Sequence[str | os.PathLike[str]], *,
             profilers: Sequence[str | os.PathLike[str]] = (),
             threshold: float = DEFAULT_THRESHOLD, min_excess_ns: int = DEFAULT_MIN_EXCESS_NS,
-            workers: int | None = None) -> RanksSummary:
+            workers: int | None = None, engine: str | None = None) -> RanksSummary:
     """Straggler tables of the ranks under ``inputs`` (see the module docstring).
+
+    ``engine``: ``"duckdb"`` (:mod:`hooktrace.data.engine`: SQL over the ranks' tables,
+    each ``.htrace`` file converted in one of ``workers`` threads; also reads a Parquet
+    dataset written by ``hooktrace export DIR -o OUT/``) or ``"pool"`` (worker processes
+    reducing each rank with numpy, :func:`~hooktrace.rankset.map_ranks`); default
+    :data:`DEFAULT_ENGINE` when its packages are installed, else the pool. Both give the
+    same tables.
 
     Unreadable rank files are left out with a line in ``problems`` (and a
     RuntimeWarning); raises :class:`~hooktrace.rankset.RankSetError` when none is
@@ -318,6 +306,12 @@ def analyze(inputs: Sequence[str | os.PathLike[str]], *,
     if not (0 <= threshold < float("inf") and 0 <= min_excess_ns < 2**63):
         raise ValueError(f"threshold and min_excess_ns must be finite and >= 0, got {threshold}, "
                          f"{min_excess_ns}")
+    if engine not in (None, *ENGINES):
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if engine is None:
+        engine = DEFAULT_ENGINE if _has_data_extra() else "pool"
+    if engine == "duckdb":
+        return _analyze_duckdb(inputs, profilers, threshold, min_excess_ns, workers)
     paths, problems = find_rank_files(inputs)
     prof_of: dict[str, str] = {}
     if profilers:
@@ -337,6 +331,160 @@ def analyze(inputs: Sequence[str | os.PathLike[str]], *,
     order = {id(f): i for i, f in enumerate(rs.files)}
     stats.sort(key=lambda s: order[id(s.file)])
     return _combine(stats, rs.problems, threshold, min_excess_ns)
+
+
+def _has_data_extra() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("pyarrow", "duckdb"))
+
+
+def _analyze_duckdb(inputs: Sequence[str | os.PathLike[str]],
+                    profilers: Sequence[str | os.PathLike[str]], threshold: float,
+                    min_excess_ns: int, workers: int | None) -> RanksSummary:
+    """:func:`analyze` on DuckDB (hooktrace.data.engine): the same reduction per rank as
+    :func:`rank_stats`, as SQL, over a Parquet dataset or the ranks' ``.htrace`` files."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hooktrace.data.engine import (
+        connect,
+        file_straggler_tables,
+        find_source,
+        straggler_tables,
+    )
+    from hooktrace.errors import HooktraceError
+
+    names = [os.fspath(p) for p in inputs]
+    if len(names) == 1 and os.path.isdir(names[0]) and find_source(names[0]).parquet:
+        con = connect(names[0])
+        try:
+            parts = [straggler_tables(con)]
+        finally:
+            con.close()
+        paths: list[str] = []
+        problems: list[str] = []
+    else:
+        paths, problems = find_rank_files(names)
+
+        def one(i: int, path: str) -> dict[str, Any] | str:
+            try:
+                return file_straggler_tables(path, i)
+            except (HooktraceError, OSError) as e:
+                text = str(e)
+                return text if text.startswith(path) else f"{path}: {text}"
+
+        threads = workers if workers is not None else min(os.cpu_count() or 1, max(len(paths), 1))
+        with ThreadPoolExecutor(max(threads, 1)) as pool:
+            results = list(pool.map(lambda a: one(*a), enumerate(paths)))
+        parts = []
+        for r in results:
+            if isinstance(r, str):
+                problems.append(r)
+            else:
+                parts.append(r)
+    return summary_from_tables(parts, paths, problems, profilers=profilers, threshold=threshold,
+                               min_excess_ns=min_excess_ns)
+
+
+def summary_from_tables(parts: Sequence[dict[str, Any]], paths: Sequence[str] = (),
+                        problems: Sequence[str] = (), *,
+                        profilers: Sequence[str | os.PathLike[str]] = (),
+                        threshold: float = DEFAULT_THRESHOLD,
+                        min_excess_ns: int = DEFAULT_MIN_EXCESS_NS) -> RanksSummary:
+    """The straggler tables from the results of ``hooktrace.data.engine.STRAGGLER_SQL``
+    (Arrow tables ``agg``, ``steps``, ``modules``, ``runs``; one dict per part), whichever
+    engine ran it (DuckDB, or Spark: :mod:`hooktrace.data.spark`). ``paths``: the rank
+    files looked for (default: the ``runs`` rows'); ``problems``: lines so far."""
+    from hooktrace.errors import HooktraceError
+
+    problems = list(problems)
+    stats = [s for part in parts for s in _stats_from_tables(part)]
+    if not paths:
+        paths = [s.file.path for s in stats]
+    if profilers:
+        from hooktrace.rankset import match_profilers
+
+        prelim = RankSet.from_results(paths, [s.file for s in stats], list(problems), warn=False)
+        prof_of = match_profilers(prelim, profilers, problems)
+        kept = []
+        for s in stats:
+            prof = prof_of.get(s.file.path)
+            if prof is not None:
+                try:
+                    s.coll_start_ns, s.coll_end_ns = _collectives(prof, s.file.offset_ns)
+                except (HooktraceError, OSError) as e:  # as a worker's failure: left out
+                    text = str(e)
+                    problems.append(text if text.startswith(s.file.path)
+                                    else f"{s.file.path}: {text}")
+                    continue
+                s.profiler = prof
+            kept.append(s)
+        stats = kept
+    rs = RankSet.from_results(paths, [s.file for s in stats], problems)
+    order = {id(f): i for i, f in enumerate(rs.files)}
+    stats.sort(key=lambda s: order[id(s.file)])
+    return _combine(stats, rs.problems, threshold, min_excess_ns)
+
+
+def _groups(table: Any) -> dict[tuple[Any, Any], dict[str, np.ndarray]]:
+    """An Arrow table sorted by (rank, window) -> its columns per (rank, window)."""
+    cols = {name: table.column(name).to_numpy(zero_copy_only=False)
+            for name in table.column_names}
+    out: dict[tuple[Any, Any], dict[str, np.ndarray]] = {}
+    if not table.num_rows:
+        return out
+    rank = [None if r != r else r for r in cols["rank"].tolist()]  # (NaN: a null)
+    window = [None if w != w else w for w in cols["window"].tolist()]
+    bounds = [0] + [i for i in range(1, len(rank))
+                    if (rank[i], window[i]) != (rank[i - 1], window[i - 1])] + [len(rank)]
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        out[(rank[a], window[a])] = {k: v[a:b] for k, v in cols.items()}
+    return out
+
+
+def _stats_from_tables(t: dict[str, Any]) -> list[RankStats]:
+    """RankStats per file (rank, window) from :data:`hooktrace.data.engine.STRAGGLER_SQL`'s
+    results: what :func:`rank_stats` computes from the file itself."""
+    agg, steps, modules = _groups(t["agg"]), _groups(t["steps"]), _groups(t["modules"])
+    out = []
+    for row in t["runs"].to_pylist():
+        key = (row["rank"], row["window"])
+        info = json.loads(row["info"])
+        rank = info.get("rank")
+        f = RankFile(path=row["path"], rank=rank if isinstance(rank, int) else None,
+                     world_size=row["world_size"], hostname=row["hostname"], pid=row["pid"],
+                     offset_ns=row["clock_offset_ns"],
+                     uncertainty_ns=row["clock_offset_uncertainty_ns"],
+                     aligned=row["clock_aligned"], start_ns=row["start_ns"],
+                     stop_ns=row["stop_ns"], events=row["events"], backend=row["backend"],
+                     cut=row["cut"] is not None)
+        m = modules.get(key, {"module": np.zeros(0, object), "type": np.zeros(0, object)})
+        names, types = [str(n) for n in m["module"]], [str(x) for x in m["type"]]
+        a = agg.get(key)
+        empty = np.zeros(0, np.int64)
+        if a is None:
+            a = {"module": np.zeros(0, object), "mode": np.zeros(0, object),
+                 "phase": np.zeros(0, object), "step": empty, "total_ns": empty,
+                 "calls": empty, "last_end_ns": empty}
+        slot = {n: i for i, n in enumerate(names)}
+        for n in dict.fromkeys(a["module"].tolist()):  # slots beyond the module table
+            if n not in slot:
+                slot[n] = len(names)
+                names.append(n)
+                types.append("?")
+        st = steps.get(key)
+        out.append(RankStats(
+            file=f, modules=names, types=types,
+            module=np.array([slot[n] for n in a["module"].tolist()], np.int64),
+            mode=(a["mode"] == "eval").astype(np.int64),
+            phase=(a["phase"] == "backward").astype(np.int64),
+            step=a["step"].astype(np.int64), total_ns=a["total_ns"].astype(np.int64),
+            calls=a["calls"].astype(np.int64), last_end_ns=a["last_end_ns"].astype(np.int64),
+            step_number=empty if st is None else st["step"].astype(np.int64),
+            step_start_ns=empty if st is None else st["start_ns"].astype(np.int64),
+            step_end_ns=empty if st is None else st["end_ns"].astype(np.int64),
+            outside_ns=empty if st is None else st["outside_ns"].astype(np.int64)))
+    return out
 
 
 def _combine(stats: list[RankStats], problems: list[str], threshold: float,
