@@ -428,17 +428,26 @@ def summary_from_tables(parts: Sequence[dict[str, Any]], paths: Sequence[str] = 
 
 def _groups(table: Any) -> dict[tuple[Any, Any], dict[str, np.ndarray]]:
     """An Arrow table sorted by (rank, window) -> its columns per (rank, window)."""
-    cols = {name: table.column(name).to_numpy(zero_copy_only=False)
-            for name in table.column_names}
+    import pyarrow.compute as pc
+
     out: dict[tuple[Any, Any], dict[str, np.ndarray]] = {}
     if not table.num_rows:
         return out
-    rank = [None if r != r else r for r in cols["rank"].tolist()]  # (NaN: a null)
-    window = [None if w != w else w for w in cols["window"].tolist()]
-    bounds = [0] + [i for i in range(1, len(rank))
-                    if (rank[i], window[i]) != (rank[i - 1], window[i - 1])] + [len(rank)]
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        out[(rank[a], window[a])] = {k: v[a:b] for k, v in cols.items()}
+    cols = {name: table.column(name).to_numpy(zero_copy_only=False)
+            for name in table.column_names if name not in ("rank", "window")}
+    keys = []
+    for name in ("rank", "window"):
+        c = table.column(name)
+        keys.append((pc.fill_null(c, -1).to_numpy(zero_copy_only=False).astype(np.int64),
+                     pc.is_null(c).to_numpy(zero_copy_only=False)))
+    (rank, rank_null), (window, window_null) = keys
+    change = np.flatnonzero((rank[1:] != rank[:-1]) | (window[1:] != window[:-1])
+                            | (rank_null[1:] != rank_null[:-1])
+                            | (window_null[1:] != window_null[:-1])) + 1
+    bounds = np.r_[0, change, table.num_rows]
+    for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        key = (None if rank_null[a] else int(rank[a]), None if window_null[a] else int(window[a]))
+        out[key] = {k: v[a:b] for k, v in cols.items()}
     return out
 
 
@@ -475,7 +484,7 @@ def _stats_from_tables(t: dict[str, Any]) -> list[RankStats]:
         st = steps.get(key)
         out.append(RankStats(
             file=f, modules=names, types=types,
-            module=np.array([slot[n] for n in a["module"].tolist()], np.int64),
+            module=_slots(a["module"], slot),
             mode=(a["mode"] == "eval").astype(np.int64),
             phase=(a["phase"] == "backward").astype(np.int64),
             step=a["step"].astype(np.int64), total_ns=a["total_ns"].astype(np.int64),
@@ -485,6 +494,14 @@ def _stats_from_tables(t: dict[str, Any]) -> list[RankStats]:
             step_end_ns=empty if st is None else st["end_ns"].astype(np.int64),
             outside_ns=empty if st is None else st["outside_ns"].astype(np.int64)))
     return out
+
+
+def _slots(names: np.ndarray, slot: dict[str, int]) -> np.ndarray:
+    """Each name's slot (names repeat: looked up once per distinct name)."""
+    if not len(names):
+        return np.zeros(0, np.int64)
+    uniq, inv = np.unique(names.astype(str), return_inverse=True)
+    return np.array([slot[n] for n in uniq.tolist()], np.int64)[inv.ravel()]
 
 
 def _combine(stats: list[RankStats], problems: list[str], threshold: float,

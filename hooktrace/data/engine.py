@@ -29,9 +29,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from hooktrace.data import require
 from hooktrace.data.schema import TABLES, file_schema, pa
-from hooktrace.data.tables import Where, batches
+from hooktrace.data.tables import Where, batches, span_columns
 from hooktrace.errors import HooktraceError
 
 __all__ = ["Source", "connect", "find_source", "query", "view_sql"]
@@ -107,7 +109,7 @@ def view_sql(glob_: str, hive: bool, columns: Sequence[str]) -> str:
     """The SELECT of a view over Parquet: ``rank`` and ``window`` first (BIGINT, null when
     the files have neither column nor partition), then the table's columns."""
     read = f"read_parquet({_sql_string(glob_)}, hive_partitioning={'true' if hive else 'false'}"
-    read += ", union_by_name=true)"
+    read += ")"
     cols = set(columns)
     part = [f'CAST("{c}" AS BIGINT) AS "{c}"' if c in cols else f'CAST(NULL AS BIGINT) AS "{c}"'
             for c in ("rank", "window")]
@@ -116,8 +118,10 @@ def view_sql(glob_: str, hive: bool, columns: Sequence[str]) -> str:
 
 
 def _parquet_columns(con: Any, glob_: str, hive: bool) -> list[str]:
+    # (the files of a table share its schema: DuckDB takes the first file's; reading
+    # every file's, union_by_name, costs a footer read per file and table)
     rel = con.sql(f"SELECT * FROM read_parquet({_sql_string(glob_)}, hive_partitioning="
-                  f"{'true' if hive else 'false'}, union_by_name=true) LIMIT 0")
+                  f"{'true' if hive else 'false'}) LIMIT 0")
     return list(rel.columns)
 
 
@@ -134,42 +138,52 @@ def htrace_tables(files: Sequence[str], tables: Sequence[str], *, threads: int =
     """``tables`` of the runs in ``files`` as one Arrow table each (rank and window
     columns filled: the metadata's rank, else the file's index; windows numbered in
     step order per rank)."""
-    from hooktrace.data.parquet import rank_where
+    from hooktrace.data.parquet import process_key, process_ranks, rank_where
     from hooktrace.reading import load
 
-    def convert(i: int, path: str) -> tuple[int, int | None, dict[str, list[Any]]] | str:
+    Result = tuple[int | None, str, int | None, dict[str, list[Any]]]
+
+    def convert(i: int, path: str) -> Result | str:
         try:
             run = load(path)
         except (HooktraceError, OSError) as e:
             text = str(e)
             return text if text.startswith(path) else f"{path}: {text}"
         rank, first = rank_where(run.info, i, path)
-        where = Where(rank=rank, window=first, path=path)
-        return rank, first, {t: list(batches(run, t, where)) for t in tables}
+        where = Where(rank=None, window=None, path=path)  # (both set below)
+        return rank, process_key(run.info), first, {t: list(batches(run, t, where))
+                                                    for t in tables}
 
     with ThreadPoolExecutor(max(threads, 1)) as pool:
         results = list(pool.map(lambda a: convert(*a), enumerate(files)))
-    firsts: dict[int, list[int]] = {}
+    done: list[Result] = []
     for r in results:
         if isinstance(r, str):
             if problems is None:
                 raise QueryError(r)
             problems.append(r)
-        elif r[1] is not None:
-            firsts.setdefault(r[0], []).append(r[1])
+        else:
+            done.append(r)
+    ranks = process_ranks([(r[0], r[1]) for r in done])
+    firsts: dict[int, list[int]] = {}
+    for rank, r in zip(ranks, done):
+        if r[2] is not None:
+            firsts.setdefault(rank, []).append(r[2])
     out: dict[str, list[Any]] = {t: [] for t in tables}
-    for r in results:
-        if isinstance(r, str):
-            continue
-        rank, first, per_table = r
+    for rank, (_, _, first, per_table) in zip(ranks, done):
+        # the window's index in its rank's step order
+        k = None if first is None else sorted(firsts[rank]).index(first)
         for t, bs in per_table.items():
-            if first is not None:  # the window's index in its rank's step order
-                k = sorted(firsts[rank]).index(first)
-                bs = [b.set_column(b.schema.get_field_index("window"), "window",
-                                   pa.array([k] * b.num_rows, pa.int64())) for b in bs]
-            out[t] += bs
+            out[t] += [_with_partition(b, rank, k) for b in bs]
     return {t: pa.Table.from_batches(bs, schema=file_schema(t, partitioned=False))
             for t, bs in out.items()}
+
+
+def _with_partition(batch: Any, rank: int, window: int | None) -> Any:
+    n = batch.num_rows
+    batch = batch.set_column(0, "rank", pa.array(np.full(n, rank, np.int64)))
+    return batch.set_column(1, "window", pa.nulls(n, pa.int64()) if window is None
+                            else pa.array(np.full(n, window, np.int64)))
 
 
 def connect(path: str | os.PathLike[str], *, sql: str | None = None, threads: int = 1,
@@ -261,10 +275,12 @@ def file_straggler_tables(path: str, index: int) -> dict[str, Any]:
 
     run = load(path)
     rank, first = rank_where(run.info, index, path)
-    where = Where(rank=rank, window=first, path=path)
-    con = duckdb.connect()
+    # (a file without a rank: its index, a key of its own; RankFile keeps the metadata's)
+    where = Where(rank=index if rank is None else rank, window=first, path=path)
+    con = duckdb.connect(config={"threads": 1})  # (one rank per thread: threads enough)
     try:
-        for t in ("spans", "steps", "modules", "runs"):
+        con.register("spans", span_columns(run, where))
+        for t in ("steps", "modules", "runs"):
             con.register(t, pa.Table.from_batches(list(batches(run, t, where)),
                                                   schema=file_schema(t, partitioned=False)))
         del run

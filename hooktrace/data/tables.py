@@ -36,7 +36,7 @@ from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL, SPAN_ERROR, 
 from hooktrace.reading import TraceData
 from hooktrace.data.intervals import union_per_step
 
-__all__ = ["DEFAULT_BATCH_ROWS", "Where", "batches", "to_arrow"]
+__all__ = ["DEFAULT_BATCH_ROWS", "Where", "batches", "span_columns", "to_arrow"]
 
 DEFAULT_BATCH_ROWS = 1 << 20
 PHASES = ("forward", "backward", "recompute")
@@ -65,6 +65,12 @@ class Where:
 
 
 def _dict(indices: np.ndarray, names: list[str], valid: np.ndarray | None = None) -> Any:
+    """Strings as a dictionary array; the dictionary made unique (pandas' categoricals
+    require it: many modules share a class name)."""
+    uniq, inv = np.unique(np.asarray(names, dtype=object).astype(str), return_inverse=True)
+    if len(uniq) < len(names):
+        indices = inv.ravel()[np.asarray(indices, np.int64)] if len(names) else indices
+        names = uniq.tolist()
     idx = pa.array(np.asarray(indices, np.int32), mask=None if valid is None else ~valid)
     return pa.DictionaryArray.from_arrays(idx, pa.array(names, pa.string()))
 
@@ -149,7 +155,7 @@ class _SpanColumns:
         self.unfinished = (flags & SPAN_UNFINISHED) != 0
         self.extras = self._extras(trace, n, m)
 
-    def _extras(self, trace: TraceData, n: int, m: int) -> dict[str, tuple[np.ndarray, Any]]:
+    def _extras(self, trace: TraceData, n: int, m: int) -> dict[str, Any]:
         """Per extra column: (values over the rows, validity mask); missing = all null."""
         out: dict[str, Any] = {}
         total = n + m
@@ -228,7 +234,7 @@ class _SpanColumns:
         for name in ("gpu_dur_ns", "gpu_self_ns", "flops", "in_shapes", "out_shapes", "absmax",
                      "rms", "nonfinite", "mem_device", "mem_enter_bytes", "mem_exit_bytes",
                      "mem_peak_bytes"):
-            extra = self.extras.get(name)
+            extra: Any = self.extras.get(name)
             t = schema.field(name).type
             if extra is None:
                 cols[name] = pa.nulls(b - a, t)
@@ -367,6 +373,33 @@ def batches(trace: TraceData, table: str, where: Where = Where(), *,
         yield from _numerics(trace, where)
     else:
         yield _runs(trace, where)
+
+
+def span_columns(trace: TraceData, where: Where = Where()) -> Any:
+    """The measured spans with only the columns the straggler tables read (``rank``,
+    ``window``, ``module``, ``mode``, ``phase``, ``timing``, ``step``, ``dur_ns``,
+    ``end_ns``): what :func:`hooktrace.data.engine.file_straggler_tables` registers, built
+    without the extras and the kernel-derived rows (the tables leave those out)."""
+    spans = trace.spans()
+    n = len(spans)
+    off = _offset(trace)
+    n_mod = max(len(trace.modules), int(spans.module.max(initial=0)) + 1 if len(spans) else 0)
+    names, _ = _names(trace, n_mod)
+    steps = trace.steps()
+    row = steps.index_of(spans.start_ns)
+    step = steps.number[np.maximum(row, 0)] if len(steps) else np.zeros(n, np.int64)
+
+    def part(v: int | None) -> Any:
+        return pa.nulls(n, pa.int64()) if v is None else pa.array(np.full(n, v, np.int64))
+
+    return pa.table({
+        "rank": part(where.rank), "window": part(where.window),
+        "module": _dict(spans.module, names),
+        "mode": _dict(((spans.flags & SPAN_EVAL) != 0).astype(np.int32), list(MODES)),
+        "phase": _dict(spans.cat, list(PHASES)),
+        "timing": _dict(np.zeros(n, np.int32), list(TIMINGS[:1])),
+        "step": _i64(step, row >= 0), "dur_ns": _i64(spans.duration_ns),
+        "end_ns": _i64(spans.end_ns - off)})
 
 
 def to_arrow(trace: TraceData, table: str = "spans", where: Where = Where()) -> Any:
