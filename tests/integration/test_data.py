@@ -146,8 +146,8 @@ def test_the_dataset_reads_as_is_in_pyarrow_and_duckdb(four_ranks_parquet: Path)
     assert ranks == [0, 1, 2, 3]
     n = duckdb.sql(f"SELECT count(*), count(DISTINCT rank) FROM read_parquet("
                    f"'{four_ranks_parquet}/spans/**/*.parquet', hive_partitioning=true)"
-                   ).fetchone()
-    assert n == (d.count_rows(), 4)
+                   ).fetchall()
+    assert n == [(d.count_rows(), 4)]
 
 
 def test_duckdb_and_spark_give_identical_per_rank_module_totals(
@@ -161,7 +161,7 @@ def test_duckdb_and_spark_give_identical_per_rank_module_totals(
     register(spark, four_ranks_parquet)
     on_spark = module_totals(spark).to_pylist()
     assert {r["rank"] for r in on_duckdb} == {0, 1, 2, 3}
-    assert any(r["module"] == "slow" for r in on_duckdb)
+    assert any(r["module"].endswith("slow") for r in on_duckdb)  # (module.slow under DDP)
     assert on_spark == on_duckdb == on_parquet
     # the straggler tables: Spark = DuckDB over the files = the worker pool
     pool = json.loads(analyze([four_ranks], engine="pool").to_json())
@@ -173,7 +173,7 @@ def test_duckdb_and_spark_give_identical_per_rank_module_totals(
         for r in doc["ranks"]:
             r.pop("path")
         assert doc == pool
-    slow = [s for s in pool["stragglers"] if s["module"] == "slow"]
+    slow = [s for s in pool["stragglers"] if s["module"].endswith("slow")]
     assert [(s["rank"], s["step"]) for s in slow] == [(2, 1)]
 
 
@@ -216,4 +216,7 @@ def test_the_documented_queries_on_duckdb_and_spark(four_ranks: Path, four_ranks
         for a, b in zip(on_spark, on_files):
             assert a.keys() == b.keys()
             for k in a:  # (floats: the same to rounding)
-                assert a[k] == pytest.approx(b[k], rel=1e-12), (sql, k)
+                if isinstance(b[k], float):
+                    assert a[k] == pytest.approx(b[k], rel=1e-12), (sql, k)
+                else:
+                    assert a[k] == b[k], (sql, k)
