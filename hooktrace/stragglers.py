@@ -1,11 +1,19 @@
 """Straggler tables over many ranks (issue #11): which rank is slow, where, and who waits.
 
-Each rank is read by a worker (:func:`hooktrace.rankset.map_ranks`) that
-reduces it to small arrays: per (module, mode, phase, step) the total time of
-its spans (forward or backward; a span counts in the step it starts in) and per
-step the time the rank spent outside every module span; the parent combines
-them, so memory is one rank's events per worker plus
+Each rank is reduced to small arrays: per (module, mode, phase, step) the total
+time of its spans (forward or backward; a span counts in the step it starts in)
+and per step the time the rank spent outside every module span; the parent
+combines them, so memory is one rank's events per worker plus
 ``ranks x (modules x 2 x 2 x steps)`` numbers, and time is linear in the events.
+
+**Engines** (issue #29). ``"duckdb"`` (the default for a Parquet dataset): the
+reduction is SQL (``hooktrace.data.engine.STRAGGLER_SQL``), run by
+DuckDB per ``.htrace`` file in threads (the span pairing releases the GIL), or once
+over a Parquet dataset that ``hooktrace export DIR -o OUT/`` wrote (no pairing left to
+do: the fast path for big jobs), or by Spark (:mod:`hooktrace.data.spark`).
+``"pool"`` (the default for ``.htrace`` files, where it is faster): worker processes
+reducing each rank with numpy (:func:`hooktrace.rankset.map_ranks`). Both give the
+same tables (tested); benchmarks/ranks.py times them.
 
 **Train and eval.** As in the summary (:mod:`hooktrace.summary`), a module's
 eval calls (grad off or the module in eval mode: ``SPAN_EVAL``) are rows and
@@ -66,7 +74,6 @@ PHASES = ("fwd", "bwd")
 MODES = ("train", "eval")  # as the summary's rows' "mode"
 EXPLAINED = 0.8
 ENGINES = ("duckdb", "pool")
-DEFAULT_ENGINE = "duckdb"
 DEFAULT_THRESHOLD = 0.5  # a rank 1.5x the others' median ...
 DEFAULT_MIN_EXCESS_NS = 1_000_000  # ... and at least 1 ms over it
 # Profiler events that are a collective's execution, waiting included: gloo runs
@@ -295,9 +302,10 @@ def analyze(inputs: Sequence[str | os.PathLike[str]], *,
     ``engine``: ``"duckdb"`` (:mod:`hooktrace.data.engine`: SQL over the ranks' tables,
     each ``.htrace`` file converted in one of ``workers`` threads; also reads a Parquet
     dataset written by ``hooktrace export DIR -o OUT/``) or ``"pool"`` (worker processes
-    reducing each rank with numpy, :func:`~hooktrace.rankset.map_ranks`); default
-    :data:`DEFAULT_ENGINE` when its packages are installed, else the pool. Both give the
-    same tables.
+    reducing each rank with numpy, :func:`~hooktrace.rankset.map_ranks`); default: DuckDB
+    for a Parquet dataset, the pool for ``.htrace`` files (1.9x faster than DuckDB's
+    threads there, 256 ranks x 1 M events: benchmarks/RESULTS.md, issue #29). Both give
+    the same tables.
 
     Unreadable rank files are left out with a line in ``problems`` (and a
     RuntimeWarning); raises :class:`~hooktrace.rankset.RankSetError` when none is
@@ -309,7 +317,7 @@ def analyze(inputs: Sequence[str | os.PathLike[str]], *,
     if engine not in (None, *ENGINES):
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     if engine is None:
-        engine = DEFAULT_ENGINE if _has_data_extra() else "pool"
+        engine = "duckdb" if _parquet_input(inputs) else "pool"
     if engine == "duckdb":
         return _analyze_duckdb(inputs, profilers, threshold, min_excess_ns, workers)
     paths, problems = find_rank_files(inputs)
@@ -333,10 +341,17 @@ def analyze(inputs: Sequence[str | os.PathLike[str]], *,
     return _combine(stats, rs.problems, threshold, min_excess_ns)
 
 
-def _has_data_extra() -> bool:
-    import importlib.util
+def _parquet_input(inputs: Sequence[str | os.PathLike[str]]) -> bool:
+    """Whether ``inputs`` is one directory of Parquet tables (``hooktrace export`` of the
+    ranks) rather than ``.htrace`` files."""
+    names = [os.fspath(p) for p in inputs]
+    if len(names) != 1 or not os.path.isdir(names[0]):
+        return False
+    from pathlib import Path
 
-    return all(importlib.util.find_spec(m) is not None for m in ("pyarrow", "duckdb"))
+    if next(Path(names[0]).rglob("*.htrace"), None) is not None:
+        return False
+    return next(Path(names[0]).rglob("*.parquet"), None) is not None
 
 
 def _analyze_duckdb(inputs: Sequence[str | os.PathLike[str]],
@@ -467,26 +482,25 @@ def _stats_from_tables(t: dict[str, Any]) -> list[RankStats]:
                      aligned=row["clock_aligned"], start_ns=row["start_ns"],
                      stop_ns=row["stop_ns"], events=row["events"], backend=row["backend"],
                      cut=row["cut"] is not None)
-        m = modules.get(key, {"module": np.zeros(0, object), "type": np.zeros(0, object)})
-        names, types = [str(n) for n in m["module"]], [str(x) for x in m["type"]]
+        m = modules.get(key, {"module": np.zeros(0, object), "type": np.zeros(0, object),
+                              "slot": np.zeros(0, np.int64)})
+        names = [f"<module {i}>" for i in range(len(m["slot"]))]
+        types = ["?"] * len(names)
+        for i, n, t_ in zip(m["slot"].tolist(), m["module"].tolist(), m["type"].tolist()):
+            names[i], types[i] = str(n), str(t_)
         a = agg.get(key)
         empty = np.zeros(0, np.int64)
         if a is None:
-            a = {"module": np.zeros(0, object), "mode": np.zeros(0, object),
-                 "phase": np.zeros(0, object), "step": empty, "total_ns": empty,
-                 "calls": empty, "last_end_ns": empty}
-        slot = {n: i for i, n in enumerate(names)}
-        for n in dict.fromkeys(a["module"].tolist()):  # slots beyond the module table
-            if n not in slot:
-                slot[n] = len(names)
-                names.append(n)
-                types.append("?")
+            a = {"slot": empty, "eval": np.zeros(0, bool), "backward": np.zeros(0, bool),
+                 "step": empty, "total_ns": empty, "calls": empty, "last_end_ns": empty}
+        top = int(a["slot"].max(initial=-1)) + 1  # slots beyond the module table
+        names += [f"<module {i}>" for i in range(len(names), top)]
+        types += ["?"] * (top - len(types))
         st = steps.get(key)
         out.append(RankStats(
             file=f, modules=names, types=types,
-            module=_slots(a["module"], slot),
-            mode=(a["mode"] == "eval").astype(np.int64),
-            phase=(a["phase"] == "backward").astype(np.int64),
+            module=a["slot"].astype(np.int64), mode=a["eval"].astype(np.int64),
+            phase=a["backward"].astype(np.int64),
             step=a["step"].astype(np.int64), total_ns=a["total_ns"].astype(np.int64),
             calls=a["calls"].astype(np.int64), last_end_ns=a["last_end_ns"].astype(np.int64),
             step_number=empty if st is None else st["step"].astype(np.int64),
@@ -494,14 +508,6 @@ def _stats_from_tables(t: dict[str, Any]) -> list[RankStats]:
             step_end_ns=empty if st is None else st["end_ns"].astype(np.int64),
             outside_ns=empty if st is None else st["outside_ns"].astype(np.int64)))
     return out
-
-
-def _slots(names: np.ndarray, slot: dict[str, int]) -> np.ndarray:
-    """Each name's slot (names repeat: looked up once per distinct name)."""
-    if not len(names):
-        return np.zeros(0, np.int64)
-    uniq, inv = np.unique(names.astype(str), return_inverse=True)
-    return np.array([slot[n] for n in uniq.tolist()], np.int64)[inv.ravel()]
 
 
 def _combine(stats: list[RankStats], problems: list[str], threshold: float,

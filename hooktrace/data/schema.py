@@ -57,6 +57,8 @@ _PART = [
 _TABLES: dict[str, list[Any]] = {
     "spans": [
         _f("module", _STR, False, "qualified module name ('' for the root)"),
+        _f("slot", _I64, False, "module slot: the module's row in the modules table (an "
+                                "integer key, cheaper to group by than the name)"),
         _f("type", _STR, False, "module class name"),
         _f("phase", _STR, False, "forward, backward or recompute"),
         _f("mode", _STR, False, "train, or eval (grad off or the module in eval mode)"),

@@ -213,6 +213,7 @@ class _SpanColumns:
         s = slice(a, b)
         cols: dict[str, Any] = {
             "module": _dict(self.module[s], self.names),
+            "slot": _i64(self.module[s]),
             "type": _dict(self.module[s], self.types),
             "phase": _dict(self.cat[s], list(PHASES)),
             "mode": _dict(self.eval[s].astype(np.int32), list(MODES)),
@@ -377,8 +378,8 @@ def batches(trace: TraceData, table: str, where: Where = Where(), *,
 
 def span_columns(trace: TraceData, where: Where = Where()) -> Any:
     """The measured spans with only the columns the straggler tables read (``rank``,
-    ``window``, ``module``, ``mode``, ``phase``, ``timing``, ``step``, ``dur_ns``,
-    ``end_ns``): what :func:`hooktrace.data.engine.file_straggler_tables` registers, built
+    ``window``, ``module``, ``slot``, ``mode``, ``phase``, ``timing``, ``step``,
+    ``dur_ns``, ``end_ns``): what :func:`hooktrace.data.engine.file_straggler_tables` registers, built
     without the extras and the kernel-derived rows (the tables leave those out)."""
     spans = trace.spans()
     n = len(spans)
@@ -394,7 +395,7 @@ def span_columns(trace: TraceData, where: Where = Where()) -> Any:
 
     return pa.table({
         "rank": part(where.rank), "window": part(where.window),
-        "module": _dict(spans.module, names),
+        "module": _dict(spans.module, names), "slot": _i64(spans.module),
         "mode": _dict(((spans.flags & SPAN_EVAL) != 0).astype(np.int32), list(MODES)),
         "phase": _dict(spans.cat, list(PHASES)),
         "timing": _dict(np.zeros(n, np.int32), list(TIMINGS[:1])),
