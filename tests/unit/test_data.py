@@ -304,6 +304,6 @@ def test_each_documented_query_runs(i: int, rank_dir: Path, dataset: Path) -> No
     a = query(str(rank_dir), sql)
     b = query(str(dataset), sql)
     assert a.to_pylist() == b.to_pylist()
-    # (these ranks have no attention backward: tests/integration/test_data.py runs the
+    # (these ranks have no attention backward: tests/integration/test_data_runs.py runs the
     # first query on a torchrun job's, with rows)
     assert a.num_rows > 0 or i == 0

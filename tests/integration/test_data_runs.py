@@ -174,7 +174,9 @@ def test_duckdb_and_spark_give_identical_per_rank_module_totals(
             r.pop("path")
         assert doc == pool
     slow = [s for s in pool["stragglers"] if s["module"].endswith("slow")]
-    assert [(s["rank"], s["step"]) for s in slow] == [(2, 1)]
+    # (rank 2's 30 ms sleep; on a busy machine another rank preempted inside the module
+    # can be flagged too)
+    assert (2, 1) in [(s["rank"], s["step"]) for s in slow]
 
 
 def test_query_on_spark_from_the_command_line(four_ranks_parquet: Path, spark: Any,
