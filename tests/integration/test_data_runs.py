@@ -222,3 +222,27 @@ def test_the_documented_queries_on_duckdb_and_spark(four_ranks: Path, four_ranks
                     assert a[k] == pytest.approx(b[k], rel=1e-12), (sql, k)
                 else:
                     assert a[k] == b[k], (sql, k)
+
+
+def test_the_extras_are_columns_where_recorded(tmp_path: Path) -> None:
+    """flops, shapes, numerics and memory recorded: their spans columns are filled for the
+    forward calls (null for the backward spans where a value is per forward call)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    x = torch.randn(4, 8)
+    with hooktrace.trace(model, flops=True, shapes=True, numerics=True, memory=True) as tr:
+        for _ in range(2):
+            model(x).sum().backward()
+            tr.step()
+    t = tr.result.to_arrow("spans")
+    fwd = t.filter(pa.compute.equal(t.column("phase"), "forward")).to_pylist()
+    linear = [r for r in fwd if r["type"] == "Linear"]
+    assert linear and all(r["flops"] and r["flops"] > 0 for r in linear)
+    assert all(r["in_shapes"] and "8" in r["in_shapes"] for r in fwd if r["module"] == "0")
+    assert all(r["absmax"] is not None and r["nonfinite"] == 0 for r in fwd)
+    assert all(r["mem_device"] == "cpu" and r["mem_peak_bytes"] is not None for r in fwd)
+    assert t.column("gpu_dur_ns").null_count == t.num_rows  # not timed (no gpu=True)
+    num = tr.result.to_arrow("numerics")
+    assert num.num_rows > 0 and set(num.column("phase").to_pylist()) <= {"forward", "backward"}
+    mem = tr.result.to_arrow("memory")
+    assert mem.num_rows > 0 and set(mem.column("device").to_pylist()) == {"cpu"}

@@ -307,3 +307,23 @@ def test_each_documented_query_runs(i: int, rank_dir: Path, dataset: Path) -> No
     # (these ranks have no attention backward: tests/integration/test_data_runs.py runs the
     # first query on a torchrun job's, with rows)
     assert a.num_rows > 0 or i == 0
+
+
+def test_gpu_time_lights_up_from_the_gpu_spans_contract() -> None:
+    """Issue #28's GpuSpans (empty until its recording lands): per span, the device time
+    of its intervals, null for the spans it did not time."""
+    from hooktrace.data.tables import to_arrow
+    from hooktrace.reading import GpuSpans
+
+    run = backward_trace(3)
+    n = len(run.spans())
+    assert n >= 3
+    run._gpu_spans = GpuSpans({  # spans 0 and 2 timed, span 0 by two intervals
+        "start_ns": np.array([0, 50, 10]), "end_ns": np.array([40, 70, 15]),
+        "self_ns": np.array([30, 20, 5]), "span": np.array([0, 0, 2]),
+        "module": np.zeros(3, np.uint32), "cat": np.zeros(3, np.uint8),
+        "device": np.zeros(3, np.int16), "stream": np.full(3, 7)})
+    t = to_arrow(run, "spans")
+    dur, self_ = t.column("gpu_dur_ns").to_pylist(), t.column("gpu_self_ns").to_pylist()
+    assert dur[:3] == [60, None, 5] and self_[:3] == [50, None, 5]
+    assert dur[3:] == [None] * (n - 3)
