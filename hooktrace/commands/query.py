@@ -65,7 +65,11 @@ def run(args: argparse.Namespace) -> None:
         require("duckdb")
         from hooktrace.data.engine import query
 
-        table = query(args.run, args.sql, threads=args.threads or os.cpu_count() or 1)
+        problems: list[str] = []
+        table = query(args.run, args.sql, threads=args.threads or os.cpu_count() or 1,
+                      problems=problems)
+        for line in problems:  # (the other files were queried)
+            print(f"hooktrace: warning: {line}", file=sys.stderr)
     if args.output is not None:
         _write(table, args.output)
         print(f"wrote {args.output}: {table.num_rows} rows")

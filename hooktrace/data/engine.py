@@ -201,6 +201,8 @@ def connect(path: str | os.PathLike[str], *, sql: str | None = None, threads: in
                 _empty_view(con, t)
         return con
     arrow = htrace_tables(src.htrace, _named_tables(sql), threads=threads, problems=problems)
+    if problems and len(problems) >= len(src.htrace):
+        raise QueryError("no trace could be read: " + "; ".join(problems))
     for t in TABLES:
         if t in arrow:
             con.register(f"_arrow_{t}", arrow[t])
@@ -216,9 +218,12 @@ def _empty_view(con: Any, table: str) -> None:
     con.execute(f'CREATE VIEW "{table}" AS SELECT * FROM "_empty_{table}"')
 
 
-def query(path: str | os.PathLike[str], sql: str, *, threads: int = 1) -> Any:
-    """The result of ``sql`` over ``path``'s tables, as a ``pyarrow.Table``."""
-    con = connect(path, sql=sql, threads=threads)
+def query(path: str | os.PathLike[str], sql: str, *, threads: int = 1,
+          problems: list[str] | None = None) -> Any:
+    """The result of ``sql`` over ``path``'s tables, as a ``pyarrow.Table``. With
+    ``problems``, an unreadable ``.htrace`` file among several is a line there and the
+    others are queried; without, it raises :class:`QueryError`."""
+    con = connect(path, sql=sql, threads=threads, problems=problems)
     try:
         return con.sql(sql).to_arrow_table()
     except duckdb.Error as e:

@@ -236,15 +236,30 @@ def test_query_errors_are_one_line(rank_dir: Path, capsys: pytest.CaptureFixture
     assert err.count("\n") == 1 and "the query failed" in err and "nope" in err
     assert main(["query", str(tmp_path / "missing"), "SELECT 1"]) == 1
     assert "no such file" in capsys.readouterr().err
+    # a corrupt rank among others: a warning naming it, the others queried
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in rank_dir.iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    (bad / "run.rank3.htrace").write_bytes(b"HTRACE\0\0garbage")
+    assert main(["query", str(bad), "SELECT count(DISTINCT rank) AS n FROM spans", "--json"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out) == [{"n": 3}]
+    assert out.err.startswith("hooktrace: warning: ") and "run.rank3.htrace" in out.err
 
 
-def test_without_the_data_extra_query_says_what_to_install(rank_dir: Path) -> None:
+@pytest.mark.parametrize("verb", ["query", "export"])
+def test_without_the_data_extra_a_verb_says_what_to_install(rank_dir: Path, tmp_path: Path,
+                                                             verb: str) -> None:
     code = ("import sys\nsys.modules['pyarrow'] = None\nsys.modules['duckdb'] = None\n"
             "from hooktrace.cli import main\nsys.exit(main(sys.argv[1:]))")
-    r = subprocess.run([sys.executable, "-c", code, "query", str(rank_dir), "SELECT 1"],
-                       capture_output=True, text=True, timeout=120)
+    argv = (["query", str(rank_dir), "SELECT 1"] if verb == "query" else
+            ["export", str(rank_dir / "run.rank0.htrace"), "-o", str(tmp_path / "s.parquet")])
+    r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
+                       timeout=120)
     assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
     assert "pip install hooktrace[data]" in r.stderr
+    assert not (tmp_path / "s.parquet").exists()
 
 
 def test_export_refusals(rank_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
