@@ -25,7 +25,7 @@ from hooktrace._args import finite_float
 from hooktrace.commands import OPEN_HINT
 
 NAME = "export"
-HELP = "convert a .htrace file to Chrome trace JSON or a Perfetto .pftrace"
+HELP = "convert a .htrace file to Chrome trace JSON, a Perfetto .pftrace or Parquet tables"
 
 # Browser viewers load a trace into one JS heap: the Perfetto UI and
 # chrome://tracing fail somewhere between 256 and 800 MB of JSON.
@@ -37,7 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                "process per rank, as merge-ranks)")
     p.add_argument("-o", "--output", required=True,
                    help="OUT.pftrace or OUT.perfetto-trace (Perfetto protobuf, smallest), "
-                        "OUT.json, OUT.json.gz to compress, or - for standard output (JSON)")
+                        "OUT.json, OUT.json.gz to compress, - for standard output (JSON), "
+                        "OUT.parquet (the spans table; docs/schema.md) or DIR/ (every table "
+                        "as Parquet)")
     p.add_argument("--nodes", action="store_true",
                    help="also write every autograd node under its module's backward span")
     p.add_argument("--steps", metavar="A:B",
@@ -104,7 +106,9 @@ def run(args: argparse.Namespace) -> None:
 
 
 def _is_dir_output(path: str) -> bool:
-    return path.endswith(("/", os.sep)) or os.path.isdir(path)
+    """``-o DIR/`` (every table as Parquet): a trailing slash, or an empty directory. A
+    directory with files in it and no slash is refused as before ("is a directory")."""
+    return path.endswith(("/", os.sep)) or (os.path.isdir(path) and not os.listdir(path))
 
 
 def _export_parquet(args: argparse.Namespace, many: bool) -> None:
