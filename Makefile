@@ -11,9 +11,12 @@ TORCH ?= torch==2.13.0
 # in its interpreter (tests/integration/test_numerics.py); it does not touch torch.
 # DOCS_DEPS: the docs site (`make docs`), built strictly and its examples run by
 # tests/unit/test_docs.py.
-DOCS_DEPS ?= mkdocs mkdocs-material "mkdocstrings[python]"
+DOCS_DEPS ?= mkdocs==1.6.1 mkdocs-material==9.8.2 "mkdocstrings[python]==1.0.8"
+# DATA_DEPS: traces as data (hooktrace[data], hooktrace[spark]): Parquet, DuckDB, and Spark
+# (local[2] in the tests, on the JRE that .ci/run installs).
+DATA_DEPS ?= pyarrow==26.0.1 duckdb==2.0.1 pyspark==4.3.0 pandas==3.1.1
 TEST_DEPS ?= pytest transformers==5.23.0 accelerate==1.15.0 lightning==2.6.6 plotly selenium \
-	viztracer==1.1.1 triton==3.9.0 $(DOCS_DEPS)
+	viztracer==1.1.1 triton==3.9.0 $(DOCS_DEPS) $(DATA_DEPS)
 BUILD_DEPS ?= numpy ninja pybind11 setuptools wheel tqdm
 
 PY := $(VENV)/bin/python

@@ -1,12 +1,23 @@
-"""Many ranks at scale (issue #11): straggler summary over synthetic rank files.
+"""Many ranks at scale (issues #11, #29): straggler summary over synthetic rank files.
 
     python benchmarks/ranks.py --ranks 256 --events 1000000 --dir /tmp/ranks [--workers 2]
+        [--engines pool,duckdb,parquet]
 
 Writes RANKS files of EVENTS events each (forward spans: a root and 63 child modules
 called in turn, 50 steps, one rank made slow in one module at one step), then times
-``hooktrace.stragglers.analyze`` over the directory in a fresh process and reports its
-wall time, the parent's peak RSS and the largest worker's peak RSS. The files are
-kept (``--keep``) or removed. Generation is not timed.
+``hooktrace.stragglers.analyze`` over the directory in a fresh process per engine and
+reports its wall time, the parent's peak RSS and the largest worker's peak RSS:
+
+* ``pool``: the worker processes of issue #11 (numpy per rank, ``map_ranks``);
+* ``duckdb``: the same reduction as SQL, each ``.htrace`` file converted to Arrow and
+  aggregated by DuckDB in one of ``--workers`` threads (issue #29), end to end from the
+  ``.htrace`` files;
+* ``parquet``: the ranks exported once (``hooktrace export DIR -o OUT/``: its time and
+  size printed apart) and the straggler summary run by DuckDB over that Parquet dataset,
+  end to end from the dataset.
+
+All engines' reports must be equal (checked). The files are kept (``--keep``) or
+removed. Generation is not timed.
 """
 
 from __future__ import annotations
@@ -88,23 +99,43 @@ def _descendants_peak_kib(stop: threading.Event, peak: list[int]) -> None:
                     pass
 
 
-def measure(directory: str, workers: int | None) -> None:
+def measure(directory: str, workers: int | None, engine: str) -> None:
     from hooktrace.stragglers import analyze
 
     stop, peak = threading.Event(), [0]
     poller = threading.Thread(target=_descendants_peak_kib, args=(stop, peak), daemon=True)
     poller.start()
     t = time.perf_counter()
-    report = analyze([directory], workers=workers)
+    report = analyze([directory], workers=workers,
+                     engine="pool" if engine == "pool" else "duckdb")
     wall = time.perf_counter() - t
     stop.set()
     poller.join()
     me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     kids = peak[0] / 1024
-    print(json.dumps({"wall_s": round(wall, 2), "parent_peak_mib": round(me),
+    import hashlib
+
+    doc = json.loads(report.to_json())
+    for r in doc["ranks"]:  # the parquet engine's paths are the .htrace paths too
+        r.pop("path", None)
+    digest = hashlib.sha1(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:12]
+    print(json.dumps({"engine": engine, "wall_s": round(wall, 2), "parent_peak_mib": round(me),
                       "worker_peak_mib": round(kids), "ranks": len(report.ranks),
                       "stragglers": [(s["rank"], s["module"], s["step"])
-                                     for s in report.stragglers[:3]]}))
+                                     for s in report.stragglers[:3]], "report": digest}))
+
+
+def export_parquet(directory: str, out: str, threads: int) -> None:
+    from hooktrace.data.parquet import write_dataset
+
+    t = time.perf_counter()
+    r = write_dataset([directory], out, tables=("spans", "steps", "modules", "runs"),
+                      threads=threads)
+    wall = time.perf_counter() - t
+    size = sum(f.stat().st_size for f in Path(out).rglob("*.parquet"))
+    me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"export_s": round(wall, 2), "parquet_gib": round(size / 2**30, 3),
+                      "rows": r.rows["spans"], "peak_mib": round(me)}))
 
 
 def main() -> None:
@@ -114,10 +145,16 @@ def main() -> None:
     p.add_argument("--dir", default="/tmp/hooktrace-ranks-bench")
     p.add_argument("--workers", type=int, default=None)
     p.add_argument("--keep", action="store_true")
-    p.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--engines", default="pool,duckdb,parquet",
+                   help="comma-separated: pool, duckdb, parquet (default all three)")
+    p.add_argument("--measure-only", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--export-only", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.measure_only:
-        measure(args.dir, args.workers)
+        measure(args.dir, args.workers, args.measure_only)
+        return
+    if args.export_only:
+        export_parquet(args.dir, args.export_only, args.workers or os.cpu_count() or 1)
         return
     d = Path(args.dir)
     d.mkdir(parents=True, exist_ok=True)
@@ -129,13 +166,34 @@ def main() -> None:
     size = sum(f.stat().st_size for f in d.glob("*.htrace"))
     print(f"{args.ranks} ranks x {args.events} events: {size / 2**30:.2f} GiB written in "
           f"{time.perf_counter() - t:.0f} s")
-    cmd = [sys.executable, __file__, "--measure-only", "--dir", str(d)]
-    if args.workers:
-        cmd += ["--workers", str(args.workers)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    print(r.stdout.strip() or r.stderr[-2000:])
+    extra = ["--workers", str(args.workers)] if args.workers else []
+    pq_dir = Path(str(d) + ".parquet")
+    results = []
+    for engine in args.engines.split(","):
+        source = d
+        if engine == "parquet":
+            if not pq_dir.exists():
+                r = subprocess.run([sys.executable, __file__, "--export-only", str(pq_dir),
+                                    "--dir", str(d), *extra], capture_output=True, text=True)
+                print("export:", r.stdout.strip() or r.stderr[-2000:])
+            source = pq_dir
+        r = subprocess.run([sys.executable, __file__, "--measure-only", engine, "--dir",
+                            str(source), *extra], capture_output=True, text=True)
+        print(r.stdout.strip() or r.stderr[-2000:])
+        if r.returncode == 0:
+            results.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    if results:
+        base = results[0]["wall_s"]
+        print(f"\n{'engine':<8} {'wall s':>7} {'vs ' + results[0]['engine']:>9} "
+              f"{'parent MiB':>10} {'worker MiB':>10}  report")
+        for x in results:
+            print(f"{x['engine']:<8} {x['wall_s']:>7.2f} {x['wall_s'] / base:>8.2f}x "
+                  f"{x['parent_peak_mib']:>10} {x['worker_peak_mib']:>10}  {x['report']}")
+        if len({x["report"] for x in results}) > 1:
+            print("REPORTS DIFFER between engines")
     if not args.keep:
         shutil.rmtree(d)
+        shutil.rmtree(pq_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

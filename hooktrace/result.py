@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from hooktrace._filters import Filters
 from hooktrace.exporters.chrome import export_chrome
@@ -60,6 +61,29 @@ class TraceResult(TraceData):
         """
         export_perfetto(self, path, nodes=nodes, filters=Filters(
             start=start, end=end, max_depth=max_depth, steps=steps))
+
+    def export_parquet(self, path: str | os.PathLike[str], table: str = "spans") -> int:
+        """Write ``table`` (docs/schema.md; default ``spans``) as a Parquet file, row group
+        by row group; returns the rows written. Needs ``pip install hooktrace[data]``."""
+        from hooktrace.exporters.parquet import export_parquet
+
+        return export_parquet(self, path, table)
+
+    def to_arrow(self, table: str = "spans") -> Any:
+        """``table`` (``spans``, ``steps``, ``modules``, ``memory``, ``numerics`` or
+        ``runs``; docs/schema.md) as a ``pyarrow.Table`` (``rank`` from the run's
+        metadata, ``window`` null: one file). Needs ``pip install hooktrace[data]``."""
+        from hooktrace.data.tables import Where, to_arrow
+
+        return to_arrow(self, table, Where.of(self))
+
+    def to_pandas(self, table: str = "spans") -> Any:
+        """``table`` as a pandas DataFrame (:meth:`to_arrow`'s, converted; the string
+        columns are categoricals)."""
+        from hooktrace.data import require
+
+        require("pandas")
+        return self.to_arrow(table).to_pandas()
 
     def summary(self, *, peak_tflops: float | None = None) -> Summary:
         """Per-module call statistics (see ``hooktrace.summary.Summary``); ``peak_tflops``

@@ -1,11 +1,19 @@
 """Straggler tables over many ranks (issue #11): which rank is slow, where, and who waits.
 
-Each rank is read by a worker (:func:`hooktrace.rankset.map_ranks`) that
-reduces it to small arrays: per (module, mode, phase, step) the total time of
-its spans (forward or backward; a span counts in the step it starts in) and per
-step the time the rank spent outside every module span; the parent combines
-them, so memory is one rank's events per worker plus
+Each rank is reduced to small arrays: per (module, mode, phase, step) the total
+time of its spans (forward or backward; a span counts in the step it starts in)
+and per step the time the rank spent outside every module span; the parent
+combines them, so memory is one rank's events per worker plus
 ``ranks x (modules x 2 x 2 x steps)`` numbers, and time is linear in the events.
+
+**Engines** (issue #29). ``"duckdb"`` (the default for a Parquet dataset): the
+reduction is SQL (``hooktrace.data.engine.STRAGGLER_SQL``), run by
+DuckDB per ``.htrace`` file in threads (the span pairing releases the GIL), or once
+over a Parquet dataset that ``hooktrace export DIR -o OUT/`` wrote (no pairing left to
+do: the fast path for big jobs), or by Spark (:mod:`hooktrace.data.spark`).
+``"pool"`` (the default for ``.htrace`` files, where it is faster): worker processes
+reducing each rank with numpy (:func:`hooktrace.rankset.map_ranks`). Both give the
+same tables (tested); benchmarks/ranks.py times them.
 
 **Train and eval.** As in the summary (:mod:`hooktrace.summary`), a module's
 eval calls (grad off or the module in eval mode: ``SPAN_EVAL``) are rows and
@@ -54,19 +62,21 @@ from typing import Any
 import numpy as np
 
 from hooktrace._kineto import ProfilerTraceError, open_binary, scan, us_to_ns
-from hooktrace.rankset import RankFile, RankSet, find_rank_files, map_ranks
+from hooktrace.data.intervals import union_per_step
 from hooktrace.device_time import gpu_recorded, module_gpu
+from hooktrace.rankset import RankFile, RankSet, find_rank_files, map_ranks
 from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL, TraceData, load
 from hooktrace.text import align_columns, format_ns
 
-__all__ = ["EXPLAINED", "MODES", "PHASES", "RankStats", "RanksSummary", "analyze",
-           "rank_stats", "reduce_rank"]
+__all__ = ["ENGINES", "EXPLAINED", "MODES", "PHASES", "RankStats", "RanksSummary", "analyze",
+           "rank_stats", "reduce_rank", "summary_from_tables"]
 
 # "gpu fwd" / "gpu bwd": device time (trace(gpu=True), hooktrace.device_time), per step
 # over the steps that were timed; rows and stragglers of their own, listed first
 PHASES = ("fwd", "bwd", "gpu fwd", "gpu bwd")
 MODES = ("train", "eval")  # as the summary's rows' "mode"
 EXPLAINED = 0.8
+ENGINES = ("duckdb", "pool")
 DEFAULT_THRESHOLD = 0.5  # a rank 1.5x the others' median ...
 DEFAULT_MIN_EXCESS_NS = 1_000_000  # ... and at least 1 ms over it
 # Profiler events that are a collective's execution, waiting included: gloo runs
@@ -97,28 +107,6 @@ class RankStats:
     coll_end_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     profiler: str | None = None
     timed_steps: int = 0  # steps with device time (0: none recorded)
-
-
-def _union_per_step(start: np.ndarray, end: np.ndarray, step_start: np.ndarray,
-                    step_end: np.ndarray) -> np.ndarray:
-    """Per step: the length of the union of the intervals, clipped to the step."""
-    covered = np.zeros(len(step_start), np.int64)
-    if not len(start) or not len(step_start):
-        return covered
-    o = np.argsort(start, kind="stable")
-    s, e = start[o], end[o]
-    reach = np.maximum.accumulate(e)
-    new = np.r_[True, s[1:] > reach[:-1]]  # a segment starts past everything before
-    seg_start = s[new]
-    seg_end = np.maximum.reduceat(e, np.flatnonzero(new))
-    for i in range(len(step_start)):  # steps are few; segments are sliced by searchsorted
-        a, b = int(step_start[i]), int(step_end[i])
-        lo = np.searchsorted(seg_end, a, "right")
-        hi = np.searchsorted(seg_start, b, "left")
-        if hi > lo:
-            covered[i] = int((np.minimum(seg_end[lo:hi], b) - np.maximum(seg_start[lo:hi], a))
-                             .clip(0).sum())
-    return covered
 
 
 def _collectives(path: str, offset_ns: int) -> tuple[np.ndarray, np.ndarray]:
@@ -194,7 +182,7 @@ def reduce_rank(run: TraceData, f: RankFile) -> RankStats:
     last_end = np.full(len(uniq), np.iinfo(np.int64).min, np.int64)
     np.maximum.at(last_end, inv, end - off)
     top = np.flatnonzero(sel & (spans.parent < 0))
-    covered = _union_per_step(spans.start_ns[top], spans.end_ns[top], steps.start_ns,
+    covered = union_per_step(spans.start_ns[top], spans.end_ns[top], steps.start_ns,
                               steps.end_ns)
     names = [name for name, _ in run.modules] + [f"<module {m}>"
                                                  for m in range(len(run.modules), n_mod)]
@@ -336,8 +324,16 @@ def _num(x: float) -> float | None:
 def analyze(inputs: Sequence[str | os.PathLike[str]], *,
             profilers: Sequence[str | os.PathLike[str]] = (),
             threshold: float = DEFAULT_THRESHOLD, min_excess_ns: int = DEFAULT_MIN_EXCESS_NS,
-            workers: int | None = None) -> RanksSummary:
+            workers: int | None = None, engine: str | None = None) -> RanksSummary:
     """Straggler tables of the ranks under ``inputs`` (see the module docstring).
+
+    ``engine``: ``"duckdb"`` (:mod:`hooktrace.data.engine`: SQL over the ranks' tables,
+    each ``.htrace`` file converted in one of ``workers`` threads; also reads a Parquet
+    dataset written by ``hooktrace export DIR -o OUT/``) or ``"pool"`` (worker processes
+    reducing each rank with numpy, :func:`~hooktrace.rankset.map_ranks`); default: DuckDB
+    for a Parquet dataset, the pool for ``.htrace`` files (1.9x faster than DuckDB's
+    threads there, 256 ranks x 1 M events: benchmarks/RESULTS.md, issue #29). Both give
+    the same tables.
 
     Unreadable rank files are left out with a line in ``problems`` (and a
     RuntimeWarning); raises :class:`~hooktrace.rankset.RankSetError` when none is
@@ -346,6 +342,12 @@ def analyze(inputs: Sequence[str | os.PathLike[str]], *,
     if not (0 <= threshold < float("inf") and 0 <= min_excess_ns < 2**63):
         raise ValueError(f"threshold and min_excess_ns must be finite and >= 0, got {threshold}, "
                          f"{min_excess_ns}")
+    if engine not in (None, *ENGINES):
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if engine is None:
+        engine = "duckdb" if _parquet_input(inputs) else "pool"
+    if engine == "duckdb":
+        return _analyze_duckdb(inputs, profilers, threshold, min_excess_ns, workers)
     paths, problems = find_rank_files(inputs)
     prof_of: dict[str, str] = {}
     if profilers:
@@ -365,6 +367,175 @@ def analyze(inputs: Sequence[str | os.PathLike[str]], *,
     order = {id(f): i for i, f in enumerate(rs.files)}
     stats.sort(key=lambda s: order[id(s.file)])
     return _combine(stats, rs.problems, threshold, min_excess_ns)
+
+
+def _parquet_input(inputs: Sequence[str | os.PathLike[str]]) -> bool:
+    """Whether ``inputs`` is one directory of Parquet tables (``hooktrace export`` of the
+    ranks) rather than ``.htrace`` files."""
+    names = [os.fspath(p) for p in inputs]
+    if len(names) != 1 or not os.path.isdir(names[0]):
+        return False
+    from pathlib import Path
+
+    if next(Path(names[0]).rglob("*.htrace"), None) is not None:
+        return False
+    return next(Path(names[0]).rglob("*.parquet"), None) is not None
+
+
+def _analyze_duckdb(inputs: Sequence[str | os.PathLike[str]],
+                    profilers: Sequence[str | os.PathLike[str]], threshold: float,
+                    min_excess_ns: int, workers: int | None) -> RanksSummary:
+    """:func:`analyze` on DuckDB (hooktrace.data.engine): the same reduction per rank as
+    :func:`rank_stats`, as SQL, over a Parquet dataset or the ranks' ``.htrace`` files."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hooktrace.data.engine import (
+        connect,
+        file_straggler_tables,
+        find_source,
+        straggler_tables,
+    )
+    from hooktrace.errors import HooktraceError
+
+    names = [os.fspath(p) for p in inputs]
+    if len(names) == 1 and os.path.isdir(names[0]) and find_source(names[0]).parquet:
+        con = connect(names[0])
+        try:
+            parts = [straggler_tables(con)]
+        finally:
+            con.close()
+        paths: list[str] = []
+        problems: list[str] = []
+    else:
+        paths, problems = find_rank_files(names)
+
+        def one(i: int, path: str) -> dict[str, Any] | str:
+            try:
+                return file_straggler_tables(path, i)
+            except (HooktraceError, OSError) as e:
+                text = str(e)
+                return text if text.startswith(path) else f"{path}: {text}"
+
+        threads = workers if workers is not None else min(os.cpu_count() or 1, max(len(paths), 1))
+        with ThreadPoolExecutor(max(threads, 1)) as pool:
+            results = list(pool.map(lambda a: one(*a), enumerate(paths)))
+        parts = []
+        for r in results:
+            if isinstance(r, str):
+                problems.append(r)
+            else:
+                parts.append(r)
+    return summary_from_tables(parts, paths, problems, profilers=profilers, threshold=threshold,
+                               min_excess_ns=min_excess_ns)
+
+
+def summary_from_tables(parts: Sequence[dict[str, Any]], paths: Sequence[str] = (),
+                        problems: Sequence[str] = (), *,
+                        profilers: Sequence[str | os.PathLike[str]] = (),
+                        threshold: float = DEFAULT_THRESHOLD,
+                        min_excess_ns: int = DEFAULT_MIN_EXCESS_NS) -> RanksSummary:
+    """The straggler tables from the results of ``hooktrace.data.engine.STRAGGLER_SQL``
+    (Arrow tables ``agg``, ``steps``, ``modules``, ``runs``; one dict per part), whichever
+    engine ran it (DuckDB, or Spark: :mod:`hooktrace.data.spark`). ``paths``: the rank
+    files looked for (default: the ``runs`` rows'); ``problems``: lines so far."""
+    from hooktrace.errors import HooktraceError
+
+    problems = list(problems)
+    stats = [s for part in parts for s in _stats_from_tables(part)]
+    if not paths:
+        paths = [s.file.path for s in stats]
+    if profilers:
+        from hooktrace.rankset import match_profilers
+
+        prelim = RankSet.from_results(paths, [s.file for s in stats], list(problems), warn=False)
+        prof_of = match_profilers(prelim, profilers, problems)
+        kept = []
+        for s in stats:
+            prof = prof_of.get(s.file.path)
+            if prof is not None:
+                try:
+                    s.coll_start_ns, s.coll_end_ns = _collectives(prof, s.file.offset_ns)
+                except (HooktraceError, OSError) as e:  # as a worker's failure: left out
+                    text = str(e)
+                    problems.append(text if text.startswith(s.file.path)
+                                    else f"{s.file.path}: {text}")
+                    continue
+                s.profiler = prof
+            kept.append(s)
+        stats = kept
+    rs = RankSet.from_results(paths, [s.file for s in stats], problems)
+    order = {id(f): i for i, f in enumerate(rs.files)}
+    stats.sort(key=lambda s: order[id(s.file)])
+    return _combine(stats, rs.problems, threshold, min_excess_ns)
+
+
+def _groups(table: Any) -> dict[tuple[Any, Any], dict[str, np.ndarray]]:
+    """An Arrow table sorted by (rank, window) -> its columns per (rank, window)."""
+    import pyarrow.compute as pc
+
+    out: dict[tuple[Any, Any], dict[str, np.ndarray]] = {}
+    if not table.num_rows:
+        return out
+    cols = {name: table.column(name).to_numpy(zero_copy_only=False)
+            for name in table.column_names if name not in ("rank", "window")}
+    keys = []
+    for name in ("rank", "window"):
+        c = table.column(name)
+        keys.append((pc.fill_null(c, -1).to_numpy(zero_copy_only=False).astype(np.int64),
+                     pc.is_null(c).to_numpy(zero_copy_only=False)))
+    (rank, rank_null), (window, window_null) = keys
+    change = np.flatnonzero((rank[1:] != rank[:-1]) | (window[1:] != window[:-1])
+                            | (rank_null[1:] != rank_null[:-1])
+                            | (window_null[1:] != window_null[:-1])) + 1
+    bounds = np.r_[0, change, table.num_rows]
+    for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        key = (None if rank_null[a] else int(rank[a]), None if window_null[a] else int(window[a]))
+        out[key] = {k: v[a:b] for k, v in cols.items()}
+    return out
+
+
+def _stats_from_tables(t: dict[str, Any]) -> list[RankStats]:
+    """RankStats per file (rank, window) from :data:`hooktrace.data.engine.STRAGGLER_SQL`'s
+    results: what :func:`rank_stats` computes from the file itself."""
+    agg, steps, modules = _groups(t["agg"]), _groups(t["steps"]), _groups(t["modules"])
+    out = []
+    for row in t["runs"].to_pylist():
+        key = (row["rank"], row["window"])
+        info = json.loads(row["info"])
+        rank = info.get("rank")
+        f = RankFile(path=row["path"], rank=rank if isinstance(rank, int) else None,
+                     world_size=row["world_size"], hostname=row["hostname"], pid=row["pid"],
+                     offset_ns=row["clock_offset_ns"],
+                     uncertainty_ns=row["clock_offset_uncertainty_ns"],
+                     aligned=row["clock_aligned"], start_ns=row["start_ns"],
+                     stop_ns=row["stop_ns"], events=row["events"], backend=row["backend"],
+                     cut=row["cut"] is not None)
+        m = modules.get(key, {"module": np.zeros(0, object), "type": np.zeros(0, object),
+                              "slot": np.zeros(0, np.int64)})
+        names = [f"<module {i}>" for i in range(len(m["slot"]))]
+        types = ["?"] * len(names)
+        for i, n, t_ in zip(m["slot"].tolist(), m["module"].tolist(), m["type"].tolist()):
+            names[i], types[i] = str(n), str(t_)
+        a = agg.get(key)
+        empty = np.zeros(0, np.int64)
+        if a is None:
+            a = {"slot": empty, "eval": np.zeros(0, bool), "backward": np.zeros(0, bool),
+                 "step": empty, "total_ns": empty, "calls": empty, "last_end_ns": empty}
+        top = int(a["slot"].max(initial=-1)) + 1  # slots beyond the module table
+        names += [f"<module {i}>" for i in range(len(names), top)]
+        types += ["?"] * (top - len(types))
+        st = steps.get(key)
+        out.append(RankStats(
+            file=f, modules=names, types=types,
+            module=a["slot"].astype(np.int64), mode=a["eval"].astype(np.int64),
+            phase=a["backward"].astype(np.int64),
+            step=a["step"].astype(np.int64), total_ns=a["total_ns"].astype(np.int64),
+            calls=a["calls"].astype(np.int64), last_end_ns=a["last_end_ns"].astype(np.int64),
+            step_number=empty if st is None else st["step"].astype(np.int64),
+            step_start_ns=empty if st is None else st["start_ns"].astype(np.int64),
+            step_end_ns=empty if st is None else st["end_ns"].astype(np.int64),
+            outside_ns=empty if st is None else st["outside_ns"].astype(np.int64)))
+    return out
 
 
 def _combine(stats: list[RankStats], problems: list[str], threshold: float,

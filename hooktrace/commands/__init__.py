@@ -28,10 +28,11 @@ def all_commands() -> list[ModuleType]:
         export,
         merge,
         merge_ranks,
+        query,
         report,
         run,
         stacks,
         summary,
     )
 
-    return [run, demo, export, summary, diff, report, merge, merge_ranks, stacks]
+    return [run, demo, export, summary, diff, report, merge, merge_ranks, query, stacks]

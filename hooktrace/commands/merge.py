@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from hooktrace.commands import OPEN_HINT
+from hooktrace.commands import OPEN_HINT, CliError
 
 NAME = "merge"
 HELP = "add a run's module spans to a torch.profiler trace"
@@ -17,7 +17,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    from hooktrace._output import check_output_path
+    from hooktrace.exporters.formats import CHROME, output_format
     from hooktrace.exporters.merged import merge_traces
+
+    check_output_path(args.output, [args.run, args.profiler])  # (a directory: said first)
+    if output_format(args.output) is not CHROME:  # (an unknown suffix: said there)
+        raise CliError(f"{args.output}: merge writes Chrome JSON only (the profiler's "
+                       "events are JSON); write .json or .json.gz")
 
     r = merge_traces(args.run, args.profiler, args.output)
     moved = f", {r.adjacent} on adjacent tracks" if r.adjacent else ""

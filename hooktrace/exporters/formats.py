@@ -10,10 +10,12 @@ JSON (they have no name to go by).
 Example:
     >>> output_format("run.json.gz").name, output_format("run.pftrace").name
     ('Chrome JSON', 'Perfetto protobuf')
-    >>> output_format("run.parquet")
+    >>> output_format("spans.parquet").name
+    'Parquet'
+    >>> output_format("run.csv")
     Traceback (most recent call last):
     ...
-    hooktrace.errors.OutputPathError: run.parquet: unknown output suffix '.parquet'; ...
+    hooktrace.errors.OutputPathError: run.csv: unknown output suffix '.csv'; ...
 """
 
 from __future__ import annotations
@@ -30,12 +32,13 @@ if TYPE_CHECKING:
     from hooktrace._filters import Filters
     from hooktrace.reading import TraceData
 
-__all__ = ["CHROME", "OUTPUT_FORMATS", "OutputFormat", "PERFETTO", "output_format"]
+__all__ = ["CHROME", "OUTPUT_FORMATS", "OutputFormat", "PARQUET", "PERFETTO", "output_format"]
 
 # Measured on real and synthetic exports (benchmarks/RESULTS.md): bytes per
 # written slice, for the progress bar's total and the size warning.
 JSON_BYTES_PER_SLICE = 160
 PFTRACE_BYTES_PER_SLICE = 50
+PARQUET_BYTES_PER_SLICE = 12  # zstd, measured on the benchmarks' synthetic ranks
 
 
 def _write_chrome(trace: TraceData, out: Any, nodes: bool, filters: Filters) -> None:
@@ -48,6 +51,12 @@ def _write_perfetto(trace: TraceData, out: Any, nodes: bool, filters: Filters) -
     from hooktrace.exporters.perfetto import write_perfetto
 
     write_perfetto(trace, out, nodes=nodes, filters=filters)
+
+
+def _write_parquet(trace: TraceData, out: Any, nodes: bool, filters: Filters) -> None:
+    from hooktrace.exporters.parquet import write_parquet
+
+    write_parquet(trace, out, nodes, filters)
 
 
 @dataclass(frozen=True)
@@ -63,12 +72,14 @@ class OutputFormat:
 
 CHROME = OutputFormat("Chrome JSON", JSON_BYTES_PER_SLICE, _write_chrome, browser_json=True)
 PERFETTO = OutputFormat("Perfetto protobuf", PFTRACE_BYTES_PER_SLICE, _write_perfetto)
+PARQUET = OutputFormat("Parquet", PARQUET_BYTES_PER_SLICE, _write_parquet)
 # Output suffix -> format (a ".gz" suffix is gzip-compressed by open_output). A new
 # exporter joins by adding its suffixes here.
 OUTPUT_FORMATS: dict[str, OutputFormat] = {
     ".json": CHROME, ".json.gz": CHROME,
     ".pftrace": PERFETTO, ".pftrace.gz": PERFETTO,
     ".perfetto-trace": PERFETTO, ".perfetto-trace.gz": PERFETTO,
+    ".parquet": PARQUET,
 }
 
 

@@ -200,7 +200,7 @@ def test_summary_of_numerics_with_a_nan_prints_no_warning(tmp_path: Path) -> Non
 # -- 6. the output's suffix picks its format: an unknown one is refused -------------------
 
 
-@pytest.mark.parametrize("name, found", [("t.parquet", "unknown output suffix '.parquet'"),
+@pytest.mark.parametrize("name, found", [("t.csv", "unknown output suffix '.csv'"),
                                          ("t.json.bz2", "unknown output suffix '.bz2'"),
                                          ("trace", "no output suffix")])
 def test_export_refuses_an_unknown_output_suffix(name: str, found: str, run_file: Path,

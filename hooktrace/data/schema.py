@@ -1,0 +1,206 @@
+"""The versioned Arrow schema of a run's tables (issue #29); docs/schema.md explains it.
+
+Six tables: ``spans`` (one row per forward, backward, recompute and kernel-derived
+span), ``steps``, ``modules``, ``memory`` (samples), ``numerics`` and ``runs`` (one row
+per file, with its metadata). Types every engine reads: int64 for every count and
+time (Spark has no unsigned integers), times in Unix ns on rank 0's clock (the file's
+``clock_offset_ns`` subtracted) so ranks line up, strings dictionary-encoded, and
+nullable columns where a run did not record the value.
+
+``rank`` and ``window`` are columns of every table; in a partitioned dataset
+(``rank=N/window=K/`` directories) they come from the directory names instead and
+are left out of the files (:func:`file_schema`), as Hive, DuckDB, Spark and
+pyarrow.dataset expect.
+
+Every Parquet file carries ``SCHEMA_VERSION`` (and the table's name) in its key-value
+metadata under ``hooktrace.schema_version`` / ``hooktrace.table``.
+
+Example:
+    >>> s = schema("spans")
+    >>> s.field("dur_ns").type, s.field("gpu_dur_ns").nullable
+    (DataType(int64), True)
+    >>> "rank" in file_schema("steps", partitioned=True).names
+    False
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hooktrace.data import require
+
+pa: Any = require("pyarrow")
+
+__all__ = ["PARTITION_COLUMNS", "SCHEMA_VERSION", "TABLES", "file_schema", "metadata",
+           "schema"]
+
+SCHEMA_VERSION = 1
+PARTITION_COLUMNS = ("rank", "window")
+
+_STR = pa.dictionary(pa.int32(), pa.string())
+_I64 = pa.int64()
+_F64 = pa.float64()
+_BOOL = pa.bool_()
+
+
+def _f(name: str, type_: Any, nullable: bool, doc: str) -> Any:
+    return pa.field(name, type_, nullable=nullable, metadata={"doc": doc})
+
+
+_PART = [
+    _f("rank", _I64, True, "the process's rank (torchrun RANK; its file's order among "
+                           "files without one); null for a single run"),
+    _f("window", _I64, True, "schedule window index in step order; null when the file is "
+                             "not a window"),
+]
+
+_TABLES: dict[str, list[Any]] = {
+    "spans": [
+        _f("module", _STR, False, "qualified module name ('' for the root)"),
+        _f("slot", _I64, False, "module slot: the module's row in the modules table (an "
+                                "integer key, cheaper to group by than the name)"),
+        _f("type", _STR, False, "module class name"),
+        _f("phase", _STR, False, "forward, backward or recompute"),
+        _f("mode", _STR, False, "train, or eval (grad off or the module in eval mode)"),
+        _f("timing", _STR, False, "measured (a module call), or kernels (derived from the "
+                                  "kernels of a compiled region)"),
+        _f("call", _I64, False, "ordinal of the forward call among the module's calls"),
+        _f("step", _I64, True, "step number the span starts in; null outside every step"),
+        _f("thread", _I64, False, "OS thread id"),
+        _f("start_ns", _I64, False, "Unix ns, on rank 0's clock"),
+        _f("end_ns", _I64, False, "Unix ns, on rank 0's clock"),
+        _f("dur_ns", _I64, False, "end_ns - start_ns"),
+        _f("self_ns", _I64, False, "dur_ns minus the direct children's (backward: the time "
+                                   "of the autograd nodes attributed to it)"),
+        _f("depth", _I64, False, "nesting depth (the root module is 0)"),
+        _f("span", _I64, True, "index of the span in the run (hooktrace.load(f).spans()); "
+                               "a kernel-derived row: its compiled region's span"),
+        _f("parent", _I64, True, "span index of the parent call in the same phase; null "
+                                 "for none"),
+        _f("error", _BOOL, False, "the forward call raised"),
+        _f("unfinished", _BOOL, False, "no exit was recorded: end_ns is a lower bound"),
+        _f("gpu_dur_ns", _I64, True, "device time of the call (trace(gpu=True)); null when "
+                                     "not timed"),
+        _f("gpu_self_ns", _I64, True, "device time minus its children's on the stream"),
+        _f("flops", _I64, True, "FLOPs of the call (flops=True); null when not counted"),
+        _f("in_shapes", _STR, True, "input shape signature (shapes=True)"),
+        _f("out_shapes", _STR, True, "output shape signature (shapes=True)"),
+        _f("absmax", _F64, True, "output max |x| (numerics=True)"),
+        _f("rms", _F64, True, "output RMS (numerics=True)"),
+        _f("nonfinite", _I64, True, "output NaN/Inf count (numerics=True)"),
+        _f("mem_device", _STR, True, "memory device sampled (memory=True)"),
+        _f("mem_enter_bytes", _I64, True, "bytes allocated at enter"),
+        _f("mem_exit_bytes", _I64, True, "bytes allocated at exit"),
+        _f("mem_peak_bytes", _I64, True, "peak bytes between enter and exit"),
+    ],
+    "steps": [
+        _f("step", _I64, False, "step number (the recorder's: lost steps show as gaps)"),
+        _f("start_ns", _I64, False, "Unix ns, on rank 0's clock"),
+        _f("end_ns", _I64, False, "Unix ns, on rank 0's clock"),
+        _f("dur_ns", _I64, False, "end_ns - start_ns"),
+        _f("complete", _BOOL, False, "ended by a step mark (false: the last, cut step)"),
+        _f("outside_ns", _I64, False, "time of the step outside every top-level forward or "
+                                      "backward span (waiting, data loading, optimizer)"),
+    ],
+    "modules": [
+        _f("slot", _I64, False, "module slot (index in the run's module table)"),
+        _f("module", _STR, False, "qualified name ('' for the root)"),
+        _f("type", _STR, False, "class name"),
+        _f("depth", _I64, False, "dots in the name, +1 (the root is 0)"),
+    ],
+    "memory": [
+        _f("device", _STR, False, "cpu or cuda:N"),
+        _f("t_ns", _I64, False, "Unix ns, on rank 0's clock"),
+        _f("bytes", _I64, False, "bytes allocated at the sample"),
+        _f("peak_bytes", _I64, False, "cpu: highest since the previous sample; cuda: the "
+                                      "device's high-water mark"),
+        _f("thread", _I64, False, "OS thread id"),
+        _f("owner", _STR, False, "the event the sample follows: enter, exit, node_begin, "
+                                 "node_end"),
+    ],
+    "numerics": [
+        _f("module", _STR, False, "qualified module name"),
+        _f("type", _STR, False, "module class name"),
+        _f("phase", _STR, False, "forward (outputs) or backward (gradients)"),
+        _f("mode", _STR, False, "train or eval"),
+        _f("step", _I64, False, "step number (0 without step marks)"),
+        _f("call", _I64, False, "among the module's calls of that phase in that step"),
+        _f("t_ns", _I64, False, "Unix ns, on rank 0's clock"),
+        _f("thread", _I64, False, "OS thread id"),
+        _f("absmax", _F64, False, "max |x|"),
+        _f("rms", _F64, False, "root mean square"),
+        _f("nonfinite", _I64, False, "NaN/Inf count"),
+        _f("skipped", _BOOL, False, "no floating-point tensor"),
+        _f("failed", _BOOL, False, "a reduction raised"),
+        _f("recompute", _BOOL, False, "a forward call recomputed in backward"),
+        _f("span", _I64, True, "forward: the call's span index; null when not found"),
+    ],
+    "runs": [
+        _f("path", pa.string(), False, "the .htrace file"),
+        _f("hostname", pa.string(), False, "host that recorded it"),
+        _f("pid", _I64, False, "process id"),
+        _f("world_size", _I64, True, "torchrun WORLD_SIZE"),
+        _f("backend", pa.string(), True, "torch.distributed backend"),
+        _f("clock_offset_ns", _I64, False, "the rank's clock minus rank 0's (subtracted from "
+                                           "every time in the tables)"),
+        _f("clock_offset_uncertainty_ns", _I64, False, "bound on the offset's error"),
+        _f("clock_aligned", _BOOL, False, "whether an offset was measured"),
+        _f("start_ns", _I64, False, "recording start, Unix ns on rank 0's clock"),
+        _f("stop_ns", _I64, False, "recording stop"),
+        _f("events", _I64, False, "events in the file"),
+        _f("dropped_events", _I64, False, "events the recorder could not store"),
+        _f("overwritten_events", _I64, False, "events a ring buffer overwrote"),
+        _f("cut", pa.string(), True, "why a stream was cut before its footer; null when "
+                                     "whole"),
+        _f("first_step", _I64, True, "a schedule window's first step"),
+        _f("last_step", _I64, True, "a schedule window's last step"),
+        _f("hooktrace_version", pa.string(), True, "version that recorded it"),
+        _f("info", pa.string(), False, "the file's whole metadata, JSON"),
+    ],
+}
+
+TABLES = tuple(_TABLES)
+
+
+def _check(table: str) -> None:
+    if table not in _TABLES:
+        from hooktrace.errors import HooktraceError
+
+        raise HooktraceError(f"no table {table!r}; the tables are {', '.join(TABLES)}")
+
+
+def schema(table: str) -> Any:
+    """The Arrow schema of ``table`` with ``rank`` and ``window`` first (a single file, or
+    a table in memory), carrying :func:`metadata`."""
+    _check(table)
+    return pa.schema(_PART + _TABLES[table], metadata=metadata(table))
+
+
+def file_schema(table: str, *, partitioned: bool) -> Any:
+    """The schema of ``table``'s files: without ``rank``/``window`` in a partitioned
+    dataset (the directory names hold them)."""
+    s = schema(table)
+    if partitioned:
+        for name in PARTITION_COLUMNS:
+            s = s.remove(s.get_field_index(name))
+    return s
+
+
+def metadata(table: str) -> dict[bytes, bytes]:
+    """The Parquet key-value metadata of ``table``'s files."""
+    return {b"hooktrace.schema_version": str(SCHEMA_VERSION).encode(),
+            b"hooktrace.table": table.encode()}
+
+
+def describe() -> str:
+    """The schema as Markdown tables (docs/schema.md's column lists are this)."""
+    lines = []
+    for table in TABLES:
+        lines += [f"### {table}", "", "| column | type | nullable | meaning |",
+                  "|---|---|---|---|"]
+        for fld in schema(table):
+            t = "string" if pa.types.is_dictionary(fld.type) else str(fld.type)
+            doc = (fld.metadata or {}).get(b"doc", b"").decode()
+            lines.append(f"| `{fld.name}` | {t} | {'yes' if fld.nullable else 'no'} | {doc} |")
+        lines.append("")
+    return "\n".join(lines)

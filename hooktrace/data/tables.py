@@ -1,0 +1,409 @@
+"""A run's tables (:mod:`hooktrace.data.schema`) as Arrow record batches.
+
+:func:`batches` yields one table of one run in record batches of at most
+``batch_rows`` rows, each built from slices of the run's numpy arrays: the Arrow side
+holds one batch at a time, whatever the size of the run, so a writer that writes each
+batch as it comes (:mod:`hooktrace.data.parquet`) stays in bounded memory. (The span
+arrays themselves, ~60 bytes per span, are built whole: pairing calls needs the run;
+``hooktrace.load(path, mmap=True)`` maps the events instead of reading them.)
+
+:func:`to_arrow` gathers the batches into one ``pyarrow.Table``.
+
+Example:
+    >>> import numpy as np
+    >>> from hooktrace._events import EVENT_DTYPE, Clock
+    >>> from hooktrace.reading import TraceData
+    >>> ev = np.zeros(4, EVENT_DTYPE)
+    >>> ev["kind"] = [1, 1, 2, 2]; ev["id"] = [0, 1, 1, 0]; ev["t"] = [0, 1000, 3000, 5000]
+    >>> run = TraceData(ev, [("", "Net"), ("fc", "Linear")], [], Clock(0, 0, 1.0),
+    ...                 {"pid": 1, "hostname": "h", "dropped_events": 0, "overwritten_events": 0})
+    >>> t = to_arrow(run, "spans")
+    >>> t.column("module").to_pylist(), t.column("dur_ns").to_pylist()
+    (['', 'fc'], [5000, 2000])
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hooktrace.data.schema import file_schema, pa
+from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL, SPAN_ERROR, SPAN_UNFINISHED
+from hooktrace.reading import TraceData
+from hooktrace.data.intervals import union_per_step
+
+__all__ = ["DEFAULT_BATCH_ROWS", "Where", "batches", "span_columns", "to_arrow"]
+
+DEFAULT_BATCH_ROWS = 1 << 20
+PHASES = ("forward", "backward", "recompute")
+MODES = ("train", "eval")
+TIMINGS = ("measured", "kernels")
+_OWNERS = {1: "enter", 2: "exit", 3: "node_begin", 4: "node_end"}
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where a run's rows go: its ``rank`` and ``window`` (None: not a rank / not a
+    window), its file ``path`` (the ``runs`` row), and whether the output is a
+    partitioned dataset (then ``rank``/``window`` are left out of the rows)."""
+
+    rank: int | None = None
+    window: int | None = None
+    path: str = ""
+    partitioned: bool = False
+
+    @classmethod
+    def of(cls, trace: TraceData, path: str = "") -> Where:
+        """One run on its own: the rank its metadata holds (null without), no window."""
+        rank = trace.info.get("rank")
+        return cls(rank=rank if isinstance(rank, int) and not isinstance(rank, bool) else None,
+                   path=path)
+
+
+def _dict(indices: np.ndarray, names: list[str], valid: np.ndarray | None = None) -> Any:
+    """Strings as a dictionary array; the dictionary made unique (pandas' categoricals
+    require it: many modules share a class name)."""
+    uniq, inv = np.unique(np.asarray(names, dtype=object).astype(str), return_inverse=True)
+    if len(uniq) < len(names):
+        indices = inv.ravel()[np.asarray(indices, np.int64)] if len(names) else indices
+        names = uniq.tolist()
+    idx = pa.array(np.asarray(indices, np.int32), mask=None if valid is None else ~valid)
+    return pa.DictionaryArray.from_arrays(idx, pa.array(names, pa.string()))
+
+
+def _i64(a: np.ndarray, valid: np.ndarray | None = None) -> Any:
+    return pa.array(np.asarray(a, np.int64), mask=None if valid is None else ~valid)
+
+
+def _batch(table: str, where: Where, columns: dict[str, Any], n: int) -> Any:
+    schema = file_schema(table, partitioned=where.partitioned)
+    arrays = []
+    for fld in schema:
+        if fld.name == "rank" or fld.name == "window":
+            v = where.rank if fld.name == "rank" else where.window
+            arrays.append(pa.nulls(n, pa.int64()) if v is None
+                          else pa.array(np.full(n, v, np.int64)))
+        else:
+            arrays.append(columns[fld.name])
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _names(trace: TraceData, n_mod: int) -> tuple[list[str], list[str]]:
+    names = [n for n, _ in trace.modules] + [f"<module {m}>"
+                                             for m in range(len(trace.modules), n_mod)]
+    types = [t for _, t in trace.modules] + ["?"] * (n_mod - len(trace.modules))
+    return names, types
+
+
+def _offset(trace: TraceData) -> int:
+    off = trace.info.get("clock_offset_ns", 0)
+    return off if isinstance(off, int) and not isinstance(off, bool) else 0
+
+
+# -- spans -------------------------------------------------------------------------
+
+
+class _SpanColumns:
+    """The whole run's per-row arrays of the spans table (the measured spans, then the
+    kernel-derived entries), extras only where recorded."""
+
+    def __init__(self, trace: TraceData) -> None:
+        from hooktrace.kernels import derived_spans
+
+        spans = trace.spans()
+        d = derived_spans(trace)
+        n, m = len(spans), len(d)
+        self.n = n + m
+        off = _offset(trace)
+        self_ns = spans.self_ns
+        if m:
+            self_ns = self_ns.copy()
+            self_ns[d.region_span] = d.region_self_ns
+        module = np.r_[spans.module.astype(np.int64), d.module.astype(np.int64)]
+        n_mod = max(len(trace.modules), int(module.max(initial=-1)) + 1)
+        self.names, self.types = _names(trace, n_mod)
+        self.module = module
+        self.cat = np.r_[spans.cat, d.cat].astype(np.int64)
+        self.eval = np.r_[(spans.flags & SPAN_EVAL) != 0, d.flags != 0]
+        self.kernels = np.r_[np.zeros(n, bool), np.ones(m, bool)]
+        self.call = np.r_[spans.call.astype(np.int64), spans.call[d.span].astype(np.int64)]
+        self.thread = np.r_[spans.tid.astype(np.int64), spans.tid[d.span].astype(np.int64)]
+        start = np.r_[spans.start_ns, d.start_ns]
+        end = np.r_[spans.end_ns, d.end_ns]
+        steps = trace.steps()
+        row = steps.index_of(start)
+        self.step_valid = row >= 0
+        self.step = steps.number[np.maximum(row, 0)] if len(steps) else np.zeros(self.n, np.int64)
+        self.start, self.end = start - off, end - off
+        self.self_ns = np.r_[self_ns, d.self_ns]
+        # depth of a derived entry: its region's depth + how far below the region it is
+        region_depth = spans.depth[d.span].astype(np.int64)
+        below = np.array([self.names[int(k)].count(".") - self.names[int(r)].count(".")
+                          if self.names[int(r)] else self.names[int(k)].count(".") + 1
+                          for k, r in zip(d.module, spans.module[d.span])], np.int64)
+        self.depth = np.r_[spans.depth.astype(np.int64), region_depth + below]
+        self.span = np.r_[np.arange(n, dtype=np.int64), d.span.astype(np.int64)]
+        parent = np.r_[spans.parent, np.full(m, -1, np.int64)]
+        self.parent_valid = parent >= 0
+        self.parent = parent
+        flags = np.r_[spans.flags, np.zeros(m, np.uint8)]
+        self.error = (flags & SPAN_ERROR) != 0
+        self.unfinished = (flags & SPAN_UNFINISHED) != 0
+        self.extras = self._extras(trace, n, m)
+
+    def _extras(self, trace: TraceData, n: int, m: int) -> dict[str, Any]:
+        """Per extra column: (values over the rows, validity mask); missing = all null."""
+        out: dict[str, Any] = {}
+        total = n + m
+
+        def measured_only(values: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, Any]:
+            return (np.r_[values, np.zeros(m, values.dtype)], np.r_[valid, np.zeros(m, bool)])
+
+        gpu = trace.gpu_spans()
+        if len(gpu):
+            ok = gpu.span >= 0
+            dur = np.bincount(gpu.span[ok], weights=gpu.duration_ns[ok], minlength=n)
+            self_ = np.bincount(gpu.span[ok], weights=gpu.self_ns[ok], minlength=n)
+            timed = np.bincount(gpu.span[ok], minlength=n) > 0
+            out["gpu_dur_ns"] = measured_only(dur[:n].astype(np.int64), timed[:n])
+            out["gpu_self_ns"] = measured_only(self_[:n].astype(np.int64), timed[:n])
+        if "flops" in trace.info:
+            from hooktrace.flops import run_flop_info, span_flops
+
+            f = span_flops(run_flop_info(trace), trace.spans(), trace.modules)
+            out["flops"] = measured_only(f.flops, f.flops >= 0)
+        from hooktrace.shapes import shapes_recorded, signatures, span_shapes
+
+        if shapes_recorded(trace):
+            sigs = signatures(trace)
+            in_sig, out_sig = span_shapes(trace)
+            out["in_shapes"] = (*measured_only(np.maximum(in_sig, 0), in_sig >= 0), sigs)
+            out["out_shapes"] = (*measured_only(np.maximum(out_sig, 0), out_sig >= 0), sigs)
+        from hooktrace.numerics import Numerics, numerics_info
+
+        if numerics_info(trace.info) is not None:
+            num = Numerics.from_trace(trace)
+            ok = (num.span >= 0) & num.measured()
+            absmax, rms = np.zeros(n), np.zeros(n)
+            nonfinite = np.zeros(n, np.int64)
+            valid = np.zeros(n, bool)
+            absmax[num.span[ok]], rms[num.span[ok]] = num.absmax[ok], num.rms[ok]
+            nonfinite[num.span[ok]] = num.nonfinite[ok]
+            valid[num.span[ok]] = True
+            out["absmax"] = measured_only(absmax, valid)
+            out["rms"] = measured_only(rms, valid)
+            out["nonfinite"] = measured_only(nonfinite, valid)
+        from hooktrace.memory import memory_devices, span_memory
+
+        devices = memory_devices(trace)
+        if devices:
+            mem = span_memory(trace, devices[0])
+            out["mem_device"] = (*measured_only(np.zeros(n, np.int64), mem.known), [devices[0]])
+            out["mem_enter_bytes"] = measured_only(mem.enter, mem.known)
+            out["mem_exit_bytes"] = measured_only(mem.exit, mem.known)
+            out["mem_peak_bytes"] = measured_only(mem.peak, mem.known & (mem.peak >= 0))
+        assert all(len(v[0]) == total for v in out.values())
+        return out
+
+    def batch(self, a: int, b: int, where: Where) -> Any:
+        s = slice(a, b)
+        cols: dict[str, Any] = {
+            "module": _dict(self.module[s], self.names),
+            "slot": _i64(self.module[s]),
+            "type": _dict(self.module[s], self.types),
+            "phase": _dict(self.cat[s], list(PHASES)),
+            "mode": _dict(self.eval[s].astype(np.int32), list(MODES)),
+            "timing": _dict(self.kernels[s].astype(np.int32), list(TIMINGS)),
+            "call": _i64(self.call[s]),
+            "step": _i64(self.step[s], self.step_valid[s]),
+            "thread": _i64(self.thread[s]),
+            "start_ns": _i64(self.start[s]),
+            "end_ns": _i64(self.end[s]),
+            "dur_ns": _i64(self.end[s] - self.start[s]),
+            "self_ns": _i64(self.self_ns[s]),
+            "depth": _i64(self.depth[s]),
+            "span": _i64(self.span[s]),
+            "parent": _i64(self.parent[s], self.parent_valid[s]),
+            "error": pa.array(self.error[s]),
+            "unfinished": pa.array(self.unfinished[s]),
+        }
+        schema = file_schema("spans", partitioned=where.partitioned)
+        for name in ("gpu_dur_ns", "gpu_self_ns", "flops", "in_shapes", "out_shapes", "absmax",
+                     "rms", "nonfinite", "mem_device", "mem_enter_bytes", "mem_exit_bytes",
+                     "mem_peak_bytes"):
+            extra: Any = self.extras.get(name)
+            t = schema.field(name).type
+            if extra is None:
+                cols[name] = pa.nulls(b - a, t)
+            elif pa.types.is_dictionary(t):
+                cols[name] = _dict(extra[0][s], extra[2], extra[1][s])
+            else:
+                cols[name] = pa.array(extra[0][s], t, mask=~extra[1][s])
+        return _batch("spans", where, cols, b - a)
+
+
+# -- the other tables ---------------------------------------------------------------
+
+
+def _steps(trace: TraceData, where: Where) -> Any:
+    spans = trace.spans()
+    steps = trace.steps()
+    row = trace.span_steps()
+    sel = ((spans.cat == CAT_FORWARD) | (spans.cat == CAT_BACKWARD)) & (row >= 0)
+    top = np.flatnonzero(sel & (spans.parent < 0))
+    covered = union_per_step(spans.start_ns[top], spans.end_ns[top], steps.start_ns,
+                               steps.end_ns)
+    off = _offset(trace)
+    return _batch("steps", where, {
+        "step": _i64(steps.number), "start_ns": _i64(steps.start_ns - off),
+        "end_ns": _i64(steps.end_ns - off), "dur_ns": _i64(steps.duration_ns),
+        "complete": pa.array(steps.complete), "outside_ns": _i64(steps.duration_ns - covered),
+    }, len(steps))
+
+
+def _modules(trace: TraceData, where: Where) -> Any:
+    n = len(trace.modules)
+    names, types = _names(trace, n)
+    idx = np.arange(n)
+    return _batch("modules", where, {
+        "slot": _i64(idx), "module": _dict(idx, names), "type": _dict(idx, types),
+        "depth": _i64(np.array([nm.count(".") + 1 if nm else 0 for nm in names], np.int64)),
+    }, n)
+
+
+def _memory(trace: TraceData, where: Where) -> Iterator[Any]:
+    from hooktrace.memory import memory_devices, samples
+
+    off = _offset(trace)
+    owners = [_OWNERS.get(k, str(k)) for k in range(max(_OWNERS) + 1)]
+    for device in memory_devices(trace):
+        s = samples(trace, device)
+        yield _batch("memory", where, {
+            "device": _dict(np.zeros(len(s), np.int64), [device]), "t_ns": _i64(s.t_ns - off),
+            "bytes": _i64(s.bytes), "peak_bytes": _i64(s.peak), "thread": _i64(s.tid),
+            "owner": _dict(s.owner.astype(np.int64), owners)}, len(s))
+
+
+def _numerics(trace: TraceData, where: Where) -> Iterator[Any]:
+    from hooktrace.numerics import Numerics, numerics_info
+
+    if numerics_info(trace.info) is None:
+        return
+    num = Numerics.from_trace(trace)
+    n_mod = max(len(trace.modules), int(num.module.max(initial=-1)) + 1)
+    names, types = _names(trace, n_mod)
+    yield _batch("numerics", where, {
+        "module": _dict(num.module, names), "type": _dict(num.module, types),
+        "phase": _dict(num.backward.astype(np.int64), ["forward", "backward"]),
+        "mode": _dict(num.eval.astype(np.int64), list(MODES)), "step": _i64(num.step),
+        "call": _i64(num.call), "t_ns": _i64(num.t_ns - _offset(trace)),
+        "thread": _i64(num.tid), "absmax": pa.array(num.absmax), "rms": pa.array(num.rms),
+        "nonfinite": _i64(num.nonfinite), "skipped": pa.array(num.skipped),
+        "failed": pa.array(num.failed), "recompute": pa.array(num.recompute),
+        "span": _i64(num.span, num.span >= 0)}, len(num))
+
+
+def _runs(trace: TraceData, where: Where) -> Any:
+    info = trace.info
+
+    def integer(key: str) -> int | None:
+        v = info.get(key)
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+    def text(key: str) -> str | None:
+        v = info.get(key)
+        return v if isinstance(v, str) else None
+
+    spans = trace.spans()
+    off = _offset(trace)
+    start = integer("start_unix_ns")
+    stop = integer("stop_unix_ns")
+    if start is None:
+        start = int(spans.start_ns.min()) if len(spans) else int(trace.clock.unix_ns0)
+    if stop is None:
+        stop = int(spans.end_ns.max()) if len(spans) else start
+    window = info.get("window") if isinstance(info.get("window"), dict) else {}
+    assert isinstance(window, dict)
+
+    def one(v: Any, t: Any) -> Any:
+        return pa.array([v], t)
+
+    return _batch("runs", where, {
+        "path": one(where.path, pa.string()), "hostname": one(trace.hostname, pa.string()),
+        "pid": one(trace.pid, pa.int64()), "world_size": one(integer("world_size"), pa.int64()),
+        "backend": one(text("backend"), pa.string()),
+        "clock_offset_ns": one(off, pa.int64()),
+        "clock_offset_uncertainty_ns": one(integer("clock_offset_uncertainty_ns") or 0,
+                                           pa.int64()),
+        "clock_aligned": one("clock_offset_ns" in info, pa.bool_()),
+        "start_ns": one(start - off, pa.int64()), "stop_ns": one(stop - off, pa.int64()),
+        "events": one(len(trace.events), pa.int64()),
+        "dropped_events": one(trace.dropped_events, pa.int64()),
+        "overwritten_events": one(trace.overwritten_events, pa.int64()),
+        "cut": one(text("cut"), pa.string()),
+        "first_step": one(window.get("first_step") if isinstance(window.get("first_step"), int)
+                          else None, pa.int64()),
+        "last_step": one(window.get("last_step") if isinstance(window.get("last_step"), int)
+                         else None, pa.int64()),
+        "hooktrace_version": one(text("version") or text("hooktrace_version"), pa.string()),
+        "info": one(json.dumps(info, default=str, sort_keys=True), pa.string()),
+    }, 1)
+
+
+def batches(trace: TraceData, table: str, where: Where = Where(), *,
+            batch_rows: int = DEFAULT_BATCH_ROWS) -> Iterator[Any]:
+    """``table`` of ``trace`` as Arrow record batches of at most ``batch_rows`` rows (the
+    spans table; the others are small and come whole, one batch per memory device)."""
+    file_schema(table, partitioned=where.partitioned)  # (an unknown table: said here)
+    if table == "spans":
+        cols = _SpanColumns(trace)
+        step = max(int(batch_rows), 1)
+        for a in range(0, cols.n, step):
+            yield cols.batch(a, min(a + step, cols.n), where)
+    elif table == "steps":
+        yield _steps(trace, where)
+    elif table == "modules":
+        yield _modules(trace, where)
+    elif table == "memory":
+        yield from _memory(trace, where)
+    elif table == "numerics":
+        yield from _numerics(trace, where)
+    else:
+        yield _runs(trace, where)
+
+
+def span_columns(trace: TraceData, where: Where = Where()) -> Any:
+    """The measured spans with only the columns the straggler tables read (``rank``,
+    ``window``, ``module``, ``slot``, ``mode``, ``phase``, ``timing``, ``step``,
+    ``dur_ns``, ``end_ns``): what :func:`hooktrace.data.engine.file_straggler_tables` registers, built
+    without the extras and the kernel-derived rows (the tables leave those out)."""
+    spans = trace.spans()
+    n = len(spans)
+    off = _offset(trace)
+    n_mod = max(len(trace.modules), int(spans.module.max(initial=0)) + 1 if len(spans) else 0)
+    names, _ = _names(trace, n_mod)
+    steps = trace.steps()
+    row = steps.index_of(spans.start_ns)
+    step = steps.number[np.maximum(row, 0)] if len(steps) else np.zeros(n, np.int64)
+
+    def part(v: int | None) -> Any:
+        return pa.nulls(n, pa.int64()) if v is None else pa.array(np.full(n, v, np.int64))
+
+    return pa.table({
+        "rank": part(where.rank), "window": part(where.window),
+        "module": _dict(spans.module, names), "slot": _i64(spans.module),
+        "mode": _dict(((spans.flags & SPAN_EVAL) != 0).astype(np.int32), list(MODES)),
+        "phase": _dict(spans.cat, list(PHASES)),
+        "timing": _dict(np.zeros(n, np.int32), list(TIMINGS[:1])),
+        "step": _i64(step, row >= 0), "dur_ns": _i64(spans.duration_ns),
+        "end_ns": _i64(spans.end_ns - off)})
+
+
+def to_arrow(trace: TraceData, table: str = "spans", where: Where = Where()) -> Any:
+    """``table`` of ``trace`` as one ``pyarrow.Table`` (schema: :func:`file_schema`)."""
+    return pa.Table.from_batches(list(batches(trace, table, where)),
+                                 schema=file_schema(table, partitioned=where.partitioned))
