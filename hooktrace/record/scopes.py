@@ -481,9 +481,8 @@ def _compiled_wrappers(modules: set[nn.Module]) -> dict[nn.Module, list[nn.Modul
     if optimized is None:
         return {}
     import hooktrace._C as _C
-    from hooktrace.record import dispatch
 
-    dispatch.watch_compiled_wrappers()
+    # (the hook is in place since record/dispatch.py was imported, with the recorder)
     with _wrappers_lock:
         if not _wrappers_complete[0]:
             for obj in gc.get_objects():
