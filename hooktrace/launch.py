@@ -99,6 +99,12 @@ def add_options(p: argparse.ArgumentParser) -> None:
                    help="print the per-module table to stderr at exit")
     p.add_argument("--capacity", type=int, default=None, metavar="N",
                    help=_help("capacity"))
+    p.add_argument("--aggregate", default=None, metavar="DIR", help=_help("aggregate"))
+    p.add_argument("--detail", default="every=1000,slow=3,nonfinite,signal", metavar="POLICY",
+                   help=_help("detail").replace("with aggregate,", "with --aggregate,"))
+    p.add_argument("--max-disk", default=None, metavar="SIZE",
+                   help=_help("max_disk").replace("with out,", "the streamed --output:")
+                   .replace("OUT", "OUTPUT"))
 
 
 def _help(option: str) -> str:
@@ -162,9 +168,19 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
             flops=bool(getattr(args, "flops", False)),
             numerics=bool(getattr(args, "numerics", False)) or "nonfinite" in dump_on,
             numerics_every=getattr(args, "numerics_every", 1),
-            shapes=bool(getattr(args, "shapes", False)))
+            shapes=bool(getattr(args, "shapes", False)),
+            max_disk=getattr(args, "max_disk", None),
+            aggregate=getattr(args, "aggregate", None),
+            detail=getattr(args, "detail", "every=1000,slow=3,nonfinite,signal"))
     except (TypeError, ValueError) as e:
         raise OptionError(_as_flag(str(e))) from None
+    if record.aggregate is not None and (args.ring or schedule is not None
+                                         or record.max_disk):
+        raise OptionError("--aggregate reduces each step in memory; it cannot be combined "
+                          "with --ring, --schedule or --max-disk")
+    if record.max_disk and (args.ring or schedule is not None or str(output) == "-"):
+        raise OptionError("--max-disk bounds the streamed --output file; it cannot be combined "
+                          "with --ring, --schedule or --output -")
     return RunOptions(output=output, chrome=chrome, pftrace=pftrace, ring=args.ring,
                       schedule=schedule, summary=args.summary, record=record,
                       profile=bool(getattr(args, "profile", False)))
@@ -183,7 +199,8 @@ def _as_flag(message: str) -> str:
 def streams(options: RunOptions) -> bool:
     """Whether the .htrace is streamed to ``options.output`` while the process runs (see
     the module docstring): not a ring, not windows, and a regular file (or a new one)."""
-    if options.ring or options.schedule is not None or str(options.output) == "-":
+    if options.ring or options.schedule is not None or str(options.output) == "-" or \
+            options.record.aggregate is not None:
         return False
     try:
         return stat.S_ISREG(os.stat(options.output).st_mode)
@@ -427,10 +444,17 @@ def write_outputs(trace: GlobalTrace, options: RunOptions) -> None:
     if result is not None:
         counts = {"modules": len(result.modules), "events": len(result.events),
                   "dropped_events": result.dropped_events,
-                  "overwritten_events": result.overwritten_events}
+                  "overwritten_events": result.overwritten_events,
+                  "rolled_off_events": int((result.info.get("rolling") or {})
+                                           .get("rolled_off_events", 0))}
     else:
         counts = {"modules": len(trace.modules_table()), **trace.stream_counts()}
     print(exit_line(written, counts), file=sys.stderr)
+    aggregate = (result.info.get("aggregate") if result is not None else None) or {}
+    if aggregate:
+        print(f"hooktrace: {aggregate['steps']} steps aggregated in {aggregate['dir']}"
+              f"/aggregates, {len(aggregate['detail'])} kept whole in {aggregate['dir']}/steps",
+              file=sys.stderr)
 
 
 def exit_line(written: list[str], counts: dict[str, int]) -> str:
@@ -439,7 +463,9 @@ def exit_line(written: list[str], counts: dict[str, int]) -> str:
     ``counts``: modules, events, dropped_events, overwritten_events."""
     lost = [f"{n} {what}" for n, what in ((counts["dropped_events"], "events dropped (buffer "
                                            "full: raise --capacity)"),
-                                          (counts["overwritten_events"], "overwritten (ring)"))
+                                          (counts["overwritten_events"], "overwritten (ring)"),
+                                          (counts.get("rolled_off_events", 0),
+                                           "rolled off (oldest segments deleted: --max-disk)"))
             if n]
     counts_text = ", ".join([f"{counts['modules']} modules", f"{counts['events']} events",
                              *lost])

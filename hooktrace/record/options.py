@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["DEFAULT_CAPACITY", "MAX_CAPACITY", "OPTION_HELP", "RecordOptions",
+__all__ = ["DEFAULT_CAPACITY", "DetailPolicy", "MAX_CAPACITY", "OPTION_HELP", "RecordOptions",
            "STREAM_CAPACITY"]
 
 Policy = Literal["drop", "ring"]
@@ -67,9 +67,63 @@ OPTION_HELP: Mapping[str, str] = {
     "numerics_every": "with numerics, measure steps 0, N, 2N, ... only (default: every step)",
     "shapes": "also record the dtypes and shapes of every forward call's tensor inputs and "
               "outputs (span args in_shapes/out_shapes; hooktrace summary --by-shape)",
+    "max_disk": "with out, keep the stream within this many bytes (e.g. 2G, 500M): rolling "
+                "segments OUT.1.htrace, OUT.2.htrace ... beside OUT, which holds the newest; "
+                "the oldest are deleted and their events counted as rolled off",
+    "aggregate": "reduce each step's events to per-module rows (calls, forward/backward "
+                 "p50/max ms, numerics) in this folder (Parquet: DIR/aggregates), dropping the "
+                 "raw events unless the detail policy keeps the step (DIR/steps/step-N.htrace)",
+    "detail": "with aggregate, which steps keep their raw events: every=N, slow=K (K x the "
+              "median step), nonfinite (the first), signal (SIGUSR2); default "
+              "every=1000,slow=3,nonfinite,signal",
 }
 
 _FLAGS = ("backward", "emit_profiler", "flops", "memory", "numerics", "shapes")
+
+
+@dataclass(frozen=True)
+class DetailPolicy:
+    """``aggregate=``: which steps keep their raw events (record/aggregate.py)."""
+
+    every: int = 1000
+    slow: float = 3.0
+    nonfinite: bool = True
+    signal: bool = True
+
+    @classmethod
+    def parse(cls, text: object) -> DetailPolicy:
+        """``"every=1000,slow=3,nonfinite,signal"`` (``every=0``/``slow=0``: off; a
+        trigger left out is off), or the one-line error."""
+        if isinstance(text, DetailPolicy):
+            return text
+        if not isinstance(text, str):
+            raise TypeError(f"detail must be a string such as 'every=1000,slow=3,nonfinite', "
+                            f"got {type(text).__name__} {text!r:.60}")
+        every, slow, nonfinite, sig = 0, 0.0, False, False
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            key, _, value = part.partition("=")
+            try:
+                if key == "every" and value:
+                    every = int(value)
+                    if every < 0:
+                        raise ValueError
+                elif key == "slow" and value:
+                    slow = float(value)
+                    if not (slow == 0 or slow > 1):
+                        raise ValueError
+                elif key == "nonfinite" and not value:
+                    nonfinite = True
+                elif key == "signal" and not value:
+                    sig = True
+                else:
+                    raise KeyError
+            except KeyError:
+                raise ValueError(f"detail: unknown trigger {part!r}; expected every=N, slow=K, "
+                                 "nonfinite, signal") from None
+            except ValueError:
+                raise ValueError(f"detail: {part!r}: expected every=N (N >= 0 steps) or slow=K "
+                                 "(K > 1, times the median step)") from None
+        return cls(every, slow, nonfinite, sig)
 
 
 @dataclass(frozen=True)
@@ -95,6 +149,9 @@ class RecordOptions:
     numerics: bool = False
     numerics_every: int = 1
     shapes: bool = False
+    max_disk: int | str | None = None
+    aggregate: str | os.PathLike[str] | None = None
+    detail: Any = "every=1000,slow=3,nonfinite,signal"
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> RecordOptions:
@@ -157,6 +214,48 @@ class RecordOptions:
                              "on_window=hooktrace.window_handler(DIR))")
         if self.out is not None:
             set_(self, "out", _check_stream_path(self.out, policy))
+        if self.max_disk is not None:  # (needs out=: checked by the recorder, as hooktrace
+            # run sets out when it starts)
+            set_(self, "max_disk", parse_bytes(self.max_disk, "max_disk"))
+        if self.aggregate is not None:
+            agg = self.aggregate
+            if not isinstance(agg, (str, os.PathLike)) or isinstance(os.fspath(agg), bytes):
+                raise TypeError(f"aggregate must be a folder path, got {type(agg).__name__} "
+                                f"{agg!r:.60}")
+            if os.path.exists(agg) and not os.path.isdir(agg):
+                raise ValueError(f"aggregate {os.fspath(agg)!r} exists and is not a folder")
+            set_(self, "aggregate", os.fspath(agg))
+        set_(self, "detail", DetailPolicy.parse(self.detail))
+
+
+# The smallest --max-disk (segments of 256 KiB at least: record/recorder.py).
+MIN_MAX_DISK = 2 << 20
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
+          "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30,
+          "T": 1 << 40, "TB": 1 << 40, "TIB": 1 << 40}
+
+
+def parse_bytes(value: object, what: str) -> int:
+    """``2G``, ``500M``, ``1.5GiB`` or an int of bytes (units are powers of 1024), or the
+    one-line error naming ``what``."""
+    import re
+
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be a size such as '2G' or an int of bytes, got {value!r}")
+    if isinstance(value, int):
+        n = value
+    elif isinstance(value, str):
+        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", value)
+        unit = m.group(2).upper() if m else ""
+        if m is None or unit not in _UNITS:
+            raise ValueError(f"{what} must be a size such as 2G, 500M or 1.5GiB, got {value!r}")
+        n = int(float(m.group(1)) * _UNITS[unit])
+    else:
+        raise TypeError(f"{what} must be a size such as '2G' or an int of bytes, got "
+                        f"{type(value).__name__} {value!r:.60}")
+    if n < MIN_MAX_DISK:
+        raise ValueError(f"{what} must be at least 2M, got {value!r}")
+    return n
 
 
 def check_capacity(capacity: object) -> int:

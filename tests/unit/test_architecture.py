@@ -42,14 +42,14 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("recording", {
         "hooktrace.record", "hooktrace.record.dispatch", "hooktrace.record.scopes",
         "hooktrace.record.recorder", "hooktrace.record.kernels", "hooktrace.record.ranks",
-        "hooktrace.record.options",
+        "hooktrace.record.options", "hooktrace.record.aggregate",
         "hooktrace.record.component", "hooktrace.record.backward", "hooktrace.record.memory",
         "hooktrace.record.shapes", "hooktrace.record.numerics", "hooktrace.record.flops",
         "hooktrace.record.emit", "hooktrace.record.kernel_marks",
         "hooktrace.record.fused_numerics", "hooktrace.record.flight", "hooktrace.record.process_state",
         "hooktrace.distributed",
         "hooktrace._windows", "hooktrace.flight", "hooktrace.profiling", "hooktrace.launch",
-        "hooktrace._autostart", "hooktrace.integrations", "hooktrace.integrations.hf",
+        "hooktrace._autostart", "hooktrace.integrations", "hooktrace.integrations.hf", "hooktrace.integrations.scalars",
         "hooktrace.integrations.lightning", "hooktrace.demo"}),
     ("commands", {
         "hooktrace.cli", "hooktrace.__main__", "hooktrace.commands",

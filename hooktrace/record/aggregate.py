@@ -1,0 +1,275 @@
+"""Per-step aggregates and the detail policy (issue #31): a recording that can stay on
+for weeks.
+
+``trace(model, aggregate=DIR)`` (``hooktrace run --aggregate DIR``): at each step mark
+(the recorder's output stage, never a module call) the step's events are drained from
+the session and reduced, per module and mode (forward, backward), to one row each:
+
+    step, module, mode, calls, total_ms, p50_ms, max_ms
+    (+ nonfinite, absmax when numerics are recorded; a mode "step" row holds the step's
+    wall time in total_ms)
+
+The rows go to ``DIR/aggregates/part-NNNNN.parquet`` (a Parquet dataset: one table,
+``pyarrow.dataset.dataset(DIR/aggregates)`` or duckdb's ``read_parquet('DIR/aggregates/*')``
+read it whole), one part per ``PART_STEPS`` steps (a killed run loses the rows of the
+part being filled only). The step's raw events are then dropped, unless the **detail
+policy** keeps them, as ``DIR/steps/step-<n>.htrace`` (a trace like any other: summary,
+diff, report, export load it). Its triggers, ``detail="every=1000,slow=3,nonfinite"``:
+
+* ``every=N``: steps 0, N, 2N, ...;
+* ``slow=K``: a step slower than K x the median of the last steps (at most one in
+  SLOW_COOLDOWN steps);
+* ``nonfinite``: the first step with a non-finite value (with ``numerics=True``);
+* ``signal``: the step after ``SIGUSR2`` (``kill -USR2 <pid>``), or ``keep_step()``.
+
+Disk then grows with steps x modules, not with events (benchmarks/RESULTS.md measures it).
+Loggers (``hooktrace.log_to``) receive each step's rows.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from hooktrace.record.component import Component
+from hooktrace.record.options import DetailPolicy
+
+__all__ = ["AggregateComponent", "DetailPolicy", "PART_STEPS", "load_aggregates", "reduce_step"]
+
+# A Parquet part is closed every PART_STEPS steps (and at the end).
+PART_STEPS = 500
+# the running median of step times looks at this many steps; none is "slow" before MIN
+MEDIAN_WINDOW = 50
+MIN_STEPS_FOR_SLOW = 5
+# after a step kept as slow, the next SLOW_COOLDOWN steps are not (a loaded machine's
+# preemptions make many millisecond steps "slow": disk stays bounded)
+SLOW_COOLDOWN = 100
+DETAIL_SIGNAL = signal.SIGUSR2
+
+
+def reduce_step(step: int, trace: Any, step_ms: float) -> dict[str, list[Any]]:
+    """The aggregate rows of one step's trace (a TraceData of that step's events), as
+    columns: per module and mode, calls and time; a "step" row for the step itself."""
+    from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD
+
+    s = trace.spans()
+    names = [m[0] or "<root>" for m in trace.modules]
+    cols: dict[str, list[Any]] = {k: [] for k in (
+        "step", "module", "mode", "calls", "total_ms", "p50_ms", "max_ms", "nonfinite",
+        "absmax")}
+    numerics = _numerics_by_module(trace)
+    for mode, cat in (("forward", CAT_FORWARD), ("backward", CAT_BACKWARD)):
+        sel = np.flatnonzero(s.cat == cat)
+        if not sel.size:
+            continue
+        dur = (s.end_ns[sel] - s.start_ns[sel]).astype(np.float64) / 1e6
+        mod = s.module[sel]
+        order = np.argsort(mod, kind="stable")
+        mod, dur, sel = mod[order], dur[order], sel[order]
+        bounds = np.flatnonzero(np.diff(mod)) + 1
+        for idx in np.split(np.arange(len(mod)), bounds):
+            m = int(mod[idx[0]])
+            d = dur[idx]
+            cols["step"].append(step)
+            cols["module"].append(names[m] if 0 <= m < len(names) else f"<module {m}>")
+            cols["mode"].append(mode)
+            cols["calls"].append(len(idx))
+            cols["total_ms"].append(float(d.sum()))
+            cols["p50_ms"].append(float(np.median(d)))
+            cols["max_ms"].append(float(d.max()))
+            got = numerics.get((m, mode == "backward")) if numerics is not None else None
+            if got is not None:
+                cols["nonfinite"].append(got[0])
+                cols["absmax"].append(got[1] if np.isfinite(got[1]) else None)
+            else:
+                cols["nonfinite"].append(None)
+                cols["absmax"].append(None)
+    cols["step"].append(step)
+    cols["module"].append("<step>")
+    cols["mode"].append("step")
+    for key, value in (("calls", 1), ("total_ms", step_ms), ("p50_ms", step_ms),
+                       ("max_ms", step_ms), ("nonfinite", None), ("absmax", None)):
+        cols[key].append(value)
+    return cols
+
+
+def _numerics_by_module(trace: Any) -> dict[tuple[int, bool], tuple[int, float]] | None:
+    """(non-finite count, abs-max) per (module, backward), or None when the trace recorded
+    no numerics."""
+    if "numerics" not in trace.info:
+        return None
+    from hooktrace.numerics import Numerics
+
+    n = Numerics.from_trace(trace)
+    out: dict[tuple[int, bool], tuple[int, float]] = {}
+    measured = ~(n.skipped | n.failed)
+    for i in np.flatnonzero(measured):
+        key = (int(n.module[i]), bool(n.backward[i]))
+        nf, am = out.get(key, (0, float("nan")))
+        out[key] = (nf + int(n.nonfinite[i]), float(np.fmax(am, n.absmax[i])))
+    return out
+
+
+class AggregateComponent(Component):
+    """``aggregate=DIR``: see the module docstring."""
+
+    drains = True
+
+    @classmethod
+    def enabled(cls, options: Any) -> bool:
+        return options.aggregate is not None
+
+    @classmethod
+    def check(cls, options: Any) -> None:
+        if options.aggregate is None:
+            return
+        if options.out is not None or options.schedule is not None or options.policy == "ring":
+            raise ValueError("aggregate= reduces each step's events in memory: it cannot be "
+                             "combined with out=, schedule= or policy='ring'")
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise ValueError("aggregate= writes Parquet: it needs pyarrow "
+                             "(pip install pyarrow)") from None
+
+    def __init__(self, recorder: Any) -> None:
+        super().__init__(recorder)
+        options = recorder.options
+        self.dir = os.fspath(options.aggregate)
+        self.policy: DetailPolicy = options.detail
+        self._rows: dict[str, list[Any]] = {}
+        self._parts = 0
+        self._steps = 0
+        self._times: deque[float] = deque(maxlen=MEDIAN_WINDOW)
+        self._last = 0.0
+        self._seen_nonfinite = False
+        self._last_slow = -SLOW_COOLDOWN - 1
+        self._keep_next = threading.Event()
+        self._old_handler: Any = None
+        self.kept: list[dict[str, Any]] = []  # {"step", "why", "path"}
+        self.loggers: list[Callable[[int, dict[str, list[Any]]], None]] = []
+        self._session: Any = None
+
+    def prepare(self, session: Any, scope: Any) -> None:
+        os.makedirs(os.path.join(self.dir, "aggregates"), exist_ok=True)
+        os.makedirs(os.path.join(self.dir, "steps"), exist_ok=True)
+        session.enable_collection()  # drained at each step mark
+        self._session = session
+
+    def install(self, session: Any, scope: Any) -> None:
+        self._last = time.perf_counter()
+        if self.policy.signal and threading.current_thread() is threading.main_thread():
+            self._old_handler = signal.signal(DETAIL_SIGNAL, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._keep_next.set()
+
+    def keep_step(self) -> None:
+        """Keep the next step's raw events (the ``signal`` trigger, from code)."""
+        self._keep_next.set()
+
+    def step(self, step_no: int) -> None:
+        now = time.perf_counter()
+        step_ms, self._last = (now - self._last) * 1e3, now
+        ended = step_no - 1
+        events = self._session.drain()
+        trace = self.recorder.step_result(events)
+        rows = reduce_step(ended, trace, step_ms)
+        why = self._why_keep(ended, step_ms, rows)
+        self._times.append(step_ms)
+        if why:
+            path = os.path.join(self.dir, "steps", f"step-{ended}.htrace")
+            trace.save(path)
+            self.kept.append({"step": ended, "why": why, "path": path})
+        for key, values in rows.items():
+            self._rows.setdefault(key, []).extend(values)
+        self._steps += 1
+        for log in list(self.loggers):
+            try:
+                log(ended, rows)
+            except Exception as e:  # a failing logger must not stop training
+                import warnings
+
+                warnings.warn(f"hooktrace: a logger failed at step {ended}: {e!r}",
+                              RuntimeWarning, stacklevel=2)
+        if self._steps % PART_STEPS == 0:
+            self._write_part()
+
+    def _why_keep(self, step: int, step_ms: float, rows: dict[str, list[Any]]) -> str:
+        p = self.policy
+        if self._keep_next.is_set():
+            self._keep_next.clear()
+            return "signal"
+        if p.nonfinite and not self._seen_nonfinite and any(rows["nonfinite"][i] for i in
+                                                            range(len(rows["step"]))):
+            self._seen_nonfinite = True
+            return "nonfinite"
+        if p.slow and len(self._times) >= MIN_STEPS_FOR_SLOW and \
+                step - self._last_slow > SLOW_COOLDOWN and \
+                step_ms > p.slow * statistics.median(self._times):
+            self._last_slow = step
+            return "slow"
+        if p.every and step % p.every == 0:
+            return "every"
+        return ""
+
+    def _write_part(self) -> None:
+        if not self._rows.get("step"):
+            return
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.table({
+            "step": pa.array(self._rows["step"], pa.int64()),
+            "module": pa.array(self._rows["module"], pa.string()).dictionary_encode(),
+            "mode": pa.array(self._rows["mode"], pa.string()).dictionary_encode(),
+            "calls": pa.array(self._rows["calls"], pa.int64()),
+            "total_ms": pa.array(self._rows["total_ms"], pa.float32()),
+            "p50_ms": pa.array(self._rows["p50_ms"], pa.float32()),
+            "max_ms": pa.array(self._rows["max_ms"], pa.float32()),
+            "nonfinite": pa.array(self._rows["nonfinite"], pa.int64()),
+            "absmax": pa.array(self._rows["absmax"], pa.float32()),
+        })
+        self._parts += 1
+        path = os.path.join(self.dir, "aggregates", f"part-{self._parts:05d}.parquet")
+        tmp = path + ".tmp"
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, path)  # a part is there whole or not at all
+        self._rows = {}
+
+    def flush(self) -> None:
+        self._write_part()
+
+    def teardown(self) -> None:
+        if self._old_handler is not None:
+            signal.signal(DETAIL_SIGNAL, self._old_handler)
+            self._old_handler = None
+
+    def metadata(self, info: dict[str, Any]) -> None:
+        info["aggregate"] = {"dir": self.dir, "steps": self._steps, "parts": self._parts,
+                             "detail": [dict(k) for k in self.kept],
+                             "policy": {"every": self.policy.every, "slow": self.policy.slow,
+                                        "nonfinite": self.policy.nonfinite,
+                                        "signal": self.policy.signal}}
+
+
+def load_aggregates(path: str | os.PathLike[str]) -> Any:
+    """The aggregate table of ``trace(aggregate=DIR)`` (DIR or DIR/aggregates) as a
+    pyarrow Table, rows in step order."""
+    import pyarrow.dataset as ds
+
+    folder = os.fspath(path)
+    if os.path.isdir(os.path.join(folder, "aggregates")):
+        folder = os.path.join(folder, "aggregates")
+    if not os.path.isdir(folder) or not any(f.endswith(".parquet") for f in os.listdir(folder)):
+        raise FileNotFoundError(f"{os.fspath(path)}: no aggregate parts (part-*.parquet) there")
+    table = ds.dataset(folder, format="parquet").to_table()
+    return table.sort_by("step")

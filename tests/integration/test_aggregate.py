@@ -1,0 +1,106 @@
+"""Per-step aggregates and the detail policy (issue #31): trace(model, aggregate=DIR)
+reduces each step's events to per-module rows (Parquet, one table) and drops them,
+unless the detail policy keeps the step as DIR/steps/step-N.htrace."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import hooktrace
+from hooktrace.record.aggregate import DetailPolicy, load_aggregates
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)
+        self.slow_at: int | None = None
+        self.nan_at: int | None = None
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls - 1 == self.slow_at:
+            time.sleep(0.2)
+        h = self.act(self.fc1(x))
+        if self.calls - 1 == self.nan_at:
+            h = h * float("nan")
+        return self.fc2(h)
+
+
+def train(model: Net, steps: int) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    for _ in range(steps):
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+
+
+def test_rows_per_step_module_and_mode_and_the_raw_events_go(tmp_path: Path) -> None:
+    model = Net()
+    with hooktrace.trace(model, aggregate=tmp_path / "agg", detail="every=10") as tr:
+        train(model, 25)
+    t = load_aggregates(tmp_path / "agg").to_pydict()
+    assert sorted(set(t["step"])) == list(range(25))
+    rows = {(s, m, mode): c for s, m, mode, c in zip(t["step"], t["module"], t["mode"],
+                                                      t["calls"], strict=True)}
+    for step in range(25):
+        for module in ("<root>", "fc1", "act", "fc2"):
+            assert rows[(step, module, "forward")] == 1
+        assert rows[(step, "fc1", "backward")] == 1
+        assert rows[(step, "<step>", "step")] == 1
+    assert all(p >= 0 and m >= p for p, m in zip(t["p50_ms"], t["max_ms"], strict=True))
+    # every 10th step keeps its events, loadable like any trace
+    kept = sorted(os.listdir(tmp_path / "agg" / "steps"))
+    assert kept == ["step-0.htrace", "step-10.htrace", "step-20.htrace"]
+    step10 = hooktrace.load(tmp_path / "agg" / "steps" / "step-10.htrace")
+    assert {r["module"] for r in step10.summary().rows} >= {"", "fc1", "act", "fc2"}
+    assert [k["why"] for k in tr.info["aggregate"]["detail"]] == ["every"] * 3
+    # the others were dropped: the result holds only what came after the last step
+    assert len(tr.result.events) == 0
+
+
+def test_the_slow_step_and_the_first_nonfinite_step_keep_full_detail(tmp_path: Path) -> None:
+    model = Net()
+    model.slow_at, model.nan_at = 12, 17
+    with hooktrace.trace(model, aggregate=tmp_path / "agg", numerics=True,
+                         detail="every=0,slow=30,nonfinite") as tr:
+        train(model, 22)
+    why = {k["step"]: k["why"] for k in tr.info["aggregate"]["detail"]}
+    # (a ~1 ms step; 200 ms is far beyond 30 x the median, whatever the machine's noise)
+    assert why[12] == "slow"  # (the first slow one: none before it is kept as slow)
+    assert why[17] == "nonfinite"
+    assert [s for s, w in why.items() if w == "nonfinite"] == [17]  # the first one only
+    nan_step = hooktrace.load(tmp_path / "agg" / "steps" / "step-17.htrace")
+    assert len(nan_step.events) and any(n.startswith("act") or "fc2" in n or n == ""
+                                        for n in [m for m, _ in nan_step.modules])
+    t = load_aggregates(tmp_path / "agg").to_pydict()
+    nf = [(s, m) for s, m, mode, n in zip(t["step"], t["module"], t["mode"], t["nonfinite"],
+                                           strict=True) if n]
+    assert nf and min(s for s, _ in nf) == 17
+
+
+def test_keep_step_from_code(tmp_path: Path) -> None:
+    model = Net()
+    with hooktrace.trace(model, aggregate=tmp_path / "agg", detail="every=0,signal") as tr:
+        train(model, 3)
+        tr.keep_step()
+        train(model, 2)
+    assert [k["step"] for k in tr.info["aggregate"]["detail"]] == [3]
+
+
+def test_detail_policy_and_combinations_are_checked(tmp_path: Path) -> None:
+    assert DetailPolicy.parse("every=5,slow=2.5") == DetailPolicy(5, 2.5, False, False)
+    with pytest.raises(ValueError, match="detail: unknown trigger 'often'"):
+        hooktrace.trace(Net(), aggregate=tmp_path, detail="often")
+    with pytest.raises(ValueError, match=r"detail: 'slow=0.5': expected"):
+        hooktrace.trace(Net(), aggregate=tmp_path, detail="slow=0.5")
+    with pytest.raises(ValueError, match="cannot be combined with out="):
+        hooktrace.trace(Net(), aggregate=tmp_path, out=tmp_path / "x.htrace")
