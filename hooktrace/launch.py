@@ -100,7 +100,10 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--capacity", type=int, default=None, metavar="N",
                    help=_help("capacity"))
     p.add_argument("--aggregate", default=None, metavar="DIR", help=_help("aggregate"))
-    p.add_argument("--detail", default="every=1000,slow=3,nonfinite,signal", metavar="POLICY",
+    p.add_argument("--aggregate-interval", type=float, default=1.0, metavar="SECONDS",
+                   help=_help("aggregate_interval").replace("with aggregate,",
+                                                            "with --aggregate,"))
+    p.add_argument("--detail", default="every=10000,slow=3,nonfinite,signal", metavar="POLICY",
                    help=_help("detail").replace("with aggregate,", "with --aggregate,"))
     p.add_argument("--max-disk", default=None, metavar="SIZE",
                    help=_help("max_disk").replace("with out,", "the streamed --output:")
@@ -171,7 +174,8 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
             shapes=bool(getattr(args, "shapes", False)),
             max_disk=getattr(args, "max_disk", None),
             aggregate=getattr(args, "aggregate", None),
-            detail=getattr(args, "detail", "every=1000,slow=3,nonfinite,signal"))
+            detail=getattr(args, "detail", "every=10000,slow=3,nonfinite,signal"),
+            aggregate_interval=getattr(args, "aggregate_interval", 1.0))
     except (TypeError, ValueError) as e:
         raise OptionError(_as_flag(str(e))) from None
     if record.aggregate is not None and (args.ring or schedule is not None

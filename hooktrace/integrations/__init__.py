@@ -35,7 +35,8 @@ class TraceSession:
     # what a callback passes on to trace(): options of hooktrace.record.options (their
     # help: OPTION_HELP), the others being the trainer's (steps) or the callback's own
     TRACE_OPTIONS = frozenset({"numerics", "numerics_every", "shapes", "memory", "flops",
-                               "dump_on", "dump_dir", "hang_timeout", "aggregate", "detail"})
+                               "dump_on", "dump_dir", "hang_timeout", "aggregate", "detail",
+                               "aggregate_interval"})
 
     def __init__(self, output: str | os.PathLike[str] | None, *, chrome: str | os.PathLike[str] | None,
                  backward: bool, capacity: int, summary: bool, **options: Any) -> None:

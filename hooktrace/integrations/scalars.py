@@ -4,8 +4,10 @@ Each step's aggregate rows (``trace(..., aggregate=DIR)``, record/aggregate.py) 
 a few named scalars::
 
     hooktrace/step_ms                       the step's wall time
-    hooktrace/fwd_ms/transformer.h.3.attn   the module's forward time in the step
-    hooktrace/bwd_ms/transformer.h.3.attn   its backward time
+    hooktrace/fwd_ms/transformer.h.3.attn   the module's forward time per step
+    hooktrace/bwd_ms/transformer.h.3.attn   its backward time per step
+
+(the mean over the steps of an ``aggregate_interval`` window, logged at its last step);
 
 for the ``top`` modules by forward time (chosen at the first step logged, then fixed, so
 a 1000-module model gives ``top`` steady curves, not a flood), among those whose name
@@ -48,8 +50,10 @@ class Scalars:
         fwd: dict[str, float] = {}
         bwd: dict[str, float] = {}
         out: dict[str, float] = {}
-        for module, mode, total in zip(rows["module"], rows["mode"], rows["total_ms"],
-                                       strict=True):
+        # per step: a row covers rows["steps"] steps (aggregate_interval)
+        for module, mode, total_ms, steps in zip(rows["module"], rows["mode"],
+                                                 rows["total_ms"], rows["steps"], strict=True):
+            total = total_ms / max(1, steps)
             if mode == "step":
                 out[f"{self.prefix}/step_ms"] = float(total)
             elif mode == "forward":

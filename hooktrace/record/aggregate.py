@@ -3,27 +3,30 @@ for weeks.
 
 ``trace(model, aggregate=DIR)`` (``hooktrace run --aggregate DIR``): at each step mark
 (the recorder's output stage, never a module call) the step's events are drained from
-the session and reduced, per module and mode (forward, backward), to one row each:
+the session; every ``aggregate_interval`` seconds (default 1; 0: every step) the steps
+since the last time are reduced, per module and mode (forward, backward), to one row
+each:
 
-    step, module, mode, calls, total_ms, p50_ms, max_ms
-    (+ nonfinite, absmax when numerics are recorded; a mode "step" row holds the step's
-    wall time in total_ms)
+    step (the window's first), steps, module, mode, calls, total_ms, p50_ms, max_ms
+    (+ nonfinite, absmax when numerics are recorded; a mode "step" row holds the steps'
+    wall times: their sum, median and max)
 
 The rows go to ``DIR/aggregates/part-NNNNN.parquet`` (a Parquet dataset: one table,
 ``pyarrow.dataset.dataset(DIR/aggregates)`` or duckdb's ``read_parquet('DIR/aggregates/*')``
-read it whole), one part per ``PART_STEPS`` steps (a killed run loses the rows of the
-part being filled only). The step's raw events are then dropped, unless the **detail
-policy** keeps them, as ``DIR/steps/step-<n>.htrace`` (a trace like any other: summary,
-diff, report, export load it). Its triggers, ``detail="every=1000,slow=3,nonfinite"``:
+read it whole), a part when ``PART_ROWS`` rows wait or ``PART_SECONDS`` passed (a killed
+run loses the rows not written yet only). The raw events are then dropped, unless the
+**detail policy** keeps a step's, as ``DIR/steps/step-<n>.htrace`` (a trace like any
+other: summary, diff, report, export load it). Its triggers,
+``detail="every=10000,slow=3,nonfinite,signal"``:
 
 * ``every=N``: steps 0, N, 2N, ...;
-* ``slow=K``: a step slower than K x the median of the last steps (at most one in
-  SLOW_COOLDOWN steps);
+* ``slow=K``: a step slower than K x the median of the last steps (at most one a minute,
+  SLOW_COOLDOWN_S);
 * ``nonfinite``: the first step with a non-finite value (with ``numerics=True``);
 * ``signal``: the step after ``SIGUSR2`` (``kill -USR2 <pid>``), or ``keep_step()``.
 
-Disk then grows with steps x modules, not with events (benchmarks/RESULTS.md measures it).
-Loggers (``hooktrace.log_to``) receive each step's rows.
+Disk then grows with time x modules, not with events or steps (benchmarks/RESULTS.md
+measures it). Loggers (``hooktrace.log_to``) receive each window's rows.
 """
 
 from __future__ import annotations
@@ -39,32 +42,37 @@ from typing import Any
 
 import numpy as np
 
+from hooktrace._events import EVENT_DTYPE
 from hooktrace.record.component import Component
 from hooktrace.record.options import DetailPolicy
 
-__all__ = ["AggregateComponent", "DetailPolicy", "PART_STEPS", "load_aggregates", "reduce_step"]
+__all__ = ["AggregateComponent", "DetailPolicy", "PART_ROWS", "load_aggregates",
+           "reduce_window"]
 
-# A Parquet part is closed every PART_STEPS steps (and at the end).
-PART_STEPS = 500
+# A Parquet part is written once this many rows are waiting (and at the end).
+PART_ROWS = 50_000
+PART_SECONDS = 300.0
 # the running median of step times looks at this many steps; none is "slow" before MIN
 MEDIAN_WINDOW = 50
 MIN_STEPS_FOR_SLOW = 5
-# after a step kept as slow, the next SLOW_COOLDOWN steps are not (a loaded machine's
-# preemptions make many millisecond steps "slow": disk stays bounded)
-SLOW_COOLDOWN = 100
+# after a step kept as slow, none is for SLOW_COOLDOWN_S seconds (a loaded machine's
+# preemptions make many millisecond steps "slow": disk stays bounded in time)
+SLOW_COOLDOWN_S = 60.0
 DETAIL_SIGNAL = signal.SIGUSR2
 
 
-def reduce_step(step: int, trace: Any, step_ms: float) -> dict[str, list[Any]]:
-    """The aggregate rows of one step's trace (a TraceData of that step's events), as
-    columns: per module and mode, calls and time; a "step" row for the step itself."""
+def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, list[Any]]:
+    """The aggregate rows of the steps ``first``, ``first + 1``, ... (``len(step_ms)`` of
+    them, their wall times) whose events ``trace`` holds, as columns: per module and
+    mode, calls and time; a "step" row for the steps themselves (total, median, max)."""
     from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD
 
     s = trace.spans()
     names = [m[0] or "<root>" for m in trace.modules]
     cols: dict[str, list[Any]] = {k: [] for k in (
-        "step", "module", "mode", "calls", "total_ms", "p50_ms", "max_ms", "nonfinite",
-        "absmax")}
+        "step", "steps", "module", "mode", "calls", "total_ms", "p50_ms", "max_ms",
+        "nonfinite", "absmax")}
+    step, steps = first, len(step_ms)
     numerics = _numerics_by_module(trace)
     for mode, cat in (("forward", CAT_FORWARD), ("backward", CAT_BACKWARD)):
         sel = np.flatnonzero(s.cat == cat)
@@ -72,19 +80,26 @@ def reduce_step(step: int, trace: Any, step_ms: float) -> dict[str, list[Any]]:
             continue
         dur = (s.end_ns[sel] - s.start_ns[sel]).astype(np.float64) / 1e6
         mod = s.module[sel]
-        order = np.argsort(mod, kind="stable")
-        mod, dur, sel = mod[order], dur[order], sel[order]
-        bounds = np.flatnonzero(np.diff(mod)) + 1
-        for idx in np.split(np.arange(len(mod)), bounds):
-            m = int(mod[idx[0]])
-            d = dur[idx]
+        # per module, vectorized: sorted by (module, duration), each group's sum, median
+        # (middle of its sorted run) and max (its last)
+        order = np.lexsort((dur, mod))
+        mod, dur = mod[order], dur[order]
+        starts = np.concatenate(([0], np.flatnonzero(np.diff(mod)) + 1))
+        ends = np.concatenate((starts[1:], [len(mod)]))
+        counts = ends - starts
+        totals = np.add.reduceat(dur, starts)
+        p50 = (dur[starts + (counts - 1) // 2] + dur[starts + counts // 2]) / 2
+        longest = dur[ends - 1]
+        for g, start in enumerate(starts):
+            m = int(mod[start])
             cols["step"].append(step)
+            cols["steps"].append(steps)
             cols["module"].append(names[m] if 0 <= m < len(names) else f"<module {m}>")
             cols["mode"].append(mode)
-            cols["calls"].append(len(idx))
-            cols["total_ms"].append(float(d.sum()))
-            cols["p50_ms"].append(float(np.median(d)))
-            cols["max_ms"].append(float(d.max()))
+            cols["calls"].append(int(counts[g]))
+            cols["total_ms"].append(float(totals[g]))
+            cols["p50_ms"].append(float(p50[g]))
+            cols["max_ms"].append(float(longest[g]))
             got = numerics.get((m, mode == "backward")) if numerics is not None else None
             if got is not None:
                 cols["nonfinite"].append(got[0])
@@ -93,12 +108,19 @@ def reduce_step(step: int, trace: Any, step_ms: float) -> dict[str, list[Any]]:
                 cols["nonfinite"].append(None)
                 cols["absmax"].append(None)
     cols["step"].append(step)
+    cols["steps"].append(steps)
     cols["module"].append("<step>")
     cols["mode"].append("step")
-    for key, value in (("calls", 1), ("total_ms", step_ms), ("p50_ms", step_ms),
-                       ("max_ms", step_ms), ("nonfinite", None), ("absmax", None)):
+    for key, value in (("calls", steps), ("total_ms", float(sum(step_ms))),
+                       ("p50_ms", float(np.median(step_ms))), ("max_ms", float(max(step_ms))),
+                       ("nonfinite", None), ("absmax", None)):
         cols[key].append(value)
     return cols
+
+
+def _any_nonfinite(trace: Any) -> bool:
+    numerics = _numerics_by_module(trace)
+    return numerics is not None and any(nf for nf, _ in numerics.values())
 
 
 def _numerics_by_module(trace: Any) -> dict[tuple[int, bool], tuple[int, float]] | None:
@@ -151,12 +173,19 @@ class AggregateComponent(Component):
         self._times: deque[float] = deque(maxlen=MEDIAN_WINDOW)
         self._last = 0.0
         self._seen_nonfinite = False
-        self._last_slow = -SLOW_COOLDOWN - 1
+        self._last_slow = float("-inf")
         self._keep_next = threading.Event()
         self._old_handler: Any = None
         self.kept: list[dict[str, Any]] = []  # {"step", "why", "path"}
         self.loggers: list[Callable[[int, dict[str, list[Any]]], None]] = []
         self._session: Any = None
+        self.interval = float(options.aggregate_interval)
+        self._numerics = bool(options.numerics)
+        self._window_first: int | None = None  # the first step of the open window
+        self._window_start = 0.0
+        self._window_events: list[np.ndarray] = []
+        self._window_times: list[float] = []
+        self._part_time = time.perf_counter()
 
     def prepare(self, session: Any, scope: Any) -> None:
         os.makedirs(os.path.join(self.dir, "aggregates"), exist_ok=True)
@@ -180,42 +209,61 @@ class AggregateComponent(Component):
         now = time.perf_counter()
         step_ms, self._last = (now - self._last) * 1e3, now
         ended = step_no - 1
-        events = self._session.drain()
-        trace = self.recorder.step_result(events)
-        rows = reduce_step(ended, trace, step_ms)
-        why = self._why_keep(ended, step_ms, rows)
+        events = np.asarray(self._session.drain()).view(EVENT_DTYPE)
+        trace = self.recorder.step_result(events) if self._numerics else None
+        nonfinite = trace is not None and _any_nonfinite(trace)
+        why = self._why_keep(ended, step_ms, nonfinite)
         self._times.append(step_ms)
         if why:
+            trace = trace if trace is not None else self.recorder.step_result(events)
             path = os.path.join(self.dir, "steps", f"step-{ended}.htrace")
             trace.save(path)
             self.kept.append({"step": ended, "why": why, "path": path})
+        if self._window_first is None:
+            self._window_first, self._window_start = ended, now - step_ms / 1e3
+        self._window_events.append(events)
+        self._window_times.append(step_ms)
+        self._steps += 1
+        if now - self._window_start >= self.interval:
+            self._close_window(ended)
+
+    def _close_window(self, last: int) -> None:
+        """Reduce the steps since the window opened to rows; hand them to the loggers."""
+        if self._window_first is None:
+            return
+        events = np.concatenate(self._window_events)
+        # thread by thread, as one drain (and a recording in memory) holds them
+        events = events[np.argsort(events["tid"], kind="stable")]
+        rows = reduce_window(self._window_first, self.recorder.step_result(events),
+                             self._window_times)
+        self._window_first, self._window_events, self._window_times = None, [], []
         for key, values in rows.items():
             self._rows.setdefault(key, []).extend(values)
-        self._steps += 1
         for log in list(self.loggers):
             try:
-                log(ended, rows)
+                log(last, rows)
             except Exception as e:  # a failing logger must not stop training
                 import warnings
 
-                warnings.warn(f"hooktrace: a logger failed at step {ended}: {e!r}",
+                warnings.warn(f"hooktrace: a logger failed at step {last}: {e!r}",
                               RuntimeWarning, stacklevel=2)
-        if self._steps % PART_STEPS == 0:
+        if len(self._rows.get("step", ())) >= PART_ROWS or \
+                time.perf_counter() - self._part_time >= PART_SECONDS:
             self._write_part()
 
-    def _why_keep(self, step: int, step_ms: float, rows: dict[str, list[Any]]) -> str:
+    def _why_keep(self, step: int, step_ms: float, nonfinite: bool) -> str:
         p = self.policy
         if self._keep_next.is_set():
             self._keep_next.clear()
             return "signal"
-        if p.nonfinite and not self._seen_nonfinite and any(rows["nonfinite"][i] for i in
-                                                            range(len(rows["step"]))):
+        if p.nonfinite and not self._seen_nonfinite and nonfinite:
             self._seen_nonfinite = True
             return "nonfinite"
+        now = time.perf_counter()
         if p.slow and len(self._times) >= MIN_STEPS_FOR_SLOW and \
-                step - self._last_slow > SLOW_COOLDOWN and \
+                now - self._last_slow >= SLOW_COOLDOWN_S and \
                 step_ms > p.slow * statistics.median(self._times):
-            self._last_slow = step
+            self._last_slow = now
             return "slow"
         if p.every and step % p.every == 0:
             return "every"
@@ -229,6 +277,7 @@ class AggregateComponent(Component):
 
         table = pa.table({
             "step": pa.array(self._rows["step"], pa.int64()),
+            "steps": pa.array(self._rows["steps"], pa.int32()),
             "module": pa.array(self._rows["module"], pa.string()).dictionary_encode(),
             "mode": pa.array(self._rows["mode"], pa.string()).dictionary_encode(),
             "calls": pa.array(self._rows["calls"], pa.int64()),
@@ -239,6 +288,7 @@ class AggregateComponent(Component):
             "absmax": pa.array(self._rows["absmax"], pa.float32()),
         })
         self._parts += 1
+        self._part_time = time.perf_counter()
         path = os.path.join(self.dir, "aggregates", f"part-{self._parts:05d}.parquet")
         tmp = path + ".tmp"
         pq.write_table(table, tmp, compression="zstd")
@@ -246,6 +296,7 @@ class AggregateComponent(Component):
         self._rows = {}
 
     def flush(self) -> None:
+        self._close_window(self._steps - 1)  # the steps of the window still open
         self._write_part()
 
     def teardown(self) -> None:

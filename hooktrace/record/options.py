@@ -73,9 +73,11 @@ OPTION_HELP: Mapping[str, str] = {
     "aggregate": "reduce each step's events to per-module rows (calls, forward/backward "
                  "p50/max ms, numerics) in this folder (Parquet: DIR/aggregates), dropping the "
                  "raw events unless the detail policy keeps the step (DIR/steps/step-N.htrace)",
+    "aggregate_interval": "with aggregate, seconds of steps reduced into one row per module "
+                          "(default 1: disk grows with time, not with steps; 0: every step)",
     "detail": "with aggregate, which steps keep their raw events: every=N, slow=K (K x the "
               "median step), nonfinite (the first), signal (SIGUSR2); default "
-              "every=1000,slow=3,nonfinite,signal",
+              "every=10000,slow=3,nonfinite,signal",
 }
 
 _FLAGS = ("backward", "emit_profiler", "flops", "memory", "numerics", "shapes")
@@ -92,7 +94,7 @@ class DetailPolicy:
 
     @classmethod
     def parse(cls, text: object) -> DetailPolicy:
-        """``"every=1000,slow=3,nonfinite,signal"`` (``every=0``/``slow=0``: off; a
+        """``"every=10000,slow=3,nonfinite,signal"`` (``every=0``/``slow=0``: off; a
         trigger left out is off), or the one-line error."""
         if isinstance(text, DetailPolicy):
             return text
@@ -151,7 +153,8 @@ class RecordOptions:
     shapes: bool = False
     max_disk: int | str | None = None
     aggregate: str | os.PathLike[str] | None = None
-    detail: Any = "every=1000,slow=3,nonfinite,signal"
+    detail: Any = "every=10000,slow=3,nonfinite,signal"
+    aggregate_interval: float = 1.0
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> RecordOptions:
@@ -226,6 +229,12 @@ class RecordOptions:
                 raise ValueError(f"aggregate {os.fspath(agg)!r} exists and is not a folder")
             set_(self, "aggregate", os.fspath(agg))
         set_(self, "detail", DetailPolicy.parse(self.detail))
+        interval = self.aggregate_interval
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or \
+                not 0 <= interval < float("inf"):
+            raise ValueError(f"aggregate_interval must be a number of seconds >= 0, got "
+                             f"{interval!r}")
+        set_(self, "aggregate_interval", float(interval))
 
 
 # The smallest --max-disk (segments of 256 KiB at least: record/recorder.py).

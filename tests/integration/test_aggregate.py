@@ -8,6 +8,7 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -45,7 +46,8 @@ def train(model: Net, steps: int) -> None:
 
 def test_rows_per_step_module_and_mode_and_the_raw_events_go(tmp_path: Path) -> None:
     model = Net()
-    with hooktrace.trace(model, aggregate=tmp_path / "agg", detail="every=10") as tr:
+    with hooktrace.trace(model, aggregate=tmp_path / "agg", detail="every=10",
+                         aggregate_interval=0) as tr:
         train(model, 25)
     t = load_aggregates(tmp_path / "agg").to_pydict()
     assert sorted(set(t["step"])) == list(range(25))
@@ -63,6 +65,19 @@ def test_rows_per_step_module_and_mode_and_the_raw_events_go(tmp_path: Path) -> 
     step10 = hooktrace.load(tmp_path / "agg" / "steps" / "step-10.htrace")
     assert {r["module"] for r in step10.summary().rows} >= {"", "fc1", "act", "fc2"}
     assert [k["why"] for k in tr.info["aggregate"]["detail"]] == ["every"] * 3
+    # the kept step's rows are its spans reduced: total, median, max per module and mode
+    # (within 10 ns: the clock conversion of the run then and of the saved step differ)
+    from hooktrace.reading import CAT_FORWARD
+
+    sp = step10.spans()
+    names = [m[0] or "<root>" for m in step10.modules]
+    for slot, module in enumerate(names):
+        d = (sp.end_ns - sp.start_ns)[(sp.module == slot) & (sp.cat == CAT_FORWARD)] / 1e6
+        i = next(i for i in range(len(t["step"])) if t["step"][i] == 10
+                 and t["module"][i] == module and t["mode"][i] == "forward")
+        assert t["total_ms"][i] == pytest.approx(d.sum(), rel=1e-4, abs=1e-5)
+        assert t["p50_ms"][i] == pytest.approx(float(np.median(d)), rel=1e-4, abs=1e-5)
+        assert t["max_ms"][i] == pytest.approx(d.max(), rel=1e-4, abs=1e-5)
     # the others were dropped: the result holds only what came after the last step
     assert len(tr.result.events) == 0
 
@@ -70,7 +85,7 @@ def test_rows_per_step_module_and_mode_and_the_raw_events_go(tmp_path: Path) -> 
 def test_the_slow_step_and_the_first_nonfinite_step_keep_full_detail(tmp_path: Path) -> None:
     model = Net()
     model.slow_at, model.nan_at = 12, 17
-    with hooktrace.trace(model, aggregate=tmp_path / "agg", numerics=True,
+    with hooktrace.trace(model, aggregate=tmp_path / "agg", numerics=True, aggregate_interval=0,
                          detail="every=0,slow=30,nonfinite") as tr:
         train(model, 22)
     why = {k["step"]: k["why"] for k in tr.info["aggregate"]["detail"]}
@@ -89,7 +104,8 @@ def test_the_slow_step_and_the_first_nonfinite_step_keep_full_detail(tmp_path: P
 
 def test_keep_step_from_code(tmp_path: Path) -> None:
     model = Net()
-    with hooktrace.trace(model, aggregate=tmp_path / "agg", detail="every=0,signal") as tr:
+    with hooktrace.trace(model, aggregate=tmp_path / "agg", detail="every=0,signal",
+                         aggregate_interval=0) as tr:
         train(model, 3)
         tr.keep_step()
         train(model, 2)
@@ -104,3 +120,20 @@ def test_detail_policy_and_combinations_are_checked(tmp_path: Path) -> None:
         hooktrace.trace(Net(), aggregate=tmp_path, detail="slow=0.5")
     with pytest.raises(ValueError, match="cannot be combined with out="):
         hooktrace.trace(Net(), aggregate=tmp_path, out=tmp_path / "x.htrace")
+
+
+def test_an_interval_reduces_many_steps_into_one_row_per_module(tmp_path: Path) -> None:
+    # the default: one window per second, so disk grows with time, not with steps
+    model = Net()
+    with hooktrace.trace(model, aggregate=tmp_path / "agg", detail="every=0",
+                         aggregate_interval=3600):
+        train(model, 10)
+    t = load_aggregates(tmp_path / "agg").to_pydict()
+    rows = {(m, mode): (s, n, c) for s, n, m, mode, c in zip(
+        t["step"], t["steps"], t["module"], t["mode"], t["calls"], strict=True)}
+    assert rows[("fc1", "forward")] == (0, 10, 10)  # first step, steps, calls
+    assert rows[("fc1", "backward")] == (0, 10, 10)
+    assert rows[("<step>", "step")] == (0, 10, 10)
+    assert len(t["step"]) == len(rows)  # one window
+    with pytest.raises(ValueError, match="aggregate_interval must be a number of seconds"):
+        hooktrace.trace(model, aggregate=tmp_path, aggregate_interval=-1)

@@ -46,7 +46,7 @@ def test_log_to_a_summary_writer_top_n_and_filter(tmp_path: Path) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(8, 4)
     writer = SummaryWriter(str(tmp_path / "tb"))
-    with hooktrace.trace(model, aggregate=tmp_path / "agg") as tr:
+    with hooktrace.trace(model, aggregate=tmp_path / "agg", aggregate_interval=0) as tr:
         scalars = hooktrace.log_to(writer, tr, top=2, include=["body", "head", "embed"])
         for _ in range(5):
             opt.zero_grad()
@@ -94,6 +94,7 @@ def test_lightning_trainer_logs_per_module_curves(tmp_path: Path) -> None:
     data = torch.utils.data.TensorDataset(torch.randn(24, 4, generator=g),
                                           torch.randn(24, 1, generator=g))
     callback = HooktraceCallback(tmp_path / "pl.htrace", aggregate=tmp_path / "agg", logs=True,
+                                 aggregate_interval=0,
                                  log_top=3)
     trainer = L.Trainer(max_epochs=2, accelerator="cpu", devices=1,
                         logger=TensorBoardLogger(str(tmp_path / "tb"), name="run"),
@@ -133,6 +134,7 @@ def test_hf_trainer_report_to_tensorboard_gets_per_module_curves(tmp_path: Path,
                              report_to="tensorboard", use_cpu=True, disable_tqdm=True, seed=0,
                              dataloader_num_workers=0)
     callback = HooktraceCallback(tmp_path / "hf.htrace", aggregate=tmp_path / "agg", logs=True,
+                                 aggregate_interval=0,
                                  log_top=4, log_include="transformer.h.*")
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
     trainer.train()
