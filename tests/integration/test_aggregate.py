@@ -137,3 +137,50 @@ def test_an_interval_reduces_many_steps_into_one_row_per_module(tmp_path: Path) 
     assert len(t["step"]) == len(rows)  # one window
     with pytest.raises(ValueError, match="aggregate_interval must be a number of seconds"):
         hooktrace.trace(model, aggregate=tmp_path, aggregate_interval=-1)
+
+
+RUN_SCRIPT = """
+import torch
+from torch import nn
+from torch.utils.tensorboard import SummaryWriter
+import hooktrace
+
+m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+opt = torch.optim.SGD(m.parameters(), lr=0.01)
+writer = SummaryWriter("tb")
+hooktrace.log_to(writer, top=2)   # the global trace of hooktrace run
+x = torch.randn(4, 4)
+for _ in range(6):
+    opt.zero_grad()
+    m(x).sum().backward()
+    opt.step()
+writer.close()
+"""
+
+
+def test_run_aggregate_writes_rows_and_log_to_finds_the_global_trace(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from test_loggers import scalars_in
+
+    script = tmp_path / "train.py"
+    script.write_text(RUN_SCRIPT)
+    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[2]), "PATH": "/usr/bin:/bin"}
+    r = subprocess.run([sys.executable, "-m", "hooktrace", "run", "--aggregate", "agg",
+                        "--aggregate-interval", "0", "--detail", "every=5", str(script)],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "6 steps aggregated in agg/aggregates, 2 kept whole in agg/steps" in r.stderr
+    t = load_aggregates(tmp_path / "agg").to_pydict()
+    assert sorted(set(t["step"])) == list(range(6))
+    assert sorted(os.listdir(tmp_path / "agg" / "steps")) == ["step-0.htrace", "step-5.htrace"]
+    got = scalars_in(tmp_path / "tb")
+    assert len([k for k in got if k.startswith("hooktrace/fwd_ms/")]) == 2
+    assert sorted(s for s, _ in got["hooktrace/step_ms"]) == list(range(6))
+    bad = subprocess.run([sys.executable, "-m", "hooktrace", "run", "--aggregate", "agg",
+                          "--detail", "sometimes", str(script)], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode != 0
+    assert bad.stderr.strip().splitlines()[-1].endswith(
+        "detail: unknown trigger 'sometimes'; expected every=N, slow=K, nonfinite, signal")
