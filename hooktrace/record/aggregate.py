@@ -324,3 +324,46 @@ def load_aggregates(path: str | os.PathLike[str]) -> Any:
         raise FileNotFoundError(f"{os.fspath(path)}: no aggregate parts (part-*.parquet) there")
     table = ds.dataset(folder, format="parquet").to_table()
     return table.sort_by("step")
+
+
+def is_aggregate_dir(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is an ``aggregate=`` folder (it holds aggregates/part-*.parquet)."""
+    folder = os.path.join(os.fspath(path), "aggregates")
+    return os.path.isdir(folder) and any(f.endswith(".parquet") for f in os.listdir(folder))
+
+
+def aggregate_summary(path: str | os.PathLike[str], top: int | None = None) -> str:
+    """``hooktrace summary DIR`` of an ``aggregate=`` folder: per module and mode over the
+    whole run, the calls, the total time, the time per step, the median of the windows'
+    medians and the longest call; the steps kept whole (DIR/steps) after it."""
+    import pyarrow.compute as pc
+
+    table = load_aggregates(path)
+    steps_row = table.filter(pc.equal(table["mode"].cast("string"), "step"))
+    n_steps = int(pc.sum(steps_row["steps"]).as_py() or 0)
+    grouped = table.group_by(["module", "mode"]).aggregate([
+        ("calls", "sum"), ("total_ms", "sum"), ("p50_ms", "approximate_median"),
+        ("max_ms", "max"), ("nonfinite", "sum")]).to_pylist()
+    grouped.sort(key=lambda r: (r["mode"] != "step", -(r["total_ms_sum"] or 0.0)))
+    if top is not None:
+        grouped = grouped[: top + 1]
+    lines = [f"{os.fspath(path)}: {n_steps} steps aggregated, {len(table)} rows",
+             f"{'module':<40}{'mode':<10}{'calls':>10}{'total ms':>12}{'ms/step':>10}"
+             f"{'p50 ms':>10}{'max ms':>10}{'nonfinite':>10}"]
+    for r in grouped:
+        per_step = (r["total_ms_sum"] or 0.0) / max(1, n_steps)
+        nf = r["nonfinite_sum"]
+        lines.append(f"{str(r['module'])[:39]:<40}{str(r['mode']):<10}{r['calls_sum']:>10}"
+                     f"{r['total_ms_sum']:>12.2f}{per_step:>10.3f}"
+                     f"{r['p50_ms_approximate_median']:>10.3f}{r['max_ms_max']:>10.3f}"
+                     f"{'' if nf is None else nf:>10}")
+    steps = os.path.join(os.fspath(path), "steps")
+    kept = sorted((f for f in os.listdir(steps) if f.endswith(".htrace")),
+                  key=lambda f: int(f[len("step-"):-len(".htrace")])
+                  if f[len("step-"):-len(".htrace")].isdigit() else -1) \
+        if os.path.isdir(steps) else []
+    if kept:
+        lines.append(f"steps kept whole ({len(kept)}), each a trace for summary, diff, "
+                     f"report, export: {', '.join(os.path.join(steps, f) for f in kept[:5])}"
+                     + (f" and {len(kept) - 5} more" if len(kept) > 5 else ""))
+    return "\n".join(lines)

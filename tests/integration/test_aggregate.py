@@ -184,3 +184,29 @@ def test_run_aggregate_writes_rows_and_log_to_finds_the_global_trace(tmp_path: P
     assert bad.returncode != 0
     assert bad.stderr.strip().splitlines()[-1].endswith(
         "detail: unknown trigger 'sometimes'; expected every=N, slow=K, nonfinite, signal")
+
+
+def test_summary_of_an_aggregate_folder_reads_the_table_without_torch(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    model = Net()
+    with hooktrace.trace(model, aggregate=tmp_path / "agg", aggregate_interval=0,
+                         detail="every=4"):
+        train(model, 9)
+    code = ("import io, json, sys, contextlib\nfrom hooktrace.cli import main\n"
+            "out = io.StringIO()\nwith contextlib.redirect_stdout(out):\n"
+            "    code = main(['summary', sys.argv[1]])\n"
+            "print(json.dumps({'code': code, 'out': out.getvalue(), "
+            "'torch': 'torch' in sys.modules}))")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "agg")], capture_output=True,
+                       text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.splitlines()[-1])
+    assert got["code"] in (0, None) and not got["torch"]
+    lines = got["out"].splitlines()
+    assert lines[0].endswith("9 steps aggregated, " + str(9 * 9) + " rows")
+    fc1 = next(line.split() for line in lines if line.startswith("fc1 ") and "forward" in line)
+    assert fc1[2] == "9"  # calls over the run
+    assert "steps kept whole (3)" in lines[-1] and "step-8.htrace" in lines[-1]
