@@ -8,7 +8,8 @@ since the last time are reduced, per module and mode (forward, backward), to one
 each:
 
     step (the window's first), steps, module, mode, calls, total_ms, p50_ms, max_ms
-    (+ nonfinite, absmax when numerics are recorded; a mode "step" row holds the steps'
+    (+ gpu_ms when device time is recorded, mem_peak_bytes with memory=True, nonfinite
+    and absmax with numerics=True; a mode "step" row holds the steps'
     wall times: their sum, median and max)
 
 The rows go to ``DIR/aggregates/part-NNNNN.parquet`` (a Parquet dataset: one table,
@@ -71,9 +72,13 @@ def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, lis
     names = [m[0] or "<root>" for m in trace.modules]
     cols: dict[str, list[Any]] = {k: [] for k in (
         "step", "steps", "module", "mode", "calls", "total_ms", "p50_ms", "max_ms",
-        "nonfinite", "absmax")}
+        "gpu_ms", "mem_peak_bytes", "nonfinite", "absmax")}
     step, steps = first, len(step_ms)
     numerics = _numerics_by_module(trace)
+    gpu = gpu_ms_by_module(trace)
+    peaks = _memory_peaks(trace, s)
+    gpu = gpu_ms_by_module(trace)
+    peaks = _memory_peaks(trace, s)
     for mode, cat in (("forward", CAT_FORWARD), ("backward", CAT_BACKWARD)):
         sel = np.flatnonzero(s.cat == cat)
         if not sel.size:
@@ -83,7 +88,7 @@ def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, lis
         # per module, vectorized: sorted by (module, duration), each group's sum, median
         # (middle of its sorted run) and max (its last)
         order = np.lexsort((dur, mod))
-        mod, dur = mod[order], dur[order]
+        mod, dur, sel = mod[order], dur[order], sel[order]
         starts = np.concatenate(([0], np.flatnonzero(np.diff(mod)) + 1))
         ends = np.concatenate((starts[1:], [len(mod)]))
         counts = ends - starts
@@ -100,6 +105,12 @@ def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, lis
             cols["total_ms"].append(float(totals[g]))
             cols["p50_ms"].append(float(p50[g]))
             cols["max_ms"].append(float(longest[g]))
+            cols["gpu_ms"].append(gpu.get((m, cat)) if gpu is not None else None)
+            if peaks is not None:
+                group = peaks[sel[start:ends[g]]]
+                cols["mem_peak_bytes"].append(int(group.max()) if (group >= 0).any() else None)
+            else:
+                cols["mem_peak_bytes"].append(None)
             got = numerics.get((m, mode == "backward")) if numerics is not None else None
             if got is not None:
                 cols["nonfinite"].append(got[0])
@@ -113,9 +124,38 @@ def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, lis
     cols["mode"].append("step")
     for key, value in (("calls", steps), ("total_ms", float(sum(step_ms))),
                        ("p50_ms", float(np.median(step_ms))), ("max_ms", float(max(step_ms))),
-                       ("nonfinite", None), ("absmax", None)):
+                       ("gpu_ms", None), ("mem_peak_bytes", None), ("nonfinite", None),
+                       ("absmax", None)):
         cols[key].append(value)
     return cols
+
+
+def gpu_ms_by_module(trace: Any) -> dict[tuple[int, int], float] | None:
+    """Device time per (module, category) when it was recorded (TraceData.gpu_spans(),
+    issue #28), else None."""
+    g = trace.gpu_spans()
+    if not len(g):
+        return None
+    out: dict[tuple[int, int], float] = {}
+    dur = (g.end_ns - g.start_ns).astype(np.float64) / 1e6
+    for m, c, d in zip(g.module.tolist(), g.cat.tolist(), dur.tolist(), strict=True):
+        out[(m, c)] = out.get((m, c), 0.0) + d
+    return out
+
+
+def _memory_peaks(trace: Any, spans: Any) -> np.ndarray | None:
+    """Per span, the highest memory peak over the recorded devices (-1: unknown), when
+    memory was recorded (``memory=True``), else None."""
+    from hooktrace.memory import memory_devices, span_memory
+
+    devices = memory_devices(trace)
+    if not devices:
+        return None
+    peak = np.full(len(spans), -1, np.int64)
+    for device in devices:
+        sm = span_memory(trace, device)
+        peak = np.maximum(peak, np.where(sm.known, sm.peak, -1))
+    return peak
 
 
 def _any_nonfinite(trace: Any) -> bool:
@@ -284,6 +324,8 @@ class AggregateComponent(Component):
             "total_ms": pa.array(self._rows["total_ms"], pa.float32()),
             "p50_ms": pa.array(self._rows["p50_ms"], pa.float32()),
             "max_ms": pa.array(self._rows["max_ms"], pa.float32()),
+            "gpu_ms": pa.array(self._rows["gpu_ms"], pa.float32()),
+            "mem_peak_bytes": pa.array(self._rows["mem_peak_bytes"], pa.int64()),
             "nonfinite": pa.array(self._rows["nonfinite"], pa.int64()),
             "absmax": pa.array(self._rows["absmax"], pa.float32()),
         })

@@ -210,3 +210,32 @@ def test_summary_of_an_aggregate_folder_reads_the_table_without_torch(tmp_path: 
     fc1 = next(line.split() for line in lines if line.startswith("fc1 ") and "forward" in line)
     assert fc1[2] == "9"  # calls over the run
     assert "steps kept whole (3)" in lines[-1] and "step-8.htrace" in lines[-1]
+
+
+def test_memory_peaks_when_memory_is_recorded(tmp_path: Path) -> None:
+    model = Net()
+    with hooktrace.trace(model, aggregate=tmp_path / "agg", aggregate_interval=0, memory=True,
+                         detail="every=0"):
+        train(model, 3)
+    t = load_aggregates(tmp_path / "agg").to_pydict()
+    peaks = {(s, m, mode): p for s, m, mode, p in zip(t["step"], t["module"], t["mode"],
+                                                        t["mem_peak_bytes"], strict=True)}
+    assert all(peaks[(s, "fc1", "forward")] > 0 for s in range(3))
+    assert peaks[(0, "<step>", "step")] is None
+    assert all(g is None for g in t["gpu_ms"])  # no device time recorded on the CPU
+
+
+def test_device_time_per_module_and_phase_when_recorded() -> None:
+    from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, GpuSpans
+    from hooktrace.record.aggregate import gpu_ms_by_module
+
+    g = GpuSpans({"start_ns": np.array([0, 2_000_000, 0]),
+                  "end_ns": np.array([1_000_000, 5_000_000, 500_000]),
+                  "self_ns": np.zeros(3, np.int64), "span": np.array([0, 1, 2]),
+                  "module": np.array([1, 1, 2], np.uint32),
+                  "cat": np.array([CAT_FORWARD, CAT_FORWARD, CAT_BACKWARD], np.uint8),
+                  "device": np.zeros(3, np.int16), "stream": np.zeros(3, np.int64)})
+    trace = type("T", (), {"gpu_spans": lambda self: g})()
+    assert gpu_ms_by_module(trace) == {(1, CAT_FORWARD): 4.0, (2, CAT_BACKWARD): 0.5}
+    empty = type("T", (), {"gpu_spans": lambda self: GpuSpans.empty()})()
+    assert gpu_ms_by_module(empty) is None
