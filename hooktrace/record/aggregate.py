@@ -409,3 +409,44 @@ def aggregate_summary(path: str | os.PathLike[str], top: int | None = None) -> s
                      f"report, export: {', '.join(os.path.join(steps, f) for f in kept[:5])}"
                      + (f" and {len(kept) - 5} more" if len(kept) > 5 else ""))
     return "\n".join(lines)
+
+
+def _per_step(path: str | os.PathLike[str]) -> dict[tuple[str, str], float]:
+    """ms per step of each (module, mode) over an aggregate= folder's run."""
+    import pyarrow.compute as pc
+
+    table = load_aggregates(path)
+    steps_rows = table.filter(pc.equal(table["mode"].cast("string"), "step"))
+    n_steps = max(1, int(pc.sum(steps_rows["steps"]).as_py() or 0))
+    grouped = table.group_by(["module", "mode"]).aggregate([("total_ms", "sum")]).to_pylist()
+    return {(str(r["module"]), str(r["mode"])): float(r["total_ms_sum"] or 0.0) / n_steps
+            for r in grouped}
+
+
+def aggregate_diff(a: str | os.PathLike[str], b: str | os.PathLike[str],
+                   top: int | None = None, fail_above: float | None = None,
+                   min_share: float = 1.0) -> tuple[str, list[str]]:
+    """``hooktrace diff A B`` of two aggregate= folders: per module and mode, the ms per
+    step in each and the change, largest first; and, with ``fail_above`` (percent), the
+    lines of those slower by more than that among the rows holding at least
+    ``min_share`` percent of A's step time."""
+    pa_, pb = _per_step(a), _per_step(b)
+    step_a = pa_.get(("<step>", "step"), 0.0)
+    keys = sorted(set(pa_) | set(pb), key=lambda k: (k[1] != "step",
+                                                     -abs(pb.get(k, 0.0) - pa_.get(k, 0.0))))
+    if top is not None:
+        keys = keys[: top + 1]
+    lines = [f"A: {os.fspath(a)}  B: {os.fspath(b)} (ms per step, over each run)",
+             f"{'module':<40}{'mode':<10}{'A ms':>10}{'B ms':>10}{'delta':>10}{'change':>11}"]
+    failed = []
+    for key in keys:
+        x, y = pa_.get(key), pb.get(key)
+        change = f"{(y - x) / x * 100:+.1f}%" if x and y is not None else "new" if x is None \
+            else "gone"
+        lines.append(f"{key[0][:39]:<40}{key[1]:<10}{'' if x is None else f'{x:.3f}':>10}"
+                     f"{'' if y is None else f'{y:.3f}':>10}{(y or 0.0) - (x or 0.0):>+10.3f}"
+                     f"{change:>11}")
+        if fail_above is not None and x and y is not None and key[1] != "step" and \
+                x >= step_a * min_share / 100 and (y - x) / x * 100 > fail_above:
+            failed.append(f"{key[0]} {key[1]}: {x:.3f} -> {y:.3f} ms/step ({change})")
+    return "\n".join(lines), failed

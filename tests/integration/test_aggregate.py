@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -239,3 +240,29 @@ def test_device_time_per_module_and_phase_when_recorded() -> None:
     assert gpu_ms_by_module(trace) == {(1, CAT_FORWARD): 4.0, (2, CAT_BACKWARD): 0.5}
     empty = type("T", (), {"gpu_spans": lambda self: GpuSpans.empty()})()
     assert gpu_ms_by_module(empty) is None
+
+
+def test_diff_of_two_aggregate_folders_and_the_signal_trigger(tmp_path: Path) -> None:
+    import signal as signals
+
+    from hooktrace.cli import main
+
+    def run(folder: str, slow_fc2: bool) -> Any:
+        model = Net()
+        if slow_fc2:
+            inner = model.fc2.forward
+            model.fc2.forward = lambda x: (time.sleep(0.01), inner(x))[1]  # type: ignore
+        with hooktrace.trace(model, aggregate=tmp_path / folder, aggregate_interval=0,
+                             detail="every=0,signal") as tr:
+            train(model, 4)
+            os.kill(os.getpid(), signals.SIGUSR2)  # kill -USR2 <pid>: keep the next step
+            train(model, 2)
+        return tr
+
+    tr = run("a", False)
+    assert [(k["step"], k["why"]) for k in tr.info["aggregate"]["detail"]] == [(4, "signal")]
+    run("b", True)
+    assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    # fc2 took 10 ms more per step in B: far beyond 50%
+    assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--fail-above", "50",
+                 "--min-share", "0"]) == 1
