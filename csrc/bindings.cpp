@@ -164,6 +164,13 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init<std::shared_ptr<Session>, int, uint32_t>(), py::arg("session"), py::arg("fd"),
            py::arg("period_ms") = 10)
       .def("start", &StreamWriter::start)
+      .def("set_rolling", [](StreamWriter& w, std::string path, std::string stem, py::bytes prefix,
+                             uint64_t segment_bytes, uint64_t max_bytes) {
+        w.set_rolling(std::move(path), std::move(stem), std::string(prefix), segment_bytes,
+                      max_bytes);
+      }, py::arg("path"), py::arg("stem"), py::arg("prefix"), py::arg("segment_bytes"),
+         py::arg("max_bytes"))
+      .def("fd", &StreamWriter::fd)
       .def("set_modules", &StreamWriter::set_modules, py::arg("first"), py::arg("entries"))
       // with the GIL held: no other Python thread is inside set_modules() meanwhile
       .def("before_fork", &StreamWriter::before_fork)
@@ -181,6 +188,11 @@ PYBIND11_MODULE(_C, m) {
         d["busy_ns"] = st.busy_ns;
         d["cpu_ns"] = st.cpu_ns;
         d["error"] = st.error;
+        d["segments"] = st.segments;
+        d["rolled_off_segments"] = st.rolled_off_segments;
+        d["rolled_off_events"] = st.rolled_off_events;
+        d["rolled_off_bytes"] = st.rolled_off_bytes;
+        d["segment_events"] = st.segment_events;
         return d;
       });
   m.def("add_backward_session", &hooktrace::add_backward_session, py::arg("session"));

@@ -1,6 +1,8 @@
 #include "stream_writer.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -71,6 +73,7 @@ StreamWriter::StreamWriter(std::shared_ptr<Session> session, int fd, uint32_t pe
     : session_(std::move(session)),
       wakeup_(std::make_shared<Wakeup>()),
       fd_(fd),
+      caller_fd_(fd),
       period_(period_ms) {
   if (period_ms == 0) throw std::invalid_argument("period_ms must be > 0");
   const off_t at = ::lseek(fd_, 0, SEEK_CUR);
@@ -90,6 +93,85 @@ void StreamWriter::start() {
     running_ = true;
   }
   thread_ = std::thread(&StreamWriter::run, this);
+}
+
+void StreamWriter::set_rolling(std::string path, std::string stem, std::string prefix,
+                               uint64_t segment_bytes, uint64_t max_bytes) {
+  if (thread_.joinable()) throw std::logic_error("set_rolling() comes before start()");
+  if (segment_bytes == 0 || max_bytes < segment_bytes)
+    throw std::invalid_argument("rolling: expected 0 < segment_bytes <= max_bytes");
+  path_ = std::move(path);
+  stem_ = std::move(stem);
+  prefix_ = std::move(prefix);
+  segment_bytes_ = segment_bytes;
+  max_bytes_ = max_bytes;
+  segment_start_ = 0;  // the first segment's header and META count too
+}
+
+void StreamWriter::roll() {
+  // The current file becomes the next closed segment; a fresh one takes `path`.
+  const std::string closed = stem_ + "." + std::to_string(next_segment_) + ".htrace";
+  if (::rename(path_.c_str(), closed.c_str()) != 0) {
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    if (stats_.error.empty())
+      stats_.error = std::string("rolling: rename to ") + closed + " failed: " + std::strerror(errno);
+    segment_bytes_ = 0;  // stop rolling, keep writing the one file
+    return;
+  }
+  const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  if (fd < 0) {
+    failed_ = true;
+    std::lock_guard<std::mutex> lock(stats_mutex_);
+    stats_.error = "rolling: opening a new segment at " + path_ + " failed: " + std::strerror(errno);
+    return;
+  }
+  closed_.push_back({closed, offset_, segment_events_});
+  ++next_segment_;
+  if (fd_ != caller_fd_) ::close(fd_);
+  fd_ = fd;
+  offset_ = 0;
+  segment_events_ = 0;
+  // header and META, then everything the events may refer to, restated
+  size_t done = 0;
+  while (done < prefix_.size()) {
+    const ssize_t n = ::write(fd_, prefix_.data() + done, prefix_.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      failed_ = true;
+      std::lock_guard<std::mutex> lock(stats_mutex_);
+      stats_.error = "rolling: writing a new segment's header failed: " +
+                     std::string(std::strerror(errno));
+      return;
+    }
+    done += static_cast<size_t>(n);
+  }
+  offset_ = prefix_.size();
+  clock_written_ = false;
+  names_written_ = 0;
+  last_dropped_ = ~uint64_t(0);  // STATS restated too
+  {
+    std::lock_guard<std::mutex> lock(modules_mutex_);
+    modules_written_ = 0;
+  }
+  // Oldest first out, while the closed segments and the new one exceed the bound
+  // (the new one may grow to segment_bytes before the next roll).
+  uint64_t total = segment_bytes_;
+  for (const Closed& c : closed_) total += c.bytes;
+  size_t gone = 0;
+  uint64_t events = 0, bytes = 0;
+  while (gone < closed_.size() && total > max_bytes_) {
+    ::unlink(closed_[gone].path.c_str());
+    total -= closed_[gone].bytes;
+    events += closed_[gone].events;
+    bytes += closed_[gone].bytes;
+    ++gone;
+  }
+  closed_.erase(closed_.begin(), closed_.begin() + static_cast<std::ptrdiff_t>(gone));
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  ++stats_.segments;
+  stats_.rolled_off_segments += gone;
+  stats_.rolled_off_events += events;
+  stats_.rolled_off_bytes += bytes;
 }
 
 void StreamWriter::flush() {
@@ -221,6 +303,7 @@ void StreamWriter::run() {
 
 void StreamWriter::round(bool last) {
   const auto t0 = std::chrono::steady_clock::now();
+  if (segment_bytes_ && !failed_ && offset_ >= segment_bytes_) roll();
   segments_.clear();
   session_->begin_collect(&segments_);
   uint64_t collected = 0;
@@ -284,6 +367,7 @@ void StreamWriter::round(bool last) {
       write_block(kBlockEvents, sub, sizeof(sub), s.events, size_t(s.count) * sizeof(Event));
       if (failed_) break;
       written += s.count;
+      segment_events_ += s.count;
     }
     const SessionStats ss = session_->stats();
     if (ss.dropped != last_dropped_) {
@@ -302,6 +386,7 @@ void StreamWriter::round(bool last) {
                   static_cast<uint64_t>(cpu.tv_nsec);
   ++stats_.rounds;
   stats_.events += written;
+  stats_.segment_events = segment_events_;
   stats_.lost_events += collected - written;
   stats_.busy_ns += elapsed_ns(t0);
 }

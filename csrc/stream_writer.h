@@ -63,6 +63,17 @@
 //
 // A process killed at any moment leaves a file whose blocks up to the first
 // truncated one load; the reader says where it was cut.
+//
+// Rolling (issue #31, `--max-disk`): set_rolling() bounds the disk a stream
+// takes. At a round's start (a chunk boundary: no block is ever split), once
+// the file at `path` holds `segment_bytes` or more, it is renamed to
+// `<stem>.<k>.htrace` (k = 1, 2, ... oldest first) and a new file is started
+// at `path` with `prefix` (header and META) and every CLOCK, NODE_NAMES and
+// MODULES entry restated, so each segment loads alone; a thread's first EVENTS
+// block in a segment continues its event index (META says "rolling"). Then the
+// oldest segments are deleted while all of them together exceed `max_bytes`,
+// their events counted as rolled off (stats). Only the newest file, at
+// `path`, gets the FOOTER.
 #pragma once
 
 #include <atomic>
@@ -106,6 +117,11 @@ struct StreamStats {
   uint64_t cpu_ns = 0;          // the writer thread's CPU time (on a loaded machine
                                 // busy_ns also counts time it was preempted)
   std::string error;            // the first write error, "" if none
+  uint64_t segments = 1;        // rolling: segments started (the first included)
+  uint64_t rolled_off_segments = 0;  // deleted to stay within max_bytes
+  uint64_t rolled_off_events = 0;    // the events they held
+  uint64_t rolled_off_bytes = 0;
+  uint64_t segment_events = 0;  // events in the newest segment (= events without rolling)
 };
 
 class StreamWriter {
@@ -123,6 +139,12 @@ class StreamWriter {
   StreamWriter& operator=(const StreamWriter&) = delete;
 
   void start();
+  // Rolling segments (see the format notes above); before start().
+  void set_rolling(std::string path, std::string stem, std::string prefix, uint64_t segment_bytes,
+                   uint64_t max_bytes);
+  // The file descriptor of the newest segment (the caller's fd until the first
+  // roll); after stop() the caller writes the FOOTER to it and closes it.
+  int fd() const { return fd_; }
   // Sets entries [first, first + n) of the module table the MODULES blocks carry
   // (first at most its size: it grows or restates, never has a gap). Called off
   // the hot path, once per new module, before the module's slot is registered,
@@ -148,12 +170,22 @@ class StreamWriter {
  private:
   void run();
   void round(bool last);
+  void roll();
   void write_block(uint32_t type, const void* sub, size_t sub_len, const void* data,
                    size_t data_len);
 
   std::shared_ptr<Session> session_;
   std::shared_ptr<Wakeup> wakeup_;
-  const int fd_;
+  int fd_;
+  const int caller_fd_;             // the caller's: never closed here
+  // Rolling (writer thread only once started): 0 = off.
+  uint64_t segment_bytes_ = 0, max_bytes_ = 0;
+  std::string path_, stem_, prefix_;
+  struct Closed { std::string path; uint64_t bytes, events; };
+  std::vector<Closed> closed_;      // closed segments still on disk, oldest first
+  uint64_t segment_start_ = 0;      // offset_ where the current segment's blocks began
+  uint64_t segment_events_ = 0;     // events written to the current segment
+  uint64_t next_segment_ = 1;
   const std::chrono::milliseconds period_;
   std::thread thread_;
 

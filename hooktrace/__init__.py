@@ -25,6 +25,7 @@ from hooktrace.errors import HooktraceError
 
 if TYPE_CHECKING:
     from hooktrace.flight import dump
+    from hooktrace.integrations.scalars import log_to
     from hooktrace.profiling import profile
     from hooktrace.reading import TraceData
     from hooktrace.record import GlobalTrace, Trace, global_trace, trace, window_handler
@@ -36,7 +37,7 @@ _LAZY = {
     "load": "hooktrace.result", "profile": "hooktrace.profiling", "dump": "hooktrace.flight",
     "GlobalTrace": "hooktrace.record", "Trace": "hooktrace.record",
     "global_trace": "hooktrace.record", "trace": "hooktrace.record",
-    "window_handler": "hooktrace.record",
+    "window_handler": "hooktrace.record", "log_to": "hooktrace.integrations.scalars",
 }
 
 
@@ -56,4 +57,4 @@ def __dir__() -> list[str]:
 _moved.install()
 
 __all__ = ["GlobalTrace", "HooktraceError", "Trace", "TraceData", "TraceResult", "__version__",
-           "dump", "errors", "global_trace", "load", "profile", "trace", "window_handler"]
+           "dump", "errors", "global_trace", "load", "log_to", "profile", "trace", "window_handler"]

@@ -192,13 +192,20 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
         declarer.from_flags(values)
     # streamed (out=): its capacity's default is the stream's (record/core_options.py)
     # absolute: read back (and removed when empty) at exit, whatever the script's cwd then
-    out = os.path.abspath(output) if _streams(output, ring, schedule) else None
+    out = (os.path.abspath(output)
+           if _streams(output, ring, schedule, values.get("aggregate")) else None)
     try:  # the recording options' own checks (hooktrace.record.options), as flags
         record = RecordOptions(**values, out=out)
     except OutputPathError as e:
         raise OptionError(f"--output: {e}") from None
     except (TypeError, ValueError) as e:
         raise OptionError(_as_flag(str(e))) from None
+    if record.aggregate is not None and (ring or schedule is not None or record.max_disk):
+        raise OptionError("--aggregate reduces each step in memory; it cannot be combined "
+                          "with --ring, --schedule or --max-disk")
+    if record.max_disk and (ring or schedule is not None or str(output) == "-"):
+        raise OptionError("--max-disk bounds the streamed --output file; it cannot be combined "
+                          "with --ring, --schedule or --output -")
     from hooktrace.record.registry import COMPONENTS
 
     try:  # what the components refuse, before the script runs (--gpu without CUDA:
@@ -227,8 +234,8 @@ def _as_flag(message: str) -> str:
     return f"{flag}: {message}" if name.endswith(":") else f"{flag} {rest}"
 
 
-def _streams(output: Path, ring: bool, schedule: object) -> bool:
-    if ring or schedule is not None or str(output) == "-":
+def _streams(output: Path, ring: bool, schedule: object, aggregate: object = None) -> bool:
+    if ring or schedule is not None or str(output) == "-" or aggregate is not None:
         return False
     try:
         return stat.S_ISREG(os.stat(output).st_mode)
@@ -241,7 +248,7 @@ def _streams(output: Path, ring: bool, schedule: object) -> bool:
 def streams(options: RunOptions) -> bool:
     """Whether the .htrace is streamed to ``options.output`` while the process runs (see
     the module docstring): not a ring, not windows, and a regular file (or a new one)."""
-    return _streams(options.output, options.ring, options.schedule)
+    return _streams(options.output, options.ring, options.schedule, options.record.aggregate)
 
 
 def start(options: RunOptions) -> GlobalTrace:
@@ -477,10 +484,17 @@ def write_outputs(trace: GlobalTrace, options: RunOptions) -> None:
     if result is not None:
         counts = {"modules": len(result.modules), "events": len(result.events),
                   "dropped_events": result.dropped_events,
-                  "overwritten_events": result.overwritten_events}
+                  "overwritten_events": result.overwritten_events,
+                  "rolled_off_events": int((result.info.get("rolling") or {})
+                                           .get("rolled_off_events", 0))}
     else:
         counts = {"modules": len(trace.modules_table()), **trace.stream_counts()}
     print(exit_line(written, counts), file=sys.stderr)
+    aggregate = (result.info.get("aggregate") if result is not None else None) or {}
+    if aggregate:
+        print(f"hooktrace: {aggregate['steps']} steps aggregated in {aggregate['dir']}"
+              f"/aggregates, {len(aggregate['detail'])} kept whole in {aggregate['dir']}/steps",
+              file=sys.stderr)
 
 
 def exit_line(written: list[str], counts: dict[str, int]) -> str:
@@ -489,7 +503,9 @@ def exit_line(written: list[str], counts: dict[str, int]) -> str:
     ``counts``: modules, events, dropped_events, overwritten_events."""
     lost = [f"{n} {what}" for n, what in ((counts["dropped_events"], "events dropped (buffer "
                                            "full: raise --capacity)"),
-                                          (counts["overwritten_events"], "overwritten (ring)"))
+                                          (counts["overwritten_events"], "overwritten (ring)"),
+                                          (counts.get("rolled_off_events", 0),
+                                           "rolled off (oldest segments deleted: --max-disk)"))
             if n]
     counts_text = ", ".join([f"{counts['modules']} modules", f"{counts['events']} events",
                              *lost])

@@ -885,6 +885,12 @@ def _kernel_notes(trace: TraceData, rows: list[dict[str, Any]]) -> list[str]:
             (k.unnamed, "kernels of modules the module table lacks (counted in their region)")]
     if any(n for n, _ in lost):
         notes.append(", ".join(f"{n} {what}" for n, what in lost if n))
+    rolling = trace.info.get("rolling")
+    if isinstance(rolling, dict) and rolling.get("rolled_off_events"):
+        notes.append(f"--max-disk: the {int(rolling['rolled_off_events']):,} oldest events "
+                     f"({int(rolling.get('rolled_off_segments', 0))} segments) were rolled off "
+                     "to keep the stream within "
+                     f"{int(rolling.get('max_disk', 0)) / 2**20:.0f} MiB")
     before = trace.info.get("compiled_before_trace")
     if isinstance(before, list) and before:
         names = ", ".join(str(n) or "<root>" for n in before[:4]) + (

@@ -67,6 +67,15 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--min-share must be a percentage from 0 to 100, got {args.min_share}")
     if args.workers is not None and args.workers < 1:
         raise CliError(f"--workers must be at least 1, got {args.workers}")
+    from hooktrace.record.aggregate import aggregate_diff, is_aggregate_dir
+
+    if is_aggregate_dir(args.a) and is_aggregate_dir(args.b):  # aggregate= folders (#31)
+        text, failed_rows = aggregate_diff(args.a, args.b, args.top, args.fail_above,
+                                           args.min_share)
+        print(text)
+        for line in failed_rows:
+            print(f"  {line}", file=sys.stderr)
+        return 1 if failed_rows else 0
     d = compare_paths(args.a, args.b, workers=args.workers)
     failed = (d.failures(args.fail_above, min_share=args.min_share)
               if args.fail_above is not None else None)

@@ -67,6 +67,11 @@ def run(args: argparse.Namespace) -> None:
     from hooktrace.summary import Summary
     from hooktrace.text import terminal_width
 
+    from hooktrace.record.aggregate import aggregate_summary, is_aggregate_dir
+
+    if len(args.run) == 1 and is_aggregate_dir(args.run[0]):  # aggregate=DIR (issue #31)
+        print(aggregate_summary(args.run[0], args.top))
+        return
     if len(args.run) > 1 or os.path.isdir(args.run[0]) or rank_files_of(args.run[0]):
         _run_ranks(args)
         return

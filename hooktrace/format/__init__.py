@@ -27,13 +27,13 @@ from hooktrace.format.meta import (
     TraceFileError,
     encode_json,
 )
-from hooktrace.format.stream import stream_block, stream_header
+from hooktrace.format.stream import rolling_segments, stream_block, stream_header
 from hooktrace.format.v2 import read_trace, write_trace
 
 __all__ = [
     "BLOCK_CLOCK", "BLOCK_EVENTS", "BLOCK_FOOTER", "BLOCK_META", "BLOCK_MODULES",
     "BLOCK_NODE_NAMES", "BLOCK_STATS", "FORMAT_VERSION", "HEADER_SIZE", "INTERVAL_SLACK_NS",
     "MAGIC", "NS_PER_TICK_RANGE", "READABLE_KINDS", "STREAM_FORMAT_VERSION", "STREAM_HEADER_SIZE",
-    "TraceFileContents", "TraceFileError", "encode_json", "read_trace", "stream_block",
+    "TraceFileContents", "TraceFileError", "encode_json", "read_trace", "rolling_segments", "stream_block",
     "stream_header", "write_trace",
 ]

@@ -48,8 +48,10 @@ holds them.
 
 from __future__ import annotations
 
+import os
 import zlib
 from collections.abc import Callable
+from dataclasses import replace as dataclass_replace
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -198,7 +200,10 @@ def read_stream(name: str, f: BinaryIO, size: int, head: bytes) -> TraceFileCont
             thread, tid, first = EVENTS_SUB.unpack(payload)
             if clock is None:
                 raise TraceFileError(name, pos, "expected a CLOCK block before the first EVENTS")
-            known = threads.setdefault(thread, [tid, 0])
+            # a rolling stream's later segment (csrc/stream_writer.h): a thread's first
+            # block here continues its index from the segments before
+            rolling = meta is not None and bool(meta.get("rolling"))
+            known = threads.setdefault(thread, [tid, first if rolling else 0])
             if known[0] != tid:
                 raise TraceFileError(name, at + 4, f"EVENTS block: thread {thread} was tid "
                                                    f"{known[0]} before, found tid {tid}")
@@ -260,6 +265,11 @@ def read_stream(name: str, f: BinaryIO, size: int, head: bytes) -> TraceFileCont
         info["dropped_events"], info["overwritten_events"] = stats
         info["cut"] = (f"{name}: recording cut at byte {cut.offset} ({cut.why}); {n:,} events "
                        "before it loaded")
+        segment = meta.get("rolling")
+        if isinstance(segment, dict) and os.path.basename(name) != segment.get("newest"):
+            info["cut"] = (f"{name}: an older segment of a rolling stream (--max-disk), "
+                           f"{n:,} events; the run went on in the next segment, up to "
+                           f"{segment.get('newest')}")
     if clock is None:  # no events either
         clock = Clock(0, int(info.get("start_unix_ns", 0)), 1.0)
     interval = None
@@ -312,8 +322,61 @@ def read_stream(name: str, f: BinaryIO, size: int, head: bytes) -> TraceFileCont
                             "are unknown (the table is in the footer)")
     validate_events(name, offset_of, events, len(modules), len(node_names), clock, interval,
                      n_sites, n_shapes)
-    return TraceFileContents(events=events, modules=modules, node_names=node_names, clock=clock,
-                             info=info, pid=pid)
+    contents = TraceFileContents(events=events, modules=modules, node_names=node_names,
+                                 clock=clock, info=info, pid=pid)
+    return _with_older_segments(name, contents)
+
+
+def rolling_segments(name: str, rolling: dict[str, Any]) -> list[str]:
+    """The older segments of the rolling stream whose newest file is ``name`` (its META's
+    ``rolling``), oldest first: ``<stem>.<k>.htrace`` beside it."""
+    import os
+    import re
+
+    folder = os.path.dirname(name) or "."
+    stem = rolling.get("stem")
+    if not isinstance(stem, str) or not os.path.isdir(folder):
+        return []
+    pattern = re.compile(re.escape(stem) + r"\.([0-9]+)\.htrace")
+    found = [(int(m.group(1)), entry) for entry in os.listdir(folder)
+             if (m := pattern.fullmatch(entry))]
+    return [os.path.join(folder, entry) for _, entry in sorted(found)]
+
+
+def _with_older_segments(name: str, newest: TraceFileContents) -> TraceFileContents:
+    """A rolling stream's newest file (``--max-disk``) loads with the older segments
+    still on disk as one run: their events first, thread by thread; the newest file's
+    tables (which restate and extend theirs), clock and counts. A segment file given
+    by name loads alone."""
+    rolling = newest.info.get("rolling")
+    if not isinstance(rolling, dict) or os.path.basename(name) != rolling.get("newest"):
+        return newest
+    parts = []
+    for seg in rolling_segments(name, rolling):
+        try:
+            with open(seg, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                head = f.read(STREAM_HEADER_SIZE)
+                if head[:8] != MAGIC:
+                    raise TraceFileError(seg, 0, "expected a hooktrace stream segment")
+                part = read_stream(seg, f, size, head)
+        except FileNotFoundError:  # rolled off while listed
+            continue
+        if part.info.get("start_unix_ns") != newest.info.get("start_unix_ns"):
+            continue  # a segment of another run at the same path
+        parts.append(part)
+    info = dict(newest.info)
+    info["rolling"] = dict(rolling, segments_loaded=len(parts) + 1)
+    if not parts:
+        return dataclass_replace(newest, info=info)
+    events = np.concatenate([p.events for p in parts] + [newest.events])
+    # thread by thread (as one recording holds them), each thread's events in order
+    _, first_seen = np.unique(events["tid"], return_index=True)
+    rank = np.argsort(np.argsort(first_seen))
+    tids = np.unique(events["tid"])
+    key = rank[np.searchsorted(tids, events["tid"])]
+    events = events[np.argsort(key, kind="stable")]
+    return dataclass_replace(newest, events=events, info=info)
 
 
 def _next_block(name: str, f: BinaryIO, pos: int, size: int, room: np.ndarray,

@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from hooktrace._naming import output_path
+from hooktrace.integrations.scalars import Scalars
 from hooktrace.record import Trace
 from hooktrace.record.options import RecordOptions
 
@@ -54,6 +55,8 @@ class TraceSession:
         self.options = options
         self.trace: Trace | None = None
         self.written: list[str] = []
+        self.scalars: Scalars | None = None
+        self.pending: list[dict[str, float]] = []  # per step, oldest first, until logged
 
     def start(self, model: Any) -> None:
         if self.trace is not None:
@@ -62,6 +65,20 @@ class TraceSession:
         # would count a GAN's or an accumulation step's optimizers differently)
         self.trace = Trace(model, options=self.record)
         self.trace.__enter__()
+        if self.scalars is not None:
+            self.trace.add_logger(self._collect_scalars)
+
+    def log_scalars(self, top: int, include: Any) -> None:
+        """With ``aggregate=``: each step's scalars (integrations/scalars.py) are kept in
+        :attr:`pending` for the trainer's logger."""
+        if self.record.aggregate is None:
+            raise ValueError("hooktrace: logs=True sends the per-step aggregates to the "
+                             "trainer's loggers: it needs aggregate=DIR")
+        self.scalars = Scalars(top, include)
+
+    def _collect_scalars(self, step: int, rows: dict[str, list[Any]]) -> None:
+        assert self.scalars is not None
+        self.pending.append(self.scalars(step, rows))
 
     def step(self) -> None:
         if self.trace is not None:

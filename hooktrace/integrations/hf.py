@@ -34,16 +34,26 @@ class HooktraceCallback(TrainerCallback):  # type: ignore[misc]
         chrome: also write Chrome trace JSON there.
         backward: as for :func:`hooktrace.trace`.
         capacity: as for :func:`hooktrace.trace`.
-        **options: any other option of :func:`hooktrace.trace` (``memory=``, ``flops=``, ...).
+        **options: any other option of :func:`hooktrace.trace` (``memory=``, ``flops=``,
+            ``gpu=``, ...; ``aggregate=``/``detail=``: per-step aggregates and the detail
+            policy, docs/weeks.md).
         summary: print the per-module table to stderr at the end (rank 0).
+        logs: with ``aggregate``, add ``hooktrace/fwd_ms/<module>``,
+            ``hooktrace/bwd_ms/<module>`` and ``hooktrace/step_ms`` (their mean since the
+            last log) to the Trainer's ``logs`` at each ``on_log``, so every ``report_to``
+            integration writes them; the ``log_top`` modules by forward time among
+            ``log_include`` (fnmatch patterns).
     """
 
     def __init__(self, output: str | os.PathLike[str] | None = None, *,
                  chrome: str | os.PathLike[str] | None = None,
                  backward: bool = True, capacity: int = DEFAULT_CAPACITY,
-                 summary: bool = False, **options: Any) -> None:
+                 summary: bool = False, logs: bool = False, log_top: int = 10,
+                 log_include: Any = None, **options: Any) -> None:
         self.session = TraceSession(output, chrome=chrome, backward=backward, capacity=capacity,
                                     summary=summary, **options)
+        if logs:
+            self.session.log_scalars(log_top, log_include)
 
     @property
     def written(self) -> list[str]:
@@ -55,9 +65,53 @@ class HooktraceCallback(TrainerCallback):  # type: ignore[misc]
         if model is None:
             raise RuntimeError("hooktrace: the Trainer passed no model to on_train_begin")
         self.session.start(model)
+        if self.session.scalars is not None:
+            _first_in_line(self)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+               **kwargs: Any) -> None:
+        # The Trainer hands the same logs dict to every callback in turn, the report_to
+        # integrations (TensorBoard, W&B, MLflow) included: this one comes first
+        # (_first_in_line), so they write the scalars added here. The mean of each over
+        # the steps since the last log.
+        pending, self.session.pending = self.session.pending, []
+        if logs is None or not pending or any(k.startswith("eval_") for k in logs):
+            self.session.pending = pending + self.session.pending
+            return
+        sums: dict[str, list[float]] = {}
+        for scalars in pending:
+            for name, value in scalars.items():
+                sums.setdefault(name, []).append(value)
+        logs.update({name: sum(v) / len(v) for name, v in sums.items()})
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.session.step()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.session.finish(rank=int(args.process_index), world_size=int(args.world_size))
+
+
+def _first_in_line(callback: Any) -> None:
+    """Move ``callback`` to the front of the Trainer's callbacks, so that its ``on_log``
+    adds to ``logs`` before the report_to integrations read them (the Trainer puts the
+    user's callbacks after its own). The handler is the caller of this event
+    (``CallbackHandler.call_event``): the transformers API gives callbacks no other way
+    to it. Moving an earlier entry is safe while it iterates (the next index is the
+    same callback)."""
+    import sys
+    import warnings
+
+    from transformers.trainer_callback import CallbackHandler
+
+    frame = sys._getframe(2)
+    while frame is not None and not isinstance(frame.f_locals.get("self"), CallbackHandler):
+        frame = frame.f_back  # type: ignore[assignment]
+    if frame is None:
+        warnings.warn("hooktrace: could not find the Trainer's callbacks: the per-step "
+                      "scalars reach only the callbacks after this one", RuntimeWarning,
+                      stacklevel=3)
+        return
+    callbacks = frame.f_locals["self"].callbacks
+    if callbacks and callbacks[0] is not callback and callback in callbacks:
+        callbacks.remove(callback)
+        callbacks.insert(0, callback)

@@ -34,16 +34,28 @@ class HooktraceCallback(Callback):  # type: ignore[misc]
         chrome: also write Chrome trace JSON there.
         backward: as for :func:`hooktrace.trace`.
         capacity: as for :func:`hooktrace.trace`.
-        **options: any other option of :func:`hooktrace.trace` (``memory=``, ``flops=``, ...).
+        **options: any other option of :func:`hooktrace.trace` (``memory=``, ``flops=``,
+            ``gpu=``, ...; ``aggregate=``/``detail=``: per-step aggregates and the detail
+            policy, docs/weeks.md).
         summary: print the per-module table to stderr at the end (rank 0).
+        logs: with ``aggregate``, log each step's ``hooktrace/fwd_ms/<module>``,
+            ``hooktrace/bwd_ms/<module>`` and ``hooktrace/step_ms`` through
+            ``pl_module.log`` (every logger of the trainer), ``log_on_step`` /
+            ``log_on_epoch`` as ``self.log``'s ``on_step``/``on_epoch``; the
+            ``log_top`` modules by forward time among ``log_include`` (fnmatch patterns).
     """
 
     def __init__(self, output: str | os.PathLike[str] | None = None, *,
                  chrome: str | os.PathLike[str] | None = None, backward: bool = True,
                  capacity: int = DEFAULT_CAPACITY, summary: bool = False,
+                 logs: bool = False, log_top: int = 10, log_include: Any = None,
+                 log_on_step: bool = True, log_on_epoch: bool = True,
                  **options: Any) -> None:
         self.session = TraceSession(output, chrome=chrome, backward=backward, capacity=capacity,
                                     summary=summary, **options)
+        if logs:
+            self.session.log_scalars(log_top, log_include)
+        self.log_on_step, self.log_on_epoch = log_on_step, log_on_epoch
         self._global_step = 0
 
     @property
@@ -60,6 +72,11 @@ class HooktraceCallback(Callback):  # type: ignore[misc]
         if int(trainer.global_step) != self._global_step:
             self._global_step = int(trainer.global_step)
             self.session.step()
+        pending, self.session.pending = self.session.pending, []
+        for scalars in pending:  # through the LightningModule: every logger the trainer has
+            for name, value in scalars.items():
+                pl_module.log(name, value, on_step=self.log_on_step, on_epoch=self.log_on_epoch,
+                              batch_size=1)
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         self.session.finish(rank=int(trainer.global_rank), world_size=int(trainer.world_size))

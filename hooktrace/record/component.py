@@ -278,6 +278,10 @@ class Declares:
 class Component(Declares):
     """A recording feature; every method but :meth:`enabled` does nothing by default."""
 
+    # Whether it drains the session's events as it goes (aggregate=): the recorder's
+    # result then holds the events not drained yet, not every event recorded.
+    drains = False
+
     @classmethod
     def enabled(cls, options: Options) -> bool:
         """Whether these options turn the feature on."""

@@ -14,8 +14,8 @@ from typing import Any
 
 from hooktrace.record.component import Declares, Flag, Option, one_of
 
-__all__ = ["CoreOptions", "DEFAULT_CAPACITY", "MAX_CAPACITY", "STREAM_CAPACITY",
-           "check_capacity"]
+__all__ = ["CoreOptions", "DEFAULT_CAPACITY", "MAX_CAPACITY", "MIN_MAX_DISK", "STREAM_CAPACITY",
+           "check_capacity", "parse_bytes"]
 
 # 8 Mi events x 32 B = 256 MiB at most, allocated lazily 128 KiB at a time:
 # ~40 training steps of a 100k-module-call model before anything is dropped.
@@ -42,6 +42,41 @@ def check_capacity(capacity: object) -> int:
     if not 1 <= value <= MAX_CAPACITY:
         raise ValueError(f"capacity must be between 1 and 2**40 events, got {value}")
     return value
+
+
+# The smallest max_disk (segments of 256 KiB at least: record/recorder.py).
+MIN_MAX_DISK = 2 << 20
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
+          "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30,
+          "T": 1 << 40, "TB": 1 << 40, "TIB": 1 << 40}
+
+
+def parse_bytes(value: object, what: str) -> int:
+    """``2G``, ``500M``, ``1.5GiB`` or an int of bytes (units are powers of 1024), or the
+    one-line error naming ``what``."""
+    import re
+
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be a size such as '2G' or an int of bytes, got {value!r}")
+    if isinstance(value, int):
+        n = value
+    elif isinstance(value, str):
+        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", value)
+        unit = m.group(2).upper() if m else ""
+        if m is None or unit not in _UNITS:
+            raise ValueError(f"{what} must be a size such as 2G, 500M or 1.5GiB, got {value!r}")
+        n = int(float(m.group(1)) * _UNITS[unit])
+    else:
+        raise TypeError(f"{what} must be a size such as '2G' or an int of bytes, got "
+                        f"{type(value).__name__} {value!r:.60}")
+    if n < MIN_MAX_DISK:
+        raise ValueError(f"{what} must be at least 2M, got {value!r}")
+    return n
+
+
+def _max_disk(name: str, value: Any) -> int | None:
+    # (needs out=: the recorder checks it, as hooktrace run sets out when it starts)
+    return None if value is None else parse_bytes(value, name)
 
 
 def _capacity(name: str, value: Any) -> int | None:
@@ -127,6 +162,15 @@ class CoreOptions(Declares):
                type=int, check=_dump_signal, callbacks=False),
         Option("out", None, "stream the events to this .htrace file while the model runs",
                type="str | os.PathLike[str] | None", callbacks=False),
+        Option("max_disk", None, "with out, keep the stream within this many bytes (e.g. 2G, "
+               "500M): rolling segments OUT.1.htrace, OUT.2.htrace ... beside OUT, which holds "
+               "the newest; the oldest are deleted and their events counted as rolled off",
+               type="int | None", check=_max_disk, cli=Flag("str", metavar="SIZE"),
+               flag_help="keep the streamed --output within this many bytes (e.g. 2G, 500M): "
+                         "rolling segments OUTPUT.1.htrace, OUTPUT.2.htrace ... beside OUTPUT, "
+                         "which holds the newest; the oldest are deleted and their events "
+                         "counted as rolled off",
+               callbacks=False),
         Option("schedule", None, "record only the steps a torch.profiler.schedule marks",
                type="Callable[[int], Any] | None", check=_schedule, callbacks=False,
                compare=False),

@@ -196,14 +196,24 @@ def _hook_optimized_module() -> None:
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)
-        if _holders:
-            from hooktrace.record import scopes
+        from hooktrace.record import scopes
 
+        scopes.note_wrapper(self)  # a weak reference: trace() finds it without a heap walk
+        if _holders:
             scopes.adopt_wrapper(self)
 
     __init__.__wrapped__ = original_init  # type: ignore[attr-defined]
     optimized.__init__ = __init__
     _optimized_hooked = True
+    from hooktrace.record import scopes
+
+    # No torch.compile() yet, so no wrapper predates the hook: Dynamo's backend cache
+    # holds no compiler (torch.compiler.disable, used at import by transformers, adds a
+    # None). Not seen: a compile undone by torch._dynamo.reset() before now, whose
+    # wrapper is then missed (its calls record nothing, as a wrapper's inner code).
+    backends = getattr(eval_frame, "cached_backends", None)
+    scopes.wrappers_watched(isinstance(backends, dict)
+                            and all(b is None for b in backends.values()))
 
 
 def _register(handler: Any) -> None:
@@ -244,10 +254,24 @@ class _HookedLoader(importlib.abc.Loader):
         self._inner.exec_module(module)
         if _watcher in sys.meta_path:
             sys.meta_path.remove(_watcher)
-        _hook_dynamo()
+        with _lock:
+            if _holders:
+                _hook_dynamo()
+            else:  # nothing records: only the wrapper registry (the rest at acquire)
+                _hook_optimized_module()
 
 
 _watcher = _DynamoImportWatcher()
+
+
+def watch_compiled_wrappers() -> None:
+    """From now on every torch.compile() wrapper made is noted (scopes.note_wrapper):
+    the OptimizedModule hook now if Dynamo is imported, else right after it is."""
+    with _lock:
+        if "torch._dynamo.eval_frame" in sys.modules:
+            _hook_optimized_module()
+        elif _watcher not in sys.meta_path:
+            sys.meta_path.insert(0, _watcher)
 
 
 def _watch_dynamo() -> None:
@@ -255,3 +279,8 @@ def _watch_dynamo() -> None:
         _hook_dynamo()
     elif _watcher not in sys.meta_path:
         sys.meta_path.insert(0, _watcher)
+
+
+# At import (the first trace() or global_trace()), so that wrappers made afterwards, even
+# before the first recording, are in the registry.
+watch_compiled_wrappers()

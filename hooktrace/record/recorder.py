@@ -50,6 +50,7 @@ from hooktrace.errors import OutputPathError
 from hooktrace.record.flight import FlightRecorder
 from hooktrace.result import TraceResult
 from hooktrace.record import dispatch, registry
+from hooktrace.record.aggregate import AggregateComponent
 from hooktrace.record.component import Component
 from hooktrace.record.options import DEFAULT_CAPACITY, RecordOptions
 from hooktrace.record.scopes import ModelScope, ProcessScope, Scope
@@ -58,6 +59,7 @@ from hooktrace.format import (
     BLOCK_META,
     encode_json,
     read_trace,
+    rolling_segments,
     stream_block,
     stream_header,
 )
@@ -70,6 +72,8 @@ CHUNK_EVENTS = 4096
 # Streaming (out=...): the writer wakes every STREAM_PERIOD_MS (or when half of the
 # capacity, record/options.py, is in flight).
 STREAM_PERIOD_MS = 10
+# max_disk: segments of max_disk / 8, at least 256 KiB (each restates its tables)
+SEGMENT_MIN_BYTES = 256 << 10
 
 # The one process scope of this process (nn.Module calls of the whole process).
 _process_lock = threading.Lock()
@@ -215,6 +219,9 @@ class Recorder(StepMarks, FlightRecorder):
         self._stream_lost: tuple[str, int] | None = None  # (write error, events lost)
         self._stream_counts: dict[str, int] | None = None  # what the stream holds, at its end
         self._stream_pid = 0  # the process writing the stream (a forked child does not)
+        self._rolling: dict[str, Any] | None = None  # max_disk: META's "rolling"
+        if options.max_disk and options.out is None:
+            raise ValueError("max_disk bounds a stream's files: it needs out=")
         self._session: Any = None
         self._call: Any = None  # the _C.ModuleCall while this recorder holds it
         self._state: Literal["new", "recording", "done"] = "new"
@@ -325,6 +332,28 @@ class Recorder(StepMarks, FlightRecorder):
     def _window_modules(self) -> list[tuple[str, str]]:
         return self._scope.modules_table()
 
+    def step_result(self, events: Any) -> TraceResult:
+        """Events drained from the session (a step's: record/aggregate.py) as a result
+        with the run's module table, node names, clock and info as of now."""
+        clock, info = self._window_meta()
+        return TraceResult(np.asarray(events).view(EVENT_DTYPE), self._scope.modules_table(),
+                           _C.node_names(), clock, info)
+
+    def _aggregator(self) -> AggregateComponent:
+        for component in self._components:
+            if isinstance(component, AggregateComponent):
+                return component
+        raise RuntimeError("hooktrace: this trace has no aggregate= output")
+
+    def keep_step(self) -> None:
+        """With ``aggregate=``: keep the next step's raw events (the detail policy's
+        ``signal`` trigger, from code)."""
+        self._aggregator().keep_step()
+
+    def add_logger(self, log: Callable[[int, dict[str, list[Any]]], None]) -> None:
+        """With ``aggregate=``: ``log(step, rows)`` after each step (hooktrace.log_to)."""
+        self._aggregator().loggers.append(log)
+
     # -- teardown ------------------------------------------------------------
 
     def _teardown(self) -> list[BaseException]:
@@ -380,6 +409,9 @@ class Recorder(StepMarks, FlightRecorder):
             else:
                 # The model is clean by now; reading the events out may be interrupted.
                 events, clock, info = self._collect(stop_unix_ns=time.time_ns())
+                if any(c.drains for c in self._components):
+                    # drained at each step (aggregate=): what is left since the last one
+                    events = np.asarray(self._session.drain()).view(EVENT_DTYPE)
                 self._result = TraceResult(events, self._scope.modules_table(), _C.node_names(),
                                          clock, info)
             self._session = None  # frees the chunks
@@ -534,8 +566,25 @@ class Recorder(StepMarks, FlightRecorder):
         self._stream_pid = os.getpid()
         meta = self._run_info(session)
         meta["modules"] = [[name, type_name] for name, type_name in self._scope.modules_table()]
-        _write_all(fd, stream_header() + stream_block(BLOCK_META, encode_json(meta)))
+        max_disk = self.options.max_disk
+        if max_disk:
+            # rolling segments (csrc/stream_writer.h): OUT holds the newest, the older
+            # ones <stem>.<k>.htrace beside it; a previous run's are removed first
+            base = os.path.basename(self._out)
+            stem = base[: -len(".htrace")] if base.endswith(".htrace") else base
+            rolling = {"newest": base, "stem": stem, "max_disk": int(max_disk),
+                       "segment_bytes": max(SEGMENT_MIN_BYTES, int(max_disk) // 8)}
+            for old in rolling_segments(self._out, rolling):
+                with contextlib.suppress(OSError):
+                    os.unlink(old)
+            meta["rolling"] = self._rolling = rolling
+        prefix = stream_header() + stream_block(BLOCK_META, encode_json(meta))
+        _write_all(fd, prefix)
         self._writer = _C.StreamWriter(session, fd, STREAM_PERIOD_MS)
+        if self._rolling is not None:
+            self._writer.set_rolling(
+                self._out, os.path.join(os.path.dirname(self._out), self._rolling["stem"]),
+                prefix, self._rolling["segment_bytes"], self._rolling["max_disk"])
         _streaming.add(self)
         if isinstance(self._scope, ProcessScope):
             # its table grows while recording (it is [] in META): MODULES blocks
@@ -568,6 +617,10 @@ class Recorder(StepMarks, FlightRecorder):
                 writer.set_modules(0, scope.modules_table())  # (unchanged: nothing to write)
             writer.stop()
             stats, written = session.stats(), writer.stats()
+            fd = int(writer.fd())  # the newest segment's (this one unless it rolled)
+            if fd != self._stream_fd:
+                os.close(self._stream_fd)
+                self._stream_fd = fd
             footer = {
                 "dropped_events": int(stats["dropped"]),
                 "overwritten_events": int(stats["overwritten"]),
@@ -589,6 +642,13 @@ class Recorder(StepMarks, FlightRecorder):
             self._stream_counts = {"events": int(written["events"]),
                                    "dropped_events": int(stats["dropped"]),
                                    "overwritten_events": int(stats["overwritten"])}
+            if self._rolling:
+                rolled = {k: int(written[k]) for k in (
+                    "segments", "rolled_off_segments", "rolled_off_events", "rolled_off_bytes")}
+                footer["rolling"] = dict(self._rolling, **rolled,
+                                         events_written=int(written["events"]))
+                footer["events"] = int(written["segment_events"])  # this file's
+                self._stream_counts["rolled_off_events"] = rolled["rolled_off_events"]
             if written["error"]:
                 # Every block before the failed one is intact: the file loads up to it.
                 # Its events after that are dropped events of the result (the file cannot
@@ -718,6 +778,13 @@ class GlobalTrace(Recorder):
 # Lower-case entry points, as torch.profiler.profile: one signature, documented once.
 trace = Trace
 global_trace = GlobalTrace
+
+
+def process_recorder() -> Recorder | None:
+    """The global trace recording in this process (hooktrace run, HOOKTRACE=1,
+    global_trace()), or None."""
+    with _process_lock:
+        return _process_recorder
 
 
 class _SigintDeferred:

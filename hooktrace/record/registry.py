@@ -9,6 +9,7 @@ No module listed here imports torch or the native core at its top: ``hooktrace r
 
 from __future__ import annotations
 
+from hooktrace.record.aggregate import AggregateComponent
 from hooktrace.record.backward import BackwardComponent
 from hooktrace.record.component import Component, Declares
 from hooktrace.record.core_options import CoreOptions
@@ -24,7 +25,7 @@ __all__ = ["COMPONENTS", "declarers"]
 
 COMPONENTS: tuple[type[Component], ...] = (
     MemoryComponent, EmitProfilerComponent, BackwardComponent, KernelMarksComponent,
-    NumericsComponent, ShapesComponent, FlopsComponent, GpuTimeComponent)
+    NumericsComponent, ShapesComponent, FlopsComponent, GpuTimeComponent, AggregateComponent)
 
 
 def declarers() -> tuple[type[Declares], ...]:

@@ -45,6 +45,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "hooktrace.record", "hooktrace.record.dispatch", "hooktrace.record.scopes",
         "hooktrace.record.recorder", "hooktrace.record.kernels", "hooktrace.record.ranks",
         "hooktrace.record.options", "hooktrace.record.core_options", "hooktrace.record.registry",
+        "hooktrace.record.aggregate",
         "hooktrace.record.component", "hooktrace.record.backward", "hooktrace.record.memory",
         "hooktrace.record.shapes", "hooktrace.record.numerics", "hooktrace.record.flops",
         "hooktrace.record.gpu_time",
@@ -52,7 +53,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "hooktrace.record.fused_numerics", "hooktrace.record.flight", "hooktrace.record.process_state",
         "hooktrace.distributed",
         "hooktrace._windows", "hooktrace.flight", "hooktrace.profiling", "hooktrace.launch",
-        "hooktrace._autostart", "hooktrace.integrations", "hooktrace.integrations.hf",
+        "hooktrace._autostart", "hooktrace.integrations", "hooktrace.integrations.hf", "hooktrace.integrations.scalars",
         "hooktrace.integrations.lightning", "hooktrace.demo"}),
     ("commands", {
         "hooktrace.cli", "hooktrace.__main__", "hooktrace.commands",

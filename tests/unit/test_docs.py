@@ -265,7 +265,8 @@ json.dump(results, open(sys.argv[2], "w"))
 
 @pytest.fixture(scope="module")
 def fixtures(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """train.py, mypackage/train.py and the traces the console examples read."""
+    """train.py, mypackage/train.py and the traces the console examples read (run.htrace,
+    baseline/new.htrace, ranks/)."""
     d = tmp_path_factory.mktemp("fixtures")
     (d / "train.py").write_text(TRAIN_PY)
     (d / "mypackage").mkdir()
@@ -277,6 +278,8 @@ def fixtures(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert r.returncode == 0, r.stderr
     shutil.copy(d / "run.htrace", d / "baseline.htrace")
     shutil.copy(d / "run.htrace", d / "new.htrace")
+    (d / "ranks").mkdir()  # a rank directory (of one rank) for the data page
+    shutil.copy(d / "run.htrace", d / "ranks" / "run.htrace")
     return d
 
 

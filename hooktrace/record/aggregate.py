@@ -1,0 +1,541 @@
+"""Per-step aggregates and the detail policy (issue #31): a recording that can stay on
+for weeks.
+
+``trace(model, aggregate=DIR)`` (``hooktrace run --aggregate DIR``): at each step mark
+(the recorder's output stage, never a module call) the step's events are drained from
+the session; every ``aggregate_interval`` seconds (default 1; 0: every step) the steps
+since the last time are reduced, per module and mode (forward, backward), to one row
+each:
+
+    step (the window's first), steps, module, mode, calls, total_ms, p50_ms, max_ms
+    (+ gpu_ms when device time is recorded, mem_peak_bytes with memory=True, nonfinite
+    and absmax with numerics=True; a mode "step" row holds the steps'
+    wall times: their sum, median and max)
+
+The rows go to ``DIR/aggregates/part-NNNNN.parquet`` (a Parquet dataset: one table,
+``pyarrow.dataset.dataset(DIR/aggregates)`` or duckdb's ``read_parquet('DIR/aggregates/*')``
+read it whole), a part when ``PART_ROWS`` rows wait or ``PART_SECONDS`` passed (a killed
+run loses the rows not written yet only). The raw events are then dropped, unless the
+**detail policy** keeps a step's, as ``DIR/steps/step-<n>.htrace`` (a trace like any
+other: summary, diff, report, export load it). Its triggers,
+``detail="every=10000,slow=3,nonfinite,signal"``:
+
+* ``every=N``: steps 0, N, 2N, ...;
+* ``slow=K``: a step slower than K x the median of the last steps (at most one a minute,
+  SLOW_COOLDOWN_S);
+* ``nonfinite``: the first step with a non-finite value (with ``numerics=True``);
+* ``signal``: the step after ``SIGUSR2`` (``kill -USR2 <pid>``), or ``keep_step()``.
+
+Disk then grows with time x modules, not with events or steps (benchmarks/RESULTS.md
+measures it). Loggers (``hooktrace.log_to``) receive each window's rows.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hooktrace._events import EVENT_DTYPE
+from hooktrace.record.component import Component, Flag, Option
+
+__all__ = ["AggregateComponent", "DetailPolicy", "PART_ROWS", "load_aggregates",
+           "reduce_window"]
+
+# A Parquet part is written once this many rows are waiting (and at the end).
+PART_ROWS = 50_000
+PART_SECONDS = 300.0
+# the running median of step times looks at this many steps; none is "slow" before MIN
+MEDIAN_WINDOW = 50
+MIN_STEPS_FOR_SLOW = 5
+# after a step kept as slow, none is for SLOW_COOLDOWN_S seconds (a loaded machine's
+# preemptions make many millisecond steps "slow": disk stays bounded in time)
+SLOW_COOLDOWN_S = 60.0
+DETAIL_SIGNAL = signal.SIGUSR2
+
+
+def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, list[Any]]:
+    """The aggregate rows of the steps ``first``, ``first + 1``, ... (``len(step_ms)`` of
+    them, their wall times) whose events ``trace`` holds, as columns: per module and
+    mode, calls and time; a "step" row for the steps themselves (total, median, max)."""
+    from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD
+
+    s = trace.spans()
+    names = [m[0] or "<root>" for m in trace.modules]
+    cols: dict[str, list[Any]] = {k: [] for k in (
+        "step", "steps", "module", "mode", "calls", "total_ms", "p50_ms", "max_ms",
+        "gpu_ms", "mem_peak_bytes", "nonfinite", "absmax")}
+    step, steps = first, len(step_ms)
+    numerics = _numerics_by_module(trace)
+    gpu = gpu_ms_by_module(trace)
+    peaks = _memory_peaks(trace, s)
+    gpu = gpu_ms_by_module(trace)
+    peaks = _memory_peaks(trace, s)
+    for mode, cat in (("forward", CAT_FORWARD), ("backward", CAT_BACKWARD)):
+        sel = np.flatnonzero(s.cat == cat)
+        if not sel.size:
+            continue
+        dur = (s.end_ns[sel] - s.start_ns[sel]).astype(np.float64) / 1e6
+        mod = s.module[sel]
+        # per module, vectorized: sorted by (module, duration), each group's sum, median
+        # (middle of its sorted run) and max (its last)
+        order = np.lexsort((dur, mod))
+        mod, dur, sel = mod[order], dur[order], sel[order]
+        starts = np.concatenate(([0], np.flatnonzero(np.diff(mod)) + 1))
+        ends = np.concatenate((starts[1:], [len(mod)]))
+        counts = ends - starts
+        totals = np.add.reduceat(dur, starts)
+        p50 = (dur[starts + (counts - 1) // 2] + dur[starts + counts // 2]) / 2
+        longest = dur[ends - 1]
+        for g, start in enumerate(starts):
+            m = int(mod[start])
+            cols["step"].append(step)
+            cols["steps"].append(steps)
+            cols["module"].append(names[m] if 0 <= m < len(names) else f"<module {m}>")
+            cols["mode"].append(mode)
+            cols["calls"].append(int(counts[g]))
+            cols["total_ms"].append(float(totals[g]))
+            cols["p50_ms"].append(float(p50[g]))
+            cols["max_ms"].append(float(longest[g]))
+            cols["gpu_ms"].append(gpu.get((m, cat)) if gpu is not None else None)
+            if peaks is not None:
+                group = peaks[sel[start:ends[g]]]
+                cols["mem_peak_bytes"].append(int(group.max()) if (group >= 0).any() else None)
+            else:
+                cols["mem_peak_bytes"].append(None)
+            got = numerics.get((m, mode == "backward")) if numerics is not None else None
+            if got is not None:
+                cols["nonfinite"].append(got[0])
+                cols["absmax"].append(got[1] if np.isfinite(got[1]) else None)
+            else:
+                cols["nonfinite"].append(None)
+                cols["absmax"].append(None)
+    cols["step"].append(step)
+    cols["steps"].append(steps)
+    cols["module"].append("<step>")
+    cols["mode"].append("step")
+    for key, value in (("calls", steps), ("total_ms", float(sum(step_ms))),
+                       ("p50_ms", float(np.median(step_ms))), ("max_ms", float(max(step_ms))),
+                       ("gpu_ms", None), ("mem_peak_bytes", None), ("nonfinite", None),
+                       ("absmax", None)):
+        cols[key].append(value)
+    return cols
+
+
+def gpu_ms_by_module(trace: Any) -> dict[tuple[int, int], float] | None:
+    """Device time per (module, category) when it was recorded (TraceData.gpu_spans(),
+    issue #28), else None."""
+    g = trace.gpu_spans()
+    if not len(g):
+        return None
+    out: dict[tuple[int, int], float] = {}
+    dur = (g.end_ns - g.start_ns).astype(np.float64) / 1e6
+    for m, c, d in zip(g.module.tolist(), g.cat.tolist(), dur.tolist(), strict=True):
+        out[(m, c)] = out.get((m, c), 0.0) + d
+    return out
+
+
+def _memory_peaks(trace: Any, spans: Any) -> np.ndarray | None:
+    """Per span, the highest memory peak over the recorded devices (-1: unknown), when
+    memory was recorded (``memory=True``), else None."""
+    from hooktrace.memory import memory_devices, span_memory
+
+    devices = memory_devices(trace)
+    if not devices:
+        return None
+    peak = np.full(len(spans), -1, np.int64)
+    for device in devices:
+        sm = span_memory(trace, device)
+        peak = np.maximum(peak, np.where(sm.known, sm.peak, -1))
+    return peak
+
+
+def _any_nonfinite(trace: Any) -> bool:
+    numerics = _numerics_by_module(trace)
+    return numerics is not None and any(nf for nf, _ in numerics.values())
+
+
+def _numerics_by_module(trace: Any) -> dict[tuple[int, bool], tuple[int, float]] | None:
+    """(non-finite count, abs-max) per (module, backward), or None when the trace recorded
+    no numerics."""
+    if "numerics" not in trace.info:
+        return None
+    from hooktrace.numerics import Numerics
+
+    n = Numerics.from_trace(trace)
+    out: dict[tuple[int, bool], tuple[int, float]] = {}
+    measured = ~(n.skipped | n.failed)
+    for i in np.flatnonzero(measured):
+        key = (int(n.module[i]), bool(n.backward[i]))
+        nf, am = out.get(key, (0, float("nan")))
+        out[key] = (nf + int(n.nonfinite[i]), float(np.fmax(am, n.absmax[i])))
+    return out
+
+
+@dataclass(frozen=True)
+class DetailPolicy:
+    """``aggregate=``: which steps keep their raw events (record/aggregate.py)."""
+
+    every: int = 1000
+    slow: float = 3.0
+    nonfinite: bool = True
+    signal: bool = True
+
+    @classmethod
+    def parse(cls, text: object) -> DetailPolicy:
+        """``"every=10000,slow=3,nonfinite,signal"`` (``every=0``/``slow=0``: off; a
+        trigger left out is off), or the one-line error."""
+        if isinstance(text, DetailPolicy):
+            return text
+        if not isinstance(text, str):
+            raise TypeError(f"detail must be a string such as 'every=1000,slow=3,nonfinite', "
+                            f"got {type(text).__name__} {text!r:.60}")
+        every, slow, nonfinite, sig = 0, 0.0, False, False
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            key, _, value = part.partition("=")
+            try:
+                if key == "every" and value:
+                    every = int(value)
+                    if every < 0:
+                        raise ValueError
+                elif key == "slow" and value:
+                    slow = float(value)
+                    if not (slow == 0 or slow > 1):
+                        raise ValueError
+                elif key == "nonfinite" and not value:
+                    nonfinite = True
+                elif key == "signal" and not value:
+                    sig = True
+                else:
+                    raise KeyError
+            except KeyError:
+                raise ValueError(f"detail: unknown trigger {part!r}; expected every=N, slow=K, "
+                                 "nonfinite, signal") from None
+            except ValueError:
+                raise ValueError(f"detail: {part!r}: expected every=N (N >= 0 steps) or slow=K "
+                                 "(K > 1, times the median step)") from None
+        return cls(every, slow, nonfinite, sig)
+
+
+def _aggregate(name: str, agg: Any) -> str | None:
+    if agg is None:
+        return None
+    if not isinstance(agg, (str, os.PathLike)) or isinstance(os.fspath(agg), bytes):
+        raise TypeError(f"aggregate must be a folder path, got {type(agg).__name__} "
+                        f"{agg!r:.60}")
+    if os.path.exists(agg) and not os.path.isdir(agg):
+        raise ValueError(f"aggregate {os.fspath(agg)!r} exists and is not a folder")
+    return os.fspath(agg)
+
+
+def _interval(name: str, interval: Any) -> float:
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or \
+            not 0 <= interval < float("inf"):
+        raise ValueError(f"aggregate_interval must be a number of seconds >= 0, got "
+                         f"{interval!r}")
+    return float(interval)
+
+
+DEFAULT_DETAIL = "every=10000,slow=3,nonfinite,signal"
+
+
+class AggregateComponent(Component):
+    """``aggregate=DIR``: see the module docstring."""
+
+    OPTIONS = (
+        Option("aggregate", None, "reduce each step's events to per-module rows (calls, "
+               "forward/backward p50/max ms, numerics) in this folder (Parquet: "
+               "DIR/aggregates), dropping the raw events unless the detail policy keeps the "
+               "step (DIR/steps/step-N.htrace)",
+               type="str | os.PathLike[str] | None", check=_aggregate,
+               cli=Flag("str", metavar="DIR")),
+        Option("detail", DEFAULT_DETAIL, "with aggregate, which steps keep their raw events: "
+               "every=N, slow=K (K x the median step), nonfinite (the first), signal "
+               "(SIGUSR2); default every=10000,slow=3,nonfinite,signal",
+               type="Any", check=lambda name, value: DetailPolicy.parse(value),
+               cli=Flag("str", metavar="POLICY"),
+               flag_help="with --aggregate, which steps keep their raw events: every=N, "
+                         "slow=K (K x the median step), nonfinite (the first), signal "
+                         "(SIGUSR2); default every=10000,slow=3,nonfinite,signal"),
+        Option("aggregate_interval", 1.0, "with aggregate, seconds of steps reduced into one "
+               "row per module (default 1: disk grows with time, not with steps; 0: every "
+               "step)", check=_interval, cli=Flag("float", metavar="SECONDS"),
+               flag_help="with --aggregate, seconds of steps reduced into one row per module "
+                         "(default 1: disk grows with time, not with steps; 0: every step)"),
+    )
+
+    drains = True
+
+    @classmethod
+    def enabled(cls, options: Any) -> bool:
+        return options.aggregate is not None
+
+    @classmethod
+    def check(cls, options: Any) -> None:
+        if options.aggregate is None:
+            return
+        if options.out is not None or options.schedule is not None or options.policy == "ring":
+            raise ValueError("aggregate= reduces each step's events in memory: it cannot be "
+                             "combined with out=, schedule= or policy='ring'")
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            raise ValueError("aggregate= writes Parquet: it needs pyarrow "
+                             "(pip install pyarrow)") from None
+
+    def __init__(self, recorder: Any) -> None:
+        super().__init__(recorder)
+        options = recorder.options
+        self.dir = os.fspath(options.aggregate)
+        self.policy: DetailPolicy = options.detail
+        self._rows: dict[str, list[Any]] = {}
+        self._parts = 0
+        self._steps = 0
+        self._times: deque[float] = deque(maxlen=MEDIAN_WINDOW)
+        self._last = 0.0
+        self._seen_nonfinite = False
+        self._last_slow = float("-inf")
+        self._keep_next = threading.Event()
+        self._old_handler: Any = None
+        self.kept: list[dict[str, Any]] = []  # {"step", "why", "path"}
+        self.loggers: list[Callable[[int, dict[str, list[Any]]], None]] = []
+        self._session: Any = None
+        self.interval = float(options.aggregate_interval)
+        self._numerics = bool(options.numerics)
+        self._window_first: int | None = None  # the first step of the open window
+        self._window_start = 0.0
+        self._window_events: list[np.ndarray] = []
+        self._window_times: list[float] = []
+        self._part_time = time.perf_counter()
+
+    def prepare(self, session: Any, scope: Any) -> None:
+        os.makedirs(os.path.join(self.dir, "aggregates"), exist_ok=True)
+        os.makedirs(os.path.join(self.dir, "steps"), exist_ok=True)
+        session.enable_collection()  # drained at each step mark
+        self._session = session
+
+    def install(self, session: Any, scope: Any) -> None:
+        self._last = time.perf_counter()
+        if self.policy.signal and threading.current_thread() is threading.main_thread():
+            self._old_handler = signal.signal(DETAIL_SIGNAL, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._keep_next.set()
+
+    def keep_step(self) -> None:
+        """Keep the next step's raw events (the ``signal`` trigger, from code)."""
+        self._keep_next.set()
+
+    def step(self, step_no: int) -> None:
+        now = time.perf_counter()
+        step_ms, self._last = (now - self._last) * 1e3, now
+        ended = step_no - 1
+        events = np.asarray(self._session.drain()).view(EVENT_DTYPE)
+        trace = self.recorder.step_result(events) if self._numerics else None
+        nonfinite = trace is not None and _any_nonfinite(trace)
+        why = self._why_keep(ended, step_ms, nonfinite)
+        self._times.append(step_ms)
+        if why:
+            trace = trace if trace is not None else self.recorder.step_result(events)
+            path = os.path.join(self.dir, "steps", f"step-{ended}.htrace")
+            trace.save(path)
+            self.kept.append({"step": ended, "why": why, "path": path})
+        if self._window_first is None:
+            self._window_first, self._window_start = ended, now - step_ms / 1e3
+        self._window_events.append(events)
+        self._window_times.append(step_ms)
+        self._steps += 1
+        if now - self._window_start >= self.interval:
+            self._close_window(ended)
+
+    def _close_window(self, last: int) -> None:
+        """Reduce the steps since the window opened to rows; hand them to the loggers."""
+        if self._window_first is None:
+            return
+        events = np.concatenate(self._window_events)
+        # thread by thread, as one drain (and a recording in memory) holds them
+        events = events[np.argsort(events["tid"], kind="stable")]
+        rows = reduce_window(self._window_first, self.recorder.step_result(events),
+                             self._window_times)
+        self._window_first, self._window_events, self._window_times = None, [], []
+        for key, values in rows.items():
+            self._rows.setdefault(key, []).extend(values)
+        for log in list(self.loggers):
+            try:
+                log(last, rows)
+            except Exception as e:  # a failing logger must not stop training
+                import warnings
+
+                warnings.warn(f"hooktrace: a logger failed at step {last}: {e!r}",
+                              RuntimeWarning, stacklevel=2)
+        if len(self._rows.get("step", ())) >= PART_ROWS or \
+                time.perf_counter() - self._part_time >= PART_SECONDS:
+            self._write_part()
+
+    def _why_keep(self, step: int, step_ms: float, nonfinite: bool) -> str:
+        p = self.policy
+        if self._keep_next.is_set():
+            self._keep_next.clear()
+            return "signal"
+        if p.nonfinite and not self._seen_nonfinite and nonfinite:
+            self._seen_nonfinite = True
+            return "nonfinite"
+        now = time.perf_counter()
+        if p.slow and len(self._times) >= MIN_STEPS_FOR_SLOW and \
+                now - self._last_slow >= SLOW_COOLDOWN_S and \
+                step_ms > p.slow * statistics.median(self._times):
+            self._last_slow = now
+            return "slow"
+        if p.every and step % p.every == 0:
+            return "every"
+        return ""
+
+    def _write_part(self) -> None:
+        if not self._rows.get("step"):
+            return
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.table({
+            "step": pa.array(self._rows["step"], pa.int64()),
+            "steps": pa.array(self._rows["steps"], pa.int32()),
+            "module": pa.array(self._rows["module"], pa.string()).dictionary_encode(),
+            "mode": pa.array(self._rows["mode"], pa.string()).dictionary_encode(),
+            "calls": pa.array(self._rows["calls"], pa.int64()),
+            "total_ms": pa.array(self._rows["total_ms"], pa.float32()),
+            "p50_ms": pa.array(self._rows["p50_ms"], pa.float32()),
+            "max_ms": pa.array(self._rows["max_ms"], pa.float32()),
+            "gpu_ms": pa.array(self._rows["gpu_ms"], pa.float32()),
+            "mem_peak_bytes": pa.array(self._rows["mem_peak_bytes"], pa.int64()),
+            "nonfinite": pa.array(self._rows["nonfinite"], pa.int64()),
+            "absmax": pa.array(self._rows["absmax"], pa.float32()),
+        })
+        self._parts += 1
+        self._part_time = time.perf_counter()
+        path = os.path.join(self.dir, "aggregates", f"part-{self._parts:05d}.parquet")
+        tmp = path + ".tmp"
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, path)  # a part is there whole or not at all
+        self._rows = {}
+
+    def flush(self) -> None:
+        self._close_window(self._steps - 1)  # the steps of the window still open
+        self._write_part()
+
+    def teardown(self) -> None:
+        if self._old_handler is not None:
+            signal.signal(DETAIL_SIGNAL, self._old_handler)
+            self._old_handler = None
+
+    def metadata(self, info: dict[str, Any]) -> None:
+        info["aggregate"] = {"dir": self.dir, "steps": self._steps, "parts": self._parts,
+                             "detail": [dict(k) for k in self.kept],
+                             "policy": {"every": self.policy.every, "slow": self.policy.slow,
+                                        "nonfinite": self.policy.nonfinite,
+                                        "signal": self.policy.signal}}
+
+
+def load_aggregates(path: str | os.PathLike[str]) -> Any:
+    """The aggregate table of ``trace(aggregate=DIR)`` (DIR or DIR/aggregates) as a
+    pyarrow Table, rows in step order."""
+    import pyarrow.dataset as ds
+
+    folder = os.fspath(path)
+    if os.path.isdir(os.path.join(folder, "aggregates")):
+        folder = os.path.join(folder, "aggregates")
+    if not os.path.isdir(folder) or not any(f.endswith(".parquet") for f in os.listdir(folder)):
+        raise FileNotFoundError(f"{os.fspath(path)}: no aggregate parts (part-*.parquet) there")
+    table = ds.dataset(folder, format="parquet").to_table()
+    return table.sort_by("step")
+
+
+def is_aggregate_dir(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is an ``aggregate=`` folder (it holds aggregates/part-*.parquet)."""
+    folder = os.path.join(os.fspath(path), "aggregates")
+    return os.path.isdir(folder) and any(f.endswith(".parquet") for f in os.listdir(folder))
+
+
+def aggregate_summary(path: str | os.PathLike[str], top: int | None = None) -> str:
+    """``hooktrace summary DIR`` of an ``aggregate=`` folder: per module and mode over the
+    whole run, the calls, the total time, the time per step, the median of the windows'
+    medians and the longest call; the steps kept whole (DIR/steps) after it."""
+    import pyarrow.compute as pc
+
+    table = load_aggregates(path)
+    steps_row = table.filter(pc.equal(table["mode"].cast("string"), "step"))
+    n_steps = int(pc.sum(steps_row["steps"]).as_py() or 0)
+    grouped = table.group_by(["module", "mode"]).aggregate([
+        ("calls", "sum"), ("total_ms", "sum"), ("p50_ms", "approximate_median"),
+        ("max_ms", "max"), ("nonfinite", "sum")]).to_pylist()
+    grouped.sort(key=lambda r: (r["mode"] != "step", -(r["total_ms_sum"] or 0.0)))
+    if top is not None:
+        grouped = grouped[: top + 1]
+    lines = [f"{os.fspath(path)}: {n_steps} steps aggregated, {len(table)} rows",
+             f"{'module':<40}{'mode':<10}{'calls':>10}{'total ms':>12}{'ms/step':>10}"
+             f"{'p50 ms':>10}{'max ms':>10}{'nonfinite':>10}"]
+    for r in grouped:
+        per_step = (r["total_ms_sum"] or 0.0) / max(1, n_steps)
+        nf = r["nonfinite_sum"]
+        lines.append(f"{str(r['module'])[:39]:<40}{str(r['mode']):<10}{r['calls_sum']:>10}"
+                     f"{r['total_ms_sum']:>12.2f}{per_step:>10.3f}"
+                     f"{r['p50_ms_approximate_median']:>10.3f}{r['max_ms_max']:>10.3f}"
+                     f"{'' if nf is None else nf:>10}")
+    steps = os.path.join(os.fspath(path), "steps")
+    kept = sorted((f for f in os.listdir(steps) if f.endswith(".htrace")),
+                  key=lambda f: int(f[len("step-"):-len(".htrace")])
+                  if f[len("step-"):-len(".htrace")].isdigit() else -1) \
+        if os.path.isdir(steps) else []
+    if kept:
+        lines.append(f"steps kept whole ({len(kept)}), each a trace for summary, diff, "
+                     f"report, export: {', '.join(os.path.join(steps, f) for f in kept[:5])}"
+                     + (f" and {len(kept) - 5} more" if len(kept) > 5 else ""))
+    return "\n".join(lines)
+
+
+def _per_step(path: str | os.PathLike[str]) -> dict[tuple[str, str], float]:
+    """ms per step of each (module, mode) over an aggregate= folder's run."""
+    import pyarrow.compute as pc
+
+    table = load_aggregates(path)
+    steps_rows = table.filter(pc.equal(table["mode"].cast("string"), "step"))
+    n_steps = max(1, int(pc.sum(steps_rows["steps"]).as_py() or 0))
+    grouped = table.group_by(["module", "mode"]).aggregate([("total_ms", "sum")]).to_pylist()
+    return {(str(r["module"]), str(r["mode"])): float(r["total_ms_sum"] or 0.0) / n_steps
+            for r in grouped}
+
+
+def aggregate_diff(a: str | os.PathLike[str], b: str | os.PathLike[str],
+                   top: int | None = None, fail_above: float | None = None,
+                   min_share: float = 1.0) -> tuple[str, list[str]]:
+    """``hooktrace diff A B`` of two aggregate= folders: per module and mode, the ms per
+    step in each and the change, largest first; and, with ``fail_above`` (percent), the
+    lines of those slower by more than that among the rows holding at least
+    ``min_share`` percent of A's step time."""
+    pa_, pb = _per_step(a), _per_step(b)
+    step_a = pa_.get(("<step>", "step"), 0.0)
+    keys = sorted(set(pa_) | set(pb), key=lambda k: (k[1] != "step",
+                                                     -abs(pb.get(k, 0.0) - pa_.get(k, 0.0))))
+    if top is not None:
+        keys = keys[: top + 1]
+    lines = [f"A: {os.fspath(a)}  B: {os.fspath(b)} (ms per step, over each run)",
+             f"{'module':<40}{'mode':<10}{'A ms':>10}{'B ms':>10}{'delta':>10}{'change':>11}"]
+    failed = []
+    for key in keys:
+        x, y = pa_.get(key), pb.get(key)
+        change = f"{(y - x) / x * 100:+.1f}%" if x and y is not None else "new" if x is None \
+            else "gone"
+        lines.append(f"{key[0][:39]:<40}{key[1]:<10}{'' if x is None else f'{x:.3f}':>10}"
+                     f"{'' if y is None else f'{y:.3f}':>10}{(y or 0.0) - (x or 0.0):>+10.3f}"
+                     f"{change:>11}")
+        if fail_above is not None and x and y is not None and key[1] != "step" and \
+                x >= step_a * min_share / 100 and (y - x) / x * 100 > fail_above:
+            failed.append(f"{key[0]} {key[1]}: {x:.3f} -> {y:.3f} ms/step ({change})")
+    return "\n".join(lines), failed

@@ -1,0 +1,268 @@
+"""Per-step aggregates and the detail policy (issue #31): trace(model, aggregate=DIR)
+reduces each step's events to per-module rows (Parquet, one table) and drops them,
+unless the detail policy keeps the step as DIR/steps/step-N.htrace."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import hooktrace
+from hooktrace.record.aggregate import DetailPolicy, load_aggregates
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)
+        self.slow_at: int | None = None
+        self.nan_at: int | None = None
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls - 1 == self.slow_at:
+            time.sleep(0.2)
+        h = self.act(self.fc1(x))
+        if self.calls - 1 == self.nan_at:
+            h = h * float("nan")
+        return self.fc2(h)
+
+
+def train(model: Net, steps: int) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    for _ in range(steps):
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+
+
+def test_rows_per_step_module_and_mode_and_the_raw_events_go(tmp_path: Path) -> None:
+    model = Net()
+    with hooktrace.trace(model, aggregate=tmp_path / "agg", detail="every=10",
+                         aggregate_interval=0) as tr:
+        train(model, 25)
+    t = load_aggregates(tmp_path / "agg").to_pydict()
+    assert sorted(set(t["step"])) == list(range(25))
+    rows = {(s, m, mode): c for s, m, mode, c in zip(t["step"], t["module"], t["mode"],
+                                                      t["calls"], strict=True)}
+    for step in range(25):
+        for module in ("<root>", "fc1", "act", "fc2"):
+            assert rows[(step, module, "forward")] == 1
+        assert rows[(step, "fc1", "backward")] == 1
+        assert rows[(step, "<step>", "step")] == 1
+    assert all(p >= 0 and m >= p for p, m in zip(t["p50_ms"], t["max_ms"], strict=True))
+    # every 10th step keeps its events, loadable like any trace
+    kept = sorted(os.listdir(tmp_path / "agg" / "steps"))
+    assert kept == ["step-0.htrace", "step-10.htrace", "step-20.htrace"]
+    step10 = hooktrace.load(tmp_path / "agg" / "steps" / "step-10.htrace")
+    assert {r["module"] for r in step10.summary().rows} >= {"", "fc1", "act", "fc2"}
+    assert [k["why"] for k in tr.info["aggregate"]["detail"]] == ["every"] * 3
+    # the kept step's rows are its spans reduced: total, median, max per module and mode
+    # (within 10 ns: the clock conversion of the run then and of the saved step differ)
+    from hooktrace.reading import CAT_FORWARD
+
+    sp = step10.spans()
+    names = [m[0] or "<root>" for m in step10.modules]
+    for slot, module in enumerate(names):
+        d = (sp.end_ns - sp.start_ns)[(sp.module == slot) & (sp.cat == CAT_FORWARD)] / 1e6
+        i = next(i for i in range(len(t["step"])) if t["step"][i] == 10
+                 and t["module"][i] == module and t["mode"][i] == "forward")
+        assert t["total_ms"][i] == pytest.approx(d.sum(), rel=1e-4, abs=1e-5)
+        assert t["p50_ms"][i] == pytest.approx(float(np.median(d)), rel=1e-4, abs=1e-5)
+        assert t["max_ms"][i] == pytest.approx(d.max(), rel=1e-4, abs=1e-5)
+    # the others were dropped: the result holds only what came after the last step
+    assert len(tr.result.events) == 0
+
+
+def test_the_slow_step_and_the_first_nonfinite_step_keep_full_detail(tmp_path: Path) -> None:
+    model = Net()
+    model.slow_at, model.nan_at = 12, 17
+    with hooktrace.trace(model, aggregate=tmp_path / "agg", numerics=True, aggregate_interval=0,
+                         detail="every=0,slow=30,nonfinite") as tr:
+        train(model, 22)
+    why = {k["step"]: k["why"] for k in tr.info["aggregate"]["detail"]}
+    # (a ~1 ms step; 200 ms is far beyond 30 x the median, whatever the machine's noise)
+    assert why[12] == "slow"  # (the first slow one: none before it is kept as slow)
+    assert why[17] == "nonfinite"
+    assert [s for s, w in why.items() if w == "nonfinite"] == [17]  # the first one only
+    nan_step = hooktrace.load(tmp_path / "agg" / "steps" / "step-17.htrace")
+    assert len(nan_step.events) and any(n.startswith("act") or "fc2" in n or n == ""
+                                        for n in [m for m, _ in nan_step.modules])
+    t = load_aggregates(tmp_path / "agg").to_pydict()
+    nf = [(s, m) for s, m, mode, n in zip(t["step"], t["module"], t["mode"], t["nonfinite"],
+                                           strict=True) if n]
+    assert nf and min(s for s, _ in nf) == 17
+
+
+def test_keep_step_from_code(tmp_path: Path) -> None:
+    model = Net()
+    with hooktrace.trace(model, aggregate=tmp_path / "agg", detail="every=0,signal",
+                         aggregate_interval=0) as tr:
+        train(model, 3)
+        tr.keep_step()
+        train(model, 2)
+    assert [k["step"] for k in tr.info["aggregate"]["detail"]] == [3]
+
+
+def test_detail_policy_and_combinations_are_checked(tmp_path: Path) -> None:
+    assert DetailPolicy.parse("every=5,slow=2.5") == DetailPolicy(5, 2.5, False, False)
+    with pytest.raises(ValueError, match="detail: unknown trigger 'often'"):
+        hooktrace.trace(Net(), aggregate=tmp_path, detail="often")
+    with pytest.raises(ValueError, match=r"detail: 'slow=0.5': expected"):
+        hooktrace.trace(Net(), aggregate=tmp_path, detail="slow=0.5")
+    with pytest.raises(ValueError, match="cannot be combined with out="):
+        hooktrace.trace(Net(), aggregate=tmp_path, out=tmp_path / "x.htrace")
+
+
+def test_an_interval_reduces_many_steps_into_one_row_per_module(tmp_path: Path) -> None:
+    # the default: one window per second, so disk grows with time, not with steps
+    model = Net()
+    with hooktrace.trace(model, aggregate=tmp_path / "agg", detail="every=0",
+                         aggregate_interval=3600):
+        train(model, 10)
+    t = load_aggregates(tmp_path / "agg").to_pydict()
+    rows = {(m, mode): (s, n, c) for s, n, m, mode, c in zip(
+        t["step"], t["steps"], t["module"], t["mode"], t["calls"], strict=True)}
+    assert rows[("fc1", "forward")] == (0, 10, 10)  # first step, steps, calls
+    assert rows[("fc1", "backward")] == (0, 10, 10)
+    assert rows[("<step>", "step")] == (0, 10, 10)
+    assert len(t["step"]) == len(rows)  # one window
+    with pytest.raises(ValueError, match="aggregate_interval must be a number of seconds"):
+        hooktrace.trace(model, aggregate=tmp_path, aggregate_interval=-1)
+
+
+RUN_SCRIPT = """
+import torch
+from torch import nn
+from torch.utils.tensorboard import SummaryWriter
+import hooktrace
+
+m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+opt = torch.optim.SGD(m.parameters(), lr=0.01)
+writer = SummaryWriter("tb")
+hooktrace.log_to(writer, top=2)   # the global trace of hooktrace run
+x = torch.randn(4, 4)
+for _ in range(6):
+    opt.zero_grad()
+    m(x).sum().backward()
+    opt.step()
+writer.close()
+"""
+
+
+def test_run_aggregate_writes_rows_and_log_to_finds_the_global_trace(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from test_loggers import scalars_in
+
+    script = tmp_path / "train.py"
+    script.write_text(RUN_SCRIPT)
+    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[2]), "PATH": "/usr/bin:/bin"}
+    r = subprocess.run([sys.executable, "-m", "hooktrace", "run", "--aggregate", "agg",
+                        "--aggregate-interval", "0", "--detail", "every=5", str(script)],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "6 steps aggregated in agg/aggregates, 2 kept whole in agg/steps" in r.stderr
+    t = load_aggregates(tmp_path / "agg").to_pydict()
+    assert sorted(set(t["step"])) == list(range(6))
+    assert sorted(os.listdir(tmp_path / "agg" / "steps")) == ["step-0.htrace", "step-5.htrace"]
+    got = scalars_in(tmp_path / "tb")
+    assert len([k for k in got if k.startswith("hooktrace/fwd_ms/")]) == 2
+    assert sorted(s for s, _ in got["hooktrace/step_ms"]) == list(range(6))
+    bad = subprocess.run([sys.executable, "-m", "hooktrace", "run", "--aggregate", "agg",
+                          "--detail", "sometimes", str(script)], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode != 0
+    assert bad.stderr.strip().splitlines()[-1].endswith(
+        "detail: unknown trigger 'sometimes'; expected every=N, slow=K, nonfinite, signal")
+
+
+def test_summary_of_an_aggregate_folder_reads_the_table_without_torch(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    model = Net()
+    with hooktrace.trace(model, aggregate=tmp_path / "agg", aggregate_interval=0,
+                         detail="every=4"):
+        train(model, 9)
+    code = ("import io, json, sys, contextlib\nfrom hooktrace.cli import main\n"
+            "out = io.StringIO()\nwith contextlib.redirect_stdout(out):\n"
+            "    code = main(['summary', sys.argv[1]])\n"
+            "print(json.dumps({'code': code, 'out': out.getvalue(), "
+            "'torch': 'torch' in sys.modules}))")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "agg")], capture_output=True,
+                       text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.splitlines()[-1])
+    assert got["code"] in (0, None) and not got["torch"]
+    lines = got["out"].splitlines()
+    assert lines[0].endswith("9 steps aggregated, " + str(9 * 9) + " rows")
+    fc1 = next(line.split() for line in lines if line.startswith("fc1 ") and "forward" in line)
+    assert fc1[2] == "9"  # calls over the run
+    assert "steps kept whole (3)" in lines[-1] and "step-8.htrace" in lines[-1]
+
+
+def test_memory_peaks_when_memory_is_recorded(tmp_path: Path) -> None:
+    model = Net()
+    with hooktrace.trace(model, aggregate=tmp_path / "agg", aggregate_interval=0, memory=True,
+                         detail="every=0"):
+        train(model, 3)
+    t = load_aggregates(tmp_path / "agg").to_pydict()
+    peaks = {(s, m, mode): p for s, m, mode, p in zip(t["step"], t["module"], t["mode"],
+                                                        t["mem_peak_bytes"], strict=True)}
+    assert all(peaks[(s, "fc1", "forward")] > 0 for s in range(3))
+    assert peaks[(0, "<step>", "step")] is None
+    assert all(g is None for g in t["gpu_ms"])  # no device time recorded on the CPU
+
+
+def test_device_time_per_module_and_phase_when_recorded() -> None:
+    from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, GpuSpans
+    from hooktrace.record.aggregate import gpu_ms_by_module
+
+    g = GpuSpans({"start_ns": np.array([0, 2_000_000, 0]),
+                  "end_ns": np.array([1_000_000, 5_000_000, 500_000]),
+                  "self_ns": np.zeros(3, np.int64), "span": np.array([0, 1, 2]),
+                  "module": np.array([1, 1, 2], np.uint32),
+                  "cat": np.array([CAT_FORWARD, CAT_FORWARD, CAT_BACKWARD], np.uint8),
+                  "device": np.zeros(3, np.int16), "stream": np.zeros(3, np.int64)})
+    trace = type("T", (), {"gpu_spans": lambda self: g})()
+    assert gpu_ms_by_module(trace) == {(1, CAT_FORWARD): 4.0, (2, CAT_BACKWARD): 0.5}
+    empty = type("T", (), {"gpu_spans": lambda self: GpuSpans.empty()})()
+    assert gpu_ms_by_module(empty) is None
+
+
+def test_diff_of_two_aggregate_folders_and_the_signal_trigger(tmp_path: Path) -> None:
+    import signal as signals
+
+    from hooktrace.cli import main
+
+    def run(folder: str, slow_fc2: bool) -> Any:
+        model = Net()
+        if slow_fc2:
+            inner = model.fc2.forward
+            model.fc2.forward = lambda x: (time.sleep(0.01), inner(x))[1]  # type: ignore
+        with hooktrace.trace(model, aggregate=tmp_path / folder, aggregate_interval=0,
+                             detail="every=0,signal") as tr:
+            train(model, 4)
+            os.kill(os.getpid(), signals.SIGUSR2)  # kill -USR2 <pid>: keep the next step
+            train(model, 2)
+        return tr
+
+    tr = run("a", False)
+    assert [(k["step"], k["why"]) for k in tr.info["aggregate"]["detail"]] == [(4, "signal")]
+    run("b", True)
+    assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    # fc2 took 10 ms more per step in B: far beyond 50%
+    assert main(["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--fail-above", "50",
+                 "--min-share", "0"]) == 1
