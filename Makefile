@@ -15,8 +15,10 @@ DOCS_DEPS ?= mkdocs==1.6.1 mkdocs-material==9.8.2 "mkdocstrings[python]==1.0.8"
 # DATA_DEPS: traces as data (hooktrace[data], hooktrace[spark]): Parquet, DuckDB, and Spark
 # (local[2] in the tests, on the JRE that .ci/run installs).
 DATA_DEPS ?= pyarrow==26.0.1 duckdb==2.0.1 pyspark==4.3.0 pandas==3.1.1
+# tensorboard: the loggers (issue #31) are tested by reading its event files back
+LOG_DEPS ?= tensorboard==2.21.0
 TEST_DEPS ?= pytest transformers==5.23.0 accelerate==1.15.0 lightning==2.6.6 plotly selenium \
-	viztracer==1.1.1 triton==3.9.0 $(DOCS_DEPS) $(DATA_DEPS)
+	viztracer==1.1.1 triton==3.9.0 $(DOCS_DEPS) $(DATA_DEPS) $(LOG_DEPS)
 BUILD_DEPS ?= numpy ninja pybind11 setuptools wheel tqdm
 
 PY := $(VENV)/bin/python
