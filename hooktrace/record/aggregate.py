@@ -40,12 +40,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from hooktrace._events import EVENT_DTYPE
 from hooktrace.record.component import Component, Flag, Option
+
+if TYPE_CHECKING:  # numpy is imported where used: `hooktrace --version` reads this
+    import numpy as np  # file's declarations (record/registry.py) without numpy
 
 __all__ = ["AggregateComponent", "DetailPolicy", "PART_ROWS", "load_aggregates",
            "reduce_window"]
@@ -66,6 +66,8 @@ def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, lis
     """The aggregate rows of the steps ``first``, ``first + 1``, ... (``len(step_ms)`` of
     them, their wall times) whose events ``trace`` holds, as columns: per module and
     mode, calls and time; a "step" row for the steps themselves (total, median, max)."""
+    import numpy as np
+
     from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD
 
     s = trace.spans()
@@ -133,6 +135,8 @@ def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, lis
 def gpu_ms_by_module(trace: Any) -> dict[tuple[int, int], float] | None:
     """Device time per (module, category) when it was recorded (TraceData.gpu_spans(),
     issue #28), else None."""
+    import numpy as np
+
     g = trace.gpu_spans()
     if not len(g):
         return None
@@ -146,6 +150,8 @@ def gpu_ms_by_module(trace: Any) -> dict[tuple[int, int], float] | None:
 def _memory_peaks(trace: Any, spans: Any) -> np.ndarray | None:
     """Per span, the highest memory peak over the recorded devices (-1: unknown), when
     memory was recorded (``memory=True``), else None."""
+    import numpy as np
+
     from hooktrace.memory import memory_devices, span_memory
 
     devices = memory_devices(trace)
@@ -166,6 +172,8 @@ def _any_nonfinite(trace: Any) -> bool:
 def _numerics_by_module(trace: Any) -> dict[tuple[int, bool], tuple[int, float]] | None:
     """(non-finite count, abs-max) per (module, backward), or None when the trace recorded
     no numerics."""
+    import numpy as np
+
     if "numerics" not in trace.info:
         return None
     from hooktrace.numerics import Numerics
@@ -335,6 +343,9 @@ class AggregateComponent(Component):
         self._keep_next.set()
 
     def step(self, step_no: int) -> None:
+        import numpy as np
+        from hooktrace._events import EVENT_DTYPE
+
         now = time.perf_counter()
         step_ms, self._last = (now - self._last) * 1e3, now
         ended = step_no - 1
@@ -358,6 +369,8 @@ class AggregateComponent(Component):
 
     def _close_window(self, last: int) -> None:
         """Reduce the steps since the window opened to rows; hand them to the loggers."""
+        import numpy as np
+
         if self._window_first is None:
             return
         events = np.concatenate(self._window_events)
