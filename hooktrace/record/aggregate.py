@@ -8,9 +8,9 @@ since the last time are reduced, per module and mode (forward, backward), to one
 each:
 
     step (the window's first), steps, module, mode, calls, total_ms, p50_ms, max_ms
-    (+ gpu_ms when device time is recorded, mem_peak_bytes with memory=True, nonfinite
-    and absmax with numerics=True; a mode "step" row holds the steps'
-    wall times: their sum, median and max)
+    (+ gpu_ms when device time is recorded, mem_peak_bytes with memory=True, tflops
+    with flops=True, nonfinite and absmax with numerics=True; a mode "step" row holds
+    the steps' wall times: their sum, median and max)
 
 The rows go to ``DIR/aggregates/part-NNNNN.parquet`` (a Parquet dataset: one table,
 ``pyarrow.dataset.dataset(DIR/aggregates)`` or duckdb's ``read_parquet('DIR/aggregates/*')``
@@ -32,6 +32,7 @@ measures it). Loggers (``hooktrace.log_to``) receive each window's rows.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import statistics
@@ -47,8 +48,8 @@ from hooktrace.record.component import Component, Flag, Option
 if TYPE_CHECKING:  # numpy is imported where used: `hooktrace --version` reads this
     import numpy as np  # file's declarations (record/registry.py) without numpy
 
-__all__ = ["AggregateComponent", "DetailPolicy", "PART_ROWS", "load_aggregates",
-           "reduce_window"]
+__all__ = ["AggregateComponent", "DetailPolicy", "KEPT_INDEX", "PART_ROWS", "kept_steps",
+           "load_aggregates", "reduce_window"]
 
 # A Parquet part is written once this many rows are waiting (and at the end).
 PART_ROWS = 50_000
@@ -60,6 +61,8 @@ MIN_STEPS_FOR_SLOW = 5
 # preemptions make many millisecond steps "slow": disk stays bounded in time)
 SLOW_COOLDOWN_S = 60.0
 DETAIL_SIGNAL = signal.SIGUSR2
+# DIR/KEPT_INDEX: a JSON line per step kept whole ({"step", "why", "file"}: DIR/steps/file)
+KEPT_INDEX = "kept.jsonl"
 
 
 def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, list[Any]]:
@@ -74,13 +77,12 @@ def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, lis
     names = [m[0] or "<root>" for m in trace.modules]
     cols: dict[str, list[Any]] = {k: [] for k in (
         "step", "steps", "module", "mode", "calls", "total_ms", "p50_ms", "max_ms",
-        "gpu_ms", "mem_peak_bytes", "nonfinite", "absmax")}
+        "gpu_ms", "mem_peak_bytes", "tflops", "nonfinite", "absmax")}
     step, steps = first, len(step_ms)
     numerics = _numerics_by_module(trace)
     gpu = gpu_ms_by_module(trace)
     peaks = _memory_peaks(trace, s)
-    gpu = gpu_ms_by_module(trace)
-    peaks = _memory_peaks(trace, s)
+    tflops = tflops_by_module(trace)
     for mode, cat in (("forward", CAT_FORWARD), ("backward", CAT_BACKWARD)):
         sel = np.flatnonzero(s.cat == cat)
         if not sel.size:
@@ -108,6 +110,9 @@ def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, lis
             cols["p50_ms"].append(float(p50[g]))
             cols["max_ms"].append(float(longest[g]))
             cols["gpu_ms"].append(gpu.get((m, cat)) if gpu is not None else None)
+            name = (str(trace.modules[m][0]) if 0 <= m < len(trace.modules)
+                    else f"<module {m}>")
+            cols["tflops"].append(tflops.get((name, mode)) if tflops is not None else None)
             if peaks is not None:
                 group = peaks[sel[start:ends[g]]]
                 cols["mem_peak_bytes"].append(int(group.max()) if (group >= 0).any() else None)
@@ -126,7 +131,8 @@ def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, lis
     cols["mode"].append("step")
     for key, value in (("calls", steps), ("total_ms", float(sum(step_ms))),
                        ("p50_ms", float(np.median(step_ms))), ("max_ms", float(max(step_ms))),
-                       ("gpu_ms", None), ("mem_peak_bytes", None), ("nonfinite", None),
+                       ("gpu_ms", None), ("mem_peak_bytes", None), ("tflops", None),
+                       ("nonfinite", None),
                        ("absmax", None)):
         cols[key].append(value)
     return cols
@@ -144,6 +150,35 @@ def gpu_ms_by_module(trace: Any) -> dict[tuple[int, int], float] | None:
     dur = (g.end_ns - g.start_ns).astype(np.float64) / 1e6
     for m, c, d in zip(g.module.tolist(), g.cat.tolist(), dur.tolist(), strict=True):
         out[(m, c)] = out.get((m, c), 0.0) + d
+    return out
+
+
+def tflops_by_module(trace: Any) -> dict[tuple[str, str], float] | None:
+    """Achieved TFLOP/s per (module name, "forward"/"backward") of a window, as the
+    summary computes it (hooktrace.flops.flop_columns: the FLOPs of the root calls not
+    run under the counter over their time; device time when it was recorded, else host
+    time), when FLOPs were recorded (``flops=True``), else None. None too for a CUDA run
+    without device time: launch time says nothing of the speed."""
+    if "flops" not in trace.info:
+        return None
+    from hooktrace.device_time import gpu_recorded, launch_time_only, span_gpu
+    from hooktrace.flops import flop_columns, newest_flop_info
+
+    spans = trace.spans()
+    # the window's spans number its root calls from 0; the info holds the run's
+    info = newest_flop_info(trace.info["flops"], spans)
+    if gpu_recorded(trace):
+        total, _, timed = span_gpu(trace)
+        columns = flop_columns(info, spans, trace.modules, None, durations=total, timed=timed)
+    elif launch_time_only(trace):
+        return None
+    else:
+        columns = flop_columns(info, spans, trace.modules, None)
+    out: dict[tuple[str, str], float] = {}
+    for name, values in columns.items():
+        for mode, key in (("forward", "tflops"), ("backward", "bwd_tflops")):
+            if values.get(key) is not None:
+                out[(name, mode)] = float(values[key])  # type: ignore[arg-type]
     return out
 
 
@@ -350,15 +385,19 @@ class AggregateComponent(Component):
         step_ms, self._last = (now - self._last) * 1e3, now
         ended = step_no - 1
         events = np.asarray(self._session.drain()).view(EVENT_DTYPE)
-        trace = self.recorder.step_result(events) if self._numerics else None
+        trace = self._result(events) if self._numerics else None
         nonfinite = trace is not None and _any_nonfinite(trace)
         why = self._why_keep(ended, step_ms, nonfinite)
         self._times.append(step_ms)
         if why:
-            trace = trace if trace is not None else self.recorder.step_result(events)
+            trace = trace if trace is not None else self._result(events)
             path = os.path.join(self.dir, "steps", f"step-{ended}.htrace")
             trace.save(path)
             self.kept.append({"step": ended, "why": why, "path": path})
+            # why each was kept, for summary and report (a line per kept step)
+            with open(os.path.join(self.dir, KEPT_INDEX), "a", encoding="utf-8") as f:
+                f.write(json.dumps({"step": ended, "why": why,
+                                    "file": os.path.basename(path)}) + "\n")
         if self._window_first is None:
             self._window_first, self._window_start = ended, now - step_ms / 1e3
         self._window_events.append(events)
@@ -366,6 +405,16 @@ class AggregateComponent(Component):
         self._steps += 1
         if now - self._window_start >= self.interval:
             self._close_window(ended)
+
+    def _result(self, events: np.ndarray) -> Any:
+        """The drained ``events`` as a trace; its FLOP info matched to its root calls
+        (numbered from 0 in its spans; the recorder's info lists the run's)."""
+        trace = self.recorder.step_result(events)
+        if "flops" in trace.info:
+            from hooktrace.flops import newest_flop_info
+
+            trace.info["flops"] = newest_flop_info(trace.info["flops"], trace.spans())
+        return trace
 
     def _close_window(self, last: int) -> None:
         """Reduce the steps since the window opened to rows; hand them to the loggers."""
@@ -376,7 +425,7 @@ class AggregateComponent(Component):
         events = np.concatenate(self._window_events)
         # thread by thread, as one drain (and a recording in memory) holds them
         events = events[np.argsort(events["tid"], kind="stable")]
-        rows = reduce_window(self._window_first, self.recorder.step_result(events),
+        rows = reduce_window(self._window_first, self._result(events),
                              self._window_times)
         self._window_first, self._window_events, self._window_times = None, [], []
         for key, values in rows.items():
@@ -428,6 +477,7 @@ class AggregateComponent(Component):
             "max_ms": pa.array(self._rows["max_ms"], pa.float32()),
             "gpu_ms": pa.array(self._rows["gpu_ms"], pa.float32()),
             "mem_peak_bytes": pa.array(self._rows["mem_peak_bytes"], pa.int64()),
+            "tflops": pa.array(self._rows["tflops"], pa.float32()),
             "nonfinite": pa.array(self._rows["nonfinite"], pa.int64()),
             "absmax": pa.array(self._rows["absmax"], pa.float32()),
         })
@@ -468,6 +518,33 @@ def load_aggregates(path: str | os.PathLike[str]) -> Any:
         raise FileNotFoundError(f"{os.fspath(path)}: no aggregate parts (part-*.parquet) there")
     table = ds.dataset(folder, format="parquet").to_table()
     return table.sort_by("step")
+
+
+def kept_steps(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The steps an ``aggregate=`` folder kept whole, in step order: ``step``, ``why``
+    (None when DIR/kept.jsonl does not say) and ``path``, for each step-N.htrace still
+    there."""
+    steps = os.path.join(os.fspath(path), "steps")
+    if not os.path.isdir(steps):
+        return []
+    why: dict[str, str] = {}
+    try:
+        with open(os.path.join(os.fspath(path), KEPT_INDEX), encoding="utf-8") as f:
+            for line in f:
+                try:
+                    entry = json.loads(line)
+                    why[str(entry["file"])] = str(entry["why"])
+                except (ValueError, KeyError, TypeError):
+                    continue  # a line cut short by a kill: that step's why is unknown
+    except OSError:
+        pass
+    out = []
+    for name in os.listdir(steps):
+        number = name[len("step-"):-len(".htrace")]
+        if name.startswith("step-") and name.endswith(".htrace") and number.isdigit():
+            out.append({"step": int(number), "why": why.get(name),
+                        "path": os.path.join(steps, name)})
+    return sorted(out, key=lambda k: k["step"])
 
 
 def is_aggregate_dir(path: str | os.PathLike[str]) -> bool:
