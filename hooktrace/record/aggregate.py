@@ -8,9 +8,11 @@ since the last time are reduced, per module and mode (forward, backward), to one
 each:
 
     step (the window's first), steps, module, mode, calls, total_ms, p50_ms, max_ms
-    (+ gpu_ms when device time is recorded, mem_peak_bytes with memory=True, tflops
-    with flops=True, nonfinite and absmax with numerics=True; a mode "step" row holds
-    the steps' wall times: their sum, median and max)
+    (mode: forward, backward, or eval: the forward calls under no_grad or
+    module.eval() of a window that also has training calls; + gpu_ms when device time
+    is recorded, mem_peak_bytes with memory=True, tflops with flops=True, nonfinite and
+    absmax with numerics=True; a mode "step" row holds the steps' wall times: their
+    sum, median and max)
 
 The rows go to ``DIR/aggregates/part-NNNNN.parquet`` (a Parquet dataset: one table,
 ``pyarrow.dataset.dataset(DIR/aggregates)`` or duckdb's ``read_parquet('DIR/aggregates/*')``
@@ -71,7 +73,7 @@ def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, lis
     mode, calls and time; a "step" row for the steps themselves (total, median, max)."""
     import numpy as np
 
-    from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD
+    from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL
 
     s = trace.spans()
     names = [m[0] or "<root>" for m in trace.modules]
@@ -80,11 +82,17 @@ def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, lis
         "gpu_ms", "mem_peak_bytes", "tflops", "nonfinite", "absmax")}
     step, steps = first, len(step_ms)
     numerics = _numerics_by_module(trace)
-    gpu = gpu_ms_by_module(trace)
     peaks = _memory_peaks(trace, s)
     tflops = tflops_by_module(trace)
-    for mode, cat in (("forward", CAT_FORWARD), ("backward", CAT_BACKWARD)):
-        sel = np.flatnonzero(s.cat == cat)
+    # eval calls (no_grad or module.eval(): a validation pass between steps) get rows of
+    # their own, as in the summary, so that they do not swell the training forward; not
+    # when every forward call is one (a model trained in eval mode: those are its steps)
+    flagged = (s.cat == CAT_FORWARD) & ((s.flags & SPAN_EVAL) != 0)
+    eval_ = flagged if ((s.cat == CAT_FORWARD) & ~flagged).any() else np.zeros(len(s), bool)
+    gpu = gpu_ms_by_module(trace, eval_)
+    for mode, cat in (("forward", CAT_FORWARD), ("eval", CAT_EVAL), ("backward", CAT_BACKWARD)):
+        sel = np.flatnonzero((s.cat == CAT_FORWARD) & eval_ if cat == CAT_EVAL
+                             else (s.cat == cat) & ~eval_)
         if not sel.size:
             continue
         dur = (s.end_ns[sel] - s.start_ns[sel]).astype(np.float64) / 1e6
@@ -112,13 +120,15 @@ def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, lis
             cols["gpu_ms"].append(gpu.get((m, cat)) if gpu is not None else None)
             name = (str(trace.modules[m][0]) if 0 <= m < len(trace.modules)
                     else f"<module {m}>")
+            # (TFLOP/s and numerics: of the module's training calls, none for eval rows)
             cols["tflops"].append(tflops.get((name, mode)) if tflops is not None else None)
             if peaks is not None:
                 group = peaks[sel[start:ends[g]]]
                 cols["mem_peak_bytes"].append(int(group.max()) if (group >= 0).any() else None)
             else:
                 cols["mem_peak_bytes"].append(None)
-            got = numerics.get((m, mode == "backward")) if numerics is not None else None
+            got = (numerics.get((m, mode == "backward"))
+                   if numerics is not None and mode != "eval" else None)
             if got is not None:
                 cols["nonfinite"].append(got[0])
                 cols["absmax"].append(got[1] if np.isfinite(got[1]) else None)
@@ -138,9 +148,15 @@ def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, lis
     return cols
 
 
-def gpu_ms_by_module(trace: Any) -> dict[tuple[int, int], float] | None:
+# the category key of eval rows (reduce_window, gpu_ms_by_module): no span category's
+CAT_EVAL = -1
+
+
+def gpu_ms_by_module(trace: Any, eval_spans: np.ndarray | None = None
+                     ) -> dict[tuple[int, int], float] | None:
     """Device time per (module, category) when it was recorded (TraceData.gpu_spans(),
-    issue #28), else None."""
+    issue #28), else None; the intervals of the spans ``eval_spans`` marks (per span,
+    bool) under (module, CAT_EVAL)."""
     import numpy as np
 
     g = trace.gpu_spans()
@@ -148,7 +164,13 @@ def gpu_ms_by_module(trace: Any) -> dict[tuple[int, int], float] | None:
         return None
     out: dict[tuple[int, int], float] = {}
     dur = (g.end_ns - g.start_ns).astype(np.float64) / 1e6
-    for m, c, d in zip(g.module.tolist(), g.cat.tolist(), dur.tolist(), strict=True):
+    cats = g.cat.astype(np.int64)
+    if eval_spans is not None and len(eval_spans):
+        has = (g.span >= 0) & (g.span < len(eval_spans))
+        marked = np.zeros(len(g), bool)
+        marked[has] = eval_spans[g.span[has]]
+        cats = np.where(marked, CAT_EVAL, cats)
+    for m, c, d in zip(g.module.tolist(), cats.tolist(), dur.tolist(), strict=True):
         out[(m, c)] = out.get((m, c), 0.0) + d
     return out
 

@@ -41,7 +41,8 @@ KEPT_SHOWN = 200  # the kept steps listed by name; the rest are counted
 # a value
 COLUMNS = (
     ("module", "module", "the module's qualified name (<step>: the steps themselves)"),
-    ("mode", "mode", "forward, backward, or step (the steps' wall times)"),
+    ("mode", "mode", "forward, backward, eval (no_grad or module.eval() calls), or step "
+                     "(the steps' wall times)"),
     ("calls", "calls", "calls over the run (step: steps)"),
     ("total_ms", "total ms", "time over the run"),
     ("ms_per_step", "ms/step", "total over the steps aggregated"),

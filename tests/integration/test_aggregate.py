@@ -297,12 +297,13 @@ def test_flop_rate_per_module_when_flops_are_recorded(tmp_path: Path) -> None:
                              ("<root>", "forward"), ("<root>", "backward")):
             assert tf[(step, module, mode)] > 0, (step, module, mode)
         assert tf[(step, "1", "forward")] is None and tf[(step, "<step>", "step")] is None
-    # THEN they are the summary's TFLOP/s of the same step (the kept one, a trace)
+    # THEN they are the summary's TFLOP/s of the same step (the kept one, a trace; to
+    # 1e-3: the saved step's clock conversion differs from the run's by a few ns)
     rows = {r["module"]: r for r in hooktrace.load(
         tmp_path / "agg" / "steps" / "step-5.htrace").summary().rows}
     for module, name in (("", "<root>"), ("0", "0"), ("2", "2")):
-        assert tf[(5, name, "forward")] == pytest.approx(rows[module]["tflops"], rel=1e-5)
-        assert tf[(5, name, "backward")] == pytest.approx(rows[module]["bwd_tflops"], rel=1e-5)
+        assert tf[(5, name, "forward")] == pytest.approx(rows[module]["tflops"], rel=1e-3)
+        assert tf[(5, name, "backward")] == pytest.approx(rows[module]["bwd_tflops"], rel=1e-3)
     # THEN the rate is the FLOPs over the host time of the row (FlopCounterMode's count
     # of one call of fc "0": 2 x 16 x 64 x 128 forward)
     i = next(i for i in range(len(t["step"])) if (t["step"][i], t["module"][i],
@@ -350,3 +351,37 @@ def test_report_of_an_aggregate_folder_and_of_a_bad_one(
     assert len(err) == 1 and "the aggregate table cannot be read" in err[0]
     assert "part-00001.parquet" in err[0]
     assert not (tmp_path / "x.html").exists()
+
+
+def test_eval_calls_between_steps_get_rows_of_their_own(tmp_path: Path) -> None:
+    # GIVEN a validation pass (no_grad, eval mode) of 5 calls before each of 3 steps
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(4, 8)
+    with hooktrace.trace(model, aggregate=tmp_path / "agg", aggregate_interval=0,
+                         detail="every=0"):
+        for _ in range(3):
+            model.eval()
+            with torch.no_grad():
+                for _ in range(5):
+                    model(x)
+            model.train()
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+    t = load_aggregates(tmp_path / "agg").to_pydict()
+    calls = {(s, m, mode): c for s, m, mode, c in zip(t["step"], t["module"], t["mode"],
+                                                       t["calls"], strict=True)}
+    # THEN the training forward is one call per step, the eval calls are 5 apart
+    for step in range(3):
+        assert calls[(step, "fc1", "forward")] == 1
+        assert calls[(step, "fc1", "eval")] == 5
+        assert calls[(step, "fc1", "backward")] == 1
+    # and a model trained in eval mode (every forward call flagged) stays "forward"
+    model2 = Net()
+    model2.eval()
+    with hooktrace.trace(model2, aggregate=tmp_path / "evalmode", aggregate_interval=0,
+                         detail="every=0"):
+        train(model2, 2)
+    modes = set(load_aggregates(tmp_path / "evalmode")["mode"].to_pylist())
+    assert modes == {"forward", "backward", "step"}
