@@ -36,6 +36,8 @@ __all__ = ["KEPT_SHOWN", "aggregate_rows", "render_aggregate_report", "step_figu
            "write_aggregate_report"]
 
 KEPT_SHOWN = 200  # the kept steps listed by name; the rest are counted
+LOG_SCALE_ABOVE = 10.0  # the step chart's y axis is logarithmic when the longest step is
+# more than this many times the median window's mean step
 
 # (key, header, tooltip) of the table's columns; the optional ones appear when a row has
 # a value
@@ -141,7 +143,14 @@ def step_figure(table: Any, kept: list[dict[str, Any]]) -> dict[str, Any]:
          "marker": {"color": OTHER_COLOR, "size": 10, "symbol": "diamond"},
          "hovertemplate": "%{text}<extra></extra>"},
     ]
-    layout = {"xaxis": {"title": {"text": "step"}}, "yaxis": {"title": {"text": "ms"}},
+    # a first step (compilation, a validation pass, the FLOP counter) 10x the typical one
+    # would flatten the rest: a log scale then
+    typical = sorted(mean)[len(mean) // 2] if mean else 0.0
+    log = typical > 0 and max(v for v in longest if v is not None) > LOG_SCALE_ABOVE * typical
+    yaxis: dict[str, Any] = {"title": {"text": "ms (log scale)" if log else "ms"}}
+    if log:
+        yaxis["type"] = "log"
+    layout = {"xaxis": {"title": {"text": "step"}}, "yaxis": yaxis,
               "margin": {"t": 40},
               "legend": {"orientation": "h", "x": 0, "xanchor": "left", "y": 1.02,
                          "yanchor": "bottom"}}
@@ -267,9 +276,9 @@ code {{ background: #f6f6f6; }}
 </head><body>
 <h1>{title}</h1>
 <div class="facts">{facts}</div>
-<div class="hint">The per-step aggregates of {name} (hooktrace trace(aggregate=...)):
-a row per module and mode per window of steps, the raw events dropped except for the
-steps kept whole.</div>
+<div class="hint">The per-step aggregates of {name} (<code>trace(aggregate=...)</code>,
+<code>hooktrace run --aggregate</code>): a row per module and mode per window of steps,
+the raw events dropped except for the steps kept whole.</div>
 <h2>Step times</h2>
 <div class="hint">Per window of steps (x: its first step): the mean step and the longest
 one; diamonds: steps kept whole.</div>

@@ -338,6 +338,12 @@ def test_report_of_an_aggregate_folder_and_of_a_bad_one(
         assert f'href="agg/steps/{name}">{name}</a>: step {name[5:-7]} ({why})' in text
     assert "9 steps aggregated in 9 windows" in text
     assert '<td data-v="fc1">fc1</td><td data-v="forward">forward</td>' in text
+    # the step chart: step 7 slept 200 ms, far above the ~1 ms steps: a log scale
+    from hooktrace.reporters.aggregate import step_figure
+
+    figure = step_figure(load_aggregates(tmp_path / "agg"), kept_steps(tmp_path / "agg"))
+    assert figure["layout"]["yaxis"]["type"] == "log"
+    assert figure["data"][2]["x"] == [0, 4, 7, 8]
     capsys.readouterr()
     # a folder that holds no aggregates, and one whose part is not Parquet: one line each
     (tmp_path / "empty").mkdir()
