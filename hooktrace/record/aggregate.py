@@ -590,16 +590,26 @@ def aggregate_summary(path: str | os.PathLike[str], top: int | None = None) -> s
     grouped.sort(key=lambda r: (r["mode"] != "step", -(r["total_ms_sum"] or 0.0)))
     if top is not None:
         grouped = grouped[: top + 1]
+    # with flops=True: TFLOP/s over the run (each window's weighed by its time), as the
+    # report has it
+    tflops: dict[tuple[str, str], float | None] = {}
+    if "tflops" in table.column_names and table["tflops"].null_count < len(table):
+        from hooktrace.reporters.aggregate import aggregate_rows
+
+        tflops = {(r["module"], r["mode"]): r["tflops"] for r in aggregate_rows(table)[0]}
     lines = [f"{os.fspath(path)}: {n_steps} steps aggregated, {len(table)} rows",
              f"{'module':<40}{'mode':<10}{'calls':>10}{'total ms':>12}{'ms/step':>10}"
-             f"{'p50 ms':>10}{'max ms':>10}{'nonfinite':>10}"]
+             f"{'p50 ms':>10}{'max ms':>10}{'nonfinite':>10}"
+             + (f"{'TFLOP/s':>10}" if tflops else "")]
     for r in grouped:
         per_step = (r["total_ms_sum"] or 0.0) / max(1, n_steps)
         nf = r["nonfinite_sum"]
+        tf = tflops.get((str(r["module"]), str(r["mode"])))
         lines.append(f"{str(r['module'])[:39]:<40}{str(r['mode']):<10}{r['calls_sum']:>10}"
                      f"{r['total_ms_sum']:>12.2f}{per_step:>10.3f}"
                      f"{r['p50_ms_approximate_median']:>10.3f}{r['max_ms_max']:>10.3f}"
-                     f"{'' if nf is None else nf:>10}")
+                     f"{'' if nf is None else nf:>10}"
+                     + (f"{'' if tf is None else f'{tf:.3g}':>10}" if tflops else ""))
     steps = os.path.join(os.fspath(path), "steps")
     kept = sorted((f for f in os.listdir(steps) if f.endswith(".htrace")),
                   key=lambda f: int(f[len("step-"):-len(".htrace")])

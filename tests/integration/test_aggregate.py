@@ -310,6 +310,17 @@ def test_flop_rate_per_module_when_flops_are_recorded(tmp_path: Path) -> None:
                                                   t["mode"][i]) == (5, "0", "forward"))
     assert t["tflops"][i] == pytest.approx(2 * 16 * 64 * 128 / (t["total_ms"][i] * 1e-3) / 1e12,
                                            rel=1e-3)
+    # THEN hooktrace summary DIR shows the rate over the run: FLOPs over time, the windows
+    # weighed by their time (so between the fastest and the slowest window's)
+    from hooktrace.record.aggregate import aggregate_summary
+
+    text = aggregate_summary(tmp_path / "agg").splitlines()
+    assert text[1].split()[-1] == "TFLOP/s"
+    fc = next(line.split() for line in text if line.startswith("0 ") and "forward" in line)
+    rates = [v for (s, m, mode), v in tf.items() if (m, mode) == ("0", "forward") and v]
+    assert min(rates) * 0.999 <= float(fc[-1]) <= max(rates) * 1.001
+    relu = next(line for line in text if line.startswith("1 ") and "forward" in line)
+    assert len(relu.split()) == len(fc) - 1  # ReLU: no TFLOP/s (no FLOPs)
     # and a run without FLOPs has the column, empty
     model2 = Net()
     with hooktrace.trace(model2, aggregate=tmp_path / "plain", aggregate_interval=0,
