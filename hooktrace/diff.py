@@ -99,7 +99,7 @@ from hooktrace._diff_inputs import (
     parse_spec,
 )
 from hooktrace.device_time import gpu_recorded, launch_time_only, module_gpu
-from hooktrace.kernels import derived_spans
+from hooktrace.kernels import derived_spans, fused_modules
 from hooktrace.rankset import map_ranks
 from hooktrace._events import SPAN_DEFINITION, SPAN_DEFINITIONS, span_definition
 from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL, TraceData, as_data, load
@@ -148,6 +148,9 @@ class _RunStats:
     span_definition: int = SPAN_DEFINITION  # what a span covers (hooktrace._events)
     gpu: bool = False  # device time recorded
     launch: bool = False  # a CUDA run without device time
+    # (module, phase) of compiled regions that ran with no kernel of their own (their ops
+    # fused into other modules' kernels): no numbers, but not absent from the run
+    fused: set[Key] = field(default_factory=set)
 
 
 @dataclass
@@ -184,6 +187,7 @@ class _Part:
     iqr: dict[Key, float] = field(default_factory=dict)
     gpu: bool = False  # device time recorded (the GPU_PHASES keys, hooktrace.device_time)
     launch: bool = False  # a CUDA run without device time: host times are launch times
+    fused: set[Key] = field(default_factory=set)  # as _RunStats.fused
 
 
 def _whole_run(part: _Part) -> _Part:
@@ -316,6 +320,9 @@ def _part(trace: TraceData, keep_calls: bool = False) -> _Part:
     if gpu_recorded(trace):
         _add_gpu_phases(part, trace, complete)
     part.launch = launch_time_only(trace)
+    for slot, eval_, phase in fused_modules(trace):
+        if not (eval_ and phase == "backward"):
+            part.fused.add((trace.modules[slot][0], "eval" if eval_ else phase))
     return part
 
 
@@ -412,7 +419,7 @@ def _pool(parts: Sequence[_Part]) -> _RunStats:
         step_p50 = float(np.percentile(p.step_ns, 50)) if p.n_steps else None
         root_total = p.root_ns / width
         return _RunStats(out, p.n_steps, step_p50, step_p50 if step_p50 else root_total,
-                         p.span_definition, p.gpu, p.launch)
+                         p.span_definition, p.gpu, p.launch, p.fused - set(out))
     stepped = [p for p in parts if p.n_steps]
     n_steps = sum(p.n_steps for p in stepped)
     keys: dict[Key, str] = {}
@@ -444,7 +451,8 @@ def _pool(parts: Sequence[_Part]) -> _RunStats:
     root_total = (sum(p.root_ns for p in stepped) / n_steps if n_steps
                   else sum(p.root_ns for p in parts))
     return _RunStats(out, n_steps, step_p50, step_p50 if step_p50 else root_total,
-                     definitions[0], all(p.gpu for p in parts), any(p.launch for p in parts))
+                     definitions[0], all(p.gpu for p in parts), any(p.launch for p in parts),
+                     set().union(*(p.fused for p in parts)) - set(out))
 
 
 def _pooled_timing(parts: Sequence[_Part], key: Key) -> str:
@@ -487,7 +495,9 @@ class Diff:
     relative to A; ``self_per_step_change_ns`` the change of self time, the sort
     key; ``share_a`` = the row's time per step over A's step time);
     ``step``: the same for the step itself, or None; ``only_a`` / ``only_b``:
-    ``(module, phase)`` seen in one run only; ``per_step``: whether both runs
+    ``(module, phase)`` seen in one run only; ``fused_a`` / ``fused_b``: those timed
+    in the other run that this run ran inside a compiled region with no kernel of
+    their own (ops fused into other modules' kernels); ``per_step``: whether both runs
     had complete steps (otherwise "per step" means the whole run).
 
     Rank directories (``ranks`` is not None): ``by_rank`` holds each rank's own
@@ -517,6 +527,10 @@ class Diff:
     gpu: bool = False
     # a run is a CUDA run without device time: its kernel rows are launch times
     launch: bool = False
+    # (module, phase) timed in one run whose ops the other run fused into other modules'
+    # kernels (a compiled region): in both runs, comparable in neither
+    fused_a: list[Key] = field(default_factory=list)
+    fused_b: list[Key] = field(default_factory=list)
 
     def _failing(self, pct: float, min_share: float) -> list[tuple[dict[str, Any], float]]:
         bad = []
@@ -592,6 +606,8 @@ class Diff:
             "a": self.names[0], "b": self.names[1], "per_step": self.per_step,
             "step": self.step, "rows": self.rows if top is None else self.rows[:top],
             "only_a": only("a", self.only_a), "only_b": only("b", self.only_b),
+            "fused_a": [{"module": m, "phase": p} for m, p in self.fused_a],
+            "fused_b": [{"module": m, "phase": p} for m, p in self.fused_b],
             "gpu": self.gpu,
         }
         if self.ranks is not None:
@@ -675,6 +691,10 @@ class Diff:
                 lines.append(f"only in {which}: " + ", ".join(
                     f"{m or '<root>'} {p}" + self._ranks_note(which.lower(), (m, p))
                     for m, p in items))
+        for which, items in (("A", self.fused_a), ("B", self.fused_b)):
+            if items:
+                lines.append(f"fused in {which} (its ops ran in other modules' kernels, no time "
+                             "of its own): " + ", ".join(f"{m or '<root>'} {p}" for m, p in items))
         for which, ranks in (("A", self.ranks_only_a), ("B", self.ranks_only_b)):
             if ranks:
                 lines.append(f"ranks only in {which}: " + ", ".join(map(str, ranks)))
@@ -771,15 +791,18 @@ def _compare_stats(sa: _RunStats, sb: _RunStats, names: tuple[str, str]) -> Diff
         step.update({"module": _STEP, "type": "", "phase": "step",
                      "per_step_a_ns": sa.step_p50_ns, "per_step_b_ns": sb.step_p50_ns,
                      "per_step_change_ns": ds, "per_step_change_pct": dsp, "share_a": 1.0})
-    only_a = [k for k in sa.per_key if k not in sb.per_key]
-    only_b = [k for k in sb.per_key if k not in sa.per_key]
+    # a module whose ops the other run fused into other modules' kernels ran there too
+    fused_b = [k for k in sa.per_key if k not in sb.per_key and k in sb.fused]
+    fused_a = [k for k in sb.per_key if k not in sa.per_key and k in sa.fused]
+    only_a = [k for k in sa.per_key if k not in sb.per_key and k not in sb.fused]
+    only_b = [k for k in sb.per_key if k not in sa.per_key and k not in sa.fused]
     notes = _model_note(sa, sb, names) + _timing_notes(rows, names)
     if sa.gpu != sb.gpu:
         has, lacks = (names[0], names[1]) if sa.gpu else (names[1], names[0])
         notes.append(f"only {has} recorded device time (trace(gpu=True)); {lacks}'s times are "
                      "host time: compared on host time")
     return Diff(rows, step, only_a, only_b, per_step, names, notes=notes, gpu=gpu,
-                launch=sa.launch or sb.launch)
+                launch=sa.launch or sb.launch, fused_a=fused_a, fused_b=fused_b)
 
 
 def _model_note(sa: _RunStats, sb: _RunStats, names: tuple[str, str]) -> list[str]:
@@ -789,7 +812,7 @@ def _model_note(sa: _RunStats, sb: _RunStats, names: tuple[str, str]) -> list[st
         return next((st.type for (m, _), st in s.per_key.items() if m == ""), None)
 
     ra, rb = root(sa), root(sb)
-    mods_a, mods_b = ({m for m, _ in s.per_key} for s in (sa, sb))
+    mods_a, mods_b = ({m for m, _ in [*s.per_key, *s.fused]} for s in (sa, sb))
     union = mods_a | mods_b
     shared = len(mods_a & mods_b) / len(union) if union else 1.0
     if ra is not None and rb is not None and ra != rb:
@@ -855,7 +878,10 @@ def _compare_rank_stats(sa: Mapping[int, _RunStats], sb: Mapping[int, _RunStats]
         step = _with_rank_columns(steps[worst], worst, list(steps.values()))
     only_a = list(dict.fromkeys(k for d in by_rank.values() for k in d.only_a))
     only_b = list(dict.fromkeys(k for d in by_rank.values() for k in d.only_b))
+    fused_a = list(dict.fromkeys(k for d in by_rank.values() for k in d.fused_a))
+    fused_b = list(dict.fromkeys(k for d in by_rank.values() for k in d.fused_b))
     return Diff(rows, step, only_a, only_b, all(d.per_step for d in by_rank.values()), names,
+                fused_a=fused_a, fused_b=fused_b,
                 notes=_model_note(sa[common[0]], sb[common[0]], names), ranks=common, ranks_only_a=sorted(set(sa) - set(sb)),
                 ranks_only_b=sorted(set(sb) - set(sa)), by_rank=by_rank, gpu=gpu,
                 launch=any(d.launch for d in by_rank.values()))

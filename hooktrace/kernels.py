@@ -50,7 +50,12 @@ import numpy as np
 from hooktrace._events import KERNEL_BEGIN, KERNEL_END
 from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, CAT_RECOMPUTE, SPAN_EVAL, TraceData
 
-__all__ = ["CONTAINER_TYPES", "Derived", "Kernels", "derived_spans", "kernel_sites"]
+__all__ = ["CONTAINER_TYPES", "MODULE_SITE", "Derived", "Kernels", "derived_spans", "fused_modules",
+           "kernel_sites"]
+
+# A site with this kernel name names a module of a compiled graph, not a kernel (no mark
+# carries its id): the record side registers one per module whose ops the graph holds.
+MODULE_SITE = ""
 
 # Containers are never called, so they have no row in eager runs either.
 CONTAINER_TYPES = frozenset({"ModuleList", "ModuleDict", "ParameterList", "ParameterDict"})
@@ -247,6 +252,43 @@ def _derive(trace: TraceData) -> Derived:
     region_self = spans.self_ns[regions] - top_total.astype(np.int64)
     return Derived(g_span, g % n_mod, spans.cat[g_span], spans.flags[g_span] & SPAN_EVAL,
                    total, self_, start, end, regions, np.maximum(region_self, 0))
+
+
+def fused_modules(trace: TraceData) -> set[tuple[int, bool, str]]:
+    """The modules of compiled regions that ran with no kernel of their own: (slot,
+    eval, phase) with phase "forward" | "backward", for each module that a graph of a
+    region names (its MODULE_SITE sites: a node of the graph belongs to it) while no
+    kernel was attributed to it in a call of that region in that phase: its ops were
+    fused into kernels counted in an enclosing module (or were views). Only regions
+    that ran kernels in that phase count; containers are left out (never called)."""
+    paths: dict[str, set[str]] = {"forward": set(), "backward": set()}
+    for kernel, path, phase in kernel_sites(trace.info):
+        if kernel == MODULE_SITE and path and phase in paths:
+            paths[phase].add(path)
+    if not (paths["forward"] or paths["backward"]):
+        return set()
+    d = derived_spans(trace)
+    k = Kernels.from_trace(trace)
+    spans = trace.spans()
+    placed = np.flatnonzero((k.span >= 0) & (k.module >= 0))
+    if not len(placed):
+        return set()
+    regions = {(int(spans.module[s]), bool(spans.flags[s] & SPAN_EVAL),
+                "backward" if c == CAT_BACKWARD else "forward")
+               for s, c in set(zip(k.span[placed].tolist(), k.cat[placed].tolist()))}
+    attributed = {(int(m), bool(f), "backward" if c == CAT_BACKWARD else "forward")
+                  for m, f, c in zip(d.module.tolist(), d.flags.tolist(), d.cat.tolist())}
+    slots = {name: i for i, (name, _) in enumerate(trace.modules)}
+    out = set()
+    for region, eval_, phase in regions:
+        base = trace.modules[region][0]
+        for path in paths[phase]:
+            slot = slots.get(_join(base, path))
+            if (slot is None or slot == region or trace.modules[slot][1] in CONTAINER_TYPES
+                    or (slot, eval_, phase) in attributed):
+                continue
+            out.add((slot, eval_, phase))
+    return out
 
 
 def _chain(names: list[str], slots: dict[str, int], modules: list[tuple[str, str]],

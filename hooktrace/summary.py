@@ -36,7 +36,7 @@ from hooktrace.device_time import (
     module_gpu,
     span_gpu,
 )
-from hooktrace.kernels import Derived, Kernels, derived_spans
+from hooktrace.kernels import Derived, Kernels, derived_spans, fused_modules
 from hooktrace.numerics import (
     NUMERIC_COLUMNS,
     Numerics,
@@ -75,7 +75,7 @@ UNATTRIBUTED = "<unattributed>"  # "module" of the rows for unattributed autogra
 COMPILE_ROW = "<torch.compile>"  # "module" of the row of torch.compile's compile time
 TEXT_WIDTH = 120  # the default text table fits this many columns (issue #7)
 
-_COLUMNS = ("module", "type", "mode", "timing", "calls", "total_ns", "self_ns", "mean_ns", "p50_ns", "p99_ns",
+_COLUMNS = ("module", "type", "mode", "timing", "fused", "calls", "total_ns", "self_ns", "mean_ns", "p50_ns", "p99_ns",
             "bwd_calls", "bwd_total_ns", "bwd_self_ns", "bwd_p50_ns", "bwd_p99_ns",
             "bwd_fwd_ratio", "recompute_calls", "recompute_total_ns", "step_p50_ns",
             "step_p99_ns")
@@ -249,6 +249,7 @@ class Summary:
         derived = derived_spans(trace)
         compiles = compile_intervals(trace.info)
         rows = cls._rows(spans, trace.modules, trace.node_names, derived, compiles)
+        rows = _with_fused(rows, trace)
         steps = trace.steps()
         # Steps that compiled (torch.compile's first calls, recompiles) are left out of
         # the per-step statistics: they measure the compiler, not the step.
@@ -936,6 +937,36 @@ def fused_phases(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str | None],
         if phases:
             out[(name, r.get("mode"))] = phases
     return out
+
+
+def _with_fused(rows: list[dict[str, Any]], trace: TraceData) -> list[dict[str, Any]]:
+    """``rows`` plus a row for each module of a compiled region that ran with no kernel
+    of its own (hooktrace.kernels.fused_modules: its ops were all fused into other
+    modules' kernels), and every row's ``fused`` key: the phases ("forward",
+    "backward", "forward+backward") in which the module's ops ran in kernels counted
+    in an enclosing module, or None. A fused phase's times are None (not 0 ns: the
+    work was done, in another row's kernels); its call count stays 0."""
+    have = {(r["module"], r["mode"]) for r in rows}
+    added: dict[tuple[str, str], dict[str, Any]] = {}
+    for slot, eval_, _phase in sorted(fused_modules(trace)):
+        name, type_name = trace.modules[slot]
+        mode = "eval" if eval_ else "train"
+        if (name, mode) in have or (name, mode) in added:
+            continue
+        row = dict.fromkeys(_COLUMNS)
+        row.update(module=name, type=type_name, mode=mode, timing="kernels", calls=0,
+                   bwd_calls=0, recompute_calls=0, recompute_total_ns=0)
+        added[(name, mode)] = row
+    rows = rows + list(added.values())
+    fused = fused_phases(rows)
+    for row in rows:
+        phases = fused.get((row["module"], row.get("mode")), [])
+        row["fused"] = "+".join(phases) or None
+        for phase in phases:
+            for key in (("total_ns", "self_ns") if phase == "forward"
+                        else ("bwd_total_ns", "bwd_self_ns")):
+                row[key] = None
+    return rows
 
 
 def _cell(row: dict[str, Any], key: str, fused: Sequence[str] = (),

@@ -50,9 +50,12 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["compile_started", "compile_ended", "sites", "site_count", "installed", "site"]
+__all__ = ["MODULE_SITE", "compile_started", "compile_ended", "sites", "site_count", "installed", "site"]
 
 _lock = threading.Lock()
+# The kernel name of a site that names a module of a compiled graph, not a kernel: no
+# mark carries its id; the reader (hooktrace.kernels.fused_modules) lists these modules.
+MODULE_SITE = ""
 # The process-wide site table: [kernel name, module path relative to the compiled
 # region's root module ("" = the root), "forward" | "backward"]; a site's id is its
 # index, baked into the generated code, so the table only grows.
@@ -222,6 +225,13 @@ def _begin(wrapper: Any, kernel_name: str, nodes: list[Any], primary: Any) -> st
                           "kernel_end as _ht_ke")
         imports.writeline("from hooktrace.record.kernels import site as _ht_site")
         setattr(root, _MARKED, 0)
+        # the modules whose ops this graph holds, kernel or not: a module whose ops were
+        # all fused into other modules' kernels has no kernel site, but ran (its summary
+        # row says "fused", not nothing). Sites with no kernel name (MODULE_SITE).
+        phase = "backward" if getattr(graph, "is_backward", False) else "forward"
+        for path in _graph_modules(graph):
+            site(MODULE_SITE, path, phase)
+            imports.writeline(f"_ht_site({MODULE_SITE!r}, {path!r}, {phase!r})")
     phase = "backward" if getattr(graph, "is_backward", False) else "forward"
     if primary is not None and _module_path(primary) is not None:
         module = _module_path(primary) or ""
@@ -234,6 +244,21 @@ def _begin(wrapper: Any, kernel_name: str, nodes: list[Any], primary: Any) -> st
     imports.writeline(f"{name} = _ht_site({kernel_name!r}, {module!r}, {phase!r})")
     wrapper.writeline(f"_ht_kb({name})")
     return name
+
+
+def _graph_modules(graph: Any) -> list[str]:
+    """Every module path (with its ancestors, the region's root left out) that a node of
+    the graph being lowered belongs to, in first-seen order."""
+    gm = getattr(graph, "orig_gm", None) or getattr(graph, "module", None)
+    out: dict[str, None] = {}
+    for node in getattr(getattr(gm, "graph", None), "nodes", ()):
+        path = _module_path(node)
+        if not path:
+            continue
+        parts = path.split(".")
+        for i in range(1, len(parts) + 1):
+            out.setdefault(".".join(parts[:i]))
+    return list(out)
 
 
 def _end(wrapper: Any, name: str | None) -> None:

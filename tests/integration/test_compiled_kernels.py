@@ -12,6 +12,8 @@ the trace is left alone and said so.
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import subprocess
@@ -383,3 +385,91 @@ def test_gpt2_every_kernel_is_attributed_inside_blocks(how: str, tmp_path: Path)
     result.export_chrome(tmp_path / "gpt2.json")
     result.export_perfetto(tmp_path / "gpt2.pftrace")
     perfetto_check([tmp_path / "gpt2.json", tmp_path / "gpt2.pftrace"])
+
+
+class Embedder(nn.Module):
+    """Embedding -> Dropout -> LayerNorm -> Linear: compiled whole, Inductor fuses the
+    gather, the dropout mask and the norm into kernels of the root, so wte, drop and ln
+    get no kernel of their own (only fc's matmul is theirs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(64, 32)
+        self.drop = nn.Dropout(0.1)
+        self.ln = nn.LayerNorm(32)
+        self.fc = nn.Linear(32, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.ln(self.drop(self.wte(x))))
+
+
+def _embedder_trace(compiled: bool) -> hooktrace.TraceResult:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        net = Embedder()
+        fn = torch.compile(net) if compiled else net
+        opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with hooktrace.trace(fn) as tr:
+                for i in range(3):
+                    x = torch.randint(0, 64, (8, 16), generator=torch.Generator().manual_seed(i))
+                    fn(x).square().mean().backward()
+                    opt.step()
+                    opt.zero_grad()
+    finally:
+        torch.set_num_threads(threads)
+    return tr.result
+
+
+@pytest.fixture(scope="module")
+def embedder_runs() -> tuple[hooktrace.TraceResult, hooktrace.TraceResult]:
+    return _embedder_trace(False), _embedder_trace(True)
+
+
+FUSED = ("wte", "drop", "ln")
+
+
+def test_modules_fused_whole_into_other_kernels_keep_a_fused_row(embedder_runs) -> None:
+    _, compiled = embedder_runs
+    summary = compiled.summary()
+    rows = _rows(compiled)
+    assert rows["fc"]["timing"] == "kernels" and rows["fc"]["calls"] == 3
+    assert rows["fc"]["fused"] is None and rows["fc"]["total_ns"] > 0
+    for name in FUSED:
+        row = rows[name]  # the defect: these had no row at all
+        assert row["timing"] == "kernels" and row["fused"] == "forward+backward"
+        assert row["calls"] == 0 and row["bwd_calls"] == 0
+        # no time of its own: null, not 0 ns (its work is in another row's kernels)
+        assert row["total_ns"] is None and row["bwd_total_ns"] is None
+    doc = {r["module"]: r for r in json.loads(summary.to_json())["rows"]}
+    assert all(doc[n]["fused"] == "forward+backward" and doc[n]["total_ns"] is None
+               for n in FUSED)
+    lines = {line.split()[0]: line for line in str(summary).splitlines() if line.strip()}
+    for name in FUSED:
+        assert lines[name].split()[1:3] == ["[kernels]", dict(zip(
+            FUSED, ("Embedding", "Dropout", "LayerNorm")))[name]]
+        assert lines[name].count("fused") == 3  # calls, total; bwd_total
+    assert "fused: no kernel of its own" in str(summary)
+    csv_rows = {r["module"]: r for r in csv.DictReader(io.StringIO(summary.to_csv()))}
+    assert csv_rows["ln"]["fused"] == "forward+backward" and csv_rows["ln"]["total_ns"] == ""
+
+
+def test_diff_says_fused_in_b_not_only_in_a(embedder_runs) -> None:
+    from hooktrace.diff import compare
+
+    eager, compiled = embedder_runs
+    d = compare(eager, compiled)
+    assert not [k for k in d.only_a if k[0] in FUSED]
+    assert {(m, p) for m, p in d.fused_b} == {(n, p) for n in FUSED
+                                              for p in ("forward", "backward")}
+    text = d.to_text()
+    assert "fused in B" in text and "only in A" not in text
+    assert "different models" not in text
+    doc = json.loads(d.to_json())
+    assert {"module": "ln", "phase": "forward"} in doc["fused_b"] and doc["only_a"] == []
+    back = compare(compiled, eager)
+    assert {m for m, _ in back.fused_a} == set(FUSED) and "fused in A" in back.to_text()

@@ -198,7 +198,7 @@ def test_csv_and_json_forms_carry_the_rows():
     parsed = list(csv.DictReader(io.StringIO(summary.to_csv())))
     assert [r["module"] for r in parsed] == [r["module"] for r in summary.rows]
     assert [int(r["total_ns"]) for r in parsed] == [r["total_ns"] for r in summary.rows]
-    assert list(parsed[0]) == ["module", "type", "mode", "timing", "calls", "total_ns", "self_ns", "mean_ns",
+    assert list(parsed[0]) == ["module", "type", "mode", "timing", "fused", "calls", "total_ns", "self_ns", "mean_ns",
                                "p50_ns", "p99_ns", "bwd_calls", "bwd_total_ns", "bwd_self_ns",
                                "bwd_p50_ns", "bwd_p99_ns", "bwd_fwd_ratio", "recompute_calls",
                                "recompute_total_ns", "step_p50_ns", "step_p99_ns"]
