@@ -1,11 +1,14 @@
 """DuckDB, the embedded engine (issue #29): a run's tables as SQL views.
 
 :func:`connect` opens an in-memory DuckDB database whose views ``spans``, ``steps``,
-``modules``, ``memory``, ``numerics`` and ``runs`` (:mod:`hooktrace.data.schema`) read
+``modules``, ``memory``, ``numerics``, ``runs`` and ``gpu`` (:mod:`hooktrace.data.schema`) read
 
 * a Parquet dataset or file written by ``hooktrace export`` (``DIR/<table>/rank=N/...``,
   ``DIR/<table>.parquet``, ``X.parquet/rank=N/...`` or one ``X.parquet`` file): DuckDB
   reads it from disk, out of core, on every core;
+* an aggregate folder (``trace(aggregate=DIR)``): the view ``aggregates`` over
+  ``DIR/aggregates/*.parquet`` (the other views are empty; query ``DIR/steps`` for the
+  steps kept whole);
 * ``.htrace`` files (one run, or a directory of ranks or windows): each run is converted
   to Arrow record batches (one thread per ``threads``) and registered; only the tables the
   query names are built. (For runs larger than memory, export to Parquet first.)
@@ -32,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from hooktrace.data import require
-from hooktrace.data.schema import TABLES, file_schema, pa
+from hooktrace.data.schema import AGGREGATES, TABLES, file_schema, pa
 from hooktrace.data.tables import Where, batches, span_columns
 from hooktrace.errors import HooktraceError
 
@@ -53,6 +56,16 @@ class Source:
     path: str
     parquet: dict[str, tuple[str, bool]] = field(default_factory=dict)
     htrace: list[str] = field(default_factory=list)
+    aggregates: str | None = None  # the glob of an aggregate= folder's parts
+
+
+def _aggregate_glob(directory: str) -> str | None:
+    """``DIR/aggregates/*.parquet`` when ``directory`` is a ``trace(aggregate=DIR)``
+    folder (hooktrace.record.aggregate), else None."""
+    folder = os.path.join(directory, AGGREGATES)
+    if os.path.isdir(folder) and glob.glob(os.path.join(glob.escape(folder), "*.parquet")):
+        return os.path.join(folder, "*.parquet")
+    return None
 
 
 def _table_of(parquet_file: str) -> str:
@@ -78,6 +91,9 @@ def find_source(path: str | os.PathLike[str]) -> Source:
         src.parquet[_table_of(name)] = (name, False)
         return src
     if os.path.isdir(name):
+        src.aggregates = _aggregate_glob(name)
+        if src.aggregates is not None:  # (its kept steps, DIR/steps/*.htrace: query those)
+            return src
         for t in TABLES:
             as_file = os.path.join(name, f"{t}.parquet")
             as_dir = os.path.join(name, t)
@@ -193,6 +209,16 @@ def connect(path: str | os.PathLike[str], *, sql: str | None = None, threads: in
     src = find_source(path)
     con = duckdb.connect()
     con.execute("SET enable_progress_bar = false")  # (the CLI prints the result only)
+    if src.aggregates is not None:
+        g = src.aggregates
+        con.execute(f'CREATE VIEW "{AGGREGATES}" AS '
+                    f'{view_sql(g, False, _parquet_columns(con, g, False))}')
+    else:
+        _empty_view(con, AGGREGATES)
+    if src.aggregates is not None:
+        for t in TABLES:
+            _empty_view(con, t)
+        return con
     if src.parquet:
         for t, (g, hive) in src.parquet.items():
             con.execute(f'CREATE VIEW "{t}" AS {view_sql(g, hive, _parquet_columns(con, g, hive))}')
@@ -234,19 +260,32 @@ def query(path: str | os.PathLike[str], sql: str, *, threads: int = 1,
 
 # Per (file, module, mode, phase, step): what hooktrace.stragglers.rank_stats reduces a
 # rank to. Measured forward and backward spans in a step; recompute and kernel-derived
-# rows are not a rank's own time per step there. Plain SQL that DuckDB and Spark both
-# read (hooktrace.data.spark runs the same): `window` in backticks (a keyword in DuckDB).
+# rows are not a rank's own time per step there. Device time (the gpu table, when
+# recorded): every interval in a step, recompute counted as forward ("gpu fwd"/"gpu bwd",
+# the pool path's phases 2 and 3), and per file the steps it timed. Plain SQL that DuckDB
+# and Spark both read (hooktrace.data.spark runs the same): `window` in backticks (a
+# keyword in DuckDB).
 STRAGGLER_SQL = {
     # (grouped by integer keys: the module's slot, booleans for the phase and mode;
     # grouping by the names costs ~1.5x as much, measured on 55 M rows)
     "agg": """
         SELECT rank, `window`, slot, mode = 'eval' AS eval, phase = 'backward' AS backward,
-               step, CAST(sum(dur_ns) AS BIGINT) AS total_ns, CAST(count(*) AS BIGINT) AS calls,
-               max(end_ns) AS last_end_ns
+               false AS on_device, step, CAST(sum(dur_ns) AS BIGINT) AS total_ns,
+               CAST(count(*) AS BIGINT) AS calls, max(end_ns) AS last_end_ns
         FROM spans
         WHERE timing = 'measured' AND phase <> 'recompute' AND step IS NOT NULL
         GROUP BY rank, `window`, slot, mode = 'eval', phase = 'backward', step
-        ORDER BY rank, `window`, slot, eval, backward, step""",
+        UNION ALL
+        SELECT rank, `window`, slot, mode = 'eval' AS eval, phase = 'backward' AS backward,
+               true AS on_device, step, CAST(sum(dur_ns) AS BIGINT) AS total_ns,
+               CAST(count(*) AS BIGINT) AS calls, max(end_ns) AS last_end_ns
+        FROM gpu
+        WHERE step IS NOT NULL
+        GROUP BY rank, `window`, slot, mode = 'eval', phase = 'backward', step
+        ORDER BY rank, `window`, slot, eval, on_device, backward, step""",
+    "timed": """SELECT rank, `window`, CAST(count(DISTINCT step) AS BIGINT) AS timed_steps
+                FROM gpu WHERE step IS NOT NULL GROUP BY rank, `window`
+                ORDER BY rank, `window`""",
     "steps": """SELECT rank, `window`, step, start_ns, end_ns, outside_ns FROM steps
                 ORDER BY rank, `window`, start_ns, step""",
     "modules": """SELECT rank, `window`, slot, CAST(module AS STRING) AS module,
@@ -287,7 +326,7 @@ def file_straggler_tables(path: str, index: int) -> dict[str, Any]:
     con = duckdb.connect(config={"threads": 1})  # (one rank per thread: threads enough)
     try:
         con.register("spans", span_columns(run, where))
-        for t in ("steps", "modules", "runs"):
+        for t in ("steps", "modules", "runs", "gpu"):
             con.register(t, pa.Table.from_batches(list(batches(run, t, where)),
                                                   schema=file_schema(t, partitioned=False)))
         del run
