@@ -33,7 +33,8 @@ from hooktrace.data import require
 
 pa: Any = require("pyarrow")
 
-__all__ = ["AGGREGATES", "ALL_TABLES", "PARTITION_COLUMNS", "SCHEMA_VERSION", "TABLES", "file_schema", "metadata",
+__all__ = ["AGGREGATES", "ALL_TABLES", "PARTITION_COLUMNS", "SCHEMA_VERSION", "TABLES",
+           "file_schema", "metadata",
            "schema"]
 
 SCHEMA_VERSION = 1
@@ -188,7 +189,7 @@ TABLES = tuple(_TABLES)
 # DIR/aggregates/part-*.parquet), per window of steps, module and mode; ``hooktrace query
 # DIR`` reads it as the view ``aggregates``. Its files have neither rank nor window.
 _F32 = pa.float32()
-_TABLES["aggregates"] = [
+_AGGREGATE_COLUMNS = [
     _f("step", _I64, True, "the window's first step"),
     _f("steps", pa.int32(), True, "steps in the window"),
     _f("module", _STR, True, "qualified module name ('<root>' for the root; '<step>' "
@@ -205,20 +206,21 @@ _TABLES["aggregates"] = [
 ]
 AGGREGATES = "aggregates"
 ALL_TABLES = (*TABLES, AGGREGATES)
+_COLUMNS = {**_TABLES, AGGREGATES: _AGGREGATE_COLUMNS}
 
 
 def _check(table: str) -> None:
-    if table not in _TABLES:
+    if table not in _COLUMNS:
         from hooktrace.errors import HooktraceError
 
-        raise HooktraceError(f"no table {table!r}; the tables are {', '.join(TABLES)}")
+        raise HooktraceError(f"no table {table!r}; the tables are {', '.join(ALL_TABLES)}")
 
 
 def schema(table: str) -> Any:
     """The Arrow schema of ``table`` with ``rank`` and ``window`` first (a single file, or
     a table in memory), carrying :func:`metadata`."""
     _check(table)
-    return pa.schema(_PART + _TABLES[table], metadata=metadata(table))
+    return pa.schema(_PART + _COLUMNS[table], metadata=metadata(table))
 
 
 def file_schema(table: str, *, partitioned: bool) -> Any:
