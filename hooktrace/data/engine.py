@@ -333,3 +333,92 @@ def file_straggler_tables(path: str, index: int) -> dict[str, Any]:
         return straggler_tables(con)
     finally:
         con.close()
+
+
+# -- the diff's per-run numbers (hooktrace.diff, engine "duckdb") ----------------------
+
+# One run's (one file's) numbers per (module, phase) as hooktrace.diff reduces it: the
+# phases "forward", "backward" (training calls) and "eval" (forward calls with grad off
+# or in eval mode), kernel-derived rows included; the device time's "gpu forward"
+# (recompute included), "gpu backward" and "gpu eval". A span's column: its complete
+# step's index among the complete steps (-1 outside them; 0 for every span when the run
+# has none); a device interval's: among the complete steps that hold device time.
+# Percentiles: quantile_cont, numpy's "linear" (tests compare the two engines exactly).
+_DIFF_COLUMNS = """
+    cols AS (SELECT step, CAST(row_number() OVER (ORDER BY start_ns, step) - 1 AS BIGINT)
+                    AS col FROM steps WHERE complete),
+    n AS (SELECT count(*) AS n_steps FROM cols)"""
+_DIFF_HOST = """
+    s AS (SELECT slot, CAST(module AS STRING) AS module, CAST(type AS STRING) AS type,
+                 dur_ns, self_ns, timing = 'kernels' AS derived,
+                 timing = 'measured' AND parent IS NULL AS root,
+                 CASE WHEN (SELECT n_steps FROM n) = 0 THEN 0 ELSE coalesce(cols.col, -1) END
+                    AS col,
+                 CASE WHEN phase = 'forward' AND mode = 'train' THEN 0
+                      WHEN phase = 'backward' AND mode = 'train' THEN 1
+                      WHEN phase = 'forward' AND mode = 'eval' THEN 2 END AS key_phase
+          FROM spans LEFT JOIN cols USING (step))"""
+_DIFF_GPU = """
+    timed AS (SELECT step, CAST(row_number() OVER (ORDER BY col) - 1 AS BIGINT) AS col
+              FROM cols WHERE step IN (SELECT step FROM gpu WHERE step IS NOT NULL)),
+    s AS (SELECT slot, CAST(module AS STRING) AS module, CAST(type AS STRING) AS type,
+                 dur_ns, self_ns, timing = 'kernels' AS derived, false AS root,
+                 CASE WHEN (SELECT n_steps FROM n) = 0 THEN 0 ELSE coalesce(timed.col, -1) END
+                    AS col,
+                 CASE WHEN phase <> 'backward' AND mode = 'train' THEN 3
+                      WHEN phase = 'backward' AND mode = 'train' THEN 4
+                      WHEN phase <> 'backward' AND mode = 'eval' THEN 5 END AS key_phase
+          FROM gpu LEFT JOIN timed USING (step))"""
+_DIFF_SELECTS = {
+    "keys": """
+        SELECT key_phase, slot, any_value(module) AS module, any_value(type) AS type,
+               CAST(count(*) AS BIGINT) AS calls, CAST(sum(dur_ns) AS BIGINT) AS total_ns,
+               CAST(sum(self_ns) AS BIGINT) AS self_ns,
+               quantile_cont(dur_ns, 0.5) AS p50, quantile_cont(self_ns, 0.5) AS p50_self,
+               quantile_cont(dur_ns, 0.75) AS q75, quantile_cont(dur_ns, 0.25) AS q25,
+               CAST(count_if(derived) AS BIGINT) AS derived
+        FROM s WHERE key_phase IS NOT NULL GROUP BY key_phase, slot
+        ORDER BY key_phase, slot""",
+    "cells": """
+        SELECT key_phase, slot, col, CAST(sum(dur_ns) AS BIGINT) AS total_ns,
+               CAST(sum(self_ns) AS BIGINT) AS self_ns, CAST(count(*) AS BIGINT) AS calls
+        FROM s WHERE key_phase IS NOT NULL AND col >= 0 GROUP BY key_phase, slot, col
+        ORDER BY key_phase, slot, col""",
+    "roots": """
+        SELECT CAST(coalesce(sum(dur_ns) FILTER (WHERE col >= 0), 0) AS BIGINT) AS in_steps,
+               CAST(coalesce(sum(dur_ns), 0) AS BIGINT) AS run
+        FROM s WHERE key_phase IS NOT NULL AND root""",
+    "calls": """
+        SELECT key_phase, slot, dur_ns, self_ns FROM s WHERE key_phase IS NOT NULL
+        ORDER BY key_phase, slot""",
+}
+DIFF_STEPS_SQL = """SELECT dur_ns FROM steps WHERE complete ORDER BY start_ns, step"""
+
+
+def diff_tables(con: Any, *, gpu: bool, calls: bool) -> dict[str, Any]:
+    """The numbers of :mod:`hooktrace.diff` for the run whose tables ``con`` holds (one
+    file): ``host_*`` and (with ``gpu``) ``gpu_*`` Arrow tables per :data:`_DIFF_SELECTS`
+    key (``calls``: every call, only when asked), and ``steps``."""
+    out = {"steps": con.sql(DIFF_STEPS_SQL).to_arrow_table()}
+    for side, with_ in (("host", _DIFF_HOST), ("gpu", _DIFF_GPU)):
+        if side == "gpu" and not gpu:
+            continue
+        for k, select in _DIFF_SELECTS.items():
+            if k == "calls" and not calls:
+                continue
+            sql = f"WITH {_DIFF_COLUMNS}, {with_} {select}"
+            out[f"{side}_{k}"] = con.sql(sql).to_arrow_table()
+    if gpu:  # the device time's columns: the complete steps that hold some
+        out["gpu_timed"] = con.sql(f"WITH {_DIFF_COLUMNS}, {_DIFF_GPU} "
+                                   "SELECT count(*) AS n FROM timed").to_arrow_table()
+    return out
+
+
+def run_connection(run: Any, tables: Sequence[str]) -> Any:
+    """A one-thread DuckDB connection with ``tables`` of one loaded run registered."""
+    from hooktrace.data.tables import to_arrow
+
+    con = duckdb.connect(config={"threads": 1})
+    for t in tables:
+        con.register(t, to_arrow(run, t))
+    return con

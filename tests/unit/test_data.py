@@ -256,6 +256,43 @@ def test_straggler_gpu_phases_on_sql_equal_the_pools() -> None:
         (2, "fc1", "gpu fwd")}
 
 
+def _same_parts(a: Any, b: Any) -> None:
+    from dataclasses import fields
+
+    for f in fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, dict):
+            assert list(x) == list(y), f.name  # (the same keys, in the same order)
+            for k in x:
+                if isinstance(x[k], np.ndarray):
+                    assert x[k].dtype == y[k].dtype and np.array_equal(x[k], y[k]), (f.name, k)
+                else:
+                    assert x[k] == y[k], (f.name, k, x[k], y[k])
+        elif isinstance(x, np.ndarray):
+            assert x.dtype == y.dtype and np.array_equal(x, y), f.name
+        else:
+            assert x == y, (f.name, x, y)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_diff_numbers_on_duckdb_equal_numpys(seed: int) -> None:
+    """hooktrace.diff's per-file numbers (p50s, IQRs, per-step columns, whole-run sums,
+    every call when pooled, device time) from SQL equal numpy's exactly, on damaged
+    multi-thread streams, backward spans with eval calls, and CUDA runs with device time
+    (a kernel site without host span, one step, none)."""
+    from hooktrace.diff import _part, _sql_part
+
+    runs = [build_trace(random_stream(seed)), build_trace(random_stream(seed, p_node=0.2)),
+            backward_trace(seed)]
+    if seed == 1:
+        runs += [gpu_trace(), gpu_trace(steps=1), gpu_trace(gpu=False)]
+    for run in runs:
+        for keep_calls in (False, True):
+            want = _part(run, keep_calls)
+            assert want.types  # (something to compare)
+            _same_parts(want, _sql_part(run, keep_calls))
+
+
 # -- the command line -------------------------------------------------------------------
 
 
