@@ -426,9 +426,10 @@ def _sql_part(trace: TraceData, keep_calls: bool = False) -> _Part:
             kp, slot = int(row["key_phase"]), int(row["slot"])
             key = (row["module"], _KEY_PHASES[kp])
             part.types[key] = row["type"]
-            part.p50[key] = float(row["p50"])
+            q25, p50, q75 = (float(q) for q in row["q"])  # (one sort for the three)
+            part.p50[key] = p50
             part.p50_self[key] = float(row["p50_self"])
-            part.iqr[key] = float(row["q75"]) - float(row["q25"])
+            part.iqr[key] = q75 - q25
             total, self_, calls = cells.get((kp, slot), (zero, zero, zero))
             part.total[key], part.self_ns[key], part.calls[key] = (total.copy(), self_.copy(),
                                                                    calls.copy())

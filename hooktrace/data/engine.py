@@ -374,8 +374,8 @@ _DIFF_SELECTS = {
         SELECT key_phase, slot, any_value(module) AS module, any_value(type) AS type,
                CAST(count(*) AS BIGINT) AS calls, CAST(sum(dur_ns) AS BIGINT) AS total_ns,
                CAST(sum(self_ns) AS BIGINT) AS self_ns,
-               quantile_cont(dur_ns, 0.5) AS p50, quantile_cont(self_ns, 0.5) AS p50_self,
-               quantile_cont(dur_ns, 0.75) AS q75, quantile_cont(dur_ns, 0.25) AS q25,
+               quantile_cont(dur_ns, [0.25, 0.5, 0.75]) AS q,
+               quantile_cont(self_ns, 0.5) AS p50_self,
                CAST(count_if(derived) AS BIGINT) AS derived
         FROM s WHERE key_phase IS NOT NULL GROUP BY key_phase, slot
         ORDER BY key_phase, slot""",
