@@ -17,7 +17,8 @@ reports its wall time, the parent's peak RSS and the largest worker's peak RSS:
   end to end from the dataset.
 
 ``diff-pool`` / ``diff-duckdb`` time ``hooktrace diff DIR DIR`` (every file read once)
-with ``compare_paths``' two engines (issue #29). Each kind's reports must be equal
+with ``compare_paths``' two engines, ``diff-parquet`` the diff of the Parquet export
+with itself (issue #29). Each kind's reports must be equal
 (checked). The files are kept (``--keep``) or
 removed. Generation is not timed.
 """
@@ -141,12 +142,18 @@ def measure_diff(directory: str, workers: int | None, engine: str) -> None:
     poller = threading.Thread(target=_descendants_peak_kib, args=(stop, peak), daemon=True)
     poller.start()
     t = time.perf_counter()
-    d = compare_paths(directory, directory, workers=workers, engine=engine[len("diff-"):])
+    kind = engine[len("diff-"):]  # pool, duckdb, or parquet (the export: DuckDB reads it)
+    d = compare_paths(directory, directory, workers=workers,
+                      engine="duckdb" if kind == "parquet" else kind)
     wall = time.perf_counter() - t
     stop.set()
     poller.join()
     me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    digest = hashlib.sha1(d.to_json().encode()).hexdigest()[:12]
+    doc = json.loads(d.to_json())
+    for k in ("a", "b"):  # (the input's name: the directory or its export)
+        doc.pop(k)
+        doc["sources"][k].pop("path")
+    digest = hashlib.sha1(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:12]
     print(json.dumps({"engine": engine, "wall_s": round(wall, 2), "parent_peak_mib": round(me),
                       "worker_peak_mib": round(peak[0] / 1024), "ranks": len(d.ranks),
                       "stragglers": [], "report": digest}))
@@ -174,7 +181,8 @@ def main() -> None:
     p.add_argument("--keep", action="store_true")
     p.add_argument("--engines", default="pool,duckdb,parquet",
                    help="comma-separated: pool, duckdb, parquet (the straggler summary; "
-                        "default all three), diff-pool, diff-duckdb (hooktrace diff DIR DIR)")
+                        "default all three), diff-pool, diff-duckdb, diff-parquet (hooktrace diff DIR "
+                        "DIR; of the export)")
     p.add_argument("--measure-only", default=None, help=argparse.SUPPRESS)
     p.add_argument("--export-only", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -199,7 +207,7 @@ def main() -> None:
     results = []
     for engine in args.engines.split(","):
         source = d
-        if engine == "parquet":
+        if engine in ("parquet", "diff-parquet"):
             if not pq_dir.exists():
                 r = subprocess.run([sys.executable, __file__, "--export-only", str(pq_dir),
                                     "--dir", str(d), *extra], capture_output=True, text=True)

@@ -97,6 +97,7 @@ from hooktrace._diff_inputs import (
     FileMeta,
     Side,
     file_meta,
+    window_of,
     find_files,
     group,
     parse_spec,
@@ -385,10 +386,17 @@ def _sql_part(trace: TraceData, keep_calls: bool = False) -> _Part:
         t = diff_tables(con, gpu=gpu, calls=keep_calls)
     finally:
         con.close()
+    return _part_from_tables(t, trace.info, gpu, keep_calls)
+
+
+def _part_from_tables(t: Mapping[str, Any], info: Mapping[str, Any], gpu: bool,
+                      keep_calls: bool) -> _Part:
+    """A :class:`_Part` from :func:`hooktrace.data.engine.diff_tables`' results (``info``:
+    the file's metadata; ``gpu``: device time recorded)."""
     step_ns = t["steps"].column("dur_ns").to_numpy().astype(np.int64)
     n_steps = len(step_ns)
     part = _Part({}, {}, {} if keep_calls else None, {}, {}, {}, n_steps, step_ns, 0.0,
-                 span_definition(trace.info), self_calls_ns={} if keep_calls else None)
+                 span_definition(dict(info)), self_calls_ns={} if keep_calls else None)
     roots = t["host_roots"].to_pylist()[0]
     part.root_ns, part.run_root_ns = float(roots["in_steps"]), float(roots["run"])
     for side in ("host", "gpu") if gpu else ("host",):
@@ -440,7 +448,7 @@ def _sql_part(trace: TraceData, keep_calls: bool = False) -> _Part:
             if row["derived"]:
                 part.timing[key] = ("kernels" if side == "gpu" or row["derived"] == row["calls"]
                                     else "measured+kernels")
-    part.launch = launch_time_only(trace)
+    part.launch = info.get("accelerator") == "cuda" and not gpu  # (launch_time_only)
     return part
 
 
@@ -1006,6 +1014,39 @@ def _map_threads(paths: Sequence[str], workers: int | None
         return list(pool.map(one, paths))
 
 
+def _is_dataset(path: str) -> bool:
+    """Whether ``path`` is a Parquet export of trace files (``hooktrace export DIR -o
+    OUT/``: OUT/spans/..., OUT/runs/...)."""
+    if not any(os.path.exists(os.path.join(path, n)) for n in ("spans", "spans.parquet")):
+        return False
+    from hooktrace.errors import HooktraceError
+
+    try:
+        from hooktrace.data.engine import find_source
+
+        src = find_source(path)
+    except (ImportError, HooktraceError):
+        return False
+    return "spans" in src.parquet and "runs" in src.parquet
+
+
+def _dataset_parts(path: str) -> dict[str, tuple[FileMeta, _Part]]:
+    """Per file of a Parquet export (its ``runs.path``): its metadata and numbers, as
+    :func:`_file_part` reads them from the file itself (SQL over the dataset on DuckDB)."""
+    from hooktrace.data.engine import dataset_diff_tables
+
+    out = {}
+    for row, gpu, t in dataset_diff_tables(path, lambda info: info.get("window") is not None):
+        f, info = row["path"], row["info"]
+        rank = info.get("rank")
+        meta = FileMeta(f, rank if isinstance(rank, int) else None,
+                        info.get("world_size") if isinstance(info.get("world_size"), int)
+                        else None, row["hostname"], row["pid"], window_of(f, info),
+                        row["start_ns"], row["stop_ns"], cut="cut" in info)
+        out[f] = (meta, _part_from_tables(t, info, gpu, meta.window is not None))
+    return out
+
+
 def compare_paths(a: str, b: str, *, workers: int | None = None,
                   engine: str | None = None) -> Diff:
     """Compare the runs at ``a`` and ``b``: each a ``.htrace`` file, a rank directory or
@@ -1017,19 +1058,32 @@ def compare_paths(a: str, b: str, *, workers: int | None = None,
     numpy, :func:`~hooktrace.rankset.map_ranks`) or ``"duckdb"`` (the same numbers as
     SQL over each file's tables, :func:`hooktrace.data.engine.diff_tables`, in
     ``workers`` threads). Both give the same diff (tested); benchmarks/ranks.py
-    ``--diff`` times them (benchmarks/RESULTS.md, issue #29)."""
+    ``--engines diff-pool,diff-duckdb`` times them (benchmarks/RESULTS.md, issue #29).
+    ``a`` or ``b`` may also be a Parquet export of the files (``hooktrace export DIR -o
+    OUT/``): DuckDB reduces it, whatever ``engine``."""
     if engine not in (None, *ENGINES):
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     specs = [parse_spec(a), parse_spec(b)]
-    files = [find_files(path) for path, _ in specs]
-    unique = list(dict.fromkeys(os.path.realpath(f) for fs in files for f in fs))
+    from_dataset: dict[str, tuple[FileMeta, _Part]] = {}
+    files = []
+    for path, _ in specs:
+        if _is_dataset(path):  # a Parquet export of the files: DuckDB reads it
+            found = _dataset_parts(path)
+            from_dataset.update((os.path.realpath(f), r) for f, r in found.items())
+            files.append(list(found))
+        else:
+            files.append(find_files(path))
+    unique = list(dict.fromkeys(os.path.realpath(f) for fs in files for f in fs
+                                if os.path.realpath(f) not in from_dataset))
     first_name: dict[str, str] = {}
     for fs in files:
         for f in fs:
             first_name.setdefault(os.path.realpath(f), f)
     todo = [first_name[u] for u in unique]
-    results = dict(zip(unique, _map_threads(todo, workers) if engine == "duckdb"
-                       else map_ranks(_file_part, todo, workers=workers)))
+    results: dict[str, tuple[FileMeta, _Part] | str] = dict(zip(
+        unique, _map_threads(todo, workers) if engine == "duckdb"
+        else map_ranks(_file_part, todo, workers=workers)))
+    results.update(from_dataset)
     bad = [r for r in results.values() if isinstance(r, str)]
     if bad:
         more = f" (and {len(bad) - 1} more unreadable files)" if len(bad) > 1 else ""

@@ -422,3 +422,37 @@ def run_connection(run: Any, tables: Sequence[str]) -> Any:
     for t in tables:
         con.register(t, to_arrow(run, t))
     return con
+
+
+def dataset_diff_tables(path: str | os.PathLike[str], keep_calls: Any
+                        ) -> list[tuple[dict[str, Any], bool, dict[str, Any]]]:
+    """:func:`diff_tables` of every file (``runs`` row) of a Parquet dataset that
+    ``hooktrace export DIR -o OUT/`` wrote: per file its runs row (``info`` parsed),
+    whether it recorded device time, and the results. ``keep_calls(info)``: whether to
+    fetch that file's every call. DuckDB reads each file's partition (the ``rank`` and
+    ``window`` filters prune the others) on every core."""
+    import json
+
+    con = connect(path)
+    try:
+        runs = con.sql('SELECT rank, "window", path, hostname, pid, world_size, start_ns, '
+                       'stop_ns, cut, info FROM runs ORDER BY rank, "window", path'
+                       ).to_arrow_table().to_pylist()
+        timed = set(con.sql('SELECT DISTINCT rank, "window" FROM gpu').fetchall())
+        con.execute("CREATE SCHEMA f")
+        con.execute("SET schema = 'f'")  # (the views below, one file's rows, come first)
+        out = []
+        for row in runs:
+            rank, window = row["rank"], row["window"]
+            cond = " AND ".join(f'"{c}" IS NOT DISTINCT FROM '
+                                f'{"NULL" if v is None else int(v)}'
+                                for c, v in (("rank", rank), ("window", window)))
+            for t in ("spans", "steps", "gpu"):
+                con.execute(f'CREATE OR REPLACE VIEW f."{t}" AS '
+                            f'SELECT * FROM main."{t}" WHERE {cond}')
+            row["info"] = info = json.loads(row["info"])
+            gpu = isinstance(info.get("gpu"), dict) or (rank, window) in timed
+            out.append((row, gpu, diff_tables(con, gpu=gpu, calls=bool(keep_calls(info)))))
+        return out
+    finally:
+        con.close()

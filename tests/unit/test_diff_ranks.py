@@ -357,3 +357,36 @@ def test_bad_inputs_through_python_m_hooktrace(tmp_path: Path) -> None:
         assert p.returncode == 1, (name, out, err)
         assert "Traceback" not in err and err.count("\n") == 1, (name, err)
         assert all(w in err for w in cases[name][1]), (name, err)
+
+
+@pytest.mark.parametrize("layout", ["ranks", "rank windows"])
+def test_a_parquet_export_diffs_as_its_files(tmp_path: Path, engine: str, layout: str) -> None:
+    """Issue #29: ``hooktrace diff OUT_A/ OUT_B/`` of the Parquet exports of two rank
+    directories (``hooktrace export DIR -o OUT/``; DuckDB over the datasets) gives the
+    diff of the directories themselves (the inputs' names aside), windows pooled alike."""
+    pytest.importorskip("duckdb", reason="the data extra (duckdb) is not installed")
+    a, b = tmp_path / "a", tmp_path / "b"
+    if layout == "ranks":
+        rank_dir(a)
+        rank_dir(b, slow={2: 90_000})
+    else:
+        for r in (0, 1):
+            window_dir(a, [[30_000] * 2] * 3, rank=r, world=2, pid=100 + r)
+            slow = 90_000 if r == 1 else 30_000
+            window_dir(b, [[30_000] * 2, [slow] * 2, [slow] * 2], rank=r, world=2, pid=200 + r)
+    for d in (a, b):
+        assert main(["export", str(d), "-o", f"{d}_pq/"]) == 0
+
+    def doc(x: str, y: str) -> dict:
+        out = json.loads(compare_paths(x, y, workers=1).to_json())
+        for k in ("a", "b"):
+            out.pop(k)
+            out["sources"][k].pop("path")
+        return out
+
+    files = doc(str(a), str(b))
+    assert doc(f"{a}_pq", f"{b}_pq") == files
+    assert doc(f"{a}_pq", str(b)) == files  # (one side of each kind)
+    assert files["rows"][0]["module"] == "b" and files["rows"][0]["per_step_change_ns"] > 0
+    if layout == "rank windows":
+        assert doc(f"{a}_pq:0", f"{b}_pq:-1") == doc(f"{a}:0", f"{b}:-1")
