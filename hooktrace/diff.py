@@ -378,35 +378,41 @@ _KEY_PHASES = (*PHASES, *GPU_PHASES)  # the SQL's key_phase numbers (hooktrace.d
 def _sql_part(trace: TraceData, keep_calls: bool = False) -> _Part:
     """:func:`_part` computed by DuckDB over the run's tables
     (:func:`hooktrace.data.engine.diff_tables`): the same numbers (tested)."""
-    from hooktrace.data.engine import diff_tables, run_connection
+    from hooktrace.data.engine import diff_tables, run_connection, split_files
 
     gpu = gpu_recorded(trace)
     con = run_connection(trace, ("spans", "steps", "gpu") if gpu else ("spans", "steps"))
-    try:
-        t = diff_tables(con, gpu=gpu, calls=keep_calls)
+    try:  # (one file: no rank or window, r = w = -1)
+        t = diff_tables(con, gpu=gpu, calls=[(-1, -1)] if keep_calls else [])
     finally:
         con.close()
-    return _part_from_tables(t, trace.info, gpu, keep_calls)
+    return _part_from_tables(split_files(t).get((-1, -1), {}), trace.info, gpu, keep_calls)
 
 
 def _part_from_tables(t: Mapping[str, Any], info: Mapping[str, Any], gpu: bool,
                       keep_calls: bool) -> _Part:
-    """A :class:`_Part` from :func:`hooktrace.data.engine.diff_tables`' results (``info``:
-    the file's metadata; ``gpu``: device time recorded)."""
-    step_ns = t["steps"].column("dur_ns").to_numpy().astype(np.int64)
+    """A :class:`_Part` from :func:`hooktrace.data.engine.diff_tables`' results of one
+    file (``split_files``: a table without rows of the file is absent; ``info``: the
+    file's metadata; ``gpu``: device time recorded)."""
+    step_ns = (t["steps"].column("dur_ns").to_numpy().astype(np.int64) if "steps" in t
+               else np.zeros(0, np.int64))
     n_steps = len(step_ns)
     part = _Part({}, {}, {} if keep_calls else None, {}, {}, {}, n_steps, step_ns, 0.0,
                  span_definition(dict(info)), self_calls_ns={} if keep_calls else None)
-    roots = t["host_roots"].to_pylist()[0]
+    roots = t["host_roots"].to_pylist()[0] if "host_roots" in t else {"in_steps": 0, "run": 0}
     part.root_ns, part.run_root_ns = float(roots["in_steps"]), float(roots["run"])
     for side in ("host", "gpu") if gpu else ("host",):
         width = max(n_steps, 1)
         if side == "gpu":
             part.gpu = True
             if n_steps:
-                width = max(int(t["gpu_timed"].column("n")[0].as_py()), 1)
+                width = max(int(t["gpu_timed"].column("n")[0].as_py()) if "gpu_timed" in t
+                            else 0, 1)
         cells: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        c = {k: t[f"{side}_cells"].column(k).to_numpy() for k in t[f"{side}_cells"].column_names}
+        empty = np.zeros(0, np.int64)
+        c = ({k: t[f"{side}_cells"].column(k).to_numpy() for k in t[f"{side}_cells"].column_names}
+             if f"{side}_cells" in t else dict.fromkeys(("key_phase", "slot", "col", "total_ns",
+                                                          "self_ns", "calls"), empty))
         keys = c["key_phase"].astype(np.int64) * (1 << 32) + c["slot"].astype(np.int64)
         bounds = (np.flatnonzero(np.r_[True, keys[1:] != keys[:-1], True]) if len(keys)
                   else np.zeros(0, np.int64))
@@ -419,7 +425,7 @@ def _part_from_tables(t: Mapping[str, Any], info: Mapping[str, Any], gpu: bool,
             cells[(int(c["key_phase"][a]), int(c["slot"][a]))] = (arrays[0], arrays[1],
                                                                    arrays[2])
         calls_of: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
-        if keep_calls:
+        if keep_calls and f"{side}_calls" in t:
             k = {n: t[f"{side}_calls"].column(n).to_numpy() for n in
                  ("key_phase", "slot", "dur_ns", "self_ns")}
             kk = k["key_phase"].astype(np.int64) * (1 << 32) + k["slot"].astype(np.int64)
@@ -430,7 +436,7 @@ def _part_from_tables(t: Mapping[str, Any], info: Mapping[str, Any], gpu: bool,
                     np.sort(k["dur_ns"][a:b]).astype(np.int64),
                     np.sort(k["self_ns"][a:b]).astype(np.int64))
         zero = np.zeros(width)
-        for row in t[f"{side}_keys"].to_pylist():
+        for row in t[f"{side}_keys"].to_pylist() if f"{side}_keys" in t else []:
             kp, slot = int(row["key_phase"]), int(row["slot"])
             key = (row["module"], _KEY_PHASES[kp])
             part.types[key] = row["type"]

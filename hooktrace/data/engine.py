@@ -344,73 +344,111 @@ def file_straggler_tables(path: str, index: int) -> dict[str, Any]:
 # step's index among the complete steps (-1 outside them; 0 for every span when the run
 # has none); a device interval's: among the complete steps that hold device time.
 # Percentiles: quantile_cont, numpy's "linear" (tests compare the two engines exactly).
+# (every reduction per file: r, w = rank and window, -1 for null, so that one query
+# reduces a whole dataset)
 _DIFF_COLUMNS = """
-    cols AS (SELECT step, CAST(row_number() OVER (ORDER BY start_ns, step) - 1 AS BIGINT)
-                    AS col FROM steps WHERE complete),
-    n AS (SELECT count(*) AS n_steps FROM cols)"""
-_DIFF_HOST = """
-    s AS (SELECT slot, CAST(module AS STRING) AS module, CAST(type AS STRING) AS type,
-                 dur_ns, self_ns, timing = 'kernels' AS derived,
-                 timing = 'measured' AND parent IS NULL AS root,
-                 CASE WHEN (SELECT n_steps FROM n) = 0 THEN 0 ELSE coalesce(cols.col, -1) END
-                    AS col,
-                 CASE WHEN phase = 'forward' AND mode = 'train' THEN 0
-                      WHEN phase = 'backward' AND mode = 'train' THEN 1
-                      WHEN phase = 'forward' AND mode = 'eval' THEN 2 END AS key_phase
-          FROM spans LEFT JOIN cols USING (step))"""
-_DIFF_GPU = """
-    timed AS (SELECT step, CAST(row_number() OVER (ORDER BY col) - 1 AS BIGINT) AS col
-              FROM cols WHERE step IN (SELECT step FROM gpu WHERE step IS NOT NULL)),
-    s AS (SELECT slot, CAST(module AS STRING) AS module, CAST(type AS STRING) AS type,
-                 dur_ns, self_ns, timing = 'kernels' AS derived, false AS root,
-                 CASE WHEN (SELECT n_steps FROM n) = 0 THEN 0 ELSE coalesce(timed.col, -1) END
-                    AS col,
-                 CASE WHEN phase <> 'backward' AND mode = 'train' THEN 3
-                      WHEN phase = 'backward' AND mode = 'train' THEN 4
-                      WHEN phase <> 'backward' AND mode = 'eval' THEN 5 END AS key_phase
-          FROM gpu LEFT JOIN timed USING (step))"""
+    cols AS (SELECT coalesce(rank, -1) AS r, coalesce("window", -1) AS w, step,
+                    CAST(row_number() OVER (PARTITION BY coalesce(rank, -1),
+                                            coalesce("window", -1) ORDER BY start_ns, step)
+                         - 1 AS BIGINT) AS col
+             FROM steps WHERE complete),
+    n AS (SELECT coalesce(rank, -1) AS r, coalesce("window", -1) AS w,
+                 count_if(complete) AS n_steps FROM steps GROUP BY ALL)"""
+_DIFF_TIMED = """
+    timed AS (SELECT r, w, step,
+                     CAST(row_number() OVER (PARTITION BY r, w ORDER BY col) - 1 AS BIGINT)
+                        AS col
+              FROM cols SEMI JOIN (SELECT DISTINCT coalesce(rank, -1) AS r,
+                                                   coalesce("window", -1) AS w, step
+                                   FROM gpu WHERE step IS NOT NULL) USING (r, w, step))"""
+_DIFF_KEYED = {
+    "host": f"""
+        WITH {_DIFF_COLUMNS}
+        SELECT r, w, slot, CAST(module AS STRING) AS module, CAST(type AS STRING) AS type,
+               dur_ns, self_ns, timing = 'kernels' AS derived,
+               timing = 'measured' AND parent IS NULL AS root,
+               CASE WHEN coalesce(n.n_steps, 0) = 0 THEN 0 ELSE coalesce(cols.col, -1) END
+                  AS col,
+               CASE WHEN phase = 'forward' AND mode = 'train' THEN 0
+                    WHEN phase = 'backward' AND mode = 'train' THEN 1
+                    WHEN phase = 'forward' AND mode = 'eval' THEN 2 END AS key_phase
+        FROM (SELECT *, coalesce(rank, -1) AS r, coalesce("window", -1) AS w FROM spans)
+             LEFT JOIN cols USING (r, w, step) LEFT JOIN n USING (r, w)""",
+    "gpu": f"""
+        WITH {_DIFF_COLUMNS}, {_DIFF_TIMED}
+        SELECT r, w, slot, CAST(module AS STRING) AS module, CAST(type AS STRING) AS type,
+               dur_ns, self_ns, timing = 'kernels' AS derived, false AS root,
+               CASE WHEN coalesce(n.n_steps, 0) = 0 THEN 0 ELSE coalesce(timed.col, -1) END
+                  AS col,
+               CASE WHEN phase <> 'backward' AND mode = 'train' THEN 3
+                    WHEN phase = 'backward' AND mode = 'train' THEN 4
+                    WHEN phase <> 'backward' AND mode = 'eval' THEN 5 END AS key_phase
+        FROM (SELECT *, coalesce(rank, -1) AS r, coalesce("window", -1) AS w FROM gpu)
+             LEFT JOIN timed USING (r, w, step) LEFT JOIN n USING (r, w)""",
+}
 _DIFF_SELECTS = {
     "keys": """
-        SELECT key_phase, slot, any_value(module) AS module, any_value(type) AS type,
+        SELECT r, w, key_phase, slot, any_value(module) AS module, any_value(type) AS type,
                CAST(count(*) AS BIGINT) AS calls, CAST(sum(dur_ns) AS BIGINT) AS total_ns,
                CAST(sum(self_ns) AS BIGINT) AS self_ns,
                quantile_cont(dur_ns, [0.25, 0.5, 0.75]) AS q,
                quantile_cont(self_ns, 0.5) AS p50_self,
                CAST(count_if(derived) AS BIGINT) AS derived
-        FROM s WHERE key_phase IS NOT NULL GROUP BY key_phase, slot
-        ORDER BY key_phase, slot""",
+        FROM keyed WHERE key_phase IS NOT NULL GROUP BY r, w, key_phase, slot
+        ORDER BY r, w, key_phase, slot""",
     "cells": """
-        SELECT key_phase, slot, col, CAST(sum(dur_ns) AS BIGINT) AS total_ns,
+        SELECT r, w, key_phase, slot, col, CAST(sum(dur_ns) AS BIGINT) AS total_ns,
                CAST(sum(self_ns) AS BIGINT) AS self_ns, CAST(count(*) AS BIGINT) AS calls
-        FROM s WHERE key_phase IS NOT NULL AND col >= 0 GROUP BY key_phase, slot, col
-        ORDER BY key_phase, slot, col""",
+        FROM keyed WHERE key_phase IS NOT NULL AND col >= 0 GROUP BY r, w, key_phase, slot, col
+        ORDER BY r, w, key_phase, slot, col""",
     "roots": """
-        SELECT CAST(coalesce(sum(dur_ns) FILTER (WHERE col >= 0), 0) AS BIGINT) AS in_steps,
-               CAST(coalesce(sum(dur_ns), 0) AS BIGINT) AS run
-        FROM s WHERE key_phase IS NOT NULL AND root""",
+        SELECT r, w,
+               CAST(coalesce(sum(dur_ns) FILTER (WHERE root AND col >= 0), 0) AS BIGINT)
+                  AS in_steps,
+               CAST(coalesce(sum(dur_ns) FILTER (WHERE root), 0) AS BIGINT) AS run
+        FROM keyed WHERE key_phase IS NOT NULL GROUP BY r, w ORDER BY r, w""",
     "calls": """
-        SELECT key_phase, slot, dur_ns, self_ns FROM s WHERE key_phase IS NOT NULL
-        ORDER BY key_phase, slot""",
+        SELECT r, w, key_phase, slot, dur_ns, self_ns FROM keyed SEMI JOIN calls_of USING (r, w)
+        WHERE key_phase IS NOT NULL
+        ORDER BY r, w, key_phase, slot""",
 }
-DIFF_STEPS_SQL = """SELECT dur_ns FROM steps WHERE complete ORDER BY start_ns, step"""
+DIFF_STEPS_SQL = """SELECT coalesce(rank, -1) AS r, coalesce("window", -1) AS w, dur_ns
+                    FROM steps WHERE complete ORDER BY r, w, start_ns, step"""
+DIFF_TIMED_SQL = f"""WITH {_DIFF_COLUMNS}, {_DIFF_TIMED}
+                     SELECT r, w, count(*) AS n FROM timed GROUP BY r, w ORDER BY r, w"""
 
 
-def diff_tables(con: Any, *, gpu: bool, calls: bool) -> dict[str, Any]:
-    """The numbers of :mod:`hooktrace.diff` for the run whose tables ``con`` holds (one
-    file): ``host_*`` and (with ``gpu``) ``gpu_*`` Arrow tables per :data:`_DIFF_SELECTS`
-    key (``calls``: every call, only when asked), and ``steps``."""
+def diff_tables(con: Any, *, gpu: bool, calls: Sequence[tuple[int, int]]) -> dict[str, Any]:
+    """The numbers of :mod:`hooktrace.diff` for every file (rank, window: ``r``, ``w``
+    columns, -1 for null) of the tables ``con`` holds: ``host_*`` and (with ``gpu``)
+    ``gpu_*`` Arrow tables per :data:`_DIFF_SELECTS` key, sorted by file (``calls``:
+    every call of the files (r, w) listed), ``gpu_timed`` and ``steps``."""
     out = {"steps": con.sql(DIFF_STEPS_SQL).to_arrow_table()}
-    for side, with_ in (("host", _DIFF_HOST), ("gpu", _DIFF_GPU)):
-        if side == "gpu" and not gpu:
-            continue
+    con.register("calls_of", pa.table({"r": pa.array([r for r, _ in calls], pa.int64()),
+                                       "w": pa.array([w for _, w in calls], pa.int64())}))
+    for side in ("host", "gpu") if gpu else ("host",):
+        keyed = f"({_DIFF_KEYED[side]}) AS keyed"
         for k, select in _DIFF_SELECTS.items():
-            if k == "calls" and not calls:
-                continue
-            sql = f"WITH {_DIFF_COLUMNS}, {with_} {select}"
-            out[f"{side}_{k}"] = con.sql(sql).to_arrow_table()
+            if k != "calls" or calls:
+                out[f"{side}_{k}"] = con.sql(select.replace("FROM keyed", f"FROM {keyed}")
+                                             ).to_arrow_table()
     if gpu:  # the device time's columns: the complete steps that hold some
-        out["gpu_timed"] = con.sql(f"WITH {_DIFF_COLUMNS}, {_DIFF_GPU} "
-                                   "SELECT count(*) AS n FROM timed").to_arrow_table()
+        out["gpu_timed"] = con.sql(DIFF_TIMED_SQL).to_arrow_table()
+    return out
+
+
+def split_files(tables: dict[str, Any]) -> dict[tuple[int, int], dict[str, Any]]:
+    """:func:`diff_tables`' results per file (r, w): each table's rows of that file."""
+    out: dict[tuple[int, int], dict[str, Any]] = {}
+    for name, t in tables.items():
+        if not t.num_rows:
+            continue
+        r = t.column("r").to_numpy()
+        w = t.column("w").to_numpy()
+        change = np.flatnonzero((r[1:] != r[:-1]) | (w[1:] != w[:-1])) + 1
+        bounds = np.r_[0, change, t.num_rows]
+        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            out.setdefault((int(r[a]), int(w[a])), {})[name] = t.slice(a, b - a)
     return out
 
 
@@ -427,10 +465,9 @@ def run_connection(run: Any, tables: Sequence[str]) -> Any:
 def dataset_diff_tables(path: str | os.PathLike[str], keep_calls: Any
                         ) -> list[tuple[dict[str, Any], bool, dict[str, Any]]]:
     """:func:`diff_tables` of every file (``runs`` row) of a Parquet dataset that
-    ``hooktrace export DIR -o OUT/`` wrote: per file its runs row (``info`` parsed),
-    whether it recorded device time, and the results. ``keep_calls(info)``: whether to
-    fetch that file's every call. DuckDB reads each file's partition (the ``rank`` and
-    ``window`` filters prune the others) on every core."""
+    ``hooktrace export DIR -o OUT/`` wrote, in one pass over the dataset: per file its
+    runs row (``info`` parsed), whether it recorded device time, and its results.
+    ``keep_calls(info)``: whether to fetch that file's every call."""
     import json
 
     con = connect(path)
@@ -438,21 +475,18 @@ def dataset_diff_tables(path: str | os.PathLike[str], keep_calls: Any
         runs = con.sql('SELECT rank, "window", path, hostname, pid, world_size, start_ns, '
                        'stop_ns, cut, info FROM runs ORDER BY rank, "window", path'
                        ).to_arrow_table().to_pylist()
-        timed = set(con.sql('SELECT DISTINCT rank, "window" FROM gpu').fetchall())
-        con.execute("CREATE SCHEMA f")
-        con.execute("SET schema = 'f'")  # (the views below, one file's rows, come first)
-        out = []
+        timed = set(con.sql('SELECT DISTINCT coalesce(rank, -1), coalesce("window", -1) '
+                            'FROM gpu').fetchall())
         for row in runs:
-            rank, window = row["rank"], row["window"]
-            cond = " AND ".join(f'"{c}" IS NOT DISTINCT FROM '
-                                f'{"NULL" if v is None else int(v)}'
-                                for c, v in (("rank", rank), ("window", window)))
-            for t in ("spans", "steps", "gpu"):
-                con.execute(f'CREATE OR REPLACE VIEW f."{t}" AS '
-                            f'SELECT * FROM main."{t}" WHERE {cond}')
-            row["info"] = info = json.loads(row["info"])
-            gpu = isinstance(info.get("gpu"), dict) or (rank, window) in timed
-            out.append((row, gpu, diff_tables(con, gpu=gpu, calls=bool(keep_calls(info)))))
-        return out
+            row["info"] = json.loads(row["info"])
+            row["_key"] = (-1 if row["rank"] is None else row["rank"],
+                           -1 if row["window"] is None else row["window"])
+        calls = [row["_key"] for row in runs if keep_calls(row["info"])]
+        per_file = split_files(diff_tables(con, gpu=bool(timed), calls=calls))
     finally:
         con.close()
+    out = []
+    for row in runs:
+        gpu = isinstance(row["info"].get("gpu"), dict) or row["_key"] in timed
+        out.append((row, gpu, per_file.get(row.pop("_key"), {})))
+    return out
