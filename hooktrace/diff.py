@@ -1072,9 +1072,13 @@ def compare_paths(a: str, b: str, *, workers: int | None = None,
     specs = [parse_spec(a), parse_spec(b)]
     from_dataset: dict[str, tuple[FileMeta, _Part]] = {}
     files = []
+    exports: dict[str, dict[str, tuple[FileMeta, _Part]]] = {}  # (each read once)
     for path, _ in specs:
         if _is_dataset(path):  # a Parquet export of the files: DuckDB reads it
-            found = _dataset_parts(path)
+            real = os.path.realpath(path)
+            if real not in exports:
+                exports[real] = _dataset_parts(path)
+            found = exports[real]
             from_dataset.update((os.path.realpath(f), r) for f, r in found.items())
             files.append(list(found))
         else:
