@@ -69,7 +69,7 @@ if TYPE_CHECKING:
 
     from hooktrace.reading import Spans, TraceData
 
-__all__ = ["PEAK_TFLOPS", "SpanFlops", "flop_columns", "peak_tflops_for",
+__all__ = ["PEAK_TFLOPS", "SpanFlops", "flop_columns", "newest_flop_info", "peak_tflops_for",
            "run_flop_info", "span_flops"]
 
 # Dense BF16/FP16 tensor-core peaks (TFLOP/s, no sparsity) from the vendors' data
@@ -126,15 +126,24 @@ def run_flop_info(trace: TraceData) -> Any:
     (``overwritten_events``) holds the newest root calls, so with n root calls in the
     spans, the spans' root call k is the recorder's ``len(calls) - n + k``. (A schedule
     window's info is made relative to the window when it is recorded.)"""
+    info = trace.info["flops"]
+    if not trace.overwritten_events:
+        return info
+    return newest_flop_info(info, trace.spans())
+
+
+def newest_flop_info(info: Any, spans: Spans) -> Any:
+    """A run's ``info["flops"]`` matched to ``spans`` that hold only its newest root
+    calls (a ring buffer that overwrote its oldest events; an ``aggregate=`` window,
+    reduced as its last step ends): with n root calls in the spans, their root call k is
+    the recorder's ``len(calls) - n + k``."""
     from hooktrace.reading import CAT_FORWARD
 
-    info = trace.info["flops"]
-    if not trace.overwritten_events or not isinstance(info, dict):
+    if not isinstance(info, dict):
         return info
     calls, counted = info.get("calls"), info.get("counted")
     if not isinstance(calls, list) or not isinstance(counted, list):
         return info  # (_parse says what is wrong)
-    spans = trace.spans()
     start = len(calls) - int(np.count_nonzero((spans.module == 0) & (spans.cat == CAT_FORWARD)))
     if start <= 0:
         return info

@@ -463,6 +463,11 @@ def write_outputs(trace: GlobalTrace, options: RunOptions) -> None:
         print("hooktrace: each window was written as it ended; nothing was recorded after the "
               f"last one, so there is no {options.output}", file=sys.stderr)
         return
+    if result is not None and options.record.aggregate is not None and not len(result.events) \
+            and options.chrome is None and options.pftrace is None and not options.profile:
+        # every step went into the aggregates: an empty .htrace would only mislead
+        print(_aggregate_line(result.info), file=sys.stderr)
+        return
     if not streamed:
         assert result is not None
         result.save(options.output)
@@ -490,11 +495,17 @@ def write_outputs(trace: GlobalTrace, options: RunOptions) -> None:
     else:
         counts = {"modules": len(trace.modules_table()), **trace.stream_counts()}
     print(exit_line(written, counts), file=sys.stderr)
-    aggregate = (result.info.get("aggregate") if result is not None else None) or {}
-    if aggregate:
-        print(f"hooktrace: {aggregate['steps']} steps aggregated in {aggregate['dir']}"
-              f"/aggregates, {len(aggregate['detail'])} kept whole in {aggregate['dir']}/steps",
-              file=sys.stderr)
+    if result is not None and result.info.get("aggregate"):
+        print(_aggregate_line(result.info), file=sys.stderr)
+
+
+def _aggregate_line(info: dict[str, Any]) -> str:
+    """What an ``--aggregate`` run wrote, and how to look at it."""
+    agg = info.get("aggregate") or {}
+    folder = agg.get("dir", "?")
+    return (f"hooktrace: {agg.get('steps', 0)} steps aggregated in {folder}/aggregates, "
+            f"{len(agg.get('detail', []))} kept whole in {folder}/steps; the table: "
+            f"hooktrace summary {folder}; the page: hooktrace report {folder} -o report.html")
 
 
 def exit_line(written: list[str], counts: dict[str, int]) -> str:

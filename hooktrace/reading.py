@@ -44,6 +44,7 @@ __all__ = [
     "CAT_RECOMPUTE",
     "CAT_NAMES",
     "forward_span_before",
+    "compile_parents",
     "counter_changes",
     "NO_PASS",
     "GpuSpans",
@@ -874,6 +875,23 @@ def compile_intervals(info: Mapping[str, Any]) -> np.ndarray:
                     and c[0] <= c[1]):
                 rows.append(c[:3])
     return np.array(rows, np.int64).reshape(-1, 3)
+
+
+def compile_parents(spans: Spans, intervals: np.ndarray) -> np.ndarray:
+    """Per compile of ``intervals`` (:func:`compile_intervals`): the span it ran in, -1
+    for none: the innermost span of the compile's thread containing it (while Dynamo
+    compiles no module call is recorded, so its time is that span's own). The summary's
+    ``<torch.compile>`` row and the data tables' compile rows take it out of that span's
+    self time."""
+    out = np.full(len(intervals), -1, np.int64)
+    if not len(spans):
+        return out
+    for i, (start, end, tid) in enumerate(intervals.tolist()):
+        inside = np.flatnonzero((spans.tid == tid) & (spans.start_ns <= start)
+                                & (spans.end_ns >= end))
+        if len(inside):
+            out[i] = inside[np.argmax(spans.depth[inside])]
+    return out
 
 
 def compile_steps(steps: Steps, intervals: np.ndarray) -> np.ndarray:

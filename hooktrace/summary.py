@@ -52,6 +52,7 @@ from hooktrace.reading import (
     SPAN_EVAL,
     Spans,
     compile_intervals,
+    compile_parents,
     compile_steps,
 )
 from hooktrace.text import (
@@ -565,17 +566,14 @@ _TEXT_NARROW_BACKWARD = [("bwd_total", "bwd_total_ns"), ("bwd_self", "bwd_self_n
 
 def _compile_self(spans: Spans, compiles: np.ndarray | None) -> np.ndarray | None:
     """Per span: the compile time (``compiles``: [start, end, thread id] rows) that ran
-    inside it and in no span nested in it (while Dynamo compiles no module call is
-    recorded): the innermost span of the compile's thread containing it. None when
-    no compile ran inside any span."""
+    inside it and in no span nested in it (reading.compile_parents). None when no
+    compile ran inside any span."""
     if compiles is None or not len(compiles) or not len(spans):
         return None
+    parent = compile_parents(spans, compiles)
+    ok = parent >= 0
     taken = np.zeros(len(spans), np.int64)
-    for start, end, tid in compiles.tolist():
-        inside = np.flatnonzero((spans.tid == tid) & (spans.start_ns <= start)
-                                & (spans.end_ns >= end))
-        if len(inside):
-            taken[inside[np.argmax(spans.depth[inside])]] += end - start
+    np.add.at(taken, parent[ok], compiles[ok, 1] - compiles[ok, 0])
     return taken if taken.any() else None
 
 

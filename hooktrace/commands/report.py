@@ -1,8 +1,10 @@
-"""``hooktrace report RUN -o report.html``: a self-contained HTML report of one run."""
+"""``hooktrace report RUN -o report.html``: a self-contained HTML report of one run, or of
+an ``aggregate=`` folder (its per-step aggregates and the steps kept whole)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 
 from hooktrace._args import finite_float
 from hooktrace.commands import CliError
@@ -12,7 +14,7 @@ HELP = "write a self-contained HTML report (module icicle chart, steps, table)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run", help="the .htrace file")
+    p.add_argument("run", help="the .htrace file, or an aggregate= folder")
     p.add_argument("-o", "--output", required=True, help="the HTML file to write")
     p.add_argument("--title", default=None, help="the page's title")
     p.add_argument("--peak-tflops", type=finite_float, default=None, metavar="TFLOPS",
@@ -22,13 +24,49 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> None:
     from hooktrace._output import check_output_path
-    from hooktrace.reading import load
-    from hooktrace.reporters.html import write_report
 
     if args.peak_tflops is not None and not args.peak_tflops > 0:
         raise CliError(f"--peak-tflops must be a positive number, got {args.peak_tflops}")
     check_output_path(args.output, [args.run])
-    write_report(load(args.run), args.output, source=args.run, title=args.title,
-                 peak_tflops=args.peak_tflops)
+    if os.path.isdir(args.run):
+        _aggregate_report(args)
+    else:
+        from hooktrace.reading import load
+        from hooktrace.reporters.html import write_report
+
+        write_report(load(args.run), args.output, source=args.run, title=args.title,
+                     peak_tflops=args.peak_tflops)
     if args.output != "-":
         print(f"wrote {args.output}: open it in a web browser (it needs no network)")
+
+
+def _aggregate_report(args: argparse.Namespace) -> None:
+    """An ``aggregate=`` folder (issue #31): its table and kept steps, or the one-line
+    error saying what is wrong with the folder."""
+    from hooktrace.record.aggregate import is_aggregate_dir, kept_steps, load_aggregates
+    from hooktrace.reporters.aggregate import write_aggregate_report
+
+    if not is_aggregate_dir(args.run):
+        raise CliError(f"{args.run}: a folder, but not an aggregate= folder (no "
+                       "aggregates/part-*.parquet in it); give a .htrace file or the folder "
+                       "of trace(aggregate=...) / hooktrace run --aggregate")
+    if args.peak_tflops is not None:
+        raise CliError("--peak-tflops applies to a trace: an aggregate folder has TFLOP/s, "
+                       "not the FLOPs an MFU needs")
+    import pyarrow as pa
+
+    try:
+        table = load_aggregates(args.run)
+    except (pa.ArrowException, OSError) as e:
+        raise CliError(f"{args.run}: the aggregate table cannot be read: {_first(e)}") from None
+    try:
+        write_aggregate_report(table, kept_steps(args.run), args.output, source=args.run,
+                               title=args.title)
+    except (pa.ArrowException, KeyError) as e:  # a part written by something else
+        raise CliError(f"{args.run}: the aggregate table is not one trace(aggregate=...) "
+                       f"writes: {_first(e)}") from None
+
+
+def _first(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

@@ -56,7 +56,8 @@ def run(args: argparse.Namespace) -> None:
     try:
         options = options_from_args(args)
     except NoDeviceError as e:  # --gpu without CUDA: one line, exit status 2
-        print(f"hooktrace: error: --gpu: {e}", file=sys.stderr)
+        # (the recorder's message names the API's gpu=True: the flag's words here)
+        print(f"hooktrace: error: {str(e).replace('gpu=True', '--gpu')}", file=sys.stderr)
         raise SystemExit(2) from None
     autostart = sys.modules.get("hooktrace._autostart")
     if autostart is not None:  # HOOKTRACE=1 is set too: this command's options win

@@ -61,25 +61,29 @@ _TABLES: dict[str, list[Any]] = {
     "spans": [
         _f("module", _STR, False, "qualified module name ('' for the root)"),
         _f("slot", _I64, False, "module slot: the module's row in the modules table (an "
-                                "integer key, cheaper to group by than the name)"),
+                                "integer key, cheaper to group by than the name); -1 for a "
+                                "compile row"),
         _f("type", _STR, False, "module class name"),
         _f("phase", _STR, False, "forward, backward or recompute"),
         _f("mode", _STR, False, "train, or eval (grad off or the module in eval mode)"),
-        _f("timing", _STR, False, "measured (a module call), or kernels (derived from the "
-                                  "kernels of a compiled region)"),
+        _f("timing", _STR, False, "measured (a module call), kernels (derived from the "
+                                  "kernels of a compiled region), or compile (a torch.compile "
+                                  "compile: module '<torch.compile>')"),
         _f("call", _I64, False, "ordinal of the forward call among the module's calls"),
         _f("step", _I64, True, "step number the span starts in; null outside every step"),
         _f("thread", _I64, False, "OS thread id"),
         _f("start_ns", _I64, False, "Unix ns, on rank 0's clock"),
         _f("end_ns", _I64, False, "Unix ns, on rank 0's clock"),
-        _f("dur_ns", _I64, False, "end_ns - start_ns"),
+        _f("dur_ns", _I64, False, "end_ns - start_ns; a kernel-derived row: the summed "
+                                  "time of its kernels (at most end_ns - start_ns)"),
         _f("self_ns", _I64, False, "dur_ns minus the direct children's (backward: the time "
                                    "of the autograd nodes attributed to it)"),
         _f("depth", _I64, False, "nesting depth (the root module is 0)"),
         _f("span", _I64, True, "index of the span in the run (hooktrace.load(f).spans()); "
-                               "a kernel-derived row: its compiled region's span"),
-        _f("parent", _I64, True, "span index of the parent call in the same phase; null "
-                                 "for none"),
+                               "a kernel-derived row: its compiled region's span; null for "
+                               "a compile row"),
+        _f("parent", _I64, True, "span index of the parent call in the same phase; a "
+                                 "compile row: the span it ran in; null for none"),
         _f("error", _BOOL, False, "the forward call raised"),
         _f("unfinished", _BOOL, False, "no exit was recorded: end_ns is a lower bound"),
         _f("gpu_dur_ns", _I64, True, "device time of the call (trace(gpu=True)); null when "
@@ -100,7 +104,8 @@ _TABLES: dict[str, list[Any]] = {
         _f("step", _I64, False, "step number (the recorder's: lost steps show as gaps)"),
         _f("start_ns", _I64, False, "Unix ns, on rank 0's clock"),
         _f("end_ns", _I64, False, "Unix ns, on rank 0's clock"),
-        _f("dur_ns", _I64, False, "end_ns - start_ns"),
+        _f("dur_ns", _I64, False, "end_ns - start_ns; a kernel-derived row: the summed "
+                                  "time of its kernels (at most end_ns - start_ns)"),
         _f("complete", _BOOL, False, "ended by a step mark (false: the last, cut step)"),
         _f("outside_ns", _I64, False, "time of the step outside every top-level forward or "
                                       "backward span (waiting, data loading, optimizer)"),
@@ -194,13 +199,15 @@ _AGGREGATE_COLUMNS = [
     _f("steps", pa.int32(), True, "steps in the window"),
     _f("module", _STR, True, "qualified module name ('<root>' for the root; '<step>' "
                              "in a mode 'step' row)"),
-    _f("mode", _STR, True, "forward, backward, or step (the steps' wall times)"),
+    _f("mode", _STR, True, "forward, backward, eval (forward calls under no_grad "
+                           "or in eval mode), or step (the steps' wall times)"),
     _f("calls", _I64, True, "calls in the window"),
     _f("total_ms", _F32, True, "time of the calls (a step row: of the steps), ms"),
     _f("p50_ms", _F32, True, "median call (a step row: median step), ms"),
     _f("max_ms", _F32, True, "longest call (a step row: longest step), ms"),
     _f("gpu_ms", _F32, True, "device time (trace(gpu=True)); null when not recorded"),
     _f("mem_peak_bytes", _I64, True, "peak bytes allocated in the calls (memory=True)"),
+    _f("tflops", _F32, True, "FLOP rate of the calls, TFLOP/s (flops=True)"),
     _f("nonfinite", _I64, True, "NaN/Inf count of the outputs (numerics=True)"),
     _f("absmax", _F32, True, "largest output max |x| (numerics=True)"),
 ]

@@ -33,7 +33,7 @@ import numpy as np
 
 from hooktrace.data.schema import file_schema, pa
 from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL, SPAN_ERROR, SPAN_UNFINISHED
-from hooktrace.reading import TraceData
+from hooktrace.reading import TraceData, compile_intervals, compile_parents
 from hooktrace.data.intervals import union_per_step
 
 __all__ = ["DEFAULT_BATCH_ROWS", "Where", "batches", "span_columns", "to_arrow"]
@@ -41,7 +41,8 @@ __all__ = ["DEFAULT_BATCH_ROWS", "Where", "batches", "span_columns", "to_arrow"]
 DEFAULT_BATCH_ROWS = 1 << 20
 PHASES = ("forward", "backward", "recompute")
 MODES = ("train", "eval")
-TIMINGS = ("measured", "kernels")
+TIMINGS = ("measured", "kernels", "compile")
+COMPILE_MODULE = "<torch.compile>"  # the module of a compile's row (the summary's row)
 _OWNERS = {1: "enter", 2: "exit", 3: "node_begin", 4: "node_end"}
 
 
@@ -109,51 +110,76 @@ def _offset(trace: TraceData) -> int:
 
 class _SpanColumns:
     """The whole run's per-row arrays of the spans table (the measured spans, then the
-    kernel-derived entries), extras only where recorded."""
+    kernel-derived entries, then one row per torch.compile compile), extras only where
+    recorded. Times count as in the summary: a kernel-derived row's ``dur_ns`` is the
+    summed time of its kernels, and compile time is its own rows' (out of the self time
+    of the span it ran in)."""
 
     def __init__(self, trace: TraceData) -> None:
         from hooktrace.kernels import derived_spans
 
         spans = trace.spans()
         d = derived_spans(trace)
-        n, m = len(spans), len(d)
-        self.n = n + m
+        compiles = compile_intervals(trace.info)
+        n, m, c = len(spans), len(d), len(compiles)
+        self.n = n + m + c
         off = _offset(trace)
         self_ns = spans.self_ns
-        if m:
+        if m or c:
             self_ns = self_ns.copy()
+        if m:
             self_ns[d.region_span] = d.region_self_ns
-        module = np.r_[spans.module.astype(np.int64), d.module.astype(np.int64)]
-        n_mod = max(len(trace.modules), int(module.max(initial=-1)) + 1)
+        c_parent = compile_parents(spans, compiles)
+        if c:  # (as hooktrace.summary: the compile's span loses it, down to 0)
+            taken = np.zeros(n, np.int64)
+            np.add.at(taken, c_parent[c_parent >= 0],
+                      (compiles[:, 1] - compiles[:, 0])[c_parent >= 0])
+            self_ns = np.maximum(self_ns - taken, 0)
+        slot = np.r_[spans.module.astype(np.int64), d.module.astype(np.int64)]
+        n_mod = max(len(trace.modules), int(slot.max(initial=-1)) + 1)
         self.names, self.types = _names(trace, n_mod)
-        self.module = module
-        self.cat = np.r_[spans.cat, d.cat].astype(np.int64)
-        self.eval = np.r_[(spans.flags & SPAN_EVAL) != 0, d.flags != 0]
-        self.kernels = np.r_[np.zeros(n, bool), np.ones(m, bool)]
-        self.call = np.r_[spans.call.astype(np.int64), spans.call[d.span].astype(np.int64)]
-        self.thread = np.r_[spans.tid.astype(np.int64), spans.tid[d.span].astype(np.int64)]
-        start = np.r_[spans.start_ns, d.start_ns]
-        end = np.r_[spans.end_ns, d.end_ns]
+        self.names.append(COMPILE_MODULE)
+        self.types.append("torch.compile")
+        self.slot = np.r_[slot, np.full(c, -1, np.int64)]
+        self.module = np.r_[slot, np.full(c, n_mod, np.int64)]  # (index into names)
+        self.cat = np.r_[spans.cat, d.cat, np.full(c, CAT_FORWARD)].astype(np.int64)
+        self.eval = np.r_[(spans.flags & SPAN_EVAL) != 0, d.flags != 0, np.zeros(c, bool)]
+        self.timing = np.r_[np.zeros(n, np.int32), np.ones(m, np.int32), np.full(c, 2, np.int32)]
+        self.call = np.r_[spans.call.astype(np.int64), spans.call[d.span].astype(np.int64),
+                          np.arange(c, dtype=np.int64)]
+        self.thread = np.r_[spans.tid.astype(np.int64), spans.tid[d.span].astype(np.int64),
+                            compiles[:, 2]]
+        start = np.r_[spans.start_ns, d.start_ns, compiles[:, 0]].astype(np.int64)
+        end = np.r_[spans.end_ns, d.end_ns, compiles[:, 1]].astype(np.int64)
         steps = trace.steps()
         row = steps.index_of(start)
         self.step_valid = row >= 0
         self.step = steps.number[np.maximum(row, 0)] if len(steps) else np.zeros(self.n, np.int64)
         self.start, self.end = start - off, end - off
-        self.self_ns = np.r_[self_ns, d.self_ns]
+        # a kernel-derived row lasts the time its kernels ran (the summary's total), not
+        # first kernel start to last kernel end
+        self.dur = np.r_[spans.end_ns - spans.start_ns, d.total_ns,
+                         compiles[:, 1] - compiles[:, 0]].astype(np.int64)
+        self.self_ns = np.r_[self_ns, d.self_ns, compiles[:, 1] - compiles[:, 0]]
         # depth of a derived entry: its region's depth + how far below the region it is
         region_depth = spans.depth[d.span].astype(np.int64)
         below = np.array([self.names[int(k)].count(".") - self.names[int(r)].count(".")
                           if self.names[int(r)] else self.names[int(k)].count(".") + 1
                           for k, r in zip(d.module, spans.module[d.span])], np.int64)
-        self.depth = np.r_[spans.depth.astype(np.int64), region_depth + below]
-        self.span = np.r_[np.arange(n, dtype=np.int64), d.span.astype(np.int64)]
-        parent = np.r_[spans.parent, np.full(m, -1, np.int64)]
+        c_depth = np.zeros(c, np.int64)
+        c_depth[c_parent >= 0] = spans.depth[c_parent[c_parent >= 0]].astype(np.int64) + 1
+        self.depth = np.r_[spans.depth.astype(np.int64), region_depth + below, c_depth]
+        self.span = np.r_[np.arange(n, dtype=np.int64), d.span.astype(np.int64),
+                          np.full(c, -1, np.int64)]
+        self.span_valid = self.span >= 0
+        # a compile's parent: the span it ran in (whose self time it is out of)
+        parent = np.r_[spans.parent, np.full(m, -1, np.int64), c_parent]
         self.parent_valid = parent >= 0
         self.parent = parent
-        flags = np.r_[spans.flags, np.zeros(m, np.uint8)]
+        flags = np.r_[spans.flags, np.zeros(m + c, np.uint8)]
         self.error = (flags & SPAN_ERROR) != 0
         self.unfinished = (flags & SPAN_UNFINISHED) != 0
-        self.extras = self._extras(trace, n, m)
+        self.extras = self._extras(trace, n, m + c)
 
     def _extras(self, trace: TraceData, n: int, m: int) -> dict[str, Any]:
         """Per extra column: (values over the rows, validity mask); missing = all null."""
@@ -213,20 +239,20 @@ class _SpanColumns:
         s = slice(a, b)
         cols: dict[str, Any] = {
             "module": _dict(self.module[s], self.names),
-            "slot": _i64(self.module[s]),
+            "slot": _i64(self.slot[s]),
             "type": _dict(self.module[s], self.types),
             "phase": _dict(self.cat[s], list(PHASES)),
             "mode": _dict(self.eval[s].astype(np.int32), list(MODES)),
-            "timing": _dict(self.kernels[s].astype(np.int32), list(TIMINGS)),
+            "timing": _dict(self.timing[s], list(TIMINGS)),
             "call": _i64(self.call[s]),
             "step": _i64(self.step[s], self.step_valid[s]),
             "thread": _i64(self.thread[s]),
             "start_ns": _i64(self.start[s]),
             "end_ns": _i64(self.end[s]),
-            "dur_ns": _i64(self.end[s] - self.start[s]),
+            "dur_ns": _i64(self.dur[s]),
             "self_ns": _i64(self.self_ns[s]),
             "depth": _i64(self.depth[s]),
-            "span": _i64(self.span[s]),
+            "span": _i64(self.span[s], self.span_valid[s]),
             "parent": _i64(self.parent[s], self.parent_valid[s]),
             "error": pa.array(self.error[s]),
             "unfinished": pa.array(self.unfinished[s]),

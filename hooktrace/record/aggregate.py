@@ -8,9 +8,11 @@ since the last time are reduced, per module and mode (forward, backward), to one
 each:
 
     step (the window's first), steps, module, mode, calls, total_ms, p50_ms, max_ms
-    (+ gpu_ms when device time is recorded, mem_peak_bytes with memory=True, nonfinite
-    and absmax with numerics=True; a mode "step" row holds the steps'
-    wall times: their sum, median and max)
+    (mode: forward, backward, or eval: the forward calls under no_grad or
+    module.eval() of a window that also has training calls; + gpu_ms when device time
+    is recorded, mem_peak_bytes with memory=True, tflops with flops=True, nonfinite and
+    absmax with numerics=True; a mode "step" row holds the steps' wall times: their
+    sum, median and max)
 
 The rows go to ``DIR/aggregates/part-NNNNN.parquet`` (a Parquet dataset: one table,
 ``pyarrow.dataset.dataset(DIR/aggregates)`` or duckdb's ``read_parquet('DIR/aggregates/*')``
@@ -32,6 +34,7 @@ measures it). Loggers (``hooktrace.log_to``) receive each window's rows.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import statistics
@@ -40,15 +43,15 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from hooktrace._events import EVENT_DTYPE
 from hooktrace.record.component import Component, Flag, Option
 
-__all__ = ["AggregateComponent", "DetailPolicy", "PART_ROWS", "load_aggregates",
-           "reduce_window"]
+if TYPE_CHECKING:  # numpy is imported where used: `hooktrace --version` reads this
+    import numpy as np  # file's declarations (record/registry.py) without numpy
+
+__all__ = ["AggregateComponent", "DetailPolicy", "KEPT_INDEX", "PART_ROWS", "kept_steps",
+           "load_aggregates", "reduce_window"]
 
 # A Parquet part is written once this many rows are waiting (and at the end).
 PART_ROWS = 50_000
@@ -60,27 +63,36 @@ MIN_STEPS_FOR_SLOW = 5
 # preemptions make many millisecond steps "slow": disk stays bounded in time)
 SLOW_COOLDOWN_S = 60.0
 DETAIL_SIGNAL = signal.SIGUSR2
+# DIR/KEPT_INDEX: a JSON line per step kept whole ({"step", "why", "file"}: DIR/steps/file)
+KEPT_INDEX = "kept.jsonl"
 
 
 def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, list[Any]]:
     """The aggregate rows of the steps ``first``, ``first + 1``, ... (``len(step_ms)`` of
     them, their wall times) whose events ``trace`` holds, as columns: per module and
     mode, calls and time; a "step" row for the steps themselves (total, median, max)."""
-    from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD
+    import numpy as np
+
+    from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL
 
     s = trace.spans()
     names = [m[0] or "<root>" for m in trace.modules]
     cols: dict[str, list[Any]] = {k: [] for k in (
         "step", "steps", "module", "mode", "calls", "total_ms", "p50_ms", "max_ms",
-        "gpu_ms", "mem_peak_bytes", "nonfinite", "absmax")}
+        "gpu_ms", "mem_peak_bytes", "tflops", "nonfinite", "absmax")}
     step, steps = first, len(step_ms)
     numerics = _numerics_by_module(trace)
-    gpu = gpu_ms_by_module(trace)
     peaks = _memory_peaks(trace, s)
-    gpu = gpu_ms_by_module(trace)
-    peaks = _memory_peaks(trace, s)
-    for mode, cat in (("forward", CAT_FORWARD), ("backward", CAT_BACKWARD)):
-        sel = np.flatnonzero(s.cat == cat)
+    tflops = tflops_by_module(trace)
+    # eval calls (no_grad or module.eval(): a validation pass between steps) get rows of
+    # their own, as in the summary, so that they do not swell the training forward; not
+    # when every forward call is one (a model trained in eval mode: those are its steps)
+    flagged = (s.cat == CAT_FORWARD) & ((s.flags & SPAN_EVAL) != 0)
+    eval_ = flagged if ((s.cat == CAT_FORWARD) & ~flagged).any() else np.zeros(len(s), bool)
+    gpu = gpu_ms_by_module(trace, eval_)
+    for mode, cat in (("forward", CAT_FORWARD), ("eval", CAT_EVAL), ("backward", CAT_BACKWARD)):
+        sel = np.flatnonzero((s.cat == CAT_FORWARD) & eval_ if cat == CAT_EVAL
+                             else (s.cat == cat) & ~eval_)
         if not sel.size:
             continue
         dur = (s.end_ns[sel] - s.start_ns[sel]).astype(np.float64) / 1e6
@@ -106,12 +118,17 @@ def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, lis
             cols["p50_ms"].append(float(p50[g]))
             cols["max_ms"].append(float(longest[g]))
             cols["gpu_ms"].append(gpu.get((m, cat)) if gpu is not None else None)
+            name = (str(trace.modules[m][0]) if 0 <= m < len(trace.modules)
+                    else f"<module {m}>")
+            # (TFLOP/s and numerics: of the module's training calls, none for eval rows)
+            cols["tflops"].append(tflops.get((name, mode)) if tflops is not None else None)
             if peaks is not None:
                 group = peaks[sel[start:ends[g]]]
                 cols["mem_peak_bytes"].append(int(group.max()) if (group >= 0).any() else None)
             else:
                 cols["mem_peak_bytes"].append(None)
-            got = numerics.get((m, mode == "backward")) if numerics is not None else None
+            got = (numerics.get((m, mode == "backward"))
+                   if numerics is not None and mode != "eval" else None)
             if got is not None:
                 cols["nonfinite"].append(got[0])
                 cols["absmax"].append(got[1] if np.isfinite(got[1]) else None)
@@ -124,28 +141,74 @@ def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, lis
     cols["mode"].append("step")
     for key, value in (("calls", steps), ("total_ms", float(sum(step_ms))),
                        ("p50_ms", float(np.median(step_ms))), ("max_ms", float(max(step_ms))),
-                       ("gpu_ms", None), ("mem_peak_bytes", None), ("nonfinite", None),
+                       ("gpu_ms", None), ("mem_peak_bytes", None), ("tflops", None),
+                       ("nonfinite", None),
                        ("absmax", None)):
         cols[key].append(value)
     return cols
 
 
-def gpu_ms_by_module(trace: Any) -> dict[tuple[int, int], float] | None:
+# the category key of eval rows (reduce_window, gpu_ms_by_module): no span category's
+CAT_EVAL = -1
+
+
+def gpu_ms_by_module(trace: Any, eval_spans: np.ndarray | None = None
+                     ) -> dict[tuple[int, int], float] | None:
     """Device time per (module, category) when it was recorded (TraceData.gpu_spans(),
-    issue #28), else None."""
+    issue #28), else None; the intervals of the spans ``eval_spans`` marks (per span,
+    bool) under (module, CAT_EVAL)."""
+    import numpy as np
+
     g = trace.gpu_spans()
     if not len(g):
         return None
     out: dict[tuple[int, int], float] = {}
     dur = (g.end_ns - g.start_ns).astype(np.float64) / 1e6
-    for m, c, d in zip(g.module.tolist(), g.cat.tolist(), dur.tolist(), strict=True):
+    cats = g.cat.astype(np.int64)
+    if eval_spans is not None and len(eval_spans):
+        has = (g.span >= 0) & (g.span < len(eval_spans))
+        marked = np.zeros(len(g), bool)
+        marked[has] = eval_spans[g.span[has]]
+        cats = np.where(marked, CAT_EVAL, cats)
+    for m, c, d in zip(g.module.tolist(), cats.tolist(), dur.tolist(), strict=True):
         out[(m, c)] = out.get((m, c), 0.0) + d
+    return out
+
+
+def tflops_by_module(trace: Any) -> dict[tuple[str, str], float] | None:
+    """Achieved TFLOP/s per (module name, "forward"/"backward") of a window, as the
+    summary computes it (hooktrace.flops.flop_columns: the FLOPs of the root calls not
+    run under the counter over their time; device time when it was recorded, else host
+    time), when FLOPs were recorded (``flops=True``), else None. None too for a CUDA run
+    without device time: launch time says nothing of the speed."""
+    if "flops" not in trace.info:
+        return None
+    from hooktrace.device_time import gpu_recorded, launch_time_only, span_gpu
+    from hooktrace.flops import flop_columns, newest_flop_info
+
+    spans = trace.spans()
+    # the window's spans number its root calls from 0; the info holds the run's
+    info = newest_flop_info(trace.info["flops"], spans)
+    if gpu_recorded(trace):
+        total, _, timed = span_gpu(trace)
+        columns = flop_columns(info, spans, trace.modules, None, durations=total, timed=timed)
+    elif launch_time_only(trace):
+        return None
+    else:
+        columns = flop_columns(info, spans, trace.modules, None)
+    out: dict[tuple[str, str], float] = {}
+    for name, values in columns.items():
+        for mode, key in (("forward", "tflops"), ("backward", "bwd_tflops")):
+            if values.get(key) is not None:
+                out[(name, mode)] = float(values[key])  # type: ignore[arg-type]
     return out
 
 
 def _memory_peaks(trace: Any, spans: Any) -> np.ndarray | None:
     """Per span, the highest memory peak over the recorded devices (-1: unknown), when
     memory was recorded (``memory=True``), else None."""
+    import numpy as np
+
     from hooktrace.memory import memory_devices, span_memory
 
     devices = memory_devices(trace)
@@ -166,6 +229,8 @@ def _any_nonfinite(trace: Any) -> bool:
 def _numerics_by_module(trace: Any) -> dict[tuple[int, bool], tuple[int, float]] | None:
     """(non-finite count, abs-max) per (module, backward), or None when the trace recorded
     no numerics."""
+    import numpy as np
+
     if "numerics" not in trace.info:
         return None
     from hooktrace.numerics import Numerics
@@ -335,19 +400,26 @@ class AggregateComponent(Component):
         self._keep_next.set()
 
     def step(self, step_no: int) -> None:
+        import numpy as np
+        from hooktrace._events import EVENT_DTYPE
+
         now = time.perf_counter()
         step_ms, self._last = (now - self._last) * 1e3, now
         ended = step_no - 1
         events = np.asarray(self._session.drain()).view(EVENT_DTYPE)
-        trace = self.recorder.step_result(events) if self._numerics else None
+        trace = self._result(events) if self._numerics else None
         nonfinite = trace is not None and _any_nonfinite(trace)
         why = self._why_keep(ended, step_ms, nonfinite)
         self._times.append(step_ms)
         if why:
-            trace = trace if trace is not None else self.recorder.step_result(events)
+            trace = trace if trace is not None else self._result(events)
             path = os.path.join(self.dir, "steps", f"step-{ended}.htrace")
             trace.save(path)
             self.kept.append({"step": ended, "why": why, "path": path})
+            # why each was kept, for summary and report (a line per kept step)
+            with open(os.path.join(self.dir, KEPT_INDEX), "a", encoding="utf-8") as f:
+                f.write(json.dumps({"step": ended, "why": why,
+                                    "file": os.path.basename(path)}) + "\n")
         if self._window_first is None:
             self._window_first, self._window_start = ended, now - step_ms / 1e3
         self._window_events.append(events)
@@ -356,14 +428,26 @@ class AggregateComponent(Component):
         if now - self._window_start >= self.interval:
             self._close_window(ended)
 
+    def _result(self, events: np.ndarray) -> Any:
+        """The drained ``events`` as a trace; its FLOP info matched to its root calls
+        (numbered from 0 in its spans; the recorder's info lists the run's)."""
+        trace = self.recorder.step_result(events)
+        if "flops" in trace.info:
+            from hooktrace.flops import newest_flop_info
+
+            trace.info["flops"] = newest_flop_info(trace.info["flops"], trace.spans())
+        return trace
+
     def _close_window(self, last: int) -> None:
         """Reduce the steps since the window opened to rows; hand them to the loggers."""
+        import numpy as np
+
         if self._window_first is None:
             return
         events = np.concatenate(self._window_events)
         # thread by thread, as one drain (and a recording in memory) holds them
         events = events[np.argsort(events["tid"], kind="stable")]
-        rows = reduce_window(self._window_first, self.recorder.step_result(events),
+        rows = reduce_window(self._window_first, self._result(events),
                              self._window_times)
         self._window_first, self._window_events, self._window_times = None, [], []
         for key, values in rows.items():
@@ -415,6 +499,7 @@ class AggregateComponent(Component):
             "max_ms": pa.array(self._rows["max_ms"], pa.float32()),
             "gpu_ms": pa.array(self._rows["gpu_ms"], pa.float32()),
             "mem_peak_bytes": pa.array(self._rows["mem_peak_bytes"], pa.int64()),
+            "tflops": pa.array(self._rows["tflops"], pa.float32()),
             "nonfinite": pa.array(self._rows["nonfinite"], pa.int64()),
             "absmax": pa.array(self._rows["absmax"], pa.float32()),
         })
@@ -457,6 +542,33 @@ def load_aggregates(path: str | os.PathLike[str]) -> Any:
     return table.sort_by("step")
 
 
+def kept_steps(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The steps an ``aggregate=`` folder kept whole, in step order: ``step``, ``why``
+    (None when DIR/kept.jsonl does not say) and ``path``, for each step-N.htrace still
+    there."""
+    steps = os.path.join(os.fspath(path), "steps")
+    if not os.path.isdir(steps):
+        return []
+    why: dict[str, str] = {}
+    try:
+        with open(os.path.join(os.fspath(path), KEPT_INDEX), encoding="utf-8") as f:
+            for line in f:
+                try:
+                    entry = json.loads(line)
+                    why[str(entry["file"])] = str(entry["why"])
+                except (ValueError, KeyError, TypeError):
+                    continue  # a line cut short by a kill: that step's why is unknown
+    except OSError:
+        pass
+    out = []
+    for name in os.listdir(steps):
+        number = name[len("step-"):-len(".htrace")]
+        if name.startswith("step-") and name.endswith(".htrace") and number.isdigit():
+            out.append({"step": int(number), "why": why.get(name),
+                        "path": os.path.join(steps, name)})
+    return sorted(out, key=lambda k: k["step"])
+
+
 def is_aggregate_dir(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is an ``aggregate=`` folder (it holds aggregates/part-*.parquet)."""
     folder = os.path.join(os.fspath(path), "aggregates")
@@ -478,16 +590,26 @@ def aggregate_summary(path: str | os.PathLike[str], top: int | None = None) -> s
     grouped.sort(key=lambda r: (r["mode"] != "step", -(r["total_ms_sum"] or 0.0)))
     if top is not None:
         grouped = grouped[: top + 1]
+    # with flops=True: TFLOP/s over the run (each window's weighed by its time), as the
+    # report has it
+    tflops: dict[tuple[str, str], float | None] = {}
+    if "tflops" in table.column_names and table["tflops"].null_count < len(table):
+        from hooktrace.reporters.aggregate import aggregate_rows
+
+        tflops = {(r["module"], r["mode"]): r["tflops"] for r in aggregate_rows(table)[0]}
     lines = [f"{os.fspath(path)}: {n_steps} steps aggregated, {len(table)} rows",
              f"{'module':<40}{'mode':<10}{'calls':>10}{'total ms':>12}{'ms/step':>10}"
-             f"{'p50 ms':>10}{'max ms':>10}{'nonfinite':>10}"]
+             f"{'p50 ms':>10}{'max ms':>10}{'nonfinite':>10}"
+             + (f"{'TFLOP/s':>10}" if tflops else "")]
     for r in grouped:
         per_step = (r["total_ms_sum"] or 0.0) / max(1, n_steps)
         nf = r["nonfinite_sum"]
+        tf = tflops.get((str(r["module"]), str(r["mode"])))
         lines.append(f"{str(r['module'])[:39]:<40}{str(r['mode']):<10}{r['calls_sum']:>10}"
                      f"{r['total_ms_sum']:>12.2f}{per_step:>10.3f}"
                      f"{r['p50_ms_approximate_median']:>10.3f}{r['max_ms_max']:>10.3f}"
-                     f"{'' if nf is None else nf:>10}")
+                     f"{'' if nf is None else nf:>10}"
+                     + (f"{'' if tf is None else f'{tf:.3g}':>10}" if tflops else ""))
     steps = os.path.join(os.fspath(path), "steps")
     kept = sorted((f for f in os.listdir(steps) if f.endswith(".htrace")),
                   key=lambda f: int(f[len("step-"):-len(".htrace")])

@@ -53,8 +53,8 @@ from hooktrace.summary import (
 if TYPE_CHECKING:
     from hooktrace.reading import TraceData
 
-__all__ = ["ICICLE_OPTIONS", "OTHER_MEANS", "ReportError", "plotly_js", "render_report",
-           "steps_figure", "write_report"]
+__all__ = ["ICICLE_OPTIONS", "OTHER_MEANS", "ReportError", "TABLE_SORT_SCRIPT", "plotly_js",
+           "render_report", "steps_figure", "write_report"]
 
 RUN_ID = "run"  # the icicle's root box
 
@@ -384,7 +384,7 @@ def render_report(trace: TraceData, *, source: str | None = None,
         icicle=_script_json(ice), steps=_script_json(step_figure), src=src,
         icicle_options=_script_json(ICICLE_OPTIONS), other_means=html.escape(OTHER_MEANS),
         run_color=RUN_COLOR,
-        steps_display="block" if steps.rows else "none",
+        steps_display="block" if steps.rows else "none", sort_script=TABLE_SORT_SCRIPT,
     )
 
 
@@ -398,6 +398,28 @@ def write_report(trace: TraceData, path: str | os.PathLike[str], *,
     with open_output(path, gzip_by_name=False) as f:
         f.write(text.encode("utf-8"))
 
+
+# Click a header of table#summary to sort by it (blanks last, numbers as numbers); also
+# used by reporters.aggregate
+TABLE_SORT_SCRIPT = """  var table = document.getElementById("summary");
+  table.querySelectorAll("th").forEach(function (th) {
+    th.addEventListener("click", function () {
+      var col = +th.dataset.col, asc = !th.classList.contains("asc");
+      table.querySelectorAll("th").forEach(function (h) { h.classList.remove("asc", "desc"); });
+      th.classList.add(asc ? "asc" : "desc");
+      var body = table.tBodies[0], rows = Array.prototype.slice.call(body.rows);
+      rows.sort(function (a, b) {
+        var x = a.cells[col].dataset.v, y = b.cells[col].dataset.v;
+        var nx = parseFloat(x), ny = parseFloat(y), c;
+        if (x === "" || y === "") c = (x === "") - (y === "");
+        else if (!isNaN(nx) && !isNaN(ny)) c = nx - ny;
+        else c = x < y ? -1 : x > y ? 1 : 0;
+        return asc ? c : -c;
+      });
+      rows.forEach(function (r) { body.appendChild(r); });
+    });
+  });
+"""
 
 _TEMPLATE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -453,24 +475,7 @@ network; the trace viewer is a web page.</div>
   if (s.data[0].x.length) {{
     Plotly.newPlot("steps", s.data, s.layout, config);
   }}
-  var table = document.getElementById("summary");
-  table.querySelectorAll("th").forEach(function (th) {{
-    th.addEventListener("click", function () {{
-      var col = +th.dataset.col, asc = !th.classList.contains("asc");
-      table.querySelectorAll("th").forEach(function (h) {{ h.classList.remove("asc", "desc"); }});
-      th.classList.add(asc ? "asc" : "desc");
-      var body = table.tBodies[0], rows = Array.prototype.slice.call(body.rows);
-      rows.sort(function (a, b) {{
-        var x = a.cells[col].dataset.v, y = b.cells[col].dataset.v;
-        var nx = parseFloat(x), ny = parseFloat(y), c;
-        if (x === "" || y === "") c = (x === "") - (y === "");
-        else if (!isNaN(nx) && !isNaN(ny)) c = nx - ny;
-        else c = x < y ? -1 : x > y ? 1 : 0;
-        return asc ? c : -c;
-      }});
-      rows.forEach(function (r) {{ body.appendChild(r); }});
-    }});
-  }});
+{sort_script}
 }})();
 </script>
 </body></html>

@@ -94,6 +94,9 @@ def test_the_slow_step_and_the_first_nonfinite_step_keep_full_detail(tmp_path: P
     assert why[12] == "slow"  # (the first slow one: none before it is kept as slow)
     assert why[17] == "nonfinite"
     assert [s for s, w in why.items() if w == "nonfinite"] == [17]  # the first one only
+    slow_step = hooktrace.load(tmp_path / "agg" / "steps" / "step-12.htrace")
+    assert {r["module"] for r in slow_step.summary().rows} >= {"", "fc1", "act", "fc2"}
+    assert slow_step.summary().counts["steps"] == 0 or len(slow_step.events)
     nan_step = hooktrace.load(tmp_path / "agg" / "steps" / "step-17.htrace")
     assert len(nan_step.events) and any(n.startswith("act") or "fc2" in n or n == ""
                                         for n in [m for m, _ in nan_step.modules])
@@ -173,6 +176,9 @@ def test_run_aggregate_writes_rows_and_log_to_finds_the_global_trace(tmp_path: P
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     assert "6 steps aggregated in agg/aggregates, 2 kept whole in agg/steps" in r.stderr
+    # every step went into the aggregates: no empty .htrace beside them
+    assert not list(tmp_path.glob("*.htrace")), list(tmp_path.iterdir())
+    assert "hooktrace: wrote" not in r.stderr
     t = load_aggregates(tmp_path / "agg").to_pydict()
     assert sorted(set(t["step"])) == list(range(6))
     assert sorted(os.listdir(tmp_path / "agg" / "steps")) == ["step-0.htrace", "step-5.htrace"]
@@ -299,3 +305,133 @@ def test_query_reads_an_aggregate_folder_as_the_aggregates_view(
                  "SELECT count(*) AS n, max(step) AS last, count(rank) AS ranked "
                  "FROM aggregates WHERE mode = 'step'"]) in (0, None)
     assert json.loads(capsys.readouterr().out) == [{"n": 12, "last": 11, "ranked": 0}]
+
+
+def test_flop_rate_per_module_when_flops_are_recorded(tmp_path: Path) -> None:
+    # GIVEN a run recorded with flops=True, a window per step and step 5 kept whole
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(16, 64)
+    with hooktrace.trace(model, aggregate=tmp_path / "agg", flops=True, aggregate_interval=0,
+                         detail="every=5"):
+        for _ in range(8):
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+    t = load_aggregates(tmp_path / "agg").to_pydict()
+    tf = {(s, m, mode): v for s, m, mode, v in zip(t["step"], t["module"], t["mode"],
+                                                     t["tflops"], strict=True)}
+    # THEN step 0 ran under the FLOP counter (slower): no rate; later steps have one for
+    # the Linear layers and the model, none for ReLU (no FLOPs) and the step row
+    assert all(v is None for (s, _, _), v in tf.items() if s == 0)
+    for step in range(1, 8):
+        for module, mode in (("0", "forward"), ("2", "forward"), ("0", "backward"),
+                             ("<root>", "forward"), ("<root>", "backward")):
+            assert tf[(step, module, mode)] > 0, (step, module, mode)
+        assert tf[(step, "1", "forward")] is None and tf[(step, "<step>", "step")] is None
+    # THEN they are the summary's TFLOP/s of the same step (the kept one, a trace; to
+    # 1e-3: the saved step's clock conversion differs from the run's by a few ns)
+    rows = {r["module"]: r for r in hooktrace.load(
+        tmp_path / "agg" / "steps" / "step-5.htrace").summary().rows}
+    for module, name in (("", "<root>"), ("0", "0"), ("2", "2")):
+        assert tf[(5, name, "forward")] == pytest.approx(rows[module]["tflops"], rel=1e-3)
+        assert tf[(5, name, "backward")] == pytest.approx(rows[module]["bwd_tflops"], rel=1e-3)
+    # THEN the rate is the FLOPs over the host time of the row (FlopCounterMode's count
+    # of one call of fc "0": 2 x 16 x 64 x 128 forward)
+    i = next(i for i in range(len(t["step"])) if (t["step"][i], t["module"][i],
+                                                  t["mode"][i]) == (5, "0", "forward"))
+    assert t["tflops"][i] == pytest.approx(2 * 16 * 64 * 128 / (t["total_ms"][i] * 1e-3) / 1e12,
+                                           rel=1e-3)
+    # THEN hooktrace summary DIR shows the rate over the run: FLOPs over time, the windows
+    # weighed by their time (so between the fastest and the slowest window's)
+    from hooktrace.record.aggregate import aggregate_summary
+
+    text = aggregate_summary(tmp_path / "agg").splitlines()
+    assert text[1].split()[-1] == "TFLOP/s"
+    fc = next(line.split() for line in text if line.startswith("0 ") and "forward" in line)
+    rates = [v for (s, m, mode), v in tf.items() if (m, mode) == ("0", "forward") and v]
+    assert min(rates) * 0.999 <= float(fc[-1]) <= max(rates) * 1.001
+    relu = next(line for line in text if line.startswith("1 ") and "forward" in line)
+    assert len(relu.split()) == len(fc) - 1  # ReLU: no TFLOP/s (no FLOPs)
+    # and a run without FLOPs has the column, empty
+    model2 = Net()
+    with hooktrace.trace(model2, aggregate=tmp_path / "plain", aggregate_interval=0,
+                         detail="every=0"):
+        train(model2, 2)
+    assert all(v is None for v in load_aggregates(tmp_path / "plain")["tflops"].to_pylist())
+
+
+def test_report_of_an_aggregate_folder_and_of_a_bad_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from hooktrace.cli import main
+    from hooktrace.record.aggregate import kept_steps
+
+    model = Net()
+    model.slow_at = 7
+    with hooktrace.trace(model, aggregate=tmp_path / "agg", aggregate_interval=0,
+                         detail="every=4,slow=30"):
+        train(model, 9)
+    # the kept steps and why, from DIR/kept.jsonl
+    assert [(k["step"], k["why"]) for k in kept_steps(tmp_path / "agg")] == [
+        (0, "every"), (4, "every"), (7, "slow"), (8, "every")]
+    page = tmp_path / "agg.html"
+    assert main(["report", str(tmp_path / "agg"), "-o", str(page)]) in (0, None)
+    text = page.read_text()
+    for name, why in (("step-0.htrace", "every"), ("step-7.htrace", "slow")):
+        assert f'href="agg/steps/{name}">{name}</a>: step {name[5:-7]} ({why})' in text
+    assert "9 steps aggregated in 9 windows" in text
+    assert '<td data-v="fc1">fc1</td><td data-v="forward">forward</td>' in text
+    # the step chart: step 7 slept 200 ms, far above the ~1 ms steps: a log scale
+    from hooktrace.reporters.aggregate import step_figure
+
+    figure = step_figure(load_aggregates(tmp_path / "agg"), kept_steps(tmp_path / "agg"))
+    assert figure["layout"]["yaxis"]["type"] == "log"
+    assert figure["data"][2]["x"] == [0, 4, 7, 8]
+    capsys.readouterr()
+    # a folder that holds no aggregates, and one whose part is not Parquet: one line each
+    (tmp_path / "empty").mkdir()
+    assert main(["report", str(tmp_path / "empty"), "-o", str(tmp_path / "x.html")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not an aggregate= folder" in err[0] and "empty" in err[0]
+    (tmp_path / "bad" / "aggregates").mkdir(parents=True)
+    (tmp_path / "bad" / "aggregates" / "part-00001.parquet").write_bytes(b"not parquet")
+    assert main(["report", str(tmp_path / "bad"), "-o", str(tmp_path / "x.html")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the aggregate table cannot be read" in err[0]
+    assert "part-00001.parquet" in err[0]
+    assert not (tmp_path / "x.html").exists()
+
+
+def test_eval_calls_between_steps_get_rows_of_their_own(tmp_path: Path) -> None:
+    # GIVEN a validation pass (no_grad, eval mode) of 5 calls before each of 3 steps
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(4, 8)
+    with hooktrace.trace(model, aggregate=tmp_path / "agg", aggregate_interval=0,
+                         detail="every=0"):
+        for _ in range(3):
+            model.eval()
+            with torch.no_grad():
+                for _ in range(5):
+                    model(x)
+            model.train()
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+    t = load_aggregates(tmp_path / "agg").to_pydict()
+    calls = {(s, m, mode): c for s, m, mode, c in zip(t["step"], t["module"], t["mode"],
+                                                       t["calls"], strict=True)}
+    # THEN the training forward is one call per step, the eval calls are 5 apart
+    for step in range(3):
+        assert calls[(step, "fc1", "forward")] == 1
+        assert calls[(step, "fc1", "eval")] == 5
+        assert calls[(step, "fc1", "backward")] == 1
+    # and a model trained in eval mode (every forward call flagged) stays "forward"
+    model2 = Net()
+    model2.eval()
+    with hooktrace.trace(model2, aggregate=tmp_path / "evalmode", aggregate_interval=0,
+                         detail="every=0"):
+        train(model2, 2)
+    modes = set(load_aggregates(tmp_path / "evalmode")["mode"].to_pylist())
+    assert modes == {"forward", "backward", "step"}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,41 @@ def run_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def _chrome_cats(run_file: Path, tmp_path: Path) -> Counter[Any]:
+    chrome = tmp_path / "run.json.gz"
+    assert main(["export", str(run_file), "-o", str(chrome)]) == 0
+    doc = json.loads(gzip.decompress(chrome.read_bytes()))
+    return Counter(e.get("cat") for e in doc["traceEvents"] if e.get("ph") == "X")
+
+
+def _summary_sums(run_file: Path, capsys: pytest.CaptureFixture[str]
+                  ) -> dict[tuple[str, str, str], tuple[int, int, int]]:
+    """summary --json as (module, phase, mode) -> (calls, total_ns, self_ns)."""
+    capsys.readouterr()
+    assert main(["summary", str(run_file), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    expected: dict[tuple[str, str, str], tuple[int, int, int]] = {}
+    for r in rows:
+        if r["module"] == "<unattributed>":  # autograd nodes of no module call: not spans
+            continue
+        if r["calls"]:
+            expected[(r["module"], "forward", r["mode"])] = (r["calls"], r["total_ns"],
+                                                             r["self_ns"])
+        if r["bwd_calls"]:
+            expected[(r["module"], "backward", r["mode"])] = (r["bwd_calls"], r["bwd_total_ns"],
+                                                              r["bwd_self_ns"])
+    return expected
+
+
+def _parquet_sums(spans: Any) -> dict[tuple[str, str, str], tuple[int, int, int]]:
+    got: dict[tuple[str, str, str], tuple[int, int, int]] = {}
+    for r in spans.select(["module", "phase", "mode", "dur_ns", "self_ns"]).to_pylist():
+        key = (r["module"], r["phase"], r["mode"])
+        n, total, self_ = got.get(key, (0, 0, 0))
+        got[key] = (n + 1, total + r["dur_ns"], self_ + r["self_ns"])
+    return got
+
+
 def test_parquet_spans_agree_with_the_chrome_export_and_the_summary(
         run_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "spans.parquet"
@@ -51,39 +87,92 @@ def test_parquet_spans_agree_with_the_chrome_export_and_the_summary(
     meta = pq.read_metadata(out).metadata
     assert meta[b"hooktrace.schema_version"] == b"1" and meta[b"hooktrace.table"] == b"spans"
     # row count = the forward + backward X events of the Chrome export
-    chrome = tmp_path / "run.json.gz"
-    assert main(["export", str(run_file), "-o", str(chrome)]) == 0
-    doc = json.loads(gzip.decompress(chrome.read_bytes()))
-    cats = Counter(e.get("cat") for e in doc["traceEvents"] if e.get("ph") == "X")
+    cats = _chrome_cats(run_file, tmp_path)
     assert cats["hooktrace.backward"] > 0 and cats["hooktrace.forward"] > 0
     assert spans.num_rows == cats["hooktrace.forward"] + cats["hooktrace.backward"]
-    # per-(module, phase, mode) sums of dur_ns = summary --json's totals, exactly
-    capsys.readouterr()
-    assert main(["summary", str(run_file), "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)["rows"]
-    expected: dict[tuple[str, str, str], int] = {}
-    for r in rows:
-        if r["module"] == "<unattributed>":  # autograd nodes of no module call: not spans
-            continue
-        if r["calls"]:
-            expected[(r["module"], "forward", r["mode"])] = r["total_ns"]
-        if r["bwd_calls"]:
-            expected[(r["module"], "backward", r["mode"])] = r["bwd_total_ns"]
-    got: dict[tuple[str, str, str], int] = {}
-    for r in spans.select(["module", "phase", "mode", "dur_ns"]).to_pylist():
-        key = (r["module"], r["phase"], r["mode"])
-        got[key] = got.get(key, 0) + r["dur_ns"]
+    # per (module, phase, mode): row count, sum(dur_ns), sum(self_ns) = summary --json's
+    # calls, total and self, exactly
+    expected = _summary_sums(run_file, capsys)
+    got = _parquet_sums(spans)
     assert {k[2] for k in got} == {"train", "eval"}
     assert got == expected
+    totals = {k: v[1] for k, v in expected.items()}
     # the same through TraceResult and DuckDB
     run = hooktrace.load(run_file)
     assert run.to_arrow("spans").num_rows == spans.num_rows
     df = run.to_pandas("spans")
-    assert int(df["dur_ns"].sum()) == sum(expected.values())
+    assert int(df["dur_ns"].sum()) == sum(totals.values())
     con = duckdb.connect()
     con.register("spans", spans)
     total = con.sql("SELECT module, phase, mode, sum(dur_ns) FROM spans GROUP BY ALL").fetchall()
-    assert {(m, p, md): int(s) for m, p, md, s in total} == expected
+    assert {(m, p, md): int(s) for m, p, md, s in total} == totals
+
+
+@pytest.fixture(scope="module")
+def compiled_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Embedding -> Dropout -> LayerNorm -> Linear compiled whole, trained 3 steps: a
+    compile or two (forward; a lazy backward), kernel-derived rows."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Embedding(32, 16), nn.Dropout(0.1), nn.LayerNorm(16),
+                        nn.Linear(16, 32))
+    fn = torch.compile(net)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    x = torch.randint(0, 32, (4, 8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with hooktrace.trace(fn) as tr:
+            for _ in range(3):
+                fn(x).sum().backward()
+                opt.step()
+                opt.zero_grad()
+    path = tmp_path_factory.mktemp("compiled") / "run.htrace"
+    tr.result.save(path)
+    return path
+
+
+def test_parquet_spans_of_a_compiled_run_agree_with_the_summary(
+        compiled_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "spans.parquet"
+    assert main(["export", str(compiled_file), "-o", str(out)]) == 0
+    spans = pq.read_table(out)
+    # calls, total and self per (module, phase, mode) = the summary's, exactly: compile
+    # time is the <torch.compile> rows' (out of the root's self), a kernel-derived row
+    # lasts its kernels' summed time
+    expected = _summary_sums(compiled_file, capsys)
+    got = _parquet_sums(spans)
+    assert ("<torch.compile>", "forward", "train") in got
+    assert any(k[0] != "" and k[0] != "<torch.compile>" for k in got)  # kernel-derived rows
+    assert got == expected
+    rows = spans.to_pylist()
+    compiles = hooktrace.load(compiled_file).info["compiles"]
+    comp = [r for r in rows if r["timing"] == "compile"]
+    assert len(comp) == len(compiles) >= 1
+    assert sorted(r["dur_ns"] for r in comp) == sorted(c[1] - c[0] for c in compiles)
+    assert all(r["module"] == "<torch.compile>" and r["slot"] == -1 and r["span"] is None
+               and r["parent"] is not None and r["self_ns"] == r["dur_ns"] for r in comp)
+    # a compile's parent (the span it ran in) has it out of its self time: the root's
+    # forward self is less than its forward time less its children's
+    kern = [r for r in rows if r["timing"] == "kernels"]
+    assert kern and all(0 < r["dur_ns"] <= r["end_ns"] - r["start_ns"] for r in kern)
+    by_span = {r["span"]: r for r in rows if r["timing"] == "measured"}
+    for r in comp:
+        parent = by_span[r["parent"]]
+        assert parent["start_ns"] <= r["start_ns"] and r["end_ns"] <= parent["end_ns"]
+        assert parent["self_ns"] < parent["dur_ns"] - r["dur_ns"] + 1
+    # Chrome: its forward + backward slices are the measured rows (compiles have no
+    # slice; kernels have one slice per kernel run, hooktrace.kernel)
+    cats = _chrome_cats(compiled_file, tmp_path)
+    measured = [r for r in rows if r["timing"] == "measured"
+                and r["phase"] in ("forward", "backward")]
+    assert len(measured) == cats["hooktrace.forward"] + cats["hooktrace.backward"] > 0
+    assert cats["hooktrace.kernel"] > 0
+    # and DuckDB sums the same
+    con = duckdb.connect()
+    con.register("spans", spans)
+    q = con.sql("SELECT module, phase, mode, count(*), sum(dur_ns), sum(self_ns) "
+                "FROM spans GROUP BY ALL").fetchall()
+    assert {(m, p, md): (int(c), int(d), int(s)) for m, p, md, c, d, s in q} == expected
 
 
 def test_every_table_in_a_directory_and_unsigned_types_nowhere(run_file: Path,

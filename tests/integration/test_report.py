@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,15 +32,12 @@ def demo_report(request: pytest.FixtureRequest,
     return result.report, flops
 
 
-@pytest.mark.skipif(CHROMIUM is None or CHROMEDRIVER is None,
-                    reason="needs Debian's chromium and chromium-driver (apt-get install)")
-def test_the_report_renders_in_headless_chromium(demo_report: tuple[Path, bool],
-                                                 tmp_path: Path) -> None:
-    report, flops = demo_report
+def _chromium(tmp_path: Path) -> Any:
+    """A headless Chromium with no network features, a fresh profile and the browser's
+    console log kept."""
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
 
-    # GIVEN a headless Chromium with no network features and a fresh profile
     options = Options()
     options.binary_location = str(CHROMIUM)
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu",
@@ -48,7 +46,20 @@ def test_the_report_renders_in_headless_chromium(demo_report: tuple[Path, bool],
                 f"--user-data-dir={tmp_path / 'profile'}"):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER)))
+    return webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER)))
+
+
+NEEDS_CHROMIUM = pytest.mark.skipif(
+    CHROMIUM is None or CHROMEDRIVER is None,
+    reason="needs Debian's chromium and chromium-driver (apt-get install)")
+
+
+@NEEDS_CHROMIUM
+def test_the_report_renders_in_headless_chromium(demo_report: tuple[Path, bool],
+                                                 tmp_path: Path) -> None:
+    report, flops = demo_report
+    # GIVEN a headless Chromium with no network features and a fresh profile
+    driver = _chromium(tmp_path)
     try:
         # WHEN it opens the demo's report
         driver.get(report.as_uri())
@@ -120,3 +131,84 @@ def test_the_report_renders_in_headless_chromium(demo_report: tuple[Path, bool],
     values = [float(v) for v in tflops if v]
     assert len(values) >= 10 and all(v > 0 for v in values)
     assert values == sorted(values) and tflops[:len(values)] == [v for v in tflops if v]
+
+
+@NEEDS_CHROMIUM
+def test_the_report_of_an_aggregate_folder_renders_in_headless_chromium(
+        tmp_path: Path) -> None:
+    import torch
+    from torch import nn
+
+    import hooktrace
+    from hooktrace.cli import main
+
+    # GIVEN an aggregate= folder of 12 steps, recorded with FLOPs, a step kept every 5
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(16, 64)
+    with hooktrace.trace(model, aggregate=tmp_path / "agg", flops=True, aggregate_interval=0,
+                         detail="every=5"):
+        for _ in range(12):
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+    # WHEN hooktrace report writes its page, in another folder than the aggregates
+    (tmp_path / "html").mkdir()
+    page = tmp_path / "html" / "agg.html"
+    assert main(["report", str(tmp_path / "agg"), "-o", str(page)]) in (0, None)
+    driver = _chromium(tmp_path)
+    try:
+        driver.get(page.as_uri())
+        headers = driver.execute_script(
+            "return Array.from(document.querySelectorAll('#summary th'))"
+            ".map(e => e.textContent)")
+        rows = driver.execute_script(
+            "return Array.from(document.querySelectorAll('#summary tbody tr'))"
+            ".map(r => Array.from(r.cells).map(c => c.textContent))")
+        traces = driver.execute_script(
+            "return document.getElementById('steps').data.map("
+            "t => [t.name, t.x.length])")
+        drawn = driver.execute_script(
+            "return document.querySelectorAll('#steps .scatterlayer .trace').length")
+        kept = driver.execute_script(
+            "return Array.from(document.querySelectorAll('#kept li a'))"
+            ".map(a => [a.textContent, a.href])")
+        # a click on calls sorts ascending: the fewest calls first
+        col = headers.index("calls")
+        driver.execute_script(f"document.querySelectorAll('#summary th')[{col}].click()")
+        first_calls = driver.execute_script(
+            f"return document.querySelector('#summary tbody tr').cells[{col}].textContent")
+        overflow = driver.execute_script(
+            "return document.documentElement.scrollWidth - window.innerWidth")
+        log = driver.get_log("browser")
+        shot = tmp_path / "agg.png"
+        driver.save_screenshot(str(shot))
+    finally:
+        driver.quit()
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shutil.copy(shot, ARTIFACTS / "report-aggregate.png")
+    # THEN no console error, the page fits, and the step chart has a point per step
+    # (aggregate_interval=0: a window per step) and the 3 kept steps marked
+    errors = [e for e in log if e.get("level") in ("SEVERE", "WARNING")]
+    assert not errors, errors
+    assert overflow <= 0, overflow
+    assert traces == [["mean step", 12], ["longest step", 12], ["kept whole", 3]]
+    assert drawn == 3
+    # THEN the table: the step row first, each module in both modes, 12 calls each,
+    # and the FLOP/s column filled for the Linear layers
+    assert rows[0][:3] == ["<step>", "step", "12"]
+    by = {(r[0], r[1]): dict(zip(headers, r, strict=True)) for r in rows}
+    for module in ("<root>", "0", "1", "2"):
+        assert by[(module, "forward")]["calls"] == "12"
+    assert "TFLOP/s" in headers
+    assert float(by[("0", "forward")]["TFLOP/s"]) > 0
+    assert float(by[("2", "backward")]["TFLOP/s"]) > 0
+    assert by[("1", "forward")]["TFLOP/s"] == ""  # ReLU: no FLOPs counted
+    assert first_calls == "12"
+    # THEN the kept steps are listed with links that reach their files
+    assert [name for name, _ in kept] == ["step-0.htrace", "step-5.htrace",
+                                          "step-10.htrace"]
+    from urllib.parse import unquote, urlparse
+
+    assert all(Path(unquote(urlparse(href).path)).is_file() for _, href in kept)

@@ -40,7 +40,8 @@ LAYERS: list[tuple[str, set[str]]] = [
         "hooktrace.exporters._chrome_json", "hooktrace.exporters._chrome_events",
         "hooktrace.exporters._profiler_merge",
         "hooktrace.reporters",
-        "hooktrace.reporters.html", "hooktrace.merge", "hooktrace.result"}),
+        "hooktrace.reporters.html", "hooktrace.reporters.aggregate", "hooktrace.merge",
+        "hooktrace.result"}),
     ("recording", {
         "hooktrace.record", "hooktrace.record.dispatch", "hooktrace.record.scopes",
         "hooktrace.record.recorder", "hooktrace.record.kernels", "hooktrace.record.ranks",

@@ -1,0 +1,303 @@
+"""``hooktrace report DIR``: the HTML report of an ``aggregate=`` folder (issue #31).
+
+One self-contained file, like the trace report (hooktrace.reporters.html, whose
+plotly.js, colours and table sorting it shares): the step-time chart from the
+aggregate table's ``step`` rows (per window: the mean step and the longest one; the
+steps kept whole are marked on it), the per-module table over the whole run (per module
+and mode: calls, total, ms per step, the median of the windows' medians, the longest
+call, and device time, memory peak, TFLOP/s and numerics when recorded; click a header
+to sort), and the list of the steps kept whole by the detail policy, each a trace with
+the command that reports it.
+
+The table comes in as a pyarrow Table (``hooktrace.record.aggregate.load_aggregates``),
+the kept steps as dicts with ``step``, ``why`` and ``path``.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from typing import Any
+from urllib.parse import quote
+
+from hooktrace._output import open_output
+from hooktrace.reporters.html import (
+    BACKWARD_COLOR,
+    FORWARD_COLOR,
+    OTHER_COLOR,
+    TABLE_SORT_SCRIPT,
+    plotly_js,
+)
+from hooktrace.summary import format_bytes
+from hooktrace.text import display_path
+
+__all__ = ["KEPT_SHOWN", "aggregate_rows", "render_aggregate_report", "step_figure",
+           "write_aggregate_report"]
+
+KEPT_SHOWN = 200  # the kept steps listed by name; the rest are counted
+LOG_SCALE_ABOVE = 10.0  # the step chart's y axis is logarithmic when the longest step is
+# more than this many times the median window's mean step
+
+# (key, header, tooltip) of the table's columns; the optional ones appear when a row has
+# a value
+COLUMNS = (
+    ("module", "module", "the module's qualified name (<step>: the steps themselves)"),
+    ("mode", "mode", "forward, backward, eval (no_grad or module.eval() calls), or step "
+                     "(the steps' wall times)"),
+    ("calls", "calls", "calls over the run (step: steps)"),
+    ("total_ms", "total ms", "time over the run"),
+    ("ms_per_step", "ms/step", "total over the steps aggregated"),
+    ("p50_ms", "p50 ms", "median of the windows' median call (step: step)"),
+    ("max_ms", "max ms", "the longest call (step: step) of the run"),
+    ("gpu_ms_per_step", "gpu ms/step", "device time per step, when recorded"),
+    ("mem_peak_bytes", "mem peak", "the highest memory peak inside a call (memory=True)"),
+    ("tflops", "TFLOP/s", "achieved TFLOP/s over the calls not run under the FLOP counter "
+                          "(flops=True): device time when recorded, else host time"),
+    ("nonfinite", "nonfinite", "NaN/Inf values seen (numerics=True)"),
+    ("absmax", "absmax", "the largest magnitude seen (numerics=True)"),
+)
+OPTIONAL = {"gpu_ms_per_step", "mem_peak_bytes", "tflops", "nonfinite", "absmax"}
+
+
+def _column(table: Any, name: str) -> Any:
+    import pyarrow as pa
+
+    if name in table.column_names:
+        return table[name]
+    return pa.nulls(len(table), pa.float64())  # a folder written before the column
+
+
+def aggregate_rows(table: Any) -> tuple[list[dict[str, Any]], int]:
+    """Per (module, mode) over the run, largest total first (the step row on top), and
+    the number of steps aggregated."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    mode = table["mode"].cast(pa.string())
+    n_steps = int(pc.sum(table.filter(pc.equal(mode, "step"))["steps"]).as_py() or 0)
+    total = pc.cast(table["total_ms"], pa.float64())
+    gpu = pc.cast(_column(table, "gpu_ms"), pa.float64())
+    tflops = pc.cast(_column(table, "tflops"), pa.float64())
+    # TFLOP/s over the run: each window's weighted by its time (device time when there)
+    basis = pc.if_else(pc.is_valid(gpu), gpu, total)
+    basis = pc.if_else(pc.is_valid(tflops), basis, pa.scalar(None, pa.float64()))
+    work = pa.table({
+        "module": table["module"].cast(pa.string()), "mode": mode, "calls": table["calls"],
+        "total_ms": total, "p50_ms": pc.cast(table["p50_ms"], pa.float64()),
+        "max_ms": pc.cast(table["max_ms"], pa.float64()), "gpu_ms": gpu,
+        "mem_peak_bytes": _column(table, "mem_peak_bytes"),
+        "nonfinite": _column(table, "nonfinite"), "absmax": _column(table, "absmax"),
+        "tf_work": pc.multiply(tflops, basis), "tf_time": basis})
+    grouped = work.group_by(["module", "mode"]).aggregate([
+        ("calls", "sum"), ("total_ms", "sum"), ("p50_ms", "approximate_median"),
+        ("max_ms", "max"), ("gpu_ms", "sum"), ("mem_peak_bytes", "max"),
+        ("nonfinite", "sum"), ("absmax", "max"), ("tf_work", "sum"),
+        ("tf_time", "sum")]).to_pylist()
+    rows = []
+    for g in grouped:
+        per = max(1, n_steps)
+        tf_time = g["tf_time_sum"]
+        rows.append({
+            "module": g["module"], "mode": g["mode"], "calls": g["calls_sum"],
+            "total_ms": g["total_ms_sum"], "ms_per_step": (g["total_ms_sum"] or 0.0) / per,
+            "p50_ms": g["p50_ms_approximate_median"], "max_ms": g["max_ms_max"],
+            "gpu_ms_per_step": None if g["gpu_ms_sum"] is None else g["gpu_ms_sum"] / per,
+            "mem_peak_bytes": g["mem_peak_bytes_max"],
+            "tflops": g["tf_work_sum"] / tf_time if tf_time else None,
+            "nonfinite": g["nonfinite_sum"], "absmax": g["absmax_max"]})
+    rows.sort(key=lambda r: (r["mode"] != "step", -(r["total_ms"] or 0.0)))
+    return rows, n_steps
+
+
+def step_figure(table: Any, kept: list[dict[str, Any]]) -> dict[str, Any]:
+    """The step chart (plotly ``data``, ``layout``): per window of the ``step`` rows (x:
+    its first step), the mean step and the longest one (ms); the kept steps as markers
+    on the longest-step line of their window."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    rows = table.filter(pc.equal(table["mode"].cast(pa.string()), "step")).sort_by("step")
+    first = rows["step"].to_pylist()
+    steps = rows["steps"].to_pylist()
+    mean = [t / max(1, n) for t, n in zip(rows["total_ms"].to_pylist(), steps, strict=True)]
+    longest = rows["max_ms"].to_pylist()
+    marks: dict[str, list[Any]] = {"x": [], "y": [], "text": []}
+    for k in kept:
+        i = next((i for i, (f, n) in enumerate(zip(first, steps, strict=True))
+                  if f <= k["step"] < f + max(1, n)), None)
+        if i is not None:
+            marks["x"].append(k["step"])
+            marks["y"].append(longest[i])
+            marks["text"].append(f"step {k['step']} kept whole ({k.get('why') or '?'})")
+    data = [
+        {"type": "scatter", "mode": "lines+markers", "name": "mean step", "x": first,
+         "y": mean, "customdata": steps, "line": {"color": FORWARD_COLOR},
+         "hovertemplate": "from step %{x}: %{y:.3f} ms per step over %{customdata} "
+                          "steps<extra></extra>"},
+        {"type": "scatter", "mode": "lines", "name": "longest step", "x": first,
+         "y": longest, "line": {"color": BACKWARD_COLOR, "dash": "dot"},
+         "hovertemplate": "from step %{x}: longest %{y:.3f} ms<extra></extra>"},
+        {"type": "scatter", "mode": "markers", "name": "kept whole", "x": marks["x"],
+         "y": marks["y"], "text": marks["text"],
+         "marker": {"color": OTHER_COLOR, "size": 10, "symbol": "diamond"},
+         "hovertemplate": "%{text}<extra></extra>"},
+    ]
+    # a first step (compilation, a validation pass, the FLOP counter) 10x the typical one
+    # would flatten the rest: a log scale then
+    typical = sorted(mean)[len(mean) // 2] if mean else 0.0
+    log = typical > 0 and max(v for v in longest if v is not None) > LOG_SCALE_ABOVE * typical
+    yaxis: dict[str, Any] = {"title": {"text": "ms (log scale)" if log else "ms"}}
+    if log:
+        yaxis["type"] = "log"
+    layout = {"xaxis": {"title": {"text": "step"}}, "yaxis": yaxis,
+              "margin": {"t": 40},
+              "legend": {"orientation": "h", "x": 0, "xanchor": "left", "y": 1.02,
+                         "yanchor": "bottom"}}
+    return {"data": data, "layout": layout}
+
+
+def _cell(key: str, value: Any) -> tuple[str, str]:
+    if value is None:
+        return "", ""
+    if key == "mem_peak_bytes":
+        return format_bytes(value), str(value)
+    if isinstance(value, float):
+        return f"{value:.3f}" if key.endswith(("_ms", "_step")) else f"{value:.3g}", repr(value)
+    return str(value), str(value)
+
+
+def _table_html(rows: list[dict[str, Any]]) -> str:
+    cols = [c for c in COLUMNS if c[0] not in OPTIONAL
+            or any(r.get(c[0]) is not None for r in rows)]
+    head = "".join(f'<th data-col="{i}" data-key="{k}" title="{html.escape(tip)}; click to '
+                   f'sort">{html.escape(name)}</th>' for i, (k, name, tip) in enumerate(cols))
+    body = []
+    for r in rows:
+        cells = []
+        for k, _, _ in cols:
+            text, v = _cell(k, r.get(k))
+            num = k not in ("module", "mode")
+            cells.append(f'<td data-v="{html.escape(v)}"{" class=n" if num else ""}>'
+                         f"{html.escape(text)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return (f'<div class="scroll"><table id="summary"><thead><tr>{head}</tr></thead>'
+            f"<tbody>{''.join(body)}</tbody></table></div>")
+
+
+def _kept_html(kept: list[dict[str, Any]], link_base: str | None) -> str:
+    if not kept:
+        return '<p id="kept">No step was kept whole (the detail policy did not fire).</p>'
+    items = []
+    for k in kept[:KEPT_SHOWN]:
+        path = os.fspath(k["path"])
+        name = os.path.basename(path)
+        href = (quote(os.path.relpath(os.path.abspath(path), link_base)) if link_base
+                else "file://" + quote(os.path.abspath(path)))
+        report = f"hooktrace report {display_path(path)} -o {name[:-len('.htrace')]}.html"
+        items.append(f'<li><a href="{html.escape(href)}">{html.escape(name)}</a>: step '
+                     f"{k['step']} ({html.escape(k.get('why') or 'why not recorded')}); "
+                     f"<code>{html.escape(report)}</code></li>")
+    more = (f"<li>and {len(kept) - KEPT_SHOWN} more in the same folder</li>"
+            if len(kept) > KEPT_SHOWN else "")
+    return f'<ul id="kept">{"".join(items)}{more}</ul>'
+
+
+def _script_json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False).replace("</", "<\\/")
+
+
+def _windows(table: Any) -> int:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return int(pc.sum(pc.equal(table["mode"].cast(pa.string()), "step")).as_py() or 0)
+
+
+def render_aggregate_report(table: Any, kept: list[dict[str, Any]], *,
+                            source: str | None = None, title: str | None = None,
+                            link_base: str | None = None) -> str:
+    """The report's HTML text; ``link_base``: the folder the page is written in (the
+    kept steps are linked relative to it), None for absolute links."""
+    js = plotly_js()
+    rows, n_steps = aggregate_rows(table)
+    name = source or "the aggregate folder"
+    title = title or ("hooktrace report: " + (os.path.basename(os.path.normpath(source))
+                                              if source else "aggregates"))
+    step_row = next((r for r in rows if r["mode"] == "step"), None)
+    windows = _windows(table)
+    facts = [f"{n_steps} steps aggregated in {windows} windows", f"{len(table)} rows",
+             f"{len({r['module'] for r in rows if r['mode'] != 'step'})} modules"]
+    if step_row is not None and step_row["p50_ms"] is not None:
+        facts.append(f"step p50 {step_row['p50_ms']:.3f} ms (median of the windows'), "
+                     f"longest {step_row['max_ms']:.3f} ms")
+    facts.append(f"{len(kept)} steps kept whole")
+    if any(r["gpu_ms_per_step"] is not None for r in rows):
+        facts.append("device time recorded")
+    if any(r["tflops"] is not None for r in rows):
+        facts.append("FLOPs recorded (TFLOP/s column)")
+    return _TEMPLATE.format(
+        title=html.escape(title), plotly=js.replace("</script", "<\\/script"),
+        facts=html.escape(" · ".join(facts)), name=html.escape(name),
+        table=_table_html(rows), steps=_script_json(step_figure(table, kept)),
+        kept=_kept_html(kept, link_base), sort_script=TABLE_SORT_SCRIPT)
+
+
+def write_aggregate_report(table: Any, kept: list[dict[str, Any]],
+                           path: str | os.PathLike[str], *, source: str | None = None,
+                           title: str | None = None) -> None:
+    """Write the report to ``path`` (through a temporary file, like every output)."""
+    out = os.fspath(path)
+    base = None if out == "-" else os.path.dirname(os.path.abspath(out))
+    text = render_aggregate_report(table, kept, title=title, link_base=base,
+                                   source=None if source is None else display_path(source))
+    with open_output(path, gzip_by_name=False) as f:
+        f.write(text.encode("utf-8"))
+
+
+_TEMPLATE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title}</title>
+<style>
+body {{ font: 14px system-ui, sans-serif; margin: 1.5em; color: #222; }}
+h1 {{ font-size: 1.4em; margin-bottom: .2em; }} h2 {{ font-size: 1.1em; margin-top: 1.6em; }}
+.facts, .hint {{ color: #555; }}
+#steps {{ height: 320px; }}
+.scroll {{ overflow: auto; max-width: 100%; max-height: 80vh; }}
+table {{ border-collapse: collapse; font-size: 12px; }}
+th, td {{ padding: 2px 8px; border-bottom: 1px solid #eee; white-space: nowrap; }}
+th {{ cursor: pointer; background: #f4f4f4; position: sticky; top: 0; user-select: none; }}
+th.asc::after {{ content: " ▲"; }} th.desc::after {{ content: " ▼"; }}
+td.n {{ text-align: right; font-variant-numeric: tabular-nums; }}
+code {{ background: #f6f6f6; }}
+</style>
+<script>{plotly}</script>
+</head><body>
+<h1>{title}</h1>
+<div class="facts">{facts}</div>
+<div class="hint">The per-step aggregates of {name} (<code>trace(aggregate=...)</code>,
+<code>hooktrace run --aggregate</code>): a row per module and mode per window of steps,
+the raw events dropped except for the steps kept whole.</div>
+<h2>Step times</h2>
+<div class="hint">Per window of steps (x: its first step): the mean step and the longest
+one; diamonds: steps kept whole.</div>
+<div id="steps"></div>
+<h2>Per module, over the run</h2>
+<div class="hint">Click a column header to sort.</div>
+{table}
+<h2>Steps kept whole</h2>
+<div class="hint">Each is a trace like any other: <code>hooktrace summary</code>,
+<code>diff</code>, <code>report</code>, <code>export</code> (Perfetto) open it.</div>
+{kept}
+<script>
+(function () {{
+  var config = {{displaylogo: false, responsive: true, showLink: false,
+                showSendToCloud: false}};
+  var s = {steps};
+  Plotly.newPlot("steps", s.data, s.layout, config);
+{sort_script}
+}})();
+</script>
+</body></html>
+"""
