@@ -1,7 +1,7 @@
 """Many ranks at scale (issues #11, #29): straggler summary over synthetic rank files.
 
     python benchmarks/ranks.py --ranks 256 --events 1000000 --dir /tmp/ranks [--workers 2]
-        [--engines pool,duckdb,parquet]
+        [--engines pool,duckdb,parquet,diff-pool,diff-duckdb]
 
 Writes RANKS files of EVENTS events each (forward spans: a root and 63 child modules
 called in turn, 50 steps, one rank made slow in one module at one step), then times
@@ -16,7 +16,10 @@ reports its wall time, the parent's peak RSS and the largest worker's peak RSS:
   size printed apart) and the straggler summary run by DuckDB over that Parquet dataset,
   end to end from the dataset.
 
-All engines' reports must be equal (checked). The files are kept (``--keep``) or
+``diff-pool`` / ``diff-duckdb`` time ``hooktrace diff DIR DIR`` (every file read once)
+with ``compare_paths``' two engines, ``diff-parquet`` the diff of the Parquet export
+with itself (issue #29). Each kind's reports must be equal
+(checked). The files are kept (``--keep``) or
 removed. Generation is not timed.
 """
 
@@ -102,6 +105,9 @@ def _descendants_peak_kib(stop: threading.Event, peak: list[int]) -> None:
 def measure(directory: str, workers: int | None, engine: str) -> None:
     from hooktrace.stragglers import analyze
 
+    if engine.startswith("diff-"):
+        measure_diff(directory, workers, engine)
+        return
     stop, peak = threading.Event(), [0]
     poller = threading.Thread(target=_descendants_peak_kib, args=(stop, peak), daemon=True)
     poller.start()
@@ -125,6 +131,34 @@ def measure(directory: str, workers: int | None, engine: str) -> None:
                                      for s in report.stragglers[:3]], "report": digest}))
 
 
+def measure_diff(directory: str, workers: int | None, engine: str) -> None:
+    """``hooktrace diff DIR DIR`` (every rank file read once) on the engine after
+    ``diff-``: the pool (numpy in worker processes) or duckdb (SQL in threads)."""
+    import hashlib
+
+    from hooktrace.diff import compare_paths
+
+    stop, peak = threading.Event(), [0]
+    poller = threading.Thread(target=_descendants_peak_kib, args=(stop, peak), daemon=True)
+    poller.start()
+    t = time.perf_counter()
+    kind = engine[len("diff-"):]  # pool, duckdb, or parquet (the export: DuckDB reads it)
+    d = compare_paths(directory, directory, workers=workers,
+                      engine="duckdb" if kind == "parquet" else kind)
+    wall = time.perf_counter() - t
+    stop.set()
+    poller.join()
+    me = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    doc = json.loads(d.to_json())
+    for k in ("a", "b"):  # (the input's name: the directory or its export)
+        doc.pop(k)
+        doc["sources"][k].pop("path")
+    digest = hashlib.sha1(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:12]
+    print(json.dumps({"engine": engine, "wall_s": round(wall, 2), "parent_peak_mib": round(me),
+                      "worker_peak_mib": round(peak[0] / 1024), "ranks": len(d.ranks),
+                      "stragglers": [], "report": digest}))
+
+
 def export_parquet(directory: str, out: str, threads: int) -> None:
     from hooktrace.data.parquet import write_dataset
 
@@ -146,7 +180,9 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=None)
     p.add_argument("--keep", action="store_true")
     p.add_argument("--engines", default="pool,duckdb,parquet",
-                   help="comma-separated: pool, duckdb, parquet (default all three)")
+                   help="comma-separated: pool, duckdb, parquet (the straggler summary; "
+                        "default all three), diff-pool, diff-duckdb, diff-parquet (hooktrace diff DIR "
+                        "DIR; of the export)")
     p.add_argument("--measure-only", default=None, help=argparse.SUPPRESS)
     p.add_argument("--export-only", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -171,7 +207,7 @@ def main() -> None:
     results = []
     for engine in args.engines.split(","):
         source = d
-        if engine == "parquet":
+        if engine in ("parquet", "diff-parquet"):
             if not pq_dir.exists():
                 r = subprocess.run([sys.executable, __file__, "--export-only", str(pq_dir),
                                     "--dir", str(d), *extra], capture_output=True, text=True)
@@ -182,15 +218,18 @@ def main() -> None:
         print(r.stdout.strip() or r.stderr[-2000:])
         if r.returncode == 0:
             results.append(json.loads(r.stdout.strip().splitlines()[-1]))
-    if results:
-        base = results[0]["wall_s"]
-        print(f"\n{'engine':<8} {'wall s':>7} {'vs ' + results[0]['engine']:>9} "
+    for kind in ("straggler", "diff"):  # each against the first engine of its kind
+        mine = [x for x in results if x["engine"].startswith("diff-") == (kind == "diff")]
+        if not mine:
+            continue
+        base = mine[0]["wall_s"]
+        print(f"\n{kind}: {'engine':<11} {'wall s':>7} {'vs ' + mine[0]['engine']:>14} "
               f"{'parent MiB':>10} {'worker MiB':>10}  report")
-        for x in results:
-            print(f"{x['engine']:<8} {x['wall_s']:>7.2f} {x['wall_s'] / base:>8.2f}x "
+        for x in mine:
+            print(f"{kind}: {x['engine']:<11} {x['wall_s']:>7.2f} {x['wall_s'] / base:>13.2f}x "
                   f"{x['parent_peak_mib']:>10} {x['worker_peak_mib']:>10}  {x['report']}")
-        if len({x["report"] for x in results}) > 1:
-            print("REPORTS DIFFER between engines")
+        if len({x["report"] for x in mine}) > 1:
+            print(f"REPORTS DIFFER between {kind} engines")
     if not args.keep:
         shutil.rmtree(d)
         shutil.rmtree(pq_dir, ignore_errors=True)

@@ -44,7 +44,7 @@ from hooktrace.rankset import NotOneRun, RankFile, check_one_run, find_rank_file
 from hooktrace.reading import TraceData
 
 __all__ = ["DiffInputError", "FileMeta", "Side", "file_meta", "find_files", "group",
-           "parse_spec"]
+           "parse_spec", "window_of"]
 
 _SPEC = re.compile(r"^(.+):(-?\d+)$")
 
@@ -76,7 +76,15 @@ def file_meta(path: str, trace: TraceData) -> FileMeta:
     """The metadata of a loaded trace file (raises :class:`DiffInputError` on a
     malformed ``window`` entry)."""
     rf = RankFile.from_trace(path, trace)
-    raw = trace.info.get("window")
+    return FileMeta(path, rf.rank, rf.world_size, rf.hostname, rf.pid,
+                    window_of(path, trace.info), rf.start_ns, rf.stop_ns,
+                    cut="cut" in trace.info)
+
+
+def window_of(path: str, info: dict[str, Any]) -> tuple[int, int, bool] | None:
+    """A file's schedule window (first step, last step, complete) from its metadata, or
+    None; :class:`DiffInputError` on a malformed ``window`` entry."""
+    raw = info.get("window")
     window = None
     if raw is not None:
         ok = (isinstance(raw, dict) and all(type(raw.get(k)) is int
@@ -87,8 +95,7 @@ def file_meta(path: str, trace: TraceData) -> FileMeta:
             raise DiffInputError(f"{path}: metadata 'window' is {raw!r:.80}, expected "
                                  "{first_step, last_step, complete} as window_handler writes")
         window = (raw["first_step"], raw["last_step"], raw["complete"])
-    return FileMeta(path, rf.rank, rf.world_size, rf.hostname, rf.pid, window, rf.start_ns,
-                    rf.stop_ns, cut="cut" in trace.info)
+    return window
 
 
 def parse_spec(spec: str) -> tuple[str, int | None]:

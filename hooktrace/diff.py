@@ -54,7 +54,10 @@ a corrupt file (named), a window index a process lacks.
 (worker processes from 4 files on, ``workers=``), and reduced there to
 per-(module, phase) numbers per complete step; a window file also keeps every
 call's duration (8 bytes per call), since a p50 over pooled windows needs them
-all. A file given on both sides is read once.
+all. A file given on both sides is read once. ``engine="duckdb"``
+(``hooktrace diff --engine duckdb``, issue #29): the same numbers as SQL over each
+file's tables (:func:`hooktrace.data.engine.diff_tables`), files read in threads; the
+pool stays the default, faster from ``.htrace`` files (benchmarks/RESULTS.md).
 
 Example:
     >>> import numpy as np
@@ -94,6 +97,7 @@ from hooktrace._diff_inputs import (
     FileMeta,
     Side,
     file_meta,
+    window_of,
     find_files,
     group,
     parse_spec,
@@ -104,7 +108,7 @@ from hooktrace.rankset import map_ranks
 from hooktrace._events import SPAN_DEFINITION, SPAN_DEFINITIONS, span_definition
 from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL, TraceData, as_data, load
 
-__all__ = ["GPU_PHASES", "PHASES", "Diff", "DiffInputError", "compare", "compare_paths", "compare_ranks"]
+__all__ = ["ENGINES", "GPU_PHASES", "PHASES", "Diff", "DiffInputError", "compare", "compare_paths", "compare_ranks"]
 
 # "eval": forward calls made with grad off or in eval mode (SPAN_EVAL), compared apart
 # from the training calls of the same module.
@@ -114,6 +118,7 @@ PHASES = {"forward": CAT_FORWARD, "backward": CAT_BACKWARD, "eval": CAT_FORWARD}
 # both runs have them, the gate (``failures``) checks these rows and the step only.
 GPU_PHASES = ("gpu forward", "gpu backward", "gpu eval")
 _STEP = "<step>"  # the row name of the step itself
+ENGINES = ("pool", "duckdb")  # compare_paths' engine: the default first
 
 _COLUMNS = ("module", "type", "phase", "p50_a_ns", "p50_b_ns", "p50_change_ns", "p50_change_pct",
             "per_step_a_ns", "per_step_b_ns", "per_step_change_ns", "per_step_change_pct",
@@ -372,6 +377,92 @@ def _add_gpu_phases(part: _Part, trace: TraceData, complete: np.ndarray) -> None
             part.run[key] = (float(d.sum()), float(s_.sum()), float(len(d)))
             if np.any(gpu.span[mine] < 0):
                 part.timing[key] = "kernels"
+
+
+_KEY_PHASES = (*PHASES, *GPU_PHASES)  # the SQL's key_phase numbers (hooktrace.data.engine)
+
+
+def _sql_part(trace: TraceData, keep_calls: bool = False) -> _Part:
+    """:func:`_part` computed by DuckDB over the run's tables
+    (:func:`hooktrace.data.engine.diff_tables`): the same numbers (tested)."""
+    from hooktrace.data.engine import diff_tables, run_connection, split_files
+
+    gpu = gpu_recorded(trace)
+    con = run_connection(trace, ("spans", "steps", "gpu") if gpu else ("spans", "steps"))
+    try:  # (one file: no rank or window, r = w = -1)
+        t = diff_tables(con, gpu=gpu, calls=[(-1, -1)] if keep_calls else [])
+    finally:
+        con.close()
+    return _part_from_tables(split_files(t).get((-1, -1), {}), trace.info, gpu, keep_calls)
+
+
+def _part_from_tables(t: Mapping[str, Any], info: Mapping[str, Any], gpu: bool,
+                      keep_calls: bool) -> _Part:
+    """A :class:`_Part` from :func:`hooktrace.data.engine.diff_tables`' results of one
+    file (``split_files``: a table without rows of the file is absent; ``info``: the
+    file's metadata; ``gpu``: device time recorded)."""
+    step_ns = (t["steps"].column("dur_ns").to_numpy().astype(np.int64) if "steps" in t
+               else np.zeros(0, np.int64))
+    n_steps = len(step_ns)
+    part = _Part({}, {}, {} if keep_calls else None, {}, {}, {}, n_steps, step_ns, 0.0,
+                 span_definition(dict(info)), self_calls_ns={} if keep_calls else None)
+    roots = t["host_roots"].to_pylist()[0] if "host_roots" in t else {"in_steps": 0, "run": 0}
+    part.root_ns, part.run_root_ns = float(roots["in_steps"]), float(roots["run"])
+    for side in ("host", "gpu") if gpu else ("host",):
+        width = max(n_steps, 1)
+        if side == "gpu":
+            part.gpu = True
+            if n_steps:
+                width = max(int(t["gpu_timed"].column("n")[0].as_py()) if "gpu_timed" in t
+                            else 0, 1)
+        cells: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        empty = np.zeros(0, np.int64)
+        c = ({k: t[f"{side}_cells"].column(k).to_numpy() for k in t[f"{side}_cells"].column_names}
+             if f"{side}_cells" in t else dict.fromkeys(("key_phase", "slot", "col", "total_ns",
+                                                          "self_ns", "calls"), empty))
+        keys = c["key_phase"].astype(np.int64) * (1 << 32) + c["slot"].astype(np.int64)
+        bounds = (np.flatnonzero(np.r_[True, keys[1:] != keys[:-1], True]) if len(keys)
+                  else np.zeros(0, np.int64))
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            arrays = []
+            for name in ("total_ns", "self_ns", "calls"):
+                v = np.zeros(width)
+                v[c["col"][a:b]] = c[name][a:b]
+                arrays.append(v)
+            cells[(int(c["key_phase"][a]), int(c["slot"][a]))] = (arrays[0], arrays[1],
+                                                                   arrays[2])
+        calls_of: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        if keep_calls and f"{side}_calls" in t:
+            k = {n: t[f"{side}_calls"].column(n).to_numpy() for n in
+                 ("key_phase", "slot", "dur_ns", "self_ns")}
+            kk = k["key_phase"].astype(np.int64) * (1 << 32) + k["slot"].astype(np.int64)
+            edges = (np.flatnonzero(np.r_[True, kk[1:] != kk[:-1], True]) if len(kk)
+                     else np.zeros(0, np.int64))
+            for a, b in zip(edges[:-1], edges[1:]):
+                calls_of[(int(k["key_phase"][a]), int(k["slot"][a]))] = (
+                    np.sort(k["dur_ns"][a:b]).astype(np.int64),
+                    np.sort(k["self_ns"][a:b]).astype(np.int64))
+        zero = np.zeros(width)
+        for row in t[f"{side}_keys"].to_pylist() if f"{side}_keys" in t else []:
+            kp, slot = int(row["key_phase"]), int(row["slot"])
+            key = (row["module"], _KEY_PHASES[kp])
+            part.types[key] = row["type"]
+            q25, p50, q75 = (float(q) for q in row["q"])  # (one sort for the three)
+            part.p50[key] = p50
+            part.p50_self[key] = float(row["p50_self"])
+            part.iqr[key] = q75 - q25
+            total, self_, calls = cells.get((kp, slot), (zero, zero, zero))
+            part.total[key], part.self_ns[key], part.calls[key] = (total.copy(), self_.copy(),
+                                                                   calls.copy())
+            part.run[key] = (float(row["total_ns"]), float(row["self_ns"]),
+                             float(row["calls"]))
+            if keep_calls and part.calls_ns is not None and part.self_calls_ns is not None:
+                part.calls_ns[key], part.self_calls_ns[key] = calls_of[(kp, slot)]
+            if row["derived"]:
+                part.timing[key] = ("kernels" if side == "gpu" or row["derived"] == row["calls"]
+                                    else "measured+kernels")
+    part.launch = info.get("accelerator") == "cuda" and not gpu  # (launch_time_only)
+    return part
 
 
 def _percentile_groups(values: np.ndarray, starts: np.ndarray, counts: np.ndarray,
@@ -928,20 +1019,107 @@ def _file_part(path: str) -> tuple[FileMeta, _Part]:
     return meta, _part(trace, keep_calls=meta.window is not None)
 
 
-def compare_paths(a: str, b: str, *, workers: int | None = None) -> Diff:
+def _file_sql_part(path: str) -> tuple[FileMeta, _Part]:
+    """:func:`_file_part` on DuckDB (:func:`_sql_part`; runs in a thread)."""
+    trace = load(path)
+    meta = file_meta(path, trace)
+    return meta, _sql_part(trace, keep_calls=meta.window is not None)
+
+
+def _map_threads(paths: Sequence[str], workers: int | None
+                 ) -> list[tuple[FileMeta, _Part] | str]:
+    """:func:`_file_sql_part` of every path in ``workers`` threads (loading and DuckDB
+    release the GIL), a failure as its one-line message, as ``map_ranks`` gives."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hooktrace.errors import HooktraceError
+
+    def one(path: str) -> tuple[FileMeta, _Part] | str:
+        try:
+            return _file_sql_part(path)
+        except (HooktraceError, OSError, ValueError) as e:
+            text = str(e)
+            return text if text.startswith(path) else f"{path}: {text}"
+
+    n = workers if workers is not None else min(os.cpu_count() or 1, max(len(paths), 1))
+    with ThreadPoolExecutor(max(n, 1)) as pool:
+        return list(pool.map(one, paths))
+
+
+def _is_dataset(path: str) -> bool:
+    """Whether ``path`` is a Parquet export of trace files (``hooktrace export DIR -o
+    OUT/``: OUT/spans/..., OUT/runs/...)."""
+    if not any(os.path.exists(os.path.join(path, n)) for n in ("spans", "spans.parquet")):
+        return False
+    from hooktrace.errors import HooktraceError
+
+    try:
+        from hooktrace.data.engine import find_source
+
+        src = find_source(path)
+    except (ImportError, HooktraceError):
+        return False
+    return "spans" in src.parquet and "runs" in src.parquet
+
+
+def _dataset_parts(path: str) -> dict[str, tuple[FileMeta, _Part]]:
+    """Per file of a Parquet export (its ``runs.path``): its metadata and numbers, as
+    :func:`_file_part` reads them from the file itself (SQL over the dataset on DuckDB)."""
+    from hooktrace.data.engine import dataset_diff_tables
+
+    out = {}
+    for row, gpu, t in dataset_diff_tables(path, lambda info: info.get("window") is not None):
+        f, info = row["path"], row["info"]
+        rank = info.get("rank")
+        meta = FileMeta(f, rank if isinstance(rank, int) else None,
+                        info.get("world_size") if isinstance(info.get("world_size"), int)
+                        else None, row["hostname"], row["pid"], window_of(f, info),
+                        row["start_ns"], row["stop_ns"], cut="cut" in info)
+        out[f] = (meta, _part_from_tables(t, info, gpu, meta.window is not None))
+    return out
+
+
+def compare_paths(a: str, b: str, *, workers: int | None = None,
+                  engine: str | None = None) -> Diff:
     """Compare the runs at ``a`` and ``b``: each a ``.htrace`` file, a rank directory or
     a directory of schedule windows, optionally ``PATH:N`` for window N (see the
     module docstring). Raises :class:`DiffInputError` (one line, naming the path and
-    file) for inputs that are not one run or cannot be compared."""
+    file) for inputs that are not one run or cannot be compared.
+
+    ``engine``: ``"pool"`` (the default: worker processes reducing each file with
+    numpy, :func:`~hooktrace.rankset.map_ranks`) or ``"duckdb"`` (the same numbers as
+    SQL over each file's tables, :func:`hooktrace.data.engine.diff_tables`, in
+    ``workers`` threads). Both give the same diff (tested); benchmarks/ranks.py
+    ``--engines diff-pool,diff-duckdb`` times them (benchmarks/RESULTS.md, issue #29).
+    ``a`` or ``b`` may also be a Parquet export of the files (``hooktrace export DIR -o
+    OUT/``): DuckDB reduces it, whatever ``engine``."""
+    if engine not in (None, *ENGINES):
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     specs = [parse_spec(a), parse_spec(b)]
-    files = [find_files(path) for path, _ in specs]
-    unique = list(dict.fromkeys(os.path.realpath(f) for fs in files for f in fs))
+    from_dataset: dict[str, tuple[FileMeta, _Part]] = {}
+    files = []
+    exports: dict[str, dict[str, tuple[FileMeta, _Part]]] = {}  # (each read once)
+    for path, _ in specs:
+        if _is_dataset(path):  # a Parquet export of the files: DuckDB reads it
+            real = os.path.realpath(path)
+            if real not in exports:
+                exports[real] = _dataset_parts(path)
+            found = exports[real]
+            from_dataset.update((os.path.realpath(f), r) for f, r in found.items())
+            files.append(list(found))
+        else:
+            files.append(find_files(path))
+    unique = list(dict.fromkeys(os.path.realpath(f) for fs in files for f in fs
+                                if os.path.realpath(f) not in from_dataset))
     first_name: dict[str, str] = {}
     for fs in files:
         for f in fs:
             first_name.setdefault(os.path.realpath(f), f)
-    results = dict(zip(unique, map_ranks(_file_part, [first_name[u] for u in unique],
-                                         workers=workers)))
+    todo = [first_name[u] for u in unique]
+    results: dict[str, tuple[FileMeta, _Part] | str] = dict(zip(
+        unique, _map_threads(todo, workers) if engine == "duckdb"
+        else map_ranks(_file_part, todo, workers=workers)))
+    results.update(from_dataset)
     bad = [r for r in results.values() if isinstance(r, str)]
     if bad:
         more = f" (and {len(bad) - 1} more unreadable files)" if len(bad) > 1 else ""

@@ -498,6 +498,7 @@ def _stats_from_tables(t: dict[str, Any]) -> list[RankStats]:
     """RankStats per file (rank, window) from :data:`hooktrace.data.engine.STRAGGLER_SQL`'s
     results: what :func:`rank_stats` computes from the file itself."""
     agg, steps, modules = _groups(t["agg"]), _groups(t["steps"]), _groups(t["modules"])
+    timed = _groups(t["timed"]) if "timed" in t else {}
     out = []
     for row in t["runs"].to_pylist():
         key = (row["rank"], row["window"])
@@ -520,7 +521,7 @@ def _stats_from_tables(t: dict[str, Any]) -> list[RankStats]:
         empty = np.zeros(0, np.int64)
         if a is None:
             a = {"slot": empty, "eval": np.zeros(0, bool), "backward": np.zeros(0, bool),
-                 "step": empty, "total_ns": empty, "calls": empty, "last_end_ns": empty}
+                 "on_device": np.zeros(0, bool), "step": empty, "total_ns": empty, "calls": empty, "last_end_ns": empty}
         top = int(a["slot"].max(initial=-1)) + 1  # slots beyond the module table
         names += [f"<module {i}>" for i in range(len(names), top)]
         types += ["?"] * (top - len(types))
@@ -528,13 +529,14 @@ def _stats_from_tables(t: dict[str, Any]) -> list[RankStats]:
         out.append(RankStats(
             file=f, modules=names, types=types,
             module=a["slot"].astype(np.int64), mode=a["eval"].astype(np.int64),
-            phase=a["backward"].astype(np.int64),
+            phase=a["backward"].astype(np.int64) + 2 * a["on_device"].astype(np.int64),
             step=a["step"].astype(np.int64), total_ns=a["total_ns"].astype(np.int64),
             calls=a["calls"].astype(np.int64), last_end_ns=a["last_end_ns"].astype(np.int64),
             step_number=empty if st is None else st["step"].astype(np.int64),
             step_start_ns=empty if st is None else st["start_ns"].astype(np.int64),
             step_end_ns=empty if st is None else st["end_ns"].astype(np.int64),
-            outside_ns=empty if st is None else st["outside_ns"].astype(np.int64)))
+            outside_ns=empty if st is None else st["outside_ns"].astype(np.int64),
+            timed_steps=int(timed[key]["timed_steps"][0]) if key in timed else 0))
     return out
 
 

@@ -1,10 +1,11 @@
 """``hooktrace query RUN_OR_DIR "SELECT ..."``: SQL over a run's tables (issue #29).
 
-The tables (``spans``, ``steps``, ``modules``, ``memory``, ``numerics``, ``runs``;
-docs/schema.md) are views of DuckDB (:mod:`hooktrace.data.engine`) over a ``.htrace``
+The tables (``spans``, ``steps``, ``modules``, ``memory``, ``numerics``, ``runs``,
+``gpu``; docs/schema.md) are views of DuckDB (:mod:`hooktrace.data.engine`) over a ``.htrace``
 file, a directory of rank files or windows (converted in memory, only the tables the
 query names), or the Parquet that ``hooktrace export`` wrote (read from disk, out of
-core). The result prints as a table, or ``--csv`` / ``--json`` (one JSON array of
+core); the ``aggregates`` view reads a ``trace(aggregate=DIR)`` folder's
+``DIR/aggregates/*.parquet``. The result prints as a table, or ``--csv`` / ``--json`` (one JSON array of
 objects), or is written with ``-o OUT.parquet`` (or ``.csv``, ``.json``).
 
 ``--engine spark --master URL`` runs the same SQL on Spark over a Parquet export
@@ -32,9 +33,11 @@ HELP = "SQL over a run's tables (spans, steps, modules, ...) with DuckDB or Spar
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run", metavar="RUN_OR_DIR",
-                   help="a .htrace file, a directory of ranks' files, or a Parquet export")
+                   help="a .htrace file, a directory of ranks' files, a Parquet export, or "
+                        "an aggregate= folder")
     p.add_argument("sql", metavar="SQL", help="the query; tables: spans, steps, modules, "
-                                              "memory, numerics, runs (docs/schema.md)")
+                                              "memory, numerics, runs, gpu; aggregates (an "
+                                              "aggregate= folder) (docs/schema.md)")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--csv", action="store_true", help="print CSV")
     out.add_argument("--json", action="store_true", help="print a JSON array of objects")

@@ -1,11 +1,14 @@
 """DuckDB, the embedded engine (issue #29): a run's tables as SQL views.
 
 :func:`connect` opens an in-memory DuckDB database whose views ``spans``, ``steps``,
-``modules``, ``memory``, ``numerics`` and ``runs`` (:mod:`hooktrace.data.schema`) read
+``modules``, ``memory``, ``numerics``, ``runs`` and ``gpu`` (:mod:`hooktrace.data.schema`) read
 
 * a Parquet dataset or file written by ``hooktrace export`` (``DIR/<table>/rank=N/...``,
   ``DIR/<table>.parquet``, ``X.parquet/rank=N/...`` or one ``X.parquet`` file): DuckDB
   reads it from disk, out of core, on every core;
+* an aggregate folder (``trace(aggregate=DIR)``): the view ``aggregates`` over
+  ``DIR/aggregates/*.parquet`` (the other views are empty; query ``DIR/steps`` for the
+  steps kept whole);
 * ``.htrace`` files (one run, or a directory of ranks or windows): each run is converted
   to Arrow record batches (one thread per ``threads``) and registered; only the tables the
   query names are built. (For runs larger than memory, export to Parquet first.)
@@ -32,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from hooktrace.data import require
-from hooktrace.data.schema import TABLES, file_schema, pa
+from hooktrace.data.schema import AGGREGATES, TABLES, file_schema, pa
 from hooktrace.data.tables import Where, batches, span_columns
 from hooktrace.errors import HooktraceError
 
@@ -53,6 +56,16 @@ class Source:
     path: str
     parquet: dict[str, tuple[str, bool]] = field(default_factory=dict)
     htrace: list[str] = field(default_factory=list)
+    aggregates: str | None = None  # the glob of an aggregate= folder's parts
+
+
+def _aggregate_glob(directory: str) -> str | None:
+    """``DIR/aggregates/*.parquet`` when ``directory`` is a ``trace(aggregate=DIR)``
+    folder (hooktrace.record.aggregate), else None."""
+    folder = os.path.join(directory, AGGREGATES)
+    if os.path.isdir(folder) and glob.glob(os.path.join(glob.escape(folder), "*.parquet")):
+        return os.path.join(folder, "*.parquet")
+    return None
 
 
 def _table_of(parquet_file: str) -> str:
@@ -78,6 +91,9 @@ def find_source(path: str | os.PathLike[str]) -> Source:
         src.parquet[_table_of(name)] = (name, False)
         return src
     if os.path.isdir(name):
+        src.aggregates = _aggregate_glob(name)
+        if src.aggregates is not None:  # (its kept steps, DIR/steps/*.htrace: query those)
+            return src
         for t in TABLES:
             as_file = os.path.join(name, f"{t}.parquet")
             as_dir = os.path.join(name, t)
@@ -193,6 +209,16 @@ def connect(path: str | os.PathLike[str], *, sql: str | None = None, threads: in
     src = find_source(path)
     con = duckdb.connect()
     con.execute("SET enable_progress_bar = false")  # (the CLI prints the result only)
+    if src.aggregates is not None:
+        g = src.aggregates
+        con.execute(f'CREATE VIEW "{AGGREGATES}" AS '
+                    f'{view_sql(g, False, _parquet_columns(con, g, False))}')
+    else:
+        _empty_view(con, AGGREGATES)
+    if src.aggregates is not None:
+        for t in TABLES:
+            _empty_view(con, t)
+        return con
     if src.parquet:
         for t, (g, hive) in src.parquet.items():
             con.execute(f'CREATE VIEW "{t}" AS {view_sql(g, hive, _parquet_columns(con, g, hive))}')
@@ -234,19 +260,32 @@ def query(path: str | os.PathLike[str], sql: str, *, threads: int = 1,
 
 # Per (file, module, mode, phase, step): what hooktrace.stragglers.rank_stats reduces a
 # rank to. Measured forward and backward spans in a step; recompute and kernel-derived
-# rows are not a rank's own time per step there. Plain SQL that DuckDB and Spark both
-# read (hooktrace.data.spark runs the same): `window` in backticks (a keyword in DuckDB).
+# rows are not a rank's own time per step there. Device time (the gpu table, when
+# recorded): every interval in a step, recompute counted as forward ("gpu fwd"/"gpu bwd",
+# the pool path's phases 2 and 3), and per file the steps it timed. Plain SQL that DuckDB
+# and Spark both read (hooktrace.data.spark runs the same): `window` in backticks (a
+# keyword in DuckDB).
 STRAGGLER_SQL = {
     # (grouped by integer keys: the module's slot, booleans for the phase and mode;
     # grouping by the names costs ~1.5x as much, measured on 55 M rows)
     "agg": """
         SELECT rank, `window`, slot, mode = 'eval' AS eval, phase = 'backward' AS backward,
-               step, CAST(sum(dur_ns) AS BIGINT) AS total_ns, CAST(count(*) AS BIGINT) AS calls,
-               max(end_ns) AS last_end_ns
+               false AS on_device, step, CAST(sum(dur_ns) AS BIGINT) AS total_ns,
+               CAST(count(*) AS BIGINT) AS calls, max(end_ns) AS last_end_ns
         FROM spans
         WHERE timing = 'measured' AND phase <> 'recompute' AND step IS NOT NULL
         GROUP BY rank, `window`, slot, mode = 'eval', phase = 'backward', step
-        ORDER BY rank, `window`, slot, eval, backward, step""",
+        UNION ALL
+        SELECT rank, `window`, slot, mode = 'eval' AS eval, phase = 'backward' AS backward,
+               true AS on_device, step, CAST(sum(dur_ns) AS BIGINT) AS total_ns,
+               CAST(count(*) AS BIGINT) AS calls, max(end_ns) AS last_end_ns
+        FROM gpu
+        WHERE step IS NOT NULL
+        GROUP BY rank, `window`, slot, mode = 'eval', phase = 'backward', step
+        ORDER BY rank, `window`, slot, eval, on_device, backward, step""",
+    "timed": """SELECT rank, `window`, CAST(count(DISTINCT step) AS BIGINT) AS timed_steps
+                FROM gpu WHERE step IS NOT NULL GROUP BY rank, `window`
+                ORDER BY rank, `window`""",
     "steps": """SELECT rank, `window`, step, start_ns, end_ns, outside_ns FROM steps
                 ORDER BY rank, `window`, start_ns, step""",
     "modules": """SELECT rank, `window`, slot, CAST(module AS STRING) AS module,
@@ -287,10 +326,167 @@ def file_straggler_tables(path: str, index: int) -> dict[str, Any]:
     con = duckdb.connect(config={"threads": 1})  # (one rank per thread: threads enough)
     try:
         con.register("spans", span_columns(run, where))
-        for t in ("steps", "modules", "runs"):
+        for t in ("steps", "modules", "runs", "gpu"):
             con.register(t, pa.Table.from_batches(list(batches(run, t, where)),
                                                   schema=file_schema(t, partitioned=False)))
         del run
         return straggler_tables(con)
     finally:
         con.close()
+
+
+# -- the diff's per-run numbers (hooktrace.diff, engine "duckdb") ----------------------
+
+# One run's (one file's) numbers per (module, phase) as hooktrace.diff reduces it: the
+# phases "forward", "backward" (training calls) and "eval" (forward calls with grad off
+# or in eval mode), kernel-derived rows included; the device time's "gpu forward"
+# (recompute included), "gpu backward" and "gpu eval". A span's column: its complete
+# step's index among the complete steps (-1 outside them; 0 for every span when the run
+# has none); a device interval's: among the complete steps that hold device time.
+# Percentiles: quantile_cont, numpy's "linear" (tests compare the two engines exactly).
+# (every reduction per file: r, w = rank and window, -1 for null, so that one query
+# reduces a whole dataset)
+_DIFF_COLUMNS = """
+    cols AS (SELECT coalesce(rank, -1) AS r, coalesce("window", -1) AS w, step,
+                    CAST(row_number() OVER (PARTITION BY coalesce(rank, -1),
+                                            coalesce("window", -1) ORDER BY start_ns, step)
+                         - 1 AS BIGINT) AS col
+             FROM steps WHERE complete),
+    n AS (SELECT coalesce(rank, -1) AS r, coalesce("window", -1) AS w,
+                 count_if(complete) AS n_steps FROM steps GROUP BY ALL)"""
+_DIFF_TIMED = """
+    timed AS (SELECT r, w, step,
+                     CAST(row_number() OVER (PARTITION BY r, w ORDER BY col) - 1 AS BIGINT)
+                        AS col
+              FROM cols SEMI JOIN (SELECT DISTINCT coalesce(rank, -1) AS r,
+                                                   coalesce("window", -1) AS w, step
+                                   FROM gpu WHERE step IS NOT NULL) USING (r, w, step))"""
+_DIFF_KEYED = {
+    "host": f"""
+        WITH {_DIFF_COLUMNS}
+        SELECT r, w, slot, CAST(module AS STRING) AS module, CAST(type AS STRING) AS type,
+               dur_ns, self_ns, timing = 'kernels' AS derived,
+               timing = 'measured' AND parent IS NULL AS root,
+               CASE WHEN coalesce(n.n_steps, 0) = 0 THEN 0 ELSE coalesce(cols.col, -1) END
+                  AS col,
+               CASE WHEN phase = 'forward' AND mode = 'train' THEN 0
+                    WHEN phase = 'backward' AND mode = 'train' THEN 1
+                    WHEN phase = 'forward' AND mode = 'eval' THEN 2 END AS key_phase
+        FROM (SELECT *, coalesce(rank, -1) AS r, coalesce("window", -1) AS w FROM spans)
+             LEFT JOIN cols USING (r, w, step) LEFT JOIN n USING (r, w)""",
+    "gpu": f"""
+        WITH {_DIFF_COLUMNS}, {_DIFF_TIMED}
+        SELECT r, w, slot, CAST(module AS STRING) AS module, CAST(type AS STRING) AS type,
+               dur_ns, self_ns, timing = 'kernels' AS derived, false AS root,
+               CASE WHEN coalesce(n.n_steps, 0) = 0 THEN 0 ELSE coalesce(timed.col, -1) END
+                  AS col,
+               CASE WHEN phase <> 'backward' AND mode = 'train' THEN 3
+                    WHEN phase = 'backward' AND mode = 'train' THEN 4
+                    WHEN phase <> 'backward' AND mode = 'eval' THEN 5 END AS key_phase
+        FROM (SELECT *, coalesce(rank, -1) AS r, coalesce("window", -1) AS w FROM gpu)
+             LEFT JOIN timed USING (r, w, step) LEFT JOIN n USING (r, w)""",
+}
+_DIFF_SELECTS = {
+    "keys": """
+        SELECT r, w, key_phase, slot, any_value(module) AS module, any_value(type) AS type,
+               CAST(count(*) AS BIGINT) AS calls, CAST(sum(dur_ns) AS BIGINT) AS total_ns,
+               CAST(sum(self_ns) AS BIGINT) AS self_ns,
+               quantile_cont(dur_ns, [0.25, 0.5, 0.75]) AS q,
+               quantile_cont(self_ns, 0.5) AS p50_self,
+               CAST(count_if(derived) AS BIGINT) AS derived
+        FROM keyed WHERE key_phase IS NOT NULL GROUP BY r, w, key_phase, slot
+        ORDER BY r, w, key_phase, slot""",
+    "cells": """
+        SELECT r, w, key_phase, slot, col, CAST(sum(dur_ns) AS BIGINT) AS total_ns,
+               CAST(sum(self_ns) AS BIGINT) AS self_ns, CAST(count(*) AS BIGINT) AS calls
+        FROM keyed WHERE key_phase IS NOT NULL AND col >= 0 GROUP BY r, w, key_phase, slot, col
+        ORDER BY r, w, key_phase, slot, col""",
+    "roots": """
+        SELECT r, w,
+               CAST(coalesce(sum(dur_ns) FILTER (WHERE root AND col >= 0), 0) AS BIGINT)
+                  AS in_steps,
+               CAST(coalesce(sum(dur_ns) FILTER (WHERE root), 0) AS BIGINT) AS run
+        FROM keyed WHERE key_phase IS NOT NULL GROUP BY r, w ORDER BY r, w""",
+    "calls": """
+        SELECT r, w, key_phase, slot, dur_ns, self_ns FROM keyed SEMI JOIN calls_of USING (r, w)
+        WHERE key_phase IS NOT NULL
+        ORDER BY r, w, key_phase, slot""",
+}
+DIFF_STEPS_SQL = """SELECT coalesce(rank, -1) AS r, coalesce("window", -1) AS w, dur_ns
+                    FROM steps WHERE complete ORDER BY r, w, start_ns, step"""
+DIFF_TIMED_SQL = f"""WITH {_DIFF_COLUMNS}, {_DIFF_TIMED}
+                     SELECT r, w, count(*) AS n FROM timed GROUP BY r, w ORDER BY r, w"""
+
+
+def diff_tables(con: Any, *, gpu: bool, calls: Sequence[tuple[int, int]]) -> dict[str, Any]:
+    """The numbers of :mod:`hooktrace.diff` for every file (rank, window: ``r``, ``w``
+    columns, -1 for null) of the tables ``con`` holds: ``host_*`` and (with ``gpu``)
+    ``gpu_*`` Arrow tables per :data:`_DIFF_SELECTS` key, sorted by file (``calls``:
+    every call of the files (r, w) listed), ``gpu_timed`` and ``steps``."""
+    out = {"steps": con.sql(DIFF_STEPS_SQL).to_arrow_table()}
+    con.register("calls_of", pa.table({"r": pa.array([r for r, _ in calls], pa.int64()),
+                                       "w": pa.array([w for _, w in calls], pa.int64())}))
+    for side in ("host", "gpu") if gpu else ("host",):
+        keyed = f"({_DIFF_KEYED[side]}) AS keyed"
+        for k, select in _DIFF_SELECTS.items():
+            if k != "calls" or calls:
+                out[f"{side}_{k}"] = con.sql(select.replace("FROM keyed", f"FROM {keyed}")
+                                             ).to_arrow_table()
+    if gpu:  # the device time's columns: the complete steps that hold some
+        out["gpu_timed"] = con.sql(DIFF_TIMED_SQL).to_arrow_table()
+    return out
+
+
+def split_files(tables: dict[str, Any]) -> dict[tuple[int, int], dict[str, Any]]:
+    """:func:`diff_tables`' results per file (r, w): each table's rows of that file."""
+    out: dict[tuple[int, int], dict[str, Any]] = {}
+    for name, t in tables.items():
+        if not t.num_rows:
+            continue
+        r = t.column("r").to_numpy()
+        w = t.column("w").to_numpy()
+        change = np.flatnonzero((r[1:] != r[:-1]) | (w[1:] != w[:-1])) + 1
+        bounds = np.r_[0, change, t.num_rows]
+        for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            out.setdefault((int(r[a]), int(w[a])), {})[name] = t.slice(a, b - a)
+    return out
+
+
+def run_connection(run: Any, tables: Sequence[str]) -> Any:
+    """A one-thread DuckDB connection with ``tables`` of one loaded run registered."""
+    from hooktrace.data.tables import to_arrow
+
+    con = duckdb.connect(config={"threads": 1})
+    for t in tables:
+        con.register(t, to_arrow(run, t))
+    return con
+
+
+def dataset_diff_tables(path: str | os.PathLike[str], keep_calls: Any
+                        ) -> list[tuple[dict[str, Any], bool, dict[str, Any]]]:
+    """:func:`diff_tables` of every file (``runs`` row) of a Parquet dataset that
+    ``hooktrace export DIR -o OUT/`` wrote, in one pass over the dataset: per file its
+    runs row (``info`` parsed), whether it recorded device time, and its results.
+    ``keep_calls(info)``: whether to fetch that file's every call."""
+    import json
+
+    con = connect(path)
+    try:
+        runs = con.sql('SELECT rank, "window", path, hostname, pid, world_size, start_ns, '
+                       'stop_ns, cut, info FROM runs ORDER BY rank, "window", path'
+                       ).to_arrow_table().to_pylist()
+        timed = set(con.sql('SELECT DISTINCT coalesce(rank, -1), coalesce("window", -1) '
+                            'FROM gpu').fetchall())
+        for row in runs:
+            row["info"] = json.loads(row["info"])
+            row["_key"] = (-1 if row["rank"] is None else row["rank"],
+                           -1 if row["window"] is None else row["window"])
+        calls = [row["_key"] for row in runs if keep_calls(row["info"])]
+        per_file = split_files(diff_tables(con, gpu=bool(timed), calls=calls))
+    finally:
+        con.close()
+    out = []
+    for row in runs:
+        gpu = isinstance(row["info"].get("gpu"), dict) or row["_key"] in timed
+        out.append((row, gpu, per_file.get(row.pop("_key"), {})))
+    return out

@@ -1,8 +1,10 @@
 """The versioned Arrow schema of a run's tables (issue #29); docs/schema.md explains it.
 
-Six tables: ``spans`` (one row per forward, backward, recompute and kernel-derived
-span), ``steps``, ``modules``, ``memory`` (samples), ``numerics`` and ``runs`` (one row
-per file, with its metadata). Types every engine reads: int64 for every count and
+Seven tables: ``spans`` (one row per forward, backward, recompute and kernel-derived
+span), ``steps``, ``modules``, ``memory`` (samples), ``numerics``, ``runs`` (one row
+per file, with its metadata) and ``gpu`` (one row per device interval,
+``trace(gpu=True)``: what ``spans.gpu_dur_ns`` sums per host span, plus the kernel
+sites of compiled regions, which have no host span). Types every engine reads: int64 for every count and
 time (Spark has no unsigned integers), times in Unix ns on rank 0's clock (the file's
 ``clock_offset_ns`` subtracted) so ranks line up, strings dictionary-encoded, and
 nullable columns where a run did not record the value.
@@ -31,7 +33,8 @@ from hooktrace.data import require
 
 pa: Any = require("pyarrow")
 
-__all__ = ["PARTITION_COLUMNS", "SCHEMA_VERSION", "TABLES", "file_schema", "metadata",
+__all__ = ["AGGREGATES", "ALL_TABLES", "PARTITION_COLUMNS", "SCHEMA_VERSION", "TABLES",
+           "file_schema", "metadata",
            "schema"]
 
 SCHEMA_VERSION = 1
@@ -162,23 +165,69 @@ _TABLES: dict[str, list[Any]] = {
         _f("hooktrace_version", pa.string(), True, "version that recorded it"),
         _f("info", pa.string(), False, "the file's whole metadata, JSON"),
     ],
+    "gpu": [
+        _f("slot", _I64, False, "module slot (the modules table's row)"),
+        _f("module", _STR, False, "qualified module name"),
+        _f("type", _STR, False, "module class name"),
+        _f("phase", _STR, False, "forward, backward or recompute: the phase it ran in"),
+        _f("mode", _STR, False, "train, or eval (its host span's: grad off or the module in "
+                                "eval mode)"),
+        _f("timing", _STR, False, "measured (a module call's interval), or kernels (a "
+                                  "kernel site of a compiled region: no host span)"),
+        _f("step", _I64, True, "step number of its host span (a kernel site: the step its "
+                               "device start falls in); null outside every step"),
+        _f("span", _I64, True, "index of the host span it times (spans.span); null for a "
+                               "kernel site"),
+        _f("device", _I64, False, "accelerator index"),
+        _f("stream", _I64, False, "stream id on the device"),
+        _f("start_ns", _I64, False, "device start, aligned to the host clock: Unix ns on "
+                                    "rank 0's clock"),
+        _f("end_ns", _I64, False, "device end, Unix ns on rank 0's clock"),
+        _f("dur_ns", _I64, False, "end_ns - start_ns"),
+        _f("self_ns", _I64, False, "dur_ns minus the intervals nested in it on its stream"),
+    ],
 }
 
 TABLES = tuple(_TABLES)
 
+# Not a table of a trace: what ``trace(aggregate=DIR)`` writes (hooktrace.record.aggregate,
+# DIR/aggregates/part-*.parquet), per window of steps, module and mode; ``hooktrace query
+# DIR`` reads it as the view ``aggregates``. Its files have neither rank nor window.
+_F32 = pa.float32()
+_AGGREGATE_COLUMNS = [
+    _f("step", _I64, True, "the window's first step"),
+    _f("steps", pa.int32(), True, "steps in the window"),
+    _f("module", _STR, True, "qualified module name ('<root>' for the root; '<step>' "
+                             "in a mode 'step' row)"),
+    _f("mode", _STR, True, "forward, backward, eval (forward calls under no_grad "
+                           "or in eval mode), or step (the steps' wall times)"),
+    _f("calls", _I64, True, "calls in the window"),
+    _f("total_ms", _F32, True, "time of the calls (a step row: of the steps), ms"),
+    _f("p50_ms", _F32, True, "median call (a step row: median step), ms"),
+    _f("max_ms", _F32, True, "longest call (a step row: longest step), ms"),
+    _f("gpu_ms", _F32, True, "device time (trace(gpu=True)); null when not recorded"),
+    _f("mem_peak_bytes", _I64, True, "peak bytes allocated in the calls (memory=True)"),
+    _f("tflops", _F32, True, "FLOP rate of the calls, TFLOP/s (flops=True)"),
+    _f("nonfinite", _I64, True, "NaN/Inf count of the outputs (numerics=True)"),
+    _f("absmax", _F32, True, "largest output max |x| (numerics=True)"),
+]
+AGGREGATES = "aggregates"
+ALL_TABLES = (*TABLES, AGGREGATES)
+_COLUMNS = {**_TABLES, AGGREGATES: _AGGREGATE_COLUMNS}
+
 
 def _check(table: str) -> None:
-    if table not in _TABLES:
+    if table not in _COLUMNS:
         from hooktrace.errors import HooktraceError
 
-        raise HooktraceError(f"no table {table!r}; the tables are {', '.join(TABLES)}")
+        raise HooktraceError(f"no table {table!r}; the tables are {', '.join(ALL_TABLES)}")
 
 
 def schema(table: str) -> Any:
     """The Arrow schema of ``table`` with ``rank`` and ``window`` first (a single file, or
     a table in memory), carrying :func:`metadata`."""
     _check(table)
-    return pa.schema(_PART + _TABLES[table], metadata=metadata(table))
+    return pa.schema(_PART + _COLUMNS[table], metadata=metadata(table))
 
 
 def file_schema(table: str, *, partitioned: bool) -> Any:
@@ -200,7 +249,7 @@ def metadata(table: str) -> dict[bytes, bytes]:
 def describe() -> str:
     """The schema as Markdown tables (docs/schema.md's column lists are this)."""
     lines = []
-    for table in TABLES:
+    for table in ALL_TABLES:
         lines += [f"### {table}", "", "| column | type | nullable | meaning |",
                   "|---|---|---|---|"]
         for fld in schema(table):

@@ -333,6 +333,34 @@ def _numerics(trace: TraceData, where: Where) -> Iterator[Any]:
         "span": _i64(num.span, num.span >= 0)}, len(num))
 
 
+def _gpu(trace: TraceData, where: Where) -> Iterator[Any]:
+    """One row per device interval (``trace.gpu_spans()``), grouped as the straggler
+    tables' pool path groups them (:func:`hooktrace.device_time.module_gpu`)."""
+    from hooktrace.device_time import module_gpu
+
+    gpu = trace.gpu_spans()
+    if not len(gpu):
+        return
+    m = module_gpu(trace, len(trace.modules))
+    names, types = _names(trace, m.n_mod)
+    module = gpu.module.astype(np.int64)
+    steps = trace.steps()
+    valid = m.step >= 0
+    step = steps.number[np.maximum(m.step, 0)] if len(steps) else np.zeros(len(gpu), np.int64)
+    off = _offset(trace)
+    has = gpu.span >= 0
+    yield _batch("gpu", where, {
+        "slot": _i64(module), "module": _dict(module, names), "type": _dict(module, types),
+        "phase": _dict(gpu.cat.astype(np.int64), list(PHASES)),
+        "mode": _dict((m.group >= m.n_mod).astype(np.int32), list(MODES)),
+        "timing": _dict((~has).astype(np.int32), list(TIMINGS)),
+        "step": _i64(step, valid), "span": _i64(gpu.span.astype(np.int64), has),
+        "device": _i64(gpu.device.astype(np.int64)), "stream": _i64(gpu.stream.astype(np.int64)),
+        "start_ns": _i64(gpu.start_ns - off), "end_ns": _i64(gpu.end_ns - off),
+        "dur_ns": _i64(gpu.duration_ns), "self_ns": _i64(gpu.self_ns.astype(np.int64))},
+        len(gpu))
+
+
 def _runs(trace: TraceData, where: Where) -> Any:
     info = trace.info
 
@@ -398,6 +426,8 @@ def batches(trace: TraceData, table: str, where: Where = Where(), *,
         yield from _memory(trace, where)
     elif table == "numerics":
         yield from _numerics(trace, where)
+    elif table == "gpu":
+        yield from _gpu(trace, where)
     else:
         yield _runs(trace, where)
 

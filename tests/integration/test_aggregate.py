@@ -274,6 +274,39 @@ def test_diff_of_two_aggregate_folders_and_the_signal_trigger(tmp_path: Path) ->
                  "--min-share", "0"]) == 1
 
 
+def test_query_reads_an_aggregate_folder_as_the_aggregates_view(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``hooktrace query DIR "... FROM aggregates"`` over ``trace(aggregate=DIR)``; the
+    parts' columns are the declared ``aggregates`` schema (docs/schema.md)."""
+    pytest.importorskip("duckdb", reason="the data extra (duckdb) is not installed")
+    import json
+
+    from hooktrace.cli import main
+    from hooktrace.data.engine import query
+    from hooktrace.data.schema import file_schema
+
+    model = Net()
+    with hooktrace.trace(model, aggregate=tmp_path / "agg", detail="every=10",
+                         aggregate_interval=0):
+        train(model, 12)
+    table = load_aggregates(tmp_path / "agg")
+    declared = file_schema("aggregates", partitioned=True)
+    assert table.schema.names == declared.names
+    assert [f.type for f in table.schema] == [f.type for f in declared]
+    got = query(tmp_path / "agg", "SELECT module, mode, sum(calls) AS calls FROM aggregates "
+                                  "GROUP BY ALL ORDER BY module, mode").to_pylist()
+    want: dict[tuple[str, str], int] = {}
+    for m, mode, c in zip(*(table.column(k).to_pylist() for k in ("module", "mode", "calls"))):
+        want[(m, mode)] = want.get((m, mode), 0) + c
+    assert [(r["module"], r["mode"], r["calls"]) for r in got] == sorted(
+        (m, mode, c) for (m, mode), c in want.items())
+    assert ("fc1", "forward", 12) in [(r["module"], r["mode"], r["calls"]) for r in got]
+    assert main(["query", str(tmp_path / "agg"), "--json",
+                 "SELECT count(*) AS n, max(step) AS last, count(rank) AS ranked "
+                 "FROM aggregates WHERE mode = 'step'"]) in (0, None)
+    assert json.loads(capsys.readouterr().out) == [{"n": 12, "last": 11, "ranked": 0}]
+
+
 def test_flop_rate_per_module_when_flops_are_recorded(tmp_path: Path) -> None:
     # GIVEN a run recorded with flops=True, a window per step and step 5 kept whole
     torch.manual_seed(0)

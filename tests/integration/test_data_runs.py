@@ -181,7 +181,7 @@ def test_every_table_in_a_directory_and_unsigned_types_nowhere(run_file: Path,
     assert main(["export", str(run_file), "-o", f"{out}/"]) == 0
     names = sorted(p.name for p in out.iterdir())
     assert names == sorted(f"{t}.parquet" for t in
-                           ("spans", "steps", "modules", "memory", "numerics", "runs"))
+                           ("spans", "steps", "modules", "memory", "numerics", "runs", "gpu"))
     for f in out.iterdir():
         schema = pq.read_schema(f)
         for field in schema:
@@ -335,3 +335,33 @@ def test_the_extras_are_columns_where_recorded(tmp_path: Path) -> None:
     assert num.num_rows > 0 and set(num.column("phase").to_pylist()) <= {"forward", "backward"}
     mem = tr.result.to_arrow("memory")
     assert mem.num_rows > 0 and set(mem.column("device").to_pylist()) == {"cpu"}
+
+
+def test_gpu_phases_of_the_straggler_tables_on_spark_and_duckdb(tmp_path: Path,
+                                                               spark: Any) -> None:
+    """Device time in the SQL path (issue #29 with #28): a Parquet dataset of 3 CUDA ranks
+    (conftest.gpu_trace: a kernel site without host span, rank 2's fc1 3 ms on the
+    device) gives the worker pool's straggler tables, "gpu fwd"/"gpu bwd" rows included,
+    on Spark and on DuckDB."""
+    from conftest import gpu_trace
+
+    from hooktrace.data.parquet import write_dataset
+    from hooktrace.data.spark import register, straggler_summary
+    from hooktrace.rankset import RankFile
+    from hooktrace.stragglers import _combine, analyze, reduce_rank
+
+    runs = {}
+    for r, f in ((0, 400_000), (1, 420_000), (2, 3_400_000)):
+        path = tmp_path / "ranks" / f"run.rank{r}.htrace"
+        path.parent.mkdir(exist_ok=True)
+        path.touch()  # (the runs are synthetic: write_dataset's load hands them over)
+        runs[str(path)] = gpu_trace(fc1_gpu_ns=f, steps=3, rank=r, world_size=3)
+    out = tmp_path / "tables"
+    write_dataset([tmp_path / "ranks"], out, load=runs.__getitem__)
+    pool = json.loads(_combine([reduce_rank(run, RankFile.from_trace(p, run))
+                                for p, run in runs.items()], [], 0.5, 1_000_000).to_json())
+    assert {(s["rank"], s["module"], s["phase"]) for s in pool["stragglers"]} == {
+        (2, "fc1", "gpu fwd")}
+    register(spark, out)
+    for report in (straggler_summary(spark), analyze([out], engine="duckdb")):
+        assert json.loads(report.to_json()) == pool

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import backward_trace, build_trace, random_stream
+from conftest import backward_trace, build_trace, gpu_trace, random_stream
 
 import hooktrace
 from hooktrace.cli import main
@@ -56,23 +56,23 @@ def dataset(rank_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_schema_is_versioned_int64_and_documented() -> None:
-    from hooktrace.data.schema import SCHEMA_VERSION, TABLES, describe, schema
+    from hooktrace.data.schema import ALL_TABLES, SCHEMA_VERSION, TABLES, describe, schema
 
-    assert TABLES == ("spans", "steps", "modules", "memory", "numerics", "runs")
-    for t in TABLES:
+    assert TABLES == ("spans", "steps", "modules", "memory", "numerics", "runs", "gpu")
+    for t in ALL_TABLES:
         s = schema(t)
         assert s.metadata[b"hooktrace.schema_version"] == str(SCHEMA_VERSION).encode()
         assert s.names[:2] == ["rank", "window"]
         for f in s:
             assert not pa.types.is_unsigned_integer(f.type), (t, f)
-            if f.name.endswith("_ns"):
+            if f.name.endswith("_ns") or (f.name.endswith("_bytes") and t == "aggregates"):
                 assert f.type == pa.int64(), (t, f)
             assert (f.metadata or {}).get(b"doc"), f"{t}.{f.name} has no doc"
     doc = (REPO / "docs" / "schema.md").read_text()
-    for t in TABLES:  # docs/schema.md lists every column of every table
+    for t in ALL_TABLES:  # docs/schema.md lists every column of every table
         for f in schema(t):
             assert f"| `{f.name}` |" in doc.split(f"### {t}")[1].split("###")[0], (t, f.name)
-    assert describe().count("###") == len(TABLES)
+    assert describe().count("###") == len(ALL_TABLES) == len(TABLES) + 1
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -206,6 +206,91 @@ def test_straggler_tables_on_duckdb_equal_the_pools(rank_dir: Path, dataset: Pat
         with pytest.warns(RuntimeWarning):
             b = json.loads(analyze([bad], engine="duckdb").to_json())
         assert a == b and any("run.rank1.htrace" in p for p in a["problems"])
+
+
+def _gpu_ranks() -> list[Any]:
+    """3 synthetic CUDA ranks (conftest.gpu_trace: host spans, device intervals and a
+    kernel site without a host span), rank 2's fc1 forward 3 ms on the device."""
+    return [gpu_trace(fc1_gpu_ns=f, steps=3, rank=r, world_size=3)
+            for r, f in ((0, 400_000), (1, 420_000), (2, 3_400_000))]
+
+
+def test_gpu_table_is_the_runs_device_intervals() -> None:
+    from hooktrace.data.tables import to_arrow
+
+    run = _gpu_ranks()[0]
+    gpu = run.gpu_spans()
+    t = to_arrow(run, "gpu").to_pydict()
+    assert len(t["dur_ns"]) == len(gpu) == 21
+    assert t["dur_ns"] == gpu.duration_ns.tolist() and t["self_ns"] == gpu.self_ns.tolist()
+    kernels = [i for i, s in enumerate(gpu.span.tolist()) if s < 0]
+    assert kernels and all(t["timing"][i] == "kernels" and t["span"][i] is None
+                           and t["module"][i] == "attn" for i in kernels)
+    assert sorted(set(t["step"])) == [0, 1, 2]
+    assert to_arrow(gpu_trace(gpu=False), "gpu").num_rows == 0
+
+
+def test_straggler_gpu_phases_on_sql_equal_the_pools() -> None:
+    """The SQL reduction (DuckDB here; Spark runs the same STRAGGLER_SQL) gives the pool
+    path's "gpu fwd"/"gpu bwd" rows, per-step entries and stragglers, exactly."""
+    from hooktrace.data.engine import straggler_tables
+    from hooktrace.data.schema import TABLES, file_schema
+    from hooktrace.data.tables import Where, batches
+    from hooktrace.rankset import RankFile
+    from hooktrace.stragglers import _combine, reduce_rank, summary_from_tables
+
+    runs = _gpu_ranks()
+    files = [RankFile.from_trace(f"run.rank{r}.htrace", run) for r, run in enumerate(runs)]
+    pool = json.loads(_combine([reduce_rank(run, f) for run, f in zip(runs, files)], [], 0.5,
+                               1_000_000).to_json())
+    con = duckdb.connect()
+    for t in TABLES:
+        bs = [b for r, run in enumerate(runs)
+              for b in batches(run, t, Where(rank=r, path=f"run.rank{r}.htrace"))]
+        con.register(t, pa.Table.from_batches(bs, schema=file_schema(t, partitioned=False)))
+    sql = json.loads(summary_from_tables([straggler_tables(con)]).to_json())
+    assert sql == pool
+    phases = {(r["module"], r["phase"]) for r in pool["rows"]}
+    assert {("fc1", "gpu fwd"), ("attn", "gpu fwd"), ("fc1", "gpu bwd")} <= phases
+    assert {(s["rank"], s["module"], s["phase"]) for s in pool["stragglers"]} == {
+        (2, "fc1", "gpu fwd")}
+
+
+def _same_parts(a: Any, b: Any) -> None:
+    from dataclasses import fields
+
+    for f in fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, dict):
+            assert list(x) == list(y), f.name  # (the same keys, in the same order)
+            for k in x:
+                if isinstance(x[k], np.ndarray):
+                    assert x[k].dtype == y[k].dtype and np.array_equal(x[k], y[k]), (f.name, k)
+                else:
+                    assert x[k] == y[k], (f.name, k, x[k], y[k])
+        elif isinstance(x, np.ndarray):
+            assert x.dtype == y.dtype and np.array_equal(x, y), f.name
+        else:
+            assert x == y, (f.name, x, y)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_diff_numbers_on_duckdb_equal_numpys(seed: int) -> None:
+    """hooktrace.diff's per-file numbers (p50s, IQRs, per-step columns, whole-run sums,
+    every call when pooled, device time) from SQL equal numpy's exactly, on damaged
+    multi-thread streams, backward spans with eval calls, and CUDA runs with device time
+    (a kernel site without host span, one step, none)."""
+    from hooktrace.diff import _part, _sql_part
+
+    runs = [build_trace(random_stream(seed)), build_trace(random_stream(seed, p_node=0.2)),
+            backward_trace(seed)]
+    if seed == 1:
+        runs += [gpu_trace(), gpu_trace(steps=1), gpu_trace(gpu=False)]
+    for run in runs:
+        for keep_calls in (False, True):
+            want = _part(run, keep_calls)
+            assert want.types  # (something to compare)
+            _same_parts(want, _sql_part(run, keep_calls))
 
 
 # -- the command line -------------------------------------------------------------------

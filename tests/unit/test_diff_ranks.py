@@ -25,6 +25,24 @@ STEP_NS = 100_000
 MODULES = [("", "Net"), ("a", "Linear"), ("b", "Linear")]
 
 
+@pytest.fixture(autouse=True, params=["pool", "duckdb"])
+def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here on both engines of compare_paths (issue #29: the same diff from
+    the worker pool's numpy and from DuckDB's SQL): the tests' compare_paths and the
+    CLI's (hooktrace.diff.compare_paths) take the engine."""
+    import functools
+
+    import hooktrace.diff as diff_module
+
+    if request.param == "duckdb":
+        pytest.importorskip("duckdb", reason="the data extra (duckdb) is not installed")
+    original = diff_module.compare_paths
+    bound = functools.partial(original, engine=request.param)
+    monkeypatch.setattr(diff_module, "compare_paths", bound)
+    monkeypatch.setitem(globals(), "compare_paths", bound)
+    return str(request.param)
+
+
 def trace(*, b_ns: int | list[int] = 30_000, steps: int = 4, first_step: int = 0,
           rank: int | None = None, world: int | None = None, pid: int = 1000,
           window: bool = False, start: int = T0, modules: list[tuple[str, str]] = MODULES,
@@ -339,3 +357,36 @@ def test_bad_inputs_through_python_m_hooktrace(tmp_path: Path) -> None:
         assert p.returncode == 1, (name, out, err)
         assert "Traceback" not in err and err.count("\n") == 1, (name, err)
         assert all(w in err for w in cases[name][1]), (name, err)
+
+
+@pytest.mark.parametrize("layout", ["ranks", "rank windows"])
+def test_a_parquet_export_diffs_as_its_files(tmp_path: Path, engine: str, layout: str) -> None:
+    """Issue #29: ``hooktrace diff OUT_A/ OUT_B/`` of the Parquet exports of two rank
+    directories (``hooktrace export DIR -o OUT/``; DuckDB over the datasets) gives the
+    diff of the directories themselves (the inputs' names aside), windows pooled alike."""
+    pytest.importorskip("duckdb", reason="the data extra (duckdb) is not installed")
+    a, b = tmp_path / "a", tmp_path / "b"
+    if layout == "ranks":
+        rank_dir(a)
+        rank_dir(b, slow={2: 90_000})
+    else:
+        for r in (0, 1):
+            window_dir(a, [[30_000] * 2] * 3, rank=r, world=2, pid=100 + r)
+            slow = 90_000 if r == 1 else 30_000
+            window_dir(b, [[30_000] * 2, [slow] * 2, [slow] * 2], rank=r, world=2, pid=200 + r)
+    for d in (a, b):
+        assert main(["export", str(d), "-o", f"{d}_pq/"]) == 0
+
+    def doc(x: str, y: str) -> dict:
+        out = json.loads(compare_paths(x, y, workers=1).to_json())
+        for k in ("a", "b"):
+            out.pop(k)
+            out["sources"][k].pop("path")
+        return out
+
+    files = doc(str(a), str(b))
+    assert doc(f"{a}_pq", f"{b}_pq") == files
+    assert doc(f"{a}_pq", str(b)) == files  # (one side of each kind)
+    assert files["rows"][0]["module"] == "b" and files["rows"][0]["per_step_change_ns"] > 0
+    if layout == "rank windows":
+        assert doc(f"{a}_pq:0", f"{b}_pq:-1") == doc(f"{a}:0", f"{b}:-1")
