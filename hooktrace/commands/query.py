@@ -92,8 +92,9 @@ def _spark(args: argparse.Namespace) -> Any:
     from hooktrace.data import require
 
     require("pyspark")
-    from hooktrace.data.spark import query, session
+    from hooktrace.data.spark import check_parquet, query, session
 
+    check_parquet(args.run)  # before the JVM starts (~15 s): .htrace inputs need an export
     spark = session(args.master)
     try:
         return query(spark, args.run, args.sql)

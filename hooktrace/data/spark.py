@@ -28,7 +28,8 @@ from hooktrace.data import require
 from hooktrace.data.engine import MODULE_TOTALS_SQL, STRAGGLER_SQL, QueryError, find_source
 from hooktrace.data.schema import TABLES, file_schema
 
-__all__ = ["java_missing", "module_totals", "register", "session", "straggler_summary"]
+__all__ = ["check_parquet", "java_missing", "module_totals", "register", "session",
+           "straggler_summary"]
 
 
 def java_missing() -> str | None:
@@ -83,14 +84,21 @@ def _frame(spark: Any, path: str, hive: bool) -> Any:
     return df.select(*cols, *rest)
 
 
-def register(spark: Any, path: str | os.PathLike[str]) -> list[str]:
-    """``path``'s Parquet tables (as ``hooktrace export`` writes them) as temporary views
-    of their names; returns the names. A table the export left out is an empty view.
-    ``.htrace`` inputs must be exported first (Spark reads Parquet)."""
+def check_parquet(path: str | os.PathLike[str]) -> Any:
+    """``path``'s tables (:func:`find_source`), or the one-line error when it holds no
+    Parquet export: Spark reads Parquet, not ``.htrace`` files."""
     src = find_source(path)
     if not src.parquet:
         raise QueryError(f"{os.fspath(path)}: Spark reads Parquet; export the traces first "
                          f"(hooktrace export {os.fspath(path)} -o DIR/) and query DIR")
+    return src
+
+
+def register(spark: Any, path: str | os.PathLike[str]) -> list[str]:
+    """``path``'s Parquet tables (as ``hooktrace export`` writes them) as temporary views
+    of their names; returns the names. A table the export left out is an empty view.
+    ``.htrace`` inputs must be exported first (Spark reads Parquet)."""
+    src = check_parquet(path)
     from pyspark.sql.pandas.types import from_arrow_schema
 
     for t in TABLES:
