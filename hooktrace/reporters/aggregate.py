@@ -26,6 +26,7 @@ from hooktrace.reporters.html import (
     BACKWARD_COLOR,
     FORWARD_COLOR,
     OTHER_COLOR,
+    PAGE_STYLE,
     TABLE_SORT_SCRIPT,
     plotly_js,
 )
@@ -260,16 +261,7 @@ _TEMPLATE = """<!DOCTYPE html>
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{title}</title>
 <style>
-body {{ font: 14px system-ui, sans-serif; margin: 1.5em; color: #222; }}
-h1 {{ font-size: 1.4em; margin-bottom: .2em; }} h2 {{ font-size: 1.1em; margin-top: 1.6em; }}
-.facts, .hint {{ color: #555; }}
-#steps {{ height: 320px; }}
-.scroll {{ overflow: auto; max-width: 100%; max-height: 80vh; }}
-table {{ border-collapse: collapse; font-size: 12px; }}
-th, td {{ padding: 2px 8px; border-bottom: 1px solid #eee; white-space: nowrap; }}
-th {{ cursor: pointer; background: #f4f4f4; position: sticky; top: 0; user-select: none; }}
-th.asc::after {{ content: " ▲"; }} th.desc::after {{ content: " ▼"; }}
-td.n {{ text-align: right; font-variant-numeric: tabular-nums; }}
+""" + PAGE_STYLE + """#steps {{ height: 320px; }}
 code {{ background: #f6f6f6; }}
 </style>
 <script>{plotly}</script>

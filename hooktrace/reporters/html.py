@@ -53,7 +53,8 @@ from hooktrace.summary import (
 if TYPE_CHECKING:
     from hooktrace.reading import TraceData
 
-__all__ = ["ICICLE_OPTIONS", "OTHER_MEANS", "ReportError", "TABLE_SORT_SCRIPT", "plotly_js",
+__all__ = ["ICICLE_OPTIONS", "OTHER_MEANS", "PAGE_STYLE", "ReportError", "TABLE_SORT_SCRIPT",
+           "plotly_js",
            "render_report", "steps_figure", "write_report"]
 
 RUN_ID = "run"  # the icicle's root box
@@ -421,21 +422,25 @@ TABLE_SORT_SCRIPT = """  var table = document.getElementById("summary");
   });
 """
 
-_TEMPLATE = """<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{title}</title>
-<style>
-body {{ font: 14px system-ui, sans-serif; margin: 1.5em; color: #222; }}
+# The reports' shared look (this page's and reporters/aggregate.py's): the text, the
+# sortable table; each page adds its charts' sizes. Braces doubled: part of a format template.
+PAGE_STYLE = """body {{ font: 14px system-ui, sans-serif; margin: 1.5em; color: #222; }}
 h1 {{ font-size: 1.4em; margin-bottom: .2em; }} h2 {{ font-size: 1.1em; margin-top: 1.6em; }}
 .facts, .hint {{ color: #555; }}
-#icicle {{ height: 560px; }} #steps {{ height: 300px; }}
 .scroll {{ overflow: auto; max-width: 100%; max-height: 80vh; }}
 table {{ border-collapse: collapse; font-size: 12px; }}
 th, td {{ padding: 2px 8px; border-bottom: 1px solid #eee; white-space: nowrap; }}
 th {{ cursor: pointer; background: #f4f4f4; position: sticky; top: 0; user-select: none; }}
 th.asc::after {{ content: " ▲"; }} th.desc::after {{ content: " ▼"; }}
 td.n {{ text-align: right; font-variant-numeric: tabular-nums; }}
+"""
+
+_TEMPLATE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title}</title>
+<style>
+""" + PAGE_STYLE + """#icicle {{ height: 560px; }} #steps {{ height: 300px; }}
 pre {{ background: #f6f6f6; padding: .6em; white-space: pre-wrap; }}
 </style>
 <script>{plotly}</script>
