@@ -69,7 +69,7 @@ from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL, TraceData, l
 from hooktrace.text import align_columns, format_ns
 
 __all__ = ["ENGINES", "EXPLAINED", "MODES", "PHASES", "RankStats", "RanksSummary", "analyze",
-           "rank_stats", "reduce_rank", "summary_from_tables"]
+           "rank_stats", "reduce_rank", "spark_summary", "summary_from_tables"]
 
 # "gpu fwd" / "gpu bwd": device time (trace(gpu=True), hooktrace.device_time), per step
 # over the steps that were timed; rows and stragglers of their own, listed first
@@ -427,6 +427,16 @@ def _analyze_duckdb(inputs: Sequence[str | os.PathLike[str]],
                 parts.append(r)
     return summary_from_tables(parts, paths, problems, profilers=profilers, threshold=threshold,
                                min_excess_ns=min_excess_ns)
+
+
+def spark_summary(spark: Any, **kwargs: Any) -> RanksSummary:
+    """``hooktrace summary DIR``'s straggler tables computed by Spark over the views
+    :func:`hooktrace.data.spark.register` made: the per-file aggregates run on the
+    cluster, the small tables are combined on the driver as for DuckDB. ``kwargs``:
+    ``threshold``, ``min_excess_ns``, ``profilers`` (files on the driver)."""
+    from hooktrace.data.spark import straggler_tables
+
+    return summary_from_tables([straggler_tables(spark)], **kwargs)
 
 
 def summary_from_tables(parts: Sequence[dict[str, Any]], paths: Sequence[str] = (),

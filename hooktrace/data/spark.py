@@ -5,11 +5,12 @@ When the ranks' traces sit on shared storage, export them once
 (``hooktrace export traces/ -o /shared/run1/``: one hive-partitioned dataset per table,
 :mod:`hooktrace.data.parquet`) and run the queries where the cluster is::
 
-    from hooktrace.data.spark import session, register, straggler_summary
+    from hooktrace.data.spark import session, register
+    from hooktrace.stragglers import spark_summary
     spark = session("spark://head:7077")          # or local[N]
     register(spark, "/shared/run1")               # views spans, steps, modules, ...
     spark.sql("SELECT rank, sum(dur_ns) FROM spans GROUP BY rank").show()
-    print(straggler_summary(spark).to_text())      # hooktrace summary DIR's tables
+    print(spark_summary(spark).to_text())          # hooktrace summary DIR's tables
 
 or from the command line: ``hooktrace query --engine spark --master URL DIR "SELECT ..."``.
 The SQL is the DuckDB engine's (:data:`hooktrace.data.engine.STRAGGLER_SQL`,
@@ -29,7 +30,7 @@ from hooktrace.data.engine import MODULE_TOTALS_SQL, STRAGGLER_SQL, QueryError, 
 from hooktrace.data.schema import TABLES, file_schema
 
 __all__ = ["check_parquet", "java_missing", "module_totals", "register", "session",
-           "straggler_summary"]
+           "straggler_tables"]
 
 
 def java_missing() -> str | None:
@@ -128,15 +129,12 @@ def module_totals(spark: Any) -> Any:
     return _arrow(spark.sql(MODULE_TOTALS_SQL))
 
 
-def straggler_summary(spark: Any, **kwargs: Any) -> Any:
-    """``hooktrace summary DIR``'s straggler tables (:class:`hooktrace.stragglers.RanksSummary`)
-    from the registered views: the per-file aggregates run on Spark, the small tables are
-    combined on the driver as for DuckDB. ``kwargs``: ``threshold``, ``min_excess_ns``,
-    ``profilers`` (files on the driver)."""
-    from hooktrace.stragglers import summary_from_tables
-
-    part = {k: _arrow(spark.sql(sql)) for k, sql in STRAGGLER_SQL.items()}
-    return summary_from_tables([part], **kwargs)
+def straggler_tables(spark: Any) -> dict[str, Any]:
+    """The straggler tables' per-file aggregates (the DuckDB engine's
+    :data:`~hooktrace.data.engine.STRAGGLER_SQL`) run on Spark over the registered views,
+    as Arrow tables on the driver; :func:`hooktrace.stragglers.spark_summary` combines
+    them into ``hooktrace summary DIR``'s tables."""
+    return {k: _arrow(spark.sql(sql)) for k, sql in STRAGGLER_SQL.items()}
 
 
 def query(spark: Any, path: str | os.PathLike[str], sql: str) -> Any:

@@ -242,7 +242,8 @@ def test_the_dataset_reads_as_is_in_pyarrow_and_duckdb(four_ranks_parquet: Path)
 def test_duckdb_and_spark_give_identical_per_rank_module_totals(
         four_ranks: Path, four_ranks_parquet: Path, spark: Any) -> None:
     from hooktrace.data.engine import MODULE_TOTALS_SQL, connect
-    from hooktrace.data.spark import module_totals, register, straggler_summary
+    from hooktrace.data.spark import module_totals, register
+    from hooktrace.stragglers import spark_summary
     from hooktrace.stragglers import analyze
 
     on_duckdb = connect(four_ranks).sql(MODULE_TOTALS_SQL).to_arrow_table().to_pylist()
@@ -256,7 +257,7 @@ def test_duckdb_and_spark_give_identical_per_rank_module_totals(
     pool = json.loads(analyze([four_ranks], engine="pool").to_json())
     for r in pool["ranks"]:
         r.pop("path")
-    for report in (straggler_summary(spark), analyze([four_ranks], engine="duckdb"),
+    for report in (spark_summary(spark), analyze([four_ranks], engine="duckdb"),
                    analyze([four_ranks_parquet], engine="duckdb")):
         doc = json.loads(report.to_json())
         for r in doc["ranks"]:
@@ -346,7 +347,8 @@ def test_gpu_phases_of_the_straggler_tables_on_spark_and_duckdb(tmp_path: Path,
     from conftest import gpu_trace
 
     from hooktrace.data.parquet import write_dataset
-    from hooktrace.data.spark import register, straggler_summary
+    from hooktrace.data.spark import register
+    from hooktrace.stragglers import spark_summary
     from hooktrace.rankset import RankFile
     from hooktrace.stragglers import _combine, analyze, reduce_rank
 
@@ -363,5 +365,5 @@ def test_gpu_phases_of_the_straggler_tables_on_spark_and_duckdb(tmp_path: Path,
     assert {(s["rank"], s["module"], s["phase"]) for s in pool["stragglers"]} == {
         (2, "fc1", "gpu fwd")}
     register(spark, out)
-    for report in (straggler_summary(spark), analyze([out], engine="duckdb")):
+    for report in (spark_summary(spark), analyze([out], engine="duckdb")):
         assert json.loads(report.to_json()) == pool
