@@ -530,7 +530,8 @@ class AggregateComponent(Component):
 
 def load_aggregates(path: str | os.PathLike[str]) -> Any:
     """The aggregate table of ``trace(aggregate=DIR)`` (DIR or DIR/aggregates) as a
-    pyarrow Table, rows in step order."""
+    pyarrow Table, rows in step order; an unreadable part is hooktrace's one-line
+    InputPathError (``summary``, ``diff`` and ``report`` all read through here)."""
     import pyarrow.dataset as ds
 
     folder = os.fspath(path)
@@ -538,7 +539,17 @@ def load_aggregates(path: str | os.PathLike[str]) -> Any:
         folder = os.path.join(folder, "aggregates")
     if not os.path.isdir(folder) or not any(f.endswith(".parquet") for f in os.listdir(folder)):
         raise FileNotFoundError(f"{os.fspath(path)}: no aggregate parts (part-*.parquet) there")
-    table = ds.dataset(folder, format="parquet").to_table()
+    import pyarrow as pa
+
+    from hooktrace.errors import InputPathError
+
+    try:
+        table = ds.dataset(folder, format="parquet").to_table()
+    except (pa.ArrowException, OSError) as e:  # a part cut short, or not Parquet: one line
+        first = next((line.strip() for line in str(e).splitlines() if line.strip()),
+                     type(e).__name__)
+        raise InputPathError(f"{os.fspath(path)}: the aggregate table cannot be read: "
+                             f"{first}") from None
     return table.sort_by("step")
 
 

@@ -401,6 +401,13 @@ def test_report_of_an_aggregate_folder_and_of_a_bad_one(
     assert len(err) == 1 and "the aggregate table cannot be read" in err[0]
     assert "part-00001.parquet" in err[0]
     assert not (tmp_path / "x.html").exists()
+    # summary and diff read the same table: the same one line, no traceback
+    for argv in (["summary", str(tmp_path / "bad")],
+                 ["diff", str(tmp_path / "bad"), str(tmp_path / "agg")]):
+        assert main(argv) == 1, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "the aggregate table cannot be read" in err[0], (argv, err)
+        assert "part-00001.parquet" in err[0]
 
 
 def test_eval_calls_between_steps_get_rows_of_their_own(tmp_path: Path) -> None:
