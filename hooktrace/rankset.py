@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from hooktrace._kineto import ProfilerTraceError, open_binary, scan
-from hooktrace._naming import rank_files_of
+from hooktrace._naming import aggregate_dir_problem, is_aggregate_dir, rank_files_of
 from hooktrace.errors import HooktraceError
 from hooktrace.reading import TraceData, load
 
@@ -123,7 +123,9 @@ def find_rank_files(inputs: Sequence[PathLike]) -> tuple[list[str], list[str]]:
     problems: list[str] = []
     for item in inputs:
         name = os.fspath(item)
-        if os.path.isdir(name):
+        if is_aggregate_dir(name):  # its kept steps are single steps, not ranks
+            problems.append(aggregate_dir_problem(name))
+        elif os.path.isdir(name):
             found = sorted(os.fspath(p) for p in Path(name).rglob("*.htrace") if p.is_file())
             if not found:
                 problems.append(f"{name}: a directory with no .htrace file in it")

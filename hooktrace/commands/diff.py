@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from hooktrace._args import finite_float
@@ -71,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--min-share must be a percentage from 0 to 100, got {args.min_share}")
     if args.workers is not None and args.workers < 1:
         raise CliError(f"--workers must be at least 1, got {args.workers}")
-    from hooktrace.record.aggregate import aggregate_diff, is_aggregate_dir
+    from hooktrace._naming import is_aggregate_dir
+    from hooktrace.record.aggregate import aggregate_diff
 
     if is_aggregate_dir(args.a) and is_aggregate_dir(args.b):  # aggregate= folders (#31)
         text, failed_rows = aggregate_diff(args.a, args.b, args.top, args.fail_above,
@@ -80,6 +82,11 @@ def run(args: argparse.Namespace) -> int:
         for line in failed_rows:
             print(f"  {line}", file=sys.stderr)
         return 1 if failed_rows else 0
+    for path, other in ((args.a, args.b), (args.b, args.a)):  # one side aggregates only
+        if is_aggregate_dir(path):
+            raise CliError(f"{path} is an aggregate= folder and {other} is not: diff two "
+                           f"aggregate= folders, or a step it kept whole "
+                           f"({os.path.join(path, 'steps', 'step-N.htrace')}) against {other}")
     if args.engine == "duckdb":
         from hooktrace.data import require
 

@@ -21,8 +21,10 @@ HELP = "per-module time table of a .htrace file"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run", nargs="+", help="the .htrace file; a directory or several files: the "
-                                          "ranks' straggler tables")
+    p.add_argument("run", nargs="+", help="the .htrace file, a Parquet export of one run "
+                                          "(X.parquet, DIR/) or an aggregate= folder; a "
+                                          "directory or several files: the ranks' straggler "
+                                          "tables")
     p.add_argument("--top", type=int, default=None,
                    help="only the N rows with most time (all output forms)")
     p.add_argument("--wide", action="store_true",
@@ -62,15 +64,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from hooktrace._naming import rank_files_of
+    from hooktrace._naming import is_aggregate_dir, rank_files_of
+    from hooktrace.record.aggregate import aggregate_summary
     from hooktrace.result import load
     from hooktrace.summary import Summary
     from hooktrace.text import terminal_width
 
-    from hooktrace.record.aggregate import aggregate_summary, is_aggregate_dir
-
     if len(args.run) == 1 and is_aggregate_dir(args.run[0]):  # aggregate=DIR (issue #31)
         print(aggregate_summary(args.run[0], args.top))
+        return
+    if len(args.run) == 1 and _one_run_export(args.run[0]):  # hooktrace export's Parquet
+        _run_export(args)
         return
     if len(args.run) > 1 or os.path.isdir(args.run[0]) or rank_files_of(args.run[0]):
         _run_ranks(args)
@@ -137,6 +141,41 @@ def run(args: argparse.Namespace) -> None:
         print(table.to_text(top=args.top, wide=args.wide, width=terminal_width()))
     else:
         print(table.to_text(top=args.top, wide=args.wide))
+
+
+def _one_run_export(path: str) -> bool:
+    """Whether ``path`` is a Parquet export of one run (a file ``X.parquet``, or a
+    directory of a single run's tables); a directory of ranks gets the ranks' tables."""
+    if not (path.endswith(".parquet") or os.path.isdir(path)):
+        return False
+    from hooktrace.data.summary import is_export, runs_in_export
+
+    if not is_export(path):
+        return False
+    return os.path.isfile(path) or runs_in_export(path) <= 1
+
+
+def _run_export(args: argparse.Namespace) -> None:
+    """The per-module table of a one-run Parquet export (hooktrace.data.summary)."""
+    from hooktrace.data.summary import summary_of_export
+    from hooktrace.text import terminal_width
+
+    left_out = [flag for flag, on in (("--steps", args.steps), ("--by-shape", args.by_shape),
+                                      ("--profiler", args.profiler is not None),
+                                      ("--flops", args.flops), ("--memory", args.memory),
+                                      ("--numerics", args.numerics)) if on]
+    if left_out:
+        raise CliError(f"{args.run[0]}: {', '.join(left_out)} read the .htrace file; a Parquet "
+                       "export holds those values as tables: hooktrace query")
+    if args.top is not None and args.top < 1:
+        raise CliError(f"--top must be at least 1, got {args.top}")
+    table = summary_of_export(args.run[0])
+    if args.csv:
+        sys.stdout.write(table.to_csv(top=args.top))
+    elif args.json:
+        print(table.to_json(top=args.top))
+    else:
+        print(table.to_text(top=args.top, wide=args.wide, width=terminal_width()))
 
 
 def _run_ranks(args: argparse.Namespace) -> None:

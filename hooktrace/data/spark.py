@@ -59,6 +59,9 @@ def session(master: str = "local[2]", app: str = "hooktrace") -> Any:
                 .config("spark.sql.session.timeZone", "UTC")
                 .config("spark.sql.shuffle.partitions", "8")
                 .config("spark.ui.enabled", "false")
+                # the stage progress bars ("[Stage 3:>  (0 + 2) / 8]") go to the terminal
+                # between the query's output lines: the CLI prints the result only
+                .config("spark.ui.showConsoleProgress", "false")
                 # the JVM's own log (hundreds of lines when a master is unreachable) stays
                 # quiet: what went wrong is this function's one line
                 .config("spark.log.level", "OFF")

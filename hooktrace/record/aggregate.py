@@ -81,7 +81,6 @@ def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, lis
         "step", "steps", "module", "mode", "calls", "total_ms", "p50_ms", "max_ms",
         "gpu_ms", "mem_peak_bytes", "tflops", "nonfinite", "absmax")}
     step, steps = first, len(step_ms)
-    numerics = _numerics_by_module(trace)
     peaks = _memory_peaks(trace, s)
     tflops = tflops_by_module(trace)
     # eval calls (no_grad or module.eval(): a validation pass between steps) get rows of
@@ -90,6 +89,7 @@ def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, lis
     flagged = (s.cat == CAT_FORWARD) & ((s.flags & SPAN_EVAL) != 0)
     eval_ = flagged if ((s.cat == CAT_FORWARD) & ~flagged).any() else np.zeros(len(s), bool)
     gpu = gpu_ms_by_module(trace, eval_)
+    numerics = _numerics_by_module(trace, split_eval=bool(eval_.any()))
     for mode, cat in (("forward", CAT_FORWARD), ("eval", CAT_EVAL), ("backward", CAT_BACKWARD)):
         sel = np.flatnonzero((s.cat == CAT_FORWARD) & eval_ if cat == CAT_EVAL
                              else (s.cat == cat) & ~eval_)
@@ -120,15 +120,14 @@ def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, lis
             cols["gpu_ms"].append(gpu.get((m, cat)) if gpu is not None else None)
             name = (str(trace.modules[m][0]) if 0 <= m < len(trace.modules)
                     else f"<module {m}>")
-            # (TFLOP/s and numerics: of the module's training calls, none for eval rows)
+            # (TFLOP/s: of the module's training calls, none for eval rows)
             cols["tflops"].append(tflops.get((name, mode)) if tflops is not None else None)
             if peaks is not None:
                 group = peaks[sel[start:ends[g]]]
                 cols["mem_peak_bytes"].append(int(group.max()) if (group >= 0).any() else None)
             else:
                 cols["mem_peak_bytes"].append(None)
-            got = (numerics.get((m, mode == "backward"))
-                   if numerics is not None and mode != "eval" else None)
+            got = numerics.get((m, mode)) if numerics is not None else None
             if got is not None:
                 cols["nonfinite"].append(got[0])
                 cols["absmax"].append(got[1] if np.isfinite(got[1]) else None)
@@ -222,13 +221,15 @@ def _memory_peaks(trace: Any, spans: Any) -> np.ndarray | None:
 
 
 def _any_nonfinite(trace: Any) -> bool:
-    numerics = _numerics_by_module(trace)
+    numerics = _numerics_by_module(trace, split_eval=False)
     return numerics is not None and any(nf for nf, _ in numerics.values())
 
 
-def _numerics_by_module(trace: Any) -> dict[tuple[int, bool], tuple[int, float]] | None:
-    """(non-finite count, abs-max) per (module, backward), or None when the trace recorded
-    no numerics."""
+def _numerics_by_module(trace: Any, split_eval: bool
+                        ) -> dict[tuple[int, str], tuple[int, float]] | None:
+    """(non-finite count, abs-max) per (module, row mode: forward, eval or backward), or
+    None when the trace recorded no numerics. ``split_eval``: the window's eval calls
+    have rows of their own (reduce_window), else they are its forward calls."""
     import numpy as np
 
     if "numerics" not in trace.info:
@@ -236,10 +237,12 @@ def _numerics_by_module(trace: Any) -> dict[tuple[int, bool], tuple[int, float]]
     from hooktrace.numerics import Numerics
 
     n = Numerics.from_trace(trace)
-    out: dict[tuple[int, bool], tuple[int, float]] = {}
+    out: dict[tuple[int, str], tuple[int, float]] = {}
     measured = ~(n.skipped | n.failed)
     for i in np.flatnonzero(measured):
-        key = (int(n.module[i]), bool(n.backward[i]))
+        mode = ("backward" if n.backward[i] else
+                "eval" if split_eval and n.eval[i] else "forward")
+        key = (int(n.module[i]), mode)
         nf, am = out.get(key, (0, float("nan")))
         out[key] = (nf + int(n.nonfinite[i]), float(np.fmax(am, n.absmax[i])))
     return out
@@ -578,12 +581,6 @@ def kept_steps(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
             out.append({"step": int(number), "why": why.get(name),
                         "path": os.path.join(steps, name)})
     return sorted(out, key=lambda k: k["step"])
-
-
-def is_aggregate_dir(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` is an ``aggregate=`` folder (it holds aggregates/part-*.parquet)."""
-    folder = os.path.join(os.fspath(path), "aggregates")
-    return os.path.isdir(folder) and any(f.endswith(".parquet") for f in os.listdir(folder))
 
 
 def aggregate_summary(path: str | os.PathLike[str], top: int | None = None) -> str:

@@ -166,7 +166,7 @@ class HangWatchdog:
     def _progress(self) -> tuple[int, int]:
         stats = self._trace._session.stats()
         # streaming (out=): the session holds only what the writer has not written yet
-        writer = getattr(self._trace, "_writer", None)
+        writer = self._trace._writer
         written = int(writer.stats()["events"]) if writer is not None else 0
         return (stats["events"] + written + stats["dropped"] + stats["overwritten"],
                 self._trace._step)
@@ -203,7 +203,7 @@ def check_dump_on(dump_on: object) -> frozenset[str]:
 class FlightRecorder:
     """The flight recorder of a recording (``hooktrace.trace`` and ``global_trace``):
     ``dump_on=``, ``dump()``. The class using it has ``_state``, ``_step``,
-    ``_session`` and ``snapshot()``, checks its arguments with
+    ``_session``, ``_writer`` (the stream writer, None unless streaming) and ``snapshot()``, checks its arguments with
     :meth:`_init_flight_recorder` (with options checked by ``RecordOptions``), calls
     :meth:`_start_flight_recorder` once recording and :meth:`_stop_flight_recorder`
     (idempotent) in its teardown."""
@@ -211,6 +211,7 @@ class FlightRecorder:
     _state: str
     _step: int
     _session: Any
+    _writer: Any
 
     def snapshot(self) -> TraceData:  # provided by the recording class
         raise NotImplementedError

@@ -67,8 +67,6 @@ from hooktrace.format import (
 __all__ = ["DEFAULT_CAPACITY", "GlobalTrace", "Recorder", "Trace", "global_trace", "trace",
            "window_handler"]
 
-# Events are allocated in chunks of this many (128 KiB); capacity is rounded up to whole chunks.
-CHUNK_EVENTS = 4096
 # Streaming (out=...): the writer wakes every STREAM_PERIOD_MS (or when half of the
 # capacity, record/options.py, is in flight).
 STREAM_PERIOD_MS = 10

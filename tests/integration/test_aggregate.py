@@ -410,6 +410,34 @@ def test_report_of_an_aggregate_folder_and_of_a_bad_one(
         assert "part-00001.parquet" in err[0]
 
 
+def test_an_aggregate_folder_where_a_trace_is_expected_is_one_line_naming_its_steps(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Its kept steps are single steps of one process, not a run's ranks: export,
+    merge-ranks and a diff against a trace say so, name a kept step, and write nothing."""
+    from hooktrace.cli import main
+
+    model = Net()
+    with hooktrace.trace(model, aggregate=tmp_path / "agg", aggregate_interval=0,
+                         detail="every=2"):
+        train(model, 5)
+    assert len(list((tmp_path / "agg" / "steps").glob("step-*.htrace"))) == 3
+    with hooktrace.trace(model, out=tmp_path / "one.htrace"):
+        train(model, 2)
+    agg, one = str(tmp_path / "agg"), str(tmp_path / "one.htrace")
+    capsys.readouterr()
+    for argv in (["export", agg, "-o", str(tmp_path / "x.json")],
+                 ["export", agg, "-o", str(tmp_path / "x.parquet")],
+                 ["merge-ranks", agg, "-o", str(tmp_path / "m.json")],
+                 ["diff", agg, one], ["diff", one, agg]):
+        assert main(argv) == 1, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "aggregate= folder" in err[0], (argv, err)
+        assert os.path.join(agg, "steps", "step-N.htrace") in err[0], (argv, err)
+    assert not list(tmp_path.glob("x.*")) and not (tmp_path / "m.json").exists()
+    # a kept step is a trace like any other
+    assert main(["diff", str(tmp_path / "agg" / "steps" / "step-2.htrace"), one]) == 0
+
+
 def test_eval_calls_between_steps_get_rows_of_their_own(tmp_path: Path) -> None:
     # GIVEN a validation pass (no_grad, eval mode) of 5 calls before each of 3 steps
     model = Net()
@@ -442,3 +470,35 @@ def test_eval_calls_between_steps_get_rows_of_their_own(tmp_path: Path) -> None:
         train(model2, 2)
     modes = set(load_aggregates(tmp_path / "evalmode")["mode"].to_pylist())
     assert modes == {"forward", "backward", "step"}
+
+
+def test_eval_rows_carry_their_own_numerics(tmp_path: Path) -> None:
+    """A NaN in a validation pass is the eval row's, not the training forward's: the
+    eval calls' numerics go to their rows, the training calls' to theirs."""
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    with hooktrace.trace(model, aggregate=tmp_path / "agg", aggregate_interval=0,
+                         detail="every=0", numerics=True):
+        for step in range(3):
+            model.eval()
+            with torch.no_grad():
+                model(x * 100.0)  # eval: larger values than training's
+                if step == 1:  # and a NaN in step 1's validation only
+                    model.fc2(torch.full((4, 16), float("nan")))
+            model.train()
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+    t = load_aggregates(tmp_path / "agg").to_pydict()
+    rows = {(s, m, mode): (nf, am) for s, m, mode, nf, am in zip(
+        t["step"], t["module"], t["mode"], t["nonfinite"], t["absmax"], strict=True)}
+    for step in range(3):
+        (nf_e, am_e), (nf_f, am_f) = rows[(step, "fc1", "eval")], rows[(step, "fc1", "forward")]
+        assert nf_e == 0 and nf_f == 0
+        assert am_e is not None and am_f is not None and am_e > 10 * am_f
+        # the NaN call's output: 4 x 2 values, all NaN
+        assert rows[(step, "fc2", "eval")][0] == (8 if step == 1 else 0)
+        assert rows[(step, "fc2", "forward")][0] == 0
+        assert rows[(step, "fc2", "backward")] == (0, rows[(step, "fc2", "backward")][1])
+        assert rows[(step, "fc2", "backward")][1] is not None

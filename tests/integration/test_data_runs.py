@@ -175,6 +175,52 @@ def test_parquet_spans_of_a_compiled_run_agree_with_the_summary(
     assert {(m, p, md): (int(c), int(d), int(s)) for m, p, md, c, d, s in q} == expected
 
 
+@pytest.mark.parametrize("which", ["run_file", "compiled_file"])
+def test_summary_of_a_one_run_export_is_the_summary_of_its_trace(
+        which: str, request: pytest.FixtureRequest, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``hooktrace summary X.parquet`` / ``summary DIR/`` of one run's export: the rows of
+    ``summary run.htrace`` (key for key, in the same order), but the ones an export
+    cannot hold, and the same step statistics; the footer says what is left out."""
+    import math
+
+    trace = request.getfixturevalue(which)
+    capsys.readouterr()
+    assert main(["summary", str(trace), "--json"]) == 0
+    want = json.loads(capsys.readouterr().out)
+    keep = [r for r in want["rows"] if r["module"] != "<unattributed>" and not r.get("fused")]
+    assert any(r["mode"] == "eval" for r in keep) or which == "compiled_file"
+    assert any(r["timing"] == "kernels" for r in keep) or which == "run_file"
+    for out, args in ((tmp_path / "one.parquet", []), (tmp_path / "tables", [])):
+        assert main(["export", str(trace), "-o", str(out) + ("/" if out.suffix == "" else ""),
+                     *args]) == 0
+        capsys.readouterr()
+        assert main(["summary", str(out), "--json"]) == 0
+        got = json.loads(capsys.readouterr().out)
+        assert [(r["module"], r["mode"]) for r in got["rows"]] == [
+            (r["module"], r["mode"]) for r in keep], out
+        for g, w in zip(got["rows"], keep, strict=True):
+            assert g.keys() == w.keys()
+            for k, v in w.items():
+                if k in ("step_p50_ns", "step_p99_ns") and out.suffix == ".parquet":
+                    continue  # a spans-only file has no steps table
+                if isinstance(v, float):  # (DuckDB's quantile_cont: the last bit may differ)
+                    assert math.isclose(g[k], v, rel_tol=1e-12), (out, g["module"], k)
+                else:
+                    assert g[k] == v, (out, g["module"], k)
+        if out.suffix == "":
+            for k in ("steps", "compile_steps", "step_p50_ns", "step_p99_ns",
+                      "dropped_events", "overwritten_events"):
+                assert got["counts"][k] == want["counts"][k], k
+        assert main(["summary", str(out)]) == 0
+        text = capsys.readouterr().out
+        assert "from a Parquet export: no <unattributed> autograd rows" in text
+    # what only the .htrace holds: one line, no traceback
+    assert main(["summary", str(tmp_path / "tables"), "--flops"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--flops" in err[0] and "hooktrace query" in err[0]
+
+
 def test_every_table_in_a_directory_and_unsigned_types_nowhere(run_file: Path,
                                                                 tmp_path: Path) -> None:
     out = tmp_path / "tables"

@@ -64,9 +64,13 @@ def test_the_stream_stays_within_the_bound_and_keeps_the_newest(tmp_path: Path) 
     # the newest events are kept: the last call's root span is there, whole
     s = run.spans()
     assert (s.module == 0).sum() >= 2000 * 0.2
-    assert run.events["id"][-1] == 0 and run.events["kind"][-1] == 2  # the last call's exit
-    if counts["dropped_events"] == 0:  # (the writer may fall behind on a loaded machine)
+    # (on a loaded machine the writer may fall behind and the full buffer drop events,
+    # the last call's among them: counted, and then neither holds)
+    if counts["dropped_events"] == 0:
+        assert run.events["id"][-1] == 0 and run.events["kind"][-1] == 2, counts  # its exit
         assert s.unfinished == 0
+    else:
+        assert run.info["dropped_events"] == counts["dropped_events"] > 0
     assert all("older segment of a rolling stream" in a.info["cut"] for a in alone)
     # and the summary says what was dropped
     assert any("rolled off" in n for n in run.summary().notes)

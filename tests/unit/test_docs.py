@@ -172,6 +172,19 @@ def test_the_readme_is_short_and_its_links_resolve() -> None:
     assert broken == []
 
 
+def test_the_readmes_queries_are_the_ones_run_on_duckdb_and_spark() -> None:
+    """Issue #29: the README shows three queries people ask. They are docs/data.md's,
+    word for word, which tests/integration/test_data_runs.py runs on DuckDB (from the
+    .htrace files and from Parquet) and on Spark."""
+    def sql_blocks(name: str) -> list[str]:
+        text = (ROOT / name).read_text(encoding="utf-8")
+        return [b.split("```")[0].strip() for b in text.split("```sql")[1:]]
+
+    readme = sql_blocks("README.md")
+    assert len(readme) == 3
+    assert readme == sql_blocks("docs/data.md")
+
+
 def test_the_api_reference_documents_every_public_name(site: Path) -> None:
     import importlib
 
