@@ -45,6 +45,7 @@ __all__ = [
     "CAT_NAMES",
     "forward_span_before",
     "compile_parents",
+    "compile_in_backward",
     "counter_changes",
     "NO_PASS",
     "GpuSpans",
@@ -891,6 +892,16 @@ def compile_parents(spans: Spans, intervals: np.ndarray) -> np.ndarray:
                                 & (spans.end_ns >= end))
         if len(inside):
             out[i] = inside[np.argmax(spans.depth[inside])]
+    return out
+
+
+def compile_in_backward(spans: Spans, parents: np.ndarray) -> np.ndarray:
+    """Per compile (``parents``: :func:`compile_parents`): whether it ran inside a backward
+    span (a lazy backward compile: AOTAutograd compiles a region's backward the first
+    time it runs), rather than in a forward call or outside every span."""
+    out = np.zeros(len(parents), bool)
+    ok = parents >= 0
+    out[ok] = spans.cat[parents[ok]] == CAT_BACKWARD
     return out
 
 

@@ -52,6 +52,7 @@ from hooktrace.reading import (
     SPAN_EVAL,
     Spans,
     compile_intervals,
+    compile_in_backward,
     compile_parents,
     compile_steps,
 )
@@ -374,7 +375,8 @@ class Summary:
                 row["bwd_fwd_ratio"] = None
                 rows.append(row)
         if compiles is not None and len(compiles):
-            rows.append(_compile_row(compiles))
+            backward = compile_in_backward(spans, compile_parents(spans, compiles))
+            rows.append(_compile_row(compiles, backward))
         # Stable: equal totals keep module-slot order, unattributed rows last.
         rows.sort(key=lambda r: -((r["total_ns"] or 0) + r["bwd_total_ns"]))
         return [{key: row.get(key) for key in _COLUMNS} for row in rows]
@@ -578,18 +580,23 @@ def _compile_self(spans: Spans, compiles: np.ndarray | None) -> np.ndarray | Non
     return taken if taken.any() else None
 
 
-def _compile_row(compiles: np.ndarray) -> dict[str, Any]:
-    """The ``<torch.compile>`` row: each compile a call, forward (compiles run in the
-    forward call that first needs the code; a lazy backward compile counts here too)."""
+def _compile_row(compiles: np.ndarray, backward: np.ndarray) -> dict[str, Any]:
+    """The ``<torch.compile>`` row: each compile a call, forward or backward by the span
+    it ran in (``backward``: reading.compile_in_backward; compiles run in the forward
+    call that first needs the code, and AOTAutograd compiles a region's backward lazily,
+    in the backward pass that first runs it)."""
     d = (compiles[:, 1] - compiles[:, 0]).astype(np.int64)
     row: dict[str, Any] = {"module": COMPILE_ROW, "type": "torch.compile", "mode": "train",
-                           "timing": "measured", "calls": len(d), "total_ns": int(d.sum()),
-                           "self_ns": int(d.sum()), "mean_ns": float(d.mean()),
-                           "p50_ns": float(np.percentile(d, 50)),
-                           "p99_ns": float(np.percentile(d, 99)), "bwd_calls": 0,
-                           "bwd_total_ns": 0, "bwd_self_ns": 0, "bwd_p50_ns": None,
-                           "bwd_p99_ns": None, "bwd_fwd_ratio": None, "recompute_calls": 0,
-                           "recompute_total_ns": 0}
+                           "timing": "measured", "recompute_calls": 0, "recompute_total_ns": 0}
+    for prefix, sel in (("", ~backward), ("bwd_", backward)):
+        x = d[sel]
+        row.update({f"{prefix}calls": len(x), f"{prefix}total_ns": int(x.sum()),
+                    f"{prefix}self_ns": int(x.sum()),
+                    f"{prefix}mean_ns": float(x.mean()) if len(x) else None,
+                    f"{prefix}p50_ns": float(np.percentile(x, 50)) if len(x) else None,
+                    f"{prefix}p99_ns": float(np.percentile(x, 99)) if len(x) else None})
+    del row["bwd_mean_ns"]
+    row["bwd_fwd_ratio"] = None
     return row
 
 

@@ -146,7 +146,13 @@ def run(args: argparse.Namespace) -> None:
 def _one_run_export(path: str) -> bool:
     """Whether ``path`` is a Parquet export of one run (a file ``X.parquet``, or a
     directory of a single run's tables); a directory of ranks gets the ranks' tables."""
-    if not (path.endswith(".parquet") or os.path.isdir(path)):
+    if os.path.isdir(path):
+        import glob
+
+        # (a directory of .htrace files needs neither the data extra nor its imports)
+        if not glob.glob(os.path.join(glob.escape(path), "**", "*.parquet"), recursive=True):
+            return False
+    elif not path.endswith(".parquet"):
         return False
     from hooktrace.data.summary import is_export, runs_in_export
 

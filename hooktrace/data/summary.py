@@ -178,8 +178,9 @@ def _rows(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
         del row["bwd_mean_ns"]
         row["bwd_fwd_ratio"] = (row["bwd_total_ns"] / row["total_ns"]
                                 if row["bwd_calls"] and row["total_ns"] else None)
-        if row["module"] == COMPILE_ROW:
+        if row["module"] == COMPILE_ROW:  # (compile time: no ratio, as the summary)
             row["type"] = "torch.compile"
+            row["bwd_fwd_ratio"] = None
         rows.append(row)
     rows.sort(key=lambda r: -((r["total_ns"] or 0) + r["bwd_total_ns"]))
     columns = Summary([], {}).columns

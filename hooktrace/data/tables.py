@@ -33,7 +33,7 @@ import numpy as np
 
 from hooktrace.data.schema import file_schema, pa
 from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL, SPAN_ERROR, SPAN_UNFINISHED
-from hooktrace.reading import TraceData, compile_intervals, compile_parents
+from hooktrace.reading import TraceData, compile_in_backward, compile_intervals, compile_parents
 from hooktrace.data.intervals import union_per_step
 
 __all__ = ["DEFAULT_BATCH_ROWS", "Where", "batches", "span_columns", "to_arrow"]
@@ -142,7 +142,9 @@ class _SpanColumns:
         self.types.append("torch.compile")
         self.slot = np.r_[slot, np.full(c, -1, np.int64)]
         self.module = np.r_[slot, np.full(c, n_mod, np.int64)]  # (index into names)
-        self.cat = np.r_[spans.cat, d.cat, np.full(c, CAT_FORWARD)].astype(np.int64)
+        # a compile's phase: that of the span it ran in (a lazy backward compile: backward)
+        c_cat = np.where(compile_in_backward(spans, c_parent), CAT_BACKWARD, CAT_FORWARD)
+        self.cat = np.r_[spans.cat, d.cat, c_cat].astype(np.int64)
         self.eval = np.r_[(spans.flags & SPAN_EVAL) != 0, d.flags != 0, np.zeros(c, bool)]
         self.timing = np.r_[np.zeros(n, np.int32), np.ones(m, np.int32), np.full(c, 2, np.int32)]
         self.call = np.r_[spans.call.astype(np.int64), spans.call[d.span].astype(np.int64),

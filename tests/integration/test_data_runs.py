@@ -119,7 +119,9 @@ def compiled_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     fn = torch.compile(net)
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
     x = torch.randint(0, 32, (4, 8))
-    with warnings.catch_warnings():
+    # (without Inductor's FX graph cache: a graph compiled before in this process or
+    # machine would make the backward's lazy compile a cache lookup, recorded as none)
+    with warnings.catch_warnings(), torch._inductor.config.patch(fx_graph_cache=False):
         warnings.simplefilter("ignore")
         with hooktrace.trace(fn) as tr:
             for _ in range(3):
@@ -142,6 +144,8 @@ def test_parquet_spans_of_a_compiled_run_agree_with_the_summary(
     expected = _summary_sums(compiled_file, capsys)
     got = _parquet_sums(spans)
     assert ("<torch.compile>", "forward", "train") in got
+    # the lazy backward compile (AOTAutograd's, in the first backward pass) is backward's
+    assert ("<torch.compile>", "backward", "train") in got
     assert any(k[0] != "" and k[0] != "<torch.compile>" for k in got)  # kernel-derived rows
     assert got == expected
     rows = spans.to_pylist()
@@ -159,6 +163,7 @@ def test_parquet_spans_of_a_compiled_run_agree_with_the_summary(
     for r in comp:
         parent = by_span[r["parent"]]
         assert parent["start_ns"] <= r["start_ns"] and r["end_ns"] <= parent["end_ns"]
+        assert r["phase"] == parent["phase"]  # a compile's phase is its span's
         assert parent["self_ns"] < parent["dur_ns"] - r["dur_ns"] + 1
     # Chrome: its forward + backward slices are the measured rows (compiles have no
     # slice; kernels have one slice per kernel run, hooktrace.kernel)
