@@ -151,6 +151,22 @@ def test_backward_spans_match_the_profilers_memory_events() -> None:
     model = tiny_gpt2()
     x = _tokens(model)
     _step(model, x)
+    # Every backward span not too close to an allocation (below) must match the profiler
+    # exactly, in every attempt; how many are that far from one depends on timing, so a
+    # step is measured again (3 at most) until one attempt covers most of the spans.
+    covered = []
+    for _ in range(3):
+        checked, total = _compare_backward_step(model, x)
+        covered.append((checked, total))
+        if checked > total // 2:
+            break
+    assert covered[-1][0] > covered[-1][1] // 2, covered
+
+
+def _compare_backward_step(model: nn.Module, x: torch.Tensor) -> tuple[int, int]:
+    """One profiled training step inside trace(memory=True): asserts that each backward
+    span's net and peak bytes equal the profiler's memory events in it; returns how many
+    spans were compared, of how many."""
     with hooktrace.trace(model, memory=True) as tr:
         _step(model, x)  # gradients exist: the profiled step frees only its own blocks
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -176,7 +192,7 @@ def test_backward_spans_match_the_profilers_memory_events() -> None:
         # clock, tens of ns apart: an allocation that close to a span's edge (a backward
         # span reaching over its hooks starts where the previous node ended, and the
         # engine frees its buffers right then) cannot be placed by time. Those spans
-        # are left out; most are not.
+        # are left out.
         edges = np.array([spans.start_ns[i], spans.end_ns[i]], np.int64)
         if np.abs(mem_t[:, None] - edges[None, :]).min() < CLOCK_SKEW_NS:
             continue
@@ -188,10 +204,10 @@ def test_backward_spans_match_the_profilers_memory_events() -> None:
         peak = max(0, int(running.max())) if len(running) else 0
         name = tr.modules[spans.module[i]][0]
         assert (int(m.net[i]), int(m.peak_above[i])) == (net, peak), name
-    assert checked > len(bwd) // 2
     # backward frees the activations forward kept: over the whole pass, memory goes down
     root = [i for i in bwd.tolist() if spans.module[i] == 0]
     assert root and all(m.net[i] < 0 for i in root)
+    return checked, len(bwd)
 
 
 def test_memory_off_records_no_samples_and_leaves_the_allocator_alone() -> None:
