@@ -3,7 +3,8 @@
 One process per rank, named ``rank 3 · host:pid`` and placed in rank order
 (``process_sort_index``); inside it the rows of the one-rank export
 (:mod:`hooktrace.exporters.chrome`'s convention: forward spans on the thread's
-row, ``T backward`` lanes, ``T autograd (unattributed)``, a ``steps`` row).
+row, ``T backward`` lanes, ``T autograd (unattributed)``, a ``steps`` row, and with
+``trace(gpu=True)`` a ``GPU d stream s`` row per device and stream).
 When a rank's torch.profiler trace is given, that rank's part is the merge of
 :func:`hooktrace.merge.merge_traces` (its ops, collectives included, with the
 module spans), moved into the rank's process.
@@ -51,8 +52,9 @@ from hooktrace._kineto import open_binary, scan, us_to_ns
 from hooktrace._output import check_output_path, open_output
 from hooktrace.errors import HooktraceError
 from hooktrace.exporters._chrome_json import dumps, micros
-from hooktrace.exporters._layout import UNATTRIBUTED_CAT, TrackLayout
+from hooktrace.exporters._layout import UNATTRIBUTED_CAT, TrackLayout, gpu_slices
 from hooktrace.exporters._chrome_events import (
+    write_gpu_events,
     write_node_events,
     write_span_events,
     write_steps,
@@ -211,8 +213,14 @@ class ChromeRankWriter:
         step_track = write_steps(self._items, run, layout.next_tid, self.base_ns + off)
         if step_track is not None:
             tracks.append(step_track)
+        # device time (trace(gpu=True)): the one-rank export's "GPU d stream s" rows, in
+        # the rank's process, on rank 0's clock as everything else
+        gs = gpu_slices(run)
+        tracks += write_gpu_events(self._items, run, gs, layout.next_tid + 1,
+                                   self.base_ns + off)
         return {"spans": len(spans), "backward_spans": len(backward),
-                "unattributed_nodes": len(loose), "steps": len(run.steps()), "tracks": tracks}
+                "unattributed_nodes": len(loose), "steps": len(run.steps()),
+                "gpu_intervals": len(gs.rows), "tracks": tracks}
 
     def add_rank_with_profiler(self, index: int, f: RankFile, run: TraceData,
                                profiler: str) -> dict[str, Any]:

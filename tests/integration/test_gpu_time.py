@@ -363,3 +363,49 @@ def test_trainer_callbacks_take_the_gpu_options(host_timer: None) -> None:
     with pytest.raises(ValueError, match="gpu_every must be a positive integer"):
         TraceSession(None, chrome=None, backward=True, capacity=1 << 16, summary=False,
                      gpu=True, gpu_every=-1)
+
+
+def test_merge_ranks_draws_each_ranks_gpu_rows_on_rank_0s_clock(host_timer: None,
+                                                                 tmp_path: Path) -> None:
+    """``hooktrace merge-ranks`` of runs recorded with gpu=True: each rank's process has
+    the one-rank export's "GPU d stream s" rows, its intervals moved onto rank 0's clock
+    with the rest of the rank, and Perfetto's importer keeps every slice."""
+    import json
+
+    from perfetto_check import perfetto_check
+
+    from hooktrace.cli import main
+
+    offsets = {0: 0, 1: 3_000_000}  # rank 1's clock runs 3 ms ahead of rank 0's
+    want: dict[int, list[tuple[int, int]]] = {}
+    for rank in (0, 1):
+        data = _train(Sleepy(1, Sleepy(0)), 2, gpu=True)
+        data.info.update(rank=rank, world_size=2, clock_offset_ns=offsets[rank],
+                         clock_offset_uncertainty_ns=1000)
+        g = data.gpu_spans()
+        assert len(g) > 0
+        want[rank] = sorted((int(a) - offsets[rank], int(b) - offsets[rank])
+                            for a, b in zip(g.start_ns, g.end_ns))
+        (tmp_path / f"rank{rank}").mkdir()
+        data.save(tmp_path / f"rank{rank}" / "trace.htrace")
+    out = tmp_path / "all.json"
+    assert main(["merge-ranks", str(tmp_path), "-o", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    base = doc["baseTimeNanoseconds"]
+    rows = {(e["pid"], e["tid"]): e["args"]["name"] for e in doc["traceEvents"]
+            if e["ph"] == "M" and e["name"] == "thread_name"}
+    pids = {e["args"]["name"].split(" ·")[0]: e["pid"] for e in doc["traceEvents"]
+            if e["ph"] == "M" and e["name"] == "process_name"}
+    for rank in (0, 1):
+        pid = pids[f"rank {rank}"]
+        gpu = [e for e in doc["traceEvents"] if e.get("cat", "").startswith("hooktrace.gpu_")
+               and e["pid"] == pid]
+        assert {rows[(pid, e["tid"])] for e in gpu} <= {
+            n for (p, _), n in rows.items() if p == pid and n.startswith("GPU ")}
+        assert {e["cat"] for e in gpu} == {"hooktrace.gpu_forward", "hooktrace.gpu_backward"}
+        got = sorted((base + round(e["ts"] * 1000), base + round((e["ts"] + e["dur"]) * 1000))
+                     for e in gpu)
+        assert got == want[rank], rank
+    tracks = [t for t in doc["hooktrace"]["ranks"] if t.get("gpu_intervals")]
+    assert len(tracks) == 2
+    perfetto_check([out])
