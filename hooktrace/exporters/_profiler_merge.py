@@ -20,9 +20,10 @@ import numpy as np
 from hooktrace._kineto import BadValue, ProfilerTraceError
 from hooktrace._output import check_output_path, open_output
 from hooktrace._profiler_events import ProfilerEvents, check_base, collect, time_ns
-from hooktrace.exporters._layout import UNATTRIBUTED_CAT, TrackLayout, kernel_slices
+from hooktrace.exporters._layout import UNATTRIBUTED_CAT, TrackLayout, gpu_slices, kernel_slices
 from hooktrace.exporters._chrome_json import dumps, micros
 from hooktrace.exporters._chrome_events import (
+    write_gpu_events,
     write_kernel_events,
     write_node_events,
     write_memory_counters,
@@ -354,8 +355,12 @@ def write_spans(write: Callable[[bytes], Any], run: TraceData, place: _Placement
                                                   place.row[idx]), base_ns)
     tracks = place.layout.track_table()
     step_track = write_steps(write, run, place.layout.next_tid, base_ns, window)
+    # device time (trace(gpu=True)): hooktrace's "GPU d stream s" rows, per module call,
+    # beside the profiler's own per-kernel GPU rows
+    gpu_tracks = write_gpu_events(write, run, gpu_slices(run, window),
+                                  place.layout.next_tid + 1, base_ns)
     write_memory_counters(write, run, base_ns, window)
-    return tracks + ([step_track] if step_track is not None else [])
+    return tracks + ([step_track] if step_track is not None else []) + gpu_tracks
 
 
 # A top-level "ts" key and its number, in an event's JSON text.

@@ -354,3 +354,32 @@ def test_emit_profiler_names_ranges_by_qualified_name_under_the_root(tmp_path: P
              if e.get("cat") == "user_annotation"}
     assert {"Sequential", "Sequential.0", "Sequential.1", "Sequential.1.0"} <= names
     assert not {"0", "1", "1.0"} & names
+
+
+def test_device_time_rows_join_the_profilers_trace(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run recorded with gpu=True (here on the host-clock seam) merged with its
+    torch.profiler trace keeps hooktrace's "GPU d stream s" rows, one slice per timed
+    interval at its time, and Perfetto's importer keeps every slice."""
+    from perfetto_check import perfetto_check
+
+    monkeypatch.setenv("HOOKTRACE_GPU_TIMER", "host")
+    model = ConvNet()
+    x = torch.randn(2, 3, 8, 8)
+    with hooktrace.trace(model, gpu=True) as tr, torch.profiler.profile(activities=CPU) as prof:
+        loss_of(model(x)).backward()
+    path = tmp_path / "profiler.json"
+    prof.export_chrome_trace(str(path))
+    g = tr.result.gpu_spans()
+    assert len(g) > 0
+    out = tmp_path / "merged.json"
+    merge_traces(tr.result, path, out)
+    doc = load_json(out)
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in doc["traceEvents"]
+             if e.get("ph") == "M" and e["name"] == "thread_name"}
+    gpu = x_events(doc, lambda e: e.get("cat", "").startswith("hooktrace.gpu_"))
+    assert sorted((s, t) for s, t, _ in gpu) == sorted(
+        (int(a), int(b)) for a, b in zip(g.start_ns, g.end_ns))
+    assert {names[(e["pid"], e["tid"])].split(" (")[0] for _, _, e in gpu} == {"GPU 0 stream 0"}
+    assert any(t.get("kind") == "gpu" for t in doc["hooktrace"]["tracks"])
+    perfetto_check([out])
