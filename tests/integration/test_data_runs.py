@@ -418,3 +418,16 @@ def test_gpu_phases_of_the_straggler_tables_on_spark_and_duckdb(tmp_path: Path,
     register(spark, out)
     for report in (spark_summary(spark), analyze([out], engine="duckdb")):
         assert json.loads(report.to_json()) == pool
+
+
+def test_the_summary_benchmark_runs_and_finds_the_rows_equal() -> None:
+    """benchmarks/summary_export.py (RESULTS.md) on a short run: it checks both paths'
+    rows equal before it reports a time."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "summary_export.py"
+    r = subprocess.run([sys.executable, str(script), "--steps", "20", "--rounds", "1"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "rows equal" in r.stdout and "parquet (duckdb)" in r.stdout, r.stdout
