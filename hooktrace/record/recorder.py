@@ -231,7 +231,6 @@ class Recorder(StepMarks, FlightRecorder):
     # -- context manager ---------------------------------------------------
 
     def __enter__(self) -> Recorder:
-        global _process_recorder
         if self._state != "new":
             raise RuntimeError(f"a hooktrace.{type(self).__name__} can be entered only once; "
                                "make another")
@@ -243,6 +242,19 @@ class Recorder(StepMarks, FlightRecorder):
         scope = self._scope
         # All or nothing: a Ctrl-C is held off until recording fully started, then
         # aborts the entry like any exception, undoing every step taken.
+        try:
+            self._enter_deferred(session, scope)
+            return self
+        except KeyboardInterrupt:
+            # one that landed where the deferral does not hold (while it swaps the
+            # handler in or out): the entry is undone all the same
+            if self._state == "recording":
+                self._finish()
+            raise
+
+    def _enter_deferred(self, session: Any, scope: Any) -> None:
+        """The steps of __enter__, with Ctrl-C deferred (see there)."""
+        global _process_recorder
         with _SigintDeferred() as sigint:
             if isinstance(scope, ProcessScope):
                 with _process_lock:
@@ -288,7 +300,6 @@ class Recorder(StepMarks, FlightRecorder):
                         scope.detach(self._call or _NoCall(), session)
                     self._release_process_slot()
                 raise
-        return self
 
     def __exit__(
         self,
@@ -296,8 +307,10 @@ class Recorder(StepMarks, FlightRecorder):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._dump_on_exception(exc)
-        self._finish()
+        try:
+            self._dump_on_exception(exc)
+        finally:
+            self._finish()
 
     def _release_process_slot(self) -> None:
         global _process_recorder
@@ -383,6 +396,20 @@ class Recorder(StepMarks, FlightRecorder):
                     break
         return errors
 
+    def _teardown_deferred(self) -> list[BaseException]:
+        """:meth:`_teardown` with Ctrl-C deferred. A Ctrl-C can still land while the
+        deferral swaps the handler in (then nothing was undone yet) or out (then all
+        was): the teardown, idempotent, is run again, and the Ctrl-C is among what it
+        returns, raised by _finish once the model is clean."""
+        interrupts: list[BaseException] = []
+        for _ in range(3):
+            try:
+                with _SigintDeferred():
+                    return interrupts + self._teardown()
+            except KeyboardInterrupt as e:
+                interrupts.append(e)
+        return interrupts + self._teardown()  # (each step is retried once if interrupted)
+
     def _release_call(self) -> None:
         dispatch.release(self)  # idempotent
 
@@ -393,8 +420,7 @@ class Recorder(StepMarks, FlightRecorder):
         self._state = "done"
         errors: list[BaseException] = []
         try:
-            with _SigintDeferred():
-                errors = self._teardown()
+            errors = self._teardown_deferred()
         finally:
             if self._writer is not None:
                 with _SigintDeferred():
