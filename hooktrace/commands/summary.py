@@ -73,10 +73,9 @@ def run(args: argparse.Namespace) -> None:
     if len(args.run) == 1 and is_aggregate_dir(args.run[0]):  # aggregate=DIR (issue #31)
         print(aggregate_summary(args.run[0], args.top))
         return
-    if len(args.run) == 1 and _one_run_export(args.run[0]):  # hooktrace export's Parquet
-        _run_export(args)
-        return
-    if len(args.run) > 1 or os.path.isdir(args.run[0]) or rank_files_of(args.run[0]):
+    export = len(args.run) == 1 and _one_run_export(args.run[0])  # hooktrace export's Parquet
+    if not export and (len(args.run) > 1 or os.path.isdir(args.run[0])
+                       or rank_files_of(args.run[0])):
         _run_ranks(args)
         return
     if args.threshold is not None or args.min_excess_ms is not None or args.workers is not None:
@@ -92,7 +91,18 @@ def run(args: argparse.Namespace) -> None:
     table: Summary | Attribution | StepTable | ShapeTable
     if sum(bool(x) for x in (args.steps, args.profiler is not None, args.by_shape)) > 1:
         raise CliError("--steps, --profiler and --by-shape are separate tables: give one of them")
-    if args.by_shape:
+    if export:  # the per-module table of a one-run export (hooktrace.data.summary)
+        from hooktrace.data.summary import summary_of_export
+
+        left_out = [flag for flag, on in (
+            ("--steps", args.steps), ("--by-shape", args.by_shape),
+            ("--profiler", args.profiler is not None), ("--flops", args.flops),
+            ("--memory", args.memory), ("--numerics", args.numerics)) if on]
+        if left_out:
+            raise CliError(f"{args.run}: {', '.join(left_out)} read the .htrace file; a "
+                           "Parquet export holds those values as tables: hooktrace query")
+        table = summary_of_export(args.run)
+    elif args.by_shape:
         from hooktrace.shapes import ShapeTable as Shapes
 
         table = Shapes.from_trace(load(args.run))
@@ -159,29 +169,6 @@ def _one_run_export(path: str) -> bool:
     if not is_export(path):
         return False
     return os.path.isfile(path) or runs_in_export(path) <= 1
-
-
-def _run_export(args: argparse.Namespace) -> None:
-    """The per-module table of a one-run Parquet export (hooktrace.data.summary)."""
-    from hooktrace.data.summary import summary_of_export
-    from hooktrace.text import terminal_width
-
-    left_out = [flag for flag, on in (("--steps", args.steps), ("--by-shape", args.by_shape),
-                                      ("--profiler", args.profiler is not None),
-                                      ("--flops", args.flops), ("--memory", args.memory),
-                                      ("--numerics", args.numerics)) if on]
-    if left_out:
-        raise CliError(f"{args.run[0]}: {', '.join(left_out)} read the .htrace file; a Parquet "
-                       "export holds those values as tables: hooktrace query")
-    if args.top is not None and args.top < 1:
-        raise CliError(f"--top must be at least 1, got {args.top}")
-    table = summary_of_export(args.run[0])
-    if args.csv:
-        sys.stdout.write(table.to_csv(top=args.top))
-    elif args.json:
-        print(table.to_json(top=args.top))
-    else:
-        print(table.to_text(top=args.top, wide=args.wide, width=terminal_width()))
 
 
 def _run_ranks(args: argparse.Namespace) -> None:

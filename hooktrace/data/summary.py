@@ -83,11 +83,15 @@ def runs_in_export(path: str | os.PathLike[str]) -> int:
     or its spans' distinct ranks and windows when the export left that table out."""
     con = connect(path)
     try:
-        n = con.execute("SELECT count(*) FROM runs").fetchone()
-        if not n or not n[0]:
-            n = con.execute('SELECT count(DISTINCT (rank, "window")) FROM spans').fetchone()
+        return _runs(con)
     finally:
         con.close()
+
+
+def _runs(con: Any) -> int:
+    n = con.execute("SELECT count(*) FROM runs").fetchone()
+    if not n or not n[0]:
+        n = con.execute('SELECT count(DISTINCT (rank, "window")) FROM spans').fetchone()
     return int(n[0]) if n else 0
 
 
@@ -99,13 +103,13 @@ def summary_of_export(path: str | os.PathLike[str]) -> Summary:
     if "spans" not in src.parquet:
         raise QueryError(f"{name}: a Parquet export without the spans table: export the run "
                          "again with its spans (hooktrace export RUN -o DIR/)")
-    n_runs = runs_in_export(name)
-    if n_runs > 1:
-        raise QueryError(f"{name}: a Parquet export of {n_runs} runs (ranks or windows): the "
-                         "per-module table is one run's; hooktrace summary DIR gives the "
-                         "ranks' tables")
     con = connect(name)
     try:
+        n_runs = _runs(con)
+        if n_runs > 1:
+            raise QueryError(f"{name}: a Parquet export of {n_runs} runs (ranks or windows): "
+                             "the per-module table is one run's; hooktrace summary DIR gives "
+                             "the ranks' tables")
         groups = _fetch(con, _GROUPS_SQL)
         steps = _fetch(con, _STEPS_SQL)
         per_step = _fetch(con, _PER_STEP_SQL)

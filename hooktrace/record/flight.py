@@ -203,10 +203,10 @@ def check_dump_on(dump_on: object) -> frozenset[str]:
 class FlightRecorder:
     """The flight recorder of a recording (``hooktrace.trace`` and ``global_trace``):
     ``dump_on=``, ``dump()``. The class using it has ``_state``, ``_step``,
-    ``_session``, ``_writer`` (the stream writer, None unless streaming) and ``snapshot()``, checks its arguments with
-    :meth:`_init_flight_recorder` (with options checked by ``RecordOptions``), calls
-    :meth:`_start_flight_recorder` once recording and :meth:`_stop_flight_recorder`
-    (idempotent) in its teardown."""
+    ``_session``, ``_writer`` (the stream writer, None unless streaming) and
+    ``snapshot()``, checks its arguments with :meth:`_init_flight_recorder` (with options
+    checked by ``RecordOptions``), calls :meth:`_start_flight_recorder` once recording and
+    :meth:`_stop_flight_recorder` (idempotent) in its teardown."""
 
     _state: str
     _step: int
