@@ -70,7 +70,12 @@ def _aggregate_glob(directory: str) -> str | None:
 
 def _table_of(parquet_file: str) -> str:
     pq = require("pyarrow.parquet")
-    meta = pq.read_schema(parquet_file).metadata or {}
+    pa_ = require("pyarrow")
+    try:
+        meta = pq.read_schema(parquet_file).metadata or {}
+    except (pa_.ArrowException, OSError) as e:  # not Parquet, empty, cut short, unreadable
+        raise QueryError(f"{parquet_file}: not a readable Parquet file "
+                         f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
     name = meta.get(b"hooktrace.table", b"spans").decode()
     return name if name in TABLES else "spans"
 

@@ -370,6 +370,23 @@ def test_export_refusals(rank_dir: Path, tmp_path: Path, capsys: pytest.CaptureF
     assert pq.read_table(tmp_path / "steps.parquet").num_rows == 50
 
 
+def test_a_file_that_is_not_parquet_is_one_line(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """A .parquet that is text, or empty, given to query or summary (alone, or inside a
+    directory): hooktrace's one line naming the file, not pyarrow's traceback."""
+    (tmp_path / "text.parquet").write_text("not parquet")
+    (tmp_path / "dir" / "rank=0").mkdir(parents=True)
+    (tmp_path / "dir" / "rank=0" / "part.parquet").write_bytes(b"")
+    for path, name in ((tmp_path / "text.parquet", "text.parquet"),
+                       (tmp_path / "dir", "part.parquet")):
+        for argv in (["query", str(path), "SELECT count(*) FROM spans"], ["summary", str(path)]):
+            capsys.readouterr()
+            assert main(argv) == 1, argv
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and name in err[0] and "not a readable Parquet file" in err[0], (
+                argv, err)
+
+
 def test_single_run_verbs_import_no_data_packages(rank_dir: Path, tmp_path: Path) -> None:
     one = str(rank_dir / "run.rank0.htrace")
     code = ("import json, sys\nfrom hooktrace.cli import main\n"
