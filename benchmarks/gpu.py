@@ -283,7 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         args.rounds, args.steps = 1, 2
     if args.device.startswith("cuda"):
-        torch.cuda.set_device(torch.device(args.device))
+        device = torch.device(args.device)
+        if device.index is not None:  # ("cuda" alone: the current device; set_device refuses it)
+            torch.cuda.set_device(device)
         print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
     else:
         print(f"device: cpu (hooktrace's host-clock timer)  torch {torch.__version__}")

@@ -178,8 +178,11 @@ void fused_failed() {
 bool reduce_fused(const at::Tensor& t, Part* p) {
   if (!fused_takes(t)) return false;
   c10::AutoGradMode no_grad(false);
-  // any order of a dense range will do: the statistics do not depend on it
-  const at::Tensor x = t.is_non_overlapping_and_dense() ? t : t.reshape({-1});
+  // any order of a dense range will do: the statistics do not depend on it. Else a
+  // copy: contiguous(), not reshape(-1), which returns a strided view where it can
+  // (x[:, ::2] is one with stride 2) and the kernel would read the skipped elements
+  // (found on an H200: a NaN of a column the slice leaves out).
+  const at::Tensor x = t.is_non_overlapping_and_dense() ? t : t.contiguous();
   auto [chunk, row] = take_row(x);
   if (!Py_IsInitialized()) return false;
   const c10::OptionalDeviceGuard device(x.device());  // (Triton launches on the current one)

@@ -22,7 +22,7 @@ path for the rest of the process and says why in ``info["numerics"]``.
 tensors: tests register it with ``cpu=True`` to check it against a Python reference.
 Input: a float32, bfloat16 or float16 tensor whose elements fill one dense range of
 memory (contiguous, or any permutation of a contiguous tensor: the statistics do not
-depend on the order); the core copies other layouts (``reshape(-1)``) first.
+depend on the order); the core copies other layouts (``contiguous()``) first.
 """
 
 from __future__ import annotations

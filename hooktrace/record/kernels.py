@@ -370,12 +370,30 @@ def _key_caches() -> None:
     try:
         mark = _mark_pass_type()
         current = inductor_config.post_grad_custom_post_pass
+        if current is None:
+            new: Any = mark
+        elif _lists_of_passes():
+            passes = tuple(current) if isinstance(current, (list, tuple)) else (current,)
+            new = [*passes, mark]
+        else:  # the user's own pass, and a torch that takes one pass only: left alone
+            _bypass_caches()
+            return
         _saved_config.append((inductor_config, "post_grad_custom_post_pass", current))
-        passes = (tuple(current) if isinstance(current, (list, tuple))
-                  else () if current is None else (current,))
-        inductor_config.post_grad_custom_post_pass = [*passes, mark]
+        inductor_config.post_grad_custom_post_pass = new
     except Exception:  # no custom passes here: marked code must not be cached
         _bypass_caches()
+
+
+def _lists_of_passes() -> bool:
+    """Whether this torch's Inductor takes a list in ``post_grad_custom_post_pass``
+    (``custom_graph_pass.get_custom_graph_passes``, torch 2.12 or so); older ones call
+    the setting itself, and a list there fails every compile ("'list' object is not
+    callable", seen with torch 2.11 on an H200)."""
+    try:
+        from torch._inductor import custom_graph_pass
+    except Exception:  # pragma: no cover - present wherever CustomGraphPass is
+        return False
+    return hasattr(custom_graph_pass, "get_custom_graph_passes")
 
 
 def _bypass_caches() -> None:

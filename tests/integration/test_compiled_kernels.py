@@ -478,3 +478,68 @@ def test_diff_says_fused_in_b_not_only_in_a(embedder_runs) -> None:
     assert {"module": "ln", "phase": "forward"} in doc["fused_b"] and doc["only_a"] == []
     back = compare(compiled, eager)
     assert {m for m, _ in back.fused_a} == set(FUSED) and "fused in A" in back.to_text()
+
+
+@pytest.fixture
+def inductor_of_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An Inductor as before torch 2.12: ``post_grad_custom_post_pass`` is one pass,
+    called as it is (no ``get_custom_graph_passes``): a list there is not callable."""
+    from torch._inductor.fx_passes import post_grad
+
+    import hooktrace.record.kernels as kernels
+
+    if not hasattr(post_grad, "get_custom_graph_passes"):
+        return  # this torch is such an Inductor already
+    # (other Inductor modules import get_custom_graph_passes lazily: it stays, and
+    # hooktrace's probe of it answers as on such a torch)
+    monkeypatch.setattr(kernels, "_lists_of_passes", lambda: False)
+    monkeypatch.setattr(post_grad, "get_custom_graph_passes",
+                        lambda p: [] if p is None else [p])
+
+
+def test_marking_works_with_an_inductor_that_takes_one_pass(inductor_of_one_pass: None) -> None:
+    """torch 2.11 (an H200's) failed every compile under a trace: the mark pass was put
+    into a list ("'list' object is not callable"). Alone, it is set as the one pass; the
+    kernels are marked and the setting is restored after."""
+    import torch._inductor.config as inductor_config
+
+    fn, net = _compiled("blocks")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with hooktrace.trace(net) as tr:
+            _train(fn, net, steps=1)
+    assert len(Kernels.from_trace(tr.result)) > 0
+    assert inductor_config.post_grad_custom_post_pass is None
+
+
+def test_a_users_own_pass_is_kept_where_inductor_takes_one_pass(
+        inductor_of_one_pass: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the user's own pass set and an Inductor that takes one pass, hooktrace does
+    not replace it: the user's pass runs, marked code bypasses the compile caches, and
+    everything is as it was after."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+
+    class Counting(CustomGraphPass):  # type: ignore[misc]
+        calls = 0
+
+        def __call__(self, graph: Any) -> None:
+            Counting.calls += 1
+
+        def uuid(self) -> Any:
+            return "hooktrace-test-counting"
+
+    mine = Counting()
+    monkeypatch.setattr(inductor_config, "post_grad_custom_post_pass", mine)
+    cache_before = inductor_config.fx_graph_cache
+    fn, net = _compiled("blocks")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with hooktrace.trace(net) as tr:
+            _train(fn, net, steps=1)
+    assert len(Kernels.from_trace(tr.result)) > 0
+    assert Counting.calls > 0
+    assert inductor_config.post_grad_custom_post_pass is mine
+    assert inductor_config.fx_graph_cache == cache_before
+    assert functorch_config.enable_autograd_cache is not None
