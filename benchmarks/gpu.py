@@ -17,11 +17,14 @@ Printed, as tables:
 2. per module and phase, hooktrace's GPU self time (``gpu_spans()``) against the kernel
    time torch.profiler attributes to the same module (``hooktrace summary --profiler``,
    hooktrace/attribution.py), both recorded in the same steps;
-3. the device-to-host clock alignment's bound (``info["gpu"]["align_error_ns"]``);
+3. the device-to-host clock alignment, measured (marks of a call bracketed by host
+   readings around a sync) against its stated bound (``info["gpu"]["align_error_ns"]``);
 4. pass/fail against #28's targets: cost (124M: gpu <= 3 %, gpu_every=10 <= 1 %; small:
-   <= 10 %, <= 2 %), accuracy (sum of gpu_self within 5 % of the profiler's kernel time
-   in the modules; the ten largest modules each within 10 %), and no hidden sync
-   (``torch.cuda.set_sync_debug_mode("error")`` raises nothing in a timed step).
+   <= 10 %, <= 2 %), accuracy on the GPU-bound 124M (sum of gpu_self within 5 % of the
+   profiler's kernel time in the modules; the ten largest modules each within 10 %;
+   shown, not judged, on the launch-bound model, whose event intervals hold the device's
+   idle time), and no hidden sync (a timed step queued behind 300 ms of GPU work
+   returns at once; ``torch.cuda.set_sync_debug_mode("error")`` raises nothing).
 
     python benchmarks/gpu.py                       # on a CUDA machine (<= 5 min on an H100)
     python benchmarks/gpu.py --device cpu --dry-run   # smoke test of this script (CPU,
@@ -197,7 +200,25 @@ def accuracy(m: Model, steps: int) -> tuple[list[tuple[str, str, int, int]], Any
     return rows, run, "kernel" if table.has_gpu else "CPU op (dry run: no kernels)"
 
 
+def _sleep_cycles(ms: float) -> int:
+    """torch.cuda._sleep cycles for about ``ms`` of GPU time, on the host clock (a long
+    sleep between two synchronizes): known work that does not depend on CUDA events."""
+    n = 50_000_000
+    best = float("inf")
+    for _ in range(3):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        torch.cuda._sleep(n)
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t)
+    return int(n / (best * 1e3) * ms)
+
+
 def no_hidden_sync(m: Model) -> str:
+    """A timed step queued behind 300 ms of GPU work must return long before that work
+    is done: a step mark that waited for the device (an event synchronize, which
+    set_sync_debug_mode does not see) would take the 300 ms. Also asks
+    set_sync_debug_mode("error") of a timed step (stream and device syncs)."""
     if not next(m.model.parameters()).is_cuda:
         return "n/a (CPU)"
     m.step()
@@ -210,16 +231,66 @@ def no_hidden_sync(m: Model) -> str:
     finally:
         torch.cuda.set_sync_debug_mode("default")
     m.sync()
-    with hooktrace.trace(m.model, gpu=True):
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            m.step()
-        except RuntimeError as e:
-            return f"FAIL: {str(e).splitlines()[0]}"
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        m.sync()
-    return "pass"
+    queued = _sleep_cycles(300)
+    host_ms = {}
+    for label, ctx in (("untraced", contextlib.nullcontext()),
+                       ("gpu=True", hooktrace.trace(m.model, gpu=True))):
+        with ctx:
+            m.step()  # (pools made, first resolution)
+            m.sync()
+            torch.cuda._sleep(queued)
+            t = time.perf_counter()
+            m.step()  # its step mark resolves only what the device has done
+            host_ms[label] = (time.perf_counter() - t) * 1e3
+            m.sync()
+            if label == "gpu=True":
+                torch.cuda.set_sync_debug_mode("error")
+                try:
+                    m.step()
+                except RuntimeError as e:
+                    return f"FAIL: {str(e).splitlines()[0]}"
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+                m.sync()
+    verdict = "pass" if host_ms["gpu=True"] < 150 else "FAIL"
+    return (f"{verdict}: a step behind 300 ms of queued GPU work returned in "
+            f"{host_ms['gpu=True']:.1f} ms (untraced {host_ms['untraced']:.1f} ms)")
+
+
+def alignment(m: Model) -> tuple[int, int]:
+    """The measured alignment error: a leaf module called between two synchronizes
+    has its marks' device times inside the host bracket [before the call, after the
+    sync]; returns (the worst distance outside a bracket, the bound hooktrace states),
+    in ns, over 20 brackets spread over a few steps."""
+    import numpy as np
+
+    from hooktrace._events import GPU_MARK, GPU_TIME
+
+    leaf = next(mod for mod in m.model.modules() if isinstance(mod, nn.LayerNorm))
+    x = torch.randn(8, leaf.normalized_shape[0], device=next(m.model.parameters()).device)
+    brackets = []
+    with hooktrace.trace(m.model, gpu=True) as tr:
+        for i in range(20):
+            if i % 5 == 0:
+                m.step()
+            m.sync()
+            h0 = time.time_ns()
+            leaf(x)
+            m.sync()
+            brackets.append((h0, time.time_ns()))
+    run = tr.result
+    ev = run.events
+    marks = np.flatnonzero(ev["kind"] == GPU_MARK)
+    dev = {int(ev["id"][i]): int(ev["seq"][i].view(np.int64))
+           for i in np.flatnonzero(ev["kind"] == GPU_TIME)}
+    host = run.clock.to_unix_ns(ev["t"][marks])
+    worst = 0
+    for h, mid in zip(host.tolist(), ev["rf_tid"][marks].tolist()):
+        for h0, h1 in brackets:
+            if h0 <= h <= h1 and int(mid) in dev:
+                d = dev[int(mid)]
+                worst = max(worst, h0 - d, d - h1)
+    return worst, int(run.info["gpu"]["align_error_ns"])
 
 
 def ms(ns: float) -> str:
@@ -253,16 +324,28 @@ def report(m: Model, rounds: int, steps: int, verdicts: list[tuple[str, bool | N
     diff = (total_ours - total_theirs) / total_theirs if total_theirs else float("nan")
     print(f"{'all modules':45} {ms(total_ours)} {ms(total_theirs)} {diff * 100:6.1f}%")
     gpu = run.info.get("gpu", {})
-    print(f"\nclock alignment (device to host): within {gpu.get('align_error_ns', '?')} ns "
-          f"(timer {gpu.get('timer')}, dropped {gpu.get('dropped')}, skipped while "
-          f"capturing {gpu.get('skipped_capturing')})")
     is_gpu = what == "kernel"
-    verdicts.append((f"{m.name}: sum of gpu_self within 5% of the profiler's ({diff * 100:.1f}%)",
-                     abs(diff) <= 0.05 if is_gpu else None))
+    worst_ns, bound = alignment(m) if is_gpu else (0, 0)
+    print(f"\nclock alignment (device to host), measured: marks of calls bracketed by "
+          f"host readings around a sync lie at most {worst_ns} ns outside their bracket "
+          f"(stated bound {bound} ns; timer {gpu.get('timer')}, dropped "
+          f"{gpu.get('dropped')}, failed {gpu.get('failed')}, realigned "
+          f"{gpu.get('realigned')}, largest correction "
+          f"{gpu.get('max_realign_correction_ns')} ns)")
+    if is_gpu:
+        verdicts.append((f"{m.name}: measured alignment error {worst_ns} ns within the "
+                         f"stated bound + 20 us ({bound} ns)", worst_ns <= bound + 20_000))
+    # Accuracy is judged on a GPU-bound model only: on a launch-bound one the device
+    # idles between kernels, and an event interval holds that idle time too, which
+    # the profiler's kernel time does not (the verdict would fail by construction).
+    judged = is_gpu and m.name == "gpt2-124m"
+    note = "" if judged else " (launch-bound: shown, not judged)" if is_gpu else ""
+    verdicts.append((f"{m.name}: sum of gpu_self within 5% of the profiler's "
+                     f"({diff * 100:.1f}%){note}", abs(diff) <= 0.05 if judged else None))
     top = [r for r in rows if r[3] > 0][:10]
     worst = max((abs(r[2] - r[3]) / r[3] for r in top), default=float("nan"))
     verdicts.append((f"{m.name}: ten largest modules each within 10% (worst "
-                     f"{worst * 100:.1f}%)", worst <= 0.10 if is_gpu else None))
+                     f"{worst * 100:.1f}%){note}", worst <= 0.10 if judged else None))
     sync = no_hidden_sync(m)
     verdicts.append((f"{m.name}: no hidden sync in a timed step ({sync})",
                      None if not is_gpu or sync.startswith("n/a") else sync == "pass"))

@@ -221,7 +221,9 @@ PYBIND11_MODULE(_C, m) {
         "Tests: leaf tensors holding a numerics gradient hook (numerics.h).");
   // --- device time (gpu_time.h) ---
   m.def("gpu_start", &hooktrace::gpu_start, py::arg("session"), py::arg("timer"),
-        py::arg("pool_events"), "Create the session's timer ('cuda', or 'host' for tests).");
+        py::arg("pool_events"),
+        "Create the session's timer: a device type ('cuda', 'xpu', 'privateuseone'), or "
+        "'host' (tests).");
   m.def("gpu_resolve",
         [](std::shared_ptr<Session> s, bool wait) { return hooktrace::gpu_resolve(s.get(), wait); },
         py::arg("session"), py::arg("wait") = false,
@@ -236,6 +238,15 @@ PYBIND11_MODULE(_C, m) {
     d["pending"] = st.pending;
     d["resolved"] = st.resolved;
     d["pool"] = st.pool;
+    d["failed"] = st.failed;
+    py::list devices;
+    for (int i = 0; i < 32; ++i)
+      if (st.devices >> i & 1) devices.append(i);
+    d["devices"] = devices;
+    d["queries"] = st.queries;
+    d["realigned"] = st.realigned;
+    d["max_realign_correction_ns"] = st.max_realign_correction_ns;
+    d["opportunistic"] = st.opportunistic;
     return d;
   }, py::arg("session"));
   m.def("gpu_set_capturing", &hooktrace::gpu_set_capturing, py::arg("on"),

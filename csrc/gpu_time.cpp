@@ -11,6 +11,7 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -31,20 +32,42 @@ int64_t host_unix_ns() {
       .count();
 }
 
+// Whether a stream is being captured into a graph, where this torch's guard can tell
+// (DeviceGuardImplInterface::isStreamCapturing, torch 2.6 or so); else false.
+template <typename G>
+bool stream_capturing(const G& impl, const c10::Stream& stream) {
+  if constexpr (requires { impl.isStreamCapturing(stream); }) {
+    return impl.isStreamCapturing(stream);
+  } else {
+    return false;
+  }
+}
+
+constexpr int kMaxDevices = 64;
+
 // --- the timer backends (the seam) ------------------------------------------------
 
+// Slot k of the ring: one timing event per device that used it. Times are host Unix
+// ns: a device's reference event has a known host time, and an event's time is the
+// reference's plus the device time elapsed between them.
 class TimerBackend {
  public:
   virtual ~TimerBackend() = default;
   virtual const char* name() const = 0;
-  // Aligns the clocks: returns the reference's host time (Unix ns) and its bound.
-  virtual int64_t start(int64_t* error_ns) = 0;
-  // Hot path: records slot k's event on the current stream; false when it failed.
-  virtual bool record(uint64_t k, int16_t* device, int64_t* stream) noexcept = 0;
-  virtual bool done(uint64_t k) = 0;  // completed on the device (no wait)
-  virtual void wait(uint64_t k) = 0;
-  virtual int64_t since_reference_ns(uint64_t k) = 0;  // k's time minus the reference's
-  virtual void make_reference(uint64_t k) = 0;         // k's event is the reference now
+  // Hot path: records slot k's event on the current stream of the current device.
+  // Returns 1 when recorded, 0 when it failed, -1 when that stream is being captured.
+  virtual int record(uint64_t k, int16_t* device, int64_t* stream) noexcept = 0;
+  virtual bool done(uint64_t k, int16_t device) = 0;  // completed (no wait); may throw
+  virtual void wait(uint64_t k, int16_t device) = 0;  // may throw
+  virtual int64_t time_ns(uint64_t k, int16_t device) = 0;  // may throw
+  // k's event (resolved: its time t) is the device's reference from now on.
+  virtual void make_reference(uint64_t k, int16_t device, int64_t t) = 0;
+  // Re-aligns a device whose stream is idle: a new reference bracketed by host
+  // readings, without a wait. Returns whether it did; *correction_ns: the new host
+  // time less the one the old reference gave.
+  virtual bool realign(int16_t device, int64_t* correction_ns) { return false; }
+  virtual int64_t align_error_ns() const = 0;
+  virtual uint32_t devices() const = 0;  // bit d: device d has a pool
 };
 
 // Events are host timestamps: everything but the device calls, on any machine.
@@ -52,79 +75,185 @@ class HostBackend final : public TimerBackend {
  public:
   explicit HostBackend(uint64_t n) : t_(n, 0) {}
   const char* name() const override { return "host"; }
-  int64_t start(int64_t* error_ns) override {
-    *error_ns = 0;
-    return reference_ = host_unix_ns();
-  }
-  bool record(uint64_t k, int16_t* device, int64_t* stream) noexcept override {
+  int record(uint64_t k, int16_t* device, int64_t* stream) noexcept override {
     t_[k] = host_unix_ns();
     *device = 0;
     *stream = 0;
-    return true;
+    return 1;
   }
-  bool done(uint64_t) override { return true; }
-  void wait(uint64_t) override {}
-  int64_t since_reference_ns(uint64_t k) override { return t_[k] - reference_; }
-  void make_reference(uint64_t k) override { reference_ = t_[k]; }
+  bool done(uint64_t, int16_t) override { return true; }
+  void wait(uint64_t, int16_t) override {}
+  int64_t time_ns(uint64_t k, int16_t) override { return t_[k]; }
+  void make_reference(uint64_t, int16_t, int64_t) override {}
+  int64_t align_error_ns() const override { return 0; }
+  uint32_t devices() const override { return 1; }
 
  private:
   std::vector<int64_t> t_;
-  int64_t reference_ = 0;
 };
 
-// c10::Event with timing on, on the current stream of the current CUDA device. The
-// pool holds n + 1 events: slot k uses events_[which_[k]], the reference the spare
-// one; make_reference swaps the two indexes (the events themselves never move).
+// Device events through c10's device-generic guard (CUDA, ROCm's HIP-as-CUDA, XPU, a
+// PrivateUse1 backend): raw events of DeviceGuardImplInterface, timing on
+// (EventFlag::BACKEND_DEFAULT), recorded on the current stream of the current device.
+// One pool per device, made at the first mark on that device (issue #36: a trace
+// started before torch.cuda.set_device(local_rank) timed nothing on ranks but 0, and
+// opened a context on device 0): n + 2 events, slot k's is events[which[k]], plus
+// the reference and a spare for the re-alignment probe (swapped by index: events
+// never move). Each pool is aligned when made: its stream synchronized once, a
+// reference event recorded between two host readings.
 class DeviceBackend final : public TimerBackend {
  public:
-  explicit DeviceBackend(uint64_t n) : impl_(c10::DeviceType::CUDA), which_(n) {
-    if (impl_.deviceCount() <= 0) throw std::runtime_error("no CUDA device");
-    events_.reserve(n + 1);
-    for (uint64_t i = 0; i <= n; ++i) {
-      events_.emplace_back(c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT);
-      if (i < n) which_[i] = i;
+  DeviceBackend(uint64_t n, c10::DeviceType type, std::string name)
+      : impl_(type), type_(type), name_(std::move(name)), n_(n) {
+    if (impl_.deviceCount() <= 0) throw std::runtime_error("no " + name_ + " device");
+    for (auto& p : pools_) p.store(nullptr, std::memory_order_relaxed);
+  }
+  ~DeviceBackend() override {
+    for (auto& slot : pools_) {
+      Pool* p = slot.load(std::memory_order_acquire);
+      if (!p) continue;
+      for (void* e : p->events)
+        if (e) impl_.destroyEvent(e, p->index);
+      delete p;
     }
-    reference_ = n;
   }
-  const char* name() const override { return "cuda"; }
-  int64_t start(int64_t* error_ns) override {
-    const c10::Device device = impl_.getDevice();
-    const c10::Stream stream = impl_.getStream(device);
-    // Create every event now (c10::Event creates its backend event on first
-    // record): the hot path then never creates one.
-    for (auto& e : events_) e.record(stream);
-    stream.synchronize();  // the one sync at the start: the stream is idle now
-    const int64_t before = host_unix_ns();
-    events_[reference_].record(stream);
-    events_[reference_].synchronize();
-    const int64_t after = host_unix_ns();
-    *error_ns = (after - before + 1) / 2;
-    return before + (after - before) / 2;
-  }
-  bool record(uint64_t k, int16_t* device, int64_t* stream) noexcept override {
+  const char* name() const override { return name_.c_str(); }
+
+  int record(uint64_t k, int16_t* device, int64_t* stream) noexcept override {
     try {
       const c10::Device d = impl_.getDevice();
+      const int idx = d.index();
+      if (C10_UNLIKELY(idx < 0 || idx >= kMaxDevices)) return 0;
       const c10::Stream s = impl_.getStream(d);
-      events_[which_[k]].record(s);
-      *device = d.index();
+      // an event recorded into a graph would be recorded again by every replay
+      if (C10_UNLIKELY(stream_capturing(impl_, s))) return -1;
+      Pool* p = pools_[idx].load(std::memory_order_acquire);
+      if (C10_UNLIKELY(!p)) p = make_pool(d, s);
+      if (C10_UNLIKELY(!p)) return 0;
+      impl_.record(&p->events[p->which[k]], s, d.index(), c10::EventFlag::BACKEND_DEFAULT);
+      *device = static_cast<int16_t>(idx);
       *stream = s.id();
-      return true;
-    } catch (...) {  // (another device than the pool's events: not timed, counted)
-      return false;
+      return 1;
+    } catch (...) {
+      return 0;
     }
   }
-  bool done(uint64_t k) override { return events_[which_[k]].query(); }
-  void wait(uint64_t k) override { events_[which_[k]].synchronize(); }
-  int64_t since_reference_ns(uint64_t k) override {
-    return std::llround(events_[reference_].elapsedTime(events_[which_[k]]) * 1e6);
+  bool done(uint64_t k, int16_t device) override {
+    Pool* p = pool(device);
+    return impl_.queryEvent(p->events[p->which[k]]);
   }
-  void make_reference(uint64_t k) override { std::swap(reference_, which_[k]); }
+  void wait(uint64_t k, int16_t device) override {
+    Pool* p = pool(device);
+    impl_.synchronizeEvent(p->events[p->which[k]]);
+  }
+  int64_t time_ns(uint64_t k, int16_t device) override {
+    Pool* p = pool(device);
+    const double ms = impl_.elapsedTime(p->events[p->reference], p->events[p->which[k]],
+                                        p->index);
+    return p->reference_ns + std::llround(ms * 1e6);
+  }
+  void make_reference(uint64_t k, int16_t device, int64_t t) override {
+    Pool* p = pool(device);
+    std::swap(p->reference, p->which[k]);
+    p->reference_ns = t;
+  }
+  bool realign(int16_t device, int64_t* correction_ns) override {
+    Pool* p = pool(device);
+    const c10::Device d(type_, p->index);
+    const c10::Stream s = impl_.getStream(d);
+    if (stream_capturing(impl_, s)) return false;
+    void*& probe = p->events[p->probe];
+    const int64_t before = host_unix_ns();
+    impl_.record(&probe, s, p->index, c10::EventFlag::BACKEND_DEFAULT);
+    bool ok = false;
+    int64_t after = before;
+    // an idle stream completes it within microseconds: a few queries, never a wait
+    for (int i = 0; i < 4 && !ok; ++i) {
+      ok = impl_.queryEvent(probe);
+      after = host_unix_ns();
+    }
+    if (!ok || after - before > kRealignBracketNs) return false;
+    const int64_t host = before + (after - before) / 2;
+    const double ms = impl_.elapsedTime(p->events[p->reference], probe, p->index);
+    *correction_ns = host - (p->reference_ns + std::llround(ms * 1e6));
+    std::swap(p->reference, p->probe);
+    p->reference_ns = host;
+    p->error_ns = (after - before + 1) / 2;
+    return true;
+  }
+  int64_t align_error_ns() const override {
+    int64_t worst = 0;
+    for (const auto& slot : pools_)
+      if (Pool* p = slot.load(std::memory_order_acquire)) worst = std::max(worst, p->error_ns);
+    return worst;
+  }
+  uint32_t devices() const override {
+    uint32_t bits = 0;
+    for (int i = 0; i < 32; ++i)
+      if (pools_[i].load(std::memory_order_acquire)) bits |= 1u << i;
+    return bits;
+  }
+
+  // A re-alignment counts only when its bracket is this narrow.
+  static constexpr int64_t kRealignBracketNs = 50'000;
 
  private:
+  struct Pool {
+    c10::DeviceIndex index = 0;
+    std::vector<void*> events;    // n + 2, created by their first record
+    std::vector<uint32_t> which;  // slot k -> events index
+    uint32_t reference = 0;
+    uint32_t probe = 0;
+    int64_t reference_ns = 0;
+    int64_t error_ns = 0;
+  };
+
+  Pool* pool(int16_t device) {
+    Pool* p = (device >= 0 && device < kMaxDevices) ? pools_[device].load(std::memory_order_acquire)
+                                                    : nullptr;
+    if (!p) throw std::runtime_error("no event pool on this device");
+    return p;
+  }
+
+  // The rare path: the first mark on a device. Every event is created now (the hot
+  // path then never creates one), the stream synchronized once and the clocks
+  // aligned. Null when it failed (the mark goes untimed and is counted).
+  Pool* make_pool(const c10::Device& d, const c10::Stream& s) {
+    std::lock_guard<std::mutex> lock(pools_mutex_);
+    const int idx = d.index();
+    if (Pool* p = pools_[idx].load(std::memory_order_acquire)) return p;
+    auto p = std::make_unique<Pool>();
+    p->index = d.index();
+    p->events.assign(n_ + 2, nullptr);
+    p->which.resize(n_);
+    for (uint64_t i = 0; i < n_; ++i) p->which[i] = static_cast<uint32_t>(i);
+    p->reference = static_cast<uint32_t>(n_);
+    p->probe = static_cast<uint32_t>(n_ + 1);
+    try {
+      for (auto& e : p->events) impl_.record(&e, s, d.index(), c10::EventFlag::BACKEND_DEFAULT);
+      impl_.synchronizeStream(s);  // the one sync per device: the stream is idle now
+      const int64_t before = host_unix_ns();
+      impl_.record(&p->events[p->reference], s, d.index(), c10::EventFlag::BACKEND_DEFAULT);
+      impl_.synchronizeEvent(p->events[p->reference]);
+      const int64_t after = host_unix_ns();
+      p->error_ns = (after - before + 1) / 2;
+      p->reference_ns = before + (after - before) / 2;
+    } catch (...) {
+      for (void* e : p->events)
+        if (e) impl_.destroyEvent(e, d.index());
+      return nullptr;
+    }
+    Pool* raw = p.release();
+    pools_[idx].store(raw, std::memory_order_release);
+    return raw;
+  }
+
   c10::impl::VirtualGuardImpl impl_;
-  std::vector<c10::Event> events_;
-  std::vector<uint64_t> which_;
-  uint64_t reference_;
+  const c10::DeviceType type_;
+  const std::string name_;
+  const uint64_t n_;
+  std::mutex pools_mutex_;
+  std::array<std::atomic<Pool*>, kMaxDevices> pools_;
 };
 
 std::atomic<bool> g_capturing{false};
@@ -160,7 +289,7 @@ class GpuTimer {
  public:
   GpuTimer(std::unique_ptr<TimerBackend> backend, uint64_t n)
       : backend_(std::move(backend)), n_(n), state_(new std::atomic<uint8_t>[n]),
-        device_(new int16_t[n]) {
+        device_(new int16_t[n]), stream_(new int64_t[n]) {
     for (uint64_t i = 0; i < n; ++i) state_[i].store(kFree, std::memory_order_relaxed);
   }
 
@@ -173,7 +302,8 @@ class GpuTimer {
     uint64_t i = next_.load(std::memory_order_relaxed);
     do {
       if (i - resolved_.load(std::memory_order_acquire) >= n_) {
-        dropped_.fetch_add(1, std::memory_order_relaxed);
+        // full: with no step marks coming (inference), free what the device has done
+        if ((dropped_.fetch_add(1, std::memory_order_relaxed) & 63) == 0) maybe_resolve(s);
         return;
       }
     } while (!next_.compare_exchange_weak(i, i + 1, std::memory_order_acq_rel,
@@ -181,14 +311,28 @@ class GpuTimer {
     const uint64_t k = i % n_;
     int16_t device = 0;
     int64_t stream = 0;
-    if (C10_UNLIKELY(!backend_->record(k, &device, &stream))) {
-      dropped_.fetch_add(1, std::memory_order_relaxed);
+    const int r = backend_->record(k, &device, &stream);
+    if (C10_UNLIKELY(r != 1)) {
+      (r < 0 ? skipped_capturing_ : dropped_).fetch_add(1, std::memory_order_relaxed);
       state_[k].store(kFailed, std::memory_order_release);
       return;
     }
     device_[k] = device;
+    stream_[k] = stream;
     s->record_gpu(kGpuMark, slot, flags, static_cast<uint64_t>(stream), static_cast<uint32_t>(i));
     state_[k].store(kReady, std::memory_order_release);
+    // No step marks (inference, a loop without an optimizer): every quarter of the
+    // pool, resolve what the device has done if the pool is half full (issue #36: it
+    // filled after 16,384 marks and timed nothing more).
+    if (C10_UNLIKELY((i & check_mask_) == 0) && i - resolved_.load() >= n_ / 2) maybe_resolve(s);
+  }
+
+  // From the hot path, rarely: a resolution without a wait, unless one runs already.
+  void maybe_resolve(Session* s) {
+    std::unique_lock<std::mutex> lock(resolve_mutex_, std::try_to_lock);
+    if (!lock.owns_lock()) return;
+    opportunistic_.fetch_add(1, std::memory_order_relaxed);
+    resolve_locked(s, false);
   }
 
   ThreadState* thread() {
@@ -206,52 +350,141 @@ class GpuTimer {
 
   uint64_t resolve(Session* s, bool wait) {
     std::lock_guard<std::mutex> lock(resolve_mutex_);
+    return resolve_locked(s, wait);
+  }
+
+  // Resolution (resolve_mutex_ held). Stream order: when a stream's last pending event
+  // has completed, all its earlier ones have, so one query per stream (issue #36: 4
+  // driver calls per event before); an event whose query or elapsed time fails (an
+  // event recorded inside a graph capture hooktrace did not see, a device error) is
+  // counted, its slot freed, and never raised into the user's step.
+  uint64_t resolve_locked(Session* s, bool wait) {
     const uint64_t end = next_.load(std::memory_order_acquire);
-    uint64_t i = resolved_.load(std::memory_order_relaxed);
-    uint64_t count = 0, last = UINT64_MAX;
-    int64_t last_t = 0;
-    for (; i < end; ++i) {
-      const uint64_t k = i % n_;
+    const uint64_t first = resolved_.load(std::memory_order_relaxed);
+    struct StreamLast {
+      int16_t device;
+      int64_t stream;
+      uint64_t last;
+      bool done;
+    };
+    constexpr int kStreams = 16;
+    StreamLast streams[kStreams];
+    int nstreams = 0;
+    uint64_t limit = first;
+    for (; limit < end; ++limit) {
+      const uint64_t k = limit % n_;
       const uint8_t st = state_[k].load(std::memory_order_acquire);
       if (st == kFree) break;  // taken, not recorded yet
+      if (st != kReady) continue;
+      int j = 0;
+      while (j < nstreams && !(streams[j].device == device_[k] && streams[j].stream == stream_[k])) ++j;
+      if (j == nstreams) {
+        if (nstreams == kStreams) continue;  // (more streams: queried event by event)
+        streams[nstreams++] = StreamLast{device_[k], stream_[k], limit, false};
+      }
+      streams[j].last = limit;
+    }
+    for (int j = 0; j < nstreams; ++j) {
+      try {
+        streams[j].done = backend_->done(streams[j].last % n_, streams[j].device);
+        ++queries_;
+      } catch (...) {
+        streams[j].done = false;  // (asked again event by event below)
+      }
+    }
+    uint64_t i = first, count = 0;
+    uint64_t last_k[kMaxDevices];
+    int64_t last_t[kMaxDevices];
+    uint64_t devices_seen = 0;  // bit d (d < 64): last_k[d] set
+    for (; i < limit; ++i) {
+      const uint64_t k = i % n_;
+      const uint8_t st = state_[k].load(std::memory_order_acquire);
       if (st == kReady) {
-        if (!backend_->done(k)) {
-          if (!wait) break;
-          backend_->wait(k);
+        const int16_t dev = device_[k];
+        bool done = false;
+        for (int j = 0; j < nstreams; ++j)
+          if (streams[j].device == dev && streams[j].stream == stream_[k]) {
+            done = streams[j].done && i <= streams[j].last;
+            break;
+          }
+        int64_t t = 0;
+        try {
+          if (!done) {
+            done = backend_->done(k, dev);
+            ++queries_;
+          }
+          if (!done) {
+            if (!wait) break;
+            backend_->wait(k, dev);
+          }
+          t = backend_->time_ns(k, dev);
+        } catch (...) {
+          failed_.fetch_add(1, std::memory_order_relaxed);
+          state_[k].store(kFree, std::memory_order_relaxed);
+          continue;
         }
-        const int64_t t = reference_ns_ + backend_->since_reference_ns(k);
         s->record_gpu(kGpuTime, static_cast<uint32_t>(i), 0, static_cast<uint64_t>(t),
-                      static_cast<uint32_t>(static_cast<uint16_t>(device_[k])));
+                      static_cast<uint32_t>(static_cast<uint16_t>(dev)));
         ++count;
-        last = k;
-        last_t = t;
+        if (dev >= 0 && dev < kMaxDevices) {
+          last_k[dev] = k;
+          last_t[dev] = t;
+          devices_seen |= 1ull << dev;
+        }
       }
       state_[k].store(kFree, std::memory_order_relaxed);
     }
-    if (last != UINT64_MAX) {
-      backend_->make_reference(last);
-      reference_ns_ = last_t;
-    }
+    // the last resolved event of each device is its reference from now on: the float
+    // milliseconds of an elapsed time then span less than a step or two
+    for (int d = 0; d < kMaxDevices; ++d)
+      if (devices_seen >> d & 1) backend_->make_reference(last_k[d], static_cast<int16_t>(d), last_t[d]);
     resolved_.store(i, std::memory_order_release);
     resolved_count_ += count;
+    // every mark resolved: where a device's stream is idle now, re-align its clock
+    // (drift, issue #36: ~1 ppm measured on an H200), bracketed, without a wait
+    if (i == end && count) {
+      for (int d = 0; d < kMaxDevices; ++d) {
+        if (!(devices_seen >> d & 1)) continue;
+        int64_t correction = 0;
+        try {
+          if (backend_->realign(static_cast<int16_t>(d), &correction)) {
+            ++realigned_;
+            max_correction_ns_ = std::max(max_correction_ns_, std::abs(correction));
+          }
+        } catch (...) {
+        }
+      }
+    }
     return count;
   }
-
-  void start() { reference_ns_ = backend_->start(&align_error_ns_); }
 
   GpuStats stats() {
     GpuStats st;
     st.timer = backend_->name();
     st.dropped = dropped_.load(std::memory_order_relaxed);
     st.skipped_capturing = skipped_capturing_.load(std::memory_order_relaxed);
-    st.align_error_ns = align_error_ns_;
+    st.failed = failed_.load(std::memory_order_relaxed);
+    st.align_error_ns = backend_->align_error_ns();
     st.pending = next_.load() - resolved_.load();
     st.resolved = resolved_count_;
     st.pool = n_;
+    st.devices = backend_->devices();
+    st.queries = queries_;
+    st.realigned = realigned_;
+    st.max_realign_correction_ns = max_correction_ns_;
+    st.opportunistic = opportunistic_.load(std::memory_order_relaxed);
     return st;
   }
 
  private:
+  // a power of two minus one, about a quarter of the pool: how often a mark checks
+  // whether the pool needs a resolution from the hot path
+  static uint64_t quarter_mask(uint64_t n) {
+    uint64_t p = 1;
+    while (p * 2 <= n / 4) p *= 2;
+    return p - 1;
+  }
+
   struct Tls {
     uint64_t timer = 0;
     ThreadState* state = nullptr;
@@ -281,16 +514,21 @@ class GpuTimer {
   const uint64_t id_ = ids_.fetch_add(1) + 1;
   std::unique_ptr<TimerBackend> backend_;
   const uint64_t n_;
+  const uint64_t check_mask_ = quarter_mask(n_);
   std::unique_ptr<std::atomic<uint8_t>[]> state_;
   std::unique_ptr<int16_t[]> device_;
+  std::unique_ptr<int64_t[]> stream_;
   std::atomic<uint64_t> next_{0};      // marks taken
   std::atomic<uint64_t> resolved_{0};  // marks resolved (their slots free)
   std::atomic<uint64_t> dropped_{0};
   std::atomic<uint64_t> skipped_capturing_{0};
+  std::atomic<uint64_t> failed_{0};
+  std::atomic<uint64_t> opportunistic_{0};
   std::mutex resolve_mutex_;
-  int64_t reference_ns_ = 0;
-  int64_t align_error_ns_ = 0;
-  uint64_t resolved_count_ = 0;
+  uint64_t resolved_count_ = 0;  // (resolve_mutex_)
+  uint64_t queries_ = 0;         // (resolve_mutex_)
+  uint64_t realigned_ = 0;       // (resolve_mutex_)
+  int64_t max_correction_ns_ = 0;  // (resolve_mutex_)
   std::mutex threads_mutex_;
   std::unique_ptr<ThreadState> threads_[kMaxThreads];
   std::atomic<int> nthreads_{0};
@@ -328,16 +566,22 @@ void gpu_start(const std::shared_ptr<Session>& s, const std::string& timer, uint
   std::unique_ptr<TimerBackend> backend;
   if (timer == "host") {
     backend = std::make_unique<HostBackend>(pool_events);
-  } else if (timer == "cuda") {
-    if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA))
-      throw std::runtime_error("no CUDA device (torch was built without CUDA)");
-    backend = std::make_unique<DeviceBackend>(pool_events);
   } else {
-    throw std::invalid_argument("timer must be 'cuda' or 'host', got '" + timer + "'");
+    // a device type as torch names it: "cuda", "xpu", "privateuseone" (or the name a
+    // PrivateUse1 backend registered; "privateuse1" is taken too)
+    c10::DeviceType type;
+    try {
+      type = c10::Device(timer == "privateuse1" ? std::string("privateuseone") : timer).type();
+    } catch (...) {
+      throw std::invalid_argument("the device timer must be 'host' or a device type torch "
+                                  "knows (cuda, xpu, privateuseone), got '" + timer + "'");
+    }
+    if (!c10::impl::hasDeviceGuardImpl(type))
+      throw std::runtime_error("no " + timer + " device (torch was built without it)");
+    // (no device is touched here: each device's pool is made at its first mark)
+    backend = std::make_unique<DeviceBackend>(pool_events, type, timer);
   }
-  auto t = std::make_shared<GpuTimer>(std::move(backend), pool_events);
-  t->start();
-  s->gpu_timer = std::move(t);
+  s->gpu_timer = std::make_shared<GpuTimer>(std::move(backend), pool_events);
 }
 
 uint64_t gpu_resolve(Session* s, bool wait) {

@@ -61,11 +61,17 @@ constexpr uint32_t kGpuNoModule = UINT32_MAX;
 struct GpuStats {
   std::string timer;
   uint64_t dropped = 0;            // calls not timed: the pool was full (or a record failed)
-  uint64_t skipped_capturing = 0;  // calls not timed: a CUDA graph was being captured
-  int64_t align_error_ns = 0;      // the bound of the clock alignment
+  uint64_t skipped_capturing = 0;  // calls not timed: a graph was being captured
+  uint64_t failed = 0;             // marks whose time could not be read (counted, freed)
+  int64_t align_error_ns = 0;      // the bound of the clock alignment (worst device)
   uint64_t pending = 0;            // recorded, not resolved yet
   uint64_t resolved = 0;           // kGpuTime events recorded so far
-  uint64_t pool = 0;               // the pool's size
+  uint64_t pool = 0;               // the pool's size (per device)
+  uint32_t devices = 0;            // bit d: device d has a pool (was timed)
+  uint64_t queries = 0;            // event queries made by resolutions
+  uint64_t realigned = 0;          // re-alignments of a device's clock at an idle stream
+  int64_t max_realign_correction_ns = 0;  // the largest correction one of them made
+  uint64_t opportunistic = 0;      // resolutions the hot path ran (pool half full)
 };
 
 // Creates the session's timer ("cuda" or "host") with a pool of `pool_events` slots,

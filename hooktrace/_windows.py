@@ -73,11 +73,17 @@ class ScheduleWindows:
     def _window_opened(self) -> None:
         """What the recorder does when a window starts recording (nothing by default)."""
 
+    def window_ends_at(self, step: int) -> bool:
+        """Whether a ``schedule=`` window ends with step ``step`` (its events are
+        drained at that step's mark)."""
+        return self._schedule is not None and \
+            action_name(self._schedule(step)) == "RECORD_AND_SAVE"
+
     def _step_ended(self, ended: int) -> None:
         """After the mark of step ``ended``: end its window if it was the last step of
         one, then record the next step or not."""
         assert self._schedule is not None
-        if action_name(self._schedule(ended)) == "RECORD_AND_SAVE":
+        if self.window_ends_at(ended):
             self._end_window(ended, complete=True)
         self._enter_step(ended + 1)
 

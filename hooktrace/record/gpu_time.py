@@ -1,25 +1,36 @@
-"""``gpu=True``: device time per module call (issue #28, csrc/gpu_time.h). Each timed
-forward call gets one timing event on its CUDA stream at its start and one at its end;
-backward one where the module of the autograd nodes changes. The events come from a
-pool made when recording starts (``dropped`` counts calls it could not serve), are
-resolved at each step mark (only those the device has completed: no host sync) and at
-the end (one wait), and are stored as GPU_MARK / GPU_TIME events; the reader pairs them
-into :class:`hooktrace.reading.GpuSpans`. ``gpu_every=N`` times steps 0, N, 2N, ...
+"""``gpu=True``: device time per module call (issues #28, #36; csrc/gpu_time.h). Each
+timed forward call gets one timing event on the current stream of the current device at
+its start and one at its end; backward one where the module of the autograd nodes
+changes. The events come from a pool per device, made at the first mark on that device
+(``dropped`` counts calls a full pool could not serve), are resolved at each step mark
+(only those the device has completed: no host sync), with one wait where the step's
+events are about to be handed over (the end of a ``schedule=`` window, a timed step
+of ``aggregate=``) and at the end, and are stored as GPU_MARK / GPU_TIME events; the
+reader pairs them into :class:`hooktrace.reading.GpuSpans`. ``gpu_every=N`` times steps
+0, N, 2N, ...
 
-``info["gpu"]`` says how: ``timer``, ``every``, ``timed_steps``, ``skipped_capturing``
-(calls made while a CUDA graph was being captured: not timed), ``dropped`` and
-``align_error_ns`` (the bound of the device-to-host clock alignment). (``info
-["accelerator"] = "cuda"``, whenever the process used CUDA, timed or not, is the
-recorder's.)
+The device type is the one the work runs on: CUDA (ROCm's HIP too), XPU, or a
+PrivateUse1 backend, through c10's device-generic events; ``HOOKTRACE_GPU_TIMER=<device
+type>`` (``cuda``, ``xpu``, ``privateuse1``) forces one (a test's fake accelerator),
+``HOOKTRACE_GPU_TIMER=host`` selects the host-clock timer (its "events" are host
+timestamps), which runs the whole pipeline without a device. ``HOOKTRACE_GPU_POOL`` sets
+the pool's size (default 16384 events per device). None of these is a user option.
 
-Test seam: ``HOOKTRACE_GPU_TIMER=host`` selects the host-clock timer (its "events"
-are host timestamps), which runs the whole pipeline without a GPU; ``HOOKTRACE_GPU_POOL``
-sets the pool's size (default 16384 events). Neither is a user option.
+``info["gpu"]`` says how: ``timer``, ``every``, ``timed_steps``, ``devices`` (the
+device indexes timed), ``skipped_capturing`` (calls made while a graph was being
+captured, seen by hooktrace's wrapper or by the stream's own capture state: not
+timed), ``dropped``, ``failed`` (marks whose time the device would not give, e.g. an
+event recorded into a capture: counted, never raised), ``align_error_ns`` (the bound of
+the device-to-host clock alignment), ``realigned`` and ``max_realign_correction_ns``
+(re-alignments at step marks where the stream was idle, and the largest correction one
+made: the drift and rounding they removed). (``info["accelerator"] = "cuda"``, whenever
+the process used CUDA, timed or not, is the recorder's.)
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 from hooktrace.errors import NoDeviceError
@@ -36,13 +47,27 @@ _capture_saved: dict[str, Any] = {}
 
 
 def gpu_timer() -> str | None:
-    """The timer ``gpu=True`` would use here: ``"host"`` when the test seam asks for it,
-    ``"cuda"`` when CUDA is available, else None."""
-    if os.environ.get("HOOKTRACE_GPU_TIMER", "") == "host":
-        return "host"
+    """The timer ``gpu=True`` would use here: ``HOOKTRACE_GPU_TIMER`` when set (``host``
+    or a device type), else the first of CUDA, XPU and a PrivateUse1 backend with a
+    device, else None."""
+    forced = os.environ.get("HOOKTRACE_GPU_TIMER", "")
+    if forced:
+        return forced
     import torch
 
-    return "cuda" if torch.cuda.is_available() else None
+    if torch.cuda.is_available():
+        return "cuda"
+    xpu = getattr(torch, "xpu", None)
+    if xpu is not None and getattr(xpu, "is_available", lambda: False)():
+        return "xpu"
+    name = torch._C._get_privateuse1_backend_name()
+    backend = getattr(torch, name, None) if name != "privateuseone" else None
+    try:
+        if backend is not None and backend.is_available():
+            return name
+    except Exception:  # a backend module without is_available: not ours to judge
+        pass
+    return None
 
 
 def _native() -> Any:
@@ -128,8 +153,8 @@ class GpuTimeComponent(Component):
     @classmethod
     def check(cls, options: Options) -> None:
         if options.gpu and gpu_timer() is None:
-            raise NoDeviceError("gpu=True needs a CUDA device: torch.cuda.is_available() is "
-                                "False on this machine")
+            raise NoDeviceError("gpu=True needs a CUDA device (or an XPU or PrivateUse1 "
+                                "one): torch.cuda.is_available() is False on this machine")
 
     def __init__(self, recorder: Any) -> None:
         super().__init__(recorder)
@@ -139,13 +164,17 @@ class GpuTimeComponent(Component):
         self._timed_ended = 0  # timed steps a step mark ended
         self._marks_at_step = 0  # marks recorded when the last step mark came
         self._wrapped = False
+        self._warned = False
 
     def prepare(self, session: Any, scope: Any) -> None:
         self._session = session
         self._timer = gpu_timer()
         if self._timer is None:  # (checked when the recorder was made)
             raise NoDeviceError("gpu=True needs a CUDA device")
-        _native().gpu_start(session, self._timer, _pool_size())
+        try:
+            _native().gpu_start(session, self._timer, _pool_size())
+        except (ValueError, RuntimeError) as e:
+            raise NoDeviceError(f"gpu=True: {e}") from None
 
     def install(self, session: Any, scope: Any) -> None:
         if self._timer is None:
@@ -157,8 +186,22 @@ class GpuTimeComponent(Component):
         self._on = True
 
     def before_step(self) -> None:
-        if self._timer is not None:
-            _native().gpu_resolve(self._session, False)  # completed ones only: no wait
+        if self._timer is None:
+            return
+        # Completed marks only (no wait), unless the step's events are handed over
+        # now (a window's end, an aggregate's step): then one wait, or a device that
+        # runs behind loses their times (issue #36: 0 of 14 rows timed at 400 ms).
+        wait = self._on and self.recorder.drains_at_step_mark()
+        self._resolve(wait)
+
+    def _resolve(self, wait: bool) -> None:
+        try:
+            _native().gpu_resolve(self._session, wait)
+        except Exception as e:  # never into the user's step (the native side counts)
+            if not self._warned:
+                self._warned = True
+                warnings.warn(f"hooktrace: device times could not be read: {e}",
+                              RuntimeWarning, stacklevel=2)
 
     def step(self, step_no: int) -> None:
         if self._timer is None:
@@ -172,7 +215,7 @@ class GpuTimeComponent(Component):
 
     def flush(self) -> None:
         if self._timer is not None:
-            _native().gpu_resolve(self._session, True)  # the one wait, at the end
+            self._resolve(True)  # the one wait, at the end
 
     def teardown(self) -> None:
         if self._timer is not None and self._session is not None:
@@ -189,6 +232,10 @@ class GpuTimeComponent(Component):
         running = self._on and _marks(self._session) > self._marks_at_step
         info["gpu"] = {"timer": self._timer, "every": self.recorder.options.gpu_every,
                        "timed_steps": self._timed_ended + running,
+                       "devices": [int(d) for d in stats["devices"]],
                        "skipped_capturing": int(stats["skipped_capturing"]),
                        "dropped": int(stats["dropped"]),
-                       "align_error_ns": int(stats["align_error_ns"])}
+                       "failed": int(stats["failed"]),
+                       "align_error_ns": int(stats["align_error_ns"]),
+                       "realigned": int(stats["realigned"]),
+                       "max_realign_correction_ns": int(stats["max_realign_correction_ns"])}

@@ -324,6 +324,12 @@ class Recorder(StepMarks, FlightRecorder):
         for component in self._installed:
             component.before_step()
 
+    def drains_at_step_mark(self) -> bool:
+        """Whether the step being marked now hands its events over at its mark (the
+        last step of a ``schedule=`` window, every step of ``aggregate=``): a
+        component must have them complete before (device time: record/gpu_time.py)."""
+        return any(c.drains for c in self._components) or self.window_ends_at(self._step)
+
     def _mark_step(self) -> int:
         ended = super()._mark_step()
         for component in self._installed:

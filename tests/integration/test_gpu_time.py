@@ -139,11 +139,14 @@ def test_pool_exhaustion_is_counted_not_waited_for(host_timer: None,
     attempted = len(_marks(_train(net, 1, gpu=True)))
     monkeypatch.setenv("HOOKTRACE_GPU_POOL", "4")
     data = _train(net, 1, gpu=True)
-    assert len(_marks(data)) == 4
-    assert data.info["gpu"]["dropped"] == attempted - 4
-    # the four were resolved; a second step gets the pool back
+    marks = len(_marks(data))
+    # a call the full pool cannot serve is dropped and counted, never waited for;
+    # a half-full pool resolves what is done from the hot path (issue #36: without
+    # step marks nothing was timed once the pool filled), so more than 4 are timed
+    assert marks + data.info["gpu"]["dropped"] == attempted
+    assert marks > 4
     data2 = _train(net, 2, gpu=True)
-    assert len(_marks(data2)) == 8 and data2.info["gpu"]["dropped"] == 2 * (attempted - 4)
+    assert len(_marks(data2)) + data2.info["gpu"]["dropped"] == 2 * attempted
 
 
 def test_capturing_records_nothing_and_counts(host_timer: None) -> None:
@@ -376,10 +379,15 @@ def test_merge_ranks_draws_each_ranks_gpu_rows_on_rank_0s_clock(host_timer: None
 
     from hooktrace.cli import main
 
-    offsets = {0: 0, 1: 3_000_000}  # rank 1's clock runs 3 ms ahead of rank 0's
+    # The two "ranks" are recorded one after the other; merge-ranks takes ranks that
+    # do not overlap in time for separate runs. Rank 1's clock offset is chosen so that
+    # on rank 0's clock it starts 3 ms after rank 0 did (overlapping by construction,
+    # whatever the load: before, a fixed 3 ms offset failed when the gap was larger).
+    runs = [_train(Sleepy(1, Sleepy(0)), 2, gpu=True) for _ in (0, 1)]
+    starts = [int(d.steps().start_ns[0]) for d in runs]
+    offsets = {0: 0, 1: starts[1] - starts[0] - 3_000_000}
     want: dict[int, list[tuple[int, int]]] = {}
-    for rank in (0, 1):
-        data = _train(Sleepy(1, Sleepy(0)), 2, gpu=True)
+    for rank, data in enumerate(runs):
         data.info.update(rank=rank, world_size=2, clock_offset_ns=offsets[rank],
                          clock_offset_uncertainty_ns=1000)
         g = data.gpu_spans()
