@@ -17,6 +17,8 @@
 #include <cmath>
 #include <mutex>
 #include <stdexcept>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "event.h"
@@ -32,12 +34,20 @@ int64_t host_unix_ns() {
       .count();
 }
 
-// Whether a stream is being captured into a graph, where this torch's guard can tell
-// (DeviceGuardImplInterface::isStreamCapturing, torch 2.6 or so); else false.
+// Whether a stream is being captured into a graph, where this torch's guard interface
+// can tell (DeviceGuardImplInterface::isStreamCapturing; torch 2.11 lacks it: then
+// false, and hooktrace's capture wrapper and the counted failures remain). C++17: the
+// extension builds with it against older torch.
+template <typename G, typename = void>
+struct HasCapturing : std::false_type {};
 template <typename G>
-bool stream_capturing(const G& impl, const c10::Stream& stream) {
-  if constexpr (requires { impl.isStreamCapturing(stream); }) {
-    return impl.isStreamCapturing(stream);
+struct HasCapturing<G, std::void_t<decltype(std::declval<const G&>().isStreamCapturing(
+                           std::declval<const c10::Stream&>()))>> : std::true_type {};
+
+template <typename G>
+bool stream_capturing(const G* impl, const c10::Stream& stream) {
+  if constexpr (HasCapturing<G>::value) {
+    return impl->isStreamCapturing(stream);
   } else {
     return false;
   }
@@ -62,10 +72,13 @@ class TimerBackend {
   virtual int64_t time_ns(uint64_t k, int16_t device) = 0;  // may throw
   // k's event (resolved: its time t) is the device's reference from now on.
   virtual void make_reference(uint64_t k, int16_t device, int64_t t) = 0;
-  // Re-aligns a device whose stream is idle: a new reference bracketed by host
-  // readings, without a wait. Returns whether it did; *correction_ns: the new host
-  // time less the one the old reference gave.
-  virtual bool realign(int16_t device, int64_t* correction_ns) { return false; }
+  // Aligns a device's clock: a new reference bracketed by host readings, on an idle
+  // stream; without a wait unless `wait` (then the stream's queued work is waited for
+  // first). Returns whether it did; *correction_ns: the new host time less the one
+  // the old reference gave (0 for a first alignment).
+  virtual bool realign(int16_t device, bool wait, int64_t* correction_ns) { return false; }
+  // bit d: device d has a pool not aligned yet (its marks wait for an alignment)
+  virtual uint64_t unaligned() const { return 0; }
   virtual int64_t align_error_ns() const = 0;
   virtual uint32_t devices() const = 0;  // bit d: device d has a pool
 };
@@ -99,12 +112,15 @@ class HostBackend final : public TimerBackend {
 // started before torch.cuda.set_device(local_rank) timed nothing on ranks but 0, and
 // opened a context on device 0): n + 2 events, slot k's is events[which[k]], plus
 // the reference and a spare for the re-alignment probe (swapped by index: events
-// never move). Each pool is aligned when made: its stream synchronized once, a
-// reference event recorded between two host readings.
+// never move). No sync inside the user's forward or backward: a pool is aligned at
+// the first step mark after it was made (an event recorded and seen complete between
+// two host readings microseconds apart, on a stream found idle or, once per device,
+// after one wait for its queued work); its marks are resolved once it is aligned.
 class DeviceBackend final : public TimerBackend {
  public:
   DeviceBackend(uint64_t n, c10::DeviceType type, std::string name)
-      : impl_(type), type_(type), name_(std::move(name)), n_(n) {
+      : impl_(type), raw_(c10::impl::getDeviceGuardImpl(type)), type_(type),
+        name_(std::move(name)), n_(n) {
     if (impl_.deviceCount() <= 0) throw std::runtime_error("no " + name_ + " device");
     for (auto& p : pools_) p.store(nullptr, std::memory_order_relaxed);
   }
@@ -126,9 +142,9 @@ class DeviceBackend final : public TimerBackend {
       if (C10_UNLIKELY(idx < 0 || idx >= kMaxDevices)) return 0;
       const c10::Stream s = impl_.getStream(d);
       // an event recorded into a graph would be recorded again by every replay
-      if (C10_UNLIKELY(stream_capturing(impl_, s))) return -1;
+      if (C10_UNLIKELY(stream_capturing(raw_, s))) return -1;
       Pool* p = pools_[idx].load(std::memory_order_acquire);
-      if (C10_UNLIKELY(!p)) p = make_pool(d, s);
+      if (C10_UNLIKELY(!p) && !broken_[idx].load(std::memory_order_relaxed)) p = make_pool(d, s);
       if (C10_UNLIKELY(!p)) return 0;
       impl_.record(&p->events[p->which[k]], s, d.index(), c10::EventFlag::BACKEND_DEFAULT);
       *device = static_cast<int16_t>(idx);
@@ -157,29 +173,48 @@ class DeviceBackend final : public TimerBackend {
     std::swap(p->reference, p->which[k]);
     p->reference_ns = t;
   }
-  bool realign(int16_t device, int64_t* correction_ns) override {
+  bool realign(int16_t device, bool wait, int64_t* correction_ns) override {
     Pool* p = pool(device);
     const c10::Device d(type_, p->index);
     const c10::Stream s = impl_.getStream(d);
-    if (stream_capturing(impl_, s)) return false;
+    if (stream_capturing(raw_, s)) return false;
     void*& probe = p->events[p->probe];
-    const int64_t before = host_unix_ns();
-    impl_.record(&probe, s, p->index, c10::EventFlag::BACKEND_DEFAULT);
-    bool ok = false;
-    int64_t after = before;
-    // an idle stream completes it within microseconds: a few queries, never a wait
-    for (int i = 0; i < 4 && !ok; ++i) {
-      ok = impl_.queryEvent(probe);
-      after = host_unix_ns();
+    for (int attempt = 0; attempt < (wait ? 3 : 1); ++attempt) {
+      if (wait) {  // the queued work first: then the stream is idle
+        impl_.record(&probe, s, p->index, c10::EventFlag::BACKEND_DEFAULT);
+        impl_.synchronizeEvent(probe);
+      }
+      const int64_t before = host_unix_ns();
+      impl_.record(&probe, s, p->index, c10::EventFlag::BACKEND_DEFAULT);
+      bool ok = false;
+      int64_t after = before;
+      // an idle stream completes it within microseconds: a few queries, never a wait
+      for (int i = 0; i < 4 && !ok; ++i) {
+        ok = impl_.queryEvent(probe);
+        after = host_unix_ns();
+      }
+      if (!ok || after - before > kRealignBracketNs) continue;
+      const int64_t host = before + (after - before) / 2;
+      *correction_ns = 0;
+      if (p->aligned.load(std::memory_order_relaxed)) {
+        const double ms = impl_.elapsedTime(p->events[p->reference], probe, p->index);
+        *correction_ns = host - (p->reference_ns + std::llround(ms * 1e6));
+      }
+      std::swap(p->reference, p->probe);
+      p->reference_ns = host;
+      p->error_ns = (after - before + 1) / 2;
+      p->aligned.store(true, std::memory_order_release);
+      return true;
     }
-    if (!ok || after - before > kRealignBracketNs) return false;
-    const int64_t host = before + (after - before) / 2;
-    const double ms = impl_.elapsedTime(p->events[p->reference], probe, p->index);
-    *correction_ns = host - (p->reference_ns + std::llround(ms * 1e6));
-    std::swap(p->reference, p->probe);
-    p->reference_ns = host;
-    p->error_ns = (after - before + 1) / 2;
-    return true;
+    return false;
+  }
+  uint64_t unaligned() const override {
+    uint64_t bits = 0;
+    for (int i = 0; i < kMaxDevices; ++i) {
+      Pool* p = pools_[i].load(std::memory_order_acquire);
+      if (p && !p->aligned.load(std::memory_order_acquire)) bits |= 1ull << i;
+    }
+    return bits;
   }
   int64_t align_error_ns() const override {
     int64_t worst = 0;
@@ -206,6 +241,7 @@ class DeviceBackend final : public TimerBackend {
     uint32_t probe = 0;
     int64_t reference_ns = 0;
     int64_t error_ns = 0;
+    std::atomic<bool> aligned{false};
   };
 
   Pool* pool(int16_t device) {
@@ -215,13 +251,14 @@ class DeviceBackend final : public TimerBackend {
     return p;
   }
 
-  // The rare path: the first mark on a device. Every event is created now (the hot
-  // path then never creates one), the stream synchronized once and the clocks
-  // aligned. Null when it failed (the mark goes untimed and is counted).
+  // The rare path: the first mark on a device. Every event is created now (recorded
+  // once on the stream: the hot path then never creates one); no sync. Null when it
+  // failed (the mark goes untimed and is counted; the device is not tried again).
   Pool* make_pool(const c10::Device& d, const c10::Stream& s) {
     std::lock_guard<std::mutex> lock(pools_mutex_);
     const int idx = d.index();
     if (Pool* p = pools_[idx].load(std::memory_order_acquire)) return p;
+    if (broken_[idx].load(std::memory_order_relaxed)) return nullptr;
     auto p = std::make_unique<Pool>();
     p->index = d.index();
     p->events.assign(n_ + 2, nullptr);
@@ -231,16 +268,10 @@ class DeviceBackend final : public TimerBackend {
     p->probe = static_cast<uint32_t>(n_ + 1);
     try {
       for (auto& e : p->events) impl_.record(&e, s, d.index(), c10::EventFlag::BACKEND_DEFAULT);
-      impl_.synchronizeStream(s);  // the one sync per device: the stream is idle now
-      const int64_t before = host_unix_ns();
-      impl_.record(&p->events[p->reference], s, d.index(), c10::EventFlag::BACKEND_DEFAULT);
-      impl_.synchronizeEvent(p->events[p->reference]);
-      const int64_t after = host_unix_ns();
-      p->error_ns = (after - before + 1) / 2;
-      p->reference_ns = before + (after - before) / 2;
     } catch (...) {
       for (void* e : p->events)
         if (e) impl_.destroyEvent(e, d.index());
+      broken_[idx].store(true, std::memory_order_relaxed);
       return nullptr;
     }
     Pool* raw = p.release();
@@ -249,11 +280,13 @@ class DeviceBackend final : public TimerBackend {
   }
 
   c10::impl::VirtualGuardImpl impl_;
+  const c10::impl::DeviceGuardImplInterface* raw_;  // (isStreamCapturing, where it has it)
   const c10::DeviceType type_;
   const std::string name_;
   const uint64_t n_;
   std::mutex pools_mutex_;
   std::array<std::atomic<Pool*>, kMaxDevices> pools_;
+  std::array<std::atomic<bool>, kMaxDevices> broken_{};  // its pool could not be made
 };
 
 std::atomic<bool> g_capturing{false};
@@ -332,7 +365,7 @@ class GpuTimer {
     std::unique_lock<std::mutex> lock(resolve_mutex_, std::try_to_lock);
     if (!lock.owns_lock()) return;
     opportunistic_.fetch_add(1, std::memory_order_relaxed);
-    resolve_locked(s, false);
+    resolve_locked(s, false, false);
   }
 
   ThreadState* thread() {
@@ -348,9 +381,11 @@ class GpuTimer {
     return nullptr;
   }
 
+  // A step mark or the end (not the hot path): a device not aligned yet is aligned
+  // now, with one wait if its stream is busy (once per device and trace).
   uint64_t resolve(Session* s, bool wait) {
     std::lock_guard<std::mutex> lock(resolve_mutex_);
-    return resolve_locked(s, wait);
+    return resolve_locked(s, wait, true);
   }
 
   // Resolution (resolve_mutex_ held). Stream order: when a stream's last pending event
@@ -358,7 +393,21 @@ class GpuTimer {
   // driver calls per event before); an event whose query or elapsed time fails (an
   // event recorded inside a graph capture hooktrace did not see, a device error) is
   // counted, its slot freed, and never raised into the user's step.
-  uint64_t resolve_locked(Session* s, bool wait) {
+  uint64_t resolve_locked(Session* s, bool wait, bool align_wait) {
+    // devices whose pools are not aligned yet: now if their streams are idle, else
+    // with one wait where allowed (a step mark); else their marks wait for later
+    uint64_t unaligned = backend_->unaligned();
+    for (int d = 0; unaligned && d < kMaxDevices; ++d) {
+      if (!(unaligned >> d & 1)) continue;
+      int64_t correction = 0;
+      try {
+        if (backend_->realign(static_cast<int16_t>(d), false, &correction) ||
+            ((wait || align_wait) && backend_->realign(static_cast<int16_t>(d), true, &correction)))
+          ++aligned_;
+      } catch (...) {
+      }
+    }
+    unaligned = backend_->unaligned();
     const uint64_t end = next_.load(std::memory_order_acquire);
     const uint64_t first = resolved_.load(std::memory_order_relaxed);
     struct StreamLast {
@@ -401,6 +450,12 @@ class GpuTimer {
       const uint8_t st = state_[k].load(std::memory_order_acquire);
       if (st == kReady) {
         const int16_t dev = device_[k];
+        if (C10_UNLIKELY(dev >= 0 && dev < kMaxDevices && (unaligned >> dev & 1))) {
+          if (!wait) break;  // (its time needs the device's alignment: later)
+          failed_.fetch_add(1, std::memory_order_relaxed);  // no alignment even waiting
+          state_[k].store(kFree, std::memory_order_relaxed);
+          continue;
+        }
         bool done = false;
         for (int j = 0; j < nstreams; ++j)
           if (streams[j].device == dev && streams[j].stream == stream_[k]) {
@@ -447,7 +502,7 @@ class GpuTimer {
         if (!(devices_seen >> d & 1)) continue;
         int64_t correction = 0;
         try {
-          if (backend_->realign(static_cast<int16_t>(d), &correction)) {
+          if (backend_->realign(static_cast<int16_t>(d), false, &correction)) {
             ++realigned_;
             max_correction_ns_ = std::max(max_correction_ns_, std::abs(correction));
           }
@@ -528,6 +583,7 @@ class GpuTimer {
   uint64_t resolved_count_ = 0;  // (resolve_mutex_)
   uint64_t queries_ = 0;         // (resolve_mutex_)
   uint64_t realigned_ = 0;       // (resolve_mutex_)
+  uint64_t aligned_ = 0;         // first alignments of a device (resolve_mutex_)
   int64_t max_correction_ns_ = 0;  // (resolve_mutex_)
   std::mutex threads_mutex_;
   std::unique_ptr<ThreadState> threads_[kMaxThreads];

@@ -69,9 +69,13 @@ def rows(data: Any) -> dict[str, Any]:
                           for n in sorted(set(names))}}
 
 
+FIRST: dict[str, int] = {}
+
+
 def train(model: nn.Module, steps: int, between: Any = None, **opts: Any) -> tuple[Any, int]:
     """``steps`` training steps under gpu=True; the syncs the fake device saw from the
-    end of the first step mark to the last one (what a step costs the host)."""
+    end of the first step mark to the last one (what a step costs the host). FIRST:
+    the syncs of the first forward and backward (the pools are made there)."""
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(4, 16)
     syncs = 0
@@ -79,6 +83,8 @@ def train(model: nn.Module, steps: int, between: Any = None, **opts: Any) -> tup
         for i in range(steps):
             c0 = fakedev.counters()["syncs"]
             model(x).sum().backward()
+            if i == 0:
+                FIRST["syncs"] = fakedev.counters()["syncs"] - c0
             opt.step()  # the step mark
             opt.zero_grad()
             if i:
@@ -91,7 +97,7 @@ def train(model: nn.Module, steps: int, between: Any = None, **opts: Any) -> tup
 def basic(lag_ms: int) -> dict[str, Any]:
     data, syncs = train(net(), 4)
     return {**marks_times(data), **rows(data), "syncs_between_marks": syncs,
-            "info": data.info["gpu"]}
+            "syncs_in_first_forward_backward": FIRST["syncs"], "info": data.info["gpu"]}
 
 
 def devices(lag_ms: int) -> dict[str, Any]:

@@ -4,7 +4,9 @@
 // hooktrace's real device path (csrc/gpu_time.cpp's DeviceBackend) runs in CI:
 //  * EventFlag::PYTORCH_DEFAULT -> timing disabled, BACKEND_DEFAULT -> timing on;
 //  * record: checks the event's device index against the stream's (same message as CUDA);
-//  * an event "completes" lag_ns after it was recorded (host clock), in stream order;
+//  * an event "completes" lag_ns after it was recorded (host clock), in stream order:
+//    a device running that far behind; after a wait has drained a stream, the next
+//    event on it completes at once (an idle stream);
 //  * queryEvent: no wait; synchronizeEvent / synchronizeStream: wait (counted);
 //  * elapsedTime: both recorded, both timing, both complete (else throws like
 //    cudaErrorNotReady / cudaErrorInvalidResourceHandle); float milliseconds, quantized
@@ -47,6 +49,9 @@ thread_local DeviceIndex t_device = 0;
 thread_local std::array<c10::StreamId, kDevices> t_stream{};
 // per (device, stream id < 64): completion time of the last work recorded there
 std::array<std::array<std::atomic<int64_t>, 64>, kDevices> g_stream_done{};
+// per (device, stream): a wait drained it and nothing was recorded since: the next
+// event completes at once (an idle GPU stream), not `lag` later
+std::array<std::array<std::atomic<bool>, 64>, kDevices> g_stream_idle{};
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -57,6 +62,7 @@ int64_t now_ns() {
 struct FakeEvent {
   bool timing;
   DeviceIndex device;
+  c10::StreamId stream = 0;
   bool recorded = false;
   bool captured = false;
   int64_t done_ns = 0;
@@ -119,11 +125,13 @@ struct FakeGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     g_records++;
     // stream order: done no earlier than the stream's previous work
     auto& last = g_stream_done[stream.device_index()][stream.id() & 63];
-    int64_t done = now_ns() + g_lag_ns.load();
+    const bool idle = g_stream_idle[stream.device_index()][stream.id() & 63].exchange(false);
+    int64_t done = now_ns() + (idle ? 0 : g_lag_ns.load());
     int64_t prev = last.load();
     while (done > prev && !last.compare_exchange_weak(prev, done)) {
     }
     e->done_ns = std::max(done, prev);
+    e->stream = stream.id();
     e->recorded = true;
     e->captured = g_capturing.load() || g_poison.load();
     *event = e;
@@ -143,6 +151,7 @@ struct FakeGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     g_syncs++;
     while (now_ns() < g_stream_done[s.device_index()][s.id() & 63].load())
       std::this_thread::sleep_for(std::chrono::microseconds(20));
+    g_stream_idle[s.device_index()][s.id() & 63] = true;
   }
   bool isStreamCapturing(const Stream&) const override { return g_capturing.load(); }
   void synchronizeEvent(void* event) const override {
@@ -151,6 +160,9 @@ struct FakeGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     auto* e = static_cast<FakeEvent*>(event);
     TORCH_CHECK(!e->captured, "fake CUDA error: synchronize on a captured event");
     while (now_ns() < e->done_ns) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    // (the stream is idle if this was its last work)
+    if (g_stream_done[e->device][e->stream & 63].load() <= e->done_ns)
+      g_stream_idle[e->device][e->stream & 63] = true;
   }
   void synchronizeDevice(const DeviceIndex) const override { g_syncs++; }
   double elapsedTime(void* event1, void* event2, const DeviceIndex) const override {

@@ -60,12 +60,16 @@ def job(fakedev: Path, scenario: str, lag_ms: int, **env: str) -> dict[str, Any]
 def test_every_mark_is_timed_and_no_sync_between_step_marks(fakedev: Path, lag_ms: int) -> None:
     """The pipeline tests of the host seam, on the device path: every mark gets its
     time (the last ones at the end, with one wait), parents hold their children, and
-    the fake device sees no sync from one step mark to the next, lagging or not."""
+    the fake device sees no sync in the first forward and backward (where the pool is
+    made) and none from one step mark to the next, lagging or not."""
     r = job(fakedev, "basic", lag_ms)
     assert r["marks"] == r["times"] > 0
     assert r["info"]["timer"] == "privateuse1" and r["info"]["devices"] == [0]
     assert r["info"]["dropped"] == r["info"]["failed"] == 0
     assert r["syncs_between_marks"] == 0
+    # the pool is made at the first mark, inside the first forward, without a sync
+    # (its clock is aligned at the step mark: once per device, a wait if it lags)
+    assert r["syncs_in_first_forward_backward"] == 0
     assert r["min_duration_ns"] >= 0
     by = r["by_module"]
     # forward calls come first per module, in call order; backward after: each call of
