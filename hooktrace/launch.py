@@ -503,8 +503,12 @@ def _aggregate_line(info: dict[str, Any]) -> str:
     """What an ``--aggregate`` run wrote, and how to look at it."""
     agg = info.get("aggregate") or {}
     folder = agg.get("dir", "?")
+    lost = ""
+    if agg.get("lost_rows") or agg.get("lost_steps"):  # a full disk, a read-only folder
+        lost = (f" ({agg.get('lost_rows', 0)} rows and {agg.get('lost_steps', 0)} kept steps "
+                f"lost: {agg.get('write_error')})")
     return (f"hooktrace: {agg.get('steps', 0)} steps aggregated in {folder}/aggregates, "
-            f"{len(agg.get('detail', []))} kept whole in {folder}/steps; the table: "
+            f"{len(agg.get('detail', []))} kept whole in {folder}/steps{lost}; the table: "
             f"hooktrace summary {folder}; the page: hooktrace report {folder} -o report.html")
 
 
