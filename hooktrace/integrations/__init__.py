@@ -74,7 +74,10 @@ class TraceSession:
         if self.record.aggregate is None:
             raise ValueError("hooktrace: logs=True sends the per-step aggregates to the "
                              "trainer's loggers: it needs aggregate=DIR")
-        self.scalars = Scalars(top, include)
+        try:
+            self.scalars = Scalars(top, include)
+        except (TypeError, ValueError) as e:  # (named as the callback's keyword)
+            raise type(e)(f"hooktrace: log_{e}") from None
 
     def _collect_scalars(self, step: int, rows: dict[str, list[Any]]) -> None:
         assert self.scalars is not None
