@@ -50,6 +50,11 @@ class TraceSession:
                             f"{', '.join(sorted(accepted))}")
         # checked now (names and values), not when training starts
         self.record = RecordOptions(steps=None, backward=backward, capacity=capacity, **options)
+        if self.record.aggregate is not None and chrome is not None:
+            # (issue #35: it held the events after the last step only)
+            raise ValueError("hooktrace: chrome= exports the trace in memory; with aggregate= "
+                             "each step's events go into the aggregates: export a step kept "
+                             "whole (DIR/steps/step-N_<run>.htrace) instead")
         self.output, self.chrome = output, chrome
         self.backward, self.capacity, self.summary = backward, capacity, summary
         self.options = options
@@ -92,6 +97,9 @@ class TraceSession:
         if trace is None:
             return
         trace.__exit__(None, None, None)
+        if self.record.aggregate is not None:
+            self._finish_aggregates(trace, rank)
+            return
         named_rank = rank if world_size > 1 or self.output is None else None
         path = output_path(self.output, ".htrace", named_rank)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -105,4 +113,22 @@ class TraceSession:
         if self.summary and rank == 0:
             print(trace.summary(), file=sys.stderr)
         print(f"hooktrace: wrote {' and '.join(self.written)}", file=sys.stderr)
+
+    def _finish_aggregates(self, trace: Trace, rank: int) -> None:
+        """With ``aggregate=``: the steps are in the folder; no ``.htrace`` of the events
+        after the last step (it read as the run's trace: issue #35), they are counted."""
+        agg = trace.info.get("aggregate") or {}
+        folder = str(agg.get("dir", self.record.aggregate))
+        self.written = [folder]
+        if self.summary and rank == 0:
+            from hooktrace._naming import is_aggregate_dir
+            from hooktrace.record.aggregate import aggregate_summary
+
+            if is_aggregate_dir(folder):
+                print(aggregate_summary(folder), file=sys.stderr)
+        tail = len(trace.result.events)
+        print(f"hooktrace: {agg.get('steps', 0)} steps aggregated in {folder}/aggregates, "
+              f"{len(agg.get('detail', []))} kept whole in {folder}/steps"
+              + (f"; {tail} events after the last step not aggregated" if tail else ""),
+              file=sys.stderr)
 

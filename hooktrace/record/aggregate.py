@@ -84,6 +84,18 @@ PART_NAME = re.compile(r"part-(?:(?P<run>.+)-)?(?P<n>\d+)\.parquet")
 STEP_NAME = re.compile(r"step-(?P<step>\d+)(?:_(?P<run>.+))?\.htrace")
 
 
+# the module column's own labels; a submodule named as one is quoted (issue #35: one
+# named "<root>" merged with the root's rows)
+ROOT_ROW, STEP_ROW = "<root>", "<step>"
+
+
+def row_name(name: str) -> str:
+    """The module column's value for a qualified module name."""
+    if not name:
+        return ROOT_ROW
+    return f"'{name}'" if name in (ROOT_ROW, STEP_ROW) else name
+
+
 def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, list[Any]]:
     """The aggregate rows of the steps ``first``, ``first + 1``, ... (``len(step_ms)`` of
     them, their wall times) whose events ``trace`` holds, as columns: per module and
@@ -93,7 +105,7 @@ def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, lis
     from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL
 
     s = trace.spans()
-    names = [m[0] or "<root>" for m in trace.modules]
+    names = [row_name(m[0]) for m in trace.modules]
     cols: dict[str, list[Any]] = {k: [] for k in (
         "step", "steps", "module", "mode", "calls", "total_ms", "p50_ms", "max_ms",
         "gpu_ms", "mem_peak_bytes", "tflops", "nonfinite", "absmax")}
@@ -153,7 +165,7 @@ def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, lis
                 cols["absmax"].append(None)
     cols["step"].append(step)
     cols["steps"].append(steps)
-    cols["module"].append("<step>")
+    cols["module"].append(STEP_ROW)
     cols["mode"].append("step")
     for key, value in (("calls", steps), ("total_ms", float(sum(step_ms))),
                        ("p50_ms", float(np.median(step_ms))), ("max_ms", float(max(step_ms))),

@@ -255,3 +255,103 @@ def test_sigusr2_off_the_main_thread_is_refused_unless_a_trace_listens(tmp_path:
         on_thread("every=0,signal")
     assert errors == []
     assert signal.getsignal(signal.SIGUSR2) == before
+
+
+# -- what aggregate= writes, and says (issue #35 item 16) --------------------------------
+
+SCRIPT = """
+import torch
+from torch import nn
+m = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+opt = torch.optim.SGD(m.parameters(), lr=0.01)
+for _ in range(4):
+    opt.zero_grad()
+    m(torch.randn(4, 4)).sum().backward()
+    opt.step()
+"""
+
+
+def test_run_aggregate_summary_prints_the_table_and_exports_are_refused(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[2]), "PATH": "/usr/bin:/bin"}
+    # WHEN hooktrace run --aggregate --summary: the folder's table (it printed nothing)
+    r = subprocess.run([sys.executable, "-m", "hooktrace", "run", "--aggregate", "agg",
+                        "--aggregate-interval", "0", "--summary", str(script)], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "agg: 4 steps aggregated" in r.stderr and "<step>" in r.stderr, r.stderr
+    # WHEN --chrome with --aggregate (it wrote an empty export): refused in one line,
+    # before the script runs
+    r = subprocess.run([sys.executable, "-m", "hooktrace", "run", "--aggregate", "agg2",
+                        "--chrome", "c.json", str(script)], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and "--chrome and --pftrace export the trace in memory" in err[0]
+    assert not (tmp_path / "c.json").exists() and not (tmp_path / "agg2").exists()
+
+
+def test_a_callback_with_aggregate_writes_no_trace_of_the_tail(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from hooktrace.integrations import TraceSession
+
+    monkeypatch.chdir(tmp_path)
+    # GIVEN a trainer callback's session with aggregate= and events after the last step
+    session = TraceSession(None, chrome=None, backward=True, capacity=1 << 16, summary=True,
+                           aggregate=str(tmp_path / "agg"), aggregate_interval=0,
+                           detail="every=0")
+    model = net()
+    session.start(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(3):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        session.step()
+    model(torch.randn(4, 8))  # (an evaluation after the last step)
+    session.finish(rank=0, world_size=1)
+    # THEN no .htrace holding only that tail, and the line says what happened
+    assert not list(tmp_path.glob("*.htrace"))
+    assert session.written == [str(tmp_path / "agg")]
+    err = capsys.readouterr().err
+    assert "3 steps aggregated" in err and "events after the last step not aggregated" in err
+    assert "agg: 3 steps aggregated" in err  # summary=True: the folder's table
+    # and chrome= with aggregate= is refused when the callback is made
+    with pytest.raises(ValueError, match="chrome= exports the trace in memory"):
+        TraceSession(None, chrome=str(tmp_path / "c.json"), backward=True, capacity=1 << 16,
+                     summary=False, aggregate=str(tmp_path / "agg"))
+
+
+def test_a_submodule_named_root_keeps_rows_of_its_own(tmp_path: Path) -> None:
+    # GIVEN a submodule whose name is the root's label in the module column
+    model = nn.Sequential()
+    model.add_module("<root>", nn.Linear(8, 8))
+    model.add_module("head", nn.Linear(8, 1))
+    with hooktrace.trace(model, aggregate=tmp_path / "agg", aggregate_interval=0,
+                         detail="every=0"):
+        train(model, 3)
+    # THEN its rows are its own: the root's forward calls are the model's, 3
+    t = load_aggregates(tmp_path / "agg").to_pydict()
+    calls: dict[tuple[str, str], int] = {}
+    for m, mode, c in zip(t["module"], t["mode"], t["calls"], strict=True):
+        calls[(m, mode)] = calls.get((m, mode), 0) + c
+    assert calls[("<root>", "forward")] == 3 and calls[("'<root>'", "forward")] == 3
+
+
+def test_a_submodule_added_inside_the_trace_is_named_in_a_warning() -> None:
+    model = net()
+    with pytest.warns(UserWarning, match="'extra' added to the model inside the trace: not "
+                                         "recorded"):
+        with hooktrace.trace(model):
+            model.add_module("extra", nn.Identity())
+            train(model, 1)
+    # and none when nothing was added
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        other = net()
+        with hooktrace.trace(other):
+            train(other, 1)
