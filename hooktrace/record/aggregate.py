@@ -5,7 +5,7 @@ for weeks.
 (the recorder's output stage, never a module call) the step's events are drained from
 the session; every ``aggregate_interval`` seconds (default 1; 0: every step) the steps
 since the last time are reduced, per module and mode (forward, backward), to one row
-each:
+each (sooner when the window holds ``capacity`` raw events: memory stays bounded):
 
     step (the window's first), steps, module, mode, calls, total_ms, p50_ms, max_ms
     (mode: forward, backward, or eval: the forward calls under no_grad or

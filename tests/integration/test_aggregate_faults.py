@@ -355,3 +355,43 @@ def test_a_submodule_added_inside_the_trace_is_named_in_a_warning() -> None:
         other = net()
         with hooktrace.trace(other):
             train(other, 1)
+
+
+# -- memory stays bounded (issue #35 item 14) ---------------------------------------------
+
+
+def test_a_long_interval_closes_its_window_at_the_capacity(tmp_path: Path) -> None:
+    # GIVEN a 600 s interval (it held every raw event of the window) and a capacity of
+    # about 10 steps' events
+    model = net()
+    with hooktrace.trace(model, aggregate=tmp_path / "agg", aggregate_interval=600,
+                         detail="every=0", capacity=200):
+        train(model, 60)
+    # THEN windows closed on the way, each of the steps the capacity holds
+    table = load_aggregates(tmp_path / "agg")
+    windows = [n for mode, n in zip(table["mode"].to_pylist(), table["steps"].to_pylist(),
+                                    strict=True) if mode == "step"]
+    assert sum(windows) == 60 and len(windows) > 2 and max(windows) < 60
+
+
+def test_the_callbacks_pending_scalars_are_bounded(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import hooktrace.integrations as integrations
+    from hooktrace.integrations import TraceSession
+
+    # GIVEN a trainer that never logs, and room for 5 windows' scalars
+    monkeypatch.setattr(integrations, "MAX_PENDING", 5)
+    session = TraceSession(None, chrome=None, backward=True, capacity=1 << 16, summary=False,
+                           aggregate=str(tmp_path / "agg"), aggregate_interval=0,
+                           detail="every=0")
+    session.log_scalars(3, None)
+    model = net()
+    session.start(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(12):
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        session.step()
+    # THEN the newest 5 are held and the others counted
+    assert len(session.pending) == 5 and session.dropped_pending == 12 - 5
+    session.finish(rank=0, world_size=1)
