@@ -88,7 +88,7 @@ def rank_files_of(name: str | os.PathLike[str]) -> list[str]:
 def is_aggregate_dir(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is an ``aggregate=`` folder (``trace(aggregate=DIR)`` /
     ``hooktrace run --aggregate DIR``): it holds ``aggregates/part-*.parquet``, and
-    ``steps/step-N.htrace`` for the steps kept whole."""
+    ``steps/step-N_<run>.htrace`` for the steps kept whole."""
     folder = os.path.join(os.fspath(path), "aggregates")
     return os.path.isdir(folder) and any(f.endswith(".parquet") for f in os.listdir(folder))
 
@@ -98,5 +98,5 @@ def aggregate_dir_problem(path: str | os.PathLike[str]) -> str:
     rank traces) was expected: its kept steps are single steps, not the run's ranks."""
     name = os.fspath(path).rstrip("/") or "/"
     return (f"{name}: an aggregate= folder (per-window rows, not a trace): give a step it "
-            f"kept whole ({os.path.join(name, 'steps', 'step-N.htrace')}), or read its rows "
-            f"with hooktrace summary/report/query {name}")
+            f"kept whole ({os.path.join(name, 'steps', 'step-N_<run>.htrace')}), or read its "
+            f"rows with hooktrace summary/report/query {name}")

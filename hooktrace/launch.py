@@ -156,6 +156,13 @@ class RunOptions:
 def options_from_args(args: argparse.Namespace) -> RunOptions:
     """Checks the options and resolves the output names; raises OptionError
     (NoDeviceError for --gpu without CUDA)."""
+    if getattr(args, "aggregate", None) is not None and (args.chrome is not None
+                                                         or args.pftrace is not None):
+        # (issue #35: they exported the events after the last step only, an empty file)
+        raise OptionError("--chrome and --pftrace export the trace in memory; with "
+                          "--aggregate each step's events go into the aggregates: export a "
+                          "step kept whole (DIR/steps/step-N_<run>.htrace), or hooktrace "
+                          "report DIR for a page")
     rank = env_rank()
     output = output_path(args.output, ".htrace", rank)
     chrome = output_path(args.chrome, ".json", rank) if args.chrome is not None else None
@@ -466,7 +473,7 @@ def write_outputs(trace: GlobalTrace, options: RunOptions) -> None:
     if result is not None and options.record.aggregate is not None and not len(result.events) \
             and options.chrome is None and options.pftrace is None and not options.profile:
         # every step went into the aggregates: an empty .htrace would only mislead
-        print(_aggregate_line(result.info), file=sys.stderr)
+        _print_aggregates(result.info, options.summary)
         return
     if not streamed:
         assert result is not None
@@ -483,7 +490,7 @@ def write_outputs(trace: GlobalTrace, options: RunOptions) -> None:
     if options.profile and options.schedule is None:
         assert result is not None
         written += _write_profile(result, options.output)
-    if options.summary:
+    if options.summary and options.record.aggregate is None:
         assert result is not None
         print(result.summary(), file=sys.stderr)
     if result is not None:
@@ -496,15 +503,32 @@ def write_outputs(trace: GlobalTrace, options: RunOptions) -> None:
         counts = {"modules": len(trace.modules_table()), **trace.stream_counts()}
     print(exit_line(written, counts), file=sys.stderr)
     if result is not None and result.info.get("aggregate"):
-        print(_aggregate_line(result.info), file=sys.stderr)
+        _print_aggregates(result.info, options.summary)
+
+
+def _print_aggregates(info: dict[str, Any], summary: bool) -> None:
+    """What an ``--aggregate`` run wrote; with ``--summary``, the folder's table first (the
+    run's events are in the aggregates, not in the trace: issue #35)."""
+    folder = (info.get("aggregate") or {}).get("dir")
+    if summary and folder is not None:
+        from hooktrace._naming import is_aggregate_dir
+        from hooktrace.record.aggregate import aggregate_summary
+
+        print(aggregate_summary(folder) if is_aggregate_dir(folder) else
+              f"hooktrace: no step was aggregated in {folder}: no summary", file=sys.stderr)
+    print(_aggregate_line(info), file=sys.stderr)
 
 
 def _aggregate_line(info: dict[str, Any]) -> str:
     """What an ``--aggregate`` run wrote, and how to look at it."""
     agg = info.get("aggregate") or {}
     folder = agg.get("dir", "?")
+    lost = ""
+    if agg.get("lost_rows") or agg.get("lost_steps"):  # a full disk, a read-only folder
+        lost = (f" ({agg.get('lost_rows', 0)} rows and {agg.get('lost_steps', 0)} kept steps "
+                f"lost: {agg.get('write_error')})")
     return (f"hooktrace: {agg.get('steps', 0)} steps aggregated in {folder}/aggregates, "
-            f"{len(agg.get('detail', []))} kept whole in {folder}/steps; the table: "
+            f"{len(agg.get('detail', []))} kept whole in {folder}/steps{lost}; the table: "
             f"hooktrace summary {folder}; the page: hooktrace report {folder} -o report.html")
 
 

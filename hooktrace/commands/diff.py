@@ -86,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
         if is_aggregate_dir(path):
             raise CliError(f"{path} is an aggregate= folder and {other} is not: diff two "
                            f"aggregate= folders, or a step it kept whole "
-                           f"({os.path.join(path, 'steps', 'step-N.htrace')}) against {other}")
+                           f"({os.path.join(path, 'steps', 'step-N_<run>.htrace')}) against "
+                           f"{other}")
     if args.engine == "duckdb":
         from hooktrace.data import require
 

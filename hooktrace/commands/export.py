@@ -159,7 +159,9 @@ def _export_parquet(args: argparse.Namespace, many: bool) -> None:
 
     if not whole:
         check_output_path(out, [args.run])
-    trace = load(args.run, mmap=True)
+    # read, not mapped: a run that truncates the same path (a new trace(out=) there)
+    # would end a mapped export with SIGBUS (issue #35); read, it is the file as it was
+    trace = load(args.run)
     if whole:
         rows = write_run(trace, out, Where.of(trace, args.run))
         print(f"wrote {out}: " + ", ".join(f"{t}.parquet ({n} rows)" for t, n in rows.items()))

@@ -14,8 +14,10 @@ Layouts:
   ``write_dataset(..., single="X.parquet")`` writes the one table at ``X.parquet/rank=N/``.
 
 Every file is written batch by batch (:func:`hooktrace.data.tables.batches`), one row
-group per batch, so memory holds one batch of Arrow data however large the run; each
-file's key-value metadata carries ``hooktrace.schema_version`` and ``hooktrace.table``.
+group per batch, so memory holds one batch of Arrow data however large the run, and
+through a temporary file (``.<name>.<pid>.<thread>.tmp``: datasets skip it) renamed once
+whole; each file's key-value metadata carries ``hooktrace.schema_version`` and
+``hooktrace.table``.
 Ranks are converted one at a time (``threads`` at once): one rank's events in memory each.
 """
 
@@ -25,9 +27,11 @@ import os
 import shutil
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import IO, Any
 
+from hooktrace._output import open_output
 from hooktrace.data import require
 from hooktrace.data.schema import TABLES, file_schema
 from hooktrace.data.tables import DEFAULT_BATCH_ROWS, Where, batches
@@ -54,12 +58,17 @@ def write_table(trace: TraceData, table: str, out: str | os.PathLike[str] | IO[b
     # (measured: a synthetic rank's spans file 38x smaller, its scan 3x faster); the
     # other columns repeat few values, for the dictionary.
     delta = [n for n in _DELTA if n in schema.names]
-    with pq.ParquetWriter(out, schema, compression=compression,
-                          use_dictionary=[n for n in schema.names if n not in delta],
-                          column_encoding=dict.fromkeys(delta, "DELTA_BINARY_PACKED")) as w:
-        for b in batches(trace, table, where, batch_rows=batch_rows):
-            w.write_batch(b, row_group_size=max(batch_rows, 1))
-            rows += b.num_rows
+    with ExitStack() as stack:
+        # a path is written through a temporary file renamed once whole (hooktrace._output):
+        # a killed or failed export leaves no file cut short under its name (issue #35)
+        target = out if hasattr(out, "write") else stack.enter_context(
+            open_output(out, gzip_by_name=False))  # type: ignore[arg-type]
+        with pq.ParquetWriter(target, schema, compression=compression,
+                              use_dictionary=[n for n in schema.names if n not in delta],
+                              column_encoding=dict.fromkeys(delta, "DELTA_BINARY_PACKED")) as w:
+            for b in batches(trace, table, where, batch_rows=batch_rows):
+                w.write_batch(b, row_group_size=max(batch_rows, 1))
+                rows += b.num_rows
     return rows
 
 

@@ -192,7 +192,8 @@ TABLES = tuple(_TABLES)
 
 # Not a table of a trace: what ``trace(aggregate=DIR)`` writes (hooktrace.record.aggregate,
 # DIR/aggregates/part-*.parquet), per window of steps, module and mode; ``hooktrace query
-# DIR`` reads it as the view ``aggregates``. Its files have neither rank nor window.
+# DIR`` reads it as the view ``aggregates``. Its files have ``rank`` (null without one) and
+# ``run`` (the runs and ranks that share a folder, issue #35); ``window`` is null.
 _F32 = pa.float32()
 _AGGREGATE_COLUMNS = [
     _f("step", _I64, True, "the window's first step"),
@@ -210,6 +211,8 @@ _AGGREGATE_COLUMNS = [
     _f("tflops", _F32, True, "FLOP rate of the calls, TFLOP/s (flops=True)"),
     _f("nonfinite", _I64, True, "NaN/Inf count of the outputs (numerics=True)"),
     _f("absmax", _F32, True, "largest output max |x| (numerics=True)"),
+    _f("run", _STR, True, "the run that wrote the row, <host>_<pid>[_rank<R>]_<random> (a "
+                          "folder may hold several runs and ranks)"),
 ]
 AGGREGATES = "aggregates"
 ALL_TABLES = (*TABLES, AGGREGATES)

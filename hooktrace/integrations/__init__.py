@@ -19,7 +19,13 @@ from hooktrace.integrations.scalars import Scalars
 from hooktrace.record import Trace
 from hooktrace.record.options import RecordOptions
 
-__all__ = ["TraceSession", "trace_options"]
+__all__ = ["MAX_PENDING", "TraceSession", "trace_options"]
+
+# The windows' scalars held for a trainer that has not logged yet: beyond this many the
+# oldest are dropped and counted (issue #35: a Trainer logging rarely or never held one
+# dict per window, ~2.7 KB each with log_top=10, ~235 MB a day); a day of 1 s windows
+# would need 86 400
+MAX_PENDING = 10_000
 
 
 def trace_options() -> frozenset[str]:
@@ -50,6 +56,11 @@ class TraceSession:
                             f"{', '.join(sorted(accepted))}")
         # checked now (names and values), not when training starts
         self.record = RecordOptions(steps=None, backward=backward, capacity=capacity, **options)
+        if self.record.aggregate is not None and chrome is not None:
+            # (issue #35: it held the events after the last step only)
+            raise ValueError("hooktrace: chrome= exports the trace in memory; with aggregate= "
+                             "each step's events go into the aggregates: export a step kept "
+                             "whole (DIR/steps/step-N_<run>.htrace) instead")
         self.output, self.chrome = output, chrome
         self.backward, self.capacity, self.summary = backward, capacity, summary
         self.options = options
@@ -57,6 +68,7 @@ class TraceSession:
         self.written: list[str] = []
         self.scalars: Scalars | None = None
         self.pending: list[dict[str, float]] = []  # per step, oldest first, until logged
+        self.dropped_pending = 0  # windows' scalars dropped beyond MAX_PENDING
 
     def start(self, model: Any) -> None:
         if self.trace is not None:
@@ -74,11 +86,22 @@ class TraceSession:
         if self.record.aggregate is None:
             raise ValueError("hooktrace: logs=True sends the per-step aggregates to the "
                              "trainer's loggers: it needs aggregate=DIR")
-        self.scalars = Scalars(top, include)
+        try:
+            self.scalars = Scalars(top, include)
+        except (TypeError, ValueError) as e:  # (named as the callback's keyword)
+            raise type(e)(f"hooktrace: log_{e}") from None
 
     def _collect_scalars(self, step: int, rows: dict[str, list[Any]]) -> None:
         assert self.scalars is not None
         self.pending.append(self.scalars(step, rows))
+        if len(self.pending) > MAX_PENDING:  # bounded: the trainer has not logged for long
+            excess = len(self.pending) - MAX_PENDING
+            del self.pending[:excess]
+            if not self.dropped_pending:
+                print(f"hooktrace: the trainer has not logged for {MAX_PENDING} windows: "
+                      "the oldest windows' scalars are dropped (counted in "
+                      "dropped_pending; the aggregates keep every row)", file=sys.stderr)
+            self.dropped_pending += excess
 
     def step(self) -> None:
         if self.trace is not None:
@@ -89,6 +112,9 @@ class TraceSession:
         if trace is None:
             return
         trace.__exit__(None, None, None)
+        if self.record.aggregate is not None:
+            self._finish_aggregates(trace, rank)
+            return
         named_rank = rank if world_size > 1 or self.output is None else None
         path = output_path(self.output, ".htrace", named_rank)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -102,4 +128,22 @@ class TraceSession:
         if self.summary and rank == 0:
             print(trace.summary(), file=sys.stderr)
         print(f"hooktrace: wrote {' and '.join(self.written)}", file=sys.stderr)
+
+    def _finish_aggregates(self, trace: Trace, rank: int) -> None:
+        """With ``aggregate=``: the steps are in the folder; no ``.htrace`` of the events
+        after the last step (it read as the run's trace: issue #35), they are counted."""
+        agg = trace.info.get("aggregate") or {}
+        folder = str(agg.get("dir", self.record.aggregate))
+        self.written = [folder]
+        if self.summary and rank == 0:
+            from hooktrace._naming import is_aggregate_dir
+            from hooktrace.record.aggregate import aggregate_summary
+
+            if is_aggregate_dir(folder):
+                print(aggregate_summary(folder), file=sys.stderr)
+        tail = len(trace.result.events)
+        print(f"hooktrace: {agg.get('steps', 0)} steps aggregated in {folder}/aggregates, "
+              f"{len(agg.get('detail', []))} kept whole in {folder}/steps"
+              + (f"; {tail} events after the last step not aggregated" if tail else ""),
+              file=sys.stderr)
 

@@ -38,8 +38,10 @@ class Scalars:
             raise ValueError(f"top must be a number of modules >= 0, got {top!r}")
         if isinstance(include, str):
             include = [include]
-        if include is not None and not all(isinstance(p, str) for p in include):
-            raise TypeError(f"include must be fnmatch patterns (str), got {include!r:.60}")
+        if include is not None and (not isinstance(include, (list, tuple, set, frozenset))
+                                    or not all(isinstance(p, str) for p in include)):
+            raise TypeError(f"include must be fnmatch patterns (str, or a list of str), got "
+                            f"{type(include).__name__} {include!r:.60}")
         self.top, self.include, self.prefix = top, list(include or []), prefix
         self.modules: list[str] | None = None  # fixed at the first step
 

@@ -5,7 +5,7 @@ for weeks.
 (the recorder's output stage, never a module call) the step's events are drained from
 the session; every ``aggregate_interval`` seconds (default 1; 0: every step) the steps
 since the last time are reduced, per module and mode (forward, backward), to one row
-each:
+each (sooner when the window holds ``capacity`` raw events: memory stays bounded):
 
     step (the window's first), steps, module, mode, calls, total_ms, p50_ms, max_ms
     (mode: forward, backward, or eval: the forward calls under no_grad or
@@ -14,13 +14,18 @@ each:
     absmax with numerics=True; a mode "step" row holds the steps' wall times: their
     sum, median and max)
 
-The rows go to ``DIR/aggregates/part-NNNNN.parquet`` (a Parquet dataset: one table,
+The rows go to ``DIR/aggregates/part-<run>-NNNNN.parquet`` (a Parquet dataset: one table,
 ``pyarrow.dataset.dataset(DIR/aggregates)`` or duckdb's ``read_parquet('DIR/aggregates/*')``
 read it whole), a part when ``PART_ROWS`` rows wait or ``PART_SECONDS`` passed (a killed
-run loses the rows not written yet only). The raw events are then dropped, unless the
-**detail policy** keeps a step's, as ``DIR/steps/step-<n>.htrace`` (a trace like any
-other: summary, diff, report, export load it). Its triggers,
-``detail="every=10000,slow=3,nonfinite,signal"``:
+run loses the rows not written yet only; a part is written as ``.part-*.tmp``, a name
+dataset readers skip, then renamed). ``<run>`` (``<host>_<pid>[_rank<R>]_<random>``) and
+the ``run`` and ``rank`` columns keep the runs and ranks that share a folder apart
+(issue #35: they replaced each other's parts). The raw events are then dropped, unless
+the **detail policy** keeps a step's, as ``DIR/steps/step-<n>_<run>.htrace`` (a trace
+like any other: summary, diff, report, export load it). A part or step that cannot be
+written (a full disk, a read-only folder) is a warning, once, and counted in the
+recording's ``info["aggregate"]`` (``lost_rows``, ``lost_steps``): training goes on.
+Its triggers, ``detail="every=10000,slow=3,nonfinite,signal"``:
 
 * ``every=N``: steps 0, N, 2N, ...;
 * ``slow=K``: a step slower than K x the median of the last steps (at most one a minute,
@@ -36,15 +41,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import statistics
 import threading
 import time
+import uuid
+import warnings
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from hooktrace._naming import env_rank, process_stem
+from hooktrace.errors import HooktraceError
 from hooktrace.record.component import Component, Flag, Option
 
 if TYPE_CHECKING:  # numpy is imported where used: `hooktrace --version` reads this
@@ -63,8 +73,27 @@ MIN_STEPS_FOR_SLOW = 5
 # preemptions make many millisecond steps "slow": disk stays bounded in time)
 SLOW_COOLDOWN_S = 60.0
 DETAIL_SIGNAL = signal.SIGUSR2
-# DIR/KEPT_INDEX: a JSON line per step kept whole ({"step", "why", "file"}: DIR/steps/file)
+# DIR/KEPT_INDEX: a JSON line per step kept whole ({"step", "why", "file", "run", "rank"}:
+# DIR/steps/file)
 KEPT_INDEX = "kept.jsonl"
+# DIR/aggregates/PART_NAME: a finished part (a part being written has a leading "." and
+# ends in .tmp: pyarrow's datasets and duckdb's *.parquet both skip it, issue #35); the run
+# is in the name so that runs and ranks sharing a folder never replace each other's parts
+PART_NAME = re.compile(r"part-(?:(?P<run>.+)-)?(?P<n>\d+)\.parquet")
+# DIR/steps/STEP_NAME: a step kept whole (step-N.htrace: written before the run was named)
+STEP_NAME = re.compile(r"step-(?P<step>\d+)(?:_(?P<run>.+))?\.htrace")
+
+
+# the module column's own labels; a submodule named as one is quoted (issue #35: one
+# named "<root>" merged with the root's rows)
+ROOT_ROW, STEP_ROW = "<root>", "<step>"
+
+
+def row_name(name: str) -> str:
+    """The module column's value for a qualified module name."""
+    if not name:
+        return ROOT_ROW
+    return f"'{name}'" if name in (ROOT_ROW, STEP_ROW) else name
 
 
 def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, list[Any]]:
@@ -76,7 +105,7 @@ def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, lis
     from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL
 
     s = trace.spans()
-    names = [m[0] or "<root>" for m in trace.modules]
+    names = [row_name(m[0]) for m in trace.modules]
     cols: dict[str, list[Any]] = {k: [] for k in (
         "step", "steps", "module", "mode", "calls", "total_ms", "p50_ms", "max_ms",
         "gpu_ms", "mem_peak_bytes", "tflops", "nonfinite", "absmax")}
@@ -136,7 +165,7 @@ def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, lis
                 cols["absmax"].append(None)
     cols["step"].append(step)
     cols["steps"].append(steps)
-    cols["module"].append("<step>")
+    cols["module"].append(STEP_ROW)
     cols["mode"].append("step")
     for key, value in (("calls", steps), ("total_ms", float(sum(step_ms))),
                        ("p50_ms", float(np.median(step_ms))), ("max_ms", float(max(step_ms))),
@@ -315,6 +344,56 @@ def _interval(name: str, interval: Any) -> float:
 DEFAULT_DETAIL = "every=10000,slow=3,nonfinite,signal"
 
 
+# The traces listening to DETAIL_SIGNAL, oldest first, and the handler before the first.
+# One handler (_on_detail_signal) serves them all and the old one comes back when the last
+# ends, whatever order they end in: each trace saving and restoring its own left SIG_DFL
+# (kill -USR2 then terminates the process) after two traces ended out of order (issue #35).
+_listening: list[AggregateComponent] = []
+_before_listening: Any = None
+_listening_lock = threading.Lock()
+SIGNAL_OFF_MAIN = ("aggregate=: the detail trigger 'signal' (SIGUSR2) needs the trace to "
+                   "start on the main thread (Python runs signal handlers there only; "
+                   "kill -USR2 would end the process): start it there, or leave 'signal' out "
+                   "of detail= (e.g. detail='every=10000,slow=3,nonfinite') and call "
+                   "keep_step()")
+
+
+def _on_detail_signal(signum: int, frame: Any) -> None:
+    for component in list(_listening):
+        component.keep_step()
+
+
+def _listen(component: AggregateComponent) -> None:
+    """Add ``component`` to the traces ``kill -USR2`` keeps the next step of: the handler
+    is set on the main thread (Python runs handlers there only); off it, another trace
+    must have set it already, else the one-line error (the signal would end the process)."""
+    global _before_listening
+    with _listening_lock:
+        if not _listening or signal.getsignal(DETAIL_SIGNAL) is not _on_detail_signal:
+            if threading.current_thread() is not threading.main_thread():
+                raise HooktraceError(SIGNAL_OFF_MAIN)
+            previous = signal.signal(DETAIL_SIGNAL, _on_detail_signal)
+            if not _listening:
+                _before_listening = previous
+        _listening.append(component)
+
+
+def _unlisten(component: AggregateComponent) -> None:
+    """Remove ``component``; the last one out restores the handler from before the first
+    (unless someone else has set one since, or this is not the main thread)."""
+    global _before_listening
+    with _listening_lock:
+        if component not in _listening:
+            return
+        _listening.remove(component)
+        if _listening or threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(DETAIL_SIGNAL) is _on_detail_signal:
+            signal.signal(DETAIL_SIGNAL, _before_listening if _before_listening is not None
+                          else signal.SIG_DFL)
+        _before_listening = None
+
+
 class AggregateComponent(Component):
     """``aggregate=DIR``: see the module docstring."""
 
@@ -322,7 +401,7 @@ class AggregateComponent(Component):
         Option("aggregate", None, "reduce each step's events to per-module rows (calls, "
                "forward/backward p50/max ms, numerics) in this folder (Parquet: "
                "DIR/aggregates), dropping the raw events unless the detail policy keeps the "
-               "step (DIR/steps/step-N.htrace)",
+               "step (DIR/steps/step-N_<run>.htrace)",
                type="str | os.PathLike[str] | None", check=_aggregate,
                cli=Flag("str", metavar="DIR")),
         Option("detail", DEFAULT_DETAIL, "with aggregate, which steps keep their raw events: "
@@ -353,6 +432,9 @@ class AggregateComponent(Component):
         if options.out is not None or options.schedule is not None or options.policy == "ring":
             raise ValueError("aggregate= reduces each step's events in memory: it cannot be "
                              "combined with out=, schedule= or policy='ring'")
+        if options.detail.signal and threading.current_thread() is not threading.main_thread() \
+                and signal.getsignal(DETAIL_SIGNAL) is not _on_detail_signal:
+            raise HooktraceError(SIGNAL_OFF_MAIN)
         try:
             import pyarrow  # noqa: F401
         except ImportError:
@@ -365,15 +447,25 @@ class AggregateComponent(Component):
         self.dir = os.fspath(options.aggregate)
         self.policy: DetailPolicy = options.detail
         self._rows: dict[str, list[Any]] = {}
-        self._parts = 0
+        self._parts = 0  # written
+        self._part_no = 0  # tried (a part the disk refused leaves its number unused)
         self._steps = 0
         self._times: deque[float] = deque(maxlen=MEDIAN_WINDOW)
         self._last = 0.0
         self._seen_nonfinite = False
         self._last_slow = float("-inf")
         self._keep_next = threading.Event()
-        self._old_handler: Any = None
+        self._listening = False
         self.kept: list[dict[str, Any]] = []  # {"step", "why", "path"}
+        # this run in part and step names, and in each row: runs and ranks that share the
+        # folder stay apart (issue #35); the random part: a pid is reused, in a container
+        # every run may have the same
+        self.rank = env_rank()
+        self.run_id = f"{process_stem(self.rank)}_{uuid.uuid4().hex[:8]}"
+        # what a full disk or read-only folder cost (a warning, once; training goes on)
+        self.lost_rows = 0
+        self.lost_steps = 0
+        self._write_error: str | None = None
         self.loggers: list[Callable[[int, dict[str, list[Any]]], None]] = []
         self._session: Any = None
         self.interval = float(options.aggregate_interval)
@@ -381,6 +473,10 @@ class AggregateComponent(Component):
         self._window_first: int | None = None  # the first step of the open window
         self._window_start = 0.0
         self._window_events: list[np.ndarray] = []
+        self._window_held = 0  # events in _window_events
+        # a window closes early once it holds this many raw events: memory stays within
+        # the capacity whatever the interval (issue #35: 600 s held +384 MB)
+        self._window_limit = max(1, int(options.capacity or 1))
         self._window_times: list[float] = []
         self._part_time = time.perf_counter()
 
@@ -392,11 +488,9 @@ class AggregateComponent(Component):
 
     def install(self, session: Any, scope: Any) -> None:
         self._last = time.perf_counter()
-        if self.policy.signal and threading.current_thread() is threading.main_thread():
-            self._old_handler = signal.signal(DETAIL_SIGNAL, self._on_signal)
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        self._keep_next.set()
+        if self.policy.signal:
+            _listen(self)
+            self._listening = True
 
     def keep_step(self) -> None:
         """Keep the next step's raw events (the ``signal`` trigger, from code)."""
@@ -416,20 +510,43 @@ class AggregateComponent(Component):
         self._times.append(step_ms)
         if why:
             trace = trace if trace is not None else self._result(events)
-            path = os.path.join(self.dir, "steps", f"step-{ended}.htrace")
-            trace.save(path)
-            self.kept.append({"step": ended, "why": why, "path": path})
-            # why each was kept, for summary and report (a line per kept step)
-            with open(os.path.join(self.dir, KEPT_INDEX), "a", encoding="utf-8") as f:
-                f.write(json.dumps({"step": ended, "why": why,
-                                    "file": os.path.basename(path)}) + "\n")
+            self._keep(ended, why, trace)
         if self._window_first is None:
             self._window_first, self._window_start = ended, now - step_ms / 1e3
         self._window_events.append(events)
+        self._window_held += len(events)
         self._window_times.append(step_ms)
         self._steps += 1
-        if now - self._window_start >= self.interval:
+        if now - self._window_start >= self.interval or self._window_held >= self._window_limit:
             self._close_window(ended)
+
+    def _keep(self, step: int, why: str, trace: Any) -> None:
+        """Save the step's trace in DIR/steps and say why in DIR/kept.jsonl; a disk that
+        refuses it costs the step (counted), not the training run."""
+        path = os.path.join(self.dir, "steps", f"step-{step}_{self.run_id}.htrace")
+        try:
+            trace.save(path)
+        except (OSError, HooktraceError) as e:
+            self.lost_steps += 1
+            self._failed(f"step {step} could not be kept whole in {path}", e)
+            return
+        self.kept.append({"step": step, "why": why, "path": path})
+        try:  # why each was kept, for summary and report (a line per kept step)
+            with open(os.path.join(self.dir, KEPT_INDEX), "a", encoding="utf-8") as f:
+                f.write(json.dumps({"step": step, "why": why, "file": os.path.basename(path),
+                                    "run": self.run_id, "rank": self.rank}) + "\n")
+        except OSError as e:
+            self._failed(f"{os.path.join(self.dir, KEPT_INDEX)} could not be written", e)
+
+    def _failed(self, what: str, error: BaseException) -> None:
+        """A write the disk refused: a warning the first time (the stream writer's way:
+        what is written stays, what is not is counted in info["aggregate"])."""
+        if self._write_error is not None:
+            return
+        self._write_error = f"{what}: {error}"
+        warnings.warn(f"hooktrace: aggregate=: {what} ({error}); training goes on, what "
+                      "cannot be written is dropped and counted (info['aggregate']: "
+                      "lost_rows, lost_steps)", RuntimeWarning, stacklevel=2)
 
     def _result(self, events: np.ndarray) -> Any:
         """The drained ``events`` as a trace; its FLOP info matched to its root calls
@@ -448,6 +565,7 @@ class AggregateComponent(Component):
         if self._window_first is None:
             return
         events = np.concatenate(self._window_events)
+        self._window_events, self._window_held = [], 0
         # thread by thread, as one drain (and a recording in memory) holds them
         events = events[np.argsort(events["tid"], kind="stable")]
         rows = reduce_window(self._window_first, self._result(events),
@@ -459,8 +577,6 @@ class AggregateComponent(Component):
             try:
                 log(last, rows)
             except Exception as e:  # a failing logger must not stop training
-                import warnings
-
                 warnings.warn(f"hooktrace: a logger failed at step {last}: {e!r}",
                               RuntimeWarning, stacklevel=2)
         if len(self._rows.get("step", ())) >= PART_ROWS or \
@@ -491,7 +607,12 @@ class AggregateComponent(Component):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        from hooktrace.data.schema import AGGREGATES, schema
+
+        n = len(self._rows["step"])
         table = pa.table({
+            "rank": pa.array([self.rank] * n, pa.int64()),
+            "window": pa.nulls(n, pa.int64()),
             "step": pa.array(self._rows["step"], pa.int64()),
             "steps": pa.array(self._rows["steps"], pa.int32()),
             "module": pa.array(self._rows["module"], pa.string()).dictionary_encode(),
@@ -505,82 +626,141 @@ class AggregateComponent(Component):
             "tflops": pa.array(self._rows["tflops"], pa.float32()),
             "nonfinite": pa.array(self._rows["nonfinite"], pa.int64()),
             "absmax": pa.array(self._rows["absmax"], pa.float32()),
-        })
-        self._parts += 1
+            "run": pa.array([self.run_id] * n, pa.string()).dictionary_encode(),
+        }).cast(schema(AGGREGATES))  # (the declared schema: docs/schema.md)
+        self._rows = {}  # written or lost: memory stays bounded either way
         self._part_time = time.perf_counter()
-        path = os.path.join(self.dir, "aggregates", f"part-{self._parts:05d}.parquet")
-        tmp = path + ".tmp"
-        pq.write_table(table, tmp, compression="zstd")
-        os.replace(tmp, path)  # a part is there whole or not at all
-        self._rows = {}
+        self._part_no += 1
+        name = f"part-{self.run_id}-{self._part_no:05d}.parquet"
+        path = os.path.join(self.dir, "aggregates", name)
+        tmp = os.path.join(self.dir, "aggregates", f".{name}.tmp")
+        try:
+            pq.write_table(table, tmp, compression="zstd")
+            os.replace(tmp, path)  # a part is there whole or not at all
+        except (OSError, pa.ArrowException) as e:  # a full disk, a read-only folder
+            self.lost_rows += n
+            self._failed(f"the part {path} could not be written", e)
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            return
+        self._parts += 1
 
     def flush(self) -> None:
         self._close_window(self._steps - 1)  # the steps of the window still open
         self._write_part()
 
     def teardown(self) -> None:
-        if self._old_handler is not None:
-            signal.signal(DETAIL_SIGNAL, self._old_handler)
-            self._old_handler = None
+        if self._listening:
+            _unlisten(self)
+            self._listening = False
 
     def metadata(self, info: dict[str, Any]) -> None:
-        info["aggregate"] = {"dir": self.dir, "steps": self._steps, "parts": self._parts,
+        info["aggregate"] = {"dir": self.dir, "run": self.run_id, "rank": self.rank,
+                             "steps": self._steps, "parts": self._parts,
+                             "lost_rows": self.lost_rows, "lost_steps": self.lost_steps,
+                             "write_error": self._write_error,
                              "detail": [dict(k) for k in self.kept],
                              "policy": {"every": self.policy.every, "slow": self.policy.slow,
                                         "nonfinite": self.policy.nonfinite,
                                         "signal": self.policy.signal}}
 
 
+def part_files(folder: str) -> list[str]:
+    """The finished parts in an aggregates folder, by name: a part a killed run left half
+    written (``.part-*.tmp``, or ``part-N.parquet.tmp`` of older versions) is not one."""
+    return sorted(f for f in os.listdir(folder) if not f.startswith((".", "_"))
+                  and f.endswith(".parquet"))
+
+
 def load_aggregates(path: str | os.PathLike[str]) -> Any:
     """The aggregate table of ``trace(aggregate=DIR)`` (DIR or DIR/aggregates) as a
-    pyarrow Table, rows in step order; an unreadable part is hooktrace's one-line
-    InputPathError (``summary``, ``diff`` and ``report`` all read through here)."""
-    import pyarrow.dataset as ds
-
+    pyarrow Table, rows in (run, rank, step) order, with the ``run`` and ``rank`` of each
+    row (a part written before they were: ``run`` from its name, ``rank`` null); an
+    unreadable part is hooktrace's one-line InputPathError (``summary``, ``diff`` and
+    ``report`` all read through here)."""
     folder = os.fspath(path)
     if os.path.isdir(os.path.join(folder, "aggregates")):
         folder = os.path.join(folder, "aggregates")
-    if not os.path.isdir(folder) or not any(f.endswith(".parquet") for f in os.listdir(folder)):
+    names = part_files(folder) if os.path.isdir(folder) else []
+    if not names:
         raise FileNotFoundError(f"{os.fspath(path)}: no aggregate parts (part-*.parquet) there")
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
+    from hooktrace.data.schema import AGGREGATES, schema
     from hooktrace.errors import InputPathError
 
+    declared = schema(AGGREGATES)
+    tables = []
+    for name in names:
+        try:
+            t = pq.read_table(os.path.join(folder, name))
+        except (pa.ArrowException, OSError) as e:  # a part cut short, or not Parquet
+            first = next((line.strip() for line in str(e).splitlines() if line.strip()),
+                         type(e).__name__)
+            raise InputPathError(f"{os.fspath(path)}: the aggregate table cannot be read: "
+                                 f"{name}: {first}") from None
+        if "run" not in t.column_names:  # (written before runs were told apart)
+            match = PART_NAME.fullmatch(name)
+            t = t.append_column("run", pa.array([match and match["run"] or ""] * len(t),
+                                                pa.string()))
+        for f in declared:  # a column a part was written without (older versions): null
+            if f.name not in t.column_names:
+                t = t.append_column(f.name, pa.nulls(len(t), f.type))
+        tables.append(t)
     try:
-        table = ds.dataset(folder, format="parquet").to_table()
-    except (pa.ArrowException, OSError) as e:  # a part cut short, or not Parquet: one line
-        first = next((line.strip() for line in str(e).splitlines() if line.strip()),
-                     type(e).__name__)
-        raise InputPathError(f"{os.fspath(path)}: the aggregate table cannot be read: "
-                             f"{first}") from None
-    return table.sort_by("step")
+        table = pa.concat_tables(tables, promote_options="permissive")
+        table = table.select(declared.names).cast(declared)
+    except (pa.ArrowException, KeyError) as e:
+        raise InputPathError(f"{os.fspath(path)}: the aggregate parts do not make one "
+                             f"table of the declared columns: {str(e).splitlines()[0]}"
+                             ) from None
+    import pyarrow.compute as pc
+
+    keys = pa.table({"run": table["run"].cast(pa.string()), "rank": table["rank"],
+                     "step": table["step"]})
+    return table.take(pc.sort_indices(keys, sort_keys=[
+        ("run", "ascending"), ("rank", "ascending"), ("step", "ascending")]))
+
+
+def runs_of(table: Any) -> list[tuple[str, int | None]]:
+    """The (run, rank) pairs of an aggregate table, rank order first."""
+    pairs = {(str(r), k) for r, k in zip(table["run"].to_pylist(), table["rank"].to_pylist(),
+                                         strict=True)}
+    return sorted(pairs, key=lambda p: (p[1] is None, p[1] or 0, p[0]))
 
 
 def kept_steps(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The steps an ``aggregate=`` folder kept whole, in step order: ``step``, ``why``
-    (None when DIR/kept.jsonl does not say) and ``path``, for each step-N.htrace still
+    (None when DIR/kept.jsonl does not say) and ``path``, for each step-N_<run>.htrace still
     there."""
     steps = os.path.join(os.fspath(path), "steps")
     if not os.path.isdir(steps):
         return []
     why: dict[str, str] = {}
+    rank: dict[str, int] = {}
     try:
         with open(os.path.join(os.fspath(path), KEPT_INDEX), encoding="utf-8") as f:
             for line in f:
                 try:
                     entry = json.loads(line)
                     why[str(entry["file"])] = str(entry["why"])
-                except (ValueError, KeyError, TypeError):
+                    if isinstance(entry.get("rank"), int):
+                        rank[str(entry["file"])] = entry["rank"]
+                except (ValueError, KeyError, TypeError, AttributeError):
                     continue  # a line cut short by a kill: that step's why is unknown
     except OSError:
         pass
     out = []
     for name in os.listdir(steps):
-        number = name[len("step-"):-len(".htrace")]
-        if name.startswith("step-") and name.endswith(".htrace") and number.isdigit():
-            out.append({"step": int(number), "why": why.get(name),
+        match = STEP_NAME.fullmatch(name)
+        if match:
+            out.append({"step": int(match["step"]), "why": why.get(name),
+                        "run": match["run"] or "", "rank": rank.get(name),
                         "path": os.path.join(steps, name)})
-    return sorted(out, key=lambda k: k["step"])
+    return sorted(out, key=lambda k: (k["step"], k["run"]))
 
 
 def aggregate_summary(path: str | os.PathLike[str], top: int | None = None) -> str:
@@ -605,29 +785,92 @@ def aggregate_summary(path: str | os.PathLike[str], top: int | None = None) -> s
         from hooktrace.reporters.aggregate import aggregate_rows
 
         tflops = {(r["module"], r["mode"]): r["tflops"] for r in aggregate_rows(table)[0]}
-    lines = [f"{os.fspath(path)}: {n_steps} steps aggregated, {len(table)} rows",
+    runs = runs_of(table)
+    # several runs or ranks in the folder: ms/step per rank (or run), as the straggler
+    # table of a folder of rank traces has a column per rank
+    per_source = _per_source(table, runs) if len(runs) > 1 else {}
+    labels = _source_labels(runs)
+    head = f"{os.fspath(path)}: {n_steps} steps aggregated, {len(table)} rows"
+    if len(runs) > 1:
+        counts = _steps_per_source(table)
+        head += f", {len(runs)} {'ranks' if _ranks_only(runs) else 'runs'}: " + ", ".join(
+            f"{labels[r]}: {counts.get(r, 0)} steps" for r in runs[:MAX_SOURCE_COLUMNS])
+        if len(runs) > MAX_SOURCE_COLUMNS:
+            head += f" and {len(runs) - MAX_SOURCE_COLUMNS} more"
+    shown = runs[:MAX_SOURCE_COLUMNS] if per_source else []
+    lines = [head,
              f"{'module':<40}{'mode':<10}{'calls':>10}{'total ms':>12}{'ms/step':>10}"
-             f"{'p50 ms':>10}{'max ms':>10}{'nonfinite':>10}"
+             + "".join(f"{labels[r][:11]:>12}" for r in shown)
+             + f"{'p50 ms':>10}{'max ms':>10}{'nonfinite':>10}"
              + (f"{'TFLOP/s':>10}" if tflops else "")]
     for r in grouped:
         per_step = (r["total_ms_sum"] or 0.0) / max(1, n_steps)
         nf = r["nonfinite_sum"]
-        tf = tflops.get((str(r["module"]), str(r["mode"])))
+        key = (str(r["module"]), str(r["mode"]))
+        tf = tflops.get(key)
+        each = [per_source.get((key, s)) for s in shown]
         lines.append(f"{str(r['module'])[:39]:<40}{str(r['mode']):<10}{r['calls_sum']:>10}"
                      f"{r['total_ms_sum']:>12.2f}{per_step:>10.3f}"
-                     f"{r['p50_ms_approximate_median']:>10.3f}{r['max_ms_max']:>10.3f}"
+                     + "".join(f"{'' if v is None else f'{v:.3f}':>12}" for v in each)
+                     + f"{r['p50_ms_approximate_median']:>10.3f}{r['max_ms_max']:>10.3f}"
                      f"{'' if nf is None else nf:>10}"
                      + (f"{'' if tf is None else f'{tf:.3g}':>10}" if tflops else ""))
-    steps = os.path.join(os.fspath(path), "steps")
-    kept = sorted((f for f in os.listdir(steps) if f.endswith(".htrace")),
-                  key=lambda f: int(f[len("step-"):-len(".htrace")])
-                  if f[len("step-"):-len(".htrace")].isdigit() else -1) \
-        if os.path.isdir(steps) else []
+    if shown:
+        lines.append(f"(ms/step: over all {'ranks' if _ranks_only(runs) else 'runs'}' steps; "
+                     f"then per {'rank' if _ranks_only(runs) else 'run'}; the runs: "
+                     f"hooktrace query {os.fspath(path)} \"SELECT DISTINCT run, rank FROM "
+                     f"aggregates\")")
+    kept = kept_steps(path)
     if kept:
+        steps = os.path.join(os.fspath(path), "steps")
+        names = [os.path.join(steps, os.path.basename(k["path"])) for k in kept[:5]]
         lines.append(f"steps kept whole ({len(kept)}), each a trace for summary, diff, "
-                     f"report, export: {', '.join(os.path.join(steps, f) for f in kept[:5])}"
+                     f"report, export: {', '.join(names)}"
                      + (f" and {len(kept) - 5} more" if len(kept) > 5 else ""))
     return "\n".join(lines)
+
+
+# summary of a folder of several runs or ranks: a ms/step column for this many
+MAX_SOURCE_COLUMNS = 8
+
+
+def _ranks_only(runs: list[tuple[str, int | None]]) -> bool:
+    """Whether the runs are one each of distinct ranks (one launch's ranks)."""
+    ranks = [k for _, k in runs]
+    return None not in ranks and len(set(ranks)) == len(ranks)
+
+
+def _source_labels(runs: list[tuple[str, int | None]]) -> dict[tuple[str, int | None], str]:
+    """``rank R`` per run when the runs are distinct ranks, else ``run N`` (N: 1, 2, ... in
+    the runs' order; the names are in the table's ``run`` column)."""
+    if _ranks_only(runs):
+        return {r: f"rank {r[1]}" for r in runs}
+    return {r: f"run {i + 1}" + (f" r{r[1]}" if r[1] is not None else "")
+            for i, r in enumerate(runs)}
+
+
+def _steps_per_source(table: Any) -> dict[tuple[str, int | None], int]:
+    out: dict[tuple[str, int | None], int] = {}
+    for run, rank, mode, steps in zip(table["run"].to_pylist(), table["rank"].to_pylist(),
+                                      table["mode"].cast("string").to_pylist(),
+                                      table["steps"].to_pylist(), strict=True):
+        if mode == "step":
+            out[(str(run), rank)] = out.get((str(run), rank), 0) + int(steps or 0)
+    return out
+
+
+def _per_source(table: Any, runs: list[tuple[str, int | None]]
+                ) -> dict[tuple[tuple[str, str], tuple[str, int | None]], float]:
+    """ms per step of each (module, mode) in each (run, rank), over that run's steps."""
+    steps = _steps_per_source(table)
+    totals: dict[tuple[tuple[str, str], tuple[str, int | None]], float] = {}
+    for run, rank, module, mode, total in zip(
+            table["run"].to_pylist(), table["rank"].to_pylist(),
+            table["module"].cast("string").to_pylist(), table["mode"].cast("string").to_pylist(),
+            table["total_ms"].to_pylist(), strict=True):
+        key = ((str(module), str(mode)), (str(run), rank))
+        totals[key] = totals.get(key, 0.0) + float(total or 0.0)
+    return {k: v / max(1, steps.get(k[1], 0)) for k, v in totals.items()}
 
 
 def _per_step(path: str | os.PathLike[str]) -> dict[tuple[str, str], float]:

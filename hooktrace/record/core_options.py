@@ -46,6 +46,9 @@ def check_capacity(capacity: object) -> int:
 
 # The smallest max_disk (segments of 256 KiB at least: record/recorder.py).
 MIN_MAX_DISK = 2 << 20
+# The largest: the native writer takes a uint64 (csrc/stream_writer.h); 2**60 bytes (an
+# exbibyte) is beyond any disk, and a larger one was a pybind11 traceback (issue #35)
+MAX_MAX_DISK = 1 << 60
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
           "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30,
           "T": 1 << 40, "TB": 1 << 40, "TIB": 1 << 40}
@@ -71,6 +74,9 @@ def parse_bytes(value: object, what: str) -> int:
                         f"{type(value).__name__} {value!r:.60}")
     if n < MIN_MAX_DISK:
         raise ValueError(f"{what} must be at least 2M, got {value!r}")
+    if n > MAX_MAX_DISK:
+        raise ValueError(f"{what} must be at most {MAX_MAX_DISK >> 40}T (2**60 bytes), got "
+                         f"{value!r:.60}")
     return n
 
 
@@ -96,20 +102,36 @@ def _dump_on(name: str, value: Any) -> frozenset[str]:
 
 
 def _dump_dir(name: str, value: Any) -> Any:
+    if not isinstance(value, (str, os.PathLike)) or isinstance(os.fspath(value), bytes):
+        raise TypeError(f"dump_dir must be a folder path, got {type(value).__name__} "
+                        f"{value!r:.60}")
     if os.path.exists(value) and not os.path.isdir(value):
         raise ValueError(f"dump_dir {os.fspath(value)!r} exists and is not a directory")
     return value
 
 
 def _hang_timeout(name: str, value: Any) -> float:
-    if not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"hang_timeout must be a positive number of seconds, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not 0 < value < float("inf"):
+        raise ValueError(f"hang_timeout must be a positive number of seconds, got "
+                         f"{value!r:.60}")
     return float(value)
 
 
+# Signals a Python handler cannot serve: SIGKILL and SIGSTOP cannot be caught; a fault
+# (SIGSEGV, SIGBUS, SIGFPE, SIGILL) or abort() returns to the faulting instruction before
+# the handler can run between bytecodes, so the process hangs or dies all the same
+_UNHANDLED_SIGNALS = tuple(getattr(signal, n) for n in (
+    "SIGKILL", "SIGSTOP", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT")
+    if hasattr(signal, n))
+
+
 def _dump_signal(name: str, value: Any) -> Any:
-    if value not in signal.valid_signals() or value in (signal.SIGKILL, signal.SIGSTOP):
-        raise ValueError(f"dump_signal must be a signal that can be handled, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or \
+            value not in signal.valid_signals() or value in _UNHANDLED_SIGNALS:
+        raise ValueError(f"dump_signal must be a signal a Python handler can serve (such as "
+                         f"signal.SIGUSR1; not SIGKILL, SIGSTOP, SIGSEGV, SIGBUS, SIGFPE, "
+                         f"SIGILL or SIGABRT), got {value!r:.60}")
     return value
 
 

@@ -167,6 +167,8 @@ class ModelScope(Scope):
         call.register_model(wrapper, session, slot)
 
     def detach(self, call: Any, session: Any) -> None:
+        if getattr(self, "_attached", None) is not None:
+            self._say_unrecorded()
         self._attached = None
         call.release(session)
         self._refs.clear()  # dropped without their callbacks running
@@ -180,6 +182,27 @@ class ModelScope(Scope):
 
     def flops_root(self) -> nn.Module | None:
         return self._model_ref()
+
+    def _say_unrecorded(self) -> None:
+        """A warning naming the submodules added to the model inside the block: the
+        modules are registered when it starts, so their calls went unrecorded and their
+        time into their parent's self time (issue #35: it happened silently)."""
+        model = self._model_ref()
+        if model is None:
+            return
+        try:
+            recorded = {id(m) for _, ref in self._members if (m := ref()) is not None}
+            added = [row.name for row in _named_modules(model)
+                     if not any(id(m) in recorded for m in row.members)]
+        except Exception:  # (never the end of a teardown)
+            return
+        if added:
+            names = ", ".join(repr(n) for n in added[:5]) + (
+                f" and {len(added) - 5} more" if len(added) > 5 else "")
+            warnings.warn(f"hooktrace: {names} added to the model inside the trace: not "
+                          "recorded (their time is in their parent's self time); add "
+                          "submodules before hooktrace.trace() starts", UserWarning,
+                          stacklevel=2)
 
 
 class ProcessScope(Scope):

@@ -1,6 +1,6 @@
 """Per-step aggregates and the detail policy (issue #31): trace(model, aggregate=DIR)
 reduces each step's events to per-module rows (Parquet, one table) and drops them,
-unless the detail policy keeps the step as DIR/steps/step-N.htrace."""
+unless the detail policy keeps the step as DIR/steps/step-N_<run>.htrace."""
 
 from __future__ import annotations
 
@@ -16,6 +16,18 @@ from torch import nn
 
 import hooktrace
 from hooktrace.record.aggregate import DetailPolicy, load_aggregates
+
+
+def kept_file(folder: Path, step: int) -> Path:
+    """The one file DIR/steps holds for ``step`` (step-N_<run>.htrace)."""
+    (found,) = (folder / "steps").glob(f"step-{step}_*.htrace")
+    return found
+
+
+def kept_names(folder: Path) -> list[str]:
+    """The kept steps' names without their run, in step order."""
+    names = [f.name.split("_")[0] for f in (folder / "steps").glob("step-*.htrace")]
+    return sorted(names, key=lambda n: int(n[len("step-"):]))
 
 
 class Net(nn.Module):
@@ -61,9 +73,8 @@ def test_rows_per_step_module_and_mode_and_the_raw_events_go(tmp_path: Path) -> 
         assert rows[(step, "<step>", "step")] == 1
     assert all(p >= 0 and m >= p for p, m in zip(t["p50_ms"], t["max_ms"], strict=True))
     # every 10th step keeps its events, loadable like any trace
-    kept = sorted(os.listdir(tmp_path / "agg" / "steps"))
-    assert kept == ["step-0.htrace", "step-10.htrace", "step-20.htrace"]
-    step10 = hooktrace.load(tmp_path / "agg" / "steps" / "step-10.htrace")
+    assert kept_names(tmp_path / "agg") == ["step-0", "step-10", "step-20"]
+    step10 = hooktrace.load(kept_file(tmp_path / "agg", 10))
     assert {r["module"] for r in step10.summary().rows} >= {"", "fc1", "act", "fc2"}
     assert [k["why"] for k in tr.info["aggregate"]["detail"]] == ["every"] * 3
     # the kept step's rows are its spans reduced: total, median, max per module and mode
@@ -94,10 +105,10 @@ def test_the_slow_step_and_the_first_nonfinite_step_keep_full_detail(tmp_path: P
     assert why[12] == "slow"  # (the first slow one: none before it is kept as slow)
     assert why[17] == "nonfinite"
     assert [s for s, w in why.items() if w == "nonfinite"] == [17]  # the first one only
-    slow_step = hooktrace.load(tmp_path / "agg" / "steps" / "step-12.htrace")
+    slow_step = hooktrace.load(kept_file(tmp_path / "agg", 12))
     assert {r["module"] for r in slow_step.summary().rows} >= {"", "fc1", "act", "fc2"}
     assert slow_step.summary().counts["steps"] == 0 or len(slow_step.events)
-    nan_step = hooktrace.load(tmp_path / "agg" / "steps" / "step-17.htrace")
+    nan_step = hooktrace.load(kept_file(tmp_path / "agg", 17))
     assert len(nan_step.events) and any(n.startswith("act") or "fc2" in n or n == ""
                                         for n in [m for m, _ in nan_step.modules])
     t = load_aggregates(tmp_path / "agg").to_pydict()
@@ -181,7 +192,7 @@ def test_run_aggregate_writes_rows_and_log_to_finds_the_global_trace(tmp_path: P
     assert "hooktrace: wrote" not in r.stderr
     t = load_aggregates(tmp_path / "agg").to_pydict()
     assert sorted(set(t["step"])) == list(range(6))
-    assert sorted(os.listdir(tmp_path / "agg" / "steps")) == ["step-0.htrace", "step-5.htrace"]
+    assert kept_names(tmp_path / "agg") == ["step-0", "step-5"]
     got = scalars_in(tmp_path / "tb")
     assert len([k for k in got if k.startswith("hooktrace/fwd_ms/")]) == 2
     assert sorted(s for s, _ in got["hooktrace/step_ms"]) == list(range(6))
@@ -216,7 +227,7 @@ def test_summary_of_an_aggregate_folder_reads_the_table_without_torch(tmp_path: 
     assert lines[0].endswith("9 steps aggregated, " + str(9 * 9) + " rows")
     fc1 = next(line.split() for line in lines if line.startswith("fc1 ") and "forward" in line)
     assert fc1[2] == "9"  # calls over the run
-    assert "steps kept whole (3)" in lines[-1] and "step-8.htrace" in lines[-1]
+    assert "steps kept whole (3)" in lines[-1] and "/step-8_" in lines[-1]
 
 
 def test_memory_peaks_when_memory_is_recorded(tmp_path: Path) -> None:
@@ -290,7 +301,7 @@ def test_query_reads_an_aggregate_folder_as_the_aggregates_view(
                          aggregate_interval=0):
         train(model, 12)
     table = load_aggregates(tmp_path / "agg")
-    declared = file_schema("aggregates", partitioned=True)
+    declared = file_schema("aggregates", partitioned=False)
     assert table.schema.names == declared.names
     assert [f.type for f in table.schema] == [f.type for f in declared]
     got = query(tmp_path / "agg", "SELECT module, mode, sum(calls) AS calls FROM aggregates "
@@ -333,7 +344,7 @@ def test_flop_rate_per_module_when_flops_are_recorded(tmp_path: Path) -> None:
     # THEN they are the summary's TFLOP/s of the same step (the kept one, a trace; to
     # 1e-3: the saved step's clock conversion differs from the run's by a few ns)
     rows = {r["module"]: r for r in hooktrace.load(
-        tmp_path / "agg" / "steps" / "step-5.htrace").summary().rows}
+        kept_file(tmp_path / "agg", 5)).summary().rows}
     for module, name in (("", "<root>"), ("0", "0"), ("2", "2")):
         assert tf[(5, name, "forward")] == pytest.approx(rows[module]["tflops"], rel=1e-3)
         assert tf[(5, name, "backward")] == pytest.approx(rows[module]["bwd_tflops"], rel=1e-3)
@@ -378,8 +389,9 @@ def test_report_of_an_aggregate_folder_and_of_a_bad_one(
     page = tmp_path / "agg.html"
     assert main(["report", str(tmp_path / "agg"), "-o", str(page)]) in (0, None)
     text = page.read_text()
-    for name, why in (("step-0.htrace", "every"), ("step-7.htrace", "slow")):
-        assert f'href="agg/steps/{name}">{name}</a>: step {name[5:-7]} ({why})' in text
+    for step, why in ((0, "every"), (7, "slow")):
+        name = kept_file(tmp_path / "agg", step).name
+        assert f'href="agg/steps/{name}">{name}</a>: step {step} ({why})' in text
     assert "9 steps aggregated in 9 windows" in text
     assert '<td data-v="fc1">fc1</td><td data-v="forward">forward</td>' in text
     # the step chart: step 7 slept 200 ms, far above the ~1 ms steps: a log scale
@@ -432,10 +444,10 @@ def test_an_aggregate_folder_where_a_trace_is_expected_is_one_line_naming_its_st
         assert main(argv) == 1, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "aggregate= folder" in err[0], (argv, err)
-        assert os.path.join(agg, "steps", "step-N.htrace") in err[0], (argv, err)
+        assert os.path.join(agg, "steps", "step-N_<run>.htrace") in err[0], (argv, err)
     assert not list(tmp_path.glob("x.*")) and not (tmp_path / "m.json").exists()
     # a kept step is a trace like any other
-    assert main(["diff", str(tmp_path / "agg" / "steps" / "step-2.htrace"), one]) == 0
+    assert main(["diff", str(kept_file(tmp_path / "agg", 2)), one]) == 0
 
 
 def test_eval_calls_between_steps_get_rows_of_their_own(tmp_path: Path) -> None:

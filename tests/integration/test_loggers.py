@@ -72,6 +72,20 @@ def test_log_to_needs_a_recording() -> None:
         hooktrace.log_to(object())
 
 
+def test_log_include_of_the_wrong_type_is_one_line(tmp_path: Path) -> None:
+    # (issue #35: log_include=5 was "'int' object is not iterable")
+    from hooktrace.integrations import TraceSession
+
+    session = TraceSession(None, chrome=None, backward=True, capacity=1 << 16, summary=False,
+                           aggregate=str(tmp_path / "agg"))
+    with pytest.raises(TypeError, match="^hooktrace: log_include must be fnmatch patterns "
+                                        r"\(str, or a list of str\), got int 5$"):
+        session.log_scalars(10, 5)
+    with pytest.raises(ValueError, match="^hooktrace: log_top must be a number of modules"):
+        session.log_scalars(-1, None)
+    session.log_scalars(3, ("fc*",))
+
+
 def test_lightning_trainer_logs_per_module_curves(tmp_path: Path) -> None:
     L = pytest.importorskip("lightning")
     from lightning.pytorch.loggers import TensorBoardLogger

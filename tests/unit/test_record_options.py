@@ -75,17 +75,33 @@ def test_dump_dir_must_be_a_folder(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("")
     with pytest.raises(ValueError, match="exists and is not a directory"):
         RecordOptions(dump_dir=tmp_path / "f")
+    # (issue #35: 123 was accepted, and tested as file descriptor 123)
+    with pytest.raises(TypeError, match="^dump_dir must be a folder path, got int 123$"):
+        RecordOptions(dump_dir=123)
 
 
-@pytest.mark.parametrize("timeout", [0, -1.0, "5"])
+@pytest.mark.parametrize("timeout", [0, -1.0, "5", True, float("inf")])
 def test_hang_timeout(timeout: Any) -> None:
     with pytest.raises(ValueError, match="hang_timeout must be a positive number of seconds"):
         RecordOptions(hang_timeout=timeout)
 
 
-def test_dump_signal() -> None:
-    with pytest.raises(ValueError, match="dump_signal must be a signal that can be handled"):
-        RecordOptions(dump_signal=signal.SIGKILL)
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE,
+                                 signal.SIGILL, signal.SIGABRT, True, 1.0, 9999])
+def test_dump_signal(sig: Any) -> None:
+    # (issue #35: SIGSEGV was accepted; its handler cannot run before the fault repeats)
+    with pytest.raises(ValueError, match="dump_signal must be a signal a Python handler can "
+                                         "serve"):
+        RecordOptions(dump_signal=sig)
+    assert RecordOptions(dump_signal=signal.SIGUSR2).dump_signal == signal.SIGUSR2
+
+
+@pytest.mark.parametrize("size", ["99999999999T", 1 << 64, "1e3T"])
+def test_max_disk_has_a_ceiling(size: Any) -> None:
+    # (issue #35: beyond 2**64 bytes it was a pybind11 TypeError traceback when recording)
+    with pytest.raises(ValueError, match="^max_disk must be .*, got "):
+        RecordOptions(max_disk=size)
+    assert RecordOptions(max_disk="1048576T").max_disk == 1 << 60
 
 
 @pytest.mark.parametrize("capacity, error, message", [
@@ -154,6 +170,8 @@ def test_run_flags_read_the_help_table() -> None:
     (["--capacity", "0"], "--capacity must be between 1 and 2**40 events, got 0"),
     (["--numerics-every", "0"], "--numerics-every must be a positive integer (steps), got 0"),
     (["--hang-timeout", "-1"], "--hang-timeout must be a positive number of seconds, got -1.0"),
+    (["--max-disk", "99999999999T"], "--max-disk must be at most 1048576T (2**60 bytes), got "
+                                     "'99999999999T'"),
     (["--dump-on", "crash"], "--dump-on: dump_on: unknown ['crash']"),
 ])
 def test_run_reports_record_options_errors_as_flags(argv: list[str], message: str,
