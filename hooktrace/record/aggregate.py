@@ -544,10 +544,17 @@ def load_aggregates(path: str | os.PathLike[str]) -> Any:
         raise FileNotFoundError(f"{os.fspath(path)}: no aggregate parts (part-*.parquet) there")
     import pyarrow as pa
 
+    from hooktrace.data.schema import AGGREGATES
+    from hooktrace.data.validate import check_rows, check_table
     from hooktrace.errors import InputPathError
 
+    # every part checked against the schema first (issue #35): a part from elsewhere is
+    # one line naming it and its column
+    parts = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".parquet"))
+    check_table(AGGREGATES, parts)
+    check_rows(AGGREGATES, parts)
     try:
-        table = ds.dataset(folder, format="parquet").to_table()
+        table = ds.dataset(parts, format="parquet").to_table()
     except (pa.ArrowException, OSError) as e:  # a part cut short, or not Parquet: one line
         first = next((line.strip() for line in str(e).splitlines() if line.strip()),
                      type(e).__name__)
@@ -589,6 +596,8 @@ def aggregate_summary(path: str | os.PathLike[str], top: int | None = None) -> s
     medians and the longest call; the steps kept whole (DIR/steps) after it."""
     import pyarrow.compute as pc
 
+    from hooktrace.text import text_lines
+
     table = load_aggregates(path)
     steps_row = table.filter(pc.equal(table["mode"].cast("string"), "step"))
     n_steps = int(pc.sum(steps_row["steps"]).as_py() or 0)
@@ -627,7 +636,7 @@ def aggregate_summary(path: str | os.PathLike[str], top: int | None = None) -> s
         lines.append(f"steps kept whole ({len(kept)}), each a trace for summary, diff, "
                      f"report, export: {', '.join(os.path.join(steps, f) for f in kept[:5])}"
                      + (f" and {len(kept) - 5} more" if len(kept) > 5 else ""))
-    return "\n".join(lines)
+    return text_lines(lines)
 
 
 def _per_step(path: str | os.PathLike[str]) -> dict[tuple[str, str], float]:
@@ -649,6 +658,8 @@ def aggregate_diff(a: str | os.PathLike[str], b: str | os.PathLike[str],
     step in each and the change, largest first; and, with ``fail_above`` (percent), the
     lines of those slower by more than that among the rows holding at least
     ``min_share`` percent of A's step time."""
+    from hooktrace.text import printable, text_lines
+
     pa_, pb = _per_step(a), _per_step(b)
     step_a = pa_.get(("<step>", "step"), 0.0)
     keys = sorted(set(pa_) | set(pb), key=lambda k: (k[1] != "step",
@@ -668,4 +679,4 @@ def aggregate_diff(a: str | os.PathLike[str], b: str | os.PathLike[str],
         if fail_above is not None and x and y is not None and key[1] != "step" and \
                 x >= step_a * min_share / 100 and (y - x) / x * 100 > fail_above:
             failed.append(f"{key[0]} {key[1]}: {x:.3f} -> {y:.3f} ms/step ({change})")
-    return "\n".join(lines), failed
+    return text_lines(lines), [printable(line) for line in failed]
