@@ -545,14 +545,19 @@ def load_aggregates(path: str | os.PathLike[str]) -> Any:
     import pyarrow as pa
 
     from hooktrace.data.schema import AGGREGATES
-    from hooktrace.data.validate import check_rows, check_table
+    from hooktrace.data.validate import ParquetInputError, check_rows, check_table
     from hooktrace.errors import InputPathError
+    from hooktrace.text import display_path
 
     # every part checked against the schema first (issue #35): a part from elsewhere is
     # one line naming it and its column
     parts = sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".parquet"))
-    check_table(AGGREGATES, parts)
-    check_rows(AGGREGATES, parts)
+    try:
+        check_table(AGGREGATES, parts)
+        check_rows(AGGREGATES, parts)
+    except ParquetInputError as e:
+        raise InputPathError(f"{display_path(os.fspath(path))}: the aggregate table cannot be "
+                             f"read: {e}") from None
     try:
         table = ds.dataset(parts, format="parquet").to_table()
     except (pa.ArrowException, OSError) as e:  # a part cut short, or not Parquet: one line
