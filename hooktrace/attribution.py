@@ -64,7 +64,7 @@ from hooktrace._profiler_events import (
 )
 from hooktrace.kernels import CONTAINER_TYPES, Kernels
 from hooktrace.reading import CAT_BACKWARD, TraceData
-from hooktrace.text import format_ns
+from hooktrace.text import format_ns, text_lines
 
 __all__ = ["Attribution", "attribute_events", "UNATTRIBUTED"]
 
@@ -128,8 +128,8 @@ class Attribution:
                 c if i == len(row) - 1 else c.rjust(widths[i]) if i in numeric else c.ljust(widths[i])
                 for i, c in enumerate(row)).rstrip())
         c = self.counts
-        out.append("\nsorted by phase (forward, backward, optimizer, other), then CPU total, "
-                   "descending; unattributed rows last in each phase")
+        out += ["", "sorted by phase (forward, backward, optimizer, other), then CPU total, "
+                "descending; unattributed rows last in each phase"]
         if any(r["phase"] in ("optimizer", "other") for r in self.rows):
             out.append("optimizer: ops outside every module call, in an optimizer's step(); "
                        "other: the rest of those (loss, data, the script's own ops)")
@@ -141,7 +141,7 @@ class Attribution:
         if c.get("in_kernels"):
             out.append(f"{c['in_kernels']} ops ran inside compiled regions' kernels: attributed "
                        "to the kernels' modules (hooktrace.kernels)")
-        return "\n".join(out)
+        return text_lines(out)
 
     def __str__(self) -> str:
         return self.to_text()

@@ -21,6 +21,7 @@ from typing import NoReturn
 
 from hooktrace.commands import CliError, all_commands
 from hooktrace.errors import HooktraceError
+from hooktrace.text import printable
 
 __all__ = ["CliError", "build_parser", "main"]
 
@@ -75,11 +76,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except (CliError, HooktraceError) as e:
-        print(f"hooktrace: error: {e}", file=sys.stderr)
+        # (one line: a name from a file may hold a newline or an escape sequence)
+        print(f"hooktrace: error: {printable(str(e))}", file=sys.stderr)
         return 1
     except OSError as e:
         where = f": {e.filename}" if e.filename else ""
-        print(f"hooktrace: error: {e.strerror or e}{where}", file=sys.stderr)
+        print(f"hooktrace: error: {printable(f'{e.strerror or e}{where}')}", file=sys.stderr)
         return 1
     return int(status or 0)
 

@@ -713,7 +713,7 @@ class Diff:
         return json.dumps(doc, ensure_ascii=False, allow_nan=False, default=_json_number)
 
     def to_text(self, top: int | None = None) -> str:
-        from hooktrace.text import align_columns, format_ns
+        from hooktrace.text import align_columns, format_ns, text_lines
 
         unit = "step" if self.per_step else "run"
         by_rank = self.ranks is not None
@@ -790,7 +790,7 @@ class Diff:
             if ranks:
                 lines.append(f"ranks only in {which}: " + ", ".join(map(str, ranks)))
         lines += [f"note: {n}" for n in self.notes]
-        return "\n".join(lines)
+        return text_lines(lines)
 
     def _ranks_note(self, which: str, key: Key) -> str:
         if self.ranks is None:

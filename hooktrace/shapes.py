@@ -174,7 +174,7 @@ class ShapeTable:
         return self.rows if top is None else self.rows[:top]
 
     def to_text(self, top: int | None = None, *, wide: bool = False) -> str:
-        from hooktrace.text import align_columns, format_ns, shorten_middle
+        from hooktrace.text import align_columns, format_ns, shorten_middle, text_lines
 
         if not self.recorded:
             return "no shapes recorded: trace with hooktrace.trace(model, shapes=True) or run --shapes"
@@ -203,7 +203,7 @@ class ShapeTable:
         if self.gpu:
             lines.append("gpu_*: device time of the timed calls, sorted by gpu_total + "
                          "gpu_bwd_total; host_*: host time")
-        return "\n".join(lines)
+        return text_lines(lines)
 
     def to_csv(self, top: int | None = None) -> str:
         from hooktrace.text import csv_text

@@ -66,7 +66,7 @@ from hooktrace.data.intervals import union_per_step
 from hooktrace.device_time import gpu_recorded, module_gpu
 from hooktrace.rankset import RankFile, RankSet, find_rank_files, map_ranks
 from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL, TraceData, load
-from hooktrace.text import align_columns, format_ns
+from hooktrace.text import align_columns, format_ns, text_lines
 
 __all__ = ["ENGINES", "EXPLAINED", "MODES", "PHASES", "RankStats", "RanksSummary", "analyze",
            "rank_stats", "reduce_rank", "spark_summary", "summary_from_tables"]
@@ -295,7 +295,7 @@ class RanksSummary:
             lines.append("")
             lines.append("[eval]: the calls made with grad off (no_grad, inference_mode) or the "
                          "module in eval mode, apart from the training calls")
-        return "\n".join(lines)
+        return text_lines(lines)
 
     def __str__(self) -> str:
         return self.to_text()
@@ -393,6 +393,7 @@ def _analyze_duckdb(inputs: Sequence[str | os.PathLike[str]],
         connect,
         file_straggler_tables,
         find_source,
+        sql_errors,
         straggler_tables,
     )
     from hooktrace.errors import HooktraceError
@@ -401,7 +402,8 @@ def _analyze_duckdb(inputs: Sequence[str | os.PathLike[str]],
     if len(names) == 1 and os.path.isdir(names[0]) and find_source(names[0]).parquet:
         con = connect(names[0])
         try:
-            parts = [straggler_tables(con)]
+            with sql_errors(names[0]):
+                parts = [straggler_tables(con)]
         finally:
             con.close()
         paths: list[str] = []

@@ -63,7 +63,9 @@ from hooktrace.text import (
     format_bytes,
     format_count,
     format_ns,
+    printable,
     shorten_distinct,
+    text_lines,
 )
 
 if TYPE_CHECKING:
@@ -438,7 +440,7 @@ class Summary:
                          f"FIRST NON-FINITE: {f['module'] or '<root>'} {f['phase']} "
                          f"({'gradient of its inputs' if f['phase'] == 'backward' else 'output'}), "
                          f"step {f['step']}, call {f['call']}: {f['nonfinite']} values")
-        return "\n".join(lines)
+        return text_lines(lines)
 
     def to_text(self, top: int | None = None, *, wide: bool = False,
                 width: int = TEXT_WIDTH, flops: bool = False, memory: bool = False,
@@ -487,7 +489,9 @@ class Summary:
         header = [title for title, _ in columns]
         fused = fused_phases(self.rows)
         label = self.kernels_label
-        table = [header] + [[_cell(r, key, fused.get((r["module"], r.get("mode")), ()), label)
+        # (cells printable before they are measured: an escaped name keeps the columns)
+        table = [header] + [[printable(_cell(r, key, fused.get((r["module"], r.get("mode")), ()),
+                                             label))
                              for _, key in columns] for r in rows]
         widths = [max(len(line[i]) for line in table) for i in range(len(header))]
         if not wide:  # shorten the names (type to 24 first, then module, then type) to fit
@@ -498,7 +502,8 @@ class Summary:
                     # two different names never read the same (text.shorten_distinct),
                     # rows left out by `top` included: the cut keeps what tells a shown
                     # row from every other row of the run
-                    every = [_cell(r, columns[col][1], (), label) for r in self.rows]
+                    every = [printable(_cell(r, columns[col][1], (), label))
+                             for r in self.rows]
                     cut = shorten_distinct(every, keep)
                     for line, text in zip(table[1:], cut):
                         line[col] = text
@@ -515,8 +520,8 @@ class Summary:
             lines.append(f"... {len(self.rows) - top} more rows")
         foot = self.footer([key for _, key in columns])
         if foot:
-            lines.append(foot)
-        return "\n".join(lines)
+            lines += foot.split("\n")  # (its lines are printable already: text_lines)
+        return text_lines(lines)
 
     def __str__(self) -> str:
         return self.to_text()
@@ -696,7 +701,7 @@ class StepTable:
             lines.append("c: torch.compile compiled during the step (first calls, recompiles)")
         if not all(r["complete"] for r in self.rows):
             lines.append("* not ended by a step mark: recorded after the last one")
-        return "\n".join(lines)
+        return text_lines(lines)
 
     def to_csv(self, top: int | None = None) -> str:
         return csv_text(self._top(top), self.COLUMNS)

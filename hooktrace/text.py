@@ -18,8 +18,8 @@ from typing import Any
 
 __all__ = ["OPEN_HINT", "align_columns", "csv_text", "describe_dump", "display_path",
            "format_bytes",
-           "format_count", "format_ns", "open_hint", "shorten_distinct", "shorten_middle",
-           "terminal_width"]
+           "format_count", "format_ns", "open_hint", "printable", "shorten_distinct",
+           "shorten_middle", "terminal_width", "text_lines"]
 
 DEFAULT_WIDTH = 120  # the width of a table when the output is not a terminal (issue #7)
 
@@ -39,6 +39,36 @@ def display_path(path: str) -> str:
         ('runs/r\\xff.htrace', 'ok/é.htrace')
     """
     return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+# Control characters (C0, DEL, C1), the Unicode line and paragraph separators and the
+# bidirectional overrides: in a name from a trace file they would act on the terminal
+# (an OSC sequence sets its title, ESC[2K erases a line) or forge a line of a CI log
+# (issue #35), so text output writes them as escapes.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(m: re.Match[str]) -> str:
+    c = m.group()
+    return _ESCAPES.get(c) or (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+
+
+def printable(text: str) -> str:
+    r"""``text`` with its control characters written visibly (``\x1b``, ``\n``, ``\u202e``):
+    what every line of text output goes through (:func:`text_lines`).
+
+    Example:
+        >>> printable("fc\x1b]0;title\x07"), printable("a\nb"), printable("model.fc1")
+        ('fc\\x1b]0;title\\x07', 'a\\nb', 'model.fc1')
+    """
+    return _CONTROL.sub(_escape, text)
+
+
+def text_lines(lines: Iterable[str]) -> str:
+    """``lines`` as text for a terminal or a text file: each line :func:`printable` (a
+    newline inside a module name stays inside its line), joined by newlines."""
+    return "\n".join(printable(line) for line in lines)
 
 
 def open_hint(what: str) -> str:
@@ -123,7 +153,9 @@ def csv_text(rows: Iterable[dict[str, Any]], columns: Sequence[str]) -> str:
 
 def align_columns(table: Sequence[Sequence[str]], left: int) -> list[str]:
     """Lines of ``table`` (its first row the header) in aligned columns, two spaces
-    apart: the first ``left`` columns flush left, the others flush right."""
+    apart: the first ``left`` columns flush left, the others flush right; each cell
+    :func:`printable` before it is measured."""
+    table = [[printable(c) for c in row] for row in table]
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     return ["  ".join(c.ljust(w) if i < left else c.rjust(w)
                       for i, (c, w) in enumerate(zip(row, widths))).rstrip() for row in table]

@@ -11,6 +11,11 @@ objects), or is written with ``-o OUT.parquet`` (or ``.csv``, ``.json``).
 ``--engine spark --master URL`` runs the same SQL on Spark over a Parquet export
 (:mod:`hooktrace.data.spark`). Needs ``pip install hooktrace[data]`` (``[spark]``).
 
+The SQL has DuckDB's full powers, as the user's own: ``COPY ... TO`` any file,
+``read_text``, ``ATTACH``, ``INSTALL``. ``--read-only`` is for SQL from someone else
+(a service wrapping ``query``): one SELECT statement, on a connection locked down
+before it runs (issue #35). The input files' names and values are never SQL either way.
+
 Example::
 
     hooktrace query traces/ "SELECT rank, module, sum(dur_ns) AS ns FROM spans
@@ -26,6 +31,7 @@ from decimal import Decimal
 from typing import Any
 
 from hooktrace.commands import CliError
+from hooktrace.text import printable, text_lines
 
 NAME = "query"
 HELP = "SQL over a run's tables (spans, steps, modules, ...) with DuckDB or Spark"
@@ -49,6 +55,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --engine spark: the Spark master (default local[2])")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help=".htrace inputs converted at once (default: one per CPU)")
+    p.add_argument("--read-only", action="store_true",
+                   help="for SQL from someone else: one SELECT statement, with no file read "
+                        "but the inputs, none written, no extension and no setting changed "
+                        "(without it the SQL has DuckDB's full powers: COPY TO, read_text, "
+                        "ATTACH)")
     p.add_argument("--max-rows", type=int, default=1000, metavar="N",
                    help="rows printed as a table (default 1000; --csv, --json and -o write "
                         "all)")
@@ -62,7 +73,11 @@ def run(args: argparse.Namespace) -> None:
     if args.threads is not None and args.threads < 1:
         raise CliError(f"--threads must be at least 1, got {args.threads}")
     require("pyarrow")
+    if args.output is not None:
+        _check_output(args.output, args.run)
     if args.engine == "spark":
+        if args.read_only:
+            raise CliError("--read-only locks DuckDB's connection; it is not for --engine spark")
         table = _spark(args)
     else:
         require("duckdb")
@@ -70,9 +85,9 @@ def run(args: argparse.Namespace) -> None:
 
         problems: list[str] = []
         table = query(args.run, args.sql, threads=args.threads or os.cpu_count() or 1,
-                      problems=problems)
+                      problems=problems, read_only=args.read_only)
         for line in problems:  # (the other files were queried)
-            print(f"hooktrace: warning: {line}", file=sys.stderr)
+            print(f"hooktrace: warning: {printable(line)}", file=sys.stderr)
     if args.output is not None:
         _write(table, args.output)
         print(f"wrote {args.output}: {table.num_rows} rows")
@@ -86,6 +101,20 @@ def run(args: argparse.Namespace) -> None:
         print(json.dumps(_rows(table), default=_json_value))
     else:
         print(to_text(table, args.max_rows))
+
+
+def _check_output(output: str, run: str) -> None:
+    """``-o`` must not be a file the query reads (``export`` refuses the same): the
+    input itself, or a file of the input directory."""
+    from hooktrace._output import check_output_path
+
+    inputs = [run]
+    if os.path.isdir(run) and os.path.exists(output):
+        real = os.path.realpath(output)
+        top = os.path.realpath(run)
+        if os.path.commonpath([real, top]) == top:
+            inputs.append(output)  # (inside the input directory: a table file, maybe)
+    check_output_path(output, inputs)
 
 
 def _spark(args: argparse.Namespace) -> Any:
@@ -147,7 +176,7 @@ def _cell(v: Any) -> str:
         return f"{v:.6g}"
     if isinstance(v, Decimal):
         return str(_json_value(v))
-    return str(v)
+    return printable(str(v))  # (measured as printed)
 
 
 def to_text(table: Any, max_rows: int) -> str:
@@ -156,7 +185,7 @@ def to_text(table: Any, max_rows: int) -> str:
     names = table.column_names
     if not names:
         return "(no columns)"
-    cells = [names] + [[_cell(r[n]) for n in names] for r in rows]
+    cells = [[printable(n) for n in names]] + [[_cell(r[n]) for n in names] for r in rows]
     numeric = [all(isinstance(r[n], (int, float, Decimal)) or r[n] is None for r in rows)
                and any(r[n] is not None for r in rows) for n in names]
     widths = [max(len(row[i]) for row in cells) for i in range(len(names))]
@@ -165,4 +194,4 @@ def to_text(table: Any, max_rows: int) -> str:
     more = table.num_rows - len(rows)
     lines.append(f"({table.num_rows} rows" + (f"; {more} not shown: --max-rows, --csv, --json "
                                                  "or -o for all)" if more > 0 else ")"))
-    return "\n".join(lines)
+    return text_lines(lines)

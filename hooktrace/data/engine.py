@@ -16,6 +16,15 @@
 Every view has ``rank`` and ``window`` as its first columns (BIGINT, null where the run
 has none), whatever the source.
 
+A Parquet file is data, never SQL (issue #35). Every file a view reads is checked
+against the schema first (:mod:`hooktrace.data.validate`: metadata, folder names,
+column names and types, values); the views name the schema's columns, quoted, never
+the file's; hooktrace runs its own SQL one statement per call; and, once the views
+exist, the connection is locked down (``enable_external_access=false``: no file but
+the inputs can be read or written, no extension installed or ATTACH; the configuration
+locked) for everything but the SQL of ``query`` itself, which keeps DuckDB's full
+powers unless ``read_only``.
+
 Example::
 
     from hooktrace.data.engine import query
@@ -27,19 +36,24 @@ from __future__ import annotations
 import glob
 import os
 import re
-from collections.abc import Sequence
+import stat
+from collections.abc import Collection, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from hooktrace.data import require
-from hooktrace.data.schema import AGGREGATES, TABLES, file_schema, pa
+from hooktrace.data.schema import AGGREGATES, ALL_TABLES, PARTITION_COLUMNS, TABLES, file_schema, pa
+from hooktrace.data.schema import schema as table_schema
 from hooktrace.data.tables import Where, batches, span_columns
-from hooktrace.errors import HooktraceError
+from hooktrace.data.validate import check_rows, check_table, table_of
+from hooktrace.errors import HooktraceError, InputPathError
+from hooktrace.text import display_path, printable
 
-__all__ = ["Source", "connect", "find_source", "query", "view_sql"]
+__all__ = ["Source", "check_source", "connect", "find_source", "query", "sql_errors", "view_sql"]
 
 duckdb: Any = require("duckdb")
 
@@ -51,38 +65,32 @@ class QueryError(HooktraceError):
 @dataclass
 class Source:
     """What a path holds: per table, the Parquet glob DuckDB reads (``parquet``) and
-    whether it is hive-partitioned, or the ``.htrace`` files to convert (``htrace``)."""
+    whether it is hive-partitioned, or the ``.htrace`` files to convert (``htrace``);
+    ``files``: per table (and ``aggregates``), every Parquet file, the views read these."""
 
     path: str
     parquet: dict[str, tuple[str, bool]] = field(default_factory=dict)
     htrace: list[str] = field(default_factory=list)
     aggregates: str | None = None  # the glob of an aggregate= folder's parts
+    files: dict[str, list[str]] = field(default_factory=dict)
 
 
-def _aggregate_glob(directory: str) -> str | None:
-    """``DIR/aggregates/*.parquet`` when ``directory`` is a ``trace(aggregate=DIR)``
-    folder (hooktrace.record.aggregate), else None."""
-    folder = os.path.join(directory, AGGREGATES)
-    if os.path.isdir(folder) and glob.glob(os.path.join(glob.escape(folder), "*.parquet")):
-        return os.path.join(folder, "*.parquet")
-    return None
-
-
-def _table_of(parquet_file: str) -> str:
-    pq = require("pyarrow.parquet")
-    pa_ = require("pyarrow")
-    try:
-        meta = pq.read_schema(parquet_file).metadata or {}
-    except (pa_.ArrowException, OSError) as e:  # not Parquet, empty, cut short, unreadable
-        raise QueryError(f"{parquet_file}: not a readable Parquet file "
-                         f"({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
-    name = meta.get(b"hooktrace.table", b"spans").decode()
-    return name if name in TABLES else "spans"
+def _parquet_files(directory: str, *, recursive: bool = True) -> list[str]:
+    """The regular ``*.parquet`` files under ``directory``, sorted (a FIFO or a folder
+    named ``x.parquet`` is no table file: opening a FIFO would hang)."""
+    found = []
+    for root, dirs, names in os.walk(directory):
+        dirs.sort()
+        found += [os.path.join(root, n) for n in sorted(names)
+                  if n.endswith(".parquet") and os.path.isfile(os.path.join(root, n))]
+        if not recursive:
+            break
+    return found
 
 
 def _any_parquet(directory: str) -> str | None:
-    found = glob.glob(os.path.join(glob.escape(directory), "**", "*.parquet"), recursive=True)
-    return min(found) if found else None
+    found = _parquet_files(directory)
+    return found[0] if found else None
 
 
 def find_source(path: str | os.PathLike[str]) -> Source:
@@ -93,26 +101,40 @@ def find_source(path: str | os.PathLike[str]) -> Source:
     name = os.fspath(path)
     src = Source(name)
     if os.path.isfile(name) and name.endswith(".parquet"):
-        src.parquet[_table_of(name)] = (name, False)
+        t = table_of(name)
+        src.parquet[t] = (name, False)
+        src.files[t] = [name]
         return src
     if os.path.isdir(name):
-        src.aggregates = _aggregate_glob(name)
-        if src.aggregates is not None:  # (its kept steps, DIR/steps/*.htrace: query those)
+        parts = _parquet_files(os.path.join(name, AGGREGATES), recursive=False)
+        if parts:  # a trace(aggregate=DIR) folder (its kept steps, DIR/steps/*.htrace:
+            # query those)
+            src.aggregates = os.path.join(name, AGGREGATES, "*.parquet")
+            src.files[AGGREGATES] = parts
             return src
         for t in TABLES:
             as_file = os.path.join(name, f"{t}.parquet")
             as_dir = os.path.join(name, t)
             if os.path.isfile(as_file):
                 src.parquet[t] = (as_file, False)
+                src.files[t] = [as_file]
             elif os.path.isdir(as_dir) and _any_parquet(as_dir):
                 src.parquet[t] = (os.path.join(as_dir, "**", "*.parquet"), True)
+                src.files[t] = _parquet_files(as_dir)
         if not src.parquet:
             first = _any_parquet(name)
             if first is not None and not glob.glob(os.path.join(glob.escape(name), "**",
                                                                 "*.htrace"), recursive=True):
-                src.parquet[_table_of(first)] = (os.path.join(name, "**", "*.parquet"), True)
+                t = table_of(first)
+                src.parquet[t] = (os.path.join(name, "**", "*.parquet"), True)
+                src.files[t] = _parquet_files(name)
         if src.parquet:
             return src
+    if os.path.exists(name) and not (os.path.isfile(name) or os.path.isdir(name)):
+        kind = "a FIFO (named pipe)" if stat.S_ISFIFO(os.stat(name).st_mode) else \
+            "not a regular file"
+        raise InputPathError(f"{display_path(name)}: is {kind}; give a Parquet or .htrace "
+                             "file, or a directory of them")
     if os.path.isfile(name) or os.path.isdir(name) or rank_files_of(name):
         files, problems = find_rank_files([name])
         if files:
@@ -126,24 +148,71 @@ def _sql_string(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
 
-def view_sql(glob_: str, hive: bool, columns: Sequence[str]) -> str:
-    """The SELECT of a view over Parquet: ``rank`` and ``window`` first (BIGINT, null when
-    the files have neither column nor partition), then the table's columns."""
-    read = f"read_parquet({_sql_string(glob_)}, hive_partitioning={'true' if hive else 'false'}"
-    read += ")"
-    cols = set(columns)
-    part = [f'CAST("{c}" AS BIGINT) AS "{c}"' if c in cols else f'CAST(NULL AS BIGINT) AS "{c}"'
-            for c in ("rank", "window")]
-    rest = [f'"{c}"' for c in columns if c not in ("rank", "window")]
-    return f"SELECT {', '.join(part + rest)} FROM {read}"
+def _ident(name: str) -> str:
+    """``name`` as a DuckDB identifier: double-quoted, a ``"`` in it doubled."""
+    return '"' + name.replace('"', '""') + '"'
 
 
-def _parquet_columns(con: Any, glob_: str, hive: bool) -> list[str]:
-    # (the files of a table share its schema: DuckDB takes the first file's; reading
-    # every file's, union_by_name, costs a footer read per file and table)
-    rel = con.sql(f"SELECT * FROM read_parquet({_sql_string(glob_)}, hive_partitioning="
-                  f"{'true' if hive else 'false'}) LIMIT 0")
-    return list(rel.columns)
+def _duckdb_type(t: Any) -> str:
+    if pa.types.is_dictionary(t) or pa.types.is_string(t):
+        return "VARCHAR"
+    return {pa.int64(): "BIGINT", pa.int32(): "INTEGER", pa.float64(): "DOUBLE",
+            pa.float32(): "FLOAT", pa.bool_(): "BOOLEAN"}[t]
+
+
+def view_sql(files: Sequence[str], hive: bool, table: str, have: Collection[str] = ()) -> str:
+    """The SELECT of a view of ``table`` over Parquet ``files`` (checked against the
+    schema: :mod:`hooktrace.data.validate`): the schema's columns, each cast to the
+    schema's type, ``rank`` and ``window`` first (BIGINT, null unless in ``have``: a
+    column or a partition of the files)."""
+    read = (f"read_parquet([{', '.join(_sql_string(os.path.abspath(f)) for f in files)}], "
+            f"hive_partitioning={'true' if hive else 'false'}, union_by_name=true)")
+    cols = []
+    # aggregate parts written before runs were told apart have no run column
+    no_run = table == AGGREGATES and not any("run" in _column_names(f) for f in files)
+    for f in table_schema(table):
+        absent = (f.name in PARTITION_COLUMNS and f.name not in have) or \
+            (no_run and f.name == "run")
+        source = "NULL" if absent else _ident(f.name)
+        cols.append(f"CAST({source} AS {_duckdb_type(f.type)}) AS {_ident(f.name)}")
+    return f"SELECT {', '.join(cols)} FROM {read}"
+
+
+def _column_names(path: str) -> list[str]:
+    import pyarrow.parquet as pq
+
+    return list(pq.read_schema(path).names)
+
+
+def _execute(con: Any, sql: str) -> None:
+    """One statement of hooktrace's own SQL: ``con.execute`` runs every statement of a
+    string, so a string of several is refused rather than run (issue #35)."""
+    statements = duckdb.extract_statements(sql)
+    if len(statements) != 1:
+        raise QueryError(f"internal: {len(statements)} statements where one was built")
+    con.execute(statements[0])
+
+
+def _lock(con: Any, files: Sequence[str]) -> None:
+    """No file but ``files`` read or written, no extension loaded, no ATTACH, and the
+    configuration locked (a statement cannot turn any of it back on)."""
+    allowed = ", ".join(_sql_string(os.path.abspath(f)) for f in files)
+    _execute(con, f"SET allowed_paths = [{allowed}]")
+    _execute(con, "SET enable_external_access = false")
+    _execute(con, "SET lock_configuration = true")
+
+
+def check_source(src: Source, tables: Collection[str], threads: int) -> dict[str, set[str]]:
+    """Every Parquet file of ``src`` checked against the schema (its values too, for
+    the ``tables`` named); per table, the partition columns its files have."""
+    have = {}
+    for t, files in src.files.items():
+        hive = src.parquet[t][1] if t in src.parquet else False
+        base = src.parquet[t][0].partition("**")[0] if hive else None
+        have[t] = check_table(t, files, base, threads=threads)
+        if t in tables:
+            check_rows(t, files, threads=threads)
+    return have
 
 
 def _named_tables(sql: str | None) -> list[str]:
@@ -208,53 +277,86 @@ def _with_partition(batch: Any, rank: int, window: int | None) -> Any:
 
 
 def connect(path: str | os.PathLike[str], *, sql: str | None = None, threads: int = 1,
-            problems: list[str] | None = None) -> Any:
+            problems: list[str] | None = None, lock: bool = True) -> Any:
     """A DuckDB connection with ``path``'s tables as views (see the module docstring);
-    with ``sql``, only the tables it names are built from ``.htrace`` files."""
+    with ``sql``, only the tables it names are built from ``.htrace`` files (and have
+    their Parquet values checked). ``lock``: lock the connection down once the views
+    exist (hooktrace's own SQL; ``query`` without ``read_only`` passes False)."""
     src = find_source(path)
+    words = set(re.findall(r"[A-Za-z_]+", sql.lower())) if sql is not None else set(ALL_TABLES)
+    have = check_source(src, [t for t in ALL_TABLES if t in words], threads)
     con = duckdb.connect()
-    con.execute("SET enable_progress_bar = false")  # (the CLI prints the result only)
-    if src.aggregates is not None:
-        g = src.aggregates
-        con.execute(f'CREATE VIEW "{AGGREGATES}" AS '
-                    f'{view_sql(g, False, _parquet_columns(con, g, False))}')
-    else:
-        _empty_view(con, AGGREGATES)
-    if src.aggregates is not None:
+    _execute(con, "SET enable_progress_bar = false")  # (the CLI prints the result only)
+    read = [f for files in src.files.values() for f in files]
+    for t in ALL_TABLES:
+        if t in src.files:
+            hive = src.parquet[t][1] if t in src.parquet else False
+            _execute(con, f"CREATE VIEW {_ident(t)} AS "
+                          f"{view_sql(src.files[t], hive, t, have[t])}")
+        elif not src.htrace or t == AGGREGATES:  # a table the export left out: empty
+            _empty_view(con, t)
+    if src.htrace:
+        arrow = htrace_tables(src.htrace, _named_tables(sql), threads=threads,
+                              problems=problems)
+        if problems and len(problems) >= len(src.htrace):
+            raise QueryError("no trace could be read: " + "; ".join(problems))
         for t in TABLES:
-            _empty_view(con, t)
-        return con
-    if src.parquet:
-        for t, (g, hive) in src.parquet.items():
-            con.execute(f'CREATE VIEW "{t}" AS {view_sql(g, hive, _parquet_columns(con, g, hive))}')
-        for t in TABLES:  # a table the export left out: an empty view of the right columns
-            if t not in src.parquet:
+            if t in arrow:
+                con.register(f"_arrow_{t}", arrow[t])
+                _execute(con, f"CREATE VIEW {_ident(t)} AS SELECT * FROM {_ident('_arrow_' + t)}")
+            else:
                 _empty_view(con, t)
-        return con
-    arrow = htrace_tables(src.htrace, _named_tables(sql), threads=threads, problems=problems)
-    if problems and len(problems) >= len(src.htrace):
-        raise QueryError("no trace could be read: " + "; ".join(problems))
-    for t in TABLES:
-        if t in arrow:
-            con.register(f"_arrow_{t}", arrow[t])
-            con.execute(f'CREATE VIEW "{t}" AS SELECT * FROM "_arrow_{t}"')
-        else:
-            _empty_view(con, t)
+    if lock:
+        _lock(con, read)
     return con
 
 
 def _empty_view(con: Any, table: str) -> None:
     empty = file_schema(table, partitioned=False).empty_table()
     con.register(f"_empty_{table}", empty)
-    con.execute(f'CREATE VIEW "{table}" AS SELECT * FROM "_empty_{table}"')
+    _execute(con, f"CREATE VIEW {_ident(table)} AS SELECT * FROM {_ident('_empty_' + table)}")
+
+
+@contextmanager
+def sql_errors(path: str | os.PathLike[str]) -> Iterator[None]:
+    """DuckDB's errors in hooktrace's own SQL over ``path`` (an overflow of a sum of
+    values a file holds) as one :class:`QueryError` line naming it."""
+    try:
+        yield
+    except duckdb.Error as e:
+        raise QueryError(f"{display_path(os.fspath(path))}: the tables cannot be reduced: "
+                         f"{printable(str(e).splitlines()[0])}") from None
+
+
+# What `query --read-only` runs: one statement that reads (issue #35).
+_READ_ONLY_TYPES = ("SELECT", "EXPLAIN")
+
+
+def _read_only_sql(sql: str) -> str:
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as e:
+        raise QueryError(f"the query failed: {str(e).splitlines()[0]}") from None
+    kinds = [s.type.name for s in statements]
+    if len(statements) != 1 or kinds[0] not in _READ_ONLY_TYPES:
+        raise QueryError(f"read-only: one SELECT statement is run, not "
+                         f"{', '.join(kinds) or 'an empty query'}")
+    return str(statements[0].query)
 
 
 def query(path: str | os.PathLike[str], sql: str, *, threads: int = 1,
-          problems: list[str] | None = None) -> Any:
+          problems: list[str] | None = None, read_only: bool = False) -> Any:
     """The result of ``sql`` over ``path``'s tables, as a ``pyarrow.Table``. With
     ``problems``, an unreadable ``.htrace`` file among several is a line there and the
-    others are queried; without, it raises :class:`QueryError`."""
-    con = connect(path, sql=sql, threads=threads, problems=problems)
+    others are queried; without, it raises :class:`QueryError`.
+
+    ``sql`` has DuckDB's full powers (``COPY ... TO`` a file, ``read_text``, ``ATTACH``,
+    ``INSTALL``): it is the caller's. ``read_only``: for SQL from someone else, one
+    SELECT statement on a connection locked down before it runs (no file but the
+    inputs read, none written, no extension, no configuration change)."""
+    if read_only:
+        sql = _read_only_sql(sql)
+    con = connect(path, sql=sql, threads=threads, problems=problems, lock=read_only)
     try:
         return con.sql(sql).to_arrow_table()
     except duckdb.Error as e:
@@ -477,17 +579,18 @@ def dataset_diff_tables(path: str | os.PathLike[str], keep_calls: Any
 
     con = connect(path)
     try:
-        runs = con.sql('SELECT rank, "window", path, hostname, pid, world_size, start_ns, '
-                       'stop_ns, cut, info FROM runs ORDER BY rank, "window", path'
-                       ).to_arrow_table().to_pylist()
-        timed = set(con.sql('SELECT DISTINCT coalesce(rank, -1), coalesce("window", -1) '
-                            'FROM gpu').fetchall())
-        for row in runs:
-            row["info"] = json.loads(row["info"])
-            row["_key"] = (-1 if row["rank"] is None else row["rank"],
-                           -1 if row["window"] is None else row["window"])
-        calls = [row["_key"] for row in runs if keep_calls(row["info"])]
-        per_file = split_files(diff_tables(con, gpu=bool(timed), calls=calls))
+        with sql_errors(path):
+            runs = con.sql('SELECT rank, "window", path, hostname, pid, world_size, start_ns, '
+                           'stop_ns, cut, info FROM runs ORDER BY rank, "window", path'
+                           ).to_arrow_table().to_pylist()
+            timed = set(con.sql('SELECT DISTINCT coalesce(rank, -1), coalesce("window", -1) '
+                                'FROM gpu').fetchall())
+            for row in runs:
+                row["info"] = json.loads(row["info"])
+                row["_key"] = (-1 if row["rank"] is None else row["rank"],
+                               -1 if row["window"] is None else row["window"])
+            calls = [row["_key"] for row in runs if keep_calls(row["info"])]
+            per_file = split_files(diff_tables(con, gpu=bool(timed), calls=calls))
     finally:
         con.close()
     out = []

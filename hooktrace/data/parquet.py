@@ -50,6 +50,13 @@ def write_table(trace: TraceData, table: str, out: str | os.PathLike[str] | IO[b
     """Write ``table`` of ``trace`` to ``out`` (a path or a binary file), one row group
     per batch of ``batch_rows`` rows; returns the rows written. ``where``: default
     :meth:`Where.of` the run (its metadata's rank)."""
+    if isinstance(out, (str, os.PathLike)):
+        # opened here (pyarrow opens UTF-8 names only), through a temporary file renamed
+        # once whole (hooktrace._output): a killed or failed export leaves no file cut
+        # short under its name (issue #35)
+        with open_output(out, gzip_by_name=False) as f:
+            return write_table(trace, table, f, where, batch_rows=batch_rows,
+                               compression=compression)
     if where is None:
         where = Where.of(trace)
     schema = file_schema(table, partitioned=where.partitioned)

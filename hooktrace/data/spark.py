@@ -26,7 +26,13 @@ import shutil
 from typing import Any
 
 from hooktrace.data import require
-from hooktrace.data.engine import MODULE_TOTALS_SQL, STRAGGLER_SQL, QueryError, find_source
+from hooktrace.data.engine import (
+    MODULE_TOTALS_SQL,
+    STRAGGLER_SQL,
+    QueryError,
+    check_source,
+    find_source,
+)
 from hooktrace.data.schema import TABLES, file_schema
 
 __all__ = ["check_parquet", "java_missing", "module_totals", "register", "session",
@@ -95,6 +101,7 @@ def check_parquet(path: str | os.PathLike[str]) -> Any:
     if not src.parquet:
         raise QueryError(f"{os.fspath(path)}: Spark reads Parquet; export the traces first "
                          f"(hooktrace export {os.fspath(path)} -o DIR/) and query DIR")
+    check_source(src, TABLES, os.cpu_count() or 1)  # (as DuckDB's views: issue #35)
     return src
 
 

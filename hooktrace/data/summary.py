@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from hooktrace.data.engine import QueryError, connect, find_source
+from hooktrace.data.engine import QueryError, connect, find_source, sql_errors
 from hooktrace.summary import COMPILE_ROW, Summary
 
 __all__ = ["EXPORT_NOTE", "is_export", "runs_in_export", "summary_of_export"]
@@ -83,7 +83,8 @@ def runs_in_export(path: str | os.PathLike[str]) -> int:
     or its spans' distinct ranks and windows when the export left that table out."""
     con = connect(path)
     try:
-        return _runs(con)
+        with sql_errors(path):
+            return _runs(con)
     finally:
         con.close()
 
@@ -105,15 +106,16 @@ def summary_of_export(path: str | os.PathLike[str]) -> Summary:
                          "again with its spans (hooktrace export RUN -o DIR/)")
     con = connect(name)
     try:
-        n_runs = _runs(con)
-        if n_runs > 1:
-            raise QueryError(f"{name}: a Parquet export of {n_runs} runs (ranks or windows): "
-                             "the per-module table is one run's; hooktrace summary DIR gives "
-                             "the ranks' tables")
-        groups = _fetch(con, _GROUPS_SQL)
-        steps = _fetch(con, _STEPS_SQL)
-        per_step = _fetch(con, _PER_STEP_SQL)
-        runs = _fetch(con, "SELECT dropped_events, overwritten_events, cut FROM runs")
+        with sql_errors(name):
+            n_runs = _runs(con)
+            if n_runs > 1:
+                raise QueryError(f"{name}: a Parquet export of {n_runs} runs (ranks or windows): "
+                                 "the per-module table is one run's; hooktrace summary DIR gives "
+                                 "the ranks' tables")
+            groups = _fetch(con, _GROUPS_SQL)
+            steps = _fetch(con, _STEPS_SQL)
+            per_step = _fetch(con, _PER_STEP_SQL)
+            runs = _fetch(con, "SELECT dropped_events, overwritten_events, cut FROM runs")
     finally:
         con.close()
     rows = _rows(groups)

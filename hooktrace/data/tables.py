@@ -35,6 +35,7 @@ from hooktrace.data.schema import file_schema, pa
 from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL, SPAN_ERROR, SPAN_UNFINISHED
 from hooktrace.reading import TraceData, compile_in_backward, compile_intervals, compile_parents
 from hooktrace.data.intervals import union_per_step
+from hooktrace.text import display_path
 
 __all__ = ["DEFAULT_BATCH_ROWS", "Where", "batches", "span_columns", "to_arrow"]
 
@@ -389,7 +390,7 @@ def _runs(trace: TraceData, where: Where) -> Any:
         return pa.array([v], t)
 
     return _batch("runs", where, {
-        "path": one(where.path, pa.string()), "hostname": one(trace.hostname, pa.string()),
+        "path": one(display_path(where.path), pa.string()), "hostname": one(trace.hostname, pa.string()),
         "pid": one(trace.pid, pa.int64()), "world_size": one(integer("world_size"), pa.int64()),
         "backend": one(text("backend"), pa.string()),
         "clock_offset_ns": one(off, pa.int64()),

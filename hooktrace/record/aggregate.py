@@ -690,9 +690,21 @@ def load_aggregates(path: str | os.PathLike[str]) -> Any:
     import pyarrow.parquet as pq
 
     from hooktrace.data.schema import AGGREGATES, schema
+    from hooktrace.data.validate import ParquetInputError, check_rows, check_table
     from hooktrace.errors import InputPathError
+    from hooktrace.text import display_path
 
     declared = schema(AGGREGATES)
+    # every part checked against the schema first (issue #35): a part from elsewhere is
+    # one line naming it and its column (parts of older versions, without the run and
+    # rank columns, are read as below)
+    parts = [os.path.join(folder, n) for n in names]
+    try:
+        check_table(AGGREGATES, parts)
+        check_rows(AGGREGATES, parts)
+    except ParquetInputError as e:
+        raise InputPathError(f"{display_path(os.fspath(path))}: the aggregate table cannot be "
+                             f"read: {e}") from None
     tables = []
     for name in names:
         try:
@@ -769,6 +781,8 @@ def aggregate_summary(path: str | os.PathLike[str], top: int | None = None) -> s
     medians and the longest call; the steps kept whole (DIR/steps) after it."""
     import pyarrow.compute as pc
 
+    from hooktrace.text import text_lines
+
     table = load_aggregates(path)
     steps_row = table.filter(pc.equal(table["mode"].cast("string"), "step"))
     n_steps = int(pc.sum(steps_row["steps"]).as_py() or 0)
@@ -827,7 +841,7 @@ def aggregate_summary(path: str | os.PathLike[str], top: int | None = None) -> s
         lines.append(f"steps kept whole ({len(kept)}), each a trace for summary, diff, "
                      f"report, export: {', '.join(names)}"
                      + (f" and {len(kept) - 5} more" if len(kept) > 5 else ""))
-    return "\n".join(lines)
+    return text_lines(lines)
 
 
 # summary of a folder of several runs or ranks: a ms/step column for this many
@@ -892,6 +906,8 @@ def aggregate_diff(a: str | os.PathLike[str], b: str | os.PathLike[str],
     step in each and the change, largest first; and, with ``fail_above`` (percent), the
     lines of those slower by more than that among the rows holding at least
     ``min_share`` percent of A's step time."""
+    from hooktrace.text import printable, text_lines
+
     pa_, pb = _per_step(a), _per_step(b)
     step_a = pa_.get(("<step>", "step"), 0.0)
     keys = sorted(set(pa_) | set(pb), key=lambda k: (k[1] != "step",
@@ -911,4 +927,4 @@ def aggregate_diff(a: str | os.PathLike[str], b: str | os.PathLike[str],
         if fail_above is not None and x and y is not None and key[1] != "step" and \
                 x >= step_a * min_share / 100 and (y - x) / x * 100 > fail_above:
             failed.append(f"{key[0]} {key[1]}: {x:.3f} -> {y:.3f} ms/step ({change})")
-    return "\n".join(lines), failed
+    return text_lines(lines), [printable(line) for line in failed]

@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "hooktrace.flops", "hooktrace.kernels", "hooktrace.numerics",
         "hooktrace.shapes", "hooktrace.device_time", "hooktrace.data", "hooktrace.data.intervals", "hooktrace.data.schema",
         "hooktrace.data.tables", "hooktrace.data.parquet", "hooktrace.data.engine",
-        "hooktrace.data.spark", "hooktrace.data.summary"}),
+        "hooktrace.data.spark", "hooktrace.data.summary", "hooktrace.data.validate"}),
     ("outputs", {
         "hooktrace.exporters", "hooktrace.exporters._layout", "hooktrace.exporters.chrome",
         "hooktrace.exporters.perfetto", "hooktrace.exporters.ranks", "hooktrace.exporters._extra_args",
