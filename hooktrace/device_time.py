@@ -143,9 +143,15 @@ def gpu_notes(trace: TraceData) -> list[str]:
                                                and every > 1 else ""))
     err = info.get("align_error_ns")
     if isinstance(err, (int, float)):
-        parts.append(f"device clock aligned to the host's within ±{format_ns(err)}")
+        realigned = info.get("realigned")
+        parts.append(f"device clock aligned to the host's within ±{format_ns(err)}"
+                     + (f", re-aligned {realigned}x (largest correction "
+                        f"{format_ns(info.get('max_realign_correction_ns') or 0)})"
+                        if isinstance(realigned, int) and realigned else ""))
     lost = [(info.get("dropped"), "calls not timed (event pool exhausted)"),
-            (info.get("skipped_capturing"), "calls not timed while a CUDA graph was captured")]
+            (info.get("skipped_capturing"), "calls not timed while a CUDA graph was captured"),
+            (info.get("failed"), "marks whose device time could not be read (counted, not "
+                                 "raised: e.g. recorded inside a graph capture)")]
     parts += [f"{n} {what}" for n, what in lost if isinstance(n, int) and n]
     if parts:
         lines.append("gpu: " + "; ".join(parts))
