@@ -103,10 +103,18 @@ from hooktrace._diff_inputs import (
     parse_spec,
 )
 from hooktrace.device_time import gpu_recorded, launch_time_only, module_gpu
-from hooktrace.kernels import derived_spans, fused_modules
+from hooktrace.kernels import derived_spans, fused_modules, span_self_ns
 from hooktrace.rankset import map_ranks
 from hooktrace._events import SPAN_DEFINITION, SPAN_DEFINITIONS, span_definition
-from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL, TraceData, as_data, load
+from hooktrace.reading import (
+    CAT_BACKWARD,
+    CAT_FORWARD,
+    SPAN_EVAL,
+    TraceData,
+    as_data,
+    compile_intervals,
+    load,
+)
 
 __all__ = ["ENGINES", "GPU_PHASES", "PHASES", "Diff", "DiffInputError", "compare", "compare_paths", "compare_ranks"]
 
@@ -256,12 +264,13 @@ def _part(trace: TraceData, keep_calls: bool = False) -> _Part:
     # the modules inside compiled regions, from their kernels: entries like spans, in the
     # region span's step, never roots; the regions' self time less theirs (as summary)
     d = derived_spans(trace)
-    dur, self_ns = spans.duration_ns, spans.self_ns
+    dur = spans.duration_ns
+    # the one definition (hooktrace.kernels.span_self_ns): compile time too is the
+    # <torch.compile> row's, not its span's (summary had it; diff did not)
+    self_ns = span_self_ns(spans, d, compile_intervals(trace.info))
     module_of, cat_of, flags, parent = spans.module, spans.cat, spans.flags, spans.parent
     derived = np.zeros(len(spans), bool)
     if len(d):
-        self_ns = self_ns.copy()
-        self_ns[d.region_span] = d.region_self_ns
         dur, self_ns = np.r_[dur, d.total_ns], np.r_[self_ns, d.self_ns]
         module_of, cat_of = np.r_[module_of, d.module], np.r_[cat_of, d.cat]
         flags, parent = np.r_[flags, d.flags], np.r_[parent, d.span]

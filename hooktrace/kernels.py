@@ -48,7 +48,14 @@ from typing import Any
 import numpy as np
 
 from hooktrace._events import KERNEL_BEGIN, KERNEL_END
-from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, CAT_RECOMPUTE, SPAN_EVAL, TraceData
+from hooktrace.reading import (
+    CAT_BACKWARD,
+    CAT_FORWARD,
+    CAT_RECOMPUTE,
+    SPAN_EVAL,
+    Spans,
+    TraceData,
+)
 
 __all__ = ["CONTAINER_TYPES", "MODULE_SITE", "Derived", "Kernels", "derived_spans", "fused_modules",
            "kernel_sites"]
@@ -347,3 +354,32 @@ def _innermost(tid: np.ndarray, start: np.ndarray, end: np.ndarray, parent: np.n
             break
         cand[bad] = parent[cand[bad]] if parent is not None else -1
     return cand
+
+
+def span_self_ns(spans: Spans, derived: Derived | None,
+                 compiles: np.ndarray | None) -> np.ndarray:
+    """The one definition of a span's self time (issue #37), for every view that groups
+    spans (summary, diff, the Parquet tables): its measured self time, except that a
+    compiled region's is what its kernels leave it (``derived.region_self_ns``: glue and
+    its own kernels), and less the compile time that ran directly inside it (that is the
+    ``<torch.compile>`` row's; ``compiles``: [start, end, thread] rows of
+    reading.compile_intervals), never below 0."""
+    from hooktrace.reading import compile_parents
+
+    self_ns = spans.self_ns
+    has_derived = derived is not None and len(derived) > 0
+    has_compiles = compiles is not None and len(compiles) > 0 and len(spans) > 0
+    if not has_derived and not has_compiles:
+        return self_ns
+    self_ns = self_ns.copy()
+    if has_derived:
+        assert derived is not None
+        self_ns[derived.region_span] = derived.region_self_ns
+    if has_compiles:
+        assert compiles is not None
+        parent = compile_parents(spans, compiles)
+        ok = parent >= 0
+        taken = np.zeros(len(spans), np.int64)
+        np.add.at(taken, parent[ok], compiles[ok, 1] - compiles[ok, 0])
+        self_ns = np.maximum(self_ns - taken, 0)
+    return self_ns

@@ -36,7 +36,7 @@ from hooktrace.device_time import (
     module_gpu,
     span_gpu,
 )
-from hooktrace.kernels import Derived, Kernels, derived_spans, fused_modules
+from hooktrace.kernels import Derived, Kernels, derived_spans, fused_modules, span_self_ns
 from hooktrace.numerics import (
     NUMERIC_COLUMNS,
     Numerics,
@@ -308,7 +308,6 @@ class Summary:
               node_names: Sequence[str] = (), derived: Derived | None = None,
               compiles: np.ndarray | None = None) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
-        taken = _compile_self(spans, compiles)
         d = derived if derived is not None and len(derived) else None
         if len(spans):
             # A module's eval calls are a row of their own (_mode_groups). Modules inside
@@ -320,16 +319,11 @@ class Summary:
             eval_ = (spans.flags & SPAN_EVAL) != 0
             module = spans.module.astype(np.int64) + n_mod * eval_.astype(np.int64)
             dur = spans.duration_ns
-            self_ns = spans.self_ns
+            self_ns = span_self_ns(spans, d, compiles)  # (the one definition)
             kernel_groups: set[int] = set()
-            if d is not None or taken is not None:
-                self_ns = self_ns.copy()
             if d is not None:
-                self_ns[d.region_span] = d.region_self_ns
                 d_group = d.module + n_mod * (d.flags != 0).astype(np.int64)
                 kernel_groups = set(d_group.tolist())
-            if taken is not None:  # compile time is the <torch.compile> row's
-                self_ns = np.maximum(self_ns - taken, 0)
             per_cat = []
             for cat in (CAT_FORWARD, CAT_BACKWARD, CAT_RECOMPUTE):
                 sel = spans.cat == cat
@@ -570,19 +564,6 @@ _TEXT_NARROW_BACKWARD = [("bwd_total", "bwd_total_ns"), ("bwd_self", "bwd_self_n
                          ("bwd/fwd", "bwd_fwd_ratio")]
 
 
-
-
-def _compile_self(spans: Spans, compiles: np.ndarray | None) -> np.ndarray | None:
-    """Per span: the compile time (``compiles``: [start, end, thread id] rows) that ran
-    inside it and in no span nested in it (reading.compile_parents). None when no
-    compile ran inside any span."""
-    if compiles is None or not len(compiles) or not len(spans):
-        return None
-    parent = compile_parents(spans, compiles)
-    ok = parent >= 0
-    taken = np.zeros(len(spans), np.int64)
-    np.add.at(taken, parent[ok], compiles[ok, 1] - compiles[ok, 0])
-    return taken if taken.any() else None
 
 
 def _compile_row(compiles: np.ndarray, backward: np.ndarray) -> dict[str, Any]:

@@ -117,7 +117,7 @@ class _SpanColumns:
     of the span it ran in)."""
 
     def __init__(self, trace: TraceData) -> None:
-        from hooktrace.kernels import derived_spans
+        from hooktrace.kernels import derived_spans, span_self_ns
 
         spans = trace.spans()
         d = derived_spans(trace)
@@ -125,17 +125,8 @@ class _SpanColumns:
         n, m, c = len(spans), len(d), len(compiles)
         self.n = n + m + c
         off = _offset(trace)
-        self_ns = spans.self_ns
-        if m or c:
-            self_ns = self_ns.copy()
-        if m:
-            self_ns[d.region_span] = d.region_self_ns
+        self_ns = span_self_ns(spans, d, compiles)  # (the one definition)
         c_parent = compile_parents(spans, compiles)
-        if c:  # (as hooktrace.summary: the compile's span loses it, down to 0)
-            taken = np.zeros(n, np.int64)
-            np.add.at(taken, c_parent[c_parent >= 0],
-                      (compiles[:, 1] - compiles[:, 0])[c_parent >= 0])
-            self_ns = np.maximum(self_ns - taken, 0)
         slot = np.r_[spans.module.astype(np.int64), d.module.astype(np.int64)]
         n_mod = max(len(trace.modules), int(slot.max(initial=-1)) + 1)
         self.names, self.types = _names(trace, n_mod)

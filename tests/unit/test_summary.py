@@ -418,3 +418,32 @@ def test_memory_notes_of_a_cuda_device_fit_120_columns() -> None:
     assert notes and "cuda_mem_net" in notes[0]
     for text in (str(s), s.to_text(memory=True)):
         assert max(len(line) for line in text.splitlines()) <= 120
+
+
+def test_self_time_has_one_definition() -> None:
+    """Issue #37: a span's self time (a compiled region's from its kernels, less the
+    compile time inside it) is derived in one place, hooktrace.kernels.span_self_ns;
+    summary, diff and the Parquet tables call it instead of re-deriving it (summary
+    and the tables had the compile carve-out, diff did not)."""
+    import re
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[2] / "hooktrace"
+    rederived = [str(p.relative_to(package)) for p in package.rglob("*.py")
+                 if p.name != "kernels.py" and re.search(r"\.region_self_ns\b", p.read_text())]
+    assert rederived == []
+    users = {p.name for p in package.rglob("*.py") if "span_self_ns(" in p.read_text()}
+    assert {"summary.py", "diff.py", "tables.py"} <= users
+
+
+def test_the_parquet_spans_self_column_is_the_summarys() -> None:
+    """The spans table (what DuckDB and Spark group) carries the summary's self time:
+    the root's 380 ns once the 800 ns compile inside it is the <torch.compile> row's."""
+    pytest.importorskip("pyarrow")
+    from hooktrace.data.tables import batches, Where
+
+    trace = _three_steps(compiles=[[100, 900, 1, "dynamo"]])
+    rows = [r for b in batches(trace, "spans", Where.of(trace)) for r in b.to_pylist()]
+    root = [r for r in rows if r["module"] == "" and r["timing"] == "measured"]
+    summary = {r["module"]: r for r in trace.summary().rows}[""]
+    assert sum(r["self_ns"] for r in root) == summary["self_ns"] == 380
