@@ -303,3 +303,32 @@ def test_a_compiled_job_records_its_region_and_does_not_recompile(job: Path) -> 
     want = dict(line.split(" ", 1) for line in plain_out.read_text().splitlines())
     assert got["restored"] == "True"
     assert got["frames"] == want["frames"] and got["recompiles"] == want["recompiles"]
+
+
+@pytest.mark.usefixtures("can_attach")
+def test_ranks_attaches_to_every_worker_of_a_torchrun_job(job: Path) -> None:
+    # GIVEN a 2-rank gloo job under torchrun, well into its run
+    work = job.parent / "ranks"
+    work.mkdir()
+    result = work / "ddp.txt"
+    proc = spawn(sys.executable, "-m", "torch.distributed.run", "--standalone",
+                 "--nproc-per-node", "2", job, STEPS, PAUSE, result, "--ddp", cwd=work,
+                 OMP_NUM_THREADS="1")
+    try:
+        for rank in (0, 1):
+            wait_for_steps(Path(f"{result}.rank{rank}.progress"), 10, proc)
+        # WHEN hooktrace attaches to the torchrun agent's workers
+        attached = hooktrace_cli("attach", "--ranks", proc.pid, "-o", work / "ddp.htrace",
+                                 "--steps", "3", cwd=work)
+        assert attached.returncode == 0, attached.stderr
+        finish(proc)
+    finally:
+        proc.kill()
+    # THEN one file per rank, named as torchrun -m hooktrace run names them
+    for rank in (0, 1):
+        check_trace(work / f"ddp_rank{rank}.htrace", 4)
+        assert "restored True" in Path(f"{result}.rank{rank}").read_text()
+    summary = hooktrace_cli("summary", work, cwd=work)
+    assert summary.returncode == 0, summary.stderr
+    merged = hooktrace_cli("merge-ranks", work, "-o", work / "ranks.json", cwd=work)
+    assert merged.returncode == 0, merged.stderr
