@@ -110,14 +110,19 @@ class Attachment:
     """One attach: the request, the recording, and how it ends."""
 
     def __init__(self, request: dict[str, Any]) -> None:
-        from hooktrace.launch import options_from_args
+        from hooktrace.launch import add_options, options_from_args
 
         self.status = str(request["status"])
         self.steps: int | None = request.get("steps")
         # --seconds, else the attaching side's timeout: a job that never steps ends too
         self.seconds = float(request.get("seconds") or request["timeout"])
-        # the options as `hooktrace attach` parsed them (hooktrace run's flags)
-        self.options = options_from_args(argparse.Namespace(**request["options"]))
+        # the options as `hooktrace attach` parsed them (hooktrace run's flags), over
+        # their defaults
+        parser = argparse.ArgumentParser(add_help=False)
+        add_options(parser, leave_out=("schedule", "profile", "steps"))
+        args = parser.parse_args([])
+        vars(args).update(request["options"])
+        self.options = options_from_args(args)
         self.trace: Any = None
         self.attached_ns = time.time_ns()
         self.first_step_ns: int | None = None
@@ -208,7 +213,8 @@ class Attachment:
                 atexit.unregister(self._at_exit)
             STATE.attachment = None
             with contextlib.suppress(Exception):
-                self._write(state, message=message, lines=lines.getvalue().splitlines())
+                self._write(state, message=message, lines=lines.getvalue().splitlines(),
+                            detached_unix_ns=time.time_ns())
 
     def _write(self, state: str, **more: Any) -> None:
         write_status(self.status, {
