@@ -10,7 +10,7 @@ Example:
 
 from __future__ import annotations
 
-__all__ = ["HooktraceError", "InputPathError", "NoDeviceError", "OptionError", "OutputPathError"]
+__all__ = ["AttachError", "HooktraceError", "InputPathError", "NoDeviceError", "OptionError", "OutputPathError"]
 
 
 class HooktraceError(ValueError):
@@ -32,3 +32,8 @@ class OptionError(HooktraceError):
 class NoDeviceError(HooktraceError):
     """An option that needs an accelerator on a machine without one (``gpu=True``
     without CUDA)."""
+
+
+class AttachError(HooktraceError):
+    """``hooktrace attach`` cannot attach to a process (no such process, not CPython, no
+    ptrace rights, no gdb, a hooktrace it cannot import): nothing was done to it."""

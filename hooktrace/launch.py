@@ -31,7 +31,7 @@ import stat
 import sys
 import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,10 +53,12 @@ __all__ = ["RunOptions", "add_options", "discard_empty", "options_from_args", "o
            "stop_writing_on_sigterm", "streams", "write_outputs"]
 
 
-def add_options(p: argparse.ArgumentParser) -> None:
+def add_options(p: argparse.ArgumentParser, *, leave_out: Collection[str] = ()) -> None:
     """The tracing options shared by ``hooktrace run`` and ``HOOKTRACE_OPTIONS``: the
     outputs, and a flag per recording option that declares one (its component's
-    ``OPTIONS``, hooktrace/record/component.py), in their order."""
+    ``OPTIONS``, hooktrace/record/component.py), in their order. ``leave_out``: the
+    destinations of flags a verb does without (``hooktrace attach``: ``schedule``,
+    ``profile``, ``steps``); :func:`options_from_args` takes their defaults."""
     from hooktrace.record.options import RecordOptions
 
     p.add_argument("-o", "--output", metavar="PATH", default=None,
@@ -70,23 +72,34 @@ def add_options(p: argparse.ArgumentParser) -> None:
                         "same naming rules as --output")
     p.add_argument("--pftrace", metavar="OUT.pftrace", default=None,
                    help="also export a Perfetto protobuf trace at exit; same naming rules")
+    if "schedule" not in leave_out:
+        _add_schedule(p)
+    if "profile" not in leave_out:
+        _add_profile(p)
+    p.add_argument("--summary", action="store_true",
+                   help="print the per-module table to stderr at exit")
+    recording = p.add_argument_group("recording (hooktrace.trace()'s options)")
+    for option in RecordOptions.declared():
+        if option.name not in leave_out:
+            _add_flag(recording, option)
+
+
+def _add_schedule(p: argparse.ArgumentParser) -> None:
     p.add_argument("--schedule", metavar="WAIT,WARMUP,ACTIVE[,REPEAT]", default=None,
                    help="record only some steps, as torch.profiler.schedule(wait, warmup, "
                         "active, repeat) would; each window is written as it ends to "
                         "OUTPUT's folder as <stem>.<last step>.htrace (with --profile, the "
                         "profiler records the same windows: <stem>.<last step>.merged.json "
                         "and .profiler.json beside it)")
+
+
+def _add_profile(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", action="store_true",
                    help="also run torch.profiler (CPU ops; CUDA kernels when CUDA is "
                         "available) and write <output stem>.merged.json (module spans on the "
                         "profiler's timeline, as hooktrace merge) and <output stem>"
                         ".profiler.json (for hooktrace summary --profiler); with --schedule, "
                         "one of each per window")
-    p.add_argument("--summary", action="store_true",
-                   help="print the per-module table to stderr at exit")
-    recording = p.add_argument_group("recording (hooktrace.trace()'s options)")
-    for option in RecordOptions.declared():
-        _add_flag(recording, option)
 
 
 def _add_flag(p: Any, option: Option) -> None:
@@ -177,7 +190,7 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
             raise OptionError(f"{flag}: {e}") from None
     ring = getattr(args, "policy", "drop") == "ring"
     schedule = None
-    if args.schedule is not None:
+    if getattr(args, "schedule", None) is not None:
         try:
             parts = [int(p) for p in args.schedule.split(",")]
         except ValueError:
@@ -258,13 +271,17 @@ def streams(options: RunOptions) -> bool:
     return _streams(options.output, options.ring, options.schedule, options.record.aggregate)
 
 
-def start(options: RunOptions) -> GlobalTrace:
-    """A started global trace with these options."""
+def start(options: RunOptions, *,
+          on_step: Callable[[int], None] | None = None) -> GlobalTrace:
+    """A started global trace with these options; ``on_step(ended)`` after each step's
+    mark, if given (``hooktrace attach`` counts the steps it was asked for)."""
     windows = _Windows(options) if options.schedule is not None else None
     from hooktrace.record import GlobalTrace
 
     # --profile with --schedule: the profiler steps with the trace's steps
     cls = _profiled_trace() if windows is not None and options.profile else GlobalTrace
+    if on_step is not None:
+        cls = _stepping_trace(cls, on_step)
     windowed: dict[str, Any] = ({} if windows is None else
                                 {"schedule": windows.schedule, "on_window": windows.write})
     # (options.record.out: the stream, when streamed, options_from_args)
@@ -303,6 +320,19 @@ def _profiled_trace() -> type[GlobalTrace]:
                     profiler.step()
 
     return _ProfiledTrace
+
+
+def _stepping_trace(base: type[GlobalTrace],
+                   on_step: Callable[[int], None]) -> type[GlobalTrace]:
+    """``base`` calling ``on_step(ended)`` last at each step mark, once the step's
+    window (if any) was handed over."""
+
+    class _SteppingTrace(base):  # type: ignore[valid-type,misc]
+        def _after_step_mark(self, ended: int) -> None:
+            super()._after_step_mark(ended)
+            on_step(ended)
+
+    return _SteppingTrace
 
 
 def _start_profiler(windows: _Windows | None) -> None:

@@ -23,6 +23,7 @@ class CliError(HooktraceError):
 def all_commands() -> list[ModuleType]:
     """The verb modules, in the order ``hooktrace --help`` lists them."""
     from hooktrace.commands import (
+        attach,
         demo,
         diff,
         export,
@@ -35,4 +36,4 @@ def all_commands() -> list[ModuleType]:
         summary,
     )
 
-    return [run, demo, export, summary, diff, report, merge, merge_ranks, query, stacks]
+    return [run, attach, demo, export, summary, diff, report, merge, merge_ranks, query, stacks]

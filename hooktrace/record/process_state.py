@@ -34,6 +34,9 @@ class ProcessState:
         self.sigterm_handler: Any = None
         # HOOKTRACE=1: the running global trace, if this process was started traced
         self.autostart_trace: Any = None
+        # hooktrace attach: the attachment recording in this process, until it detached
+        # (hooktrace._attach_agent)
+        self.attachment: Any = None
 
     def next_dump_number(self) -> int:
         """The number of the next dump of this process (0, 1, ...)."""

@@ -54,7 +54,8 @@ LAYERS: list[tuple[str, set[str]]] = [
         "hooktrace.record.fused_numerics", "hooktrace.record.flight", "hooktrace.record.process_state",
         "hooktrace.distributed",
         "hooktrace._windows", "hooktrace.flight", "hooktrace.profiling", "hooktrace.launch",
-        "hooktrace._autostart", "hooktrace.integrations", "hooktrace.integrations.hf", "hooktrace.integrations.scalars",
+        "hooktrace._autostart", "hooktrace._attach", "hooktrace._attach_agent",
+        "hooktrace.integrations", "hooktrace.integrations.hf", "hooktrace.integrations.scalars",
         "hooktrace.integrations.lightning", "hooktrace.demo"}),
     ("commands", {
         "hooktrace.cli", "hooktrace.__main__", "hooktrace.commands",
