@@ -513,7 +513,7 @@ def test_marking_works_with_an_inductor_that_takes_one_pass(inductor_of_one_pass
 
 
 def test_a_users_own_pass_is_kept_where_inductor_takes_one_pass(
-        inductor_of_one_pass: None, monkeypatch: pytest.MonkeyPatch) -> None:
+        inductor_of_one_pass: None) -> None:
     """With the user's own pass set and an Inductor that takes one pass, hooktrace does
     not replace it: the user's pass runs, marked code bypasses the compile caches, and
     everything is as it was after."""
@@ -531,15 +531,19 @@ def test_a_users_own_pass_is_kept_where_inductor_takes_one_pass(
             return "hooktrace-test-counting"
 
     mine = Counting()
-    monkeypatch.setattr(inductor_config, "post_grad_custom_post_pass", mine)
-    cache_before = inductor_config.fx_graph_cache
-    fn, net = _compiled("blocks")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with hooktrace.trace(net) as tr:
-            _train(fn, net, steps=1)
-    assert len(Kernels.from_trace(tr.result)) > 0
-    assert Counting.calls > 0
-    assert inductor_config.post_grad_custom_post_pass is mine
-    assert inductor_config.fx_graph_cache == cache_before
-    assert functorch_config.enable_autograd_cache is not None
+    # (torch's own patch: pytest's monkeypatch would delete the setting on undo, as
+    # it is no attribute of the config module's __dict__, and every later compile of
+    # the session would fail)
+    with inductor_config.patch(post_grad_custom_post_pass=mine):
+        cache_before = inductor_config.fx_graph_cache
+        fn, net = _compiled("blocks")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with hooktrace.trace(net) as tr:
+                _train(fn, net, steps=1)
+        assert len(Kernels.from_trace(tr.result)) > 0
+        assert Counting.calls > 0
+        assert inductor_config.post_grad_custom_post_pass is mine
+        assert inductor_config.fx_graph_cache == cache_before
+        assert functorch_config.enable_autograd_cache is not None
+    assert inductor_config.post_grad_custom_post_pass is None
