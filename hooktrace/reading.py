@@ -732,6 +732,17 @@ def _span_of(spans: Spans, pick: np.ndarray, module: np.ndarray, t: np.ndarray) 
     idx = _latest_start(spans, pick, spans.module, module, t)
     ok = idx >= 0
     ok[ok] &= spans.end_ns[idx[ok]] >= t[ok]
+    # A module calling itself: a mark after its inner call ended (the outer call's
+    # exit mark) finds the inner call as the latest start; the call holding the mark is
+    # the nearest ancestor of the same module that has not ended (issue #35: 10 of 40
+    # calls of a module three deep in itself were timed).
+    for i in np.flatnonzero((idx >= 0) & ~ok).tolist():
+        j = int(spans.parent[idx[i]])
+        while j >= 0 and not (pick[j] and spans.module[j] == module[i]
+                              and spans.start_ns[j] <= t[i] <= spans.end_ns[j]):
+            j = int(spans.parent[j])
+        if j >= 0:
+            idx[i], ok[i] = j, True
     return np.where(ok, idx, -1)
 
 
