@@ -378,18 +378,29 @@ STRAGGLER_SQL = {
     "agg": """
         SELECT rank, `window`, slot, mode = 'eval' AS eval, phase = 'backward' AS backward,
                false AS on_device, step, CAST(sum(dur_ns) AS BIGINT) AS total_ns,
-               CAST(count(*) AS BIGINT) AS calls, max(end_ns) AS last_end_ns
+               CAST(count(*) AS BIGINT) AS calls, max(end_ns) AS last_end_ns,
+               CAST(sum(self_ns) AS BIGINT) AS self_total_ns
         FROM spans
         WHERE timing = 'measured' AND phase <> 'recompute' AND step IS NOT NULL
         GROUP BY rank, `window`, slot, mode = 'eval', phase = 'backward', step
         UNION ALL
         SELECT rank, `window`, slot, mode = 'eval' AS eval, phase = 'backward' AS backward,
                true AS on_device, step, CAST(sum(dur_ns) AS BIGINT) AS total_ns,
-               CAST(count(*) AS BIGINT) AS calls, max(end_ns) AS last_end_ns
+               CAST(count(*) AS BIGINT) AS calls, max(end_ns) AS last_end_ns,
+               CAST(sum(self_ns) AS BIGINT) AS self_total_ns
         FROM gpu
         WHERE step IS NOT NULL
         GROUP BY rank, `window`, slot, mode = 'eval', phase = 'backward', step
         ORDER BY rank, `window`, slot, eval, on_device, backward, step""",
+    # the top-level spans, in start order: the gaps between them are the time outside
+    # every module (hooktrace.stragglers: where a rank that was slow outside modules was)
+    "tops": """
+        SELECT rank, `window`, step, slot, mode = 'eval' AS eval, phase = 'backward' AS backward,
+               start_ns, end_ns
+        FROM spans
+        WHERE timing = 'measured' AND phase <> 'recompute' AND step IS NOT NULL
+              AND parent IS NULL
+        ORDER BY rank, `window`, start_ns, span""",
     "timed": """SELECT rank, `window`, CAST(count(DISTINCT step) AS BIGINT) AS timed_steps
                 FROM gpu WHERE step IS NOT NULL GROUP BY rank, `window`
                 ORDER BY rank, `window`""",
