@@ -76,6 +76,13 @@ def run(args: argparse.Namespace) -> None:
         stop_writing_on_sigterm()
         trace.__exit__(*((type(failure), failure, failure.__traceback__) if failure is not None
                          else (None, None, None)))
+        if failure is not None and not isinstance(failure, KeyboardInterrupt):
+            # the script's traceback first, then what hooktrace wrote (issue #38: "nothing
+            # written" came before the traceback and read as hooktrace's failure)
+            sys.stdout.flush()
+            tb = _script_frames(failure.__traceback__)
+            sys.excepthook(type(failure), failure.with_traceback(tb), tb)
+            code = 1
         try:
             write_outputs(trace, options)
         except Exception as e:
@@ -84,11 +91,6 @@ def run(args: argparse.Namespace) -> None:
                 code = 1
     if isinstance(failure, KeyboardInterrupt):
         raise failure  # python's own exit for Ctrl-C (status 130)
-    if failure is not None:
-        sys.stdout.flush()
-        tb = _script_frames(failure.__traceback__)
-        sys.excepthook(type(failure), failure.with_traceback(tb), tb)
-        code = 1
     if code not in (0, None):
         raise SystemExit(code)
 
