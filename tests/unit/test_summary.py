@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -418,3 +419,14 @@ def test_memory_notes_of_a_cuda_device_fit_120_columns() -> None:
     assert notes and "cuda_mem_net" in notes[0]
     for text in (str(s), s.to_text(memory=True)):
         assert max(len(line) for line in text.splitlines()) <= 120
+
+
+def test_the_root_is_empty_in_data_and_root_in_text():
+    # one convention, documented in docs/getting-started.md#names (issue #38): "" where
+    # the name is data (JSON, CSV, Parquet/SQL), as named_modules() has it; <root> in text
+    summary = backward_trace(0).summary()
+    assert "" in [r["module"] for r in json.loads(summary.to_json())["rows"]]
+    assert "" in [r["module"] for r in csv.DictReader(io.StringIO(summary.to_csv()))]
+    assert any(line.startswith("<root> ") for line in summary.to_text().splitlines())
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "getting-started.md").read_text()
+    assert "`<root>` in the text tables" in doc and "`\"\"` wherever the name is\ndata" in doc
