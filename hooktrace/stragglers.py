@@ -295,7 +295,9 @@ class RanksSummary:
         lines.append("")
         th = self.settings
         lines.append(f"stragglers (a rank over {1 + th['threshold']:.2g}x the other ranks' median "
-                     f"and more than {format_ns(th['min_excess_ns'])} over it):")
+                     f"and more than {format_ns(th['min_excess_ns'])} over it, by a module's "
+                     "self time or the time outside modules; a rank that waited there for "
+                     "another is not named):")
         if not self.stragglers:
             lines.append("none")
         else:

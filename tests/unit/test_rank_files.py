@@ -332,3 +332,9 @@ def test_a_rank_slow_outside_modules_is_named_not_the_rank_that_waited(
     text = capsys.readouterr().out
     line = next(ln for ln in text.splitlines() if "(outside modules)" in ln)
     assert line.split()[:7] == ["1", "(outside", "modules)", "before", "<root>", "fwd", "1"]
+
+
+def test_the_straggler_table_says_how_it_attributes(rank_dir: Path) -> None:
+    text = analyze([rank_dir], min_excess_ns=10_000).to_text()
+    assert "by a module's self time or the time outside modules; a rank that waited there " \
+           "for another is not named" in text.replace("\n", " ")
