@@ -20,6 +20,10 @@ LOG_DEPS ?= tensorboard==2.21.0
 TEST_DEPS ?= pytest transformers==5.23.0 accelerate==1.15.0 lightning==2.6.6 plotly selenium \
 	viztracer==1.1.1 triton==3.9.0 $(DOCS_DEPS) $(DATA_DEPS) $(LOG_DEPS)
 BUILD_DEPS ?= numpy ninja pybind11 setuptools wheel tqdm
+# DEMO_DEPS: what `make demo` needs beyond torch and the build (its report.html inlines
+# plotly.js); `make test` adds TEST_DEPS (issue #38: demo installed every test extra,
+# a 3.4 GB venv).
+DEMO_DEPS ?= plotly
 
 PY := $(VENV)/bin/python
 # What the native core's build prints first: it compiles for minutes with no output of
@@ -27,21 +31,25 @@ PY := $(VENV)/bin/python
 BUILD_NOTE = building hooktrace's native core ($(words $(wildcard csrc/*.cpp)) C++ files in csrc/, \
 	MAX_JOBS=$${MAX_JOBS:-2}): about 5 minutes on 2 cores; a line per compiled file follows
 BUILD_LOG = $(VENV)/hooktrace-build.log
-# "[3/12] session.cpp" from each of ninja's -v lines ("[3/12] c++ ... -c .../session.cpp ...")
-NINJA_PROGRESS = sed -unE 's|^(\[[0-9]+/[0-9]+\]) .* -c ([^ ]*/)?([^ /]+) .*|  \1 \3|p'
+# "[3/12] session.cpp" from each of ninja's -v lines ("[3/12] c++ ... -c .../session.cpp ...");
+# pip -v indents its build's output by two spaces (issue #38: no line matched)
+NINJA_PROGRESS = sed -unE 's|^[[:space:]]*(\[[0-9]+/[0-9]+\]) .* -c ([^ ]*/)?([^ /]+) .*|  \1 \3|p'
 # One stamp per torch spec, so `make test TORCH=...` reinstalls torch and rebuilds
 # in an existing .venv; `make clean` removes it so the next target rebuilds.
-STAMP := $(VENV)/.hooktrace-installed-$(shell printf '%s' '$(TORCH)' | tr -c 'A-Za-z0-9.' '_')
+# BUILT: torch, the build and the demo's deps; STAMP: that and TEST_DEPS.
+TORCH_KEY := $(shell printf '%s' '$(TORCH)' | tr -c 'A-Za-z0-9.' '_')
+BUILT := $(VENV)/.hooktrace-built-$(TORCH_KEY)
+STAMP := $(VENV)/.hooktrace-installed-$(TORCH_KEY)
 
 .PHONY: help venv build demo test test-unit test-integration test-floor sanitize bench lint docs clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
 
-$(STAMP): Makefile setup.py pyproject.toml $(wildcard csrc/*.cpp csrc/*.h)
+$(BUILT): Makefile setup.py pyproject.toml $(wildcard csrc/*.cpp csrc/*.h)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)" $(BUILD_DEPS) $(TEST_DEPS)
+	$(PY) -m pip install -q "$(TORCH)" $(BUILD_DEPS) $(DEMO_DEPS)
 	# --no-build-isolation: compile against the torch installed above, not a fresh
 	# (different, multi-GB) torch that an isolated build environment would download.
 	# The build takes minutes: say so, and show ninja's [n/N] line per compiled file
@@ -52,16 +60,21 @@ $(STAMP): Makefile setup.py pyproject.toml $(wildcard csrc/*.cpp csrc/*.h)
 		status=$$(cat $(BUILD_LOG).status); rm -f $(BUILD_LOG).status; \
 		if [ "$$status" != 0 ]; then tail -n 40 $(BUILD_LOG); \
 		echo "the build failed: its whole output is in $(BUILD_LOG)"; exit "$$status"; fi
+	rm -f $(VENV)/.hooktrace-installed* $(VENV)/.hooktrace-built*
+	touch $(BUILT)
+
+$(STAMP): $(BUILT)
+	$(PY) -m pip install -q "$(TORCH)" $(TEST_DEPS)
 	rm -f $(VENV)/.hooktrace-installed*
 	touch $(STAMP)
 
-venv: $(STAMP)  ## create .venv, install torch + deps, build hooktrace
+venv: $(STAMP)  ## create .venv, install torch + deps (the test extras too), build hooktrace
 
 build: venv  ## rebuild the native core in place after editing csrc/
 	@echo "$(BUILD_NOTE)"
 	MAX_JOBS=$${MAX_JOBS:-2} $(PY) setup.py -q build_ext --inplace  # (ninja's lines show: torch runs it verbose)
 
-demo: venv  ## train the built-in TinyGPT a few steps under hooktrace; writes out/demo/
+demo: $(BUILT)  ## train the built-in TinyGPT a few steps under hooktrace; writes out/demo/
 	$(VENV)/bin/hooktrace demo --out out/demo
 
 test: venv  ## run the whole test suite (unit + integration)
@@ -174,4 +187,5 @@ docs:  ## build the docs site into site/ (mkdocs build --strict; no native build
 	NO_MKDOCS_2_WARNING=1 PYTHONPATH=$(CURDIR) $(PY) -m mkdocs build --strict
 
 clean:  ## remove build outputs (keeps .venv)
-	rm -rf build *.egg-info hooktrace/_C*.so out site $(VENV)/.hooktrace-installed*
+	rm -rf build *.egg-info hooktrace/_C*.so out site $(VENV)/.hooktrace-installed* \
+		$(VENV)/.hooktrace-built*

@@ -632,7 +632,9 @@ class Diff:
     fused_a: list[Key] = field(default_factory=list)
     fused_b: list[Key] = field(default_factory=list)
 
-    def _failing(self, pct: float, min_share: float) -> list[tuple[dict[str, Any], float]]:
+    def _failing(self, pct: float, min_share: float, include_noise: bool = False,
+                 noise: bool = False) -> list[tuple[dict[str, Any], float]]:
+        """The rows over ``pct``; ``noise``: instead, those left out as within noise."""
         bad = []
         rows = ([r for r in self.rows if r["phase"] in GPU_PHASES] if self.gpu
                 else self.rows)
@@ -644,10 +646,24 @@ class Diff:
                 continue
             if r is not self.step and (r["share_a"] or 0.0) * 100.0 < min_share:
                 continue
-            bad.append((r, float(change)))
+            # a change no larger than A's own run-to-run spread (the table's "noise"):
+            # not a regression the gate can tell (issue #38: it failed on such rows)
+            within = bool(r.get("within_noise")) and not include_noise
+            if within == noise:
+                bad.append((r, float(change)))
         return bad
 
-    def failures(self, pct: float, *, min_share: float = 1.0) -> list[str]:
+    def noise_left_out(self, pct: float, *, min_share: float = 1.0) -> list[str]:
+        """The rows over ``pct`` that :meth:`failures` leaves out as within A's noise."""
+        if self.ranks is None:
+            return [f"{_label(r, self.launch)}: +{c:.1f}%"
+                    for r, c in self._failing(pct, min_share, noise=True)]
+        return [f"{_label(r, self.launch)} on rank {rank}: +{c:.1f}%"
+                for rank in sorted(self.by_rank)
+                for r, c in self.by_rank[rank]._failing(pct, min_share, noise=True)]
+
+    def failures(self, pct: float, *, min_share: float = 1.0,
+                 include_noise: bool = False) -> list[str]:
         """Rows (and the step) that got slower by more than ``pct`` percent, one line each.
 
         When both runs recorded device time (``gpu``), the module rows gated are the
@@ -658,7 +674,9 @@ class Diff:
         call does not), the step on its p50; rows
         under ``min_share`` percent of A's step time are left out: a module that
         small moves by large percentages from run to run on timer resolution and
-        scheduling alone, and a gate on it would fail at random.
+        scheduling alone, and a gate on it would fail at random. A row whose change is
+        within A's run-to-run noise (``within_noise``) is left out too unless
+        ``include_noise`` (:meth:`noise_left_out` lists them).
 
         Rank directories: every rank is gated on its own comparison; a line per
         (module, phase) names the rank where it slowed most and, when several
@@ -666,11 +684,11 @@ class Diff:
         """
         if self.ranks is None:
             return [f"{_label(r, self.launch)}: +{c:.1f}%"
-                    for r, c in self._failing(pct, min_share)]
+                    for r, c in self._failing(pct, min_share, include_noise)]
         worst: dict[Key, tuple[float, int]] = {}
         count: dict[Key, int] = {}
         for rank in sorted(self.by_rank):
-            for r, c in self.by_rank[rank]._failing(pct, min_share):
+            for r, c in self.by_rank[rank]._failing(pct, min_share, include_noise):
                 k = (r["module"], r["phase"])
                 count[k] = count.get(k, 0) + 1
                 if k not in worst or c > worst[k][0]:

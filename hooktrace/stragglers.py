@@ -27,22 +27,30 @@ median over ranks; the slowest rank, its time and its excess over the median
 of the *other* ranks (absolute and as a ratio). The other ranks' median, not
 all ranks': with 2 ranks the median of all would be half the straggler itself.
 
-**Stragglers.** A (rank, module, mode, phase, step) whose time exceeds the median of
-the other ranks by more than ``threshold`` times that median and by more than
-``min_excess_ns``. A slow module makes its ancestors slow too: an entry is left
+**Stragglers** (issue #38: by where the time went, not by who was slow to leave a
+collective). A slow rank makes the others wait in the next collective, and that wait
+lands in a module's time or outside every module on the ranks that were on time; so on
+the host, ranks are compared per step and *place*: a module's self time in a phase (its
+children left out, so the module that was slow is named, not its ancestors), or a
+stretch of the step outside every module, cut at the step's top-level spans and named
+by the span it ends at (``before <root> fwd``: host work before the forward;
+``before step end``). A rank whose time in a place exceeds the median of the other
+ranks by more than ``threshold`` times that median and by more than ``min_excess_ns``
+is a straggler when it also left the place at least half that excess after the others
+(rank 0's clock): a rank that *waited* there leaves with the others, since a collective
+lets every rank out together, and is not named. On the device (``gpu fwd``/``gpu bwd``)
+the time of each (rank, module, mode, phase, step) is compared, and an entry is left
 out when one of its descendants, on the same rank, mode, phase and step, is a
-straggler explaining at least ``EXPLAINED`` of its excess, so the module that
-was slow is named, not the root.
+straggler explaining at least ``EXPLAINED`` of its excess.
 
-**Who waits.** The other ranks then wait in the next collective. With the
-ranks' torch.profiler traces: the straggler's first collective after the slow
-span (``gloo:*`` on gloo's thread, NCCL kernels on the GPU), matched on every
-other rank to the collective instance overlapping it most (every rank is
-inside it when the last one enters); a rank's wait is how long it was inside
-that collective before the straggler entered it. Without profiler traces:
-how much more time each other rank spent outside every module span in that
-step than the straggler did (DDP waits for its gradient all-reduce after the
-last autograd node, outside every span).
+**Who waits.** With the ranks' torch.profiler traces: the straggler's first collective
+after the slow place (``gloo:*`` on gloo's thread, NCCL kernels on the GPU), matched on
+every other rank to the collective instance overlapping it most (every rank is inside
+it when the last one enters); a rank's wait is how long it was inside that collective
+before the straggler entered it. Without profiler traces: per other rank, how much later
+the straggler left the place than that rank, at most its excess over that rank there
+(on the device: how much more time each other rank spent outside every module span in
+that step than the straggler did).
 
 Example::
 
@@ -103,6 +111,13 @@ class RankStats:
     step_start_ns: np.ndarray
     step_end_ns: np.ndarray
     outside_ns: np.ndarray  # time of the step outside every module span
+    self_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # per entry
+    # the top-level spans (no parent; host phases, in a step) in start order: the
+    # time outside every module lies between them
+    top_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    top_key: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (slot*2+mode)*2+bwd
+    top_start_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    top_end_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     coll_start_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     coll_end_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     profiler: str | None = None
@@ -160,6 +175,7 @@ def reduce_rank(run: TraceData, f: RankFile) -> RankStats:
     n_mod = max(len(run.modules), int(module.max(initial=-1)) + 1)
     dur = spans.duration_ns[sel]
     end = spans.end_ns[sel]
+    self_t = spans.self_ns[sel].astype(np.int64)
     timed = 0
     if gpu_recorded(run) and len(steps):  # device time: phases 2 and 3, its steps
         m = module_gpu(run, n_mod)
@@ -172,6 +188,7 @@ def reduce_rank(run: TraceData, f: RankFile) -> RankStats:
         step = np.r_[step, steps.number[m.step[g_sel]]]
         dur = np.r_[dur, gpu.duration_ns[g_sel]]
         end = np.r_[end, gpu.end_ns[g_sel]]
+        self_t = np.r_[self_t, gpu.self_ns[g_sel].astype(np.int64)]
         timed = len(np.unique(m.step[g_sel]))
     n_step = int(step.max(initial=-1)) + 1
     width = max(n_step, 1)
@@ -179,9 +196,11 @@ def reduce_rank(run: TraceData, f: RankFile) -> RankStats:
     uniq, inv = np.unique(key, return_inverse=True)
     total = np.bincount(inv, weights=dur, minlength=len(uniq)).astype(np.int64)
     calls = np.bincount(inv, minlength=len(uniq)).astype(np.int64)
+    self_total = np.bincount(inv, weights=self_t, minlength=len(uniq)).astype(np.int64)
     last_end = np.full(len(uniq), np.iinfo(np.int64).min, np.int64)
     np.maximum.at(last_end, inv, end - off)
     top = np.flatnonzero(sel & (spans.parent < 0))
+    top = top[np.lexsort((top, spans.start_ns[top]))]  # start order (the SQL's too)
     covered = union_per_step(spans.start_ns[top], spans.end_ns[top], steps.start_ns,
                               steps.end_ns)
     names = [name for name, _ in run.modules] + [f"<module {m}>"
@@ -193,7 +212,12 @@ def reduce_rank(run: TraceData, f: RankFile) -> RankStats:
         step=uniq % width, total_ns=total, calls=calls, last_end_ns=last_end,
         step_number=steps.number.copy(), step_start_ns=steps.start_ns - off,
         step_end_ns=steps.end_ns - off, outside_ns=steps.duration_ns - covered,
-        timed_steps=timed)
+        timed_steps=timed, self_ns=self_total,
+        top_step=steps.number[row[top]].astype(np.int64),
+        top_key=(spans.module[top].astype(np.int64) * 2
+                 + ((spans.flags[top] & SPAN_EVAL) != 0)) * 2
+        + (spans.cat[top] == CAT_BACKWARD),
+        top_start_ns=spans.start_ns[top] - off, top_end_ns=spans.end_ns[top] - off)
     return stats
 
 
@@ -271,7 +295,9 @@ class RanksSummary:
         lines.append("")
         th = self.settings
         lines.append(f"stragglers (a rank over {1 + th['threshold']:.2g}x the other ranks' median "
-                     f"and more than {format_ns(th['min_excess_ns'])} over it):")
+                     f"and more than {format_ns(th['min_excess_ns'])} over it, by a module's "
+                     "self time or the time outside modules; a rank that waited there for "
+                     "another is not named):")
         if not self.stragglers:
             lines.append("none")
         else:
@@ -280,7 +306,9 @@ class RanksSummary:
             for s in self.stragglers[:top]:
                 waited = ("" if s["others_wait_ns"] is None else
                           f"{format_ns(s['others_wait_ns'])} / {format_ns(s['others_wait_max_ns'])}")
-                table.append([str(s["rank"]), _module_cell(s), s["phase"], str(s["step"]),
+                table.append([str(s["rank"]), _module_cell(s),
+                              s["phase"] if s["module"] is not None else f"before {s['before']}",
+                              str(s["step"]),
                               format_ns(s["time_ns"]), format_ns(s["others_median_ns"]),
                               _signed(s["excess_ns"]), _ratio(s["ratio"]), waited,
                               s["wait_source"]])
@@ -302,6 +330,8 @@ class RanksSummary:
 
 
 def _module_cell(row: dict[str, Any]) -> str:
+    if row["module"] is None:  # a straggler's time outside every module
+        return "(outside modules)"
     return (row["module"] or "<root>") + (" [eval]" if row["mode"] == "eval" else "")
 
 
@@ -511,6 +541,7 @@ def _stats_from_tables(t: dict[str, Any]) -> list[RankStats]:
     results: what :func:`rank_stats` computes from the file itself."""
     agg, steps, modules = _groups(t["agg"]), _groups(t["steps"]), _groups(t["modules"])
     timed = _groups(t["timed"]) if "timed" in t else {}
+    tops = _groups(t["tops"]) if "tops" in t else {}
     out = []
     for row in t["runs"].to_pylist():
         key = (row["rank"], row["window"])
@@ -533,7 +564,10 @@ def _stats_from_tables(t: dict[str, Any]) -> list[RankStats]:
         empty = np.zeros(0, np.int64)
         if a is None:
             a = {"slot": empty, "eval": np.zeros(0, bool), "backward": np.zeros(0, bool),
-                 "on_device": np.zeros(0, bool), "step": empty, "total_ns": empty, "calls": empty, "last_end_ns": empty}
+                 "on_device": np.zeros(0, bool), "step": empty, "total_ns": empty,
+                 "calls": empty, "last_end_ns": empty, "self_total_ns": empty}
+        tp = tops.get(key, {"step": empty, "slot": empty, "eval": np.zeros(0, bool),
+                            "backward": np.zeros(0, bool), "start_ns": empty, "end_ns": empty})
         top = int(a["slot"].max(initial=-1)) + 1  # slots beyond the module table
         names += [f"<module {i}>" for i in range(len(names), top)]
         types += ["?"] * (top - len(types))
@@ -548,7 +582,14 @@ def _stats_from_tables(t: dict[str, Any]) -> list[RankStats]:
             step_start_ns=empty if st is None else st["start_ns"].astype(np.int64),
             step_end_ns=empty if st is None else st["end_ns"].astype(np.int64),
             outside_ns=empty if st is None else st["outside_ns"].astype(np.int64),
-            timed_steps=int(timed[key]["timed_steps"][0]) if key in timed else 0))
+            timed_steps=int(timed[key]["timed_steps"][0]) if key in timed else 0,
+            self_ns=a["self_total_ns"].astype(np.int64) if "self_total_ns" in a else a["total_ns"]
+            .astype(np.int64),
+            top_step=tp["step"].astype(np.int64),
+            top_key=(tp["slot"].astype(np.int64) * 2 + tp["eval"].astype(np.int64)) * 2
+            + tp["backward"].astype(np.int64),
+            top_start_ns=tp["start_ns"].astype(np.int64),
+            top_end_ns=tp["end_ns"].astype(np.int64)))
     return out
 
 
@@ -594,11 +635,11 @@ def _combine(stats: list[RankStats], problems: list[str], threshold: float,
     rows = _rows(agg, mp // 4, mp % 4, names_list, types, rank_ids)
     per_step = _rows(v, k_group, k_phase, names_list, types, rank_ids, steps=k_step)
 
-    # stragglers
+    # stragglers on the device: by each module's time (the module explains its ancestors)
     others = _median_of_others(v)
     excess = v - others
     with np.errstate(invalid="ignore"):
-        flagged = (excess > min_excess_ns) & (excess > threshold * others)
+        flagged = (excess > min_excess_ns) & (excess > threshold * others) & (k_phase >= 2)
     entries = []
     for i, c in zip(*np.nonzero(flagged)):
         entries.append({"rank": rank_ids[i], "_i": int(i), "_c": int(c),
@@ -612,6 +653,22 @@ def _combine(stats: list[RankStats], problems: list[str], threshold: float,
     for e in entries:
         e.update(_waits(stats, e["_i"], e["step"], int(last_end[e["_i"], e["_c"]])))
         del e["_i"], e["_c"]
+    # on the host: by where the time went, waits left out (see _host_stragglers)
+    host = uniq[k_phase < 2]
+    self_v = np.full((n_rank, len(host)), np.nan)
+    self_end = np.full((n_rank, len(host)), np.iinfo(np.int64).min, np.int64)
+    for i, (k, s) in enumerate(zip(keys, stats)):
+        mine = (s.phase < 2) if len(s.phase) else np.zeros(0, bool)
+        col = np.searchsorted(host, k[mine])
+        self_v[i, col] = s.self_ns[mine]
+        self_end[i, col] = s.last_end_ns[mine]
+    h_group, h_phase, h_step = host // n_step // 4, host // n_step % 4, host % n_step
+    places = [{"module": names_list[int(g) // 2], "type": types[int(g) // 2],
+               "mode": MODES[int(g) % 2], "phase": PHASES[int(ph)], "step": int(st)}
+              for g, ph, st in zip(h_group.tolist(), h_phase.tolist(), h_step.tolist())]
+    gap_v, gap_end, gap_places = _gap_places(stats)
+    entries += _host_stragglers(stats, np.c_[self_v, gap_v], np.c_[self_end, gap_end],
+                                places + gap_places, rank_ids, threshold, min_excess_ns)
     entries.sort(key=lambda e: (-e["excess_ns"], e["rank"], e["step"]))
     ranks = [{"rank": s.file.rank, "label": s.file.label, "path": s.file.path,
               "events": s.file.events, "clock_offset_ns": s.file.offset_ns,
@@ -654,6 +711,109 @@ def _rows(v: np.ndarray, group: np.ndarray, phase: np.ndarray, names: list[str],
     return out
 
 
+def _gaps(s: RankStats) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Rank ``s``'s time outside every module span, per step, cut at its top-level spans:
+    per gap (step, before, occurrence, gap_ns, end_ns); ``before``: the ``top_key`` of the
+    top-level span the gap ends at, -1 for the step's end; ``occurrence``: the ordinal of
+    that span among the step's top-level spans of its key."""
+    out: list[tuple[int, int, int, int, int]] = []
+    by_step: dict[int, list[int]] = {}
+    for j, st in enumerate(s.top_step.tolist()):
+        by_step.setdefault(st, []).append(j)
+    starts, ends, keys = s.top_start_ns.tolist(), s.top_end_ns.tolist(), s.top_key.tolist()
+    for st, a, b in zip(s.step_number.tolist(), s.step_start_ns.tolist(),
+                        s.step_end_ns.tolist()):
+        cursor = a  # the end of the step's spans so far
+        seen: dict[int, int] = {}
+        for j in by_step.get(st, ()):
+            k = keys[j]
+            out.append((st, k, seen.get(k, 0), max(0, starts[j] - cursor), starts[j]))
+            seen[k] = seen.get(k, 0) + 1
+            cursor = max(cursor, ends[j])
+        out.append((st, -1, 0, max(0, b - cursor), max(b, cursor)))
+    arr = np.array(out, np.int64).reshape(-1, 5)
+    return arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3], arr[:, 4]
+
+
+def _gap_places(stats: list[RankStats]) -> tuple[np.ndarray, np.ndarray, list[dict[str, Any]]]:
+    """The time outside modules of every rank, one column per (step, gap), gaps matched
+    across ranks by the top-level span they end at: (ns, end ns, place per column)."""
+    cols: dict[tuple[int, str, int], int] = {}
+    per_rank = []
+    for s in stats:
+        step, before, occ, gap, end = _gaps(s)
+        label = {}
+        for k in np.unique(before).tolist():
+            if k < 0:
+                label[k] = "step end"
+            else:
+                m = k // 4
+                name = s.modules[m] if m < len(s.modules) else f"<module {m}>"
+                label[k] = (f"{name or '<root>'}{' [eval]' if k // 2 % 2 else ''} "
+                            f"{PHASES[k % 2]}")
+        c = [cols.setdefault((st, label[b], o), len(cols))
+             for st, b, o in zip(step.tolist(), before.tolist(), occ.tolist())]
+        per_rank.append((np.asarray(c, np.int64), gap, end))
+    v = np.full((len(stats), len(cols)), np.nan)
+    e = np.full((len(stats), len(cols)), np.iinfo(np.int64).min, np.int64)
+    for i, (c, gap, end) in enumerate(per_rank):
+        v[i, c] = gap
+        e[i, c] = end
+    places = [{"module": None, "type": None, "mode": "train", "phase": "outside",
+               "before": before + (f" #{o + 1}" if o else ""), "step": st}
+              for (st, before, o) in cols]
+    return v, e, places
+
+
+def _host_stragglers(stats: list[RankStats], v: np.ndarray, end: np.ndarray,
+                     places: list[dict[str, Any]], rank_ids: list[int], threshold: float,
+                     min_excess_ns: int) -> list[dict[str, Any]]:
+    """Stragglers on the host, by where each rank's time went (issue #38): ``v`` holds per
+    rank (row) and place (column) the time spent there, ``end`` when the place ended
+    (rank 0's clock). A place is a module's self time in one phase and step, or a
+    stretch of a step outside every module. A rank whose time in a place exceeds the
+    others' median (``threshold``, ``min_excess_ns``) either worked longer there and left
+    it late (a straggler: it ends at least half its excess after the others), or waited
+    there for a slower rank in a collective and left it with the others (left out): a
+    collective lets every rank out together, so the rank that waited is never named."""
+    others = _median_of_others(v)
+    excess = v - others
+    valid = end != np.iinfo(np.int64).min
+    base = int(end[valid].min()) if valid.any() else 0
+    endf = np.where(valid, (end - base).astype(np.float64), np.nan)
+    lag = endf - _median_of_others(endf)
+    with np.errstate(invalid="ignore"):
+        flagged = ((excess > min_excess_ns) & (excess > threshold * others)
+                   & (lag >= excess / 2))
+    out = []
+    for i, c in zip(*np.nonzero(flagged)):
+        i, c = int(i), int(c)
+        e = dict(places[c])
+        e.update(rank=rank_ids[i], time_ns=int(v[i, c]), others_median_ns=float(others[i, c]),
+                 excess_ns=float(excess[i, c]),
+                 ratio=_num(v[i, c] / others[i, c]) if others[i, c] > 0 else None)
+        e.update(_place_waits(stats, i, c, v, end))
+        out.append(e)
+    return out
+
+
+def _place_waits(stats: list[RankStats], i: int, c: int, v: np.ndarray, end: np.ndarray
+                 ) -> dict[str, Any]:
+    """How long the other ranks waited for rank ``i``'s time in place ``c``: in the next
+    collective when the profiler's are known (:func:`_waits`); otherwise, per other rank,
+    how much later rank ``i`` left the place, at most its excess over that rank there
+    (the others catch up in the next collective)."""
+    found = _waits(stats, i, -1, int(end[i, c]), spans=False)
+    if found["others_wait_ns"] is not None:
+        return found
+    waits = [int(min(max(0, int(end[i, c]) - int(end[j, c])), max(0, v[i, c] - v[j, c])))
+             for j in range(len(stats)) if j != i and not np.isnan(v[j, c])]
+    if not waits:
+        return {"others_wait_ns": None, "others_wait_max_ns": None, "wait_source": ""}
+    return {"others_wait_ns": float(np.median(waits)), "others_wait_max_ns": max(waits),
+            "wait_source": "spans"}
+
+
 def _explained_left_out(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Drop entries whose excess a straggling descendant explains (see the module doc)."""
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
@@ -670,7 +830,8 @@ def _explained_left_out(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return kept
 
 
-def _waits(stats: list[RankStats], i: int, step: int, slow_end: int) -> dict[str, Any]:
+def _waits(stats: list[RankStats], i: int, step: int, slow_end: int, *, spans: bool = True
+           ) -> dict[str, Any]:
     """How long the other ranks waited for rank ``i`` in the next collective."""
     none = {"others_wait_ns": None, "others_wait_max_ns": None, "wait_source": ""}
     others = [j for j in range(len(stats)) if j != i]
@@ -695,6 +856,8 @@ def _waits(stats: list[RankStats], i: int, step: int, slow_end: int) -> dict[str
             if waits:
                 return {"others_wait_ns": float(np.median(waits)),
                         "others_wait_max_ns": max(waits), "wait_source": "profiler"}
+    if not spans:
+        return none
     row = np.flatnonzero(s.step_number == step)
     if not len(row):
         return none

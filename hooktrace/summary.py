@@ -971,8 +971,8 @@ def _cell(row: dict[str, Any], key: str, fused: Sequence[str] = (),
     if key == "module":
         return ((value or "<root>") + (" [eval]" if row.get("mode") == "eval" else "")
                 + (f" [{kernels}]" if row.get("timing") == "kernels" else ""))
-    if value is None:
-        return ""
+    if value is None or (key in _PHASE_KEYS["bwd_calls"] and not row.get("bwd_calls")):
+        return ""  # (a row without backward, an [eval] one: blank, not "0 ns": issue #38)
     if key == "bwd_fwd_ratio":
         return f"{value:.2f}"
     if key in ("flops", "bwd_flops"):

@@ -53,6 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-share", type=finite_float, default=1.0, metavar="PCT",
                    help="with --fail-above: ignore modules below PCT percent of A's step "
                         "time (default: %(default)s)")
+    p.add_argument("--fail-on-noise", action="store_true",
+                   help="with --fail-above: gate the rows marked noise too (a change no "
+                        "larger than A's run-to-run spread; left out by default)")
     p.add_argument("--workers", type=int, default=None,
                    help="processes reading files (default: one per CPU from 4 files on)")
     p.add_argument("--engine", choices=("pool", "duckdb"), default=None,
@@ -94,12 +97,20 @@ def run(args: argparse.Namespace) -> int:
         require("duckdb")  # (a missing extra: one line naming it)
     d = (compare_paths(args.a, args.b, workers=args.workers) if args.engine is None
          else compare_paths(args.a, args.b, workers=args.workers, engine=args.engine))
-    failed = (d.failures(args.fail_above, min_share=args.min_share)
+    failed = (d.failures(args.fail_above, min_share=args.min_share,
+                          include_noise=args.fail_on_noise)
               if args.fail_above is not None else None)
+    noisy = (d.noise_left_out(args.fail_above, min_share=args.min_share)
+             if args.fail_above is not None and not args.fail_on_noise else [])
     if args.json:
         print(d.to_json(top=args.top, failed=failed))
     else:
         print(d.to_text(top=args.top))
+    if noisy:  # (said, so that a row over the bar that did not fail is not a surprise)
+        print(f"hooktrace: diff: {len(noisy)} above {args.fail_above:g}% but within A's "
+              "run-to-run noise, not gated (--fail-on-noise gates them): "
+              + "; ".join(noisy[:5]) + (f"; and {len(noisy) - 5} more" if len(noisy) > 5
+                                        else ""), file=sys.stderr)
     if failed:
         # stdout carries the table; the verdict goes to stderr, so `| head` keeps it
         print(f"hooktrace: diff: {len(failed)} slower by more than {args.fail_above:g}%:",

@@ -76,6 +76,13 @@ def run(args: argparse.Namespace) -> None:
         stop_writing_on_sigterm()
         trace.__exit__(*((type(failure), failure, failure.__traceback__) if failure is not None
                          else (None, None, None)))
+        # The script's traceback ends stderr, as python's would, after the line saying
+        # what hooktrace wrote; but when nothing is written (no module was called), that
+        # line follows the traceback, so it does not read as the failure's cause (issue #38)
+        reported = failure is not None and not isinstance(failure, KeyboardInterrupt) \
+            and not trace.modules_table()
+        if reported:
+            _print_script_error(failure)
         try:
             write_outputs(trace, options)
         except Exception as e:
@@ -85,12 +92,18 @@ def run(args: argparse.Namespace) -> None:
     if isinstance(failure, KeyboardInterrupt):
         raise failure  # python's own exit for Ctrl-C (status 130)
     if failure is not None:
-        sys.stdout.flush()
-        tb = _script_frames(failure.__traceback__)
-        sys.excepthook(type(failure), failure.with_traceback(tb), tb)
+        if not reported:
+            _print_script_error(failure)
         code = 1
     if code not in (0, None):
         raise SystemExit(code)
+
+
+def _print_script_error(failure: BaseException) -> None:
+    """The script's exception as python prints it (its frames only)."""
+    sys.stdout.flush()
+    tb = _script_frames(failure.__traceback__)
+    sys.excepthook(type(failure), failure.with_traceback(tb), tb)
 
 
 def _check_module(name: str) -> None:

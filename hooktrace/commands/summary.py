@@ -70,7 +70,8 @@ def run(args: argparse.Namespace) -> None:
     from hooktrace.summary import Summary
     from hooktrace.text import terminal_width
 
-    if len(args.run) == 1 and is_aggregate_dir(args.run[0]):  # aggregate=DIR (issue #31)
+    if len(args.run) == 1 and (is_aggregate_dir(args.run[0])  # aggregate=DIR (issue #31)
+                               or _aggregate_parts(args.run[0])):  # its parts (issue #38)
         print(aggregate_summary(args.run[0], args.top))
         return
     export = len(args.run) == 1 and _one_run_export(args.run[0])  # hooktrace export's Parquet
@@ -151,6 +152,23 @@ def run(args: argparse.Namespace) -> None:
         print(table.to_text(top=args.top, wide=args.wide, width=terminal_width()))
     else:
         print(table.to_text(top=args.top, wide=args.wide))
+
+
+def _aggregate_parts(path: str) -> bool:
+    """Whether ``path`` is an ``aggregate=`` folder's part (``part-*.parquet``) or its
+    ``aggregates/`` folder: Parquet files whose metadata names the aggregates table."""
+    if os.path.isdir(path):
+        parts = sorted(f for f in os.listdir(path) if f.endswith(".parquet")
+                       and os.path.isfile(os.path.join(path, f)))
+        if not parts:
+            return False
+        path = os.path.join(path, parts[0])
+    elif not (path.endswith(".parquet") and os.path.isfile(path)):
+        return False
+    from hooktrace.data.schema import AGGREGATES
+    from hooktrace.data.validate import table_of
+
+    return table_of(path) == AGGREGATES
 
 
 def _one_run_export(path: str) -> bool:

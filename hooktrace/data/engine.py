@@ -53,7 +53,8 @@ from hooktrace.data.validate import check_rows, check_table, table_of
 from hooktrace.errors import HooktraceError, InputPathError
 from hooktrace.text import display_path, printable
 
-__all__ = ["Source", "check_source", "connect", "find_source", "query", "sql_errors", "view_sql"]
+__all__ = ["Source", "check_source", "connect", "find_source", "named_tables", "query",
+           "sql_errors", "tables_of", "view_sql"]
 
 duckdb: Any = require("duckdb")
 
@@ -102,7 +103,10 @@ def find_source(path: str | os.PathLike[str]) -> Source:
     src = Source(name)
     if os.path.isfile(name) and name.endswith(".parquet"):
         t = table_of(name)
-        src.parquet[t] = (name, False)
+        if t == AGGREGATES:  # one part of an aggregate= folder
+            src.aggregates = name
+        else:
+            src.parquet[t] = (name, False)
         src.files[t] = [name]
         return src
     if os.path.isdir(name):
@@ -126,6 +130,10 @@ def find_source(path: str | os.PathLike[str]) -> Source:
             if first is not None and not glob.glob(os.path.join(glob.escape(name), "**",
                                                                 "*.htrace"), recursive=True):
                 t = table_of(first)
+                if t == AGGREGATES:  # DIR/aggregates itself, or a folder of its parts
+                    src.aggregates = os.path.join(name, "**", "*.parquet")
+                    src.files[t] = _parquet_files(name)
+                    return src
                 src.parquet[t] = (os.path.join(name, "**", "*.parquet"), True)
                 src.files[t] = _parquet_files(name)
         if src.parquet:
@@ -332,6 +340,36 @@ def sql_errors(path: str | os.PathLike[str]) -> Iterator[None]:
 _READ_ONLY_TYPES = ("SELECT", "EXPLAIN")
 
 
+def tables_of(src: Source) -> list[str]:
+    """The tables a source holds, by what its files are (``hooktrace.table`` metadata,
+    the folder they are in): every table for ``.htrace`` files, ``aggregates`` alone for
+    an ``aggregate=`` folder or part."""
+    if src.htrace:
+        return list(TABLES)
+    return [t for t in ALL_TABLES if t in src.files]
+
+
+# a table named after FROM or JOIN (one or a comma-separated list: `FROM a, b AS x`)
+_FROM = re.compile(r'\b(?:from|join)\s+((?:"?\w+"?(?:\s+(?:as\s+)?\w+)?\s*,\s*)*"?\w+"?)',
+                   re.IGNORECASE)
+
+
+def named_tables(sql: str) -> list[str]:
+    """hooktrace's tables that ``sql`` reads (after FROM or JOIN, any case), in order.
+
+    Example:
+        >>> named_tables('SELECT 1 FROM spans s, "Steps" AS t, x JOIN runs USING (rank)')
+        ['spans', 'steps', 'runs']
+    """
+    out: list[str] = []
+    for m in _FROM.finditer(sql):
+        for item in m.group(1).split(","):
+            word = item.split()[0].strip('"').lower()
+            if word in ALL_TABLES and word not in out:
+                out.append(word)
+    return out
+
+
 def _read_only_sql(sql: str) -> str:
     try:
         statements = duckdb.extract_statements(sql)
@@ -356,6 +394,12 @@ def query(path: str | os.PathLike[str], sql: str, *, threads: int = 1,
     inputs read, none written, no extension, no configuration change)."""
     if read_only:
         sql = _read_only_sql(sql)
+    src = find_source(path)
+    have = tables_of(src)
+    lacking = [t for t in named_tables(sql) if t not in have]
+    if lacking:
+        raise QueryError(f"{display_path(os.fspath(path))}: no {lacking[0]} table there; it "
+                         f"holds {', '.join(have) or 'no table'}")
     con = connect(path, sql=sql, threads=threads, problems=problems, lock=read_only)
     try:
         return con.sql(sql).to_arrow_table()
@@ -378,18 +422,29 @@ STRAGGLER_SQL = {
     "agg": """
         SELECT rank, `window`, slot, mode = 'eval' AS eval, phase = 'backward' AS backward,
                false AS on_device, step, CAST(sum(dur_ns) AS BIGINT) AS total_ns,
-               CAST(count(*) AS BIGINT) AS calls, max(end_ns) AS last_end_ns
+               CAST(count(*) AS BIGINT) AS calls, max(end_ns) AS last_end_ns,
+               CAST(sum(self_ns) AS BIGINT) AS self_total_ns
         FROM spans
         WHERE timing = 'measured' AND phase <> 'recompute' AND step IS NOT NULL
         GROUP BY rank, `window`, slot, mode = 'eval', phase = 'backward', step
         UNION ALL
         SELECT rank, `window`, slot, mode = 'eval' AS eval, phase = 'backward' AS backward,
                true AS on_device, step, CAST(sum(dur_ns) AS BIGINT) AS total_ns,
-               CAST(count(*) AS BIGINT) AS calls, max(end_ns) AS last_end_ns
+               CAST(count(*) AS BIGINT) AS calls, max(end_ns) AS last_end_ns,
+               CAST(sum(self_ns) AS BIGINT) AS self_total_ns
         FROM gpu
         WHERE step IS NOT NULL
         GROUP BY rank, `window`, slot, mode = 'eval', phase = 'backward', step
         ORDER BY rank, `window`, slot, eval, on_device, backward, step""",
+    # the top-level spans, in start order: the gaps between them are the time outside
+    # every module (hooktrace.stragglers: where a rank that was slow outside modules was)
+    "tops": """
+        SELECT rank, `window`, step, slot, mode = 'eval' AS eval, phase = 'backward' AS backward,
+               start_ns, end_ns
+        FROM spans
+        WHERE timing = 'measured' AND phase <> 'recompute' AND step IS NOT NULL
+              AND parent IS NULL
+        ORDER BY rank, `window`, start_ns, span""",
     "timed": """SELECT rank, `window`, CAST(count(DISTINCT step) AS BIGINT) AS timed_steps
                 FROM gpu WHERE step IS NOT NULL GROUP BY rank, `window`
                 ORDER BY rank, `window`""",

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from hooktrace.data.engine import QueryError, connect, find_source, sql_errors
+from hooktrace.data.engine import QueryError, connect, find_source, sql_errors, tables_of
 from hooktrace.summary import COMPILE_ROW, Summary
 
 __all__ = ["EXPORT_NOTE", "is_export", "runs_in_export", "summary_of_export"]
@@ -102,8 +102,10 @@ def summary_of_export(path: str | os.PathLike[str]) -> Summary:
     name = os.fspath(path)
     src = find_source(name)
     if "spans" not in src.parquet:
-        raise QueryError(f"{name}: a Parquet export without the spans table: export the run "
-                         "again with its spans (hooktrace export RUN -o DIR/)")
+        raise QueryError(f"{name}: holds the {', '.join(tables_of(src))} table"
+                         f"{'s' if len(tables_of(src)) > 1 else ''}, not spans: the per-module "
+                         "table reads spans (hooktrace export RUN -o DIR/); hooktrace query "
+                         "reads any")
     con = connect(name)
     try:
         with sql_errors(name):

@@ -429,7 +429,7 @@ def batches(trace: TraceData, table: str, where: Where = Where(), *,
 def span_columns(trace: TraceData, where: Where = Where()) -> Any:
     """The measured spans with only the columns the straggler tables read (``rank``,
     ``window``, ``module``, ``slot``, ``mode``, ``phase``, ``timing``, ``step``,
-    ``dur_ns``, ``end_ns``): what :func:`hooktrace.data.engine.file_straggler_tables` registers, built
+    ``dur_ns``, ``end_ns``, ``start_ns``, ``self_ns``, ``span``, ``parent``): what :func:`hooktrace.data.engine.file_straggler_tables` registers, built
     without the extras and the kernel-derived rows (the tables leave those out)."""
     spans = trace.spans()
     n = len(spans)
@@ -450,7 +450,9 @@ def span_columns(trace: TraceData, where: Where = Where()) -> Any:
         "phase": _dict(spans.cat, list(PHASES)),
         "timing": _dict(np.zeros(n, np.int32), list(TIMINGS[:1])),
         "step": _i64(step, row >= 0), "dur_ns": _i64(spans.duration_ns),
-        "end_ns": _i64(spans.end_ns - off)})
+        "end_ns": _i64(spans.end_ns - off), "start_ns": _i64(spans.start_ns - off),
+        "self_ns": _i64(spans.self_ns), "span": _i64(np.arange(n, dtype=np.int64)),
+        "parent": _i64(spans.parent, spans.parent >= 0)})
 
 
 def to_arrow(trace: TraceData, table: str = "spans", where: Where = Where()) -> Any:

@@ -44,6 +44,7 @@ from typing import Any
 from hooktrace.data import require
 from hooktrace.data.schema import (
     AGGREGATES,
+    ALL_TABLES,
     PARTITION_COLUMNS,
     SCHEMA_VERSION,
     TABLES,
@@ -110,14 +111,15 @@ def _meta_text(path: str, meta: dict[bytes, bytes], key: bytes) -> str | None:
 
 def table_of(path: str) -> str:
     """The table a single Parquet file holds: its ``hooktrace.table`` metadata (``spans``
-    without one); :class:`ParquetInputError` for a file that cannot say."""
+    without one; ``aggregates`` for an ``aggregate=`` folder's part); :class:`ParquetInputError`
+    for a file that cannot say."""
     meta = _read_schema(path).metadata or {}
     name = _meta_text(path, meta, b"hooktrace.table")
     if name is None:
         return "spans"
-    if name not in TABLES:
+    if name not in ALL_TABLES:  # (an aggregate= folder's part: "aggregates")
         raise _fail(path, f"metadata hooktrace.table {_col(name)} is not a table of hooktrace "
-                          f"({', '.join(TABLES)})")
+                          f"({', '.join(ALL_TABLES)})")
     return name
 
 

@@ -139,8 +139,9 @@ class TraceSession:
             from hooktrace._naming import is_aggregate_dir
             from hooktrace.record.aggregate import aggregate_summary
 
-            if is_aggregate_dir(folder):
-                print(aggregate_summary(folder), file=sys.stderr)
+            # (as hooktrace run --aggregate --summary: a line where no step was aggregated)
+            print(aggregate_summary(folder) if is_aggregate_dir(folder) else
+                  f"hooktrace: no step was aggregated in {folder}: no summary", file=sys.stderr)
         tail = len(trace.result.events)
         print(f"hooktrace: {agg.get('steps', 0)} steps aggregated in {folder}/aggregates, "
               f"{len(agg.get('detail', []))} kept whole in {folder}/steps"

@@ -78,8 +78,9 @@ def log_to(writer: Any, trace: Any = None, *, top: int = 10,
     """Log each step's scalars to ``writer`` (``add_scalar(tag, value, global_step)``:
     a ``torch.utils.tensorboard.SummaryWriter``), from ``trace`` (a ``hooktrace.trace``
     or ``global_trace`` recording with ``aggregate=``; default: the process's global
-    trace, ``hooktrace run --aggregate``). Returns the :class:`Scalars` (its
-    ``modules``: the modules logged, once the first step is)."""
+    trace, ``hooktrace run --aggregate``; when there is none, the script runs without
+    hooktrace and nothing is logged). Returns the :class:`Scalars` (its ``modules``:
+    the modules logged, once the first step is)."""
     add_scalar = getattr(writer, "add_scalar", None)
     if not callable(add_scalar):
         raise TypeError(f"hooktrace.log_to: expected a writer with add_scalar(tag, value, "
@@ -88,11 +89,11 @@ def log_to(writer: Any, trace: Any = None, *, top: int = 10,
         from hooktrace.record.recorder import process_recorder
 
         trace = process_recorder()
-        if trace is None:
-            raise RuntimeError("hooktrace.log_to: no global trace is recording; pass the "
-                               "trace: log_to(writer, tr) with tr = hooktrace.trace(model, "
-                               "aggregate=DIR)")
     scalars = Scalars(top, include, prefix)
+    if trace is None:
+        # the script run without hooktrace (python train.py rather than hooktrace run
+        # --aggregate): nothing to log, and the line can stay in (issue #38: it raised)
+        return scalars
 
     def log(step: int, rows: dict[str, list[Any]]) -> None:
         for name, value in scalars(step, rows).items():

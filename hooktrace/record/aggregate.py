@@ -675,7 +675,7 @@ def part_files(folder: str) -> list[str]:
 
 
 def load_aggregates(path: str | os.PathLike[str]) -> Any:
-    """The aggregate table of ``trace(aggregate=DIR)`` (DIR or DIR/aggregates) as a
+    """The aggregate table of ``trace(aggregate=DIR)`` (DIR, DIR/aggregates or one part) as a
     pyarrow Table, rows in (run, rank, step) order, with the ``run`` and ``rank`` of each
     row (a part written before they were: ``run`` from its name, ``rank`` null); an
     unreadable part is hooktrace's one-line InputPathError (``summary``, ``diff`` and
@@ -683,7 +683,11 @@ def load_aggregates(path: str | os.PathLike[str]) -> Any:
     folder = os.fspath(path)
     if os.path.isdir(os.path.join(folder, "aggregates")):
         folder = os.path.join(folder, "aggregates")
-    names = part_files(folder) if os.path.isdir(folder) else []
+    if os.path.isfile(folder) and folder.endswith(".parquet"):  # one part (issue #38)
+        folder, names = os.path.split(folder)
+        names = [names]
+    else:
+        names = part_files(folder) if os.path.isdir(folder) else []
     if not names:
         raise FileNotFoundError(f"{os.fspath(path)}: no aggregate parts (part-*.parquet) there")
     import pyarrow as pa

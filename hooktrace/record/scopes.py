@@ -300,7 +300,40 @@ class ProcessScope(Scope):
                     root, prefix, _ = self._slots[pslot]
                     return self._register_tree(
                         module, root, _join(prefix, f"({type(module).__name__})"))
+            else:
+                owned = self._by_owner(module, sys._getframe(1))
+                if owned is not None:
+                    return owned
             return self._register_tree(module, self._new_root(module), "")
+
+    def _by_owner(self, module: nn.Module, frame: FrameType | None) -> int | None:
+        """A module called outside every module call, by a method of a module that holds
+        it (a LightningModule's ``training_step`` calling ``self.encoder(x)``, issue #38:
+        rows read ``0``, ``Sequential#2.2``): named in the tree of the outermost such
+        ``self`` on the stack, as ``named_modules()`` of it names it. None when no frame's
+        ``self`` holds it."""
+        owner: nn.Module | None = None
+        path = ""
+        for _ in range(_OWNER_FRAMES):
+            if frame is None:
+                break
+            if frame.f_code not in self._call_codes:
+                candidate = frame.f_locals.get("self")
+                if isinstance(candidate, nn.Module) and candidate is not module:
+                    found = _path_in(candidate, module)
+                    if found is not None:
+                        owner, path = candidate, found
+            frame = frame.f_back
+        if owner is None:
+            return None
+        call = self._call
+        oslot = call.lookup(owner)
+        if oslot >= 0:  # the owner is known (called before): under its name
+            root, prefix, _ = self._slots[oslot]
+            return self._register_tree(module, root, _join(prefix, path))
+        self._register_tree(owner, self._new_root(owner), "")
+        slot = call.lookup(module)
+        return int(slot) if slot >= 0 else None
 
     def _new_root(self, module: nn.Module) -> int:
         """The top-level index for a new top-level module: its class name, or the first
@@ -557,6 +590,21 @@ def _open_modules(frame: FrameType | None, call_codes: frozenset[CodeType]) -> l
         frame = frame.f_back
     found.reverse()
     return found
+
+
+# Frames looked at for a module's owner on a top-level module's first call (a trainer's
+# stack is ~20 deep from its fit() to training_step)
+_OWNER_FRAMES = 64
+
+
+def _path_in(owner: nn.Module, module: nn.Module) -> str | None:
+    """``module``'s name in ``owner.named_modules()`` (its wrappers transparent), or None."""
+    try:
+        rows = _named_modules(owner)
+    except Exception:  # a module whose tree cannot be walked: not an owner
+        return None
+    return next((row.name for row in rows if row.name and any(m is module for m in row.members)),
+                None)
 
 
 def _join(prefix: str, name: str) -> str:

@@ -108,7 +108,23 @@ def plotly_js() -> str:
 
 
 def _name_parent(name: str) -> str:
+    """The qualified name of the parent module; "" for a top-level one and for a row
+    hooktrace names in angle brackets (``<torch.compile>``: issue #38, a box ``<torch``
+    held a child ``compile>``)."""
+    if _bracketed(name):
+        return ""
     return name.rpartition(".")[0] if "." in name else ""
+
+
+def _name_label(name: str) -> str:
+    """A box's label: the last part of the name (a bracketed name whole)."""
+    if not name:
+        return "<root>"
+    return name if _bracketed(name) else name.rpartition(".")[2]
+
+
+def _bracketed(name: str) -> bool:
+    return name.startswith("<") and name.endswith(">")
 
 
 # One colour per phase, the same in every chart of every report.
@@ -153,7 +169,7 @@ def icicle_data(summary: Summary) -> dict[str, list[Any]]:
         for n in reversed(chain):
             id_ = f"{pid}/{n or '<root>'}"
             row = by_name.get(n)
-            label = (n.rpartition(".")[2] if n else "<root>")
+            label = _name_label(n)
             hover = f"{n or '<root>'}<br>{row['type']}" if row else f"{n}<br>(not called)"
             box(id_, label, parent, 0.0, hover)
             parent = id_

@@ -2,10 +2,12 @@
 with gloo (DDP, or FSDP2's fully_shard), traced on every rank.
 
     python -m torch.distributed.run --nproc-per-node 2 ranks_job.py OUT_DIR [ddp|fsdp2]
-        [--slow-rank R --slow-steps 1,3] [--profile]
+        [--slow-rank R --slow-steps 1,3 [--slow-in forward|backward|outside]] [--profile]
 
 Each rank writes OUT_DIR/rank<R>/trace.htrace (and profiler.json with --profile). The
-module ``slow`` sleeps 30 ms in its forward on the slow rank at the given steps.
+slow rank sleeps 30 ms at the given steps: in the forward of module ``slow`` (the
+default), in its backward, or outside every module before the step's forward (as
+data loading would).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 import re
 import os
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -25,27 +28,44 @@ from hooktrace.distributed import align_clocks, default_output_name, injected_of
 SLEEP_S = 0.030
 
 
-class Slow(nn.Module):
-    """Sleeps on one rank at some steps: the straggler the tables must name."""
+class _SleepInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, seconds: float) -> torch.Tensor:
+        ctx.seconds = seconds
+        return x.view_as(x)
 
-    def __init__(self, sleepy: bool, steps: set[int]) -> None:
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        if ctx.seconds:
+            time.sleep(ctx.seconds)
+        return grad, None
+
+
+class Slow(nn.Module):
+    """Sleeps on one rank at some steps, in its forward or its backward: the straggler
+    the tables must name."""
+
+    def __init__(self, sleepy: bool, steps: set[int], where: str = "forward") -> None:
         super().__init__()
-        self.sleepy, self.steps, self.calls = sleepy, steps, 0
+        self.sleepy, self.steps, self.calls, self.where = sleepy, steps, 0, where
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.sleepy and self.calls in self.steps:
-            time.sleep(SLEEP_S)
+        now = self.sleepy and self.calls in self.steps
         self.calls += 1
+        if self.where == "backward":
+            return _SleepInBackward.apply(x, SLEEP_S if now else 0.0)
+        if now and self.where == "forward":
+            time.sleep(SLEEP_S)
         return x
 
 
 class Net(nn.Module):
-    def __init__(self, sleepy: bool, steps: set[int]) -> None:
+    def __init__(self, sleepy: bool, steps: set[int], where: str = "forward") -> None:
         super().__init__()
         self.embed = nn.Linear(16, 32)
         layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
         self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
-        self.slow = Slow(sleepy, steps)
+        self.slow = Slow(sleepy, steps, where)
         self.head = nn.Linear(32, 16)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -59,6 +79,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--slow-steps", default="")
+    p.add_argument("--slow-in", choices=("forward", "backward", "outside"), default="forward")
     p.add_argument("--profile", action="store_true")
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -66,7 +87,8 @@ def main() -> None:
     rank = dist.get_rank()
     torch.manual_seed(0)
     slow_steps = {int(s) for s in args.slow_steps.split(",") if s}
-    net = Net(rank == args.slow_rank, slow_steps)
+    sleepy = rank == args.slow_rank
+    net = Net(sleepy, slow_steps, args.slow_in)
     if args.mode == "ddp":
         model: nn.Module = nn.parallel.DistributedDataParallel(net)
     else:
@@ -88,7 +110,9 @@ def main() -> None:
         align_clocks()  # every rank: the start measurement
         if prof is not None:
             prof.__enter__()
-        for _ in range(args.steps):
+        for i in range(args.steps):
+            if sleepy and args.slow_in == "outside" and i in slow_steps:
+                time.sleep(SLEEP_S)  # host work before the forward (data loading)
             model(x).pow(2).mean().backward()
             opt.step()
             opt.zero_grad()

@@ -320,6 +320,12 @@ def test_a_callback_with_aggregate_writes_no_trace_of_the_tail(
     err = capsys.readouterr().err
     assert "3 steps aggregated" in err and "events after the last step not aggregated" in err
     assert "agg: 3 steps aggregated" in err  # summary=True: the folder's table
+    # no step at all: a line saying there is no summary, as run --aggregate --summary
+    empty = TraceSession(None, chrome=None, backward=True, capacity=1 << 16, summary=True,
+                         aggregate=str(tmp_path / "agg0"))
+    empty.start(net())
+    empty.finish(rank=0, world_size=1)
+    assert f"no step was aggregated in {tmp_path / 'agg0'}: no summary" in capsys.readouterr().err
     # and chrome= with aggregate= is refused when the callback is made
     with pytest.raises(ValueError, match="chrome= exports the trace in memory"):
         TraceSession(None, chrome=str(tmp_path / "c.json"), backward=True, capacity=1 << 16,

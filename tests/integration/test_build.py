@@ -68,10 +68,26 @@ def test_the_progress_filter_keeps_one_short_line_per_compiled_file(tmp_path: Pa
     # ninja -v's lines (torch's rule: $cxx -MMD -MF $out.d $cflags -c $in -o $out ...)
     text = (REPO / "Makefile").read_text()
     sed = text.split("NINJA_PROGRESS = ", 1)[1].split("\n", 1)[0]
-    lines = ["[1/3] c++ -MMD -MF /b/session.o.d -O2 -c /r/csrc/session.cpp -o /b/session.o -DX",
-             "[2/3] c++ -MMD -MF /b/spans.o.d -c /r/csrc/spans.cpp -o /b/spans.o",
-             "[3/3] c++ /b/session.o /b/spans.o -shared -o /r/hooktrace/_C.so", "noise"]
+    # as pip -v streams them: indented by two spaces (issue #38: the filter wanted them at
+    # column 0 and printed nothing), among pip's own lines
+    lines = ["  running build_ext",
+             "  [1/3] c++ -MMD -MF /b/session.o.d -O2 -c /r/csrc/session.cpp -o /b/session.o -DX",
+             "  [2/3] c++ -MMD -MF /b/spans.o.d -c /r/csrc/spans.cpp -o /b/spans.o",
+             "  [3/3] c++ /b/session.o /b/spans.o -shared -o /r/hooktrace/_C.so", "  noise"]
     r = subprocess.run(["sh", "-c", sed.replace("$$", "$")], input="\n".join(lines) + "\n",
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.splitlines() == ["  [1/3] session.cpp",
                                                           "  [2/3] spans.cpp"]
+
+
+def test_demo_installs_what_it_needs_and_test_every_extra(tmp_path: Path) -> None:
+    # GIVEN a machine with no venv yet (issue #38: demo installed every test extra)
+    venv = f"VENV={tmp_path / 'venv'}"
+    demo = [line for line in make_n("demo", venv).splitlines() if "pip install -q" in line]
+    test = [line for line in make_n("test", venv).splitlines() if "pip install -q" in line]
+    # THEN demo installs torch, the build's deps and plotly (its report), no test extra
+    assert any('"torch==' in line and "plotly" in line for line in demo), demo
+    for extra in ("transformers", "lightning", "pyspark", "triton", "selenium", "mkdocs"):
+        assert not any(extra in line for line in demo), (extra, demo)
+        assert any(extra in line for line in test), (extra, test)  # make test: everything
+    assert "hooktrace demo --out out/demo" in make_n("demo", venv)

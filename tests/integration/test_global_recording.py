@@ -134,3 +134,27 @@ def test_a_rebuilt_model_reuses_its_rows() -> None:
             gc.collect()
     assert tr.modules == [("", "Sequential"), ("0", "Linear")]
     assert calls_per_module(tr) == {"": 3, "0": 3}
+
+
+def test_modules_called_by_their_owners_method_are_named_in_its_tree() -> None:
+    # GIVEN a Lightning-style module whose training_step calls its children directly
+    # (its forward never runs; issue #38: rows read "<root>", "0", "Sequential#2.2")
+    class Lit(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4))
+            self.decoder = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4))
+
+        def training_step(self, x: torch.Tensor) -> torch.Tensor:
+            return self.decoder(self.encoder(x)).pow(2).mean()
+
+    lit = Lit()
+    with global_trace(backward=False) as tr:
+        for _ in range(2):
+            lit.training_step(torch.ones(2, 4))
+    # THEN the names are the owner's named_modules()', as trace(lit) names them
+    calls = calls_per_module(tr)
+    assert {n: c for n, c in calls.items() if c} == {
+        "encoder": 2, "encoder.0": 2, "encoder.1": 2, "encoder.2": 2,
+        "decoder": 2, "decoder.0": 2, "decoder.1": 2, "decoder.2": 2}, calls
+    assert tr.info["top_level_modules"] == ["Lit"]

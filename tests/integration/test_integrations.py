@@ -160,3 +160,51 @@ def test_lightning_trainer_callback_max_steps_2(tmp_path: Path) -> None:
     calls = calls_per_module(trace)
     assert calls[""] == 2 and calls["net.0"] == 2 and calls["net.2"] == 2, calls
     assert dict(trace.modules)[""] == "Regressor"
+
+
+def test_lightning_callback_with_aggregate_prints_the_aggregate_summary(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # GIVEN the docs' "On for weeks" setup: aggregate= and summary=True, with validation
+    # (issue #38 item 6: the table printed only the last validation's calls)
+    L = pytest.importorskip("lightning")
+    import torch
+    from torch import nn
+
+    from hooktrace.integrations.lightning import HooktraceCallback
+
+    class Regressor(L.LightningModule):  # type: ignore[misc, name-defined]
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.net(x)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            return nn.functional.mse_loss(self(x), y)
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            x, y = batch
+            self.log("val", nn.functional.mse_loss(self(x), y))
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    g = torch.Generator().manual_seed(1)
+    data = torch.utils.data.TensorDataset(torch.randn(16, 4, generator=g),
+                                          torch.randn(16, 1, generator=g))
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    callback = HooktraceCallback(aggregate=str(tmp_path / "agg"), aggregate_interval=0,
+                                 summary=True)
+    trainer = L.Trainer(max_steps=6, accelerator="cpu", devices=1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, callbacks=[callback],
+                        val_check_interval=4, num_sanity_val_steps=0)
+    capsys.readouterr()
+    trainer.fit(Regressor(), loader, loader)
+    # THEN the folder's table: the training steps' rows, not only the last validation's
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'agg'}: " in err and " steps aggregated, " in err, err
+    rows = {tuple(line.split()[:2]) for line in err.splitlines()}
+    assert {("net.0", "forward"), ("net.0", "backward"), ("<step>", "step")} <= rows, err

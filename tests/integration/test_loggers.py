@@ -65,9 +65,11 @@ def test_log_to_a_summary_writer_top_n_and_filter(tmp_path: Path) -> None:
     assert any(t.startswith("hooktrace/bwd_ms/") for t in got)
 
 
-def test_log_to_needs_a_recording() -> None:
-    with pytest.raises(RuntimeError, match="no global trace is recording"):
-        hooktrace.log_to(type("W", (), {"add_scalar": lambda *a: None})())
+def test_log_to_without_a_recording_logs_nothing_and_does_not_raise() -> None:
+    # a script that keeps log_to(writer) in, run without hooktrace (issue #38: it raised)
+    logged: list[Any] = []
+    scalars = hooktrace.log_to(type("W", (), {"add_scalar": lambda *a: logged.append(a)})())
+    assert scalars.modules is None and logged == []
     with pytest.raises(TypeError, match="expected a writer with add_scalar"):
         hooktrace.log_to(object())
 

@@ -129,3 +129,20 @@ def test_the_report_charts_complete_training_steps_and_shows_the_mode(tmp_path: 
     complete = [int(n) for n, c in zip(steps.number, steps.complete) if c]
     assert f'"x": {json.dumps(complete)}' in page  # the step chart's steps (steps_figure)
     assert 'data-key="mode"' in page
+
+
+def test_a_row_without_backward_shows_blank_backward_cells() -> None:
+    # GIVEN a training step and a no_grad evaluation (issue #38: the [eval] row read
+    # "0 ns" of backward)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    with hooktrace.trace(model) as tr:
+        model(torch.ones(2, 4)).sum().backward()
+        with torch.no_grad():
+            model(torch.ones(2, 4))
+    text = tr.summary().to_text()
+    header, *lines = text.splitlines()
+    row = next(line for line in lines if line.startswith("0 [eval]"))
+    train = next(line for line in lines if line.startswith("0 "))
+    # THEN the eval row stops after its forward columns; the training row has backward
+    assert "bwd_total" in header and len(row.split()) < len(train.split()), (row, train)
+    assert " 0 ns" not in row

@@ -792,3 +792,20 @@ def test_forked_children_leave_the_parents_stream_alone(tmp_path: Path) -> None:
     trace = hooktrace.load(tmp_path / "forks.htrace")
     assert "cut" not in trace.info
     assert calls_per_module(trace) == {"": 8, "0": 8, "1": 8}
+
+
+def test_a_script_error_before_any_module_call_prints_nothing_written_after_it(
+        tmp_path: Path) -> None:
+    # GIVEN a script that raises before any module call (issue #38: "nothing written"
+    # came before the script's traceback and read as its cause)
+    script = write(tmp_path / "fails.py", """
+        import torch
+        raise ValueError('bad input')
+    """)
+    r = python("-m", "hooktrace", "run", "-o", tmp_path / "f.htrace", script, cwd=tmp_path)
+    # THEN the traceback, then hooktrace's line (a script that wrote a trace keeps its
+    # traceback last: test_raising_script_keeps_exit_code_and_traceback_and_writes_the_trace)
+    assert r.returncode == 1, r.stderr
+    err = r.stderr
+    assert err.index("Traceback") < err.index("ValueError: bad input") < err.index(
+        "hooktrace: no nn.Module was called; nothing written"), err

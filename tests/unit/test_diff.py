@@ -211,6 +211,31 @@ def test_changes_within_the_baselines_step_to_step_spread_are_marked_noise() -> 
     assert "noise" in line and "noise: a change no larger than A's" in d.to_text()
 
 
+def test_the_gate_leaves_rows_marked_noise_out_and_says_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # GIVEN a +5% change of a within A's step-to-step spread (the table marks it noise;
+    # issue #38: --fail-above failed on it)
+    base = calls_run([[(1, 10_000 + 1000 * (s % 3)), (2, 5000)] for s in range(8)])
+    moved = calls_run([[(1, 10_500 + 1000 * (s % 3)), (2, 5000)] for s in range(8)])
+    d = compare(base, moved)
+    # THEN the gate leaves it out by default, names it as left out, and gates it on request
+    assert not any(f.startswith("a forward") for f in d.failures(2.0, min_share=0.0))
+    assert "a forward" in [f.split(":")[0] for f in d.noise_left_out(2.0, min_share=0.0)]
+    assert any(f.startswith("a forward") for f in d.failures(2.0, min_share=0.0,
+                                                           include_noise=True))
+    a, b = tmp_path / "a.htrace", tmp_path / "b.htrace"
+    base.save(a)
+    moved.save(b)
+    # (3.5%: the step, +3.1%, under it; a, +4.5%, over it)
+    gate = ["diff", str(a), str(b), "--fail-above", "3.5", "--min-share", "0"]
+    assert main(gate) == 0
+    err = capsys.readouterr().err
+    assert "within A's run-to-run noise, not gated (--fail-on-noise gates them): a forward" \
+        in err, err
+    assert main([*gate, "--fail-on-noise"]) == 1
+    assert "a forward" in capsys.readouterr().err
+
+
 def test_cli_verdict_is_a_short_line_and_one_row_per_line(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     base, slow = tmp_path / "a.htrace", tmp_path / "b.htrace"

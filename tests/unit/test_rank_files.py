@@ -294,3 +294,47 @@ def test_export_of_a_directory_is_the_ranks_merge(rank_dir: Path, tmp_path: Path
     doc = json.loads(out.read_text())
     assert len(doc["hooktrace"]["ranks"]) == 4
     assert os.path.getsize(out) > 0
+
+
+def test_a_rank_slow_outside_modules_is_named_not_the_rank_that_waited(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # GIVEN 2 ranks where rank 1 spends 50 µs outside every module before the root's
+    # forward at step 1 (data loading), and rank 0 waits those 50 µs for it in a
+    # collective inside the root's forward (DDP's first steps broadcast there): both
+    # leave the root's forward together (issue #38: the waiter was named)
+    for r in range(2):
+        rows: list[tuple[int, int, int, int, int]] = []
+        for k in range(3):
+            t = k * STEP_NS
+            pre = 50_000 if (r, k) == (1, 1) else 0
+            wait = 50_000 if (r, k) == (0, 1) else 0
+            rows += [(ENTER, 0, t + 1000 + pre, 0, 0), (ENTER, 1, t + 2000 + pre, 0, 0),
+                     (EXIT, 1, t + 2000 + pre + A_NS, 0, 0), (ENTER, 2, t + 30_000 + pre, 0, 0),
+                     (EXIT, 2, t + 30_000 + pre + B_NS, 0, 0),
+                     (EXIT, 0, t + 70_000 + pre + wait, 0, 0), (STEP, 0, t + 190_000, k, 0)]
+        ev = events_from(rows, ("kind", "id", "t", "seq", "flags"), tid=7)
+        info = {"pid": 1000 + r, "hostname": "h", "dropped_events": 0, "overwritten_events": 0,
+                "rank": r, "world_size": 2, "backend": "gloo", "start_unix_ns": T0,
+                "stop_unix_ns": T0 + 3 * STEP_NS, "thread_names": {"7": "MainThread"},
+                "clock_offset_ns": 0, "clock_offset_uncertainty_ns": 100}
+        path = Path(default_output_name(f"{tmp_path}/", r))
+        path.parent.mkdir(parents=True)
+        build_trace(ev, MODULES, clock=Clock(0, T0, 1.0), cls=TraceData, **info).save(path)
+    for engine in ("pool", "duckdb"):
+        report = analyze([tmp_path], min_excess_ns=10_000, engine=engine)
+        # THEN rank 1 is named, at the place it spent the time; rank 0 is not
+        assert [(s["rank"], s["module"], s["phase"], s["before"], s["step"])
+                for s in report.stragglers] == [(1, None, "outside", "<root> fwd", 1)], engine
+        s = report.stragglers[0]
+        assert s["time_ns"] == 61_000 and s["excess_ns"] == 50_000  # from the step-0 mark
+        assert s["others_wait_ns"] == 50_000 and s["wait_source"] == "spans"
+    assert main(["summary", str(tmp_path), "--min-excess-ms", "0.01"]) == 0
+    text = capsys.readouterr().out
+    line = next(ln for ln in text.splitlines() if "(outside modules)" in ln)
+    assert line.split()[:7] == ["1", "(outside", "modules)", "before", "<root>", "fwd", "1"]
+
+
+def test_the_straggler_table_says_how_it_attributes(rank_dir: Path) -> None:
+    text = analyze([rank_dir], min_excess_ns=10_000).to_text()
+    assert "by a module's self time or the time outside modules; a rank that waited there " \
+           "for another is not named" in text.replace("\n", " ")

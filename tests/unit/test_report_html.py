@@ -190,3 +190,18 @@ def test_forward_is_left_of_backward_whichever_is_larger() -> None:
         assert ICICLE_OPTIONS["sort"] is False and '"sort": false' in page
         tops = [i for i, p in zip(ice["ids"], ice["parents"]) if p == "run"]
         assert tops == ["run/forward", "run/backward"]
+
+
+def test_a_bracketed_name_with_a_dot_is_one_box() -> None:
+    # GIVEN a compile row (module "<torch.compile>", issue #38: a box "<torch" held a
+    # child "compile>")
+    summary = run().summary()
+    row = dict(next(r for r in summary.rows if r["module"] == "b"), module="<torch.compile>",
+               type="torch.compile")
+    summary.rows.append(row)
+    ice = icicle_data(summary)
+    labels = dict(zip(ice["ids"], ice["labels"]))
+    parent = dict(zip(ice["ids"], ice["parents"]))
+    assert labels["run/forward/<torch.compile>"] == "<torch.compile>"
+    assert parent["run/forward/<torch.compile>"] == "run/forward/<root>"  # (as "b")
+    assert not any("<torch" in i and i != "run/forward/<torch.compile>" for i in ice["ids"])

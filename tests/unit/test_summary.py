@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -447,3 +448,14 @@ def test_the_parquet_spans_self_column_is_the_summarys() -> None:
     root = [r for r in rows if r["module"] == "" and r["timing"] == "measured"]
     summary = {r["module"]: r for r in trace.summary().rows}[""]
     assert sum(r["self_ns"] for r in root) == summary["self_ns"] == 380
+
+
+def test_the_root_is_empty_in_data_and_root_in_text():
+    # one convention, documented in docs/getting-started.md#names (issue #38): "" where
+    # the name is data (JSON, CSV, Parquet/SQL), as named_modules() has it; <root> in text
+    summary = backward_trace(0).summary()
+    assert "" in [r["module"] for r in json.loads(summary.to_json())["rows"]]
+    assert "" in [r["module"] for r in csv.DictReader(io.StringIO(summary.to_csv()))]
+    assert any(line.startswith("<root> ") for line in summary.to_text().splitlines())
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "getting-started.md").read_text()
+    assert "`<root>` in the text tables" in doc and "`\"\"` wherever the name is\ndata" in doc
