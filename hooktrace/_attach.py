@@ -276,6 +276,10 @@ def attach(pids: list[int], request: AttachRequest, status_dir: Path) -> list[At
     work = Path(tempfile.mkdtemp(prefix="hooktrace-attach-"))
     outcomes = [Attached(pid) for pid in pids]
     statuses = {o.pid: status_dir / f".hooktrace-attach-{o.pid}.json" for o in outcomes}
+    # Several targets (the ranks of a job) start recording together: each waits for
+    # this file, written once all are injected (else under load rank 0 could record
+    # its steps and stop before rank 1 was attached: not ranks of one run)
+    go = work / "go" if len(pids) > 1 else None
     try:
         os.chmod(work, 0o755)  # a target run by another user reads its boot file
         for o in outcomes:
@@ -284,13 +288,16 @@ def attach(pids: list[int], request: AttachRequest, status_dir: Path) -> list[At
             req.write_text(json.dumps({
                 "status": str(statuses[o.pid]), "options": request.options,
                 "steps": request.steps, "seconds": request.seconds,
-                "timeout": request.timeout}))
+                "timeout": request.timeout, "go": str(go) if go else None}))
             boot = work / f"boot-{o.pid}.py"
             boot.write_text(_BOOT.format(status=str(statuses[o.pid]), version=__version__,
                                          request=str(req)))
             for f in (req, boot):
                 os.chmod(f, 0o644)
             _inject(o.pid, boot, work)
+        if go is not None:
+            go.write_text("go")
+            os.chmod(go, 0o644)
         _wait(outcomes, statuses, request)
     finally:
         # a target that has not run its pending call yet finds no files: it does nothing

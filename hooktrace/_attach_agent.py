@@ -74,7 +74,11 @@ def start(request_path: str) -> None:
             return
         attachment = Attachment(request)
         STATE.attachment = attachment
-        if _inside_optimizer_step():
+        go = request.get("go")
+        if go:  # the ranks of a job: all start once all are attached (hooktrace._attach)
+            threading.Thread(target=_begin_at_go, args=(attachment, str(go)),
+                             name="hooktrace-attach-go", daemon=True).start()
+        elif _inside_optimizer_step():
             attachment.at_next_module_call(attachment.begin)
         else:
             attachment.begin()
@@ -83,6 +87,15 @@ def start(request_path: str) -> None:
         with contextlib.suppress(Exception):
             write_status(status, {"state": "error",
                                   "message": f"could not start recording: {e}"})
+
+
+def _begin_at_go(attachment: "Attachment", go: str) -> None:
+    """Waits (off the main thread) for the attaching side's go file, then starts the
+    recording at the job's next module call (never inside Optimizer.step)."""
+    deadline = time.monotonic() + attachment.seconds
+    while not os.path.exists(go) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    attachment.at_next_module_call(attachment.begin)
 
 
 def _already_traced() -> str | None:

@@ -317,7 +317,12 @@ class ProcessScope(Scope):
         for _ in range(_OWNER_FRAMES):
             if frame is None:
                 break
-            if frame.f_code not in self._call_codes:
+            code = frame.f_code
+            # only methods' frames: reading f_locals keeps a snapshot of a frame's locals
+            # alive in it, and a script's own frames (its model, its recorder, its
+            # tensors) must not be held by hooktrace (test_a_dropped_recorder_is_freed)
+            if code not in self._call_codes and code.co_argcount \
+                    and code.co_varnames[0] == "self":
                 candidate = frame.f_locals.get("self")
                 if isinstance(candidate, nn.Module) and candidate is not module:
                     found = _path_in(candidate, module)
