@@ -320,7 +320,9 @@ def test_a_rank_slow_outside_modules_is_named_not_the_rank_that_waited(
         path = Path(default_output_name(f"{tmp_path}/", r))
         path.parent.mkdir(parents=True)
         build_trace(ev, MODULES, clock=Clock(0, T0, 1.0), cls=TraceData, **info).save(path)
-    for engine in ("pool", "duckdb"):
+    # (DuckDB's engine needs the data extra: the floor's venv has none)
+    engines = ("pool", "duckdb") if _has_data_extra() else ("pool",)
+    for engine in engines:
         report = analyze([tmp_path], min_excess_ns=10_000, engine=engine)
         # THEN rank 1 is named, at the place it spent the time; rank 0 is not
         assert [(s["rank"], s["module"], s["phase"], s["before"], s["step"])
@@ -338,3 +340,12 @@ def test_the_straggler_table_says_how_it_attributes(rank_dir: Path) -> None:
     text = analyze([rank_dir], min_excess_ns=10_000).to_text()
     assert "by a module's self time or the time outside modules; a rank that waited there " \
            "for another is not named" in text.replace("\n", " ")
+
+
+def _has_data_extra() -> bool:
+    try:
+        import duckdb  # noqa: F401
+        import pyarrow  # noqa: F401
+    except ImportError:
+        return False
+    return True
