@@ -214,6 +214,19 @@ def _sleep_cycles(ms: float) -> int:
     return int(n / (best * 1e3) * ms)
 
 
+def _sync_error(m: Model) -> str | None:
+    """One step under torch.cuda.set_sync_debug_mode("error"): the first line of what it
+    raised (a stream or device sync), or None."""
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        m.step()
+    except RuntimeError as e:
+        return str(e).splitlines()[0]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return None
+
+
 def no_hidden_sync(m: Model) -> str:
     """A timed step queued behind 300 ms of GPU work must return long before that work
     is done: a step mark that waited for the device (an event synchronize, which
@@ -223,13 +236,9 @@ def no_hidden_sync(m: Model) -> str:
         return "n/a (CPU)"
     m.step()
     m.sync()
-    torch.cuda.set_sync_debug_mode("error")
-    try:  # the model's own step first: a sync of its own is not hooktrace's
-        m.step()
-    except RuntimeError as e:
-        return f"n/a: the untraced step syncs itself ({str(e).splitlines()[0]})"
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    own = _sync_error(m)  # the model's own step first: a sync of its own is not hooktrace's
+    if own is not None:
+        return f"n/a: the untraced step syncs itself ({own})"
     m.sync()
     queued = _sleep_cycles(300)
     host_ms = {}
@@ -244,13 +253,9 @@ def no_hidden_sync(m: Model) -> str:
             host_ms[label] = (time.perf_counter() - t) * 1e3
             m.sync()
             if label == "gpu=True":
-                torch.cuda.set_sync_debug_mode("error")
-                try:
-                    m.step()
-                except RuntimeError as e:
-                    return f"FAIL: {str(e).splitlines()[0]}"
-                finally:
-                    torch.cuda.set_sync_debug_mode("default")
+                error = _sync_error(m)
+                if error is not None:
+                    return f"FAIL: {error}"
                 m.sync()
     if host_ms["untraced"] >= 150:  # the model's own step waits: nothing to judge
         return (f"n/a: the untraced step waits for the queued work itself "

@@ -401,9 +401,8 @@ class GpuTimer {
       if (!(unaligned >> d & 1)) continue;
       int64_t correction = 0;
       try {
-        if (backend_->realign(static_cast<int16_t>(d), false, &correction) ||
-            ((wait || align_wait) && backend_->realign(static_cast<int16_t>(d), true, &correction)))
-          ++aligned_;
+        if (!backend_->realign(static_cast<int16_t>(d), false, &correction) && (wait || align_wait))
+          backend_->realign(static_cast<int16_t>(d), true, &correction);
       } catch (...) {
       }
     }
@@ -583,7 +582,6 @@ class GpuTimer {
   uint64_t resolved_count_ = 0;  // (resolve_mutex_)
   uint64_t queries_ = 0;         // (resolve_mutex_)
   uint64_t realigned_ = 0;       // (resolve_mutex_)
-  uint64_t aligned_ = 0;         // first alignments of a device (resolve_mutex_)
   int64_t max_correction_ns_ = 0;  // (resolve_mutex_)
   std::mutex threads_mutex_;
   std::unique_ptr<ThreadState> threads_[kMaxThreads];
