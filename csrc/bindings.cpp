@@ -193,6 +193,8 @@ PYBIND11_MODULE(_C, m) {
         d["rolled_off_events"] = st.rolled_off_events;
         d["rolled_off_bytes"] = st.rolled_off_bytes;
         d["segment_events"] = st.segment_events;
+        d["full_disk_rolled_off_segments"] = st.full_disk_rolled_off_segments;
+        d["full_disk_lost_events"] = st.full_disk_lost_events;
         return d;
       });
   m.def("add_backward_session", &hooktrace::add_backward_session, py::arg("session"));

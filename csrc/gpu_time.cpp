@@ -303,13 +303,21 @@ constexpr int kMaxThreads = 32;
 struct ThreadState {
   uint64_t rf_tid = 0;
   std::unique_ptr<uint32_t[]> owner{new uint32_t[kRing]};
+  // which call of its module owns the sequence number: a module called again (by
+  // itself, or twice in a row) has its calls' backward nodes back to back, and each
+  // call's backward gets its own mark (issue #35: one stretch took all four calls'
+  // nodes of a module three deep in itself)
+  std::unique_ptr<uint32_t[]> call{new uint32_t[kRing]};
   uint64_t filled = 0;  // owner[] holds sequence numbers [filled - kRing, filled)
   bool any = false;
   uint32_t stack[kDepth];
+  uint32_t stack_call[kDepth];
   uint32_t depth = 0;
+  uint32_t calls = 0;   // module calls entered on this thread (wraps)
   // backward
   uint64_t task = UINT64_MAX;
   uint32_t bw_slot = kGpuNoModule;
+  uint32_t bw_call = 0;
   bool bw_open = false;
   bool bw_queued = false;
 };
@@ -597,17 +605,22 @@ namespace {
 inline void fill_owner(ThreadState* t, uint64_t upto) {
   const uint32_t d = t->depth < kDepth ? t->depth : kDepth;
   const uint32_t owner = d ? t->stack[d - 1] + 1 : kOutside;
+  const uint32_t call = d ? t->stack_call[d - 1] : 0;
   if (!t->any) {
     t->any = true;
     t->filled = upto;
   }
   if (upto - t->filled > kRing) t->filled = upto - kRing;
-  for (uint64_t q = t->filled; q < upto; ++q) t->owner[q & (kRing - 1)] = owner;
+  for (uint64_t q = t->filled; q < upto; ++q) {
+    t->owner[q & (kRing - 1)] = owner;
+    t->call[q & (kRing - 1)] = call;
+  }
   if (upto > t->filled) t->filled = upto;
 }
 
-uint32_t owner_of(ThreadState* t, uint64_t seq) {
+uint32_t owner_of(ThreadState* t, uint64_t seq, uint32_t* call) {
   if (!t || !t->any || seq >= t->filled || t->filled - seq > kRing) return kUnknown;
+  *call = t->call[seq & (kRing - 1)];
   return t->owner[seq & (kRing - 1)];
 }
 
@@ -651,7 +664,10 @@ void gpu_enter(Session* s, uint32_t slot) {
   if (!g || !s->active()) return;
   if (ThreadState* t = g->thread()) {
     fill_owner(t, at::sequence_number::peek());
-    if (t->depth < kDepth) t->stack[t->depth] = slot;
+    if (t->depth < kDepth) {
+      t->stack[t->depth] = slot;
+      t->stack_call[t->depth] = ++t->calls;
+    }
     ++t->depth;
   }
   g->mark(s, slot, 0);
@@ -680,7 +696,8 @@ void gpu_kernel(Session* s, uint32_t site, bool end) {
 void gpu_node(Session* s, uint64_t seq, uint32_t fwd_tid) {
   GpuTimer* g = s->gpu_timer.get();
   if (!g || !s->active()) return;
-  const uint32_t owner = owner_of(g->forward_thread(fwd_tid), seq);
+  uint32_t call = 0;
+  const uint32_t owner = owner_of(g->forward_thread(fwd_tid), seq, &call);
   if (owner == kUnknown) return;  // (AccumulateGrad, nodes of an untimed forward)
   ThreadState* t = g->thread();
   if (!t) return;
@@ -690,6 +707,7 @@ void gpu_node(Session* s, uint64_t seq, uint32_t fwd_tid) {
     t->bw_open = false;
     t->bw_queued = false;
     t->bw_slot = kGpuNoModule;
+    t->bw_call = 0;
   }
   if (owner == kOutside) {
     if (t->bw_open) {
@@ -700,10 +718,11 @@ void gpu_node(Session* s, uint64_t seq, uint32_t fwd_tid) {
     return;
   }
   const uint32_t slot = owner - 1;
-  if (t->bw_open && t->bw_slot == slot) return;
+  if (t->bw_open && t->bw_slot == slot && t->bw_call == call) return;
   g->mark(s, slot, kGpuBackward);
   t->bw_open = true;
   t->bw_slot = slot;
+  t->bw_call = call;
   if (!t->bw_queued) {
     t->bw_queued = true;
     // The graph task's end closes its last interval (once per backward pass).

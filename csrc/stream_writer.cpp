@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <new>
 #include <stdexcept>
@@ -136,6 +137,11 @@ void StreamWriter::roll() {
   while (done < prefix_.size()) {
     const ssize_t n = ::write(fd_, prefix_.data() + done, prefix_.size() - done);
     if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == ENOSPC || errno == EDQUOT) && cut_back(0) &&
+        drop_oldest_for_space()) {
+      done = 0;  // room made: the header again, from the start
+      continue;
+    }
     if (n <= 0) {
       failed_ = true;
       std::lock_guard<std::mutex> lock(stats_mutex_);
@@ -172,6 +178,26 @@ void StreamWriter::roll() {
   stats_.rolled_off_segments += gone;
   stats_.rolled_off_events += events;
   stats_.rolled_off_bytes += bytes;
+}
+
+bool StreamWriter::drop_oldest_for_space() {
+  if (closed_.empty()) return false;
+  const Closed oldest = closed_.front();
+  closed_.erase(closed_.begin());
+  ::unlink(oldest.path.c_str());
+  std::lock_guard<std::mutex> lock(stats_mutex_);
+  ++stats_.rolled_off_segments;
+  ++stats_.full_disk_rolled_off_segments;
+  stats_.rolled_off_events += oldest.events;
+  stats_.rolled_off_bytes += oldest.bytes;
+  return true;
+}
+
+bool StreamWriter::cut_back(uint64_t at) {
+  // A block the disk had no room for may be partly written: the file ends where
+  // the last whole block did, so it stays readable whatever follows.
+  return ::ftruncate(fd_, static_cast<off_t>(at)) == 0 &&
+         ::lseek(fd_, static_cast<off_t>(at), SEEK_SET) == static_cast<off_t>(at);
 }
 
 void StreamWriter::flush() {
@@ -303,7 +329,11 @@ void StreamWriter::run() {
 
 void StreamWriter::round(bool last) {
   const auto t0 = std::chrono::steady_clock::now();
-  if (segment_bytes_ && !failed_ && offset_ >= segment_bytes_) roll();
+  // A segment the disk filled with nothing older left to delete is closed here:
+  // its events are kept (the oldest out when room is needed next), and a thread's
+  // events resume in the new one, whose blocks may start at any index.
+  if (segment_bytes_ && !failed_ && (offset_ >= segment_bytes_ || full_)) roll();
+  full_ = false;
   segments_.clear();
   session_->begin_collect(&segments_);
   uint64_t collected = 0;
@@ -320,8 +350,10 @@ void StreamWriter::round(bool last) {
       std::memcpy(payload + 8, &c.unix_ns0, 8);
       std::memcpy(payload + 16, &c.ns_per_tick, 8);
       write_block(kBlockClock, nullptr, 0, payload, sizeof(payload));
-      clock_written_ = true;
-      last_clock_ = t0;
+      if (!full_) {
+        clock_written_ = true;
+        last_clock_ = t0;
+      }
     }
     const std::vector<std::string> names = node_names_since(names_written_);
     if (!names.empty()) {
@@ -335,7 +367,7 @@ void StreamWriter::round(bool last) {
         payload += n;
       }
       write_block(kBlockNodeNames, nullptr, 0, payload.data(), payload.size());
-      names_written_ += names.size();
+      if (!full_) names_written_ += names.size();
     }
     // Collected after begin_collect: every event collected was recorded after its
     // module's set_modules() (which comes before the slot is registered).
@@ -358,14 +390,20 @@ void StreamWriter::round(bool last) {
         modules_written_ = modules_.size();
       }
     }
-    if (!modules.empty()) write_block(kBlockModules, nullptr, 0, modules.data(), modules.size());
+    if (!modules.empty()) {
+      write_block(kBlockModules, nullptr, 0, modules.data(), modules.size());
+      if (full_) {  // not written: restated in the next segment (which restates all)
+        std::lock_guard<std::mutex> lock(modules_mutex_);
+        modules_written_ = std::min<size_t>(modules_written_, modules_first);
+      }
+    }
     for (const Segment& s : segments_) {
       unsigned char sub[kEventsSubHeaderSize];
       std::memcpy(sub, &s.thread, 4);
       std::memcpy(sub + 4, &s.tid, 4);
       std::memcpy(sub + 8, &s.first, 8);
       write_block(kBlockEvents, sub, sizeof(sub), s.events, size_t(s.count) * sizeof(Event));
-      if (failed_) break;
+      if (failed_ || full_) break;
       written += s.count;
       segment_events_ += s.count;
     }
@@ -373,7 +411,7 @@ void StreamWriter::round(bool last) {
     if (ss.dropped != last_dropped_) {
       const uint64_t payload[2] = {ss.dropped, ss.overwritten};
       write_block(kBlockStats, nullptr, 0, payload, sizeof(payload));
-      last_dropped_ = ss.dropped;
+      if (!full_) last_dropped_ = ss.dropped;
     }
   }
   // After a write error the events are still consumed (memory stays bounded)
@@ -387,13 +425,16 @@ void StreamWriter::round(bool last) {
   ++stats_.rounds;
   stats_.events += written;
   stats_.segment_events = segment_events_;
-  stats_.lost_events += collected - written;
+  if (full_)
+    stats_.full_disk_lost_events += collected - written;
+  else
+    stats_.lost_events += collected - written;
   stats_.busy_ns += elapsed_ns(t0);
 }
 
 void StreamWriter::write_block(uint32_t type, const void* sub, size_t sub_len, const void* data,
                                size_t data_len) {
-  if (failed_) return;
+  if (failed_ || full_) return;
   const uint64_t length = sub_len + data_len;
   const uint32_t payload_crc = crc32(data, data_len, crc32(sub, sub_len));
   unsigned char head[kBlockHeaderSize];
@@ -419,6 +460,21 @@ void StreamWriter::write_block(uint32_t type, const void* sub, size_t sub_len, c
     if (n < 0) {
       if (errno == EINTR) continue;
       const int err = errno;
+      if (segment_bytes_ && (err == ENOSPC || err == EDQUOT) && cut_back(offset_)) {
+        // Rolling (--max-disk) on a full disk: the oldest segment makes room and the
+        // block is written again from its start; with none left, the round stops here
+        // and the next one begins a segment (round()).
+        if (drop_oldest_for_space()) {
+          iov[0] = {head, sizeof(head)};
+          iov[1] = {const_cast<void*>(sub), sub_len};
+          iov[2] = {const_cast<void*>(data), data_len};
+          first = 0;
+          done = 0;
+          continue;
+        }
+        full_ = true;
+        return;
+      }
       failed_ = true;
       std::lock_guard<std::mutex> lock(stats_mutex_);
       stats_.error = "offset " + std::to_string(offset_ + done) + ": write failed: " +

@@ -122,6 +122,11 @@ struct StreamStats {
   uint64_t rolled_off_events = 0;    // the events they held
   uint64_t rolled_off_bytes = 0;
   uint64_t segment_events = 0;  // events in the newest segment (= events without rolling)
+  // Rolling on a full disk (ENOSPC/EDQUOT): the oldest closed segments are deleted to
+  // make room (counted in rolled_off_* and here); with none left, the round's unwritten
+  // events are lost (counted here, not an error) and the next round starts a segment.
+  uint64_t full_disk_rolled_off_segments = 0;
+  uint64_t full_disk_lost_events = 0;
 };
 
 class StreamWriter {
@@ -171,6 +176,10 @@ class StreamWriter {
   void run();
   void round(bool last);
   void roll();
+  // Rolling, full disk: deletes the oldest closed segment (counted); false if none.
+  bool drop_oldest_for_space();
+  // Cuts the current segment back to `at` bytes after a failed write; false on error.
+  bool cut_back(uint64_t at);
   void write_block(uint32_t type, const void* sub, size_t sub_len, const void* data,
                    size_t data_len);
 
@@ -204,6 +213,7 @@ class StreamWriter {
   std::chrono::steady_clock::time_point last_clock_;
   uint64_t last_dropped_ = 0;
   bool failed_ = false;
+  bool full_ = false;               // rolling: this round met a full disk, nothing to drop
   bool stopped_ = false;            // caller's thread only
   bool forked_ = false;             // this is a forked child's copy (caller's thread)
   std::mutex round_mutex_;          // held by the writer thread through each round

@@ -751,9 +751,9 @@ def _gap_places(stats: list[RankStats]) -> tuple[np.ndarray, np.ndarray, list[di
                 name = s.modules[m] if m < len(s.modules) else f"<module {m}>"
                 label[k] = (f"{name or '<root>'}{' [eval]' if k // 2 % 2 else ''} "
                             f"{PHASES[k % 2]}")
-        c = [cols.setdefault((st, label[b], o), len(cols))
-             for st, b, o in zip(step.tolist(), before.tolist(), occ.tolist())]
-        per_rank.append((np.asarray(c, np.int64), gap, end))
+        at = [cols.setdefault((st, label[b], o), len(cols))
+              for st, b, o in zip(step.tolist(), before.tolist(), occ.tolist())]
+        per_rank.append((np.asarray(at, np.int64), gap, end))
     v = np.full((len(stats), len(cols)), np.nan)
     e = np.full((len(stats), len(cols)), np.iinfo(np.int64).min, np.int64)
     for i, (c, gap, end) in enumerate(per_rank):

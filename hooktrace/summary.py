@@ -878,17 +878,35 @@ def _kernel_notes(trace: TraceData, rows: list[dict[str, Any]]) -> list[str]:
     if any(n for n, _ in lost):
         notes.append(", ".join(f"{n} {what}" for n, what in lost if n))
     rolling = trace.info.get("rolling")
-    if isinstance(rolling, dict) and rolling.get("rolled_off_events"):
-        notes.append(f"--max-disk: the {int(rolling['rolled_off_events']):,} oldest events "
-                     f"({int(rolling.get('rolled_off_segments', 0))} segments) were rolled off "
-                     "to keep the stream within "
-                     f"{int(rolling.get('max_disk', 0)) / 2**20:.0f} MiB")
+    if isinstance(rolling, dict):
+        notes += _rolling_notes(rolling)
     before = trace.info.get("compiled_before_trace")
     if isinstance(before, list) and before:
         names = ", ".join(str(n) or "<root>" for n in before[:4]) + (
             f" and {len(before) - 4} more" if len(before) > 4 else "")
         notes.append(f"{names}: compiled before the trace, so one span each; to see the modules "
                      "inside, compile inside hooktrace.trace() or under hooktrace run")
+    return notes
+
+
+def _rolling_notes(rolling: dict[str, Any]) -> list[str]:
+    """What --max-disk removed: rolled-off segments (counted by the writer, or only
+    known from the segment numbers when the run was killed), a full disk's losses."""
+    bound = f"{int(rolling.get('max_disk', 0)) / 2**20:.0f} MiB"
+    segments = int(rolling.get("rolled_off_segments", 0) or 0)
+    notes = []
+    if rolling.get("rolled_off_events"):
+        notes.append(f"--max-disk: the {int(rolling['rolled_off_events']):,} oldest events "
+                     f"({segments} segments) were rolled off to keep the stream within {bound}")
+    elif segments and "rolled_off_events" not in rolling:
+        notes.append(f"--max-disk: the {segments} oldest segments were rolled off to keep the "
+                     f"stream within {bound} (how many events they held is not known: the run "
+                     "did not finish)")
+    full = int(rolling.get("full_disk_rolled_off_segments", 0) or 0)
+    lost = int(rolling.get("full_disk_lost_events", 0) or 0)
+    if full or lost:
+        notes.append(f"--max-disk: the disk was full: {full} of those segments were rolled off "
+                     f"early to make room, and {lost:,} events were lost with no room left")
     return notes
 
 

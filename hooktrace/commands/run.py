@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> None:
         # line follows the traceback, so it does not read as the failure's cause (issue #38)
         reported = failure is not None and not isinstance(failure, KeyboardInterrupt) \
             and not trace.modules_table()
-        if reported:
+        if reported and failure is not None:
             _print_script_error(failure)
         try:
             write_outputs(trace, options)

@@ -47,7 +47,6 @@ from hooktrace.data.schema import (
     ALL_TABLES,
     PARTITION_COLUMNS,
     SCHEMA_VERSION,
-    TABLES,
     pa,
     schema,
 )

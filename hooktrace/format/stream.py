@@ -351,7 +351,8 @@ def _with_older_segments(name: str, newest: TraceFileContents) -> TraceFileConte
     rolling = newest.info.get("rolling")
     if not isinstance(rolling, dict) or os.path.basename(name) != rolling.get("newest"):
         return newest
-    parts = []
+    parts: list[TraceFileContents] = []
+    first_number = 0  # the oldest segment of this run still on disk
     for seg in rolling_segments(name, rolling):
         try:
             with open(seg, "rb") as f:
@@ -364,9 +365,15 @@ def _with_older_segments(name: str, newest: TraceFileContents) -> TraceFileConte
             continue
         if part.info.get("start_unix_ns") != newest.info.get("start_unix_ns"):
             continue  # a segment of another run at the same path
+        if not parts:
+            first_number = int(seg.rsplit(".", 2)[-2])
         parts.append(part)
     info = dict(newest.info)
     info["rolling"] = dict(rolling, segments_loaded=len(parts) + 1)
+    if "rolled_off_segments" not in rolling and first_number > 1:
+        # no FOOTER (killed): segments are numbered from 1, so those below the oldest
+        # left were rolled off; what they held is not known
+        info["rolling"]["rolled_off_segments"] = first_number - 1
     if not parts:
         return dataclass_replace(newest, info=info)
     events = np.concatenate([p.events for p in parts] + [newest.events])

@@ -683,9 +683,10 @@ def load_aggregates(path: str | os.PathLike[str]) -> Any:
     folder = os.fspath(path)
     if os.path.isdir(os.path.join(folder, "aggregates")):
         folder = os.path.join(folder, "aggregates")
+    names: list[str]
     if os.path.isfile(folder) and folder.endswith(".parquet"):  # one part (issue #38)
-        folder, names = os.path.split(folder)
-        names = [names]
+        folder, name = os.path.split(folder)
+        names = [name]
     else:
         names = part_files(folder) if os.path.isdir(folder) else []
     if not names:

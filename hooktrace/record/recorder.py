@@ -674,11 +674,25 @@ class Recorder(StepMarks, FlightRecorder):
                                    "overwritten_events": int(stats["overwritten"])}
             if self._rolling:
                 rolled = {k: int(written[k]) for k in (
-                    "segments", "rolled_off_segments", "rolled_off_events", "rolled_off_bytes")}
+                    "segments", "rolled_off_segments", "rolled_off_events", "rolled_off_bytes",
+                    "full_disk_rolled_off_segments", "full_disk_lost_events")}
                 footer["rolling"] = dict(self._rolling, **rolled,
                                          events_written=int(written["events"]))
                 footer["events"] = int(written["segment_events"])  # this file's
                 self._stream_counts["rolled_off_events"] = rolled["rolled_off_events"]
+                full_lost = rolled["full_disk_lost_events"]
+                if full_lost:
+                    # the disk had no room even with every older segment gone: lost,
+                    # counted as dropped (the file says so in its footer)
+                    footer["dropped_events"] = int(stats["dropped"]) + full_lost
+                    self._stream_counts["dropped_events"] += full_lost
+                if rolled["full_disk_rolled_off_segments"] or full_lost:
+                    warnings.warn(
+                        f"hooktrace: the disk holding {self._out} was full: "
+                        f"{rolled['full_disk_rolled_off_segments']} older segments were "
+                        f"rolled off early to make room and {full_lost:,} events were lost "
+                        "with no room left (--max-disk keeps recording the newest)",
+                        RuntimeWarning, stacklevel=4)
             if written["error"]:
                 # Every block before the failed one is intact: the file loads up to it.
                 # Its events after that are dropped events of the result (the file cannot

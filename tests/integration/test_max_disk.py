@@ -132,3 +132,88 @@ def test_run_max_disk_says_what_rolled_off(tmp_path: Path) -> None:
     assert bad.returncode != 0
     assert bad.stderr.strip().splitlines()[-1].endswith(
         "--max-disk must be a size such as 2G, 500M or 1.5GiB, got 'lots'"), bad.stderr
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A real 4 MiB filesystem (tmpfs), 1.25 MiB of it free: needs root, as CI has."""
+    where = tmp_path / "small"
+    where.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"a small filesystem needs mount (root): {r.stderr.strip()}")
+    try:
+        import os
+        st = os.statvfs(where)
+        (where / "filler").write_bytes(b"\0" * (st.f_bavail * st.f_frsize - 1280 * 1024))
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def test_a_full_disk_rolls_off_old_segments_and_recording_goes_on(small_disk: Path) -> None:
+    # GIVEN a 4 MiB bound (512 KiB segments) on a disk with 1.25 MiB free
+    out = small_disk / "run.htrace"
+    model = chain()
+    # WHEN the run writes ~12.6 MiB
+    with pytest.warns(RuntimeWarning, match="was full: [0-9]+ older segments were rolled off"):
+        with hooktrace.trace(model, out=out, max_disk="4M", capacity=16384,
+                             backward=False) as tr:
+            run_calls(model, 2000)
+    # THEN the oldest segments went to make room and the stream kept writing to the end
+    # (before: "write failed: No space left on device" at ~1 MiB, the rest lost)
+    counts = tr.stream_counts()
+    run = hooktrace.load(out)
+    rolling = run.info["rolling"]
+    assert "cut" not in run.info  # the footer was written: the run finished in the file
+    assert rolling["full_disk_rolled_off_segments"] > 0
+    assert rolling["rolled_off_events"] + len(run.events) == counts["events"]
+    # what a full disk could not take at all is counted as dropped, never silent
+    assert run.info["dropped_events"] == counts["dropped_events"] >= \
+        rolling["full_disk_lost_events"]
+    assert any("the disk was full" in n for n in run.summary().notes)
+    if counts["dropped_events"] == 0:  # (as above: a loaded machine may drop the last)
+        assert run.events["id"][-1] == 0 and run.events["kind"][-1] == 2, counts
+
+
+LOOP_UNTIL_KILLED = """
+import torch
+from torch import nn
+m = nn.Sequential(*[nn.Identity() for _ in range(100)])
+x = torch.zeros(1)
+for _ in range(10**7):
+    m(x)
+"""
+
+
+def test_after_kill_9_the_summary_says_segments_were_rolled_off(tmp_path: Path) -> None:
+    # GIVEN a run under --max-disk 2M (256 KiB segments), killed once it rolled off some
+    script = tmp_path / "loop.py"
+    script.write_text(LOOP_UNTIL_KILLED)
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    proc = subprocess.Popen([sys.executable, "-m", "hooktrace", "run", "-o", "loop.htrace",
+                             "--max-disk", "2M", "--no-backward", str(script)],
+                            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    import time
+    deadline = time.monotonic() + 240
+    try:
+        while True:
+            numbers = sorted(int(p.name.split(".")[1]) for p in tmp_path.glob("loop.*.htrace"))
+            if numbers and numbers[0] >= 3:  # segments 1 and 2 were rolled off
+                break
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, numbers
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait()
+    # WHEN the newest file is read (no footer: the counts the writer kept are gone)
+    s = subprocess.run([sys.executable, "-m", "hooktrace", "summary", "loop.htrace"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    # THEN the summary says segments were rolled off, as many as the numbering shows
+    assert s.returncode == 0, s.stderr
+    m = re.search(r"--max-disk: the ([0-9]+) oldest segments were rolled off", s.stdout)
+    assert m and int(m.group(1)) >= 2, s.stdout
+    assert "not known: the run did not finish" in s.stdout
