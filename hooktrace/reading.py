@@ -35,6 +35,7 @@ _C = load_native()  # torch's libraries, not torch (hooktrace._native)
 
 
 _T = TypeVar("_T")
+_D = TypeVar("_D", bound="TraceData")
 
 __all__ = [
     "SPAN_ERROR",
@@ -520,6 +521,13 @@ class TraceData:
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the run to a ``.htrace`` file; ``hooktrace.load`` reads it back."""
         write_trace(path, self.events, self.modules, self.node_names, self.clock, self.info)
+
+    def as_type(self, cls: type[_D]) -> _D:
+        """This run as an instance of ``cls`` (a subclass, e.g. ``TraceResult``): the
+        arrays and everything derived so far are shared, not copied."""
+        other = cls.__new__(cls)
+        other.__dict__.update(self.__dict__)
+        return other
 
     def derived(self, key: str, build: Callable[[], _T]) -> _T:
         """What an analysis derives from this run (its kernels, numerics, shapes per

@@ -35,10 +35,7 @@ class TraceResult(TraceData):
         """``data`` as a ``TraceResult`` (the arrays are shared, not copied)."""
         if isinstance(data, cls):
             return data
-        result = cls(data.events, data.modules, data.node_names, data.clock, data.info)
-        result._spans, result._steps = data._spans, data._steps
-        result._gpu_spans = data._gpu_spans
-        return result
+        return data.as_type(cls)
 
     def export_chrome(self, path: str | os.PathLike[str], *, nodes: bool = False) -> None:
         """Write a Chrome/Perfetto trace JSON; gzip-compressed when ``path`` ends in ``.gz``.

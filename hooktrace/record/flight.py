@@ -120,7 +120,7 @@ def write_dump(trace: FlightRecorder, reason: str, directory: str | os.PathLike[
     data = trace.snapshot()
     now = time.time_ns()
     block: dict[str, Any] = {
-        "reason": reason, "time_unix_ns": now, "step": trace._step,
+        "reason": reason, "time_unix_ns": now, "step": trace.current_step,
         "threads": open_calls(data, now),
     }
     stacks = python_stacks()
@@ -163,27 +163,17 @@ class HangWatchdog:
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()
 
-    def _progress(self) -> tuple[int, int]:
-        stats = self._trace._session.stats()
-        # streaming (out=): the session holds only what the writer has not written yet
-        writer = self._trace._writer
-        written = int(writer.stats()["events"]) if writer is not None else 0
-        return (stats["events"] + written + stats["dropped"] + stats["overwritten"],
-                self._trace._step)
-
     def _run(self) -> None:
         poll = min(1.0, self._timeout / 4)
-        last, since, fired = self._progress(), time.monotonic(), False
+        last, since, fired = self._trace.progress(), time.monotonic(), False
         while not self._stop.wait(poll):
-            now = self._progress()
+            now = self._trace.progress()
             if now != last:
                 last, since, fired = now, time.monotonic(), False
             elif not fired and time.monotonic() - since >= self._timeout:
                 fired = True
-                try:
-                    self._trace._dump("hang")
-                except Exception as e:  # a failed dump must not kill the watchdog silently
-                    print(f"hooktrace: hang dump failed: {e}", file=sys.stderr)
+                # (a failed dump is one line on stderr: the watchdog goes on)
+                self._trace.dump_if_asked("hang")
 
 
 def check_dump_on(dump_on: object) -> frozenset[str]:
@@ -236,6 +226,32 @@ class FlightRecorder:
         if self._state != "recording":
             raise RuntimeError("hooktrace: trace.dump() dumps a trace inside its with block")
         return os.fspath(self._dump("request", directory=directory))
+
+    @property
+    def recording(self) -> bool:
+        """Whether the block is recording now (entered, not yet exited)."""
+        return self._state == "recording"
+
+    @property
+    def current_step(self) -> int:
+        """The number of the step being recorded (from 0)."""
+        return self._step
+
+    def progress(self) -> tuple[int, int]:
+        """(events recorded so far, written, dropped or overwritten included; the
+        current step): what moves while the run makes progress."""
+        stats = self._session.stats()
+        # streaming (out=): the session holds only what the writer has not written yet
+        written = int(self._writer.stats()["events"]) if self._writer is not None else 0
+        return (stats["events"] + written + stats["dropped"] + stats["overwritten"],
+                self._step)
+
+    def dump_if_asked(self, reason: str) -> None:
+        """A dump for ``reason`` (``"nonfinite"``, ``"hang"``) if ``dump_on`` asks for
+        it and the block is recording; a failed dump is one line on stderr, never raised
+        into the caller (a component's callback, the watchdog's thread)."""
+        if reason in self._dump_on and self.recording:
+            self._dump(reason, quiet_errors=True)
 
     def _dump(self, reason: str, *, exc: BaseException | None = None,
               directory: str | os.PathLike[str] | None = None,

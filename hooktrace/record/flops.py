@@ -190,7 +190,7 @@ class FlopsComponent(Component):
             recorder = self.recorder
 
             def first_root(module: nn.Module) -> None:
-                if self.flop_recorder is None and recorder._state == "recording":
+                if self.flop_recorder is None and recorder.recording:
                     self.flop_recorder = FlopRecorder(module)
                     self.flop_recorder.start()
 

@@ -29,7 +29,7 @@ class KernelMarksComponent(Component):
 
         if kernels.site_count():
             info["kernel_sites"] = kernels.sites()
-        found = dispatch.compiles_since(self.recorder._start_unix_ns or 0)
+        found = dispatch.compiles_since(self.recorder.start_unix_ns or 0)
         if found:
             info["compiles"] = found
 

@@ -93,13 +93,12 @@ class NumericsComponent(Component):
         ``first_nonfinite`` (hooktrace.numerics) is computed from the events, which also
         name the call and pick the innermost module of a tie."""
         recorder = self.recorder
-        table = recorder._scope.modules_table()
+        table = recorder.scope.modules_table()
         name = (table[slot][0] or "<root>") if slot < len(table) else f"<module {slot}>"
         phase, what = ("backward", "gradient of its inputs") if backward else ("forward", "output")
         print(f"hooktrace: first non-finite value: {name} {phase} ({what}), step "
-              f"{recorder._step}", file=sys.stderr)
-        if "nonfinite" in recorder._dump_on and recorder._state == "recording":
-            recorder._dump("nonfinite", quiet_errors=True)
+              f"{recorder.current_step}", file=sys.stderr)
+        recorder.dump_if_asked("nonfinite")
 
 
 def _use_fused_numerics(scope: Any) -> str | None:

@@ -18,7 +18,8 @@ help reads the declarations, the trainer callbacks their names).
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from hooktrace.record import registry
 from hooktrace.record.component import Declares, Option
@@ -28,6 +29,9 @@ from hooktrace.record.core_options import (
     STREAM_CAPACITY,
     check_capacity,
 )
+
+if TYPE_CHECKING:
+    from hooktrace.record.aggregate import DetailPolicy
 
 __all__ = ["DEFAULT_CAPACITY", "MAX_CAPACITY", "OPTION_HELP", "RecordOptions",
            "STREAM_CAPACITY", "check_capacity", "refresh"]
@@ -44,13 +48,37 @@ class RecordOptions:
     resolved (its default depends on ``out``), ``dump_on`` is a frozenset, ``out`` a str.
     """
 
-    # (the fields are the declared options: refresh() makes them)
+    # The fields are the declared options: refresh() makes them at import. For mypy,
+    # what each holds once checked, in declaration order (a unit test keeps this list
+    # equal to the declared options: tests/unit/test_record_options.py).
     if TYPE_CHECKING:
         __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
         def __init__(self, **options: Any) -> None: ...
 
-        def __getattr__(self, name: str) -> Any: ...
+        capacity: int
+        policy: Literal["drop", "ring"]
+        steps: Literal["optimizer"] | None
+        dump_on: frozenset[str]
+        dump_dir: str
+        hang_timeout: float
+        dump_signal: int
+        out: str | None
+        max_disk: int | None
+        schedule: Callable[[int], Any] | None
+        on_window: Callable[[Any], Any] | None
+        memory: bool
+        emit_profiler: bool
+        backward: bool
+        numerics: bool
+        numerics_every: int
+        shapes: bool
+        flops: bool
+        gpu: bool
+        gpu_every: int
+        aggregate: str | None
+        detail: DetailPolicy
+        aggregate_interval: float
 
     _declarers: ClassVar[tuple[type[Declares], ...]] = ()
     _options: ClassVar[tuple[Option, ...]] = ()

@@ -497,7 +497,7 @@ class Recorder(StepMarks, FlightRecorder):
     def _scope_label(self) -> str:
         scope = self._scope
         if isinstance(scope, ModelScope):
-            model = scope._model_ref()
+            model = scope.model_or_none()
             return type(model).__name__ if model is not None else "a deleted model"
         return "every module"
 
@@ -710,6 +710,16 @@ class Recorder(StepMarks, FlightRecorder):
             os.close(self._stream_fd)
             self._stream_fd = -1
             self._writer = None
+
+    @property
+    def scope(self) -> Scope:
+        """What is recorded: one model's modules, or every module of the process."""
+        return self._scope
+
+    @property
+    def start_unix_ns(self) -> int:
+        """When recording began (Unix ns), 0 before."""
+        return self._start_unix_ns
 
     @property
     def out(self) -> str | None:

@@ -94,6 +94,10 @@ class ModelScope(Scope):
         self._table: list[tuple[str, str]] = []
         self._refs: list[weakref.ref[nn.Module]] = []
 
+    def model_or_none(self) -> nn.Module | None:
+        """The traced model, or None once it was deleted."""
+        return self._model_ref()
+
     def model(self) -> nn.Module:
         model = self._model_ref()
         if model is None:

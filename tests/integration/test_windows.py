@@ -34,7 +34,7 @@ def test_each_window_holds_exactly_its_active_steps_and_arrives_as_it_ends() -> 
     seen: list[tuple[int, TraceData]] = []
     sched = torch.profiler.schedule(wait=1, warmup=1, active=2, repeat=2)
     with hooktrace.trace(m, schedule=sched,
-                         on_window=lambda w: seen.append((tr._step, w))) as tr:
+                         on_window=lambda w: seen.append((tr.current_step, w))) as tr:
         for _ in range(10):
             train_step(m, opt)
     # two windows, each handed over right after its last step ended

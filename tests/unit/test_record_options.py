@@ -368,3 +368,20 @@ def test_a_declaration_is_checked_when_written() -> None:
         Option("mode", "a", "a mode", cli=Flag("choice"))
     assert Option("backward", True, "b", cli="switch").flag_name() == "--no-backward"
     assert Option("gpu_every", 1, "g", cli="int").flag_name() == "--gpu-every"
+
+
+def test_the_typed_fields_mypy_sees_are_the_declared_options() -> None:
+    """RecordOptions' fields are made at import from the declarations; mypy reads the
+    typed list under TYPE_CHECKING instead (issue #37). The two must name the same
+    options in the same order, or mypy checks attributes that do not exist."""
+    import ast
+    import inspect
+
+    from hooktrace.record import options as options_module
+
+    tree = ast.parse(inspect.getsource(options_module.RecordOptions))
+    guard = next(n for n in ast.walk(tree) if isinstance(n, ast.If)
+                 and isinstance(n.test, ast.Name) and n.test.id == "TYPE_CHECKING")
+    typed = [n.target.id for n in guard.body if isinstance(n, ast.AnnAssign)
+             and isinstance(n.target, ast.Name) and n.target.id != "__dataclass_fields__"]
+    assert typed == [o.name for o in options_module.RecordOptions.declared()]
