@@ -77,10 +77,9 @@ def run(args: argparse.Namespace) -> None:
     check_output_path(args.output, [args.run])  # (a directory, an input: said first)
     fmt = output_format(args.output)
     if many:  # many ranks (issue #11)
-        from hooktrace.commands import merge_ranks
+        from hooktrace.commands import write_ranks_merged
 
-        merge_ranks.run(argparse.Namespace(inputs=[args.run], output=args.output, profiler=[],
-                                           workers=None))
+        write_ranks_merged([args.run], args.output, profilers=[], workers=None)
         return
     filters = Filters(start=args.start, end=args.end, max_depth=args.max_depth,
                       steps=None if args.steps is None else parse_steps(args.steps))

@@ -59,3 +59,21 @@ def test_the_check_finds_a_reach(tmp_path: Path) -> None:
     (pkg / "user.py").write_text("def peek(owner):\n    return owner._state\n")
     (pkg / "ok.py").write_text("import sys\ndef frame():\n    return sys._getframe()\n")
     assert reaches(pkg) == ["pkg/user.py:2: owner._state"]
+
+
+def test_a_verb_never_calls_another_verb() -> None:
+    """Issue #37: ``export`` ran ``merge-ranks`` with a made-up argparse namespace. Verbs
+    share helpers in ``hooktrace/commands/__init__.py``; no verb module imports another."""
+    commands = PACKAGE / "commands"
+    verbs = {p.stem for p in commands.glob("*.py") if p.stem != "__init__"}
+    found = []
+    for p in sorted(commands.glob("*.py")):
+        if p.stem == "__init__":
+            continue
+        for n in ast.walk(ast.parse(p.read_text())):
+            if isinstance(n, ast.ImportFrom) and n.module == "hooktrace.commands":
+                found += [f"{p.name} imports {a.name}" for a in n.names if a.name in verbs]
+            elif isinstance(n, ast.ImportFrom) and (n.module or "").startswith(
+                    "hooktrace.commands."):
+                found.append(f"{p.name} imports {n.module}")
+    assert not found, found
