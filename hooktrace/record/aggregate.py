@@ -492,6 +492,14 @@ class AggregateComponent(Component):
             _listen(self)
             self._listening = True
 
+    def keep_next_step(self) -> bool:
+        self.keep_step()
+        return True
+
+    def take_logger(self, log: Callable[[int, dict[str, list[Any]]], None]) -> bool:
+        self.loggers.append(log)
+        return True
+
     def keep_step(self) -> None:
         """Keep the next step's raw events (the ``signal`` trigger, from code)."""
         self._keep_next.set()

@@ -328,3 +328,14 @@ class Component(Declares):
 
     def metadata(self, info: dict[str, Any]) -> None:
         """Its part of the run's info as of now."""
+
+    # Requests the recorder passes on (``trace.keep_step()``, ``trace.add_logger()``):
+    # a component that serves one returns True; the recorder asks each in turn.
+
+    def keep_next_step(self) -> bool:
+        """Keep the next step's raw events, if this component keeps steps."""
+        return False
+
+    def take_logger(self, log: Callable[[int, dict[str, list[Any]]], None]) -> bool:
+        """Call ``log(step, rows)`` after each step, if this component makes rows."""
+        return False

@@ -50,7 +50,6 @@ from hooktrace.errors import OutputPathError
 from hooktrace.record.flight import FlightRecorder
 from hooktrace.result import TraceResult
 from hooktrace.record import dispatch, registry
-from hooktrace.record.aggregate import AggregateComponent
 from hooktrace.record.component import Component
 from hooktrace.record.options import DEFAULT_CAPACITY, RecordOptions
 from hooktrace.record.scopes import ModelScope, ProcessScope, Scope
@@ -356,20 +355,16 @@ class Recorder(StepMarks, FlightRecorder):
         return TraceResult(np.asarray(events).view(EVENT_DTYPE), self._scope.modules_table(),
                            _C.node_names(), clock, info)
 
-    def _aggregator(self) -> AggregateComponent:
-        for component in self._components:
-            if isinstance(component, AggregateComponent):
-                return component
-        raise RuntimeError("hooktrace: this trace has no aggregate= output")
-
     def keep_step(self) -> None:
         """With ``aggregate=``: keep the next step's raw events (the detail policy's
         ``signal`` trigger, from code)."""
-        self._aggregator().keep_step()
+        if not any(c.keep_next_step() for c in self._components):
+            raise RuntimeError("hooktrace: this trace has no aggregate= output")
 
     def add_logger(self, log: Callable[[int, dict[str, list[Any]]], None]) -> None:
         """With ``aggregate=``: ``log(step, rows)`` after each step (hooktrace.log_to)."""
-        self._aggregator().loggers.append(log)
+        if not any(c.take_logger(log) for c in self._components):
+            raise RuntimeError("hooktrace: this trace has no aggregate= output")
 
     # -- teardown ------------------------------------------------------------
 

@@ -127,6 +127,18 @@ def test_keep_step_from_code(tmp_path: Path) -> None:
     assert [k["step"] for k in tr.info["aggregate"]["detail"]] == [3]
 
 
+def test_keep_step_and_loggers_need_an_aggregate_output() -> None:
+    # (the recorder asks its components; none serves these without aggregate=)
+    model = Net()
+    with hooktrace.trace(model) as tr:
+        with pytest.raises(RuntimeError, match="this trace has no aggregate= output"):
+            tr.keep_step()
+        with pytest.raises(RuntimeError, match="this trace has no aggregate= output"):
+            tr.add_logger(lambda step, rows: None)
+        train(model, 1)
+    assert len(tr.steps()) == 1
+
+
 def test_detail_policy_and_combinations_are_checked(tmp_path: Path) -> None:
     assert DetailPolicy.parse("every=5,slow=2.5") == DetailPolicy(5, 2.5, False, False)
     with pytest.raises(ValueError, match="detail: unknown trigger 'often'"):
