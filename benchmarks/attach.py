@@ -8,7 +8,7 @@ wall time:
 - plain: untraced;
 - run: under ``hooktrace run`` from the start;
 - attach: untraced, then ``hooktrace attach --steps ATTACH_STEPS`` mid-run (from this
-  process, through ``hooktrace._attach.attach``: the status gives the attach's times).
+  process, through ``hooktrace.record.attach.attach``: the status gives the attach's times).
 
 Printed: the time from calling attach (gdb included) to the first step mark in the
 target, the time until it detached, and the median step time before, during and after
@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from hooktrace._attach import AttachRequest, attach  # noqa: E402
+from hooktrace.record.attach import AttachRequest, attach  # noqa: E402
 
 STEPS = 3000
 ATTACH_AT = 800  # steps before attaching

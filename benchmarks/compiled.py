@@ -7,7 +7,7 @@ SGD step) timed in four variants, interleaved round by round in one process:
 * ``compiled, untraced``: the baseline;
 * ``compiled before the trace, traced``: regions are one span each (no marks);
 * ``compiled under the trace, traced``: every kernel marked and recorded, the
-  modules inside each block get kernel-derived rows (hooktrace.kernels);
+  modules inside each block get kernel-derived rows (hooktrace.analysis.kernels);
 * ``compiled under a trace, run untraced``: the marks are in the code, dormant.
 
 Each variant has its own copy of the model classes (fresh code objects), so

@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from hooktrace._events import ENTER, EVENT_DTYPE, EXIT, STEP, Clock
-from hooktrace.diff import compare
+from hooktrace.analysis.diff import compare
 from hooktrace.reading import TraceData, load
 from hooktrace.reporters.html import render_report
 

@@ -55,7 +55,7 @@ def synthetic_run(n_events: int, families: int = 8) -> TraceData:
 
 def with_flops(run: TraceData) -> TraceData:
     """``run`` as if recorded with ``flops=True``: one input signature, every module
-    with forward FLOPs, the first root call counted (as hooktrace.flops records)."""
+    with forward FLOPs, the first root call counted (as hooktrace.analysis.flops records)."""
     spans = run.spans()
     roots = int(np.count_nonzero((spans.module == 0) & (spans.depth == 0)))
     forward = {name: 1_000_003 * (i + 1) for i, (name, _) in enumerate(run.modules)}

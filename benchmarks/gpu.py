@@ -16,7 +16,7 @@ Printed, as tables:
    with CPU+CUDA activities, and with CUDA only;
 2. per module and phase, hooktrace's GPU self time (``gpu_spans()``) against the kernel
    time torch.profiler attributes to the same module (``hooktrace summary --profiler``,
-   hooktrace/attribution.py), both recorded in the same steps;
+   hooktrace/analysis/attribution.py), both recorded in the same steps;
 3. the device-to-host clock alignment, measured (marks of a call bracketed by host
    readings around a sync) against its stated bound (``info["gpu"]["align_error_ns"]``);
 4. pass/fail against #28's targets: cost (124M: gpu <= 3 %, gpu_every=10 <= 1 %; small:
@@ -167,8 +167,8 @@ def accuracy(m: Model, steps: int) -> tuple[list[tuple[str, str, int, int]], Any
     the run; and what the profiler's side is ("kernel" time, or "CPU op" time on CPU)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from hooktrace._profiler_events import collect
-    from hooktrace.attribution import attribute_events
+    from hooktrace.format._profiler_events import collect
+    from hooktrace.analysis.attribution import attribute_events
     from hooktrace.reading import CAT_BACKWARD
 
     cuda = next(m.model.parameters()).is_cuda

@@ -5,7 +5,7 @@
 
 Writes RANKS files of EVENTS events each (forward spans: a root and 63 child modules
 called in turn, 50 steps, one rank made slow in one module at one step), then times
-``hooktrace.stragglers.analyze`` over the directory in a fresh process per engine and
+``hooktrace.analysis.stragglers.analyze`` over the directory in a fresh process per engine and
 reports its wall time, the parent's peak RSS and the largest worker's peak RSS:
 
 * ``pool``: the worker processes of issue #11 (numpy per rank, ``map_ranks``);
@@ -103,7 +103,7 @@ def _descendants_peak_kib(stop: threading.Event, peak: list[int]) -> None:
 
 
 def measure(directory: str, workers: int | None, engine: str) -> None:
-    from hooktrace.stragglers import analyze
+    from hooktrace.analysis.stragglers import analyze
 
     if engine.startswith("diff-"):
         measure_diff(directory, workers, engine)
@@ -136,7 +136,7 @@ def measure_diff(directory: str, workers: int | None, engine: str) -> None:
     ``diff-``: the pool (numpy in worker processes) or duckdb (SQL in threads)."""
     import hashlib
 
-    from hooktrace.diff import compare_paths
+    from hooktrace.analysis.diff import compare_paths
 
     stop, peak = threading.Event(), [0]
     poller = threading.Thread(target=_descendants_peak_kib, args=(stop, peak), daemon=True)

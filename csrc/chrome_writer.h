@@ -30,7 +30,7 @@ namespace hooktrace {
 // (optional): per span a count written as args "nodes" when >= 0 (autograd nodes
 // attributed directly to the span). `flops` (optional): per span a FLOP count written
 // as args "flops" when >= 0; `tflops` (optional): per span, written as args "tflops"
-// (shortest round-trip decimal) when finite (hooktrace/flops.py computes both).
+// (shortest round-trip decimal) when finite (hooktrace/analysis/flops.py computes both).
 // flags: kSpanError, kSpanUnfinished, kSpanFlopsCounted, kSpanClipped add "error",
 // "unfinished", "flops_counted", "clipped": true. `extra` (optional): per span an
 // index into extra_json (-1: none), whose fragment (`,"key":value...`) is appended

@@ -25,7 +25,7 @@
 // set_memory (c10::DeviceAllocator::getDeviceStats, device-agnostic, no CUDA
 // headers): allocated_bytes current and the device's high-water mark. Resetting
 // the high-water mark would change what torch.cuda.max_memory_allocated reports
-// to the user, so it is read, never reset; hooktrace.memory explains how the
+// to the user, so it is read, never reset; hooktrace.analysis.memory explains how the
 // reader turns it into a per-call peak.
 #pragma once
 

@@ -17,7 +17,7 @@
 // whose backward produces a NaN (a custom autograd Function) shows it in the
 // gradient of its own inputs; the gradient of its output is still finite. A tensor
 // that is the input of a module and of its parent gives both the same gradient at
-// the same moment; the reader (hooktrace/numerics.py) names the innermost.
+// the same moment; the reader (hooktrace/analysis/numerics.py) names the innermost.
 //
 // The kNumerics event (event.h): t, seq = absmax (float32 bits, low half) | rms
 // (float32 bits, high half), id = the module's slot, rf_tid = non-finite values

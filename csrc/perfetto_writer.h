@@ -51,7 +51,7 @@ namespace hooktrace {
 //         tflops[i] if finite (double); `flops` and `tflops` are optional (none);
 //   node: seq = int_a, module = strings[str_a] ("" when str_a < 0),
 //         pass = int_b if >= 0, clipped = true when set;
-//   kernel (kSliceKernel, hooktrace/kernels.py): module = strings[str_a], type =
+//   kernel (kSliceKernel, hooktrace/analysis/kernels.py): module = strings[str_a], type =
 //         strings[str_b], kernel = strings[int_a], derived = true.
 // name[i] indexes `names` (the event name), cat[i] `cat_names`, track[i]
 // `track_uuid`. `extra` (optional): per slice an index into extra_annotations (-1:

@@ -190,7 +190,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void end_collect();
   // Copies every unconsumed event into `out` (cleared first), thread by thread in
   // recorded order, and consumes them: begin_collect + copy + end_collect. For
-  // schedule windows (hooktrace/_windows.py): each window's events are drained at
+  // schedule windows (hooktrace/record/windows.py): each window's events are drained at
   // its end, so memory holds one window at most.
   void drain(std::vector<Event>* out);
 

@@ -24,9 +24,9 @@ from hooktrace._version import __version__
 from hooktrace.errors import HooktraceError
 
 if TYPE_CHECKING:
-    from hooktrace.flight import dump
+    from hooktrace.record.flight import dump
     from hooktrace.integrations.scalars import log_to
-    from hooktrace.profiling import profile
+    from hooktrace.record.profiling import profile
     from hooktrace.reading import TraceData
     from hooktrace.record import GlobalTrace, Trace, global_trace, trace, window_handler
     from hooktrace.result import TraceResult, load
@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 # public name -> the module it comes from, imported on first use
 _LAZY = {
     "TraceData": "hooktrace.reading", "TraceResult": "hooktrace.result",
-    "load": "hooktrace.result", "profile": "hooktrace.profiling", "dump": "hooktrace.flight",
+    "load": "hooktrace.result", "profile": "hooktrace.record.profiling",
+    "dump": "hooktrace.record.flight",
     "GlobalTrace": "hooktrace.record", "Trace": "hooktrace.record",
     "global_trace": "hooktrace.record", "trace": "hooktrace.record",
     "window_handler": "hooktrace.record", "log_to": "hooktrace.integrations.scalars",

@@ -31,7 +31,7 @@ from hooktrace.record.process_state import STATE
 
 
 def _start() -> None:
-    from hooktrace.launch import options_from_env, start
+    from hooktrace.record.launch import options_from_env, start
 
     options = options_from_env(os.environ)
     trace = start(options)
@@ -45,7 +45,7 @@ def cancel() -> None:
     trace = STATE.autostart_trace
     if trace is not None:
         atexit.unregister(_finish)
-        from hooktrace.launch import stop_writing_on_sigterm
+        from hooktrace.record.launch import stop_writing_on_sigterm
 
         stop_writing_on_sigterm()
         trace.__exit__(None, None, None)
@@ -54,7 +54,7 @@ def cancel() -> None:
 
 
 def _finish(trace: Any, options: Any) -> None:
-    from hooktrace.launch import discard_empty, stop_writing_on_sigterm, write_outputs
+    from hooktrace.record.launch import discard_empty, stop_writing_on_sigterm, write_outputs
 
     try:
         stop_writing_on_sigterm()

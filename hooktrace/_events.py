@@ -28,7 +28,7 @@ EXIT = 2
 NODE_BEGIN = 3
 NODE_END = 4
 STEP = 5  # a training step ended: seq = its number, id = 0
-# Memory samples (trace(memory=True), hooktrace.memory): right after the event they
+# Memory samples (trace(memory=True), hooktrace.analysis.memory): right after the event they
 # belong to, same thread and t; seq = bytes allocated now, id | rf_tid << 32 = peak.
 MEM_CPU = 6
 MEM_CUDA = 7
@@ -37,12 +37,12 @@ MEM_KINDS = (MEM_CPU, MEM_CUDA)
 # into info["kernel_sites"]; seq = 0.
 KERNEL_BEGIN = 8
 KERNEL_END = 9
-# Shape signatures of a forward call (trace(shapes=True), csrc/shapes.h, hooktrace.shapes):
+# Shape signatures of a forward call (trace(shapes=True), csrc/shapes.h, hooktrace.analysis.shapes):
 # after its EXIT; id = module slot; seq = input | output << 32, indexes into
 # info["shape_signatures"] (SHAPE_UNKNOWN: not known).
 SHAPES = 10
 SHAPE_UNKNOWN = 0xFFFFFFFF
-# Numeric health of a call (trace(numerics=True), csrc/numerics.h, hooktrace.numerics):
+# Numeric health of a call (trace(numerics=True), csrc/numerics.h, hooktrace.analysis.numerics):
 # id = module slot; seq = abs-max | rms << 32 (float32 bits); rf_tid = non-finite values.
 NUMERICS = 12
 NUM_BACKWARD = 1  # NUMERICS flags: the gradient of the call's inputs (else its output)

@@ -38,6 +38,6 @@ _MOVED_TO_PROFILING = frozenset({"profile", "Profile", "merged_trace_handler",
 def __getattr__(name: str) -> Any:
     # profile() records, so it moved up to the recording layer (issue #16).
     if name in _MOVED_TO_PROFILING:
-        raise AttributeError(f"hooktrace.merge.{name} moved to hooktrace.profiling.{name} "
+        raise AttributeError(f"hooktrace.merge.{name} moved to hooktrace.record.profiling.{name} "
                              "(hooktrace.profile is unchanged)")
     raise AttributeError(f"module 'hooktrace.merge' has no attribute {name!r}")

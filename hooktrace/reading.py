@@ -645,7 +645,7 @@ def _with_kernel_sites(trace: TraceData, spans: Spans, out: dict[str, np.ndarray
     """``out`` and the intervals of compiled code's kernel sites: a site's two marks
     (before and after its kernel, one after the other on the recording thread) are one
     interval of the site's module (``span`` -1) in the site's phase. The innermost host
-    span holding it is the compiled region's call (hooktrace.kernels places kernels the
+    span holding it is the compiled region's call (hooktrace.analysis.kernels places kernels the
     same way); the site's module is the region's module joined with the site's path,
     and the region's interval loses the kernel's time from its ``self_ns`` when on the
     same stream."""

@@ -19,12 +19,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from hooktrace._filters import Filters
+from hooktrace.analysis._filters import Filters
 from hooktrace.exporters.chrome import export_chrome
 from hooktrace.exporters.perfetto import export_perfetto
 from hooktrace.reading import TraceData
 from hooktrace.reading import load as load_data
-from hooktrace.summary import Summary
+from hooktrace.analysis.summary import Summary
 
 
 class TraceResult(TraceData):
@@ -54,7 +54,7 @@ class TraceResult(TraceData):
         slices and rows at about 1/3 of its size; see ``hooktrace.exporters.perfetto``.
 
         ``start``/``end`` (seconds after the run's first event), ``steps=(a, b)``
-        and ``max_depth`` cut the run down first (``hooktrace._filters``).
+        and ``max_depth`` cut the run down first (``hooktrace.analysis._filters``).
         """
         export_perfetto(self, path, nodes=nodes, filters=Filters(
             start=start, end=end, max_depth=max_depth, steps=steps))
@@ -83,7 +83,7 @@ class TraceResult(TraceData):
         return self.to_arrow(table).to_pandas()
 
     def summary(self, *, peak_tflops: float | None = None) -> Summary:
-        """Per-module call statistics (see ``hooktrace.summary.Summary``); ``peak_tflops``
+        """Per-module call statistics (see ``hooktrace.analysis.summary.Summary``); ``peak_tflops``
         gives MFU for a run recorded with ``flops=True``."""
         return Summary.from_trace(self, peak_tflops=peak_tflops)
 

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hooktrace._kineto import us_to_ns
+from hooktrace.format._kineto import us_to_ns
 
 
 def load_json(path: Path) -> dict[str, Any]:

@@ -2,8 +2,8 @@
 torchrun job): record a running process for a few steps, then leave it as it was.
 
 Needs ptrace rights over the process and, before Python 3.14, gdb on PATH; the
-target must run the same hooktrace. See :mod:`hooktrace._attach` (what is checked,
-how it injects) and :mod:`hooktrace._attach_agent` (what runs in the target).
+target must run the same hooktrace. See :mod:`hooktrace.record.attach` (what is checked,
+how it injects) and :mod:`hooktrace.record.attach_agent` (what runs in the target).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 from hooktrace._args import finite_float
-from hooktrace._attach import AttachRequest, attach, worker_pids
+from hooktrace.record.attach import AttachRequest, attach, worker_pids
 from hooktrace.commands import CliError
-from hooktrace.launch import add_options, options_from_args
+from hooktrace.record.launch import add_options, options_from_args
 
 NAME = "attach"
 HELP = "record a running Python process (PID) for a few steps, then detach"

@@ -65,7 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hooktrace.diff import compare_paths
+    from hooktrace.analysis.diff import compare_paths
 
     if args.top is not None and args.top < 1:
         raise CliError(f"--top must be at least 1, got {args.top}")

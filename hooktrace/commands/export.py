@@ -12,7 +12,7 @@ rank files (or schedule windows) with a Parquet output is one hive-partitioned d
 ``window=K/`` below ``rank=N/`` for windows (:mod:`hooktrace.data.parquet`). ``-`` (standard output), a FIFO or a
 device without a known suffix get Chrome JSON. ``--steps``,
 ``--start``/``--end`` and ``--max-depth`` cut the run down first (see
-``hooktrace._filters``).
+``hooktrace.analysis._filters``).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     import numpy as np
 
-    from hooktrace._filters import Filters, cut, parse_steps
+    from hooktrace.analysis._filters import Filters, cut, parse_steps
     from hooktrace._output import check_output_path, open_output
     from hooktrace._progress import WriteTo, progress_write
     from hooktrace.exporters.formats import output_format

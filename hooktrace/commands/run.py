@@ -7,7 +7,7 @@ traceback and exits 1) while recording every ``nn.Module`` call of the process
 whether it returned, raised or called ``sys.exit``.
 
 The tracing options, starting the recorder and writing its files are
-:mod:`hooktrace.launch`, shared with ``HOOKTRACE=1`` (:mod:`hooktrace._autostart`);
+:mod:`hooktrace.record.launch`, shared with ``HOOKTRACE=1`` (:mod:`hooktrace._autostart`);
 this verb adds running the script as python would.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 
 from hooktrace.commands import CliError
 from hooktrace.errors import NoDeviceError
-from hooktrace.launch import (  # (imports no torch until start())
+from hooktrace.record.launch import (  # (imports no torch until start())
     add_options,
     options_from_args,
     start,

@@ -15,7 +15,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from hooktrace.flight import describe
+    from hooktrace.record.flight import describe
     from hooktrace.reading import load
 
     info = load(args.dump).info

@@ -11,9 +11,9 @@ from hooktrace._args import finite_float
 from hooktrace.commands import CliError
 
 if TYPE_CHECKING:
-    from hooktrace.attribution import Attribution
-    from hooktrace.shapes import ShapeTable
-    from hooktrace.summary import StepTable
+    from hooktrace.analysis.attribution import Attribution
+    from hooktrace.analysis.shapes import ShapeTable
+    from hooktrace.analysis.summary import StepTable
 
 NAME = "summary"
 MAX_MIN_EXCESS_NS = 10**18  # (31 years) larger does not fit the int64 times it is compared with
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> None:
     from hooktrace._naming import is_aggregate_dir, rank_files_of
     from hooktrace.record.aggregate import aggregate_summary
     from hooktrace.result import load
-    from hooktrace.summary import Summary
+    from hooktrace.analysis.summary import Summary
     from hooktrace.text import terminal_width
 
     if len(args.run) == 1 and (is_aggregate_dir(args.run[0])  # aggregate=DIR (issue #31)
@@ -104,14 +104,14 @@ def run(args: argparse.Namespace) -> None:
                            "Parquet export holds those values as tables: hooktrace query")
         table = summary_of_export(args.run)
     elif args.by_shape:
-        from hooktrace.shapes import ShapeTable as Shapes
+        from hooktrace.analysis.shapes import ShapeTable as Shapes
 
         table = Shapes.from_trace(load(args.run))
         if not table.recorded:
             raise CliError(f"{args.run}: no shapes recorded; trace with "
                            "hooktrace.trace(model, shapes=True) or hooktrace run --shapes")
     elif args.steps:
-        from hooktrace.summary import StepTable as Steps
+        from hooktrace.analysis.summary import StepTable as Steps
 
         table = Steps.from_trace(load(args.run))
     elif args.profiler is not None:
@@ -134,10 +134,10 @@ def run(args: argparse.Namespace) -> None:
     if args.csv:
         sys.stdout.write(table.to_csv(top=args.top))
     elif args.json and args.numerics and not (args.steps or args.by_shape or args.profiler):
-        # --numerics --json: the per-step history too (hooktrace.numerics.history)
+        # --numerics --json: the per-step history too (hooktrace.analysis.numerics.history)
         import json
 
-        from hooktrace.numerics import history
+        from hooktrace.analysis.numerics import history
 
         doc = json.loads(table.to_json(top=args.top))
         doc["numerics_history"] = history(run_)
@@ -190,10 +190,10 @@ def _one_run_export(path: str) -> bool:
 
 
 def _run_ranks(args: argparse.Namespace) -> None:
-    """The straggler tables over the ranks' files (hooktrace.stragglers)."""
+    """The straggler tables over the ranks' files (hooktrace.analysis.stragglers)."""
     import warnings
 
-    from hooktrace.stragglers import DEFAULT_MIN_EXCESS_NS, DEFAULT_THRESHOLD, analyze
+    from hooktrace.analysis.stragglers import DEFAULT_MIN_EXCESS_NS, DEFAULT_THRESHOLD, analyze
 
     if args.top is not None and args.top < 1:
         raise CliError(f"--top must be at least 1, got {args.top}")

@@ -97,7 +97,7 @@ def _any_parquet(directory: str) -> str | None:
 def find_source(path: str | os.PathLike[str]) -> Source:
     """What ``path`` holds (see the module docstring); :class:`QueryError` for nothing."""
     from hooktrace._naming import rank_files_of
-    from hooktrace.rankset import find_rank_files
+    from hooktrace.analysis.rankset import find_rank_files
 
     name = os.fspath(path)
     src = Source(name)
@@ -407,9 +407,9 @@ def query(path: str | os.PathLike[str], sql: str, *, threads: int = 1,
         raise QueryError(f"the query failed: {str(e).splitlines()[0]}") from None
 
 
-# -- the straggler tables' inputs (hooktrace.stragglers, engine "duckdb") -------------
+# -- the straggler tables' inputs (hooktrace.analysis.stragglers, engine "duckdb") -------------
 
-# Per (file, module, mode, phase, step): what hooktrace.stragglers.rank_stats reduces a
+# Per (file, module, mode, phase, step): what hooktrace.analysis.stragglers.rank_stats reduces a
 # rank to. Measured forward and backward spans in a step; recompute and kernel-derived
 # rows are not a rank's own time per step there. Device time (the gpu table, when
 # recorded): every interval in a step, recompute counted as forward ("gpu fwd"/"gpu bwd",
@@ -437,7 +437,7 @@ STRAGGLER_SQL = {
         GROUP BY rank, `window`, slot, mode = 'eval', phase = 'backward', step
         ORDER BY rank, `window`, slot, eval, on_device, backward, step""",
     # the top-level spans, in start order: the gaps between them are the time outside
-    # every module (hooktrace.stragglers: where a rank that was slow outside modules was)
+    # every module (hooktrace.analysis.stragglers: where a rank that was slow outside modules was)
     "tops": """
         SELECT rank, `window`, step, slot, mode = 'eval' AS eval, phase = 'backward' AS backward,
                start_ns, end_ns
@@ -497,9 +497,9 @@ def file_straggler_tables(path: str, index: int) -> dict[str, Any]:
         con.close()
 
 
-# -- the diff's per-run numbers (hooktrace.diff, engine "duckdb") ----------------------
+# -- the diff's per-run numbers (hooktrace.analysis.diff, engine "duckdb") ----------------------
 
-# One run's (one file's) numbers per (module, phase) as hooktrace.diff reduces it: the
+# One run's (one file's) numbers per (module, phase) as hooktrace.analysis.diff reduces it: the
 # phases "forward", "backward" (training calls) and "eval" (forward calls with grad off
 # or in eval mode), kernel-derived rows included; the device time's "gpu forward"
 # (recompute included), "gpu backward" and "gpu eval". A span's column: its complete
@@ -581,7 +581,7 @@ DIFF_TIMED_SQL = f"""WITH {_DIFF_COLUMNS}, {_DIFF_TIMED}
 
 
 def diff_tables(con: Any, *, gpu: bool, calls: Sequence[tuple[int, int]]) -> dict[str, Any]:
-    """The numbers of :mod:`hooktrace.diff` for every file (rank, window: ``r``, ``w``
+    """The numbers of :mod:`hooktrace.analysis.diff` for every file (rank, window: ``r``, ``w``
     columns, -1 for null) of the tables ``con`` holds: ``host_*`` and (with ``gpu``)
     ``gpu_*`` Arrow tables per :data:`_DIFF_SELECTS` key, sorted by file (``calls``:
     every call of the files (r, w) listed), ``gpu_timed`` and ``steps``."""

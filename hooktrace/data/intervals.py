@@ -1,5 +1,5 @@
 """Interval arithmetic shared by the straggler tables and the ``steps`` table (no
-pyarrow: :mod:`hooktrace.stragglers` imports it)."""
+pyarrow: :mod:`hooktrace.analysis.stragglers` imports it)."""
 
 from __future__ import annotations
 

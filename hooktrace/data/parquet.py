@@ -141,7 +141,7 @@ def write_dataset(inputs: Sequence[str | os.PathLike[str]], directory: str | os.
     ``tables`` is one table, written at ``directory`` itself. A file that cannot be read
     is a line in ``problems``; the others are written."""
     from hooktrace.errors import HooktraceError
-    from hooktrace.rankset import RankSetError, find_rank_files
+    from hooktrace.analysis.rankset import RankSetError, find_rank_files
     from hooktrace.reading import load as load_data
 
     reader = load or load_data

@@ -6,7 +6,7 @@ When the ranks' traces sit on shared storage, export them once
 :mod:`hooktrace.data.parquet`) and run the queries where the cluster is::
 
     from hooktrace.data.spark import session, register
-    from hooktrace.stragglers import spark_summary
+    from hooktrace.analysis.stragglers import spark_summary
     spark = session("spark://head:7077")          # or local[N]
     register(spark, "/shared/run1")               # views spans, steps, modules, ...
     spark.sql("SELECT rank, sum(dur_ns) FROM spans GROUP BY rank").show()
@@ -142,7 +142,7 @@ def module_totals(spark: Any) -> Any:
 def straggler_tables(spark: Any) -> dict[str, Any]:
     """The straggler tables' per-file aggregates (the DuckDB engine's
     :data:`~hooktrace.data.engine.STRAGGLER_SQL`) run on Spark over the registered views,
-    as Arrow tables on the driver; :func:`hooktrace.stragglers.spark_summary` combines
+    as Arrow tables on the driver; :func:`hooktrace.analysis.stragglers.spark_summary` combines
     them into ``hooktrace summary DIR``'s tables."""
     return {k: _arrow(spark.sql(sql)) for k, sql in STRAGGLER_SQL.items()}
 

@@ -1,7 +1,7 @@
 """``hooktrace summary`` of a Parquet export of one run (issue #29): the per-module table
 from the ``spans`` and ``steps`` tables, computed by DuckDB.
 
-The rows are :class:`hooktrace.summary.Summary`'s, with the same keys, values and order
+The rows are :class:`hooktrace.analysis.summary.Summary`'s, with the same keys, values and order
 as the summary of the ``.htrace`` the export came from: per module and mode the forward,
 backward and recompute calls, their total and self times, the median and p99 of the
 call durations (DuckDB's ``quantile_cont`` is numpy's linear percentile), the
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from hooktrace.data.engine import QueryError, connect, find_source, sql_errors, tables_of
-from hooktrace.summary import COMPILE_ROW, Summary
+from hooktrace.analysis.summary import COMPILE_ROW, Summary
 
 __all__ = ["EXPORT_NOTE", "is_export", "runs_in_export", "summary_of_export"]
 

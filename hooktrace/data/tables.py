@@ -117,7 +117,7 @@ class _SpanColumns:
     of the span it ran in)."""
 
     def __init__(self, trace: TraceData) -> None:
-        from hooktrace.kernels import derived_spans, span_self_ns
+        from hooktrace.analysis.kernels import derived_spans, span_self_ns
 
         spans = trace.spans()
         d = derived_spans(trace)
@@ -192,18 +192,18 @@ class _SpanColumns:
             out["gpu_dur_ns"] = measured_only(dur[:n].astype(np.int64), timed[:n])
             out["gpu_self_ns"] = measured_only(self_[:n].astype(np.int64), timed[:n])
         if "flops" in trace.info:
-            from hooktrace.flops import run_flop_info, span_flops
+            from hooktrace.analysis.flops import run_flop_info, span_flops
 
             f = span_flops(run_flop_info(trace), trace.spans(), trace.modules)
             out["flops"] = measured_only(f.flops, f.flops >= 0)
-        from hooktrace.shapes import shapes_recorded, signatures, span_shapes
+        from hooktrace.analysis.shapes import shapes_recorded, signatures, span_shapes
 
         if shapes_recorded(trace):
             sigs = signatures(trace)
             in_sig, out_sig = span_shapes(trace)
             out["in_shapes"] = (*measured_only(np.maximum(in_sig, 0), in_sig >= 0), sigs)
             out["out_shapes"] = (*measured_only(np.maximum(out_sig, 0), out_sig >= 0), sigs)
-        from hooktrace.numerics import Numerics, numerics_info
+        from hooktrace.analysis.numerics import Numerics, numerics_info
 
         if numerics_info(trace.info) is not None:
             num = Numerics.from_trace(trace)
@@ -217,7 +217,7 @@ class _SpanColumns:
             out["absmax"] = measured_only(absmax, valid)
             out["rms"] = measured_only(rms, valid)
             out["nonfinite"] = measured_only(nonfinite, valid)
-        from hooktrace.memory import memory_devices, span_memory
+        from hooktrace.analysis.memory import memory_devices, span_memory
 
         devices = memory_devices(trace)
         if devices:
@@ -296,7 +296,7 @@ def _modules(trace: TraceData, where: Where) -> Any:
 
 
 def _memory(trace: TraceData, where: Where) -> Iterator[Any]:
-    from hooktrace.memory import memory_devices, samples
+    from hooktrace.analysis.memory import memory_devices, samples
 
     off = _offset(trace)
     owners = [_OWNERS.get(k, str(k)) for k in range(max(_OWNERS) + 1)]
@@ -309,7 +309,7 @@ def _memory(trace: TraceData, where: Where) -> Iterator[Any]:
 
 
 def _numerics(trace: TraceData, where: Where) -> Iterator[Any]:
-    from hooktrace.numerics import Numerics, numerics_info
+    from hooktrace.analysis.numerics import Numerics, numerics_info
 
     if numerics_info(trace.info) is None:
         return
@@ -329,8 +329,8 @@ def _numerics(trace: TraceData, where: Where) -> Iterator[Any]:
 
 def _gpu(trace: TraceData, where: Where) -> Iterator[Any]:
     """One row per device interval (``trace.gpu_spans()``), grouped as the straggler
-    tables' pool path groups them (:func:`hooktrace.device_time.module_gpu`)."""
-    from hooktrace.device_time import module_gpu
+    tables' pool path groups them (:func:`hooktrace.analysis.device_time.module_gpu`)."""
+    from hooktrace.analysis.device_time import module_gpu
 
     gpu = trace.gpu_spans()
     if not len(gpu):

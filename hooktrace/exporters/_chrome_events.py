@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hooktrace._native import load_native
-from hooktrace._filters import OPEN_WINDOW
+from hooktrace.analysis._filters import OPEN_WINDOW
 from hooktrace.exporters._chrome_json import dumps as _dumps
 from hooktrace.exporters._chrome_json import micros as _micros
 from hooktrace.exporters._extra_args import extra_args
@@ -29,11 +29,11 @@ from hooktrace.exporters._layout import (
     flop_args,
     gpu_track_name,
 )
-from hooktrace.device_time import launch_time_only
-from hooktrace.kernels import kernel_sites
-from hooktrace.numerics import COUNTER_NAME as NUMERICS_COUNTER
-from hooktrace.numerics import counter_points as numerics_counter
-from hooktrace.numerics import numerics_info
+from hooktrace.analysis.device_time import launch_time_only
+from hooktrace.analysis.kernels import kernel_sites
+from hooktrace.analysis.numerics import COUNTER_NAME as NUMERICS_COUNTER
+from hooktrace.analysis.numerics import counter_points as numerics_counter
+from hooktrace.analysis.numerics import numerics_info
 
 _C = load_native()  # torch's libraries, not torch (hooktrace._native)
 
@@ -145,9 +145,9 @@ def write_memory_counters(write: Any, trace: TraceData, base_ns: int,
     """One counter track per recorded device (``trace(memory=True)``): ``C`` events
     named ``memory <device> (hooktrace)`` with arg ``allocated_bytes``, at every sample
     where the value changes, clipped to ``window``; with ``numerics=True`` also
-    ``non-finite values (hooktrace)`` (arg ``nonfinite``, :func:`hooktrace.numerics.
+    ``non-finite values (hooktrace)`` (arg ``nonfinite``, :func:`hooktrace.analysis.numerics.
     counter_points`); returns how many were written."""
-    from hooktrace.memory import counter_name, counter_points, memory_devices
+    from hooktrace.analysis.memory import counter_name, counter_points, memory_devices
 
     tracks = [(counter_name(device), "allocated_bytes", *counter_points(trace, device, window))
               for device in memory_devices(trace)]
@@ -171,7 +171,7 @@ def write_span_events(
 ) -> None:
     """Spans ``index`` (with these times and rows) as ``,\\n{event}`` items;
     ``flags`` (per written span) replaces the spans' own (adds SPAN_CLIPPED). A run
-    recorded with ``flops=True`` adds the FLOP args (``hooktrace.flops``)."""
+    recorded with ``flops=True`` adds the FLOP args (``hooktrace.analysis.flops``)."""
     spans = trace.spans()
     names_json, args_json = module_json(trace.modules)
     flags = spans.flags[index] if flags is None else flags
@@ -251,11 +251,11 @@ def write_node_events(
 
 def write_kernel_events(write: Any, trace: TraceData, ks: KernelSlices, base_ns: int, *,
                         chunk_bytes: int = CHUNK_BYTES) -> None:
-    """The kernel-derived slices (``hooktrace.kernels``) as ``,\n{event}`` items: named
+    """The kernel-derived slices (``hooktrace.analysis.kernels``) as ``,\n{event}`` items: named
     by their module, category ``hooktrace.kernel``, args ``module``, ``type``,
     ``kernel`` (the generated kernel's name) and ``derived: true``; on a CUDA run
     without device time also ``launch: true`` (the slice is the host time launching
-    the kernel, not its run time: hooktrace.device_time)."""
+    the kernel, not its run time: hooktrace.analysis.device_time)."""
     if not len(ks.start):
         return
     launch = ',"launch":true' if launch_time_only(trace) else ""

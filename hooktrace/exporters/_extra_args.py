@@ -1,7 +1,7 @@
 """Per-call span args beyond the fixed ones (issue #19): what the exporters append to
 forward spans recorded with ``shapes=True`` (``in_shapes``, ``in_dtypes``,
-``out_shapes``, ``out_dtypes``: :mod:`hooktrace.shapes`) or ``numerics=True``
-(``absmax``, ``rms``, ``nonfinite`` of the call's output: :mod:`hooktrace.numerics`).
+``out_shapes``, ``out_dtypes``: :mod:`hooktrace.analysis.shapes`) or ``numerics=True``
+(``absmax``, ``rms``, ``nonfinite`` of the call's output: :mod:`hooktrace.analysis.numerics`).
 
 :func:`extra_args` gives, per written span, an index into a list of arg dicts (-1:
 none); spans with equal args share one entry, so a shapes-only export holds one dict
@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from hooktrace.numerics import Numerics, numerics_info, number_for_json
+from hooktrace.analysis.numerics import Numerics, numerics_info, number_for_json
 from hooktrace.reading import TraceData
-from hooktrace.shapes import shape_args, shapes_recorded, signatures, span_shapes
+from hooktrace.analysis.shapes import shape_args, shapes_recorded, signatures, span_shapes
 
 __all__ = ["extra_args"]
 

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 import numpy as np
 
 from hooktrace._native import load_native
-from hooktrace.kernels import Kernels
-from hooktrace._filters import OPEN_WINDOW, SPAN_CLIPPED, Cut, Filters, cut
-from hooktrace.flops import SpanFlops, run_flop_info, span_flops
+from hooktrace.analysis.kernels import Kernels
+from hooktrace.analysis._filters import OPEN_WINDOW, SPAN_CLIPPED, Cut, Filters, cut
+from hooktrace.analysis.flops import SpanFlops, run_flop_info, span_flops
 from hooktrace.reading import CAT_BACKWARD, CAT_NAMES, Spans
 from hooktrace.format import FORMAT_VERSION
 
@@ -34,11 +34,11 @@ CHUNK_BYTES = 1 << 20
 # Event categories, the same in exports and merged traces.
 SPAN_CATS = tuple(f"hooktrace.{c}" for c in CAT_NAMES)  # indexed by Spans.cat
 NODE_CAT = "hooktrace.autograd_node"
-# Kernel-derived slices (hooktrace.kernels): one per kernel run inside a compiled region,
+# Kernel-derived slices (hooktrace.analysis.kernels): one per kernel run inside a compiled region,
 # named by the module it is attributed to, on its region span's row.
 KERNEL_CAT = "hooktrace.kernel"
 UNATTRIBUTED_CAT = "hooktrace.autograd_unattributed"
-# Device time of module calls (trace(gpu=True), hooktrace.device_time): one slice per
+# Device time of module calls (trace(gpu=True), hooktrace.analysis.device_time): one slice per
 # timed interval, on a row per device and stream ("GPU 0 stream 7"), indexed by cat.
 GPU_CATS = tuple(f"hooktrace.gpu_{c}" for c in CAT_NAMES)
 
@@ -244,7 +244,7 @@ STEP_CAT = "hooktrace.step"
 
 def flop_args(trace: TraceData, index: np.ndarray
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """The FLOP args of spans ``index`` (``hooktrace.flops``: "On the spans"): ``flops``
+    """The FLOP args of spans ``index`` (``hooktrace.analysis.flops``: "On the spans"): ``flops``
     (int64, -1 for none), ``tflops`` (float64, NaN for none) and the flag to OR into
     their written flags (SPAN_FLOPS_COUNTED where the call was counted, else 0);
     None when the run was recorded without ``flops=True``."""
@@ -340,7 +340,7 @@ class KernelSlices(NamedTuple):
 
 def kernel_slices(trace: TraceData, spans: np.ndarray, start: np.ndarray, end: np.ndarray,
                   row: np.ndarray) -> KernelSlices:
-    """The kernel runs to write (``hooktrace.kernels``): those whose region span is
+    """The kernel runs to write (``hooktrace.analysis.kernels``): those whose region span is
     written (``spans``: the written span ids; ``start``/``end``/``row`` parallel to it:
     their written, possibly clipped, times and rows), inside those times, on that row.
     They nest in the region's slice: kernels of a thread run one after another, inside

@@ -17,9 +17,9 @@ from typing import IO, Any
 
 import numpy as np
 
-from hooktrace._kineto import BadValue, ProfilerTraceError
+from hooktrace.format._kineto import BadValue, ProfilerTraceError
 from hooktrace._output import check_output_path, open_output
-from hooktrace._profiler_events import ProfilerEvents, check_base, collect, time_ns
+from hooktrace.format._profiler_events import ProfilerEvents, check_base, collect, time_ns
 from hooktrace.exporters._layout import UNATTRIBUTED_CAT, TrackLayout, gpu_slices, kernel_slices
 from hooktrace.exporters._chrome_json import dumps, micros
 from hooktrace.exporters._chrome_events import (
@@ -426,9 +426,9 @@ def merge_traces(
     ``torch.profiler`` Chrome trace (``.json`` or gzip); ``out_path`` is
     gzip-compressed when it ends in ``.gz``. Raises :class:`MergeError` when the
     trace is of another process or does not overlap the run,
-    :class:`~hooktrace._kineto.ProfilerTraceError` (naming file, line, column and
+    :class:`~hooktrace.format._kineto.ProfilerTraceError` (naming file, line, column and
     byte, and the event's index or the key) when it is not valid trace JSON or a
-    value is unusable (see ``hooktrace._profiler_events``), and
+    value is unusable (see ``hooktrace.format._profiler_events``), and
     :class:`~hooktrace.errors.OutputPathError` for an unusable ``out_path``.
 
     Example::

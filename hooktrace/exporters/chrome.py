@@ -17,7 +17,7 @@ reason.
   ``hooktrace.recompute`` (spans; args ``module``, ``type``, ``call``, and
   ``error``/``unfinished`` when set, ``nodes`` on backward spans of an
   export; in a run recorded with ``flops=True``, ``flops`` and ``tflops`` or
-  ``flops_counted`` on forward and backward spans, see :mod:`hooktrace.flops`),
+  ``flops_counted`` on forward and backward spans, see :mod:`hooktrace.analysis.flops`),
   ``hooktrace.autograd_node`` and ``hooktrace.autograd_unattributed``
   (autograd nodes; args ``seq``, ``module``, ``pass``);
 * rows: forward and recompute spans on their OS thread's own row (named by the
@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 import numpy as np
 
-from hooktrace._filters import Filters
+from hooktrace.analysis._filters import Filters
 from hooktrace._output import open_output
 from hooktrace.exporters._chrome_json import dumps as _dumps
 from hooktrace.exporters._chrome_events import (  # re-exported: their old home
@@ -141,7 +141,7 @@ def write_chrome(
 
     Events come in span order (forward and recompute, then backward), then the
     attributed autograd nodes (``nodes=True`` only), then the unattributed ones.
-    ``filters`` cuts the run down first (``hooktrace._filters``); the block's
+    ``filters`` cuts the run down first (``hooktrace.analysis._filters``); the block's
     ``"cut"`` entry then says what was left out or clipped.
     """
     trace.spans()

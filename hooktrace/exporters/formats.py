@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from hooktrace.errors import OutputPathError
 
 if TYPE_CHECKING:
-    from hooktrace._filters import Filters
+    from hooktrace.analysis._filters import Filters
     from hooktrace.reading import TraceData
 
 __all__ = ["CHROME", "OUTPUT_FORMATS", "OutputFormat", "PARQUET", "PERFETTO", "output_format"]

@@ -49,7 +49,7 @@ does not overlap the run's recording interval (from its start to its stop,
 not the extent of its spans: a full buffer must not make a run look shorter),
 or of another process, is refused.
 
-**Memory.** The profiler trace is streamed (see ``hooktrace._kineto``): read in
+**Memory.** The profiler trace is streamed (see ``hooktrace.format._kineto``): read in
 4 MiB blocks, each event decoded on its own and its original bytes copied to
 the output; only compact columns of the run's own host slices are kept (about
 64 bytes per slice) plus the run's spans. A 1 GB trace is never held as text,
@@ -72,7 +72,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from hooktrace._profiler_events import collect
+from hooktrace.format._profiler_events import collect
 from hooktrace.exporters._profiler_merge import (  # the merge itself (a shared helper)
     BASE_MARGIN_NS,
     MergeError,
@@ -90,7 +90,7 @@ from hooktrace.exporters._profiler_merge import (  # the merge itself (a shared 
 )
 
 if TYPE_CHECKING:
-    from hooktrace.attribution import Attribution
+    from hooktrace.analysis.attribution import Attribution
 
 __all__ = [
     "BASE_MARGIN_NS",
@@ -118,12 +118,12 @@ def attribute(
 ) -> Attribution:
     """Attribute the profiler's ops (and kernels) to the run's modules.
 
-    See :mod:`hooktrace.attribution`. Example::
+    See :mod:`hooktrace.analysis.attribution`. Example::
 
         table = attribute("run.htrace", "profiler.json.gz")
         print(table.to_text())
     """
-    from hooktrace.attribution import attribute_events
+    from hooktrace.analysis.attribution import attribute_events
 
     run = as_run(run_or_path)
     run_name = os.fspath(run_or_path) if isinstance(run_or_path, (str, os.PathLike)) else "the run"

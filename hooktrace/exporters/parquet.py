@@ -20,7 +20,7 @@ from typing import IO, TYPE_CHECKING, Any
 from hooktrace.errors import HooktraceError
 
 if TYPE_CHECKING:
-    from hooktrace._filters import Filters
+    from hooktrace.analysis._filters import Filters
     from hooktrace.reading import TraceData
 
 __all__ = ["export_parquet", "write_parquet"]

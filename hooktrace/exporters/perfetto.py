@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import numpy as np
 
 from hooktrace._native import load_native
-from hooktrace._filters import OPEN_WINDOW, Filters
+from hooktrace.analysis._filters import OPEN_WINDOW, Filters
 from hooktrace._output import open_output
 from hooktrace.exporters._layout import (
     CHUNK_BYTES,
@@ -73,11 +73,11 @@ from hooktrace.exporters._layout import (
     track_name,
 )
 from hooktrace.exporters._extra_args import extra_args
-from hooktrace.device_time import launch_time_only
-from hooktrace.kernels import kernel_sites
-from hooktrace.numerics import COUNTER_NAME as NUMERICS_COUNTER
-from hooktrace.numerics import counter_points as numerics_counter
-from hooktrace.numerics import numerics_info
+from hooktrace.analysis.device_time import launch_time_only
+from hooktrace.analysis.kernels import kernel_sites
+from hooktrace.analysis.numerics import COUNTER_NAME as NUMERICS_COUNTER
+from hooktrace.analysis.numerics import counter_points as numerics_counter
+from hooktrace.analysis.numerics import numerics_info
 from hooktrace.reading import NO_PASS
 
 _C = load_native()  # torch's libraries, not torch (hooktrace._native)
@@ -220,7 +220,7 @@ def _memory_counters(trace: TraceData, plan: Any, first_uuid: int) -> bytes:
     """Per recorded device, a counter track (bytes, a child of the process track), and
     with numerics=True the non-finite values so far, with the Chrome export's points:
     TrackEvent TYPE_COUNTER with counter_value."""
-    from hooktrace.memory import counter_name, counter_points, memory_devices
+    from hooktrace.analysis.memory import counter_name, counter_points, memory_devices
 
     window = plan.cut.bounds
     tracks = [(counter_name(device), _uint(3, _UNIT_SIZE_BYTES),  # CounterDescriptor.unit
@@ -312,7 +312,7 @@ def write_perfetto(
             flops.append(np.full(len(idx), -1, np.int64))
             tflops.append(np.full(len(idx), np.nan))
 
-    # kernel-derived slices (hooktrace.kernels), on their region span's row
+    # kernel-derived slices (hooktrace.analysis.kernels), on their region span's row
     ks = kernel_slices(trace, plan.spans, plan.start, plan.end, plan.row)
     kernels_at = sum(len(a) for a in start)
     if len(ks.start):

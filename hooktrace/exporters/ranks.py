@@ -10,7 +10,7 @@ When a rank's torch.profiler trace is given, that rank's part is the merge of
 module spans), moved into the rank's process.
 
 **Times.** Each rank's ``clock_offset_ns`` (its clock minus rank 0's, measured
-by ``hooktrace.distributed.align_clocks``) is subtracted from every one of its
+by ``hooktrace.record.distributed.align_clocks``) is subtracted from every one of its
 times, so all ranks are on rank 0's clock, to within each rank's
 ``clock_offset_uncertainty_ns``. The file's ``baseTimeNanoseconds`` is a whole
 second a minute before the earliest rank (as in ``hooktrace.merge``: small
@@ -48,7 +48,7 @@ from typing import IO, Any, Protocol
 
 import numpy as np
 
-from hooktrace._kineto import open_binary, scan, us_to_ns
+from hooktrace.format._kineto import open_binary, scan, us_to_ns
 from hooktrace._output import check_output_path, open_output
 from hooktrace.errors import HooktraceError
 from hooktrace.exporters._chrome_json import dumps, micros
@@ -60,7 +60,7 @@ from hooktrace.exporters._chrome_events import (
     write_steps,
 )
 from hooktrace.exporters._profiler_merge import BASE_MARGIN_NS, merge_traces
-from hooktrace.rankset import RankFile, RankSet, match_profilers
+from hooktrace.analysis.rankset import RankFile, RankSet, match_profilers
 from hooktrace.reading import CAT_BACKWARD, TraceData, load
 from hooktrace.format import FORMAT_VERSION
 
@@ -103,7 +103,7 @@ class _EarlyProfilerEvents(HooktraceError):
 
 
 def _utf8(value: Any) -> Any:
-    """A parsed event's strings (read as Latin-1, see hooktrace._kineto) back to text."""
+    """A parsed event's strings (read as Latin-1, see hooktrace.format._kineto) back to text."""
     if isinstance(value, str):
         try:
             return value.encode("latin-1").decode("utf-8")
@@ -343,7 +343,7 @@ def merge_ranks(
     :func:`match_profilers`; those ranks get their ops merged in. A rank file that
     is missing, truncated or corrupt, or a profiler trace that cannot be merged, is
     left out with a RuntimeWarning naming it (and listed in ``problems``); the other
-    ranks are written. Raises :class:`~hooktrace.rankset.RankSetError` when no rank
+    ranks are written. Raises :class:`~hooktrace.analysis.rankset.RankSetError` when no rank
     can be read.
     """
     paths = [os.fspath(p) for p in inputs]

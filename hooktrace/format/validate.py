@@ -190,7 +190,7 @@ _INFO_CHECKS: dict[str, Callable[[Any], str | None]] = {
     "kernel_sites": _kernel_sites,
     # trace(shapes=True) (issue #19): "dtype[d0,d1];dtype[...]" per signature index
     "shape_signatures": _string_list,
-    # many ranks (issue #11, hooktrace/distributed.py)
+    # many ranks (issue #11, hooktrace/record/distributed.py)
     "rank": _int_in(0, _MAX_RANK - 1),
     "world_size": _int_in(1, _MAX_RANK),
     "local_rank": _int_in(0, _MAX_RANK - 1),

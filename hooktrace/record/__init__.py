@@ -1,7 +1,11 @@
 """Recording: one recorder (record/recorder.py) over one native hot path
 (record/dispatch.py, csrc/module_call.h), with two scopes (record/scopes.py), one
 component per recording feature (record/component.py), the options checked once
-(record/options.py).
+(record/options.py). Around it, the rest of the recording side: ``hooktrace run`` and
+``HOOKTRACE=1`` (record/launch.py), schedule windows (record/windows.py), flight-recorder
+dumps (record/flight.py), many ranks (record/distributed.py over record/ranks.py), the
+profiler merged in (record/profiling.py) and ``hooktrace attach`` (record/attach.py,
+record/attach_agent.py in the target).
 
 The names are imported on first use: ``hooktrace run --help`` reads the options' help
 (record/options.py) without importing torch.

@@ -205,14 +205,14 @@ def gpu_ms_by_module(trace: Any, eval_spans: np.ndarray | None = None
 
 def tflops_by_module(trace: Any) -> dict[tuple[str, str], float] | None:
     """Achieved TFLOP/s per (module name, "forward"/"backward") of a window, as the
-    summary computes it (hooktrace.flops.flop_columns: the FLOPs of the root calls not
+    summary computes it (hooktrace.analysis.flops.flop_columns: the FLOPs of the root calls not
     run under the counter over their time; device time when it was recorded, else host
     time), when FLOPs were recorded (``flops=True``), else None. None too for a CUDA run
     without device time: launch time says nothing of the speed."""
     if "flops" not in trace.info:
         return None
-    from hooktrace.device_time import gpu_recorded, launch_time_only, span_gpu
-    from hooktrace.flops import flop_columns, newest_flop_info
+    from hooktrace.analysis.device_time import gpu_recorded, launch_time_only, span_gpu
+    from hooktrace.analysis.flops import flop_columns, newest_flop_info
 
     spans = trace.spans()
     # the window's spans number its root calls from 0; the info holds the run's
@@ -237,7 +237,7 @@ def _memory_peaks(trace: Any, spans: Any) -> np.ndarray | None:
     memory was recorded (``memory=True``), else None."""
     import numpy as np
 
-    from hooktrace.memory import memory_devices, span_memory
+    from hooktrace.analysis.memory import memory_devices, span_memory
 
     devices = memory_devices(trace)
     if not devices:
@@ -263,7 +263,7 @@ def _numerics_by_module(trace: Any, split_eval: bool
 
     if "numerics" not in trace.info:
         return None
-    from hooktrace.numerics import Numerics
+    from hooktrace.analysis.numerics import Numerics
 
     n = Numerics.from_trace(trace)
     out: dict[tuple[int, str], tuple[int, float]] = {}
@@ -561,7 +561,7 @@ class AggregateComponent(Component):
         (numbered from 0 in its spans; the recorder's info lists the run's)."""
         trace = self.recorder.step_result(events)
         if "flops" in trace.info:
-            from hooktrace.flops import newest_flop_info
+            from hooktrace.analysis.flops import newest_flop_info
 
             trace.info["flops"] = newest_flop_info(trace.info["flops"], trace.spans())
         return trace

@@ -93,7 +93,7 @@ whole feature::
     COMPONENTS = (..., GpuTimeComponent)
 
 Porting a component written before options were declared (its field, ``OPTION_HELP``
-line and check added to record/options.py by hand, a flag to launch.py, a name to the
+line and check added to record/options.py by hand, a flag to record/launch.py, a name to the
 callbacks' list): those additions go and become its ``OPTIONS``, as above; its methods
 do not change. Two more edits: annotate ``options`` with :data:`Options` (this
 module's), not ``RecordOptions`` (record/options.py imports the components, so importing

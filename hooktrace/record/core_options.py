@@ -1,7 +1,7 @@
 """The recording's own options, declared as the components declare theirs
 (record/component.py): how many events are held and what happens when full, the
 stream, what ends a step, the schedule's windows, and the flight recorder's dumps.
-The recorder core (record/recorder.py, record/flight.py, hooktrace/_windows.py) reads
+The recorder core (record/recorder.py, record/flight.py, hooktrace/record/windows.py) reads
 them; :class:`~hooktrace.record.options.RecordOptions` is built from these and every
 component's."""
 

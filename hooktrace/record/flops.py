@@ -2,7 +2,7 @@
 :class:`FlopRecorder` counts FLOPs with torch's ``FlopCounterMode`` on the root's first
 call of each input signature, and :class:`FlopsComponent` plugs it into a recording
 (``trace(model, flops=True)``). What the counts mean and how they are read:
-:mod:`hooktrace.flops` (the analysis half)."""
+:mod:`hooktrace.analysis.flops` (the analysis half)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ marks around every kernel call of its Python wrapper (Inductor's CPU backend)::
 
 (csrc/kernel_marks.h records them natively). A *site* is one kernel call in one
 generated graph: the kernel's name, the module whose ops it runs and the phase
-(forward or backward graph). The reader (hooktrace.kernels) attributes each
+(forward or backward graph). The reader (hooktrace.analysis.kernels) attributes each
 kernel's measured time to that module, under the module span (forward) or the
 autograd node (backward) that ran the region.
 
@@ -54,7 +54,7 @@ __all__ = ["MODULE_SITE", "compile_started", "compile_ended", "sites", "site_cou
 
 _lock = threading.Lock()
 # The kernel name of a site that names a module of a compiled graph, not a kernel: no
-# mark carries its id; the reader (hooktrace.kernels.fused_modules) lists these modules.
+# mark carries its id; the reader (hooktrace.analysis.kernels.fused_modules) lists these modules.
 MODULE_SITE = ""
 # The process-wide site table: [kernel name, module path relative to the compiled
 # region's root module ("" = the root), "forward" | "backward"]; a site's id is its

@@ -1,7 +1,7 @@
 """Memory per module call, the recording half (issue #27: one component per feature):
 turning the native core's memory sampling on for a session (:func:`enable`), the run's
 ``info["memory"]`` block (:func:`finish`), and :class:`MemoryComponent`
-(``trace(model, memory=True)``). Reading the samples: :mod:`hooktrace.memory`."""
+(``trace(model, memory=True)``). Reading the samples: :mod:`hooktrace.analysis.memory`."""
 
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ only; statistics of off-CPU tensors are deferred and read once per step mark and
 end. The first non-finite value is named on stderr (and dumped with
 ``dump_on=("nonfinite",)``). On a CUDA model the deferred statistics take one fused
 Triton kernel per tensor when ``triton`` imports (record/fused_numerics.py;
-``info["numerics"]["deferred_path"]`` says which). Reading them: :mod:`hooktrace.numerics`."""
+``info["numerics"]["deferred_path"]`` says which). Reading them:
+:mod:`hooktrace.analysis.numerics`."""
 
 from __future__ import annotations
 
@@ -90,7 +91,7 @@ class NumericsComponent(Component):
     def _on_first_nonfinite(self, slot: int, backward: bool) -> None:
         """Called once by the native core (numerics.cpp), with the GIL, when the first
         non-finite value is seen: one line on stderr, and a dump if asked. The summary's
-        ``first_nonfinite`` (hooktrace.numerics) is computed from the events, which also
+        ``first_nonfinite`` (hooktrace.analysis.numerics) is computed from the events, which also
         name the call and pick the innermost module of a tie."""
         recorder = self.recorder
         table = recorder.scope.modules_table()

@@ -35,7 +35,7 @@ class ProcessState:
         # HOOKTRACE=1: the running global trace, if this process was started traced
         self.autostart_trace: Any = None
         # hooktrace attach: the attachment recording in this process, until it detached
-        # (hooktrace._attach_agent)
+        # (hooktrace.record.attach_agent)
         self.attachment: Any = None
 
     def next_dump_number(self) -> int:

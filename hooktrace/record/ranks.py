@@ -1,6 +1,6 @@
 """Many ranks (issue #11), recording side: which rank a trace is, and its clock's offset.
 
-The public spelling is :mod:`hooktrace.distributed` (``from hooktrace.distributed
+The public spelling is :mod:`hooktrace.record.distributed` (``from hooktrace.record.distributed
 import align_clocks``), which re-exports this module; the measurements a process
 keeps are recorder state, so they live here, in ``record/`` (issue #27).
 
@@ -51,10 +51,10 @@ separate, explicit collective, :func:`align_clocks`, that the training script
 and once at the end of the traced block::
 
     with hooktrace.trace(model) as tr:
-        hooktrace.distributed.align_clocks()       # every rank: start
+        hooktrace.record.distributed.align_clocks()       # every rank: start
         train()
-        hooktrace.distributed.align_clocks()       # every rank: end
-    tr.save(hooktrace.distributed.default_output_name("traces/run"))
+        hooktrace.record.distributed.align_clocks()       # every rank: end
+    tr.save(hooktrace.record.distributed.default_output_name("traces/run"))
 
 Measurements are kept per process; a trace's metadata gets those taken while
 it recorded (and the last one before it started): ``clock_sync`` (each
@@ -318,9 +318,9 @@ def align_clocks(trace: Any = None, *, group: Any = None,
     Example::
 
         with hooktrace.trace(model) as tr:
-            hooktrace.distributed.align_clocks()
+            hooktrace.record.distributed.align_clocks()
             train()
-            hooktrace.distributed.align_clocks()
+            hooktrace.record.distributed.align_clocks()
         tr.info["clock_offset_ns"], tr.info["clock_offset_uncertainty_ns"]
     """
     if not (dist.is_available() and dist.is_initialized()):

@@ -44,7 +44,7 @@ from torch import nn
 import hooktrace._C as _C
 from hooktrace._events import EVENT_DTYPE, SPAN_DEFINITION, Clock
 from hooktrace._naming import env_rank, process_stem
-from hooktrace._windows import StepMarks
+from hooktrace.record.windows import StepMarks
 from hooktrace.record.ranks import apply_test_clock_offset, rank_info
 from hooktrace.errors import OutputPathError
 from hooktrace.record.flight import FlightRecorder
@@ -155,7 +155,7 @@ class Recorder(StepMarks, FlightRecorder):
         on_window: called with each window; :func:`window_handler` writes them to
             ``DIR/<host>_<pid>[_rank<R>].<last step>.htrace``. An exception in it is
             a warning, not the end of the training loop.
-        dump_on: flight-recorder dumps (see :mod:`hooktrace.flight`): any of
+        dump_on: flight-recorder dumps (see :mod:`hooktrace.record.flight`): any of
             ``"exception"`` (an exception escapes the block), ``"signal"`` (the process
             receives ``dump_signal``; main thread only; a previous handler is still
             called), ``"hang"`` (nothing recorded and no step ended for
@@ -172,13 +172,13 @@ class Recorder(StepMarks, FlightRecorder):
             optimizer hook off for the rest of the block.
         flops: count FLOPs per module, forward and backward, with torch's
             ``FlopCounterMode`` on the root's first call of each input signature (see
-            :mod:`hooktrace.flops`); the summary gains ``flops``/``tflops`` columns.
+            :mod:`hooktrace.analysis.flops`); the summary gains ``flops``/``tflops`` columns.
             In a process scope the root is the first top-level module called.
         memory: record the bytes allocated at every module enter and exit, forward and
             backward, and the peak in between, on CPU and the current CUDA device
-            (:mod:`hooktrace.memory`); the summary gains ``mem_net``/``mem_peak``
+            (:mod:`hooktrace.analysis.memory`); the summary gains ``mem_net``/``mem_peak``
             columns and the exports a memory counter track.
-        numerics: numeric health per module call (:mod:`hooktrace.numerics`): abs-max,
+        numerics: numeric health per module call (:mod:`hooktrace.analysis.numerics`): abs-max,
             RMS and the count of non-finite values of every call's floating-point
             output, and of the gradient with respect to its inputs in backward; the
             first non-finite value is named on stderr, in the summary and in
@@ -189,7 +189,7 @@ class Recorder(StepMarks, FlightRecorder):
         numerics_every: with ``numerics``, only steps ``0, N, 2N, ...`` are measured
             (the others cost nothing); the first-non-finite search covers those.
         shapes: record the dtypes and shapes of every forward call's tensor inputs and
-            outputs (:mod:`hooktrace.shapes`): span args ``in_shapes``/``out_shapes``
+            outputs (:mod:`hooktrace.analysis.shapes`): span args ``in_shapes``/``out_shapes``
             (and ``*_dtypes``) in the exports, ``hooktrace summary --by-shape``.
         gpu: record each module call's device time on its CUDA stream, forward and
             backward (:mod:`hooktrace.record.gpu_time`; read as
@@ -317,7 +317,7 @@ class Recorder(StepMarks, FlightRecorder):
             if _process_recorder is self:
                 _process_recorder = None
 
-    # -- steps and windows (hooktrace._windows.StepMarks) -----------------
+    # -- steps and windows (hooktrace.record.windows.StepMarks) -----------------
 
     def _before_step_mark(self) -> None:
         for component in self._installed:
@@ -532,7 +532,7 @@ class Recorder(StepMarks, FlightRecorder):
                     overwritten_events=int(stats["overwritten"]), stop_unix_ns=stop_unix_ns)
         self._add_metadata(info)
         clock = Clock(int(ticks0), int(unix_ns0), float(ns_per_tick))
-        # Many ranks (issue #11, hooktrace/distributed.py): rank, world size, backend and
+        # Many ranks (issue #11, hooktrace/record/distributed.py): rank, world size, backend and
         # the clock offset to rank 0 measured by align_clocks(); {} in a single process.
         clock = apply_test_clock_offset(clock, info)  # the identity unless a test sets one
         info.update(rank_info(info["start_unix_ns"], info["stop_unix_ns"]))

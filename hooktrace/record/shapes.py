@@ -1,6 +1,6 @@
 """``shapes=True``: the dtypes and shapes of every forward call's tensor inputs and
 outputs (csrc/shapes.cpp); ``info["shape_signatures"]``. Reading them:
-:mod:`hooktrace.shapes`."""
+:mod:`hooktrace.analysis.shapes`."""
 
 from __future__ import annotations
 

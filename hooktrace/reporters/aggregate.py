@@ -30,7 +30,7 @@ from hooktrace.reporters.html import (
     TABLE_SORT_SCRIPT,
     plotly_js,
 )
-from hooktrace.summary import format_bytes
+from hooktrace.analysis.summary import format_bytes
 from hooktrace.text import display_path
 
 __all__ = ["KEPT_SHOWN", "aggregate_rows", "render_aggregate_report", "step_figure",

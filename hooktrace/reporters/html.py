@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from hooktrace._output import open_output
 from hooktrace.errors import HooktraceError
 from hooktrace.text import display_path
-from hooktrace.summary import (
+from hooktrace.analysis.summary import (
     UNATTRIBUTED,
     StepTable,
     Summary,
@@ -79,7 +79,7 @@ _HEADERS = {
     )},
     "mfu": ("MFU", "model FLOPs utilization: forward + backward FLOPs over their time, "
                    "against the peak"),
-    # device time (trace(gpu=True), hooktrace.device_time)
+    # device time (trace(gpu=True), hooktrace.analysis.device_time)
     "gpu_calls": ("gpu_calls", "forward calls timed on the GPU"),
     "gpu_total_ns": ("gpu_total", "device time of the forward calls (recompute included) on "
                                   "the module's stream"),

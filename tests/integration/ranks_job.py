@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 import hooktrace
-from hooktrace.distributed import align_clocks, default_output_name, injected_offset_ns
+from hooktrace.record.distributed import align_clocks, default_output_name, injected_offset_ns
 
 SLEEP_S = 0.030
 

@@ -128,7 +128,7 @@ def finish(proc: subprocess.Popen[str], torch_abort_ok: bool = False) -> str:
 @pytest.fixture(scope="module")
 def can_attach(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Skips unless this machine lets a process attach to its child with gdb."""
-    from hooktrace._attach import check_target
+    from hooktrace.record.attach import check_target
     from hooktrace.errors import AttachError
 
     if sys.platform != "linux":

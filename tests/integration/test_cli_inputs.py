@@ -131,7 +131,7 @@ def test_export_refuses_a_start_or_end_beyond_any_run(option: str, run_file: Pat
 
 
 def test_filters_bound_start_and_end_for_the_api_too() -> None:
-    from hooktrace._filters import FilterError, Filters
+    from hooktrace.analysis._filters import FilterError, Filters
 
     with pytest.raises(FilterError, match="end must be a number of seconds within"):
         Filters(end=1e300)
@@ -168,7 +168,7 @@ def test_float_options_refuse_non_finite_and_out_of_range_values(
 
 
 def test_analyze_refuses_a_nan_threshold() -> None:
-    from hooktrace.stragglers import analyze
+    from hooktrace.analysis.stragglers import analyze
 
     with pytest.raises(ValueError, match="finite"):
         analyze([], threshold=float("nan"))
@@ -181,7 +181,7 @@ def test_summary_of_numerics_with_a_nan_prints_no_warning(tmp_path: Path) -> Non
     import warnings
 
     import hooktrace
-    from hooktrace.numerics import history
+    from hooktrace.analysis.numerics import history
 
     run = tmp_path / "nan.htrace"
     traced_run(run, tmp_path, "--numerics", nan=True)

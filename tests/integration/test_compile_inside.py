@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 import hooktrace
-from hooktrace.kernels import Kernels
+from hooktrace.analysis.kernels import Kernels
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 2
@@ -126,7 +126,7 @@ def test_a_module_fused_away_shows_fused_not_calls_0_and_0_ns() -> None:
 CACHED_SCRIPT = """
 import json, sys, warnings, torch, torch.nn as nn, hooktrace
 from torch._dynamo.utils import counters
-from hooktrace.kernels import Kernels
+from hooktrace.analysis.kernels import Kernels
 warnings.simplefilter("ignore")
 torch.manual_seed(0)
 from collections import OrderedDict
@@ -207,7 +207,7 @@ def _train_steps(compiled: bool, steps: int = 4) -> hooktrace.TraceResult:
 def test_compile_steps_are_told_apart_and_compile_time_shown_apart() -> None:
     from hooktrace.reporters.html import render_report
     from hooktrace.reading import CAT_BACKWARD
-    from hooktrace.summary import COMPILE_ROW, StepTable
+    from hooktrace.analysis.summary import COMPILE_ROW, StepTable
 
     result = _train_steps(compiled=True)
     compiles = result.info["compiles"]
@@ -240,7 +240,7 @@ def test_compile_steps_are_told_apart_and_compile_time_shown_apart() -> None:
 
 
 def test_an_eager_run_has_no_compile_step() -> None:
-    from hooktrace.summary import COMPILE_ROW, StepTable
+    from hooktrace.analysis.summary import COMPILE_ROW, StepTable
 
     result = _train_steps(compiled=False)
     assert "compiles" not in result.info

@@ -1,7 +1,7 @@
 """Per-module time inside torch.compile regions, from the kernels they ran (issue #18).
 
 A region compiled while a trace is active carries kernel marks; its kernels' measured
-time goes to the modules whose ops they run (hooktrace.kernels). The checks: a block
+time goes to the modules whose ops they run (hooktrace.analysis.kernels). The checks: a block
 whose one submodule is made clearly heavy shows that submodule first inside the
 block, forward and backward, holding most of the block's kernel time; every
 kernel is placed and named; the inner rows add up to the region's kernel time; the
@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 import hooktrace
-from hooktrace.kernels import Kernels, derived_spans
+from hooktrace.analysis.kernels import Kernels, derived_spans
 from models import tiny_gpt2
 
 REPO = Path(__file__).resolve().parents[2]
@@ -213,7 +213,7 @@ def test_exports_nest_kernel_slices_in_their_region_and_perfetto_keeps_them(
 
 
 def test_diff_and_report_tell_kernel_time_from_measured_calls(traced) -> None:
-    from hooktrace.diff import compare
+    from hooktrace.analysis.diff import compare
     from hooktrace.reporters.html import render_report
 
     how, compiled = traced
@@ -464,7 +464,7 @@ def test_modules_fused_whole_into_other_kernels_keep_a_fused_row(embedder_runs) 
 
 
 def test_diff_says_fused_in_b_not_only_in_a(embedder_runs) -> None:
-    from hooktrace.diff import compare
+    from hooktrace.analysis.diff import compare
 
     eager, compiled = embedder_runs
     d = compare(eager, compiled)

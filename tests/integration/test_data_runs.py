@@ -294,8 +294,8 @@ def test_duckdb_and_spark_give_identical_per_rank_module_totals(
         four_ranks: Path, four_ranks_parquet: Path, spark: Any) -> None:
     from hooktrace.data.engine import MODULE_TOTALS_SQL, connect
     from hooktrace.data.spark import module_totals, register
-    from hooktrace.stragglers import spark_summary
-    from hooktrace.stragglers import analyze
+    from hooktrace.analysis.stragglers import spark_summary
+    from hooktrace.analysis.stragglers import analyze
 
     on_duckdb = connect(four_ranks).sql(MODULE_TOTALS_SQL).to_arrow_table().to_pylist()
     on_parquet = connect(four_ranks_parquet).sql(MODULE_TOTALS_SQL).to_arrow_table().to_pylist()
@@ -399,9 +399,9 @@ def test_gpu_phases_of_the_straggler_tables_on_spark_and_duckdb(tmp_path: Path,
 
     from hooktrace.data.parquet import write_dataset
     from hooktrace.data.spark import register
-    from hooktrace.stragglers import spark_summary
-    from hooktrace.rankset import RankFile
-    from hooktrace.stragglers import _combine, analyze, reduce_rank
+    from hooktrace.analysis.stragglers import spark_summary
+    from hooktrace.analysis.rankset import RankFile
+    from hooktrace.analysis.stragglers import _combine, analyze, reduce_rank
 
     runs = {}
     for r, f in ((0, 400_000), (1, 420_000), (2, 3_400_000)):

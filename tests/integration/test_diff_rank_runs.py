@@ -15,8 +15,8 @@ from torch import nn
 
 import hooktrace
 from hooktrace.cli import main
-from hooktrace.diff import compare_paths
-from hooktrace.distributed import default_output_name
+from hooktrace.analysis.diff import compare_paths
+from hooktrace.record.distributed import default_output_name
 
 SLEEP_S = 0.02
 STEPS = 6

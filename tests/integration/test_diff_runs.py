@@ -10,7 +10,7 @@ from torch import nn
 
 import hooktrace
 from hooktrace.cli import main
-from hooktrace.diff import compare
+from hooktrace.analysis.diff import compare
 
 
 class Sleepy(nn.Module):
@@ -55,7 +55,7 @@ def test_a_run_with_steps_against_one_without_is_compared_per_run(tmp_path) -> N
     from torch import nn
 
     import hooktrace
-    from hooktrace.diff import compare, compare_paths
+    from hooktrace.analysis.diff import compare, compare_paths
 
     # GIVEN the same five training steps recorded with step marks (A) and without (B)
     torch.manual_seed(0)

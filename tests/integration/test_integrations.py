@@ -77,8 +77,8 @@ def test_hf_trainer_callback_records_numerics_and_shapes(
         hf_script: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
     """The callback passes trace() options on: numerics and shapes of a real Trainer run."""
     from hooktrace.integrations.hf import HooktraceCallback
-    from hooktrace.numerics import first_nonfinite
-    from hooktrace.shapes import ShapeTable
+    from hooktrace.analysis.numerics import first_nonfinite
+    from hooktrace.analysis.shapes import ShapeTable
 
     _, ns = hf_script
     with pytest.raises(TypeError, match="unknown option 'numeric'"):

@@ -28,7 +28,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 import hooktrace
 from hooktrace import _C
-from hooktrace.memory import span_memory
+from hooktrace.analysis.memory import span_memory
 from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD
 from models import ConvNet, tiny_bert
 
@@ -268,7 +268,7 @@ def test_counter_tracks_load_in_perfetto_with_the_recorded_values(tmp_path: Any)
     own trace processor, holds exactly the samples' values; every span survives too."""
     from perfetto_check import perfetto_check, trace_processor
 
-    from hooktrace.memory import counter_name, counter_points
+    from hooktrace.analysis.memory import counter_name, counter_points
 
     model = tiny_gpt2()
     x = _tokens(model)

@@ -30,7 +30,7 @@ from torch.utils.checkpoint import checkpoint
 
 import hooktrace
 from hooktrace._events import NUMERICS
-from hooktrace.numerics import Numerics, first_nonfinite, history
+from hooktrace.analysis.numerics import Numerics, first_nonfinite, history
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -441,7 +441,7 @@ def test_exports_carry_shapes_numerics_and_the_counter_in_perfetto(tmp_path: Pat
     the call's statistics, and the non-finite counter track holds the recorded counts."""
     from perfetto_check import perfetto_check, trace_processor
 
-    from hooktrace.numerics import COUNTER_NAME, counter_points
+    from hooktrace.analysis.numerics import COUNTER_NAME, counter_points
 
     model = Faulty(boom_at=3)
     with hooktrace.trace(model, numerics=True, shapes=True) as tr:

@@ -17,7 +17,7 @@ from pftrace_decode import chrome_slices
 from test_perfetto import train
 
 import hooktrace
-from hooktrace._filters import Filters
+from hooktrace.analysis._filters import Filters
 from hooktrace.cli import main
 from hooktrace.exporters.chrome import export_chrome
 from models import ConvNet, tiny_llama

@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 import hooktrace
-from hooktrace._kineto import ProfilerTraceError, us_to_ns
+from hooktrace.format._kineto import ProfilerTraceError, us_to_ns
 from hooktrace.merge import MergeError, attribute, merge_traces
-from hooktrace.profiling import merged_trace_handler
+from hooktrace.record.profiling import merged_trace_handler
 from models import ConvNet, tiny_bert, tiny_llama
 from trace_rows import load_json, our_rows, rows_of, strict_nesting_violations
 

@@ -27,7 +27,7 @@ from torch import nn
 import hooktrace
 from hooktrace._events import SHAPES
 from hooktrace.format import TraceFileError
-from hooktrace.shapes import parse_signature, span_shapes
+from hooktrace.analysis.shapes import parse_signature, span_shapes
 from hooktrace.reading import CAT_FORWARD, TraceData
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import hooktrace
-from hooktrace.summary import StepTable
+from hooktrace.analysis.summary import StepTable
 
 
 def model_and_opt() -> tuple[nn.Module, torch.optim.Optimizer]:

@@ -24,13 +24,17 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("file formats", {
         "hooktrace.format", "hooktrace.format.meta", "hooktrace.format.validate",
         "hooktrace.format.v2",
-        "hooktrace.format.stream", "hooktrace._kineto", "hooktrace._profiler_events"}),
+        "hooktrace.format.stream", "hooktrace.format._kineto",
+        "hooktrace.format._profiler_events"}),
     ("data", {"hooktrace.reading"}),
     ("analysis", {
-        "hooktrace.summary", "hooktrace.diff", "hooktrace._diff_inputs", "hooktrace.attribution",
-        "hooktrace.rankset", "hooktrace.stragglers", "hooktrace._filters", "hooktrace.memory",
-        "hooktrace.flops", "hooktrace.kernels", "hooktrace.numerics",
-        "hooktrace.shapes", "hooktrace.device_time", "hooktrace.data", "hooktrace.data.intervals", "hooktrace.data.schema",
+        "hooktrace.analysis", "hooktrace.analysis.summary", "hooktrace.analysis.diff",
+        "hooktrace.analysis._diff_inputs", "hooktrace.analysis.attribution",
+        "hooktrace.analysis.rankset", "hooktrace.analysis.stragglers",
+        "hooktrace.analysis._filters", "hooktrace.analysis.memory", "hooktrace.analysis.flops",
+        "hooktrace.analysis.kernels", "hooktrace.analysis.numerics", "hooktrace.analysis.shapes",
+        "hooktrace.analysis.device_time", "hooktrace.data", "hooktrace.data.intervals",
+        "hooktrace.data.schema",
         "hooktrace.data.tables", "hooktrace.data.parquet", "hooktrace.data.engine",
         "hooktrace.data.spark", "hooktrace.data.summary", "hooktrace.data.validate"}),
     ("outputs", {
@@ -51,10 +55,10 @@ LAYERS: list[tuple[str, set[str]]] = [
         "hooktrace.record.shapes", "hooktrace.record.numerics", "hooktrace.record.flops",
         "hooktrace.record.gpu_time",
         "hooktrace.record.emit", "hooktrace.record.kernel_marks",
-        "hooktrace.record.fused_numerics", "hooktrace.record.flight", "hooktrace.record.process_state",
-        "hooktrace.distributed",
-        "hooktrace._windows", "hooktrace.flight", "hooktrace.profiling", "hooktrace.launch",
-        "hooktrace._autostart", "hooktrace._attach", "hooktrace._attach_agent",
+        "hooktrace.record.fused_numerics", "hooktrace.record.flight",
+        "hooktrace.record.process_state", "hooktrace.record.distributed",
+        "hooktrace.record.windows", "hooktrace.record.profiling", "hooktrace.record.launch",
+        "hooktrace.record.attach", "hooktrace.record.attach_agent", "hooktrace._autostart",
         "hooktrace.integrations", "hooktrace.integrations.hf", "hooktrace.integrations.scalars",
         "hooktrace.integrations.lightning", "hooktrace.demo"}),
     ("commands", {
@@ -175,13 +179,16 @@ def test_the_checks_fail_on_a_bad_import(edit: str) -> None:
 
 
 @pytest.mark.parametrize("old", ["hooktrace.tracefile", "hooktrace.recording",
-                                 "hooktrace.global_recording"])
+                                 "hooktrace.global_recording",
+                                 # issue #37: the layers as folders
+                                 "hooktrace.summary", "hooktrace.launch", "hooktrace.flight",
+                                 "hooktrace._attach_agent", "hooktrace._kineto"])
 def test_old_module_paths_still_import_with_a_pointer(old: str) -> None:
     import importlib
     import subprocess
     import sys
 
-    from hooktrace._moved import MOVED, REMOVED_IN
+    from hooktrace._moved import MOVED, MOVED_BY, REMOVED_IN
 
     # a fresh interpreter: the old name must not be cached by an earlier import
     code = (f"import warnings; warnings.simplefilter('always')\n"
@@ -191,8 +198,31 @@ def test_old_module_paths_still_import_with_a_pointer(old: str) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.splitlines()
     assert out[0] == MOVED[old] == importlib.import_module(MOVED[old]).__name__
-    assert out[1] == (f"{old} moved to {MOVED[old]} (issue #16) and is removed in hooktrace "
-                      f"{REMOVED_IN}; import {MOVED[old]} instead")
+    issue = 37 if old.startswith(("hooktrace.summary", "hooktrace.launch", "hooktrace.flight",
+                                  "hooktrace._")) else 16
+    assert MOVED_BY[old][1] == issue
+    assert out[1] == (f"{old} moved to {MOVED[old]} (issue #{issue}) and is removed in "
+                      f"hooktrace {REMOVED_IN}; import {MOVED[old]} instead")
+
+
+def test_every_moved_name_points_at_a_module_that_exists() -> None:
+    from hooktrace._moved import MOVED
+
+    modules = set(all_modules())
+    assert not sorted(set(MOVED.values()) - modules)
+    assert not [old for old in MOVED if old in modules], "an old name is a module again"
+
+
+# The layers are folders (issue #37): what is left at the package's top is the public
+# names, the command line's entry and the leaf helpers every layer shares.
+MAX_TOP_LEVEL = 20
+
+
+def test_few_modules_at_the_top_of_the_package() -> None:
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL, (
+        f"{len(top)} modules directly in hooktrace/ (at most {MAX_TOP_LEVEL}): {top}; "
+        "put the new one in its layer's folder")
 
 
 def _release(version: str) -> tuple[int, ...]:
@@ -228,7 +258,7 @@ def test_moved_names_say_where_they_went() -> None:
     from hooktrace.result import TraceResult
 
     with pytest.raises(AttributeError, match=r"^hooktrace.merge.profile moved to "
-                                             r"hooktrace.profiling.profile"):
+                                             r"hooktrace.record.profiling.profile"):
         hooktrace.merge.profile  # noqa: B018
     data = build_trace(build_events([]), [("", "Net")], clock=Clock(0, 0, 1.0), cls=TraceData,
                        pid=1, hostname="h")
@@ -265,7 +295,7 @@ def test_every_package_is_installed() -> None:
 #    is no import, so the native core is never flagged.
 # 2. The recorder's state is its own: outside ``hooktrace/record/``, no
 #    ``getattr(x, "_state", ...)`` and no ``x._state`` on anything but ``self``
-#    (``flight.FlightRecorder`` and ``_windows.StepMarks`` are mixins of the Recorder
+#    (``flight.FlightRecorder`` and ``windows.StepMarks`` are mixins of the Recorder
 #    and read their own ``self._state``). Others ask ``Recorder.done``.
 # 3. No mutable module-level state outside ``hooktrace/record/``: a module-level name
 #    bound to a list/dict/set literal or comprehension, or to a call of ``list``,

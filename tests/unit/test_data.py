@@ -182,7 +182,7 @@ def test_windows_are_a_window_partition_in_step_order(tmp_path: Path) -> None:
 @pytest.mark.parametrize("source", ["htrace", "parquet"])
 def test_straggler_tables_on_duckdb_equal_the_pools(rank_dir: Path, dataset: Path,
                                                     source: str, tmp_path: Path) -> None:
-    from hooktrace.stragglers import analyze
+    from hooktrace.analysis.stragglers import analyze
 
     def doc(report: Any) -> dict[str, Any]:
         d = json.loads(report.to_json())
@@ -236,8 +236,8 @@ def test_straggler_gpu_phases_on_sql_equal_the_pools() -> None:
     from hooktrace.data.engine import straggler_tables
     from hooktrace.data.schema import TABLES, file_schema
     from hooktrace.data.tables import Where, batches
-    from hooktrace.rankset import RankFile
-    from hooktrace.stragglers import _combine, reduce_rank, summary_from_tables
+    from hooktrace.analysis.rankset import RankFile
+    from hooktrace.analysis.stragglers import _combine, reduce_rank, summary_from_tables
 
     runs = _gpu_ranks()
     files = [RankFile.from_trace(f"run.rank{r}.htrace", run) for r, run in enumerate(runs)]
@@ -276,11 +276,11 @@ def _same_parts(a: Any, b: Any) -> None:
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])
 def test_diff_numbers_on_duckdb_equal_numpys(seed: int) -> None:
-    """hooktrace.diff's per-file numbers (p50s, IQRs, per-step columns, whole-run sums,
+    """hooktrace.analysis.diff's per-file numbers (p50s, IQRs, per-step columns, whole-run sums,
     every call when pooled, device time) from SQL equal numpy's exactly, on damaged
     multi-thread streams, backward spans with eval calls, and CUDA runs with device time
     (a kernel site without host span, one step, none)."""
-    from hooktrace.diff import _part, _sql_part
+    from hooktrace.analysis.diff import _part, _sql_part
 
     runs = [build_trace(random_stream(seed)), build_trace(random_stream(seed, p_node=0.2)),
             backward_trace(seed)]

@@ -1,4 +1,4 @@
-"""hooktrace.diff and `hooktrace diff` on synthetic runs with step marks."""
+"""hooktrace.analysis.diff and `hooktrace diff` on synthetic runs with step marks."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from conftest import build_trace, events_from
 from hooktrace._events import ENTER, EXIT, STEP
 from hooktrace.cli import main
-from hooktrace.diff import DiffInputError, compare
+from hooktrace.analysis.diff import DiffInputError, compare
 from hooktrace.reading import TraceData
 
 MODULES = [("", "Net"), ("a", "Linear"), ("b", "Linear"), ("c", "ReLU")]

@@ -15,8 +15,8 @@ from conftest import build_trace, events_from
 
 from hooktrace._events import ENTER, EXIT, STEP, Clock
 from hooktrace.cli import main
-from hooktrace.diff import Diff, DiffInputError, compare, compare_paths, compare_ranks
-from hooktrace.distributed import default_output_name
+from hooktrace.analysis.diff import Diff, DiffInputError, compare, compare_paths, compare_ranks
+from hooktrace.record.distributed import default_output_name
 from hooktrace.reading import TraceData, load
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,10 +29,10 @@ MODULES = [("", "Net"), ("a", "Linear"), ("b", "Linear")]
 def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Every test here on both engines of compare_paths (issue #29: the same diff from
     the worker pool's numpy and from DuckDB's SQL): the tests' compare_paths and the
-    CLI's (hooktrace.diff.compare_paths) take the engine."""
+    CLI's (hooktrace.analysis.diff.compare_paths) take the engine."""
     import functools
 
-    import hooktrace.diff as diff_module
+    import hooktrace.analysis.diff as diff_module
 
     if request.param == "duckdb":
         pytest.importorskip("duckdb", reason="the data extra (duckdb) is not installed")

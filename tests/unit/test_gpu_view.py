@@ -11,7 +11,7 @@ import json
 import pytest
 from conftest import GPU_STEP_NS, GPU_T0, gpu_trace
 
-from hooktrace.device_time import LAUNCH_NOTE, kernel_label, timed_steps
+from hooktrace.analysis.device_time import LAUNCH_NOTE, kernel_label, timed_steps
 
 # per module over the two synthetic steps (conftest.gpu_trace's docstring)
 DEVICE = {  # gpu_calls, gpu_total, gpu_self, gpu_bwd_total, gpu_bwd_self
@@ -118,7 +118,7 @@ def test_kernel_rows_are_labelled_launch_time_without_device_time():
     assert kernel_label(gpu_trace()) == "kernels"
     assert kernel_label(gpu_trace(gpu=False, accelerator=None)) == "kernels"
     # a summary row timed from kernel marks, on each kind of run
-    from hooktrace.summary import Summary
+    from hooktrace.analysis.summary import Summary
 
     for trace, label in ((cuda, "[kernel launches]"), (gpu_trace(gpu=False, accelerator=None),
                                                         "[kernels]")):
@@ -152,7 +152,7 @@ def test_timed_steps_with_gpu_every():
 
 
 def test_diff_compares_device_time_and_gates_on_it():
-    from hooktrace.diff import compare
+    from hooktrace.analysis.diff import compare
 
     # B: fc1's device time doubled (400 -> 800 µs per call), host times the same
     d = compare(gpu_trace(), gpu_trace(fc1_gpu_ns=800_000))
@@ -176,7 +176,7 @@ def test_diff_compares_device_time_and_gates_on_it():
 
 
 def test_diff_gate_ignores_host_rows_when_both_have_device_time():
-    from hooktrace.diff import compare
+    from hooktrace.analysis.diff import compare
 
     # B: fc2's host time doubled (launch time), device time the same
     d = compare(gpu_trace(), gpu_trace(fc2_host_ns=320_000))
@@ -188,7 +188,7 @@ def test_diff_gate_ignores_host_rows_when_both_have_device_time():
 
 
 def test_diff_one_run_without_device_time_compares_host_time():
-    from hooktrace.diff import compare
+    from hooktrace.analysis.diff import compare
 
     d = compare(gpu_trace(gpu=False), gpu_trace(fc1_gpu_ns=800_000))
     assert not d.gpu and d.failures(50.0, min_share=0.0) == []
@@ -197,7 +197,7 @@ def test_diff_one_run_without_device_time_compares_host_time():
 
 
 def test_diff_ranks_gate_on_device_time():
-    from hooktrace.diff import compare_ranks
+    from hooktrace.analysis.diff import compare_ranks
 
     d = compare_ranks({0: gpu_trace(), 1: gpu_trace()},
                       {0: gpu_trace(), 1: gpu_trace(fc1_gpu_ns=600_000)})
@@ -207,7 +207,7 @@ def test_diff_ranks_gate_on_device_time():
 
 
 def test_diff_cli_gate_names_the_gpu_row(monkeypatch, capsys):
-    import hooktrace.diff as diff
+    import hooktrace.analysis.diff as diff
     from hooktrace.cli import main
 
     monkeypatch.setattr(diff, "compare_paths", lambda a, b, workers=None: diff.compare(
@@ -218,7 +218,7 @@ def test_diff_cli_gate_names_the_gpu_row(monkeypatch, capsys):
 
 
 def test_diff_kernel_rows_of_a_cuda_run_without_device_time_are_launches():
-    from hooktrace.diff import _label
+    from hooktrace.analysis.diff import _label
 
     row = {"module": "attn", "phase": "forward", "timing_a": "kernels", "timing_b": "kernels"}
     assert _label(row, launch=True) == "attn [kernel launches] forward"
@@ -279,7 +279,7 @@ def _shaped(**kw):
 
 
 def test_by_shape_carries_device_time():
-    from hooktrace.shapes import ShapeTable
+    from hooktrace.analysis.shapes import ShapeTable
 
     table = ShapeTable.from_trace(_shaped())
     assert table.gpu
@@ -300,7 +300,7 @@ def test_by_shape_carries_device_time():
 
 
 def test_by_shape_without_device_time_is_unchanged():
-    from hooktrace.shapes import ShapeTable
+    from hooktrace.analysis.shapes import ShapeTable
 
     table = ShapeTable.from_trace(_shaped(gpu=False))
     assert not table.gpu and "gpu" not in table.to_text() and "gpu" not in table.to_csv()
@@ -311,8 +311,8 @@ def test_by_shape_without_device_time_is_unchanged():
 
 
 def _ranks(*traces):
-    from hooktrace.rankset import RankFile
-    from hooktrace.stragglers import _combine, reduce_rank
+    from hooktrace.analysis.rankset import RankFile
+    from hooktrace.analysis.stragglers import _combine, reduce_rank
 
     stats = [reduce_rank(t, RankFile.from_trace(f"rank{i}.htrace", t))
              for i, t in enumerate(traces)]
@@ -395,7 +395,7 @@ def test_chrome_export_draws_a_gpu_row_per_device_and_stream(tmp_path):
 def test_chrome_export_window_clips_the_gpu_rows():
     import io
 
-    from hooktrace._filters import Filters
+    from hooktrace.analysis._filters import Filters
     from hooktrace.exporters.chrome import write_chrome
 
     b = io.BytesIO()

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from conftest import build_trace, events_from
 
-from hooktrace import _kineto
+from hooktrace.format import _kineto
 from hooktrace._events import ENTER, EXIT, Clock
-from hooktrace._kineto import ProfilerTraceError, us_to_ns
-from hooktrace._profiler_events import NODE_PREFIX, collect
+from hooktrace.format._kineto import ProfilerTraceError, us_to_ns
+from hooktrace.format._profiler_events import NODE_PREFIX, collect
 from hooktrace.cli import main
 from hooktrace.merge import (
     MergeError,
@@ -685,8 +685,8 @@ def test_ops_outside_every_module_call_are_optimizer_or_other_not_forward():
 
 
     from hooktrace._events import Clock
-    from hooktrace._profiler_events import collect
-    from hooktrace.attribution import attribute_events
+    from hooktrace.format._profiler_events import collect
+    from hooktrace.analysis.attribution import attribute_events
     from hooktrace.reading import TraceData
 
     # GIVEN a module call (1-9 us), the loss after it and an optimizer step after that

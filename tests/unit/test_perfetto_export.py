@@ -12,7 +12,7 @@ from conftest import backward_trace, build_trace, random_stream
 from pftrace_decode import chrome_slices, decode
 
 from hooktrace._events import Clock
-from hooktrace._filters import FilterError, Filters, parse_steps, select_spans
+from hooktrace.analysis._filters import FilterError, Filters, parse_steps, select_spans
 from hooktrace.cli import main
 from hooktrace.exporters.chrome import write_chrome
 from hooktrace.exporters.perfetto import write_perfetto

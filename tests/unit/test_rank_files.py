@@ -15,7 +15,7 @@ from conftest import build_trace, events_from
 
 from hooktrace._events import ENTER, EXIT, FLAG_NO_GRAD, STEP, Clock
 from hooktrace.cli import main
-from hooktrace.distributed import (
+from hooktrace.record.distributed import (
     ClockOffset,
     clock_offset_summary,
     default_output_name,
@@ -23,9 +23,9 @@ from hooktrace.distributed import (
     rank_info,
 )
 from hooktrace.exporters.ranks import merge_ranks
-from hooktrace.rankset import RankSet, RankSetError
+from hooktrace.analysis.rankset import RankSet, RankSetError
 from hooktrace.reading import TraceData, load
-from hooktrace.stragglers import _median_of_others, analyze
+from hooktrace.analysis.stragglers import _median_of_others, analyze
 from hooktrace.format import TraceFileError
 
 T0 = 1_790_000_000 * 10**9  # a Unix time in ns

@@ -10,7 +10,7 @@ from hooktrace import reading
 from hooktrace._events import EVENT_DTYPE
 from hooktrace.reading import NO_PASS, Nodes, Spans, TraceData
 from hooktrace.result import load
-from hooktrace.summary import Summary
+from hooktrace.analysis.summary import Summary
 from hooktrace.format import TraceFileError
 
 

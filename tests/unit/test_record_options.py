@@ -157,7 +157,7 @@ def test_every_option_has_its_help_once() -> None:
 def test_run_flags_read_the_help_table() -> None:
     import argparse
 
-    from hooktrace.launch import add_options
+    from hooktrace.record.launch import add_options
 
     p = argparse.ArgumentParser()
     add_options(p)
@@ -179,7 +179,7 @@ def test_run_reports_record_options_errors_as_flags(argv: list[str], message: st
     import argparse
 
     from hooktrace.errors import OptionError
-    from hooktrace.launch import add_options, options_from_args
+    from hooktrace.record.launch import add_options, options_from_args
 
     p = argparse.ArgumentParser()
     add_options(p)
@@ -280,7 +280,7 @@ def test_a_toy_components_options_are_record_options(toy: Any) -> None:
 def _run_parser() -> Any:
     import argparse
 
-    from hooktrace.launch import add_options
+    from hooktrace.record.launch import add_options
 
     p = argparse.ArgumentParser(prog="hooktrace run")
     add_options(p)
@@ -289,7 +289,7 @@ def _run_parser() -> Any:
 
 def test_a_toy_components_options_are_run_flags(toy: Any, tmp_path: Path) -> None:
     from hooktrace.errors import OptionError
-    from hooktrace.launch import options_from_args
+    from hooktrace.record.launch import options_from_args
 
     p = _run_parser()
     text = " ".join(p.format_help().split())
@@ -310,7 +310,7 @@ def test_a_toy_components_options_are_run_flags(toy: Any, tmp_path: Path) -> Non
 
 def test_a_toy_components_options_are_environment_options(toy: Any, tmp_path: Path) -> None:
     from hooktrace.errors import OptionError
-    from hooktrace.launch import options_from_env
+    from hooktrace.record.launch import options_from_env
 
     env = {"HOOKTRACE_OUT": os.fspath(tmp_path / "e.htrace"),
            "HOOKTRACE_OPTIONS": "--toy --toy-every 2 --no-backward"}
@@ -334,7 +334,7 @@ def test_a_toy_components_options_are_the_callbacks_keywords(toy: Any) -> None:
 def test_run_streams_with_the_stream_capacity(tmp_path: Path) -> None:
     # hooktrace run streams its .htrace: the capacity's default is the stream's (1 Mi
     # events in flight), not the in-memory trace's 8 Mi (as before issue #27)
-    from hooktrace.launch import options_from_args
+    from hooktrace.record.launch import options_from_args
 
     p = _run_parser()
     out = tmp_path / "s.htrace"
@@ -347,7 +347,7 @@ def test_run_streams_with_the_stream_capacity(tmp_path: Path) -> None:
 
 
 def test_dump_on_nonfinite_turns_numerics_on(tmp_path: Path) -> None:
-    from hooktrace.launch import options_from_args
+    from hooktrace.record.launch import options_from_args
 
     p = _run_parser()
     record = options_from_args(p.parse_args(["-o", os.fspath(tmp_path / "n.htrace"),

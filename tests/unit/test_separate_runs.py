@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from hooktrace.rankset import RankFile, RankSet, RankSetError, separate_runs
+from hooktrace.analysis.rankset import RankFile, RankSet, RankSetError, separate_runs
 
 
 def rank_file(path: str, rank: int | None, world: int | None = 2, *, pid: int = 1,
@@ -79,8 +79,8 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_rank_sets_and_diff_refuse_the_same_inputs(case: str, tmp_path: Any) -> None:
-    from hooktrace._diff_inputs import DiffInputError, FileMeta, group
-    from hooktrace.rankset import check_one_run
+    from hooktrace.analysis._diff_inputs import DiffInputError, FileMeta, group
+    from hooktrace.analysis.rankset import check_one_run
 
     rows, kind = CASES[case]
     ranks = [rank_file(str(tmp_path / p), r, w, pid=pid, start=a, stop=b)
@@ -114,7 +114,7 @@ def test_one_ranks_windows_do_not_make_separate_runs() -> None:
 
 
 def test_the_files_named_are_those_that_show_it() -> None:
-    from hooktrace.rankset import check_one_run
+    from hooktrace.analysis.rankset import check_one_run
 
     # rank 0 stopped at 400 (its last window), rank 1 started at 500
     files = [rank_file("r0.a", 0, pid=1, start=0, stop=100),

@@ -1,4 +1,4 @@
-"""FLOP args on exported spans (hooktrace.flops, "On the spans"), on synthetic runs.
+"""FLOP args on exported spans (hooktrace.analysis.flops, "On the spans"), on synthetic runs.
 
 The real-model checks (counts equal FlopCounterMode's, Perfetto's importer) are in
 tests/integration/test_flops_args.py.
@@ -17,10 +17,10 @@ from conftest import backward_trace, build_events, build_trace
 from pftrace_decode import chrome_slices, decode
 
 from hooktrace._events import ENTER, EXIT
-from hooktrace._filters import Filters
+from hooktrace.analysis._filters import Filters
 from hooktrace.exporters.chrome import write_chrome
 from hooktrace.exporters.perfetto import write_perfetto
-from hooktrace.flops import FlopInfoError, _root_call, span_flops
+from hooktrace.analysis.flops import FlopInfoError, _root_call, span_flops
 from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, CAT_RECOMPUTE, SPAN_UNFINISHED
 
 SPAN_CATS = ("hooktrace.forward", "hooktrace.backward", "hooktrace.recompute")

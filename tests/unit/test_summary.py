@@ -14,7 +14,7 @@ from conftest import NODE_NAMES, backward_trace, build_events, build_trace, even
 
 from hooktrace._events import ENTER, EXIT, Clock
 from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, CAT_RECOMPUTE
-from hooktrace.summary import UNATTRIBUTED, Summary, format_ns
+from hooktrace.analysis.summary import UNATTRIBUTED, Summary, format_ns
 
 CLOCK = Clock(ticks0=0, unix_ns0=1_700_000_000_000_000_000, ns_per_tick=1.37)
 
@@ -375,7 +375,7 @@ def _three_steps(**info):
 
 
 def test_compile_steps_are_left_out_and_compile_time_is_a_row_of_its_own():
-    from hooktrace.summary import COMPILE_ROW, StepTable
+    from hooktrace.analysis.summary import COMPILE_ROW, StepTable
 
     trace = _three_steps(compiles=[[100, 900, 1, "dynamo"]])
     s = trace.summary()
@@ -393,7 +393,7 @@ def test_compile_steps_are_left_out_and_compile_time_is_a_row_of_its_own():
 
 def test_a_file_without_compile_metadata_or_with_bad_entries_loads_as_before():
     from hooktrace.reading import compile_intervals
-    from hooktrace.summary import COMPILE_ROW
+    from hooktrace.analysis.summary import COMPILE_ROW
 
     plain = _three_steps().summary()
     bad = _three_steps(compiles=[["x", 1, 1], [900, 100, 1], 7, [True, 2, 1]]).summary()
@@ -423,7 +423,7 @@ def test_memory_notes_of_a_cuda_device_fit_120_columns() -> None:
 
 def test_self_time_has_one_definition() -> None:
     """Issue #37: a span's self time (a compiled region's from its kernels, less the
-    compile time inside it) is derived in one place, hooktrace.kernels.span_self_ns;
+    compile time inside it) is derived in one place, hooktrace.analysis.kernels.span_self_ns;
     summary, diff and the Parquet tables call it instead of re-deriving it (summary
     and the tables had the compile carve-out, diff did not)."""
     import re

@@ -15,7 +15,7 @@ from conftest import build_events, build_trace, random_stream
 
 import hooktrace.reading as reading
 from hooktrace._events import ENTER, EVENT_DTYPE, EXIT, MEM_CPU, NODE_BEGIN, NODE_END, Clock
-from hooktrace.summary import Summary
+from hooktrace.analysis.summary import Summary
 from hooktrace.format import (
     FORMAT_VERSION,
     HEADER_SIZE,
@@ -522,7 +522,7 @@ def test_time_going_back_inside_one_run_of_a_thread_is_refused(tmp_path):
 
 
 def test_memory_samples_are_range_checked(tmp_path):
-    """A memory sample's bytes and peak are int64 >= 0 (hooktrace.memory); a wild value
+    """A memory sample's bytes and peak are int64 >= 0 (hooktrace.analysis.memory); a wild value
     is named with its event and field, never read as a negative byte count."""
     ev = build_events([(1, ENTER, 0, 1), (1, MEM_CPU, 0, 1), (1, EXIT, 0, 2),
                        (1, MEM_CPU, 0, 2)])

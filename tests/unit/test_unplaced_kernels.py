@@ -11,10 +11,10 @@ import numpy as np
 from conftest import build_events, build_trace
 
 from hooktrace._events import ENTER, EXIT, KERNEL_BEGIN, KERNEL_END, NODE_BEGIN, NODE_END
-from hooktrace.attribution import _SeqOwner
+from hooktrace.analysis.attribution import _SeqOwner
 from hooktrace.exporters._layout import kernel_slices, plan_export
 from hooktrace.exporters.chrome import write_chrome
-from hooktrace.kernels import Kernels
+from hooktrace.analysis.kernels import Kernels
 
 SITES = [["cpp_fused_0", "0", "forward"], ["extern_kernels.addmm", "2", "forward"]]
 

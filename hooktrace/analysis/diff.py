@@ -20,7 +20,7 @@ Modules are matched by qualified name, so the same model traced twice (or a
 model whose code changed inside one module) compares row for row.
 
 **Inputs** (:func:`compare_paths`, ``hooktrace diff A B``; the rules in
-``hooktrace._diff_inputs``). A and B are each a ``.htrace`` file or a directory
+``hooktrace.analysis._diff_inputs``). A and B are each a ``.htrace`` file or a directory
 (searched recursively), grouped by the files' metadata:
 
 * *Schedule windows* (files written by ``hooktrace.window_handler(DIR)``, with
@@ -29,7 +29,7 @@ model whose code changed inside one module) compares row for row.
   of every window. ``PATH:N`` compares window ``N`` alone (in step order; 0 the
   first, -1 the last), e.g. ``diff traces:0 traces:-1`` to see a run drift.
 * *Rank directories* (files with a ``rank``, one process per rank, e.g. what
-  ``hooktrace.distributed.default_output_name("DIR/")`` names) are compared
+  ``hooktrace.record.distributed.default_output_name("DIR/")`` names) are compared
   **rank by rank** with another rank directory; each rank's files may be
   windows, pooled or picked with ``:N`` as above. A row shows the rank where
   the module slowed most (largest change of self time per step, then of time
@@ -50,7 +50,7 @@ one directory (with and without ranks, different world sizes, two processes for
 one rank, ranks whose recorded intervals do not overlap, overlapping windows),
 a corrupt file (named), a window index a process lacks.
 
-**Cost.** Every file is read once, by :func:`hooktrace.rankset.map_ranks`
+**Cost.** Every file is read once, by :func:`hooktrace.analysis.rankset.map_ranks`
 (worker processes from 4 files on, ``workers=``), and reduced there to
 per-(module, phase) numbers per complete step; a window file also keeps every
 call's duration (8 bytes per call), since a p50 over pooled windows needs them
@@ -92,7 +92,7 @@ from typing import Any
 
 import numpy as np
 
-from hooktrace._diff_inputs import (
+from hooktrace.analysis._diff_inputs import (
     DiffInputError,
     FileMeta,
     Side,
@@ -102,9 +102,9 @@ from hooktrace._diff_inputs import (
     group,
     parse_spec,
 )
-from hooktrace.device_time import gpu_recorded, launch_time_only, module_gpu
-from hooktrace.kernels import derived_spans, fused_modules, span_self_ns
-from hooktrace.rankset import map_ranks
+from hooktrace.analysis.device_time import gpu_recorded, launch_time_only, module_gpu
+from hooktrace.analysis.kernels import derived_spans, fused_modules, span_self_ns
+from hooktrace.analysis.rankset import map_ranks
 from hooktrace._events import SPAN_DEFINITION, SPAN_DEFINITIONS, span_definition
 from hooktrace.reading import (
     CAT_BACKWARD,
@@ -121,7 +121,7 @@ __all__ = ["ENGINES", "GPU_PHASES", "PHASES", "Diff", "DiffInputError", "compare
 # "eval": forward calls made with grad off or in eval mode (SPAN_EVAL), compared apart
 # from the training calls of the same module.
 PHASES = {"forward": CAT_FORWARD, "backward": CAT_BACKWARD, "eval": CAT_FORWARD}
-# Device time (trace(gpu=True), hooktrace.device_time): the same phases on the GPU, rows
+# Device time (trace(gpu=True), hooktrace.analysis.device_time): the same phases on the GPU, rows
 # of their own ("gpu forward": forward and recompute, as the summary's gpu_total). When
 # both runs have them, the gate (``failures``) checks these rows and the step only.
 GPU_PHASES = ("gpu forward", "gpu backward", "gpu eval")
@@ -191,14 +191,14 @@ class _Part:
     run: dict[Key, tuple[float, float, float]] = field(default_factory=dict)  # total, self, calls
     run_root_ns: float = 0.0
     # per key, when not "measured": "kernels" (kernel-derived inside compiled regions,
-    # hooktrace.kernels) or "measured+kernels"
+    # hooktrace.analysis.kernels) or "measured+kernels"
     timing: dict[Key, str] = field(default_factory=dict)
     # the median call's self time; every call's self time, sorted, as calls_ns
     p50_self: dict[Key, float] = field(default_factory=dict)
     self_calls_ns: dict[Key, np.ndarray] | None = None
     # the interquartile range of the calls' durations (for a run without steps' noise)
     iqr: dict[Key, float] = field(default_factory=dict)
-    gpu: bool = False  # device time recorded (the GPU_PHASES keys, hooktrace.device_time)
+    gpu: bool = False  # device time recorded (the GPU_PHASES keys, hooktrace.analysis.device_time)
     launch: bool = False  # a CUDA run without device time: host times are launch times
     fused: set[Key] = field(default_factory=set)  # as _RunStats.fused
 
@@ -265,7 +265,7 @@ def _part(trace: TraceData, keep_calls: bool = False) -> _Part:
     # region span's step, never roots; the regions' self time less theirs (as summary)
     d = derived_spans(trace)
     dur = spans.duration_ns
-    # the one definition (hooktrace.kernels.span_self_ns): compile time too is the
+    # the one definition (hooktrace.analysis.kernels.span_self_ns): compile time too is the
     # <torch.compile> row's, not its span's (summary had it; diff did not)
     self_ns = span_self_ns(spans, d, compile_intervals(trace.info))
     module_of, cat_of, flags, parent = spans.module, spans.cat, spans.flags, spans.parent
@@ -532,7 +532,8 @@ def _pool(parts: Sequence[_Part]) -> _RunStats:
         for p in parts:
             if key in p.types:
                 if p.calls_ns is None or p.self_calls_ns is None:
-                    raise ValueError("hooktrace.diff: a part to pool was made without its calls")
+                    raise ValueError("hooktrace.analysis.diff: a part to pool was made "
+                                     "without its calls")
                 calls_ns.append(p.calls_ns[key])
                 self_calls_ns.append(p.self_calls_ns[key])
         every = np.concatenate(calls_ns)
@@ -575,7 +576,7 @@ def _parts(trace: TraceData | Sequence[TraceData]) -> list[_Part]:
     trace = as_data(trace)
     traces = [trace] if isinstance(trace, TraceData) else [as_data(t) for t in trace]
     if not traces:
-        raise ValueError("hooktrace.diff: a run of no trace")
+        raise ValueError("hooktrace.analysis.diff: a run of no trace")
     return [_part(t, keep_calls=len(traces) > 1) for t in traces]
 
 
@@ -1114,7 +1115,7 @@ def compare_paths(a: str, b: str, *, workers: int | None = None,
     file) for inputs that are not one run or cannot be compared.
 
     ``engine``: ``"pool"`` (the default: worker processes reducing each file with
-    numpy, :func:`~hooktrace.rankset.map_ranks`) or ``"duckdb"`` (the same numbers as
+    numpy, :func:`~hooktrace.analysis.rankset.map_ranks`) or ``"duckdb"`` (the same numbers as
     SQL over each file's tables, :func:`hooktrace.data.engine.diff_tables`, in
     ``workers`` threads). Both give the same diff (tested); benchmarks/ranks.py
     ``--engines diff-pool,diff-duckdb`` times them (benchmarks/RESULTS.md, issue #29).

@@ -18,7 +18,7 @@ Rules:
 * **Inside compiled regions** (issue #18): an op that ran inside a kernel mark
   (an extern kernel's ``aten::mm``, a C++ kernel's ``RECORD_FUNCTION`` with
   Inductor's ``cpp.enable_kernel_profile``) belongs to that kernel's module and
-  phase (:mod:`hooktrace.kernels`), forward or backward, instead of the region.
+  phase (:mod:`hooktrace.analysis.kernels`), forward or backward, instead of the region.
 * **GPU**: a kernel (or memcpy/memset) belongs where its launch
   (``cudaLaunchKernel``...) does, found by the ``correlation`` arg, else by the
   ``ac2g`` flow from launch to kernel.
@@ -31,7 +31,7 @@ the module by time.
 Example:
     >>> import io, numpy as np
     >>> from hooktrace._events import EVENT_DTYPE, Clock
-    >>> from hooktrace._profiler_events import collect
+    >>> from hooktrace.format._profiler_events import collect
     >>> from hooktrace.reading import TraceData
     >>> ev = np.zeros(2, EVENT_DTYPE); ev["kind"] = [1, 2]; ev["t"] = [1000, 9000]; ev["tid"] = 7
     >>> run = TraceData(ev, [("fc", "Linear")], [], Clock(0, 0, 1.0),
@@ -56,13 +56,13 @@ from typing import Any
 import numpy as np
 
 from hooktrace._events import ENTER, EXIT
-from hooktrace._profiler_events import (
+from hooktrace.format._profiler_events import (
     CAT_CPU_OP,
     CAT_LAUNCH,
     NODE_PREFIX,
     ProfilerEvents,
 )
-from hooktrace.kernels import CONTAINER_TYPES, Kernels
+from hooktrace.analysis.kernels import CONTAINER_TYPES, Kernels
 from hooktrace.reading import CAT_BACKWARD, TraceData
 from hooktrace.text import format_ns, text_lines
 
@@ -140,7 +140,7 @@ class Attribution:
             out.append(f"{c['attributed_gpu']} of {c['gpu_activities']} GPU activities attributed")
         if c.get("in_kernels"):
             out.append(f"{c['in_kernels']} ops ran inside compiled regions' kernels: attributed "
-                       "to the kernels' modules (hooktrace.kernels)")
+                       "to the kernels' modules (hooktrace.analysis.kernels)")
         return text_lines(out)
 
     def __str__(self) -> str:

@@ -178,7 +178,7 @@ def flop_columns(info: Any, spans: Spans, modules: Sequence[tuple[str, str]],
 
     ``durations`` (per span) replaces the spans' host durations, and ``timed`` (per
     span, bool) keeps TFLOP/s and MFU to those spans: the device time of the calls
-    that were timed on the GPU (``trace(gpu=True)``, hooktrace.device_time)."""
+    that were timed on the GPU (``trace(gpu=True)``, hooktrace.analysis.device_time)."""
     from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD
 
     sigs, calls, counted = _parse(info)

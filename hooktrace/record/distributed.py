@@ -5,7 +5,7 @@ live there (issue #27).
 
 Example::
 
-    from hooktrace.distributed import align_clocks, default_output_name
+    from hooktrace.record.distributed import align_clocks, default_output_name
     with hooktrace.trace(model) as tr:
         align_clocks()                 # collective: every rank calls it (start)
         train()

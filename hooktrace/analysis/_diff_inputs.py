@@ -18,7 +18,7 @@ at the same time), all signs of traces of different runs in one directory; two f
 of one process that are not distinct windows; a window index that a process lacks.
 
 This module only reads metadata (:class:`FileMeta`, built from a loaded trace);
-``hooktrace.diff`` computes the numbers.
+``hooktrace.analysis.diff`` computes the numbers.
 
 Example:
     >>> import tempfile
@@ -40,7 +40,7 @@ from itertools import pairwise
 from typing import Any
 
 from hooktrace.errors import HooktraceError
-from hooktrace.rankset import NotOneRun, RankFile, check_one_run, find_rank_files
+from hooktrace.analysis.rankset import NotOneRun, RankFile, check_one_run, find_rank_files
 from hooktrace.reading import TraceData
 
 __all__ = ["DiffInputError", "FileMeta", "Side", "file_meta", "find_files", "group",

@@ -102,7 +102,7 @@ class ShapeTable:
 
     COLUMNS = ("module", "type", "mode", "in_shapes", "out_shapes", "calls", "total_ns",
                "mean_ns", "p50_ns", "p99_ns", "bwd_calls", "bwd_total_ns")
-    # with device time (trace(gpu=True), hooktrace.device_time): after the shapes, and the
+    # with device time (trace(gpu=True), hooktrace.analysis.device_time): after the shapes, and the
     # rows sorted by gpu_total + gpu_bwd_total
     GPU_COLUMNS = ("gpu_calls", "gpu_total_ns", "gpu_p50_ns", "gpu_bwd_total_ns")
 
@@ -119,7 +119,7 @@ class ShapeTable:
 
     @classmethod
     def from_trace(cls, trace: TraceData) -> ShapeTable:
-        from hooktrace.device_time import gpu_recorded, span_gpu
+        from hooktrace.analysis.device_time import gpu_recorded, span_gpu
         from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL
 
         if not shapes_recorded(trace):

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hooktrace.device_time import (
+from hooktrace.analysis.device_time import (
     GPU_COLUMNS,
     LAUNCH_NOTE,
     gpu_notes,
@@ -36,8 +36,8 @@ from hooktrace.device_time import (
     module_gpu,
     span_gpu,
 )
-from hooktrace.kernels import Derived, Kernels, derived_spans, fused_modules, span_self_ns
-from hooktrace.numerics import (
+from hooktrace.analysis.kernels import Derived, Kernels, derived_spans, fused_modules, span_self_ns
+from hooktrace.analysis.numerics import (
     NUMERIC_COLUMNS,
     Numerics,
     aggregate,
@@ -82,9 +82,9 @@ _COLUMNS = ("module", "type", "mode", "timing", "fused", "calls", "total_ns", "s
             "bwd_calls", "bwd_total_ns", "bwd_self_ns", "bwd_p50_ns", "bwd_p99_ns",
             "bwd_fwd_ratio", "recompute_calls", "recompute_total_ns", "step_p50_ns",
             "step_p99_ns")
-# Recorded only with trace(flops=True) (hooktrace.flops): added after the others.
+# Recorded only with trace(flops=True) (hooktrace.analysis.flops): added after the others.
 FLOP_COLUMNS = ("flops", "bwd_flops", "tflops", "bwd_tflops", "mfu")
-# Recorded only with trace(memory=True) (hooktrace.memory): per device, net bytes a
+# Recorded only with trace(memory=True) (hooktrace.analysis.memory): per device, net bytes a
 # call leaves allocated (mean over calls) and the peak above its enter (max over calls).
 MEMORY_KEYS = ("mem_net", "mem_peak", "bwd_mem_net", "bwd_mem_peak")
 
@@ -173,7 +173,7 @@ class Summary:
     * activation-checkpoint recompute: ``recompute_calls``, ``recompute_total_ns``;
     * ``timing``: ``"measured"`` (module calls), ``"kernels"`` (a module inside a
       compiled region: per call of the region, the time of the kernels that ran its
-      ops, hooktrace.kernels), or ``"measured+kernels"`` when it has both.
+      ops, hooktrace.analysis.kernels), or ``"measured+kernels"`` when it has both.
 
     Counts and totals are 0 when a phase has no calls; means, percentiles and
     the ratio are None (blank in CSV) then. Autograd time attributed to no
@@ -211,9 +211,9 @@ class Summary:
         self.counts = counts
         self.notes = list(notes)  # about the file itself: a dump's where-abouts, a cut
         self.columns = tuple(columns)  # the row keys, in CSV order
-        # numerics=True (hooktrace.numerics): the earliest call holding a NaN/Inf
+        # numerics=True (hooktrace.analysis.numerics): the earliest call holding a NaN/Inf
         self.first_nonfinite: dict[str, Any] | None = None
-        # what the host times are on a GPU (hooktrace.device_time): "device" when the run
+        # what the host times are on a GPU (hooktrace.analysis.device_time): "device" when the run
         # recorded device time (the GPU columns lead), "launch" on a CUDA run without it
         # (host times are launch times), "" elsewhere (a CPU run: host time is compute time)
         self.time_kind = "device" if "gpu_total_ns" in self.columns else ""
@@ -278,7 +278,7 @@ class Summary:
         columns: tuple[str, ...] = _COLUMNS
         gpu = gpu_recorded(trace)
         launch = launch_time_only(trace)
-        if gpu:  # the GPU columns lead, and sort the rows (hooktrace.device_time)
+        if gpu:  # the GPU columns lead, and sort the rows (hooktrace.analysis.device_time)
             columns = _COLUMNS[:4] + GPU_COLUMNS + _COLUMNS[4:]
             notes += _add_gpu(rows, trace)
         elif launch:
@@ -286,7 +286,7 @@ class Summary:
         if "flops" in trace.info:
             columns += FLOP_COLUMNS
             notes += _add_flops(rows, trace, peak_tflops, gpu=gpu, launch=launch)
-        from hooktrace.memory import memory_devices
+        from hooktrace.analysis.memory import memory_devices
 
         for device in memory_devices(trace):
             columns += memory_columns(device)
@@ -311,7 +311,7 @@ class Summary:
         d = derived if derived is not None and len(derived) else None
         if len(spans):
             # A module's eval calls are a row of their own (_mode_groups). Modules inside
-            # compiled regions come from the kernels they ran (hooktrace.kernels): their
+            # compiled regions come from the kernels they ran (hooktrace.analysis.kernels): their
             # entries join the groups, and each region's self time loses them.
             n_mod = int(spans.module.max()) + 1
             if d is not None:
@@ -711,7 +711,7 @@ def _add_flops(rows: list[dict[str, Any]], trace: TraceData,
     """Fill the FLOP columns of ``rows`` from ``trace.info["flops"]``; returns notes.
     ``gpu``: TFLOP/s and MFU from the device time of the timed calls; ``launch`` (a
     CUDA run without device time): withheld, as launch time says nothing of them."""
-    from hooktrace.flops import flop_columns, peak_tflops_for, run_flop_info
+    from hooktrace.analysis.flops import flop_columns, peak_tflops_for, run_flop_info
 
     info = run_flop_info(trace)
     peak = peak_tflops if peak_tflops is not None else peak_tflops_for(
@@ -754,7 +754,7 @@ def _add_flops(rows: list[dict[str, Any]], trace: TraceData,
 
 
 def _add_gpu(rows: list[dict[str, Any]], trace: TraceData) -> list[str]:
-    """Fill the GPU columns of ``rows`` from the run's device time (hooktrace.device_time),
+    """Fill the GPU columns of ``rows`` from the run's device time (hooktrace.analysis.device_time),
     add a row for each module timed only on the device (a kernel site of a compiled
     region without a row), and sort the rows by device time; returns notes."""
     gpu = trace.gpu_spans()
@@ -798,7 +798,7 @@ def _add_gpu(rows: list[dict[str, Any]], trace: TraceData) -> list[str]:
 
 
 def _add_numerics(rows: list[dict[str, Any]], trace: TraceData) -> list[str]:
-    """Fill the numerics columns (hooktrace.numerics); returns notes."""
+    """Fill the numerics columns (hooktrace.analysis.numerics); returns notes."""
     n = Numerics.from_trace(trace)
     keys, v = aggregate(n, np.flatnonzero(n.measured()), n.module, n.eval.astype(np.int64),
                         n.backward.astype(np.int64))
@@ -828,7 +828,7 @@ def _add_numerics(rows: list[dict[str, Any]], trace: TraceData) -> list[str]:
 
 def _add_memory(rows: list[dict[str, Any]], trace: TraceData, device: str) -> list[str]:
     """Fill ``device``'s memory columns of ``rows``; returns notes."""
-    from hooktrace.memory import span_memory
+    from hooktrace.analysis.memory import span_memory
 
     spans = trace.spans()
     mem = span_memory(trace, device)
@@ -952,7 +952,7 @@ def fused_phases(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str | None],
 
 def _with_fused(rows: list[dict[str, Any]], trace: TraceData) -> list[dict[str, Any]]:
     """``rows`` plus a row for each module of a compiled region that ran with no kernel
-    of its own (hooktrace.kernels.fused_modules: its ops were all fused into other
+    of its own (hooktrace.analysis.kernels.fused_modules: its ops were all fused into other
     modules' kernels), and every row's ``fused`` key: the phases ("forward",
     "backward", "forward+backward") in which the module's ops ran in kernels counted
     in an enclosing module, or None. A fused phase's times are None (not 0 ns: the

@@ -1,5 +1,5 @@
 """``hooktrace attach``: record a running PyTorch process for a few steps, then leave
-(issue #39). This is the attaching side; :mod:`hooktrace._attach_agent` runs in the target.
+(issue #39). This is the attaching side; :mod:`hooktrace.record.attach_agent` runs in the target.
 
 What it needs, checked before anything is done to the target (each missing one is one
 line, and the target is left untouched):
@@ -214,7 +214,7 @@ def _hooktrace_attach():
         fail("process %d has hooktrace %s, this is %s: attach with the hooktrace of its "
              "environment" % (os.getpid(), __version__, {version!r}))
         return
-    from hooktrace._attach_agent import start
+    from hooktrace.record.attach_agent import start
     start({request!r})
 _hooktrace_attach()
 '''

@@ -10,7 +10,7 @@ other ranks go on. Ranks come in rank order (files without a rank after them,
 by path).
 
 Times: a rank's ``clock_offset_ns`` (its clock minus rank 0's, measured by
-``hooktrace.distributed.align_clocks``) is subtracted from all its times, so
+``hooktrace.record.distributed.align_clocks``) is subtracted from all its times, so
 every rank is on rank 0's clock; ``uncertainty_ns`` says how well.
 
 **Workers.** ``map_ranks(fn, paths)`` runs ``fn(path)`` for each file in a
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
-from hooktrace._kineto import ProfilerTraceError, open_binary, scan
+from hooktrace.format._kineto import ProfilerTraceError, open_binary, scan
 from hooktrace._naming import aggregate_dir_problem, is_aggregate_dir, rank_files_of
 from hooktrace.errors import HooktraceError
 from hooktrace.reading import TraceData, load
@@ -152,7 +152,7 @@ _ONE_RUN = ("Keep one run's files per directory (hooktrace diff A B compares two
 
 class RunFile(Protocol):
     """What :func:`check_one_run` reads of a trace file: :class:`RankFile` (rank sets)
-    and ``hooktrace._diff_inputs.FileMeta`` (``hooktrace diff``) both are one."""
+    and ``hooktrace.analysis._diff_inputs.FileMeta`` (``hooktrace diff``) both are one."""
 
     @property
     def path(self) -> str: ...
@@ -197,7 +197,7 @@ def check_one_run(files: Sequence[F], *, named_ranks: bool = False) -> NotOneRun
     """Whether ``files`` can be the traces of one run: None, or why not.
 
     The rules (one place for rank sets, :func:`separate_runs`, and ``hooktrace diff``,
-    ``hooktrace._diff_inputs.group``): a run's ranks (under torchrun) each carry
+    ``hooktrace.analysis._diff_inputs.group``): a run's ranks (under torchrun) each carry
     ``rank`` and the same ``world_size`` in their metadata, one process per rank
     (several files of one process: its schedule windows), recording at the same time;
     files without a rank are one process each (``hooktrace run`` without a launcher), so
@@ -244,7 +244,7 @@ def separate_runs(files: Sequence[RankFile]) -> str | None:
     """Why ``files`` are not the ranks of one run, naming two files that show it; None
     when they can be (:func:`check_one_run`'s rules, files named as one output's ranks
     included). A stream cut before its footer (which carries the rank) is left to the
-    callers' problem lines. ``hooktrace diff`` (``hooktrace._diff_inputs.group``)
+    callers' problem lines. ``hooktrace diff`` (``hooktrace.analysis._diff_inputs.group``)
     refuses the same cases, in its own words.
 
     Example:

@@ -1,11 +1,11 @@
 """``hooktrace attach``'s side inside the traced process (issue #39).
 
-``hooktrace attach PID`` (:mod:`hooktrace._attach`) makes the target's main thread run a
+``hooktrace attach PID`` (:mod:`hooktrace.record.attach`) makes the target's main thread run a
 few lines at a safe point between bytecodes, with the GIL (``Py_AddPendingCall`` through
 gdb before Python 3.14, ``sys.remote_exec`` from 3.14): they check the target's
 hooktrace is the attaching one's version and call :func:`start` with the request file,
 then return. :func:`start` starts the process-wide recording of ``hooktrace run``
-(:func:`hooktrace.launch.start`, the same options) and returns at once; the training
+(:func:`hooktrace.record.launch.start`, the same options) and returns at once; the training
 loop goes on, recorded.
 
 The recording ends in the target: after the asked number of optimizer steps, or the
@@ -75,7 +75,7 @@ def start(request_path: str) -> None:
         attachment = Attachment(request)
         STATE.attachment = attachment
         go = request.get("go")
-        if go:  # the ranks of a job: all start once all are attached (hooktrace._attach)
+        if go:  # the ranks of a job: all start once all are attached (hooktrace.record.attach)
             threading.Thread(target=_begin_at_go, args=(attachment, str(go)),
                              name="hooktrace-attach-go", daemon=True).start()
         elif _inside_optimizer_step():
@@ -123,7 +123,7 @@ class Attachment:
     """One attach: the request, the recording, and how it ends."""
 
     def __init__(self, request: dict[str, Any]) -> None:
-        from hooktrace.launch import add_options, options_from_args
+        from hooktrace.record.launch import add_options, options_from_args
 
         self.status = str(request["status"])
         self.steps: int | None = request.get("steps")
@@ -148,7 +148,7 @@ class Attachment:
     # -- start ---------------------------------------------------------------
 
     def begin(self) -> None:
-        from hooktrace.launch import start as start_trace
+        from hooktrace.record.launch import start as start_trace
 
         self.trace = start_trace(self.options, on_step=self._on_step)
         atexit.register(self._at_exit)
@@ -209,7 +209,7 @@ class Attachment:
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
-        from hooktrace.launch import stop_writing_on_sigterm, write_outputs
+        from hooktrace.record.launch import stop_writing_on_sigterm, write_outputs
 
         lines = io.StringIO()
         state, message = "done", ""

@@ -34,7 +34,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from hooktrace._kineto import (
+from hooktrace.format._kineto import (
     TIME_LIMIT_NS,
     BadValue,
     JsonNumber,
@@ -317,7 +317,7 @@ def collect(
     With ``out``, the trace is copied there byte for byte, and the callbacks'
     bytes are inserted before the end of ``traceEvents`` and of the object; at
     that point everything of ``traceEvents`` has been collected.
-    ``rewrite_event``/``rewrite_top``: see :func:`hooktrace._kineto.scan`.
+    ``rewrite_event``/``rewrite_top``: see :func:`hooktrace.format._kineto.scan`.
     """
     label = name if name is not None else os.fspath(source) if isinstance(
         source, (str, os.PathLike)) else "<profiler trace>"

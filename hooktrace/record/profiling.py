@@ -172,7 +172,8 @@ class Profile:
     ) -> None:
         if "on_trace_ready" in profiler_kwargs:
             raise TypeError("hooktrace.profile writes the merged traces itself; use "
-                            "hooktrace.profiling.merged_trace_handler for a custom on_trace_ready")
+                            "hooktrace.record.profiling.merged_trace_handler for a custom "
+                            "on_trace_ready")
         name = os.fspath(out)
         self.out = Path(name)
         self.handler: MergedTraceHandler | None = None

@@ -12,10 +12,10 @@ DuckDB per ``.htrace`` file in threads (the span pairing releases the GIL), or o
 over a Parquet dataset that ``hooktrace export DIR -o OUT/`` wrote (no pairing left to
 do: the fast path for big jobs), or by Spark (:mod:`hooktrace.data.spark`).
 ``"pool"`` (the default for ``.htrace`` files, where it is faster): worker processes
-reducing each rank with numpy (:func:`hooktrace.rankset.map_ranks`). Both give the
+reducing each rank with numpy (:func:`hooktrace.analysis.rankset.map_ranks`). Both give the
 same tables (tested); benchmarks/ranks.py times them.
 
-**Train and eval.** As in the summary (:mod:`hooktrace.summary`), a module's
+**Train and eval.** As in the summary (:mod:`hooktrace.analysis.summary`), a module's
 eval calls (grad off or the module in eval mode: ``SPAN_EVAL``) are rows and
 entries of their own (``"mode": "eval"``, ``name [eval]`` in text), never pooled
 with its training calls: a validation pass on one rank is not a straggling
@@ -54,7 +54,7 @@ that step than the straggler did).
 
 Example::
 
-    from hooktrace.stragglers import analyze
+    from hooktrace.analysis.stragglers import analyze
     report = analyze(["traces/"])
     print(report.to_text())
 """
@@ -69,17 +69,17 @@ from typing import Any
 
 import numpy as np
 
-from hooktrace._kineto import ProfilerTraceError, open_binary, scan, us_to_ns
+from hooktrace.format._kineto import ProfilerTraceError, open_binary, scan, us_to_ns
 from hooktrace.data.intervals import union_per_step
-from hooktrace.device_time import gpu_recorded, module_gpu
-from hooktrace.rankset import RankFile, RankSet, find_rank_files, map_ranks
+from hooktrace.analysis.device_time import gpu_recorded, module_gpu
+from hooktrace.analysis.rankset import RankFile, RankSet, find_rank_files, map_ranks
 from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL, TraceData, load
 from hooktrace.text import align_columns, format_ns, text_lines
 
 __all__ = ["ENGINES", "EXPLAINED", "MODES", "PHASES", "RankStats", "RanksSummary", "analyze",
            "rank_stats", "reduce_rank", "spark_summary", "summary_from_tables"]
 
-# "gpu fwd" / "gpu bwd": device time (trace(gpu=True), hooktrace.device_time), per step
+# "gpu fwd" / "gpu bwd": device time (trace(gpu=True), hooktrace.analysis.device_time), per step
 # over the steps that were timed; rows and stragglers of their own, listed first
 PHASES = ("fwd", "bwd", "gpu fwd", "gpu bwd")
 MODES = ("train", "eval")  # as the summary's rows' "mode"
@@ -360,13 +360,13 @@ def analyze(inputs: Sequence[str | os.PathLike[str]], *,
     ``engine``: ``"duckdb"`` (:mod:`hooktrace.data.engine`: SQL over the ranks' tables,
     each ``.htrace`` file converted in one of ``workers`` threads; also reads a Parquet
     dataset written by ``hooktrace export DIR -o OUT/``) or ``"pool"`` (worker processes
-    reducing each rank with numpy, :func:`~hooktrace.rankset.map_ranks`); default: DuckDB
+    reducing each rank with numpy, :func:`~hooktrace.analysis.rankset.map_ranks`); default: DuckDB
     for a Parquet dataset, the pool for ``.htrace`` files (1.9x faster than DuckDB's
     threads there, 256 ranks x 1 M events: benchmarks/RESULTS.md, issue #29). Both give
     the same tables.
 
     Unreadable rank files are left out with a line in ``problems`` (and a
-    RuntimeWarning); raises :class:`~hooktrace.rankset.RankSetError` when none is
+    RuntimeWarning); raises :class:`~hooktrace.analysis.rankset.RankSetError` when none is
     readable.
     """
     if not (0 <= threshold < float("inf") and 0 <= min_excess_ns < 2**63):
@@ -382,7 +382,7 @@ def analyze(inputs: Sequence[str | os.PathLike[str]], *,
     prof_of: dict[str, str] = {}
     if profilers:
         # matching needs the ranks' metadata: a cheap first pass over the headers
-        from hooktrace.rankset import match_profilers
+        from hooktrace.analysis.rankset import match_profilers
 
         prelim = RankSet.scan(paths, workers=workers, warn=False)
         prof_of = match_profilers(prelim, profilers, problems)
@@ -487,7 +487,7 @@ def summary_from_tables(parts: Sequence[dict[str, Any]], paths: Sequence[str] = 
     if not paths:
         paths = [s.file.path for s in stats]
     if profilers:
-        from hooktrace.rankset import match_profilers
+        from hooktrace.analysis.rankset import match_profilers
 
         prelim = RankSet.from_results(paths, [s.file for s in stats], list(problems), warn=False)
         prof_of = match_profilers(prelim, profilers, problems)

@@ -424,7 +424,7 @@ class _Windows:
     def __init__(self, options: RunOptions) -> None:
         import torch
 
-        from hooktrace.profiling import MergedTraceHandler
+        from hooktrace.record.profiling import MergedTraceHandler
 
         assert options.schedule is not None
         wait, warmup, active, repeat = options.schedule
