@@ -103,6 +103,7 @@ from hooktrace.analysis._diff_inputs import (
     parse_spec,
 )
 from hooktrace.analysis.device_time import gpu_recorded, launch_time_only, module_gpu
+from hooktrace.analysis.groups import group_percentile
 from hooktrace.analysis.kernels import derived_spans, fused_modules, span_self_ns
 from hooktrace.analysis.rankset import map_ranks
 from hooktrace._events import SPAN_DEFINITION, SPAN_DEFINITIONS, span_definition
@@ -291,13 +292,11 @@ def _part(trace: TraceData, keep_calls: bool = False) -> _Part:
         starts = np.flatnonzero(np.r_[True, m_sorted[1:] != m_sorted[:-1]])
         counts = np.diff(np.r_[starts, len(m_sorted)])
         ids = m_sorted[starts]
-        lo = (counts - 1) // 2
-        hi = counts // 2
-        p50 = (d_sorted[starts + lo] + d_sorted[starts + hi]) / 2.0  # np.percentile(.., 50)
+        p50 = group_percentile(d_sorted, starts, counts, 50)
         s_sorted = self_ns[sel][np.lexsort((self_ns[sel], module))]
-        p50_self = (s_sorted[starts + lo] + s_sorted[starts + hi]) / 2.0
-        iqr = (_percentile_groups(d_sorted, starts, counts, 75)
-               - _percentile_groups(d_sorted, starts, counts, 25))
+        p50_self = group_percentile(s_sorted, starts, counts, 50)
+        iqr = (group_percentile(d_sorted, starts, counts, 75)
+               - group_percentile(d_sorted, starts, counts, 25))
         n_mod = int(module.max()) + 1
         in_step = span_col[sel] >= 0
         cell = module[in_step] * width + span_col[sel][in_step]
@@ -472,16 +471,6 @@ def _part_from_tables(t: Mapping[str, Any], info: Mapping[str, Any], gpu: bool,
                                     else "measured+kernels")
     part.launch = info.get("accelerator") == "cuda" and not gpu  # (launch_time_only)
     return part
-
-
-def _percentile_groups(values: np.ndarray, starts: np.ndarray, counts: np.ndarray,
-                       q: float) -> np.ndarray:
-    """np.percentile (linear) of each group of a group-sorted array."""
-    pos = q / 100.0 * (counts - 1)
-    lo = np.floor(pos).astype(np.int64)
-    hi = np.minimum(lo + 1, counts - 1)
-    v_lo, v_hi = values[starts + lo].astype(np.float64), values[starts + hi].astype(np.float64)
-    return v_lo + (v_hi - v_lo) * (pos - lo)
 
 
 def _spread(per_step: np.ndarray, call_iqr: float, calls: float) -> float:

@@ -36,6 +36,7 @@ from hooktrace.analysis.device_time import (
     module_gpu,
     span_gpu,
 )
+from hooktrace.analysis.groups import group_percentile
 from hooktrace.analysis.kernels import Derived, Kernels, derived_spans, fused_modules, span_self_ns
 from hooktrace.analysis.numerics import (
     NUMERIC_COLUMNS,
@@ -100,18 +101,6 @@ _FORWARD_KEYS = ("calls", "total_ns", "self_ns", "mean_ns", "p50_ns", "p99_ns",
                  "recompute_calls", "recompute_total_ns")
 
 
-def _percentile_sorted(values: np.ndarray, starts: np.ndarray, counts: np.ndarray,
-                       q: float) -> np.ndarray:
-    """np.percentile's default (linear) per group of an already group-sorted array."""
-    pos = q / 100.0 * (counts - 1)
-    lo = np.floor(pos).astype(np.int64)
-    hi = np.minimum(lo + 1, counts - 1)
-    frac = pos - lo
-    v_lo = values[starts + lo].astype(np.float64)
-    v_hi = values[starts + hi].astype(np.float64)
-    return v_lo + (v_hi - v_lo) * frac
-
-
 class _Groups:
     """Per-group count, totals and linear p50/p99 of ``dur`` for dense group ids."""
 
@@ -138,8 +127,8 @@ class _Groups:
             dur_s = np.sort(g * width + (dur - lo)) - g_s * width + lo
         else:  # durations too spread out to pack next to the group id
             dur_s = dur[np.lexsort((dur, g))]
-        self.p50 = _percentile_sorted(dur_s, starts, self.counts, 50)
-        self.p99 = _percentile_sorted(dur_s, starts, self.counts, 99)
+        self.p50 = group_percentile(dur_s, starts, self.counts, 50)
+        self.p99 = group_percentile(dur_s, starts, self.counts, 99)
         self.ids = g_s[starts]
 
 

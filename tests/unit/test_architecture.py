@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "hooktrace.format._profiler_events"}),
     ("data", {"hooktrace.reading"}),
     ("analysis", {
-        "hooktrace.analysis", "hooktrace.analysis.summary", "hooktrace.analysis.diff",
+        "hooktrace.analysis", "hooktrace.analysis.groups", "hooktrace.analysis.summary", "hooktrace.analysis.diff",
         "hooktrace.analysis._diff_inputs", "hooktrace.analysis.attribution",
         "hooktrace.analysis.rankset", "hooktrace.analysis.stragglers",
         "hooktrace.analysis._filters", "hooktrace.analysis.memory", "hooktrace.analysis.flops",

@@ -77,3 +77,14 @@ def test_a_verb_never_calls_another_verb() -> None:
                     "hooktrace.commands."):
                 found.append(f"{p.name} imports {n.module}")
     assert not found, found
+
+
+def test_one_grouped_percentile_function() -> None:
+    """Issue #37: summary and diff each had their own copy of the grouped percentile
+    (and diff a third, hand-written median). One definition, in analysis/groups.py."""
+    found = []
+    for p in sorted(PACKAGE.rglob("*.py")):
+        for n in ast.walk(ast.parse(p.read_text())):
+            if isinstance(n, ast.FunctionDef) and "percentile" in n.name:
+                found.append(f"{p.relative_to(PACKAGE.parent)}: {n.name}")
+    assert found == ["hooktrace/analysis/groups.py: group_percentile"], found
