@@ -278,15 +278,18 @@ def start(options: RunOptions, *,
     windows = _Windows(options) if options.schedule is not None else None
     from hooktrace.record import GlobalTrace
 
-    # --profile with --schedule: the profiler steps with the trace's steps
-    cls = _profiled_trace() if windows is not None and options.profile else GlobalTrace
-    if on_step is not None:
-        cls = _stepping_trace(cls, on_step)
     windowed: dict[str, Any] = ({} if windows is None else
                                 {"schedule": windows.schedule, "on_window": windows.write})
     # (options.record.out: the stream, when streamed, options_from_args)
     record = options.record.replace(**windowed) if windowed else options.record
-    trace = cls(options=record)
+    trace = GlobalTrace(options=record)
+    if windows is not None and options.profile:
+        # --profile with --schedule: the profiler steps with the trace's steps, after
+        # the trace's (as hooktrace.profile's step() does), so the profiler's windows are
+        # the trace's and each is merged with the trace's window
+        trace.add_step_listener(_step_profiler)
+    if on_step is not None:
+        trace.add_step_listener(on_step)
     if windows is not None:
         windows.trace = trace
     try:
@@ -303,36 +306,12 @@ def start(options: RunOptions, *,
 # (hooktrace.record.process_state).
 
 
-def _profiled_trace() -> type[GlobalTrace]:
-    """The global trace of --profile with --schedule: each of its steps steps the
-    profiler too, after the trace's (as hooktrace.profile's step() does), so the
-    profiler's windows are the trace's and each is merged with the trace's window.
-    (A class made on first use: hooktrace.record imports torch.)"""
-    from hooktrace.record import GlobalTrace
-
-    class _ProfiledTrace(GlobalTrace):
-        def _after_step_mark(self, ended: int) -> None:
-            profiler = STATE.profiler
-            if profiler is not None:
-                with warnings.catch_warnings():  # each window has its own events: as asked
-                    warnings.filterwarnings("ignore", "Warning: Profiler clears events",
-                                            UserWarning)
-                    profiler.step()
-
-    return _ProfiledTrace
-
-
-def _stepping_trace(base: type[GlobalTrace],
-                   on_step: Callable[[int], None]) -> type[GlobalTrace]:
-    """``base`` calling ``on_step(ended)`` last at each step mark, once the step's
-    window (if any) was handed over."""
-
-    class _SteppingTrace(base):  # type: ignore[valid-type,misc]
-        def _after_step_mark(self, ended: int) -> None:
-            super()._after_step_mark(ended)
-            on_step(ended)
-
-    return _SteppingTrace
+def _step_profiler(ended: int) -> None:
+    profiler = STATE.profiler
+    if profiler is not None:
+        with warnings.catch_warnings():  # each window has its own events: as asked
+            warnings.filterwarnings("ignore", "Warning: Profiler clears events", UserWarning)
+            profiler.step()
 
 
 def _start_profiler(windows: _Windows | None) -> None:

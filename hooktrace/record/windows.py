@@ -132,6 +132,7 @@ class StepMarks(ScheduleWindows):
         self._step = 0  # the number of the step being recorded
         self._lead_optimizer: weakref.ref[Any] | None = None
         self._optimizer_hook: Any = None
+        self._step_listeners: list[Callable[[int], None]] = []
 
     def _start_steps(self) -> None:
         if self._steps_from_optimizer:
@@ -152,9 +153,15 @@ class StepMarks(ScheduleWindows):
     def _before_step_mark(self) -> None:
         """What the recorder does first at each step mark (nothing by default)."""
 
+    def add_step_listener(self, listener: Callable[[int], None]) -> None:
+        """``listener(ended)`` last at each step mark, once the step's window (if it was
+        the last step of one) went to on_window; listeners run in the order added
+        (``hooktrace run --profile`` steps its profiler, ``attach`` counts steps)."""
+        self._step_listeners.append(listener)
+
     def _after_step_mark(self, ended: int) -> None:
-        """What the recorder does last at each step mark, once the step's window (if it
-        was the last step of one) went to on_window (nothing by default)."""
+        for listener in self._step_listeners:
+            listener(ended)
 
     def _mark_step(self) -> int:
         self._before_step_mark()
