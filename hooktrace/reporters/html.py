@@ -1,7 +1,7 @@
 """``hooktrace report``: one self-contained HTML file that opens offline.
 
 What it holds: the module hierarchy as an icicle chart (plotly.js's ``icicle``;
-width = time, forward and backward side by side under the run, click a box to
+width = time, forward, backward and eval calls side by side under the run, click a box to
 zoom into it, click the top bar to zoom out), step times as a bar chart when
 the run has step marks, the summary table (click a header to sort), and how to
 open the full trace. plotly.js (~4.8 MB minified) is inlined from the installed
@@ -131,20 +131,27 @@ def _bracketed(name: str) -> bool:
 FORWARD_COLOR = "#ff7f0e"
 BACKWARD_COLOR = "#1f77b4"
 OTHER_COLOR = "#2ca02c"
+EVAL_COLOR = "#9467bd"
 RUN_COLOR = "#dddddd"
 
 
 def _box_color(id_: str) -> str:
     branch = id_.split("/", 2)[1] if "/" in id_ else ""
-    return {"forward": FORWARD_COLOR, "backward": BACKWARD_COLOR}.get(branch, RUN_COLOR)
+    return {"forward": FORWARD_COLOR, "backward": BACKWARD_COLOR,
+            "eval": EVAL_COLOR}.get(branch, RUN_COLOR)
 
 
 def icicle_data(summary: Summary) -> dict[str, list[Any]]:
     """The icicle's boxes: ``ids``, ``labels``, ``parents``, ``values`` (µs, own part),
     ``hover`` text; see the module docstring for how widths are chosen."""
-    # the training calls: eval rows (same names) are in the table, not the icicle
+    # the training calls under forward and backward; eval calls (model.eval() or
+    # no_grad: a validation pass) under a branch of their own, beside them (issue #38:
+    # 12.5 s of nanoGPT's eval was invisible here)
     rows = [r for r in summary.rows if r["module"] != UNATTRIBUTED and r.get("mode") != "eval"]
+    eval_rows = [r for r in summary.rows
+                 if r["module"] != UNATTRIBUTED and r.get("mode") == "eval" and r["calls"]]
     by_name = {r["module"]: r for r in rows}
+    eval_by_name = {r["module"]: r for r in eval_rows}
     boxes: dict[str, dict[str, Any]] = {}
     order: list[str] = []
 
@@ -158,7 +165,8 @@ def icicle_data(summary: Summary) -> dict[str, list[Any]]:
         """The box id of module ``name`` in ``phase`` (``run/PHASE/NAME``), creating its
         ancestors."""
         pid = f"{RUN_ID}/{phase}"
-        if name == "" and "" not in by_name:
+        table = eval_by_name if phase == "eval" else by_name
+        if name == "" and "" not in table:
             return pid
         chain = []
         n: str | None = name
@@ -168,21 +176,22 @@ def icicle_data(summary: Summary) -> dict[str, list[Any]]:
         parent = pid
         for n in reversed(chain):
             id_ = f"{pid}/{n or '<root>'}"
-            row = by_name.get(n)
+            row = table.get(n)
             label = _name_label(n)
             hover = f"{n or '<root>'}<br>{row['type']}" if row else f"{n}<br>(not called)"
             box(id_, label, parent, 0.0, hover)
             parent = id_
         return parent
 
-    def called_ancestor(name: str) -> bool:
+    def called_ancestor(name: str, table: dict[str, dict[str, Any]]) -> bool:
         while name:
             name = _name_parent(name)
-            if name in by_name and by_name[name]["calls"]:
+            if name in table and table[name]["calls"]:
                 return True
         return False
 
-    fwd_total = sum(r["total_ns"] for r in rows if r["calls"] and not called_ancestor(r["module"]))
+    fwd_total = sum(r["total_ns"] for r in rows
+                    if r["calls"] and not called_ancestor(r["module"], by_name))
     bwd_rows = [r for r in rows if r["bwd_calls"]]
     box(RUN_ID, "run", "", 0.0, "the run: forward and backward time")
     box(f"{RUN_ID}/forward", "forward", RUN_ID, 0.0, f"forward: {format_ns(fwd_total)}")
@@ -215,6 +224,16 @@ def icicle_data(summary: Summary) -> dict[str, list[Any]]:
         if loose:
             box(f"{RUN_ID}/backward/{UNATTRIBUTED}", UNATTRIBUTED, f"{RUN_ID}/backward", loose,
                 f"autograd nodes of no module (AccumulateGrad, the loss's): {format_ns(loose)}")
+    if eval_rows:
+        eval_total = sum(r["total_ns"] for r in eval_rows
+                         if not called_ancestor(r["module"], eval_by_name))
+        box(f"{RUN_ID}/eval", "eval", RUN_ID, 0.0,
+            f"eval calls (model.eval() or no_grad): {format_ns(eval_total)}")
+        for r in eval_rows:
+            id_ = ensure("eval", r["module"])
+            boxes[id_]["value"] += r["self_ns"] / 1e3
+            boxes[id_]["hover"] += (f"<br>eval total {format_ns(r['total_ns'])} in "
+                                    f"{r['calls']} calls<br>self {format_ns(r['self_ns'])}")
     return {"ids": order, "labels": [boxes[i]["label"] for i in order],
             "parents": [boxes[i]["parent"] for i in order],
             "values": [round(boxes[i]["value"], 3) for i in order],

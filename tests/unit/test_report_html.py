@@ -205,3 +205,42 @@ def test_a_bracketed_name_with_a_dot_is_one_box() -> None:
     assert labels["run/forward/<torch.compile>"] == "<torch.compile>"
     assert parent["run/forward/<torch.compile>"] == "run/forward/<root>"  # (as "b")
     assert not any("<torch" in i and i != "run/forward/<torch.compile>" for i in ice["ids"])
+
+
+def test_eval_calls_have_their_own_branch_in_the_chart() -> None:
+    """Issue #38: the chart left out eval calls (12.5 s of nanoGPT's evaluation was
+    invisible). They get a branch of their own beside forward and backward, as wide as
+    the eval calls' total, in their own colour."""
+    import torch
+    from torch import nn
+
+    import hooktrace
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.Linear(4, 4), nn.ReLU()))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with hooktrace.trace(model) as tr:
+        for _ in range(2):
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            model.eval()
+            with torch.no_grad():
+                model(torch.randn(2, 4))
+            model.train()
+    summary = tr.result.summary()
+    ice = icicle_data(summary)
+    value = dict(zip(ice["ids"], ice["values"]))
+    parent = dict(zip(ice["ids"], ice["parents"]))
+    color = dict(zip(ice["ids"], ice["colors"]))
+
+    def width(i: str) -> float:
+        return value[i] + sum(width(c) for c, p in parent.items() if p == i)
+
+    evals = {r["module"]: r for r in summary.rows if r.get("mode") == "eval"}
+    assert parent["run/eval"] == "run" and evals[""]["calls"] == 2
+    assert width("run/eval/<root>") == pytest.approx(evals[""]["total_ns"] / 1e3, abs=1e-2)
+    assert width("run/eval/1") == pytest.approx(evals["1"]["total_ns"] / 1e3, abs=1e-2)
+    assert parent["run/eval/1.0"] == "run/eval/1"
+    assert color["run/eval/1.0"] != color["run/forward/1.0"]
+    # the training calls' branch is as before: their own totals, not the eval calls'
+    train = {r["module"]: r for r in summary.rows if r.get("mode") != "eval"}
+    assert width("run/forward/<root>") == pytest.approx(train[""]["total_ns"] / 1e3, abs=1e-2)
