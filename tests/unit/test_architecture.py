@@ -28,8 +28,10 @@ LAYERS: list[tuple[str, set[str]]] = [
         "hooktrace.format._profiler_events"}),
     ("data", {"hooktrace.reading"}),
     ("analysis", {
-        "hooktrace.analysis", "hooktrace.analysis.groups", "hooktrace.analysis.summary", "hooktrace.analysis.diff",
-        "hooktrace.analysis._diff_inputs", "hooktrace.analysis.attribution",
+        "hooktrace.analysis", "hooktrace.analysis.groups", "hooktrace.analysis.summary",
+        "hooktrace.analysis._summary_columns", "hooktrace.analysis.diff",
+        "hooktrace.analysis._diff_inputs", "hooktrace.analysis._diff_parts",
+        "hooktrace.analysis.attribution",
         "hooktrace.analysis.rankset", "hooktrace.analysis.stragglers",
         "hooktrace.analysis._filters", "hooktrace.analysis.memory", "hooktrace.analysis.flops",
         "hooktrace.analysis.kernels", "hooktrace.analysis.numerics", "hooktrace.analysis.shapes",
