@@ -33,6 +33,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "hooktrace.analysis._diff_inputs", "hooktrace.analysis._diff_parts",
         "hooktrace.analysis.attribution",
         "hooktrace.analysis.rankset", "hooktrace.analysis.stragglers",
+        "hooktrace.analysis._rank_reduce",
         "hooktrace.analysis._filters", "hooktrace.analysis.memory", "hooktrace.analysis.flops",
         "hooktrace.analysis.kernels", "hooktrace.analysis.numerics", "hooktrace.analysis.shapes",
         "hooktrace.analysis.device_time", "hooktrace.data", "hooktrace.data.intervals",
