@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "hooktrace.format.v2",
         "hooktrace.format.stream", "hooktrace.format._kineto",
         "hooktrace.format._profiler_events"}),
-    ("data", {"hooktrace.reading"}),
+    ("data", {"hooktrace.reading", "hooktrace._span_tables"}),
     ("analysis", {
         "hooktrace.analysis", "hooktrace.analysis.groups", "hooktrace.analysis.summary",
         "hooktrace.analysis._summary_columns", "hooktrace.analysis.diff",
