@@ -53,7 +53,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "hooktrace.record", "hooktrace.record.dispatch", "hooktrace.record.scopes",
         "hooktrace.record.recorder", "hooktrace.record.kernels", "hooktrace.record.ranks",
         "hooktrace.record.options", "hooktrace.record.core_options", "hooktrace.record.registry",
-        "hooktrace.record.aggregate",
+        "hooktrace.record.aggregate", "hooktrace.record.aggregate_folder",
         "hooktrace.record.component", "hooktrace.record.backward", "hooktrace.record.memory",
         "hooktrace.record.shapes", "hooktrace.record.numerics", "hooktrace.record.flops",
         "hooktrace.record.gpu_time",
