@@ -64,16 +64,19 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from hooktrace.format._kineto import ProfilerTraceError, open_binary, scan, us_to_ns
-from hooktrace.data.intervals import union_per_step
-from hooktrace.analysis.device_time import gpu_recorded, module_gpu
-from hooktrace.analysis.rankset import RankFile, RankSet, find_rank_files, map_ranks
-from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL, TraceData, load
+from hooktrace.analysis._rank_reduce import (
+    RankStats,
+    collectives,
+    rank_stats,
+    reduce_rank,
+    stats_from_tables,
+)
+from hooktrace.analysis.rankset import RankSet, find_rank_files, map_ranks
 from hooktrace.text import align_columns, format_ns, text_lines
 
 __all__ = ["ENGINES", "EXPLAINED", "MODES", "PHASES", "RankStats", "RanksSummary", "analyze",
@@ -87,138 +90,6 @@ EXPLAINED = 0.8
 ENGINES = ("duckdb", "pool")
 DEFAULT_THRESHOLD = 0.5  # a rank 1.5x the others' median ...
 DEFAULT_MIN_EXCESS_NS = 1_000_000  # ... and at least 1 ms over it
-# Profiler events that are a collective's execution, waiting included: gloo runs
-# each collective as a "gloo:<op>" range on its own thread (measured, torch 2.13);
-# NCCL's execution is its GPU kernel.
-_COLLECTIVE_PREFIXES = ("gloo:", "ncclKernel", "ncclDevKernel")
-
-
-@dataclass
-class RankStats:
-    """One rank reduced to what the tables need (times on rank 0's clock)."""
-
-    file: RankFile
-    modules: list[str]
-    types: list[str]
-    module: np.ndarray  # per (module, mode, phase, step) entry: module slot (int64)
-    mode: np.ndarray  # 0 training calls, 1 eval calls (SPAN_EVAL)
-    phase: np.ndarray  # index into PHASES: 0 forward, 1 backward, 2/3 their device time
-    step: np.ndarray  # step number
-    total_ns: np.ndarray
-    calls: np.ndarray
-    last_end_ns: np.ndarray  # end of the entry's last span
-    step_number: np.ndarray  # per step of the rank
-    step_start_ns: np.ndarray
-    step_end_ns: np.ndarray
-    outside_ns: np.ndarray  # time of the step outside every module span
-    self_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # per entry
-    # the top-level spans (no parent; host phases, in a step) in start order: the
-    # time outside every module lies between them
-    top_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    top_key: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (slot*2+mode)*2+bwd
-    top_start_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    top_end_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    coll_start_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    coll_end_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    profiler: str | None = None
-    timed_steps: int = 0  # steps with device time (0: none recorded)
-
-
-def _collectives(path: str, offset_ns: int) -> tuple[np.ndarray, np.ndarray]:
-    """(start, end) on rank 0's clock of the collectives' executions in a profiler trace."""
-    starts: list[int] = []
-    ends: list[int] = []
-
-    def on_event(e: Any) -> None:
-        if not (isinstance(e, dict) and e.get("ph") == "X"):
-            return
-        name = e.get("name")
-        if isinstance(name, str) and name.startswith(_COLLECTIVE_PREFIXES):
-            try:
-                t, d = us_to_ns(e["ts"]), us_to_ns(e.get("dur", 0))
-            except (KeyError, ValueError):
-                return
-            starts.append(t)
-            ends.append(t + d)
-
-    with open_binary(path) as f:
-        top = scan(f, path, on_event)
-    base = top.get("baseTimeNanoseconds", 0)
-    if not isinstance(base, int):
-        raise ProfilerTraceError(f"{path}: baseTimeNanoseconds is {base!r}, expected an integer")
-    s = np.asarray(starts, np.int64) + base - offset_ns
-    o = np.argsort(s, kind="stable")
-    return s[o], (np.asarray(ends, np.int64) + base - offset_ns)[o]
-
-
-def rank_stats(path: str, profiler: str | None = None) -> RankStats:
-    """Read one rank and reduce it (runs in a worker process)."""
-    run = load(path)
-    stats = reduce_rank(run, RankFile.from_trace(path, run))
-    if profiler is not None:
-        stats.coll_start_ns, stats.coll_end_ns = _collectives(profiler, stats.file.offset_ns)
-        stats.profiler = profiler
-    return stats
-
-
-def reduce_rank(run: TraceData, f: RankFile) -> RankStats:
-    """One rank's run reduced to its :class:`RankStats` (``f``: its file's metadata)."""
-    off = f.offset_ns
-    spans = run.spans()
-    steps = run.steps()
-    row = run.span_steps()
-    sel = ((spans.cat == CAT_FORWARD) | (spans.cat == CAT_BACKWARD)) & (row >= 0)
-    phase = (spans.cat[sel] == CAT_BACKWARD).astype(np.int64)
-    mode = ((spans.flags[sel] & SPAN_EVAL) != 0).astype(np.int64)
-    module = spans.module[sel].astype(np.int64)
-    step = steps.number[row[sel]] if len(steps) else np.zeros(0, np.int64)
-    n_mod = max(len(run.modules), int(module.max(initial=-1)) + 1)
-    dur = spans.duration_ns[sel]
-    end = spans.end_ns[sel]
-    self_t = spans.self_ns[sel].astype(np.int64)
-    timed = 0
-    if gpu_recorded(run) and len(steps):  # device time: phases 2 and 3, its steps
-        m = module_gpu(run, n_mod)
-        g_sel = m.step >= 0
-        gpu = run.gpu_spans()
-        n_mod = max(n_mod, m.n_mod)
-        module = np.r_[module, (m.group % m.n_mod)[g_sel]]
-        mode = np.r_[mode, (m.group >= m.n_mod)[g_sel].astype(np.int64)]
-        phase = np.r_[phase, 2 + m.backward[g_sel].astype(np.int64)]
-        step = np.r_[step, steps.number[m.step[g_sel]]]
-        dur = np.r_[dur, gpu.duration_ns[g_sel]]
-        end = np.r_[end, gpu.end_ns[g_sel]]
-        self_t = np.r_[self_t, gpu.self_ns[g_sel].astype(np.int64)]
-        timed = len(np.unique(m.step[g_sel]))
-    n_step = int(step.max(initial=-1)) + 1
-    width = max(n_step, 1)
-    key = ((module * 2 + mode) * 4 + phase) * width + step
-    uniq, inv = np.unique(key, return_inverse=True)
-    total = np.bincount(inv, weights=dur, minlength=len(uniq)).astype(np.int64)
-    calls = np.bincount(inv, minlength=len(uniq)).astype(np.int64)
-    self_total = np.bincount(inv, weights=self_t, minlength=len(uniq)).astype(np.int64)
-    last_end = np.full(len(uniq), np.iinfo(np.int64).min, np.int64)
-    np.maximum.at(last_end, inv, end - off)
-    top = np.flatnonzero(sel & (spans.parent < 0))
-    top = top[np.lexsort((top, spans.start_ns[top]))]  # start order (the SQL's too)
-    covered = union_per_step(spans.start_ns[top], spans.end_ns[top], steps.start_ns,
-                              steps.end_ns)
-    names = [name for name, _ in run.modules] + [f"<module {m}>"
-                                                 for m in range(len(run.modules), n_mod)]
-    types = [t for _, t in run.modules] + ["?"] * (n_mod - len(run.modules))
-    stats = RankStats(
-        file=f, modules=names, types=types,
-        module=uniq // width // 8, mode=uniq // width // 4 % 2, phase=uniq // width % 4,
-        step=uniq % width, total_ns=total, calls=calls, last_end_ns=last_end,
-        step_number=steps.number.copy(), step_start_ns=steps.start_ns - off,
-        step_end_ns=steps.end_ns - off, outside_ns=steps.duration_ns - covered,
-        timed_steps=timed, self_ns=self_total,
-        top_step=steps.number[row[top]].astype(np.int64),
-        top_key=(spans.module[top].astype(np.int64) * 2
-                 + ((spans.flags[top] & SPAN_EVAL) != 0)) * 2
-        + (spans.cat[top] == CAT_BACKWARD),
-        top_start_ns=spans.start_ns[top] - off, top_end_ns=spans.end_ns[top] - off)
-    return stats
 
 
 def _median_of_others(v: np.ndarray) -> np.ndarray:
@@ -483,7 +354,7 @@ def summary_from_tables(parts: Sequence[dict[str, Any]], paths: Sequence[str] = 
     from hooktrace.errors import HooktraceError
 
     problems = list(problems)
-    stats = [s for part in parts for s in _stats_from_tables(part)]
+    stats = [s for part in parts for s in stats_from_tables(part)]
     if not paths:
         paths = [s.file.path for s in stats]
     if profilers:
@@ -496,7 +367,7 @@ def summary_from_tables(parts: Sequence[dict[str, Any]], paths: Sequence[str] = 
             prof = prof_of.get(s.file.path)
             if prof is not None:
                 try:
-                    s.coll_start_ns, s.coll_end_ns = _collectives(prof, s.file.offset_ns)
+                    s.coll_start_ns, s.coll_end_ns = collectives(prof, s.file.offset_ns)
                 except (HooktraceError, OSError) as e:  # as a worker's failure: left out
                     text = str(e)
                     problems.append(text if text.startswith(s.file.path)
@@ -509,88 +380,6 @@ def summary_from_tables(parts: Sequence[dict[str, Any]], paths: Sequence[str] = 
     order = {id(f): i for i, f in enumerate(rs.files)}
     stats.sort(key=lambda s: order[id(s.file)])
     return _combine(stats, rs.problems, threshold, min_excess_ns)
-
-
-def _groups(table: Any) -> dict[tuple[Any, Any], dict[str, np.ndarray]]:
-    """An Arrow table sorted by (rank, window) -> its columns per (rank, window)."""
-    import pyarrow.compute as pc
-
-    out: dict[tuple[Any, Any], dict[str, np.ndarray]] = {}
-    if not table.num_rows:
-        return out
-    cols = {name: table.column(name).to_numpy(zero_copy_only=False)
-            for name in table.column_names if name not in ("rank", "window")}
-    keys = []
-    for name in ("rank", "window"):
-        c = table.column(name)
-        keys.append((pc.fill_null(c, -1).to_numpy(zero_copy_only=False).astype(np.int64),
-                     pc.is_null(c).to_numpy(zero_copy_only=False)))
-    (rank, rank_null), (window, window_null) = keys
-    change = np.flatnonzero((rank[1:] != rank[:-1]) | (window[1:] != window[:-1])
-                            | (rank_null[1:] != rank_null[:-1])
-                            | (window_null[1:] != window_null[:-1])) + 1
-    bounds = np.r_[0, change, table.num_rows]
-    for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-        key = (None if rank_null[a] else int(rank[a]), None if window_null[a] else int(window[a]))
-        out[key] = {k: v[a:b] for k, v in cols.items()}
-    return out
-
-
-def _stats_from_tables(t: dict[str, Any]) -> list[RankStats]:
-    """RankStats per file (rank, window) from :data:`hooktrace.data.engine.STRAGGLER_SQL`'s
-    results: what :func:`rank_stats` computes from the file itself."""
-    agg, steps, modules = _groups(t["agg"]), _groups(t["steps"]), _groups(t["modules"])
-    timed = _groups(t["timed"]) if "timed" in t else {}
-    tops = _groups(t["tops"]) if "tops" in t else {}
-    out = []
-    for row in t["runs"].to_pylist():
-        key = (row["rank"], row["window"])
-        info = json.loads(row["info"])
-        rank = info.get("rank")
-        f = RankFile(path=row["path"], rank=rank if isinstance(rank, int) else None,
-                     world_size=row["world_size"], hostname=row["hostname"], pid=row["pid"],
-                     offset_ns=row["clock_offset_ns"],
-                     uncertainty_ns=row["clock_offset_uncertainty_ns"],
-                     aligned=row["clock_aligned"], start_ns=row["start_ns"],
-                     stop_ns=row["stop_ns"], events=row["events"], backend=row["backend"],
-                     cut=row["cut"] is not None)
-        m = modules.get(key, {"module": np.zeros(0, object), "type": np.zeros(0, object),
-                              "slot": np.zeros(0, np.int64)})
-        names = [f"<module {i}>" for i in range(len(m["slot"]))]
-        types = ["?"] * len(names)
-        for i, n, t_ in zip(m["slot"].tolist(), m["module"].tolist(), m["type"].tolist()):
-            names[i], types[i] = str(n), str(t_)
-        a = agg.get(key)
-        empty = np.zeros(0, np.int64)
-        if a is None:
-            a = {"slot": empty, "eval": np.zeros(0, bool), "backward": np.zeros(0, bool),
-                 "on_device": np.zeros(0, bool), "step": empty, "total_ns": empty,
-                 "calls": empty, "last_end_ns": empty, "self_total_ns": empty}
-        tp = tops.get(key, {"step": empty, "slot": empty, "eval": np.zeros(0, bool),
-                            "backward": np.zeros(0, bool), "start_ns": empty, "end_ns": empty})
-        top = int(a["slot"].max(initial=-1)) + 1  # slots beyond the module table
-        names += [f"<module {i}>" for i in range(len(names), top)]
-        types += ["?"] * (top - len(types))
-        st = steps.get(key)
-        out.append(RankStats(
-            file=f, modules=names, types=types,
-            module=a["slot"].astype(np.int64), mode=a["eval"].astype(np.int64),
-            phase=a["backward"].astype(np.int64) + 2 * a["on_device"].astype(np.int64),
-            step=a["step"].astype(np.int64), total_ns=a["total_ns"].astype(np.int64),
-            calls=a["calls"].astype(np.int64), last_end_ns=a["last_end_ns"].astype(np.int64),
-            step_number=empty if st is None else st["step"].astype(np.int64),
-            step_start_ns=empty if st is None else st["start_ns"].astype(np.int64),
-            step_end_ns=empty if st is None else st["end_ns"].astype(np.int64),
-            outside_ns=empty if st is None else st["outside_ns"].astype(np.int64),
-            timed_steps=int(timed[key]["timed_steps"][0]) if key in timed else 0,
-            self_ns=a["self_total_ns"].astype(np.int64) if "self_total_ns" in a else a["total_ns"]
-            .astype(np.int64),
-            top_step=tp["step"].astype(np.int64),
-            top_key=(tp["slot"].astype(np.int64) * 2 + tp["eval"].astype(np.int64)) * 2
-            + tp["backward"].astype(np.int64),
-            top_start_ns=tp["start_ns"].astype(np.int64),
-            top_end_ns=tp["end_ns"].astype(np.int64)))
-    return out
 
 
 def _combine(stats: list[RankStats], problems: list[str], threshold: float,

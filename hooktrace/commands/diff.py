@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
         raise CliError(f"--workers must be at least 1, got {args.workers}")
     from hooktrace._naming import is_aggregate_dir
-    from hooktrace.record.aggregate import aggregate_diff
+    from hooktrace.record.aggregate_folder import aggregate_diff
 
     if is_aggregate_dir(args.a) and is_aggregate_dir(args.b):  # aggregate= folders (#31)
         text, failed_rows = aggregate_diff(args.a, args.b, args.top, args.fail_above,

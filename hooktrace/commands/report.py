@@ -44,7 +44,7 @@ def _aggregate_report(args: argparse.Namespace) -> None:
     """An ``aggregate=`` folder (issue #31): its table and kept steps, or the one-line
     error saying what is wrong with the folder."""
     from hooktrace._naming import is_aggregate_dir
-    from hooktrace.record.aggregate import kept_steps, load_aggregates
+    from hooktrace.record.aggregate_folder import kept_steps, load_aggregates
     from hooktrace.reporters.aggregate import write_aggregate_report
 
     if not is_aggregate_dir(args.run):

@@ -65,7 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> None:
     from hooktrace._naming import is_aggregate_dir, rank_files_of
-    from hooktrace.record.aggregate import aggregate_summary
+    from hooktrace.record.aggregate_folder import aggregate_summary
     from hooktrace.result import load
     from hooktrace.analysis.summary import Summary
     from hooktrace.text import terminal_width

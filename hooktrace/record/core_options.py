@@ -25,7 +25,7 @@ DEFAULT_CAPACITY = 8 * 1024 * 1024
 MAX_CAPACITY = 1 << 40
 # Streaming (out=...): the capacity bounds the chunks in flight, not the run.
 # 1 Mi events x 32 B = 32 MiB at most, within issue #9's 64 MiB above the untraced
-# process; the writer wakes every STREAM_PERIOD_MS (record/recorder.py), so this is
+# process; the writer wakes every STREAM_PERIOD_MS (record/streaming.py), so this is
 # ~40x what a 2.6 M events/s model records between two wake-ups.
 STREAM_CAPACITY = 1 << 20
 

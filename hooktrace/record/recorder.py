@@ -31,8 +31,6 @@ import signal
 import socket
 import threading
 import time
-import warnings
-import weakref
 from types import TracebackType
 from collections.abc import Callable
 from typing import Any, Literal
@@ -53,58 +51,24 @@ from hooktrace.record import dispatch, registry
 from hooktrace.record.component import Component
 from hooktrace.record.options import DEFAULT_CAPACITY, RecordOptions
 from hooktrace.record.scopes import ModelScope, ProcessScope, Scope
+from hooktrace.record.streaming import StreamedRecording, thread_names
 from hooktrace.format import (
-    BLOCK_FOOTER,
-    BLOCK_META,
-    encode_json,
     read_trace,
-    rolling_segments,
-    stream_block,
-    stream_header,
 )
 
 __all__ = ["DEFAULT_CAPACITY", "GlobalTrace", "Recorder", "Trace", "global_trace", "trace",
            "window_handler"]
 
-# Streaming (out=...): the writer wakes every STREAM_PERIOD_MS (or when half of the
-# capacity, record/options.py, is in flight).
-STREAM_PERIOD_MS = 10
-# max_disk: segments of max_disk / 8, at least 256 KiB (each restates its tables)
-SEGMENT_MIN_BYTES = 256 << 10
-
 # The one process scope of this process (nn.Module calls of the whole process).
 _process_lock = threading.Lock()
 _process_recorder: Recorder | None = None
-
-# The recorders streaming now, for os.fork() (a DataLoader's workers): their writer
-# threads hold no lock across a fork (_before_fork), and in the child the stream stays
-# the parent's (nothing is written to it there, the file is not removed).
-_streaming: weakref.WeakSet[Recorder] = weakref.WeakSet()
-_fork_held: list[Any] = []  # the writers _before_fork locked, until the fork is done
-
-
-def _before_fork() -> None:
-    for recorder in list(_streaming):
-        writer = recorder._writer
-        if writer is not None and recorder._stream_pid == os.getpid():
-            writer.before_fork()
-            _fork_held.append(writer)
-
-
-def _after_fork(in_child: bool) -> None:
-    while _fork_held:
-        _fork_held.pop().after_fork(in_child)
-
-
-os.register_at_fork(before=_before_fork, after_in_parent=lambda: _after_fork(False),
-                    after_in_child=lambda: _after_fork(True))
 
 # What TraceData sets: read before the block ends, they raise one clear error.
 _DATA_ATTRS = frozenset({"events", "modules", "node_names", "clock", "info", "_spans",
                          "_steps"})
 
 
-class Recorder(StepMarks, FlightRecorder):
+class Recorder(StepMarks, FlightRecorder, StreamedRecording):
     """Records module calls in a ``with`` block: :class:`Trace` (the given model) and
     :class:`GlobalTrace` (every module in the process) are this class with a scope.
 
@@ -210,13 +174,7 @@ class Recorder(StepMarks, FlightRecorder):
         self._init_flight_recorder(options.dump_on, options.dump_dir, options.hang_timeout,
                                    options.dump_signal)
         self._init_windows(options.schedule, options.on_window)
-        self._out: str | None = options.out  # (a str once checked)
-        self._writer: Any = None
-        self._stream_fd = -1
-        self._stream_lost: tuple[str, int] | None = None  # (write error, events lost)
-        self._stream_counts: dict[str, int] | None = None  # what the stream holds, at its end
-        self._stream_pid = 0  # the process writing the stream (a forked child does not)
-        self._rolling: dict[str, Any] | None = None  # max_disk: META's "rolling"
+        self._init_stream(options.out)
         if options.max_disk and options.out is None:
             raise ValueError("max_disk bounds a stream's files: it needs out=")
         self._session: Any = None
@@ -512,7 +470,7 @@ class Recorder(StepMarks, FlightRecorder):
             "policy": self.options.policy,
             "capacity": int(session.capacity),
             "start_unix_ns": self._start_unix_ns,
-            "thread_names": _thread_names(),
+            "thread_names": thread_names(),
             **self._scope.info(),
         }
         for component in self._components:  # (prepared by now)
@@ -571,140 +529,11 @@ class Recorder(StepMarks, FlightRecorder):
             info = dict(contents.info)
             info.pop("cut", None)  # not cut: still recording
             info.update(dropped_events=int(stats["dropped"]), stop_unix_ns=time.time_ns(),
-                        thread_names=_thread_names(), out=self._out)
+                        thread_names=thread_names(), out=self._out)
             return TraceResult(contents.events, contents.modules, contents.node_names,
                              contents.clock, info)
         events, clock, info = self._collect(stop_unix_ns=time.time_ns())
         return TraceResult(events, self._scope.modules_table(), _C.node_names(), clock, info)
-
-    # -- streaming (out=...) ------------------------------------------------
-
-    def _open_stream(self, session: Any) -> None:
-        """Starts the file (header and META) and creates its writer; nothing else yet.
-
-        Written in place, not through a temporary file: the point of a stream is that
-        the file at ``out`` is readable at every moment, a killed run included.
-        """
-        assert self._out is not None
-        fd = os.open(self._out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
-        self._stream_fd = fd
-        self._stream_pid = os.getpid()
-        meta = self._run_info(session)
-        meta["modules"] = [[name, type_name] for name, type_name in self._scope.modules_table()]
-        max_disk = self.options.max_disk
-        if max_disk:
-            # rolling segments (csrc/stream_writer.h): OUT holds the newest, the older
-            # ones <stem>.<k>.htrace beside it; a previous run's are removed first
-            base = os.path.basename(self._out)
-            stem = base[: -len(".htrace")] if base.endswith(".htrace") else base
-            rolling = {"newest": base, "stem": stem, "max_disk": int(max_disk),
-                       "segment_bytes": max(SEGMENT_MIN_BYTES, int(max_disk) // 8)}
-            for old in rolling_segments(self._out, rolling):
-                with contextlib.suppress(OSError):
-                    os.unlink(old)
-            meta["rolling"] = self._rolling = rolling
-        prefix = stream_header() + stream_block(BLOCK_META, encode_json(meta))
-        _write_all(fd, prefix)
-        self._writer = _C.StreamWriter(session, fd, STREAM_PERIOD_MS)
-        if self._rolling is not None:
-            self._writer.set_rolling(
-                self._out, os.path.join(os.path.dirname(self._out), self._rolling["stem"]),
-                prefix, self._rolling["segment_bytes"], self._rolling["max_disk"])
-        _streaming.add(self)
-        if isinstance(self._scope, ProcessScope):
-            # its table grows while recording (it is [] in META): MODULES blocks
-            self._scope.on_modules = self._writer.set_modules
-
-    def _abandon_stream(self) -> None:
-        """Entry failed before recording: the file holds no run, so it goes."""
-        if self._stream_fd >= 0:
-            os.close(self._stream_fd)
-            self._stream_fd = -1
-            self._writer = None
-            assert self._out is not None
-            with contextlib.suppress(OSError):
-                os.unlink(self._out)
-
-    def _finish_stream(self, stop_unix_ns: int) -> None:
-        """Drains the last events (the session is stopped), then the FOOTER, then closes."""
-        writer, session, scope = self._writer, self._session, self._scope
-        _streaming.discard(self)
-        if self.streamed_by_parent():
-            # a forked child's copy: the writer thread and the file are the parent's
-            writer.stop()  # (inert here: joins and writes nothing)
-            os.close(self._stream_fd)
-            self._stream_fd = -1
-            self._writer = None
-            return
-        try:
-            if isinstance(scope, ProcessScope):
-                scope.on_modules = None
-                writer.set_modules(0, scope.modules_table())  # (unchanged: nothing to write)
-            writer.stop()
-            stats, written = session.stats(), writer.stats()
-            fd = int(writer.fd())  # the newest segment's (this one unless it rolled)
-            if fd != self._stream_fd:
-                os.close(self._stream_fd)
-                self._stream_fd = fd
-            footer = {
-                "dropped_events": int(stats["dropped"]),
-                "overwritten_events": int(stats["overwritten"]),
-                "stop_unix_ns": stop_unix_ns,
-                "thread_names": _thread_names(),
-                "events": int(written["events"]),
-                # the writer's own figures: how far memory went, how busy it was
-                "stream": {"chunks": int(stats["chunks"]), "rounds": int(written["rounds"]),
-                           "blocks": int(written["blocks"]), "bytes": int(written["bytes"]),
-                           "busy_ns": int(written["busy_ns"]),
-                           "cpu_ns": int(written["cpu_ns"])},
-            }
-            # rank, world size and clock offsets (issue #11), as save()d files have them
-            footer.update(rank_info(self._start_unix_ns, stop_unix_ns))
-            footer.update(scope.info())  # a process scope's top-level modules, as of now
-            # kernel sites and compiles, shape signatures seen while streaming, the
-            # devices the run used, FLOPs (stopped by now: every count closed)
-            self._add_metadata(footer)
-            self._stream_counts = {"events": int(written["events"]),
-                                   "dropped_events": int(stats["dropped"]),
-                                   "overwritten_events": int(stats["overwritten"])}
-            if self._rolling:
-                rolled = {k: int(written[k]) for k in (
-                    "segments", "rolled_off_segments", "rolled_off_events", "rolled_off_bytes",
-                    "full_disk_rolled_off_segments", "full_disk_lost_events")}
-                footer["rolling"] = dict(self._rolling, **rolled,
-                                         events_written=int(written["events"]))
-                footer["events"] = int(written["segment_events"])  # this file's
-                self._stream_counts["rolled_off_events"] = rolled["rolled_off_events"]
-                full_lost = rolled["full_disk_lost_events"]
-                if full_lost:
-                    # the disk had no room even with every older segment gone: lost,
-                    # counted as dropped (the file says so in its footer)
-                    footer["dropped_events"] = int(stats["dropped"]) + full_lost
-                    self._stream_counts["dropped_events"] += full_lost
-                if rolled["full_disk_rolled_off_segments"] or full_lost:
-                    warnings.warn(
-                        f"hooktrace: the disk holding {self._out} was full: "
-                        f"{rolled['full_disk_rolled_off_segments']} older segments were "
-                        f"rolled off early to make room and {full_lost:,} events were lost "
-                        "with no room left (--max-disk keeps recording the newest)",
-                        RuntimeWarning, stacklevel=4)
-            if written["error"]:
-                # Every block before the failed one is intact: the file loads up to it.
-                # Its events after that are dropped events of the result (the file cannot
-                # say so: it could not be written).
-                self._stream_lost = (str(written["error"]),
-                                     int(written["lost_events"]) + int(stats["dropped"]))
-                self._stream_counts["dropped_events"] += int(written["lost_events"])
-                warnings.warn(
-                    f"hooktrace: writing {self._out} failed at {written['error']}; "
-                    f"{int(written['lost_events']):,} events were lost and the file ends "
-                    "there (it loads up to that point)", RuntimeWarning, stacklevel=4)
-            else:
-                _write_all(self._stream_fd, stream_block(BLOCK_FOOTER, encode_json(footer)))
-        finally:
-            os.close(self._stream_fd)
-            self._stream_fd = -1
-            self._writer = None
 
     @property
     def scope(self) -> Scope:
@@ -720,40 +549,6 @@ class Recorder(StepMarks, FlightRecorder):
     def out(self) -> str | None:
         """The file this recorder streams to (``out=``), or None (kept in memory)."""
         return self._out
-
-    def stream_counts(self) -> dict[str, int]:
-        """After a streamed block: ``events`` (written to the file), ``dropped_events``
-        and ``overwritten_events``, without reading the file back."""
-        if self._stream_counts is None:
-            raise RuntimeError("hooktrace: stream_counts() is there once a streamed (out=) "
-                               "trace has ended")
-        return dict(self._stream_counts)
-
-    def streamed_by_parent(self) -> bool:
-        """Whether this is a forked child's copy of a streaming recorder: the stream is
-        the parent process's (the child writes nothing to it)."""
-        return self._out is not None and self._stream_pid not in (0, os.getpid())
-
-    def discard_stream(self) -> None:
-        """After the block: deletes the streamed file (a run with nothing worth keeping,
-        e.g. no module called); not in a forked child (the file is the parent's)."""
-        if self._state != "done":
-            raise RuntimeError("hooktrace: discard_stream() is for a trace that has ended")
-        if self._out is not None and not self.streamed_by_parent():
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._out)
-
-    def _load_stream(self) -> TraceResult:
-        assert self._out is not None
-        contents = read_trace(self._out)
-        info = dict(contents.info)
-        info["out"] = self._out
-        if self._stream_lost is not None:
-            error, lost = self._stream_lost
-            info["stream_error"] = error
-            info["dropped_events"] = int(info.get("dropped_events", 0)) + lost
-        return TraceResult(contents.events, contents.modules, contents.node_names,
-                           contents.clock, info)
 
 
 # The result's attributes and methods that the recorder forwards.
@@ -909,16 +704,6 @@ def window_handler(directory: str | os.PathLike[str]) -> Callable[[TraceResult],
         return path
 
     return write
-
-
-def _thread_names() -> dict[str, str]:
-    return {str(t.native_id): t.name for t in threading.enumerate()}
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 def _options(kwargs: dict[str, Any]) -> RecordOptions:

@@ -9,7 +9,7 @@ call, and device time, memory peak, TFLOP/s and numerics when recorded; click a 
 to sort), and the list of the steps kept whole by the detail policy, each a trace with
 the command that reports it.
 
-The table comes in as a pyarrow Table (``hooktrace.record.aggregate.load_aggregates``),
+The table comes in as a pyarrow Table (``hooktrace.record.aggregate_folder.load_aggregates``),
 the kept steps as dicts with ``step``, ``why`` and ``path``.
 """
 

@@ -26,11 +26,14 @@ LAYERS: list[tuple[str, set[str]]] = [
         "hooktrace.format.v2",
         "hooktrace.format.stream", "hooktrace.format._kineto",
         "hooktrace.format._profiler_events"}),
-    ("data", {"hooktrace.reading"}),
+    ("data", {"hooktrace.reading", "hooktrace._span_tables"}),
     ("analysis", {
-        "hooktrace.analysis", "hooktrace.analysis.groups", "hooktrace.analysis.summary", "hooktrace.analysis.diff",
-        "hooktrace.analysis._diff_inputs", "hooktrace.analysis.attribution",
+        "hooktrace.analysis", "hooktrace.analysis.groups", "hooktrace.analysis.summary",
+        "hooktrace.analysis._summary_columns", "hooktrace.analysis.diff",
+        "hooktrace.analysis._diff_inputs", "hooktrace.analysis._diff_parts",
+        "hooktrace.analysis.attribution",
         "hooktrace.analysis.rankset", "hooktrace.analysis.stragglers",
+        "hooktrace.analysis._rank_reduce",
         "hooktrace.analysis._filters", "hooktrace.analysis.memory", "hooktrace.analysis.flops",
         "hooktrace.analysis.kernels", "hooktrace.analysis.numerics", "hooktrace.analysis.shapes",
         "hooktrace.analysis.device_time", "hooktrace.data", "hooktrace.data.intervals",
@@ -48,9 +51,9 @@ LAYERS: list[tuple[str, set[str]]] = [
         "hooktrace.result"}),
     ("recording", {
         "hooktrace.record", "hooktrace.record.dispatch", "hooktrace.record.scopes",
-        "hooktrace.record.recorder", "hooktrace.record.kernels", "hooktrace.record.ranks",
+        "hooktrace.record.recorder", "hooktrace.record.streaming", "hooktrace.record.kernels", "hooktrace.record.ranks",
         "hooktrace.record.options", "hooktrace.record.core_options", "hooktrace.record.registry",
-        "hooktrace.record.aggregate",
+        "hooktrace.record.aggregate", "hooktrace.record.aggregate_folder",
         "hooktrace.record.component", "hooktrace.record.backward", "hooktrace.record.memory",
         "hooktrace.record.shapes", "hooktrace.record.numerics", "hooktrace.record.flops",
         "hooktrace.record.gpu_time",
@@ -223,6 +226,18 @@ def test_few_modules_at_the_top_of_the_package() -> None:
     assert len(top) <= MAX_TOP_LEVEL, (
         f"{len(top)} modules directly in hooktrace/ (at most {MAX_TOP_LEVEL}): {top}; "
         "put the new one in its layer's folder")
+
+
+# Issue #37: a module is read whole; past this many lines it holds more than one thing
+# and is split along its seams (a module of its own per part, in its layer's folder).
+MAX_LINES = 800
+
+
+def test_no_module_is_longer_than_the_limit() -> None:
+    long = sorted(f"{p.relative_to(PACKAGE.parent)} ({n} lines)"
+                  for p in PACKAGE.rglob("*.py")
+                  if (n := len(p.read_text().splitlines())) > MAX_LINES)
+    assert not long, f"modules over {MAX_LINES} lines (split them): {long}"
 
 
 def _release(version: str) -> tuple[int, ...]:

@@ -280,7 +280,7 @@ def test_diff_numbers_on_duckdb_equal_numpys(seed: int) -> None:
     every call when pooled, device time) from SQL equal numpy's exactly, on damaged
     multi-thread streams, backward spans with eval calls, and CUDA runs with device time
     (a kernel site without host span, one step, none)."""
-    from hooktrace.analysis.diff import _part, _sql_part
+    from hooktrace.analysis._diff_parts import trace_part, trace_sql_part
 
     runs = [build_trace(random_stream(seed)), build_trace(random_stream(seed, p_node=0.2)),
             backward_trace(seed)]
@@ -288,9 +288,9 @@ def test_diff_numbers_on_duckdb_equal_numpys(seed: int) -> None:
         runs += [gpu_trace(), gpu_trace(steps=1), gpu_trace(gpu=False)]
     for run in runs:
         for keep_calls in (False, True):
-            want = _part(run, keep_calls)
+            want = trace_part(run, keep_calls)
             assert want.types  # (something to compare)
-            _same_parts(want, _sql_part(run, keep_calls))
+            _same_parts(want, trace_sql_part(run, keep_calls))
 
 
 # -- the command line -------------------------------------------------------------------

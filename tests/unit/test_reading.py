@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from conftest import IDENTITY_CLOCK, backward_spans, build_events, build_trace, random_stream
 
-from hooktrace import reading
+from hooktrace import _span_tables
 from hooktrace._events import EVENT_DTYPE
 from hooktrace.reading import NO_PASS, Nodes, Spans, TraceData
 from hooktrace.result import load
@@ -61,7 +61,7 @@ def test_spans_without_nodes_get_empty_nodes():
 
 def test_from_events_fills_nodes_from_build_spans(monkeypatch):
     # GIVEN a build_spans that also returns the node arrays (issue #3 layout)
-    real = reading._C.build_spans
+    real = _span_tables._C.build_spans
 
     def with_nodes(events, t_ns, post_hook_names=()):
         out = dict(real(events, t_ns, post_hook_names))
@@ -72,7 +72,7 @@ def test_from_events_fills_nodes_from_build_spans(monkeypatch):
                    node_fwd_tid=np.array([1, 1], np.uint32))
         return out
 
-    monkeypatch.setattr(reading._C, "build_spans", with_nodes)
+    monkeypatch.setattr(_span_tables._C, "build_spans", with_nodes)
     # WHEN spans are built THEN Spans.nodes carries them
     spans = Spans.from_events(build_events([(1, 1, 0, 0), (1, 2, 0, 20)]), IDENTITY_CLOCK)
     assert spans.nodes.pass_id.tolist() == [0, NO_PASS]

@@ -434,7 +434,7 @@ def test_self_time_has_one_definition() -> None:
                  if p.name != "kernels.py" and re.search(r"\.region_self_ns\b", p.read_text())]
     assert rederived == []
     users = {p.name for p in package.rglob("*.py") if "span_self_ns(" in p.read_text()}
-    assert {"summary.py", "diff.py", "tables.py"} <= users
+    assert {"summary.py", "_diff_parts.py", "tables.py"} <= users
 
 
 def test_the_parquet_spans_self_column_is_the_summarys() -> None:

@@ -1,0 +1,394 @@
+"""A run's tables as parallel numpy arrays, decoded from its events: :class:`Spans`
+(module calls: forward, backward, recompute), :class:`Nodes` (the autograd node
+executions behind the backward spans), :class:`Steps` (step marks) and
+:class:`GpuSpans` (device time of module calls). :class:`hooktrace.reading.TraceData`
+builds them (and derives the device intervals); import them from ``hooktrace.reading``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from hooktrace._native import load_native
+from hooktrace._events import EVENT_DTYPE, STEP, Clock
+
+_C = load_native()  # torch's libraries, not torch (hooktrace._native)
+
+
+_SPAN_FIELDS: dict[str, np.dtype[Any]] = {
+    "start_ns": np.dtype(np.int64),
+    "end_ns": np.dtype(np.int64),
+    "self_ns": np.dtype(np.int64),
+    "parent": np.dtype(np.int64),
+    "module": np.dtype(np.uint32),
+    "tid": np.dtype(np.uint32),
+    "depth": np.dtype(np.uint32),
+    "call": np.dtype(np.uint32),
+    "flags": np.dtype(np.uint8),
+    "cat": np.dtype(np.uint8),
+}
+
+_NODE_FIELDS: dict[str, np.dtype[Any]] = {
+    "start_ns": np.dtype(np.int64),
+    "end_ns": np.dtype(np.int64),
+    "self_ns": np.dtype(np.int64),
+    "seq": np.dtype(np.uint64),
+    "name": np.dtype(np.uint32),
+    "tid": np.dtype(np.uint32),
+    "pass_id": np.dtype(np.uint32),
+    "span": np.dtype(np.int64),
+}
+# Optional: zeros when not given (synthetic tables, or none recorded).
+_OPTIONAL_NODE_FIELDS: dict[str, np.dtype[Any]] = {"fwd_tid": np.dtype(np.uint32)}
+# Autograd nodes whose post-hooks are their module's backward hooks
+# (torch.utils.hooks.BackwardHook: register_full_backward_hook), csrc/backward_spans.cpp.
+_POST_HOOK_NODES = frozenset({"BackwardHookFunctionBackward"})
+
+# build_spans' dict key for each Nodes field
+_NODE_KEYS = {name: "node_pass" if name == "pass_id" else f"node_{name}"
+              for name in (*_NODE_FIELDS, *_OPTIONAL_NODE_FIELDS)}
+
+
+def _checked_arrays(owner: object, what: str, fields: Mapping[str, np.dtype[Any]],
+                    arrays: Mapping[str, np.ndarray]) -> int:
+    n = len(arrays["start_ns"])
+    for name, dtype in fields.items():
+        a = np.asarray(arrays[name])
+        if a.dtype != dtype or a.shape != (n,):
+            raise ValueError(f"{what}.{name}: expected {dtype} array of shape ({n},), "
+                             f"got {a.dtype} {a.shape}")
+        setattr(owner, name, a)
+    return n
+
+
+class Nodes:
+    """Autograd node executions of one run as parallel numpy arrays, one entry each.
+
+    Fields: ``start_ns``/``end_ns`` (int64 Unix ns), ``self_ns`` (duration minus
+    nested nodes'), ``seq`` (uint64 autograd sequence number), ``name`` (uint32
+    index into ``TraceData.node_names``), ``tid`` (OS thread that ran it),
+    ``pass_id`` (uint32 backward pass, ``NO_PASS`` when unknown), ``span``
+    (int64 index of the backward span it is attributed to directly; -1 when
+    unattributed, e.g. the loss's nodes or AccumulateGrad), ``fwd_tid`` (uint32
+    RecordFunction id of the thread whose forward created it, the profiler's
+    "Fwd thread id"; optional, zeros when not given). No order is implied.
+
+    Example:
+        >>> import numpy as np
+        >>> n = Nodes({"start_ns": np.array([0, 5]), "end_ns": np.array([4, 9]),
+        ...            "self_ns": np.array([4, 4]), "seq": np.array([7, 6], np.uint64),
+        ...            "name": np.array([0, 1], np.uint32), "tid": np.array([1, 1], np.uint32),
+        ...            "pass_id": np.array([0, 0], np.uint32), "span": np.array([3, -1])})
+        >>> len(n), n.unattributed, n.duration_ns.tolist()
+        (2, 1, [4, 4])
+        >>> len(Nodes.empty())
+        0
+    """
+
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    self_ns: np.ndarray
+    seq: np.ndarray
+    name: np.ndarray
+    tid: np.ndarray
+    pass_id: np.ndarray
+    span: np.ndarray
+    fwd_tid: np.ndarray
+
+    def __init__(self, arrays: Mapping[str, np.ndarray]) -> None:
+        n = _checked_arrays(self, "Nodes", _NODE_FIELDS, arrays)
+        optional = {k: arrays[k] if k in arrays else np.zeros(n, dtype)
+                    for k, dtype in _OPTIONAL_NODE_FIELDS.items()}
+        _checked_arrays(self, "Nodes", _OPTIONAL_NODE_FIELDS, {"start_ns": arrays["start_ns"],
+                                                               **optional})
+
+    @classmethod
+    def empty(cls) -> Nodes:
+        """No nodes (a forward-only run, or a trace from before backward recording)."""
+        return cls({name: np.zeros(0, dtype) for name, dtype in _NODE_FIELDS.items()})
+
+    def __len__(self) -> int:
+        return len(self.start_ns)
+
+    def __repr__(self) -> str:
+        return f"Nodes({len(self)} nodes, {self.unattributed} unattributed)"
+
+    @property
+    def duration_ns(self) -> np.ndarray:
+        """``end_ns - start_ns`` (int64)."""
+        return self.end_ns - self.start_ns
+
+    @property
+    def unattributed(self) -> int:
+        """How many nodes belong to no module call (``span == -1``)."""
+        return int(np.count_nonzero(self.span < 0))
+
+    def to_records(self) -> np.ndarray:
+        """The nodes as one structured array with the field names above."""
+        out = np.empty(len(self), dtype=list(_NODE_FIELDS.items()))
+        for name in _NODE_FIELDS:
+            out[name] = getattr(self, name)
+        return out
+
+
+class Spans:
+    """Calls of one run as parallel numpy arrays, one entry per span.
+
+    Three categories (``cat``): CAT_FORWARD and CAT_RECOMPUTE spans (forward
+    calls re-run by activation checkpointing) come first, by ``tid`` ascending,
+    then in recorded pre-order within the thread: every parent before its
+    children, start ascending whenever the thread's clock readings are; they
+    nest strictly per thread. CAT_BACKWARD spans follow, sorted by (tid, start,
+    depth): one per (forward module call, backward pass), with the ``module``,
+    ``call`` and ``depth`` of that forward call, ``tid`` the thread of its first
+    autograd node, start/end spanning the nodes of the call and its descendants,
+    ``self_ns`` the time of the nodes attributed directly to it; siblings may
+    overlap in time, so backward spans need not nest.
+
+    Fields: ``start_ns``/``end_ns`` (int64 Unix ns), ``self_ns`` (forward:
+    duration minus direct children's), ``parent`` (int64 span index of the
+    parent call in the same category and pass, -1 for none), ``module`` (module
+    slot), ``tid``, ``depth``, ``call`` (ordinal of the forward call among the
+    module's calls by start time, across threads), ``flags`` (SPAN_ERROR |
+    SPAN_UNFINISHED), ``cat``. Counts: ``orphan_exits`` (EXITs without a
+    matching ENTER, normal at the start of a ring buffer), ``unfinished``
+    (spans without an EXIT), ``node_events`` (NODE_BEGIN/NODE_END events).
+    ``threads`` lists every tid that recorded an event; ``nodes`` holds the
+    autograd node executions (``Nodes``, empty when none were recorded).
+
+    Example:
+        >>> import numpy as np
+        >>> from hooktrace._events import (EVENT_DTYPE, GPU_BACKWARD, GPU_EXIT, GPU_KERNEL, GPU_MARK,
+                               GPU_NO_MODULE, GPU_TIME, STEP, Clock)
+        >>> ev = np.zeros(3, EVENT_DTYPE); ev["kind"] = [2, 1, 2]; ev["t"] = [1, 2, 5]
+        >>> s = Spans.from_events(ev, Clock(0, 0, 1.0))
+        >>> len(s), s.orphan_exits, s.unfinished
+        (1, 1, 0)
+    """
+
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    self_ns: np.ndarray
+    parent: np.ndarray
+    module: np.ndarray
+    tid: np.ndarray
+    depth: np.ndarray
+    call: np.ndarray
+    flags: np.ndarray
+    cat: np.ndarray
+
+    def __init__(
+        self,
+        arrays: Mapping[str, np.ndarray],
+        *,
+        threads: np.ndarray,
+        orphan_exits: int,
+        unfinished: int,
+        node_events: int = 0,
+        nodes: Nodes | None = None,
+    ) -> None:
+        n = _checked_arrays(self, "Spans", _SPAN_FIELDS, arrays)
+        self.threads = np.asarray(threads, dtype=np.uint32)
+        self.orphan_exits = int(orphan_exits)
+        self.unfinished = int(unfinished)
+        self.node_events = int(node_events)
+        self.nodes = Nodes.empty() if nodes is None else nodes
+        if len(self.nodes) and int(self.nodes.span.max()) >= n:
+            raise ValueError(f"Nodes.span: index {int(self.nodes.span.max())} is out of range "
+                             f"for {n} spans")
+
+    @classmethod
+    def from_events(cls, events: np.ndarray, clock: Clock,
+                    node_names: Sequence[str] = ()) -> Spans:
+        """Pair ENTER/EXIT events into spans (C++; rules in ``csrc/spans.h``).
+        ``node_names`` (the trace's autograd node names) lets a module's
+        ``register_full_backward_hook`` hooks count in its backward span."""
+        events = np.ascontiguousarray(events)
+        if events.dtype != EVENT_DTYPE or events.ndim != 1:
+            raise TypeError(f"events must be a 1-D array of EVENT_DTYPE, got {events.dtype}")
+        t_ns = np.ascontiguousarray(clock.to_unix_ns(events["t"]), dtype=np.int64)
+        post_hooks = [i for i, name in enumerate(node_names) if name in _POST_HOOK_NODES]
+        out = _C.build_spans(events, t_ns, post_hooks)
+        nodes = None
+        if "node_start_ns" in out:
+            nodes = Nodes({name: out[key] for name, key in _NODE_KEYS.items()})
+        return cls(
+            {name: out[name] for name in _SPAN_FIELDS},
+            threads=out["threads"],
+            orphan_exits=out["orphan_exits"],
+            unfinished=out["unfinished"],
+            node_events=out["node_events"],
+            nodes=nodes,
+        )
+
+    def __len__(self) -> int:
+        return len(self.start_ns)
+
+    def __repr__(self) -> str:
+        return (f"Spans({len(self)} spans, {len(self.nodes)} nodes, {len(self.threads)} threads, "
+                f"orphan_exits={self.orphan_exits}, unfinished={self.unfinished})")
+
+    @property
+    def unattributed_nodes(self) -> int:
+        """Autograd nodes attributed to no module call (``nodes.span == -1``)."""
+        return self.nodes.unattributed
+
+    @property
+    def duration_ns(self) -> np.ndarray:
+        """``end_ns - start_ns`` (int64)."""
+        return self.end_ns - self.start_ns
+
+    def to_records(self) -> np.ndarray:
+        """The spans as one structured array with the field names above."""
+        out = np.empty(len(self), dtype=list(_SPAN_FIELDS.items()))
+        for name in _SPAN_FIELDS:
+            out[name] = getattr(self, name)
+        return out
+
+
+class Steps:
+    """Training steps of one run, in time order; step ``i`` ran from ``start_ns[i]``
+    to ``end_ns[i]`` (Unix ns).
+
+    A step mark (``Trace.step()``, or ``Optimizer.step()`` by default) ends a step:
+    the mark numbered n ends step n, which began at the previous mark (the first
+    at the start of the recording). After the last mark, what was recorded up to
+    the end of the recording is one more step, ``complete`` False. ``number``
+    (int64) keeps the recorder's numbering, so steps lost to a full buffer show
+    as gaps.
+
+    Example:
+        >>> import numpy as np
+        >>> s = Steps(np.array([0, 1]), np.array([100, 150]), np.array([150, 400]),
+        ...           np.array([True, False]))
+        >>> len(s), s.duration_ns.tolist(), s.index_of(np.array([120, 160, 90])).tolist()
+        (2, [50, 250], [0, 1, -1])
+    """
+
+    def __init__(self, number: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray,
+                 complete: np.ndarray) -> None:
+        self.number = np.asarray(number, np.int64)
+        self.start_ns = np.asarray(start_ns, np.int64)
+        self.end_ns = np.asarray(end_ns, np.int64)
+        self.complete = np.asarray(complete, bool)
+
+    @classmethod
+    def from_events(cls, events: np.ndarray, clock: Clock, start_ns: int, stop_ns: int,
+                    last_event_ns: int) -> Steps:
+        marks = np.flatnonzero(events["kind"] == STEP)
+        if not len(marks):
+            return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64),
+                       np.zeros(0, bool))
+        t = clock.to_unix_ns(events["t"][marks])
+        order = np.argsort(t, kind="stable")
+        t = t[order]
+        number = events["seq"][marks][order].astype(np.int64)
+        start = np.concatenate([[min(start_ns, int(t[0]))], t[:-1]])
+        end, complete = t, np.ones(len(t), bool)
+        if last_event_ns > int(t[-1]):  # recorded after the last mark: a step not ended
+            number = np.append(number, number[-1] + 1)
+            start = np.append(start, t[-1])
+            end = np.append(end, max(stop_ns, last_event_ns))
+            complete = np.append(complete, False)
+        return cls(number, start, end, complete)
+
+    def __len__(self) -> int:
+        return len(self.number)
+
+    def __repr__(self) -> str:
+        return f"Steps({len(self)} steps, {int(self.complete.sum())} complete)"
+
+    @property
+    def duration_ns(self) -> np.ndarray:
+        return self.end_ns - self.start_ns
+
+    def index_of(self, t_ns: np.ndarray) -> np.ndarray:
+        """Row of the step containing each time (a mark's own time belongs to the step
+        it ends); -1 before the first step or after the last."""
+        t = np.asarray(t_ns, np.int64)
+        if not len(self):
+            return np.full(len(t), -1, np.int64)
+        i = np.searchsorted(self.end_ns, t, "left")
+        inside = (i < len(self)) & (t >= self.start_ns[np.minimum(i, len(self) - 1)])
+        return np.where(inside, i, -1)
+
+
+GPU_FIELDS: dict[str, np.dtype[Any]] = {
+    "start_ns": np.dtype(np.int64),
+    "end_ns": np.dtype(np.int64),
+    "self_ns": np.dtype(np.int64),
+    "span": np.dtype(np.int64),
+    "module": np.dtype(np.uint32),
+    "cat": np.dtype(np.uint8),
+    "device": np.dtype(np.int16),
+    "stream": np.dtype(np.int64),
+}
+
+
+class GpuSpans:
+    """Device time of module calls (``trace(gpu=True)``, issue #28), one entry per timed
+    interval, as parallel numpy arrays.
+
+    Fields: ``start_ns``/``end_ns`` (int64 Unix ns: the device's timeline aligned to the
+    host clock, so they sit beside the host spans), ``self_ns`` (the interval minus the
+    device time of the intervals nested in it: its module's children on the same stream),
+    ``span`` (int64 index into :meth:`TraceData.spans` of the host span it times, forward,
+    recompute or backward; -1 when it has none, e.g. a kernel site of a compiled region),
+    ``module`` (module slot), ``cat`` (CAT_FORWARD, CAT_BACKWARD or CAT_RECOMPUTE: the
+    phase it ran in), ``device`` (accelerator index), ``stream`` (stream id on it).
+
+    How the run was timed is in ``TraceData.info["gpu"]`` when it was: ``timer``
+    (``"cuda"``, or ``"host"`` for the host-clock backend the tests use), ``every``,
+    ``timed_steps``, ``skipped_capturing`` (calls not timed while a CUDA graph was
+    being captured), ``dropped`` (calls not timed: the event pool was exhausted) and
+    ``align_error_ns`` (the device-to-host clock alignment's bound).
+
+    Example:
+        >>> import numpy as np
+        >>> g = GpuSpans({"start_ns": np.array([0, 2]), "end_ns": np.array([10, 6]),
+        ...               "self_ns": np.array([6, 4]), "span": np.array([0, 1]),
+        ...               "module": np.array([0, 1], np.uint32), "cat": np.array([0, 0], np.uint8),
+        ...               "device": np.array([0, 0], np.int16), "stream": np.array([7, 7])})
+        >>> len(g), g.duration_ns.tolist()
+        (2, [10, 4])
+        >>> len(GpuSpans.empty())
+        0
+    """
+
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    self_ns: np.ndarray
+    span: np.ndarray
+    module: np.ndarray
+    cat: np.ndarray
+    device: np.ndarray
+    stream: np.ndarray
+
+    def __init__(self, arrays: Mapping[str, np.ndarray]) -> None:
+        _checked_arrays(self, "GpuSpans", GPU_FIELDS, arrays)
+
+    @classmethod
+    def empty(cls) -> GpuSpans:
+        """No device time (not recorded, or a run without an accelerator)."""
+        return cls({name: np.zeros(0, dtype) for name, dtype in GPU_FIELDS.items()})
+
+    def __len__(self) -> int:
+        return len(self.start_ns)
+
+    def __repr__(self) -> str:
+        return f"GpuSpans({len(self)} intervals)"
+
+    @property
+    def duration_ns(self) -> np.ndarray:
+        """``end_ns - start_ns`` (int64)."""
+        return self.end_ns - self.start_ns
+
+    def to_records(self) -> np.ndarray:
+        """The intervals as one structured array with the field names above."""
+        out = np.empty(len(self), dtype=list(GPU_FIELDS.items()))
+        for name in GPU_FIELDS:
+            out[name] = getattr(self, name)
+        return out

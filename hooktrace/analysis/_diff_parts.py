@@ -1,0 +1,555 @@
+"""``hooktrace diff``'s numbers of one run, before any comparison: each trace file
+reduced to a :class:`Part` (per (module, phase): p50 per call, time, self time and calls
+per complete step, on numpy or on DuckDB), and a run's parts (one file, or the schedule
+windows of one process) pooled into its :class:`RunStats`. Reading the files of a path
+(in worker processes, threads, or a Parquet export) is here too.
+
+:mod:`hooktrace.analysis.diff` compares two runs' :class:`RunStats` and renders the
+result; :mod:`hooktrace.analysis._diff_inputs` says which files make a run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from hooktrace.analysis._diff_inputs import DiffInputError, FileMeta, file_meta, window_of
+from hooktrace.analysis.device_time import gpu_recorded, launch_time_only, module_gpu
+from hooktrace.analysis.groups import group_percentile
+from hooktrace.analysis.kernels import derived_spans, fused_modules, span_self_ns
+from hooktrace._events import SPAN_DEFINITION, SPAN_DEFINITIONS, span_definition
+from hooktrace.reading import (
+    CAT_BACKWARD,
+    CAT_FORWARD,
+    SPAN_EVAL,
+    TraceData,
+    as_data,
+    compile_intervals,
+    load,
+)
+
+
+# "eval": forward calls made with grad off or in eval mode (SPAN_EVAL), compared apart
+# from the training calls of the same module.
+PHASES = {"forward": CAT_FORWARD, "backward": CAT_BACKWARD, "eval": CAT_FORWARD}
+# Device time (trace(gpu=True), hooktrace.analysis.device_time): the same phases on the GPU, rows
+# of their own ("gpu forward": forward and recompute, as the summary's gpu_total). When
+# both runs have them, the gate (``failures``) checks these rows and the step only.
+GPU_PHASES = ("gpu forward", "gpu backward", "gpu eval")
+
+
+Key = tuple[str, str]  # (module, phase)
+
+
+@dataclass
+class PhaseStats:
+    """One run's numbers for a (module, phase): p50 per call, time and calls per step."""
+
+    type: str
+    p50_ns: float
+    per_step_ns: float
+    self_per_step_ns: float
+    calls: float
+    timing: str = "measured"  # or "kernels" / "measured+kernels", as summary's column
+    p50_self_ns: float = 0.0  # the median call's self time
+    spread_ns: float = 0.0  # run-to-run noise: IQR of the time per step (see spread)
+
+
+@dataclass
+class RunStats:
+    per_key: dict[Key, PhaseStats]
+    steps: int  # complete steps (0: the whole run counts as one)
+    step_p50_ns: float | None
+    total_ns: float  # time per step of the root calls, forward + backward: the run's scale
+    span_definition: int = SPAN_DEFINITION  # what a span covers (hooktrace._events)
+    gpu: bool = False  # device time recorded
+    launch: bool = False  # a CUDA run without device time
+    # (module, phase) of compiled regions that ran with no kernel of their own (their ops
+    # fused into other modules' kernels): no numbers, but not absent from the run
+    fused: set[Key] = field(default_factory=set)
+
+
+@dataclass
+class Part:
+    """One trace's numbers per (module, phase), in the form that pools: the windows of
+    one process are pooled by concatenating their calls and their steps.
+
+    ``total`` / ``self_ns`` / ``calls``: one value per column, a column being a
+    complete step (``n_steps`` of them), or the whole run when there is none.
+    ``calls_ns``: every call's duration, sorted, kept only when the part may be
+    pooled (a window); ``p50`` is exact for the part alone.
+    """
+
+    types: dict[Key, str]
+    p50: dict[Key, float]
+    calls_ns: dict[Key, np.ndarray] | None
+    total: dict[Key, np.ndarray]
+    self_ns: dict[Key, np.ndarray]
+    calls: dict[Key, np.ndarray]
+    n_steps: int
+    step_ns: np.ndarray  # the complete steps' durations
+    root_ns: float  # the root calls' time in the columns, summed
+    span_definition: int = SPAN_DEFINITION
+    # the whole run's (every span, in a step or not): for comparing with a run without steps
+    run: dict[Key, tuple[float, float, float]] = field(default_factory=dict)  # total, self, calls
+    run_root_ns: float = 0.0
+    # per key, when not "measured": "kernels" (kernel-derived inside compiled regions,
+    # hooktrace.analysis.kernels) or "measured+kernels"
+    timing: dict[Key, str] = field(default_factory=dict)
+    # the median call's self time; every call's self time, sorted, as calls_ns
+    p50_self: dict[Key, float] = field(default_factory=dict)
+    self_calls_ns: dict[Key, np.ndarray] | None = None
+    # the interquartile range of the calls' durations (for a run without steps' noise)
+    iqr: dict[Key, float] = field(default_factory=dict)
+    gpu: bool = False  # device time recorded (the GPU_PHASES keys, hooktrace.analysis.device_time)
+    launch: bool = False  # a CUDA run without device time: host times are launch times
+    fused: set[Key] = field(default_factory=set)  # as RunStats.fused
+
+
+def whole_run(part: Part) -> Part:
+    """``part`` with the whole run as its one column (as a part without steps)."""
+    if not part.n_steps:
+        return part
+    return replace(part, total={k: np.array([v[0]]) for k, v in part.run.items()},
+                   self_ns={k: np.array([v[1]]) for k, v in part.run.items()},
+                   calls={k: np.array([v[2]]) for k, v in part.run.items()},
+                   n_steps=0, step_ns=np.zeros(0, np.int64), root_ns=part.run_root_ns)
+
+
+def steps_in_one(pa: Sequence[Part], pb: Sequence[Part], names: tuple[str, str]
+                  ) -> tuple[str, int] | None:
+    """When one run has complete steps and the other none: that run's name and steps."""
+    a_steps, b_steps = (sum(p.n_steps for p in ps) for ps in (pa, pb))
+    if bool(a_steps) == bool(b_steps):
+        return None
+    return (names[0], a_steps) if a_steps else (names[1], b_steps)
+
+
+def unit_note(pa: Sequence[Part], pb: Sequence[Part], names: tuple[str, str]) -> list[str]:
+    """Both runs per step, or both per run: when one run has steps and the other none,
+    both are compared per run (``whole_run`` on every part), and this note says so."""
+    one = steps_in_one(pa, pb, names)
+    if one is None:
+        return []
+    return [f"{one[0]} has {one[1]} complete steps and the other run none: both are compared "
+            "per run (whole runs); compare runs of the same length"]
+
+
+def ranks_unit_note(pa: Mapping[int, Sequence[Part]], pb: Mapping[int, Sequence[Part]],
+                     names: tuple[str, str]) -> list[str]:
+    """:func:`unit_note` of rank directories, rank by rank: when a rank in both runs
+    has steps in one and none in the other, every rank is compared per run (so that
+    the rows, over ranks, are all in one unit), and this note says so."""
+    odd = {r: one for r in sorted(set(pa) & set(pb))
+           if (one := steps_in_one(pa[r], pb[r], names)) is not None}
+    if not odd:
+        return []
+    rank, (stepped, n) = next(iter(odd.items()))
+    more = f" (and {len(odd) - 1} more ranks)" if len(odd) > 1 else ""
+    return [f"{stepped} has {n} complete steps on rank {rank} and the other run none{more}: "
+            "every rank is compared per run (whole runs); compare runs of the same length"]
+
+
+def trace_part(trace: TraceData, keep_calls: bool = False) -> Part:
+    spans = trace.spans()
+    steps = trace.steps()
+    complete = np.flatnonzero(steps.complete)
+    n_steps = len(complete)
+    span_step = trace.span_steps() if n_steps else np.zeros(len(spans), np.int64)
+    # per span: its column among the complete steps (-1: outside them)
+    if n_steps:
+        col = np.full(len(steps) + 1, -1, np.int64)
+        col[complete] = np.arange(n_steps)
+        span_col = col[span_step]
+    else:
+        span_col = np.zeros(len(spans), np.int64)
+    width = max(n_steps, 1)
+    # the modules inside compiled regions, from their kernels: entries like spans, in the
+    # region span's step, never roots; the regions' self time less theirs (as summary)
+    d = derived_spans(trace)
+    dur = spans.duration_ns
+    # the one definition (hooktrace.analysis.kernels.span_self_ns): compile time too is the
+    # <torch.compile> row's, not its span's (summary had it; diff did not)
+    self_ns = span_self_ns(spans, d, compile_intervals(trace.info))
+    module_of, cat_of, flags, parent = spans.module, spans.cat, spans.flags, spans.parent
+    derived = np.zeros(len(spans), bool)
+    if len(d):
+        dur, self_ns = np.r_[dur, d.total_ns], np.r_[self_ns, d.self_ns]
+        module_of, cat_of = np.r_[module_of, d.module], np.r_[cat_of, d.cat]
+        flags, parent = np.r_[flags, d.flags], np.r_[parent, d.span]
+        span_col = np.r_[span_col, span_col[d.span]]
+        derived = np.r_[derived, np.ones(len(d), bool)]
+    part = Part({}, {}, {} if keep_calls else None, {}, {}, {}, n_steps,
+                 steps.duration_ns[complete].astype(np.int64), 0.0,
+                 span_definition(trace.info), self_calls_ns={} if keep_calls else None)
+    is_eval = (flags & SPAN_EVAL) != 0
+    for phase, cat in PHASES.items():
+        sel = np.flatnonzero((cat_of == cat) & (is_eval == (phase == "eval")))
+        if not len(sel):
+            continue
+        module = module_of[sel].astype(np.int64)
+        order = np.lexsort((dur[sel], module))
+        m_sorted = module[order]
+        d_sorted = dur[sel][order]
+        starts = np.flatnonzero(np.r_[True, m_sorted[1:] != m_sorted[:-1]])
+        counts = np.diff(np.r_[starts, len(m_sorted)])
+        ids = m_sorted[starts]
+        p50 = group_percentile(d_sorted, starts, counts, 50)
+        s_sorted = self_ns[sel][np.lexsort((self_ns[sel], module))]
+        p50_self = group_percentile(s_sorted, starts, counts, 50)
+        iqr = (group_percentile(d_sorted, starts, counts, 75)
+               - group_percentile(d_sorted, starts, counts, 25))
+        n_mod = int(module.max()) + 1
+        in_step = span_col[sel] >= 0
+        cell = module[in_step] * width + span_col[sel][in_step]
+        per_step = np.bincount(cell, weights=dur[sel][in_step],
+                               minlength=n_mod * width).reshape(n_mod, width)
+        self_step = np.bincount(cell, weights=self_ns[sel][in_step],
+                                minlength=n_mod * width).reshape(n_mod, width)
+        calls = np.bincount(cell, minlength=n_mod * width).reshape(n_mod, width)
+        run_total = np.bincount(module, weights=dur[sel], minlength=n_mod)
+        run_self = np.bincount(module, weights=self_ns[sel], minlength=n_mod)
+        run_calls = np.bincount(module, minlength=n_mod)
+        n_derived = np.bincount(module, weights=derived[sel], minlength=n_mod)
+        for k, m in enumerate(ids.tolist()):
+            name, type_name = (trace.modules[m] if m < len(trace.modules)
+                               else (f"<module {m}>", "?"))
+            key = (name, phase)
+            part.run[key] = (float(run_total[m]), float(run_self[m]), float(run_calls[m]))
+            part.types[key] = type_name
+            part.p50[key] = float(p50[k])
+            part.p50_self[key] = float(p50_self[k])
+            part.iqr[key] = float(iqr[k])
+            if part.calls_ns is not None and part.self_calls_ns is not None:
+                part.calls_ns[key] = d_sorted[starts[k]:starts[k] + counts[k]].copy()
+                part.self_calls_ns[key] = s_sorted[starts[k]:starts[k] + counts[k]].copy()
+            part.total[key] = per_step[m].copy()
+            part.self_ns[key] = self_step[m].copy()
+            part.calls[key] = calls[m].astype(np.float64)
+            if n_derived[m]:
+                part.timing[key] = ("kernels" if n_derived[m] == run_calls[m]
+                                    else "measured+kernels")
+        roots = parent[sel] < 0
+        part.root_ns += float(dur[sel][roots & (span_col[sel] >= 0)].sum())
+        part.run_root_ns += float(dur[sel][roots].sum())
+    if gpu_recorded(trace):
+        add_gpu_phases(part, trace, complete)
+    part.launch = launch_time_only(trace)
+    for slot, eval_, phase in fused_modules(trace):
+        if not (eval_ and phase == "backward"):
+            part.fused.add((trace.modules[slot][0], "eval" if eval_ else phase))
+    return part
+
+
+def add_gpu_phases(part: Part, trace: TraceData, complete: np.ndarray) -> None:
+    """The run's device time as the GPU_PHASES rows of ``part``: per (module, phase) its
+    intervals as calls, in the columns of the complete steps that were timed
+    (``gpu_every=N`` times every N-th: the others would count as 0), or the whole run."""
+    gpu = trace.gpu_spans()
+    part.gpu = True
+    if not len(gpu):
+        return
+    m = module_gpu(trace, len(trace.modules))
+    timed = np.intersect1d(complete, m.step[m.step >= 0])
+    n_cols = max(len(timed), 1) if part.n_steps else 1
+    col = np.full(len(trace.steps()) + 1, -1, np.int64)
+    if part.n_steps:
+        col[timed] = np.arange(len(timed))
+        span_col = col[m.step]
+    else:
+        span_col = np.zeros(len(gpu), np.int64)
+    dur, self_ns = gpu.duration_ns, gpu.self_ns
+    is_eval = m.group >= m.n_mod
+    module = m.group % m.n_mod
+    for phase in GPU_PHASES:
+        sel = np.flatnonzero((m.backward == (phase == "gpu backward"))
+                             & (is_eval == (phase == "gpu eval")))
+        for mod in np.unique(module[sel]).tolist():
+            mine = sel[module[sel] == mod]
+            d, s_ = np.sort(dur[mine]), np.sort(self_ns[mine])
+            name, type_name = (trace.modules[mod] if mod < len(trace.modules)
+                               else (f"<module {mod}>", "?"))
+            key = (name, phase)
+            c = span_col[mine]
+            ok = c >= 0
+            per_col = np.bincount(c[ok], weights=dur[mine][ok], minlength=n_cols)
+            part.types[key] = type_name
+            part.p50[key] = float(np.percentile(d, 50))
+            part.p50_self[key] = float(np.percentile(s_, 50))
+            q75, q25 = np.percentile(d, [75, 25])
+            part.iqr[key] = float(q75 - q25)
+            if part.calls_ns is not None and part.self_calls_ns is not None:
+                part.calls_ns[key], part.self_calls_ns[key] = d, s_
+            part.total[key] = per_col
+            part.self_ns[key] = np.bincount(c[ok], weights=self_ns[mine][ok],
+                                            minlength=n_cols)
+            part.calls[key] = np.bincount(c[ok], minlength=n_cols).astype(np.float64)
+            part.run[key] = (float(d.sum()), float(s_.sum()), float(len(d)))
+            if np.any(gpu.span[mine] < 0):
+                part.timing[key] = "kernels"
+
+
+KEY_PHASES = (*PHASES, *GPU_PHASES)  # the SQL's key_phase numbers (hooktrace.data.engine)
+
+
+def trace_sql_part(trace: TraceData, keep_calls: bool = False) -> Part:
+    """:func:`trace_part` computed by DuckDB over the run's tables
+    (:func:`hooktrace.data.engine.diff_tables`): the same numbers (tested)."""
+    from hooktrace.data.engine import diff_tables, run_connection, split_files
+
+    gpu = gpu_recorded(trace)
+    con = run_connection(trace, ("spans", "steps", "gpu") if gpu else ("spans", "steps"))
+    try:  # (one file: no rank or window, r = w = -1)
+        t = diff_tables(con, gpu=gpu, calls=[(-1, -1)] if keep_calls else [])
+    finally:
+        con.close()
+    return part_from_tables(split_files(t).get((-1, -1), {}), trace.info, gpu, keep_calls)
+
+
+def part_from_tables(t: Mapping[str, Any], info: Mapping[str, Any], gpu: bool,
+                      keep_calls: bool) -> Part:
+    """A :class:`Part` from :func:`hooktrace.data.engine.diff_tables`' results of one
+    file (``split_files``: a table without rows of the file is absent; ``info``: the
+    file's metadata; ``gpu``: device time recorded)."""
+    step_ns = (t["steps"].column("dur_ns").to_numpy().astype(np.int64) if "steps" in t
+               else np.zeros(0, np.int64))
+    n_steps = len(step_ns)
+    part = Part({}, {}, {} if keep_calls else None, {}, {}, {}, n_steps, step_ns, 0.0,
+                 span_definition(dict(info)), self_calls_ns={} if keep_calls else None)
+    roots = t["host_roots"].to_pylist()[0] if "host_roots" in t else {"in_steps": 0, "run": 0}
+    part.root_ns, part.run_root_ns = float(roots["in_steps"]), float(roots["run"])
+    for side in ("host", "gpu") if gpu else ("host",):
+        width = max(n_steps, 1)
+        if side == "gpu":
+            part.gpu = True
+            if n_steps:
+                width = max(int(t["gpu_timed"].column("n")[0].as_py()) if "gpu_timed" in t
+                            else 0, 1)
+        cells: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        empty = np.zeros(0, np.int64)
+        c = ({k: t[f"{side}_cells"].column(k).to_numpy() for k in t[f"{side}_cells"].column_names}
+             if f"{side}_cells" in t else dict.fromkeys(("key_phase", "slot", "col", "total_ns",
+                                                          "self_ns", "calls"), empty))
+        keys = c["key_phase"].astype(np.int64) * (1 << 32) + c["slot"].astype(np.int64)
+        bounds = (np.flatnonzero(np.r_[True, keys[1:] != keys[:-1], True]) if len(keys)
+                  else np.zeros(0, np.int64))
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            arrays = []
+            for name in ("total_ns", "self_ns", "calls"):
+                v = np.zeros(width)
+                v[c["col"][a:b]] = c[name][a:b]
+                arrays.append(v)
+            cells[(int(c["key_phase"][a]), int(c["slot"][a]))] = (arrays[0], arrays[1],
+                                                                   arrays[2])
+        calls_of: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        if keep_calls and f"{side}_calls" in t:
+            k = {n: t[f"{side}_calls"].column(n).to_numpy() for n in
+                 ("key_phase", "slot", "dur_ns", "self_ns")}
+            kk = k["key_phase"].astype(np.int64) * (1 << 32) + k["slot"].astype(np.int64)
+            edges = (np.flatnonzero(np.r_[True, kk[1:] != kk[:-1], True]) if len(kk)
+                     else np.zeros(0, np.int64))
+            for a, b in zip(edges[:-1], edges[1:]):
+                calls_of[(int(k["key_phase"][a]), int(k["slot"][a]))] = (
+                    np.sort(k["dur_ns"][a:b]).astype(np.int64),
+                    np.sort(k["self_ns"][a:b]).astype(np.int64))
+        zero = np.zeros(width)
+        for row in t[f"{side}_keys"].to_pylist() if f"{side}_keys" in t else []:
+            kp, slot = int(row["key_phase"]), int(row["slot"])
+            key = (row["module"], KEY_PHASES[kp])
+            part.types[key] = row["type"]
+            q25, p50, q75 = (float(q) for q in row["q"])  # (one sort for the three)
+            part.p50[key] = p50
+            part.p50_self[key] = float(row["p50_self"])
+            part.iqr[key] = q75 - q25
+            total, self_, calls = cells.get((kp, slot), (zero, zero, zero))
+            part.total[key], part.self_ns[key], part.calls[key] = (total.copy(), self_.copy(),
+                                                                   calls.copy())
+            part.run[key] = (float(row["total_ns"]), float(row["self_ns"]),
+                             float(row["calls"]))
+            if keep_calls and part.calls_ns is not None and part.self_calls_ns is not None:
+                part.calls_ns[key], part.self_calls_ns[key] = calls_of[(kp, slot)]
+            if row["derived"]:
+                part.timing[key] = ("kernels" if side == "gpu" or row["derived"] == row["calls"]
+                                    else "measured+kernels")
+    part.launch = info.get("accelerator") == "cuda" and not gpu  # (launch_time_only)
+    return part
+
+
+def spread(per_step: np.ndarray, call_iqr: float, calls: float) -> float:
+    """Run-to-run noise of a (module, phase)'s time per step: the interquartile range
+    of its time over the complete steps, from 4 steps on; else (fewer steps, or the
+    whole run as one) the calls' interquartile range times the calls per step."""
+    if len(per_step) >= 4:
+        q75, q25 = np.percentile(per_step, [75, 25])
+        return float(q75 - q25)
+    return float(call_iqr * calls)
+
+
+def pool(parts: Sequence[Part]) -> RunStats:
+    """One run's numbers from its parts (a file, or the windows of one process): p50
+    per call over all their calls, medians over all their complete steps (their sums
+    when no part has complete steps: then the run has no steps)."""
+    definitions = sorted({p.span_definition for p in parts})
+    if len(definitions) > 1:
+        raise DiffInputError(
+            "hooktrace diff: one run's files were recorded under different span definitions "
+            f"({', '.join(definition_text(d) for d in definitions)}); re-record them with one "
+            "hooktrace version")
+    if len(parts) == 1:
+        p = parts[0]
+        width = max(p.n_steps, 1)
+        out = {}
+        for key in p.types:
+            calls = float(np.percentile(p.calls[key], 50))
+            out[key] = PhaseStats(p.types[key], p.p50[key],
+                                   float(np.percentile(p.total[key], 50)),
+                                   float(np.percentile(p.self_ns[key], 50)), calls,
+                                   p.timing.get(key, "measured"), p.p50_self[key],
+                                   spread(p.total[key] if p.n_steps else np.zeros(0),
+                                           p.iqr[key], calls))
+        step_p50 = float(np.percentile(p.step_ns, 50)) if p.n_steps else None
+        root_total = p.root_ns / width
+        return RunStats(out, p.n_steps, step_p50, step_p50 if step_p50 else root_total,
+                         p.span_definition, p.gpu, p.launch, p.fused - set(out))
+    stepped = [p for p in parts if p.n_steps]
+    n_steps = sum(p.n_steps for p in stepped)
+    keys: dict[Key, str] = {}
+    for p in parts:
+        for key, type_name in p.types.items():
+            keys.setdefault(key, type_name)
+    out = {}
+    for key, type_name in keys.items():
+        calls_ns, self_calls_ns = [], []
+        for p in parts:
+            if key in p.types:
+                if p.calls_ns is None or p.self_calls_ns is None:
+                    raise ValueError("hooktrace.analysis.diff: a part to pool was made "
+                                     "without its calls")
+                calls_ns.append(p.calls_ns[key])
+                self_calls_ns.append(p.self_calls_ns[key])
+        every = np.concatenate(calls_ns)
+        p50 = float(np.median(every))
+        q75, q25 = np.percentile(every, [75, 25])
+
+        total, self_ns, calls = (pooled_column(parts, stepped, f, key)
+                                 for f in ("total", "self_ns", "calls"))
+        per_step = (np.concatenate([p.total.get(key, np.zeros(p.n_steps)) for p in stepped])
+                    if stepped else np.zeros(0))
+        out[key] = PhaseStats(type_name, p50, total, self_ns, calls, pooled_timing(parts, key),
+                               float(np.median(np.concatenate(self_calls_ns))),
+                               spread(per_step, float(q75 - q25), calls))
+    step_p50 = (float(np.median(np.concatenate([p.step_ns for p in stepped])))
+                if n_steps else None)
+    root_total = (sum(p.root_ns for p in stepped) / n_steps if n_steps
+                  else sum(p.root_ns for p in parts))
+    return RunStats(out, n_steps, step_p50, step_p50 if step_p50 else root_total,
+                     definitions[0], all(p.gpu for p in parts), any(p.launch for p in parts),
+                     set().union(*(p.fused for p in parts)) - set(out))
+
+
+def pooled_timing(parts: Sequence[Part], key: Key) -> str:
+    kinds = {k for p in parts if key in p.types
+             for k in p.timing.get(key, "measured").split("+")}
+    return "+".join(k for k in ("measured", "kernels") if k in kinds)
+
+
+def pooled_column(parts: Sequence[Part], stepped: Sequence[Part], field: str, key: Key
+                   ) -> float:
+    """The median over every complete step of every part, or the sum of the parts'
+    whole-run values when none has complete steps."""
+    if stepped:
+        return float(np.median(np.concatenate([
+            getattr(p, field).get(key, np.zeros(p.n_steps)) for p in stepped])))
+    return float(sum(getattr(p, field)[key][0] for p in parts if key in p.types))
+
+
+def trace_parts(trace: TraceData | Sequence[TraceData]) -> list[Part]:
+    trace = as_data(trace)
+    traces = [trace] if isinstance(trace, TraceData) else [as_data(t) for t in trace]
+    if not traces:
+        raise ValueError("hooktrace.analysis.diff: a run of no trace")
+    return [trace_part(t, keep_calls=len(traces) > 1) for t in traces]
+
+
+def definition_text(d: int) -> str:
+    return f"{d}: {SPAN_DEFINITIONS.get(d, 'unknown')}"
+
+
+# -- paths: files, rank directories, windows -------------------------------------------
+
+
+def file_part(path: str) -> tuple[FileMeta, Part]:
+    """Read one file and reduce it (runs in a worker process for many files)."""
+    trace = load(path)
+    meta = file_meta(path, trace)
+    return meta, trace_part(trace, keep_calls=meta.window is not None)
+
+
+def file_sql_part(path: str) -> tuple[FileMeta, Part]:
+    """:func:`file_part` on DuckDB (:func:`trace_sql_part`; runs in a thread)."""
+    trace = load(path)
+    meta = file_meta(path, trace)
+    return meta, trace_sql_part(trace, keep_calls=meta.window is not None)
+
+
+def map_threads(paths: Sequence[str], workers: int | None
+                 ) -> list[tuple[FileMeta, Part] | str]:
+    """:func:`file_sql_part` of every path in ``workers`` threads (loading and DuckDB
+    release the GIL), a failure as its one-line message, as ``map_ranks`` gives."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hooktrace.errors import HooktraceError
+
+    def one(path: str) -> tuple[FileMeta, Part] | str:
+        try:
+            return file_sql_part(path)
+        except (HooktraceError, OSError, ValueError) as e:
+            text = str(e)
+            return text if text.startswith(path) else f"{path}: {text}"
+
+    n = workers if workers is not None else min(os.cpu_count() or 1, max(len(paths), 1))
+    with ThreadPoolExecutor(max(n, 1)) as pool:
+        return list(pool.map(one, paths))
+
+
+def is_dataset(path: str) -> bool:
+    """Whether ``path`` is a Parquet export of trace files (``hooktrace export DIR -o
+    OUT/``: OUT/spans/..., OUT/runs/...)."""
+    if not any(os.path.exists(os.path.join(path, n)) for n in ("spans", "spans.parquet")):
+        return False
+    from hooktrace.errors import HooktraceError
+
+    try:
+        from hooktrace.data.engine import find_source
+
+        src = find_source(path)
+    except (ImportError, HooktraceError):
+        return False
+    return "spans" in src.parquet and "runs" in src.parquet
+
+
+def dataset_parts(path: str) -> dict[str, tuple[FileMeta, Part]]:
+    """Per file of a Parquet export (its ``runs.path``): its metadata and numbers, as
+    :func:`file_part` reads them from the file itself (SQL over the dataset on DuckDB)."""
+    from hooktrace.data.engine import dataset_diff_tables
+
+    out = {}
+    for row, gpu, t in dataset_diff_tables(path, lambda info: info.get("window") is not None):
+        f, info = row["path"], row["info"]
+        rank = info.get("rank")
+        meta = FileMeta(f, rank if isinstance(rank, int) else None,
+                        info.get("world_size") if isinstance(info.get("world_size"), int)
+                        else None, row["hostname"], row["pid"], window_of(f, info),
+                        row["start_ns"], row["stop_ns"], cut="cut" in info)
+        out[f] = (meta, part_from_tables(t, info, gpu, meta.window is not None))
+    return out
+
+
+def result_part(results: Mapping[str, tuple[FileMeta, Part] | str], path: str) -> Part:
+    res = results[os.path.realpath(path)]
+    assert not isinstance(res, str)
+    return res[1]

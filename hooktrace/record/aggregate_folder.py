@@ -1,0 +1,292 @@
+"""An ``aggregate=DIR`` folder read back (issue #31; the recording that writes it is
+:mod:`hooktrace.record.aggregate`): the names of its files, the aggregate table of its
+parts (:func:`load_aggregates`), the steps it kept whole (:func:`kept_steps`), and
+``hooktrace summary DIR`` / ``hooktrace diff A B`` of such folders
+(:func:`aggregate_summary`, :func:`aggregate_diff`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+
+# DIR/KEPT_INDEX: a JSON line per step kept whole ({"step", "why", "file", "run", "rank"}:
+# DIR/steps/file)
+KEPT_INDEX = "kept.jsonl"
+# DIR/aggregates/PART_NAME: a finished part (a part being written has a leading "." and
+# ends in .tmp: pyarrow's datasets and duckdb's *.parquet both skip it, issue #35); the run
+# is in the name so that runs and ranks sharing a folder never replace each other's parts
+PART_NAME = re.compile(r"part-(?:(?P<run>.+)-)?(?P<n>\d+)\.parquet")
+# DIR/steps/STEP_NAME: a step kept whole (step-N.htrace: written before the run was named)
+STEP_NAME = re.compile(r"step-(?P<step>\d+)(?:_(?P<run>.+))?\.htrace")
+
+
+def part_files(folder: str) -> list[str]:
+    """The finished parts in an aggregates folder, by name: a part a killed run left half
+    written (``.part-*.tmp``, or ``part-N.parquet.tmp`` of older versions) is not one."""
+    return sorted(f for f in os.listdir(folder) if not f.startswith((".", "_"))
+                  and f.endswith(".parquet"))
+
+
+def load_aggregates(path: str | os.PathLike[str]) -> Any:
+    """The aggregate table of ``trace(aggregate=DIR)`` (DIR, DIR/aggregates or one part) as a
+    pyarrow Table, rows in (run, rank, step) order, with the ``run`` and ``rank`` of each
+    row (a part written before they were: ``run`` from its name, ``rank`` null); an
+    unreadable part is hooktrace's one-line InputPathError (``summary``, ``diff`` and
+    ``report`` all read through here)."""
+    folder = os.fspath(path)
+    if os.path.isdir(os.path.join(folder, "aggregates")):
+        folder = os.path.join(folder, "aggregates")
+    names: list[str]
+    if os.path.isfile(folder) and folder.endswith(".parquet"):  # one part (issue #38)
+        folder, name = os.path.split(folder)
+        names = [name]
+    else:
+        names = part_files(folder) if os.path.isdir(folder) else []
+    if not names:
+        raise FileNotFoundError(f"{os.fspath(path)}: no aggregate parts (part-*.parquet) there")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hooktrace.data.schema import AGGREGATES, schema
+    from hooktrace.data.validate import ParquetInputError, check_rows, check_table
+    from hooktrace.errors import InputPathError
+    from hooktrace.text import display_path
+
+    declared = schema(AGGREGATES)
+    # every part checked against the schema first (issue #35): a part from elsewhere is
+    # one line naming it and its column (parts of older versions, without the run and
+    # rank columns, are read as below)
+    parts = [os.path.join(folder, n) for n in names]
+    try:
+        check_table(AGGREGATES, parts)
+        check_rows(AGGREGATES, parts)
+    except ParquetInputError as e:
+        raise InputPathError(f"{display_path(os.fspath(path))}: the aggregate table cannot be "
+                             f"read: {e}") from None
+    tables = []
+    for name in names:
+        try:
+            t = pq.read_table(os.path.join(folder, name))
+        except (pa.ArrowException, OSError) as e:  # a part cut short, or not Parquet
+            first = next((line.strip() for line in str(e).splitlines() if line.strip()),
+                         type(e).__name__)
+            raise InputPathError(f"{os.fspath(path)}: the aggregate table cannot be read: "
+                                 f"{name}: {first}") from None
+        if "run" not in t.column_names:  # (written before runs were told apart)
+            match = PART_NAME.fullmatch(name)
+            t = t.append_column("run", pa.array([match and match["run"] or ""] * len(t),
+                                                pa.string()))
+        for f in declared:  # a column a part was written without (older versions): null
+            if f.name not in t.column_names:
+                t = t.append_column(f.name, pa.nulls(len(t), f.type))
+        tables.append(t)
+    try:
+        table = pa.concat_tables(tables, promote_options="permissive")
+        table = table.select(declared.names).cast(declared)
+    except (pa.ArrowException, KeyError) as e:
+        raise InputPathError(f"{os.fspath(path)}: the aggregate parts do not make one "
+                             f"table of the declared columns: {str(e).splitlines()[0]}"
+                             ) from None
+    import pyarrow.compute as pc
+
+    keys = pa.table({"run": table["run"].cast(pa.string()), "rank": table["rank"],
+                     "step": table["step"]})
+    return table.take(pc.sort_indices(keys, sort_keys=[
+        ("run", "ascending"), ("rank", "ascending"), ("step", "ascending")]))
+
+
+def runs_of(table: Any) -> list[tuple[str, int | None]]:
+    """The (run, rank) pairs of an aggregate table, rank order first."""
+    pairs = {(str(r), k) for r, k in zip(table["run"].to_pylist(), table["rank"].to_pylist(),
+                                         strict=True)}
+    return sorted(pairs, key=lambda p: (p[1] is None, p[1] or 0, p[0]))
+
+
+def kept_steps(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The steps an ``aggregate=`` folder kept whole, in step order: ``step``, ``why``
+    (None when DIR/kept.jsonl does not say) and ``path``, for each step-N_<run>.htrace still
+    there."""
+    steps = os.path.join(os.fspath(path), "steps")
+    if not os.path.isdir(steps):
+        return []
+    why: dict[str, str] = {}
+    rank: dict[str, int] = {}
+    try:
+        with open(os.path.join(os.fspath(path), KEPT_INDEX), encoding="utf-8") as f:
+            for line in f:
+                try:
+                    entry = json.loads(line)
+                    why[str(entry["file"])] = str(entry["why"])
+                    if isinstance(entry.get("rank"), int):
+                        rank[str(entry["file"])] = entry["rank"]
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    continue  # a line cut short by a kill: that step's why is unknown
+    except OSError:
+        pass
+    out = []
+    for name in os.listdir(steps):
+        match = STEP_NAME.fullmatch(name)
+        if match:
+            out.append({"step": int(match["step"]), "why": why.get(name),
+                        "run": match["run"] or "", "rank": rank.get(name),
+                        "path": os.path.join(steps, name)})
+    return sorted(out, key=lambda k: (k["step"], k["run"]))
+
+
+def aggregate_summary(path: str | os.PathLike[str], top: int | None = None) -> str:
+    """``hooktrace summary DIR`` of an ``aggregate=`` folder: per module and mode over the
+    whole run, the calls, the total time, the time per step, the median of the windows'
+    medians and the longest call; the steps kept whole (DIR/steps) after it."""
+    import pyarrow.compute as pc
+
+    from hooktrace.text import text_lines
+
+    table = load_aggregates(path)
+    steps_row = table.filter(pc.equal(table["mode"].cast("string"), "step"))
+    n_steps = int(pc.sum(steps_row["steps"]).as_py() or 0)
+    grouped = table.group_by(["module", "mode"]).aggregate([
+        ("calls", "sum"), ("total_ms", "sum"), ("p50_ms", "approximate_median"),
+        ("max_ms", "max"), ("nonfinite", "sum")]).to_pylist()
+    grouped.sort(key=lambda r: (r["mode"] != "step", -(r["total_ms_sum"] or 0.0)))
+    if top is not None:
+        grouped = grouped[: top + 1]
+    # with flops=True: TFLOP/s over the run (each window's weighed by its time), as the
+    # report has it
+    tflops: dict[tuple[str, str], float | None] = {}
+    if "tflops" in table.column_names and table["tflops"].null_count < len(table):
+        from hooktrace.reporters.aggregate import aggregate_rows
+
+        tflops = {(r["module"], r["mode"]): r["tflops"] for r in aggregate_rows(table)[0]}
+    runs = runs_of(table)
+    # several runs or ranks in the folder: ms/step per rank (or run), as the straggler
+    # table of a folder of rank traces has a column per rank
+    per_source = _per_source(table, runs) if len(runs) > 1 else {}
+    labels = _source_labels(runs)
+    head = f"{os.fspath(path)}: {n_steps} steps aggregated, {len(table)} rows"
+    if len(runs) > 1:
+        counts = _steps_per_source(table)
+        head += f", {len(runs)} {'ranks' if _ranks_only(runs) else 'runs'}: " + ", ".join(
+            f"{labels[r]}: {counts.get(r, 0)} steps" for r in runs[:MAX_SOURCE_COLUMNS])
+        if len(runs) > MAX_SOURCE_COLUMNS:
+            head += f" and {len(runs) - MAX_SOURCE_COLUMNS} more"
+    shown = runs[:MAX_SOURCE_COLUMNS] if per_source else []
+    lines = [head,
+             f"{'module':<40}{'mode':<10}{'calls':>10}{'total ms':>12}{'ms/step':>10}"
+             + "".join(f"{labels[r][:11]:>12}" for r in shown)
+             + f"{'p50 ms':>10}{'max ms':>10}{'nonfinite':>10}"
+             + (f"{'TFLOP/s':>10}" if tflops else "")]
+    for r in grouped:
+        per_step = (r["total_ms_sum"] or 0.0) / max(1, n_steps)
+        nf = r["nonfinite_sum"]
+        key = (str(r["module"]), str(r["mode"]))
+        tf = tflops.get(key)
+        each = [per_source.get((key, s)) for s in shown]
+        lines.append(f"{str(r['module'])[:39]:<40}{str(r['mode']):<10}{r['calls_sum']:>10}"
+                     f"{r['total_ms_sum']:>12.2f}{per_step:>10.3f}"
+                     + "".join(f"{'' if v is None else f'{v:.3f}':>12}" for v in each)
+                     + f"{r['p50_ms_approximate_median']:>10.3f}{r['max_ms_max']:>10.3f}"
+                     f"{'' if nf is None else nf:>10}"
+                     + (f"{'' if tf is None else f'{tf:.3g}':>10}" if tflops else ""))
+    if shown:
+        lines.append(f"(ms/step: over all {'ranks' if _ranks_only(runs) else 'runs'}' steps; "
+                     f"then per {'rank' if _ranks_only(runs) else 'run'}; the runs: "
+                     f"hooktrace query {os.fspath(path)} \"SELECT DISTINCT run, rank FROM "
+                     f"aggregates\")")
+    kept = kept_steps(path)
+    if kept:
+        steps = os.path.join(os.fspath(path), "steps")
+        names = [os.path.join(steps, os.path.basename(k["path"])) for k in kept[:5]]
+        lines.append(f"steps kept whole ({len(kept)}), each a trace for summary, diff, "
+                     f"report, export: {', '.join(names)}"
+                     + (f" and {len(kept) - 5} more" if len(kept) > 5 else ""))
+    return text_lines(lines)
+
+
+# summary of a folder of several runs or ranks: a ms/step column for this many
+MAX_SOURCE_COLUMNS = 8
+
+
+def _ranks_only(runs: list[tuple[str, int | None]]) -> bool:
+    """Whether the runs are one each of distinct ranks (one launch's ranks)."""
+    ranks = [k for _, k in runs]
+    return None not in ranks and len(set(ranks)) == len(ranks)
+
+
+def _source_labels(runs: list[tuple[str, int | None]]) -> dict[tuple[str, int | None], str]:
+    """``rank R`` per run when the runs are distinct ranks, else ``run N`` (N: 1, 2, ... in
+    the runs' order; the names are in the table's ``run`` column)."""
+    if _ranks_only(runs):
+        return {r: f"rank {r[1]}" for r in runs}
+    return {r: f"run {i + 1}" + (f" r{r[1]}" if r[1] is not None else "")
+            for i, r in enumerate(runs)}
+
+
+def _steps_per_source(table: Any) -> dict[tuple[str, int | None], int]:
+    out: dict[tuple[str, int | None], int] = {}
+    for run, rank, mode, steps in zip(table["run"].to_pylist(), table["rank"].to_pylist(),
+                                      table["mode"].cast("string").to_pylist(),
+                                      table["steps"].to_pylist(), strict=True):
+        if mode == "step":
+            out[(str(run), rank)] = out.get((str(run), rank), 0) + int(steps or 0)
+    return out
+
+
+def _per_source(table: Any, runs: list[tuple[str, int | None]]
+                ) -> dict[tuple[tuple[str, str], tuple[str, int | None]], float]:
+    """ms per step of each (module, mode) in each (run, rank), over that run's steps."""
+    steps = _steps_per_source(table)
+    totals: dict[tuple[tuple[str, str], tuple[str, int | None]], float] = {}
+    for run, rank, module, mode, total in zip(
+            table["run"].to_pylist(), table["rank"].to_pylist(),
+            table["module"].cast("string").to_pylist(), table["mode"].cast("string").to_pylist(),
+            table["total_ms"].to_pylist(), strict=True):
+        key = ((str(module), str(mode)), (str(run), rank))
+        totals[key] = totals.get(key, 0.0) + float(total or 0.0)
+    return {k: v / max(1, steps.get(k[1], 0)) for k, v in totals.items()}
+
+
+def _per_step(path: str | os.PathLike[str]) -> dict[tuple[str, str], float]:
+    """ms per step of each (module, mode) over an aggregate= folder's run."""
+    import pyarrow.compute as pc
+
+    table = load_aggregates(path)
+    steps_rows = table.filter(pc.equal(table["mode"].cast("string"), "step"))
+    n_steps = max(1, int(pc.sum(steps_rows["steps"]).as_py() or 0))
+    grouped = table.group_by(["module", "mode"]).aggregate([("total_ms", "sum")]).to_pylist()
+    return {(str(r["module"]), str(r["mode"])): float(r["total_ms_sum"] or 0.0) / n_steps
+            for r in grouped}
+
+
+def aggregate_diff(a: str | os.PathLike[str], b: str | os.PathLike[str],
+                   top: int | None = None, fail_above: float | None = None,
+                   min_share: float = 1.0) -> tuple[str, list[str]]:
+    """``hooktrace diff A B`` of two aggregate= folders: per module and mode, the ms per
+    step in each and the change, largest first; and, with ``fail_above`` (percent), the
+    lines of those slower by more than that among the rows holding at least
+    ``min_share`` percent of A's step time."""
+    from hooktrace.text import printable, text_lines
+
+    pa_, pb = _per_step(a), _per_step(b)
+    step_a = pa_.get(("<step>", "step"), 0.0)
+    keys = sorted(set(pa_) | set(pb), key=lambda k: (k[1] != "step",
+                                                     -abs(pb.get(k, 0.0) - pa_.get(k, 0.0))))
+    if top is not None:
+        keys = keys[: top + 1]
+    lines = [f"A: {os.fspath(a)}  B: {os.fspath(b)} (ms per step, over each run)",
+             f"{'module':<40}{'mode':<10}{'A ms':>10}{'B ms':>10}{'delta':>10}{'change':>11}"]
+    failed = []
+    for key in keys:
+        x, y = pa_.get(key), pb.get(key)
+        change = f"{(y - x) / x * 100:+.1f}%" if x and y is not None else "new" if x is None \
+            else "gone"
+        lines.append(f"{key[0][:39]:<40}{key[1]:<10}{'' if x is None else f'{x:.3f}':>10}"
+                     f"{'' if y is None else f'{y:.3f}':>10}{(y or 0.0) - (x or 0.0):>+10.3f}"
+                     f"{change:>11}")
+        if fail_above is not None and x and y is not None and key[1] != "step" and \
+                x >= step_a * min_share / 100 and (y - x) / x * 100 > fail_above:
+            failed.append(f"{key[0]} {key[1]}: {x:.3f} -> {y:.3f} ms/step ({change})")
+    return text_lines(lines), [printable(line) for line in failed]
