@@ -5,7 +5,7 @@ untraced loop (issue #38: ~0.7 ms per step on a 26-module MLP was reported).
 Rounds are interleaved in one process; each variant's per-step time is the median over
 rounds of (round time / steps); the extra is against the untraced loop of the same run.
 
-    python benchmarks/aggregate_interval.py            # 5 rounds of 400 steps
+    python benchmarks/aggregate_interval.py            # 9 rounds of 400 steps
     python benchmarks/aggregate_interval.py --quick    # 2 rounds of 150 steps
     python benchmarks/aggregate_interval.py --profile  # cProfile of interval=0's steps
 """
@@ -51,8 +51,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--rounds", type=int, default=9)
     args = parser.parse_args()
-    rounds, n = (2, 150) if args.quick else (5, 400)
+    rounds, n = (2, 150) if args.quick else (args.rounds, 400)
     m = model()
     print(f"{len(list(m.modules()))} modules, {rounds} rounds of {n} steps, "
           f"torch {torch.__version__}")

@@ -59,6 +59,10 @@ from hooktrace.format import (
 __all__ = ["DEFAULT_CAPACITY", "GlobalTrace", "Recorder", "Trace", "global_trace", "trace",
            "window_handler"]
 
+# How old a window's clock may be (Recorder._window_meta): the stream's CLOCK blocks
+# are written this often too (csrc/stream_writer.h, kClockPeriodMs).
+WINDOW_CLOCK_S = 0.1
+
 # The one process scope of this process (nn.Module calls of the whole process).
 _process_lock = threading.Lock()
 _process_recorder: Recorder | None = None
@@ -298,7 +302,10 @@ class Recorder(StepMarks, FlightRecorder, StreamedRecording):
             component.window_opened()
 
     def _window_meta(self) -> tuple[Clock, dict[str, Any]]:
-        _, clock, info = self._collect(stop_unix_ns=time.time_ns(), with_events=False)
+        # (a clock measured up to WINDOW_CLOCK_S ago, as the stream's CLOCK blocks are:
+        # measuring one costs ~0.1 ms, a window may be one step long)
+        _, clock, info = self._collect(stop_unix_ns=time.time_ns(), with_events=False,
+                                       clock_age_s=WINDOW_CLOCK_S)
         for component in self._installed:
             component.window_info(info)
         return clock, info
@@ -477,14 +484,22 @@ class Recorder(StepMarks, FlightRecorder, StreamedRecording):
             component.run_info(info)
         return info
 
-    def _collect(self, stop_unix_ns: int, *, with_events: bool = True
-                 ) -> tuple[np.ndarray, Clock, dict[str, Any]]:
-        """The session's events so far, its clock, and the run's metadata."""
+    def _collect(self, stop_unix_ns: int, *, with_events: bool = True,
+                 clock_age_s: float = 0.0) -> tuple[np.ndarray, Clock, dict[str, Any]]:
+        """The session's events so far, its clock (measured now, or up to
+        ``clock_age_s`` ago), and the run's metadata."""
         session = self._session
         stats = session.stats()
         events = np.empty(stats["events"] if with_events else 0, dtype=EVENT_DTYPE)
         events = events[: session.copy_events(events)] if with_events else events
-        ticks0, unix_ns0, ns_per_tick = session.clock()
+        now = time.monotonic()
+        cached = self.__dict__.get("_clock_cache")
+        if clock_age_s > 0 and cached is not None and cached[0] is session and \
+                now - cached[1] < clock_age_s:
+            ticks0, unix_ns0, ns_per_tick = cached[2]
+        else:
+            ticks0, unix_ns0, ns_per_tick = session.clock()
+            self._clock_cache = (session, now, (ticks0, unix_ns0, ns_per_tick))
         info = self._run_info(session)
         info.update(dropped_events=int(stats["dropped"]),
                     overwritten_events=int(stats["overwritten"]), stop_unix_ns=stop_unix_ns)
