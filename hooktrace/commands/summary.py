@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hooktrace._args import finite_float
 from hooktrace.commands import CliError
@@ -65,14 +65,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> None:
     from hooktrace._naming import is_aggregate_dir, rank_files_of
-    from hooktrace.record.aggregate_folder import aggregate_summary
     from hooktrace.result import load
     from hooktrace.analysis.summary import Summary
     from hooktrace.text import terminal_width
 
     if len(args.run) == 1 and (is_aggregate_dir(args.run[0])  # aggregate=DIR (issue #31)
                                or _aggregate_parts(args.run[0])):  # its parts (issue #38)
-        print(aggregate_summary(args.run[0], args.top))
+        _aggregate(args)
         return
     export = len(args.run) == 1 and _one_run_export(args.run[0])  # hooktrace export's Parquet
     if not export and (len(args.run) > 1 or os.path.isdir(args.run[0])
@@ -152,6 +151,53 @@ def run(args: argparse.Namespace) -> None:
         print(table.to_text(top=args.top, wide=args.wide, width=terminal_width()))
     else:
         print(table.to_text(top=args.top, wide=args.wide))
+
+
+# What an aggregate= folder cannot give: its rows are per module and mode per window,
+# with no calls, shapes or per-step tables inside (a kept step, DIR/steps/, can).
+_NOT_FOR_AGGREGATES = (("by_shape", "--by-shape"), ("profiler", "--profiler"),
+                       ("steps", "--steps"))
+
+
+def _aggregate(args: argparse.Namespace) -> None:
+    """``summary DIR`` of an ``aggregate=`` folder (or its parts): the table, or its
+    rows as CSV or JSON (times in ms, as the aggregates hold them)."""
+    import json
+
+    from hooktrace.record.aggregate_folder import (
+        AGGREGATE_SUMMARY_COLUMNS,
+        aggregate_summary,
+        aggregate_summary_data,
+    )
+    from hooktrace.text import csv_text
+
+    asked = [flag for name, flag in _NOT_FOR_AGGREGATES if getattr(args, name, None)]
+    if asked:
+        raise CliError(f"{args.run[0]}: {asked[0]} needs a trace; an aggregate= folder holds "
+                       "rows per module and mode per window (summary one of its kept steps, "
+                       "DIR/steps/, or hooktrace query the folder)")
+    if args.json:
+        doc = _finite(aggregate_summary_data(args.run[0], args.top))
+        print(json.dumps(doc, ensure_ascii=False, allow_nan=False))
+    elif args.csv:
+        rows = aggregate_summary_data(args.run[0], args.top)["rows"]
+        print(csv_text([{k: r[k] for k in AGGREGATE_SUMMARY_COLUMNS} for r in rows],
+                       AGGREGATE_SUMMARY_COLUMNS), end="")
+    else:
+        print(aggregate_summary(args.run[0], args.top))
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinity made None (JSON has neither)."""
+    import math
+
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _aggregate_parts(path: str) -> bool:

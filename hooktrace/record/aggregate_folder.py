@@ -137,13 +137,20 @@ def kept_steps(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda k: (k["step"], k["run"]))
 
 
-def aggregate_summary(path: str | os.PathLike[str], top: int | None = None) -> str:
-    """``hooktrace summary DIR`` of an ``aggregate=`` folder: per module and mode over the
-    whole run, the calls, the total time, the time per step, the median of the windows'
-    medians and the longest call; the steps kept whole (DIR/steps) after it."""
-    import pyarrow.compute as pc
+# The columns of `summary DIR --csv / --json` of an aggregate= folder (times in ms, as
+# the aggregates hold them).
+AGGREGATE_SUMMARY_COLUMNS = ("module", "mode", "calls", "total_ms", "ms_per_step",
+                             "p50_ms", "max_ms", "nonfinite", "tflops")
 
-    from hooktrace.text import text_lines
+
+def aggregate_summary_data(path: str | os.PathLike[str], top: int | None = None
+                           ) -> dict[str, Any]:
+    """What ``hooktrace summary DIR`` shows of an ``aggregate=`` folder, as data: per
+    module and mode over the whole run, the calls, the total time, the time per step,
+    the median of the windows' medians, the longest call, non-finite values and
+    TFLOP/s (``rows``; with several runs or ranks, ``ms_per_step_by_source`` too);
+    ``counts`` (steps, rows, the runs and their steps) and the kept steps."""
+    import pyarrow.compute as pc
 
     table = load_aggregates(path)
     steps_row = table.filter(pc.equal(table["mode"].cast("string"), "step"))
@@ -166,42 +173,72 @@ def aggregate_summary(path: str | os.PathLike[str], top: int | None = None) -> s
     # table of a folder of rank traces has a column per rank
     per_source = _per_source(table, runs) if len(runs) > 1 else {}
     labels = _source_labels(runs)
-    head = f"{os.fspath(path)}: {n_steps} steps aggregated, {len(table)} rows"
+    rows = []
+    for r in grouped:
+        key = (str(r["module"]), str(r["mode"]))
+        row: dict[str, Any] = {
+            "module": key[0], "mode": key[1], "calls": r["calls_sum"],
+            "total_ms": r["total_ms_sum"],
+            "ms_per_step": (r["total_ms_sum"] or 0.0) / max(1, n_steps),
+            "p50_ms": r["p50_ms_approximate_median"], "max_ms": r["max_ms_max"],
+            "nonfinite": r["nonfinite_sum"], "tflops": tflops.get(key)}
+        if per_source:
+            row["ms_per_step_by_source"] = {labels[s]: per_source.get((key, s))
+                                            for s in runs}
+        rows.append(row)
+    steps_per = _steps_per_source(table) if len(runs) > 1 else {}
+    kept = kept_steps(path)
+    steps_dir = os.path.join(os.fspath(path), "steps")
+    return {"rows": rows,
+            "counts": {"steps": n_steps, "rows": len(table),
+                       "runs": [{"run": run, "rank": rank, "label": labels[(run, rank)],
+                                 "steps": steps_per.get((run, rank), 0) if len(runs) > 1
+                                 else n_steps}
+                                for run, rank in runs],
+                       "ranks_only": _ranks_only(runs)},
+            "kept_steps": [os.path.join(steps_dir, os.path.basename(k["path"])) for k in kept],
+            "has_tflops": bool(tflops)}
+
+
+def aggregate_summary(path: str | os.PathLike[str], top: int | None = None) -> str:
+    """``hooktrace summary DIR`` of an ``aggregate=`` folder, as text: the table of
+    :func:`aggregate_summary_data`; the steps kept whole (DIR/steps) after it."""
+    from hooktrace.text import text_lines
+
+    data = aggregate_summary_data(path, top)
+    counts = data["counts"]
+    runs = counts["runs"]
+    head = f"{os.fspath(path)}: {counts['steps']} steps aggregated, {counts['rows']} rows"
+    which = "ranks" if counts["ranks_only"] else "runs"
     if len(runs) > 1:
-        counts = _steps_per_source(table)
-        head += f", {len(runs)} {'ranks' if _ranks_only(runs) else 'runs'}: " + ", ".join(
-            f"{labels[r]}: {counts.get(r, 0)} steps" for r in runs[:MAX_SOURCE_COLUMNS])
+        head += f", {len(runs)} {which}: " + ", ".join(
+            f"{r['label']}: {r['steps']} steps" for r in runs[:MAX_SOURCE_COLUMNS])
         if len(runs) > MAX_SOURCE_COLUMNS:
             head += f" and {len(runs) - MAX_SOURCE_COLUMNS} more"
-    shown = runs[:MAX_SOURCE_COLUMNS] if per_source else []
+    shown = [r["label"] for r in runs[:MAX_SOURCE_COLUMNS]] if len(runs) > 1 else []
+    tflops = data["has_tflops"]
     lines = [head,
              f"{'module':<40}{'mode':<10}{'calls':>10}{'total ms':>12}{'ms/step':>10}"
-             + "".join(f"{labels[r][:11]:>12}" for r in shown)
+             + "".join(f"{label[:11]:>12}" for label in shown)
              + f"{'p50 ms':>10}{'max ms':>10}{'nonfinite':>10}"
              + (f"{'TFLOP/s':>10}" if tflops else "")]
-    for r in grouped:
-        per_step = (r["total_ms_sum"] or 0.0) / max(1, n_steps)
-        nf = r["nonfinite_sum"]
-        key = (str(r["module"]), str(r["mode"]))
-        tf = tflops.get(key)
-        each = [per_source.get((key, s)) for s in shown]
-        lines.append(f"{str(r['module'])[:39]:<40}{str(r['mode']):<10}{r['calls_sum']:>10}"
-                     f"{r['total_ms_sum']:>12.2f}{per_step:>10.3f}"
+    for r in data["rows"]:
+        nf, tf = r["nonfinite"], r["tflops"]
+        each = [r.get("ms_per_step_by_source", {}).get(label) for label in shown]
+        lines.append(f"{r['module'][:39]:<40}{r['mode']:<10}{r['calls']:>10}"
+                     f"{r['total_ms']:>12.2f}{r['ms_per_step']:>10.3f}"
                      + "".join(f"{'' if v is None else f'{v:.3f}':>12}" for v in each)
-                     + f"{r['p50_ms_approximate_median']:>10.3f}{r['max_ms_max']:>10.3f}"
+                     + f"{r['p50_ms']:>10.3f}{r['max_ms']:>10.3f}"
                      f"{'' if nf is None else nf:>10}"
                      + (f"{'' if tf is None else f'{tf:.3g}':>10}" if tflops else ""))
     if shown:
-        lines.append(f"(ms/step: over all {'ranks' if _ranks_only(runs) else 'runs'}' steps; "
-                     f"then per {'rank' if _ranks_only(runs) else 'run'}; the runs: "
+        lines.append(f"(ms/step: over all {which}' steps; then per {which[:-1]}; the runs: "
                      f"hooktrace query {os.fspath(path)} \"SELECT DISTINCT run, rank FROM "
                      f"aggregates\")")
-    kept = kept_steps(path)
+    kept = data["kept_steps"]
     if kept:
-        steps = os.path.join(os.fspath(path), "steps")
-        names = [os.path.join(steps, os.path.basename(k["path"])) for k in kept[:5]]
         lines.append(f"steps kept whole ({len(kept)}), each a trace for summary, diff, "
-                     f"report, export: {', '.join(names)}"
+                     f"report, export: {', '.join(kept[:5])}"
                      + (f" and {len(kept) - 5} more" if len(kept) > 5 else ""))
     return text_lines(lines)
 

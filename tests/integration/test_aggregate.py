@@ -242,6 +242,44 @@ def test_summary_of_an_aggregate_folder_reads_the_table_without_torch(tmp_path: 
     assert "steps kept whole (3)" in lines[-1] and "/step-8_" in lines[-1]
 
 
+def test_summary_of_an_aggregate_folder_as_json_and_csv(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]
+                                                      ) -> None:
+    """summary DIR --json / --csv printed the text table (a script parsing it got a
+    JSONDecodeError); they now give the table's rows, and a flag the folder cannot serve
+    is one line instead of being ignored."""
+    import csv
+    import io
+    import json
+
+    from hooktrace.cli import main
+
+    model = Net()
+    with hooktrace.trace(model, aggregate=tmp_path / "agg", aggregate_interval=0,
+                         detail="every=4"):
+        train(model, 5)
+    folder = str(tmp_path / "agg")
+    assert main(["summary", folder]) in (0, None)
+    text = capsys.readouterr().out.splitlines()
+    assert main(["summary", folder, "--json"]) in (0, None)
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["counts"]["steps"] == 5 and doc["counts"]["rows"] == 5 * 9
+    assert len(doc["kept_steps"]) == 2
+    rows = {(r["module"], r["mode"]): r for r in doc["rows"]}
+    fc1_text = next(line.split() for line in text if line.startswith("fc1 ") and "forward" in line)
+    fc1 = rows[("fc1", "forward")]
+    assert fc1["calls"] == int(fc1_text[2]) == 5
+    assert f"{fc1['total_ms']:.2f}" == fc1_text[3] and f"{fc1['ms_per_step']:.3f}" == fc1_text[4]
+    assert rows[("<step>", "step")]["calls"] == 5
+    assert main(["summary", folder, "--csv", "--top", "3"]) in (0, None)
+    table = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [r["module"] for r in table] == [r["module"] for r in doc["rows"][:4]]
+    assert float(table[0]["total_ms"]) == pytest.approx(doc["rows"][0]["total_ms"])
+    assert main(["summary", folder, "--by-shape"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--by-shape needs a trace" in err[0]
+
+
 def test_memory_peaks_when_memory_is_recorded(tmp_path: Path) -> None:
     model = Net()
     with hooktrace.trace(model, aggregate=tmp_path / "agg", aggregate_interval=0, memory=True,
