@@ -181,6 +181,10 @@ class Summary:
         # recorded device time (the GPU columns lead), "launch" on a CUDA run without it
         # (host times are launch times), "" elsewhere (a CPU run: host time is compute time)
         self.time_kind = "device" if "gpu_total_ns" in self.columns else ""
+        # where a complete step's time went, on average (ns): forward, eval, backward and
+        # other (the optimizer, data, code outside the model); None without steps or
+        # where the source has no spans (a Parquet export's summary)
+        self.step_split: dict[str, int] | None = None
 
     @property
     def gpu(self) -> bool:
@@ -230,10 +234,12 @@ class Summary:
                       if row["module"] != UNATTRIBUTED and row["mode"] == "train" else None)
             row["step_p50_ns"] = None if values is None else float(np.percentile(values, 50))
             row["step_p99_ns"] = None if values is None else float(np.percentile(values, 99))
+        step_split = None
         if len(complete):
             d = steps.duration_ns[complete]
             counts["step_p50_ns"] = int(np.percentile(d, 50))
             counts["step_p99_ns"] = int(np.percentile(d, 99))
+            step_split = _step_split(spans, trace.span_steps(), complete, d)
         notes = [f"dump ({trace.info['dump'].get('reason')}): {line}"
                  for line in describe_dump(trace.info)]
         notes += kernel_notes(trace, rows)
@@ -265,6 +271,7 @@ class Summary:
         out = cls(rows, counts, notes, columns)
         out.first_nonfinite = first
         out.time_kind = "device" if gpu else "launch" if launch else ""
+        out.step_split = step_split
         return out
 
     @staticmethod
@@ -356,6 +363,14 @@ class Summary:
                          f"p99 {format_ns(c['step_p99_ns'])} per step"
                          + ("; step_p50/step_p99: a module's forward + backward time per step"
                             if "step_p50_ns" in keys else ""))
+        split = self.step_split
+        if split and split["step"] > 0:
+            parts = [(what, split[what]) for what in ("forward", "eval", "backward", "other")
+                     if what != "eval" or split["eval"]]
+            why = {"other": ": optimizer, data, outside the model"}
+            lines.append("a step on average: " + ", ".join(
+                f"{what} {format_ns(ns)} ({100 * ns / split['step']:.0f}%{why.get(what, '')})"
+                for what, ns in parts))
         if c.get("compile_steps") or any(r["module"] == COMPILE_ROW for r in self.rows):
             lines.append(f"{COMPILE_ROW}: compile time, out of its callers' self time; "
                          f"{c.get('compile_steps', 0)} compile steps left out of step statistics")
@@ -565,6 +580,24 @@ def _per_step_totals(spans: Spans, modules: Sequence[tuple[str, str]], span_step
                          minlength=n_mod * len(complete)).reshape(n_mod, len(complete))
     return {modules[m][0] if m < len(modules) else f"<module {m}>": totals[m]
             for m in np.unique(module).tolist()}
+
+
+def _step_split(spans: Spans, span_steps: np.ndarray, complete: np.ndarray,
+                durations: np.ndarray) -> dict[str, int]:
+    """Where the complete steps' time went, per step on average (ns): outermost training
+    forward, eval and backward spans, and ``other`` (>= 0: threads may overlap)."""
+    in_complete = np.zeros(int(span_steps.max(initial=-1)) + 2, bool)
+    in_complete[complete[complete < len(in_complete)]] = True
+    sel = (span_steps >= 0) & in_complete[np.maximum(span_steps, 0)] & (spans.parent < 0)
+    dur = spans.duration_ns
+    eval_ = (spans.flags & SPAN_EVAL) != 0
+    n = max(1, len(complete))
+    out = {"forward": int(dur[sel & (spans.cat == CAT_FORWARD) & ~eval_].sum()) // n,
+           "eval": int(dur[sel & (spans.cat == CAT_FORWARD) & eval_].sum()) // n,
+           "backward": int(dur[sel & (spans.cat == CAT_BACKWARD)].sum()) // n,
+           "step": int(durations.sum()) // n}
+    out["other"] = max(0, out["step"] - out["forward"] - out["eval"] - out["backward"])
+    return out
 
 
 class StepTable:

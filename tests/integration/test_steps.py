@@ -161,3 +161,42 @@ def test_export_steps_filter_keeps_exactly_those_steps(tmp_path: Path) -> None:
     assert len(roots) == 2 and not any(e["args"].get("clipped") for e in roots)
     assert steps == [1, 2]
     assert main(["export", str(path), "-o", str(out), "--steps", "7:9"]) == 1
+
+
+def test_the_summary_splits_a_step_into_forward_eval_backward_and_other() -> None:
+    """Issue #38: the text summary had no split of a step. Per complete step on average:
+    the outermost training forward calls, eval calls, backward spans and the rest,
+    checked against the spans themselves; the parts add up to the step."""
+    import time
+
+    from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL
+
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with hooktrace.trace(model) as tr:
+        for _ in range(4):
+            model(torch.randn(4, 8)).sum().backward()
+            time.sleep(0.002)  # "other": outside the model, inside the step
+            opt.step()
+            with torch.no_grad():
+                model(torch.randn(2, 8))  # an eval call, inside the next step
+    summary = tr.result.summary()
+    split = summary.step_split
+    assert split is not None
+    # (the reference: the spans of the complete steps, by category)
+    trace = tr.result
+    spans, steps = trace.spans(), trace.steps()
+    row = trace.span_steps()
+    complete = np.flatnonzero(steps.complete)
+    inside = np.isin(row, complete) & (spans.parent < 0)
+    dur = spans.duration_ns
+    ev = (spans.flags & SPAN_EVAL) != 0
+    n = len(complete)
+    assert split["forward"] == int(dur[inside & (spans.cat == CAT_FORWARD) & ~ev].sum()) // n
+    assert split["eval"] == int(dur[inside & (spans.cat == CAT_FORWARD) & ev].sum()) // n > 0
+    assert split["backward"] == int(dur[inside & (spans.cat == CAT_BACKWARD)].sum()) // n > 0
+    assert split["step"] == int(steps.duration_ns[complete].sum()) // n
+    assert split["other"] >= 2_000_000  # the sleep, at least
+    assert split["forward"] + split["eval"] + split["backward"] + split["other"] == split["step"]
+    line = next(x for x in summary.footer().splitlines() if x.startswith("a step on average"))
+    assert "forward" in line and "eval" in line and "backward" in line and "other" in line
