@@ -367,10 +367,10 @@ class Summary:
         if split and split["step"] > 0:
             parts = [(what, split[what]) for what in ("forward", "eval", "backward", "other")
                      if what != "eval" or split["eval"]]
-            why = {"other": ": optimizer, data, outside the model"}
-            lines.append("a step on average: " + ", ".join(
-                f"{what} {format_ns(ns)} ({100 * ns / split['step']:.0f}%{why.get(what, '')})"
-                for what, ns in parts))
+            line = "a step on average: " + ", ".join(
+                f"{what} {format_ns(ns)} ({100 * ns / split['step']:.0f}%)" for what, ns in parts)
+            why = " (other: optimizer, data)"
+            lines.append(line + why if len(line + why) <= 120 else line)  # (the table's width)
         if c.get("compile_steps") or any(r["module"] == COMPILE_ROW for r in self.rows):
             lines.append(f"{COMPILE_ROW}: compile time, out of its callers' self time; "
                          f"{c.get('compile_steps', 0)} compile steps left out of step statistics")
