@@ -19,16 +19,15 @@ import numpy as np
 
 from hooktrace.analysis._diff_inputs import DiffInputError, FileMeta, file_meta, window_of
 from hooktrace.analysis.device_time import gpu_recorded, launch_time_only, module_gpu
-from hooktrace.analysis.groups import group_percentile
-from hooktrace.analysis.kernels import derived_spans, fused_modules, span_self_ns
+from hooktrace.analysis.calls import COMPILE, KERNELS, Calls
+from hooktrace.analysis.groups import Groups
+from hooktrace.analysis.kernels import fused_modules
 from hooktrace._events import SPAN_DEFINITION, SPAN_DEFINITIONS, span_definition
 from hooktrace.reading import (
     CAT_BACKWARD,
     CAT_FORWARD,
-    SPAN_EVAL,
     TraceData,
     as_data,
-    compile_intervals,
     load,
 )
 
@@ -155,85 +154,61 @@ def ranks_unit_note(pa: Mapping[int, Sequence[Part]], pb: Mapping[int, Sequence[
 
 
 def trace_part(trace: TraceData, keep_calls: bool = False) -> Part:
-    spans = trace.spans()
     steps = trace.steps()
     complete = np.flatnonzero(steps.complete)
     n_steps = len(complete)
-    span_step = trace.span_steps() if n_steps else np.zeros(len(spans), np.int64)
-    # per span: its column among the complete steps (-1: outside them)
+    # the per-call table (hooktrace.analysis.calls: measured and kernel-derived calls, the
+    # one self time); compiles are not a module's
+    calls = Calls.from_trace(trace)
+    keep = calls.timing != COMPILE
+    # per call: its column among the complete steps (-1: outside them)
     if n_steps:
-        col = np.full(len(steps) + 1, -1, np.int64)
-        col[complete] = np.arange(n_steps)
-        span_col = col[span_step]
+        numbers = steps.number[complete]
+        col = np.minimum(np.searchsorted(numbers, calls.step), n_steps - 1)
+        span_col = np.where(calls.step_valid & (numbers[col] == calls.step), col, -1)
     else:
-        span_col = np.zeros(len(spans), np.int64)
+        span_col = np.zeros(len(calls), np.int64)
     width = max(n_steps, 1)
-    # the modules inside compiled regions, from their kernels: entries like spans, in the
-    # region span's step, never roots; the regions' self time less theirs (as summary)
-    d = derived_spans(trace)
-    dur = spans.duration_ns
-    # the one definition (hooktrace.analysis.kernels.span_self_ns): compile time too is the
-    # <torch.compile> row's, not its span's (summary had it; diff did not)
-    self_ns = span_self_ns(spans, d, compile_intervals(trace.info))
-    module_of, cat_of, flags, parent = spans.module, spans.cat, spans.flags, spans.parent
-    derived = np.zeros(len(spans), bool)
-    if len(d):
-        dur, self_ns = np.r_[dur, d.total_ns], np.r_[self_ns, d.self_ns]
-        module_of, cat_of = np.r_[module_of, d.module], np.r_[cat_of, d.cat]
-        flags, parent = np.r_[flags, d.flags], np.r_[parent, d.span]
-        span_col = np.r_[span_col, span_col[d.span]]
-        derived = np.r_[derived, np.ones(len(d), bool)]
+    dur, self_ns, module_of = calls.dur, calls.self_ns, calls.module
+    derived, root = calls.timing == KERNELS, calls.root
     part = Part({}, {}, {} if keep_calls else None, {}, {}, {}, n_steps,
                  steps.duration_ns[complete].astype(np.int64), 0.0,
                  span_definition(trace.info), self_calls_ns={} if keep_calls else None)
-    is_eval = (flags & SPAN_EVAL) != 0
     for phase, cat in PHASES.items():
-        sel = np.flatnonzero((cat_of == cat) & (is_eval == (phase == "eval")))
+        sel = np.flatnonzero(keep & (calls.cat == cat) & (calls.eval == (phase == "eval")))
         if not len(sel):
             continue
-        module = module_of[sel].astype(np.int64)
-        order = np.lexsort((dur[sel], module))
-        m_sorted = module[order]
-        d_sorted = dur[sel][order]
-        starts = np.flatnonzero(np.r_[True, m_sorted[1:] != m_sorted[:-1]])
-        counts = np.diff(np.r_[starts, len(m_sorted)])
-        ids = m_sorted[starts]
-        p50 = group_percentile(d_sorted, starts, counts, 50)
-        s_sorted = self_ns[sel][np.lexsort((self_ns[sel], module))]
-        p50_self = group_percentile(s_sorted, starts, counts, 50)
-        iqr = (group_percentile(d_sorted, starts, counts, 75)
-               - group_percentile(d_sorted, starts, counts, 25))
+        module = module_of[sel]
         n_mod = int(module.max()) + 1
+        g = Groups(module, dur[sel], self_ns[sel], n_mod)
+        counts, ids = g.counts, g.ids
+        p50, p50_self = g.percentile(50), g.self_percentile(50)
+        iqr = g.percentile(75) - g.percentile(25)
         in_step = span_col[sel] >= 0
         cell = module[in_step] * width + span_col[sel][in_step]
         per_step = np.bincount(cell, weights=dur[sel][in_step],
                                minlength=n_mod * width).reshape(n_mod, width)
         self_step = np.bincount(cell, weights=self_ns[sel][in_step],
                                 minlength=n_mod * width).reshape(n_mod, width)
-        calls = np.bincount(cell, minlength=n_mod * width).reshape(n_mod, width)
-        run_total = np.bincount(module, weights=dur[sel], minlength=n_mod)
-        run_self = np.bincount(module, weights=self_ns[sel], minlength=n_mod)
-        run_calls = np.bincount(module, minlength=n_mod)
+        n_calls = np.bincount(cell, minlength=n_mod * width).reshape(n_mod, width)
         n_derived = np.bincount(module, weights=derived[sel], minlength=n_mod)
         for k, m in enumerate(ids.tolist()):
-            name, type_name = (trace.modules[m] if m < len(trace.modules)
-                               else (f"<module {m}>", "?"))
-            key = (name, phase)
-            part.run[key] = (float(run_total[m]), float(run_self[m]), float(run_calls[m]))
-            part.types[key] = type_name
+            key = (calls.names[m], phase)
+            part.run[key] = (float(g.total[k]), float(g.self_total[k]), float(counts[k]))
+            part.types[key] = calls.types[m]
             part.p50[key] = float(p50[k])
             part.p50_self[key] = float(p50_self[k])
             part.iqr[key] = float(iqr[k])
             if part.calls_ns is not None and part.self_calls_ns is not None:
-                part.calls_ns[key] = d_sorted[starts[k]:starts[k] + counts[k]].copy()
-                part.self_calls_ns[key] = s_sorted[starts[k]:starts[k] + counts[k]].copy()
+                part.calls_ns[key] = g.values(k).copy()
+                part.self_calls_ns[key] = g.self_values(k).copy()
             part.total[key] = per_step[m].copy()
             part.self_ns[key] = self_step[m].copy()
-            part.calls[key] = calls[m].astype(np.float64)
+            part.calls[key] = n_calls[m].astype(np.float64)
             if n_derived[m]:
-                part.timing[key] = ("kernels" if n_derived[m] == run_calls[m]
+                part.timing[key] = ("kernels" if n_derived[m] == counts[k]
                                     else "measured+kernels")
-        roots = parent[sel] < 0
+        roots = root[sel]
         part.root_ns += float(dur[sel][roots & (span_col[sel] >= 0)].sum())
         part.run_root_ns += float(dur[sel][roots].sum())
     if gpu_recorded(trace):

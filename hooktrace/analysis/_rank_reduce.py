@@ -16,6 +16,7 @@ import numpy as np
 
 from hooktrace.format._kineto import ProfilerTraceError, open_binary, scan, us_to_ns
 from hooktrace.data.intervals import union_per_step
+from hooktrace.analysis.calls import COMPILE, Calls
 from hooktrace.analysis.device_time import gpu_recorded, module_gpu
 from hooktrace.analysis.rankset import RankFile
 from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL, TraceData, load
@@ -101,15 +102,19 @@ def reduce_rank(run: TraceData, f: RankFile) -> RankStats:
     spans = run.spans()
     steps = run.steps()
     row = run.span_steps()
-    sel = ((spans.cat == CAT_FORWARD) | (spans.cat == CAT_BACKWARD)) & (row >= 0)
-    phase = (spans.cat[sel] == CAT_BACKWARD).astype(np.int64)
-    mode = ((spans.flags[sel] & SPAN_EVAL) != 0).astype(np.int64)
-    module = spans.module[sel].astype(np.int64)
-    step = steps.number[row[sel]] if len(steps) else np.zeros(0, np.int64)
+    # the per-call table (hooktrace.analysis.calls): measured and kernel-derived calls, in
+    # a step, with the one self time; not recomputes or compiles
+    c = Calls.from_trace(run)
+    sel = (((c.cat == CAT_FORWARD) | (c.cat == CAT_BACKWARD)) & (c.timing != COMPILE)
+           & c.step_valid)
+    phase = (c.cat[sel] == CAT_BACKWARD).astype(np.int64)
+    mode = c.eval[sel].astype(np.int64)
+    module = c.module[sel]
+    step = c.step[sel]
     n_mod = max(len(run.modules), int(module.max(initial=-1)) + 1)
-    dur = spans.duration_ns[sel]
-    end = spans.end_ns[sel]
-    self_t = spans.self_ns[sel].astype(np.int64)
+    dur = c.dur[sel]
+    end = c.end[sel]
+    self_t = c.self_ns[sel]
     timed = 0
     if gpu_recorded(run) and len(steps):  # device time: phases 2 and 3, its steps
         m = module_gpu(run, n_mod)
@@ -133,7 +138,8 @@ def reduce_rank(run: TraceData, f: RankFile) -> RankStats:
     self_total = np.bincount(inv, weights=self_t, minlength=len(uniq)).astype(np.int64)
     last_end = np.full(len(uniq), np.iinfo(np.int64).min, np.int64)
     np.maximum.at(last_end, inv, end - off)
-    top = np.flatnonzero(sel & (spans.parent < 0))
+    top = np.flatnonzero(((spans.cat == CAT_FORWARD) | (spans.cat == CAT_BACKWARD))
+                         & (row >= 0) & (spans.parent < 0))
     top = top[np.lexsort((top, spans.start_ns[top]))]  # start order (the SQL's too)
     covered = union_per_step(spans.start_ns[top], spans.end_ns[top], steps.start_ns,
                               steps.end_ns)

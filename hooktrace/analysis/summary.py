@@ -36,7 +36,6 @@ from hooktrace.analysis._summary_columns import (
     add_gpu,
     add_memory,
     add_numerics,
-    group_mode,
     kernel_notes,
     memory_columns,
 )
@@ -46,8 +45,9 @@ from hooktrace.analysis.device_time import (
     gpu_recorded,
     launch_time_only,
 )
-from hooktrace.analysis.groups import group_percentile
-from hooktrace.analysis.kernels import Derived, derived_spans, fused_modules, span_self_ns
+from hooktrace.analysis.calls import KERNELS, MEASURED, Calls
+from hooktrace.analysis.kernels import fused_modules
+from hooktrace.analysis.groups import Groups
 from hooktrace.analysis.numerics import (
     NUMERIC_COLUMNS,
     first_nonfinite,
@@ -60,8 +60,6 @@ from hooktrace.reading import (
     SPAN_EVAL,
     Spans,
     compile_intervals,
-    compile_in_backward,
-    compile_parents,
     compile_steps,
 )
 from hooktrace.text import (
@@ -87,37 +85,6 @@ TEXT_WIDTH = 120  # the default text table fits this many columns (issue #7)
 
 _FORWARD_KEYS = ("calls", "total_ns", "self_ns", "mean_ns", "p50_ns", "p99_ns",
                  "recompute_calls", "recompute_total_ns")
-
-
-class _Groups:
-    """Per-group count, totals and linear p50/p99 of ``dur`` for dense group ids."""
-
-    def __init__(self, g: np.ndarray, dur: np.ndarray, self_ns: np.ndarray,
-                 n_groups: int) -> None:
-        self.ids = np.zeros(0, np.int64)
-        self.counts = self.total = self.self_total = np.zeros(0, np.int64)
-        self.p50 = self.p99 = np.zeros(0, np.float64)
-        if not len(g):
-            return
-        # Sorting the group id is a radix sort when it fits 16 bits, and one sort
-        # of (group, duration) packed in an int64 gives the per-group sorted
-        # durations for the percentiles: ~5x faster than np.lexsort((dur, key))
-        # on 5 M spans (1.5 s -> 0.3 s measured).
-        order = np.argsort(g.astype(np.uint16) if n_groups <= 1 << 16 else g, kind="stable")
-        g_s = g[order]
-        starts = np.flatnonzero(np.r_[True, g_s[1:] != g_s[:-1]])
-        self.counts = np.diff(np.r_[starts, len(g_s)])
-        self.total = np.add.reduceat(dur[order], starts)
-        self.self_total = np.add.reduceat(self_ns[order], starts)
-        lo = int(dur.min())
-        width = int(dur.max()) - lo + 1
-        if n_groups * width < 1 << 62:
-            dur_s = np.sort(g * width + (dur - lo)) - g_s * width + lo
-        else:  # durations too spread out to pack next to the group id
-            dur_s = dur[np.lexsort((dur, g))]
-        self.p50 = group_percentile(dur_s, starts, self.counts, 50)
-        self.p99 = group_percentile(dur_s, starts, self.counts, 99)
-        self.ids = g_s[starts]
 
 
 class Summary:
@@ -217,23 +184,17 @@ class Summary:
             "unattributed_nodes": int(np.count_nonzero(unattributed)),
             "unattributed_ns": int(nodes.self_ns[unattributed].sum()),
         }
-        derived = derived_spans(trace)
-        compiles = compile_intervals(trace.info)
-        rows = cls._rows(spans, trace.modules, trace.node_names, derived, compiles)
-        rows = _with_fused(rows, trace)
+        calls = Calls.from_trace(trace)
+        rows = _with_fused(module_rows(calls, _unattributed_rows(nodes, trace.node_names)),
+                           trace)
         steps = trace.steps()
         # Steps that compiled (torch.compile's first calls, recompiles) are left out of
         # the per-step statistics: they measure the compiler, not the step.
-        compiling = compile_steps(steps, compiles)
+        compiling = compile_steps(steps, compile_intervals(trace.info))
         complete = np.flatnonzero(steps.complete & ~compiling)
         counts["steps"] = len(complete)
         counts["compile_steps"] = int(np.count_nonzero(steps.complete & compiling))
-        per_step = _per_step_totals(spans, trace.modules, trace.span_steps(), complete)
-        for row in rows:
-            values = (per_step.get(row["module"])
-                      if row["module"] != UNATTRIBUTED and row["mode"] == "train" else None)
-            row["step_p50_ns"] = None if values is None else float(np.percentile(values, 50))
-            row["step_p99_ns"] = None if values is None else float(np.percentile(values, 99))
+        add_per_step_columns(rows, calls, steps.number[complete])
         step_split = None
         if len(complete):
             d = steps.duration_ns[complete]
@@ -273,80 +234,6 @@ class Summary:
         out.time_kind = "device" if gpu else "launch" if launch else ""
         out.step_split = step_split
         return out
-
-    @staticmethod
-    def _rows(spans: Spans, modules: Sequence[tuple[str, str]],
-              node_names: Sequence[str] = (), derived: Derived | None = None,
-              compiles: np.ndarray | None = None) -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = []
-        d = derived if derived is not None and len(derived) else None
-        if len(spans):
-            # A module's eval calls are a row of their own (mode_groups). Modules inside
-            # compiled regions come from the kernels they ran (hooktrace.analysis.kernels): their
-            # entries join the groups, and each region's self time loses them.
-            n_mod = int(spans.module.max()) + 1
-            if d is not None:
-                n_mod = max(n_mod, int(d.module.max()) + 1)
-            eval_ = (spans.flags & SPAN_EVAL) != 0
-            module = spans.module.astype(np.int64) + n_mod * eval_.astype(np.int64)
-            dur = spans.duration_ns
-            self_ns = span_self_ns(spans, d, compiles)  # (the one definition)
-            kernel_groups: set[int] = set()
-            if d is not None:
-                d_group = d.module + n_mod * (d.flags != 0).astype(np.int64)
-                kernel_groups = set(d_group.tolist())
-            per_cat = []
-            for cat in (CAT_FORWARD, CAT_BACKWARD, CAT_RECOMPUTE):
-                sel = spans.cat == cat
-                g, du, se = module[sel], dur[sel], self_ns[sel]
-                if d is not None:
-                    dsel = d.cat == cat
-                    g = np.concatenate([g, d_group[dsel]])
-                    du = np.concatenate([du, d.total_ns[dsel]])
-                    se = np.concatenate([se, d.self_ns[dsel]])
-                per_cat.append(_Groups(g, du, se, 2 * n_mod))
-            measured = set(np.unique(module).tolist())
-            fwd, bwd, rec = per_cat
-            for m in np.union1d(np.union1d(fwd.ids, bwd.ids), rec.ids).tolist():
-                slot = m % n_mod
-                name, type_name = (modules[slot] if slot < len(modules)
-                                   else (f"<module {slot}>", "?"))
-                row: dict[str, Any] = {"module": name, "type": type_name,
-                                       "mode": group_mode(m, n_mod),
-                                       "timing": "+".join(
-                                           w for w, on in (("measured", m in measured),
-                                                           ("kernels", m in kernel_groups)) if on)}
-                row.update(_stats(fwd, m, ""))
-                row.update(_stats(bwd, m, "bwd_"))
-                del row["bwd_mean_ns"]
-                row["bwd_fwd_ratio"] = (row["bwd_total_ns"] / row["total_ns"]
-                                        if row["bwd_calls"] and row["total_ns"] else None)
-                r = _stats(rec, m, "recompute_")
-                row["recompute_calls"] = r["recompute_calls"]
-                row["recompute_total_ns"] = r["recompute_total_ns"]
-                rows.append(row)
-        nodes = spans.nodes
-        loose = nodes.span < 0
-        if loose.any():
-            name_id = nodes.name[loose].astype(np.int64)
-            n_names = int(name_id.max()) + 1
-            self_ns = nodes.self_ns[loose]
-            groups = _Groups(name_id, self_ns, self_ns, n_names)
-            for k in groups.ids.tolist():
-                row = {"module": UNATTRIBUTED,
-                       "type": node_names[k] if k < len(node_names) else f"<node {k}>",
-                       "mode": "train", "timing": "measured"}
-                row.update(dict.fromkeys(_FORWARD_KEYS))
-                row.update(_stats(groups, k, "bwd_"))
-                del row["bwd_mean_ns"]
-                row["bwd_fwd_ratio"] = None
-                rows.append(row)
-        if compiles is not None and len(compiles):
-            backward = compile_in_backward(spans, compile_parents(spans, compiles))
-            rows.append(_compile_row(compiles, backward))
-        # Stable: equal totals keep module-slot order, unattributed rows last.
-        rows.sort(key=lambda r: -((r["total_ns"] or 0) + r["bwd_total_ns"]))
-        return [{key: row.get(key) for key in COLUMNS} for row in rows]
 
     def footer(self, shown: Sequence[str] | None = None) -> str:
         """How rows are sorted, one short line per shown column that needs one, then
@@ -543,43 +430,104 @@ _TEXT_NARROW_BACKWARD = [("bwd_total", "bwd_total_ns"), ("bwd_self", "bwd_self_n
                          ("bwd/fwd", "bwd_fwd_ratio")]
 
 
-def _compile_row(compiles: np.ndarray, backward: np.ndarray) -> dict[str, Any]:
-    """The ``<torch.compile>`` row: each compile a call, forward or backward by the span
-    it ran in (``backward``: reading.compile_in_backward; compiles run in the forward
-    call that first needs the code, and AOTAutograd compiles a region's backward lazily,
-    in the backward pass that first runs it)."""
-    d = (compiles[:, 1] - compiles[:, 0]).astype(np.int64)
-    row: dict[str, Any] = {"module": COMPILE_ROW, "type": "torch.compile", "mode": "train",
-                           "timing": "measured", "recompute_calls": 0, "recompute_total_ns": 0}
-    for prefix, sel in (("", ~backward), ("bwd_", backward)):
-        x = d[sel]
-        row.update({f"{prefix}calls": len(x), f"{prefix}total_ns": int(x.sum()),
-                    f"{prefix}self_ns": int(x.sum()),
-                    f"{prefix}mean_ns": float(x.mean()) if len(x) else None,
-                    f"{prefix}p50_ns": float(np.percentile(x, 50)) if len(x) else None,
-                    f"{prefix}p99_ns": float(np.percentile(x, 99)) if len(x) else None})
-    del row["bwd_mean_ns"]
-    row["bwd_fwd_ratio"] = None
-    return row
+def module_rows(calls: Calls, extra: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+    """The summary's rows of a per-call table (every view's one reduction, issue #37):
+    per module and mode, its forward, backward and recompute calls grouped
+    (hooktrace.analysis.groups.Groups), in COLUMNS; ``extra`` rows (``<unattributed>``)
+    join before the ``<torch.compile>`` row; sorted by forward + backward total,
+    descending (stable: equal totals keep slot order, train before eval)."""
+    group, n = calls.group_ids()
+    per_cat = [Groups(group[sel], calls.dur[sel], calls.self_ns[sel], 2 * n)
+               for sel in (calls.cat == cat for cat in (CAT_FORWARD, CAT_BACKWARD, CAT_RECOMPUTE))]
+    measured = set(np.unique(group[calls.timing != KERNELS]).tolist())
+    kernels = set(np.unique(group[calls.timing == KERNELS]).tolist())
+    fwd, bwd, rec = per_cat
+    rows: list[dict[str, Any]] = []
+    compile_rows: list[dict[str, Any]] = []
+    # train rows by slot, then eval rows, the compile row last
+    ids = np.union1d(np.union1d(fwd.ids, bwd.ids), rec.ids).tolist()
+    for g in sorted(ids, key=lambda g: (g % n == calls.compile_module, g >= n, g % n)):
+        m = g % n
+        row: dict[str, Any] = {"module": calls.names[m], "type": calls.types[m],
+                               "mode": "eval" if g >= n else "train",
+                               "timing": "+".join(w for w, on in (("measured", g in measured),
+                                                                  ("kernels", g in kernels)) if on)}
+        row.update(_stats(fwd, g, ""))
+        row.update(_stats(bwd, g, "bwd_"))
+        del row["bwd_mean_ns"]
+        row["bwd_fwd_ratio"] = (row["bwd_total_ns"] / row["total_ns"]
+                                if row["bwd_calls"] and row["total_ns"] else None)
+        r = _stats(rec, g, "recompute_")
+        row["recompute_calls"] = r["recompute_calls"]
+        row["recompute_total_ns"] = r["recompute_total_ns"]
+        if m == calls.compile_module:  # (compile time: no ratio)
+            row["bwd_fwd_ratio"] = None
+            compile_rows.append(row)
+        else:
+            rows.append(row)
+    rows = rows + list(extra) + compile_rows
+    rows.sort(key=lambda r: -((r["total_ns"] or 0) + r["bwd_total_ns"]))
+    return [{key: row.get(key) for key in COLUMNS} for row in rows]
 
 
-def _per_step_totals(spans: Spans, modules: Sequence[tuple[str, str]], span_step: np.ndarray,
-                     complete: np.ndarray) -> dict[str, np.ndarray]:
-    """Per module: its forward + backward time in each complete step (zeros where it
-    did not run), keyed by qualified module name; empty without complete steps."""
-    if not len(complete) or not len(spans):
-        return {}
-    n_rows = max(int(complete.max()), int(span_step.max(initial=-1))) + 1
-    col = np.full(n_rows + 1, -1, np.int64)
-    col[complete] = np.arange(len(complete))
-    c = col[span_step]  # span_step == -1 maps to the last slot, which stays -1
-    keep = (c >= 0) & (spans.cat != CAT_RECOMPUTE) & ((spans.flags & SPAN_EVAL) == 0)
-    module = spans.module[keep].astype(np.int64)
-    n_mod = int(spans.module.max()) + 1
-    totals = np.bincount(module * len(complete) + c[keep], weights=spans.duration_ns[keep],
-                         minlength=n_mod * len(complete)).reshape(n_mod, len(complete))
-    return {modules[m][0] if m < len(modules) else f"<module {m}>": totals[m]
-            for m in np.unique(module).tolist()}
+def _unattributed_rows(nodes: Any, node_names: Sequence[str]) -> list[dict[str, Any]]:
+    """The ``<unattributed>`` rows: per autograd node name, the self time of its
+    executions outside every module's backward (the loss's nodes, AccumulateGrad)."""
+    loose = nodes.span < 0
+    if not loose.any():
+        return []
+    name_id = nodes.name[loose].astype(np.int64)
+    self_ns = nodes.self_ns[loose]
+    groups = Groups(name_id, self_ns, self_ns, int(name_id.max()) + 1)
+    rows = []
+    for k in groups.ids.tolist():
+        row: dict[str, Any] = {"module": UNATTRIBUTED,
+                               "type": node_names[k] if k < len(node_names) else f"<node {k}>",
+                               "mode": "train", "timing": "measured"}
+        row.update(dict.fromkeys(_FORWARD_KEYS))
+        row.update(_stats(groups, k, "bwd_"))
+        del row["bwd_mean_ns"]
+        row["bwd_fwd_ratio"] = None
+        rows.append(row)
+    return rows
+
+
+def add_per_step_columns(rows: list[dict[str, Any]], calls: Calls,
+                         complete: np.ndarray) -> None:
+    """Each train row's ``step_p50_ns``/``step_p99_ns``: the median and p99 over the
+    ``complete`` steps (step numbers) of the module's measured forward + backward time
+    in the step (0 in a step it did not run); None without complete steps."""
+    per_step: dict[str, np.ndarray] = {}
+    if len(complete) and len(calls):
+        order = np.argsort(complete)
+        col = np.searchsorted(complete[order], calls.step)
+        col = np.minimum(col, len(complete) - 1)
+        keep = (calls.step_valid & (complete[order][col] == calls.step)
+                & (calls.timing == MEASURED) & (calls.cat != CAT_RECOMPUTE) & ~calls.eval)
+        module, c = calls.module[keep], order[col[keep]]
+        n_mod = len(calls.names)
+        totals = np.bincount(module * len(complete) + c, weights=calls.dur[keep],
+                             minlength=n_mod * len(complete)).reshape(n_mod, len(complete))
+        per_step = {calls.names[m]: totals[m] for m in np.unique(module).tolist()}
+    for row in rows:
+        values = (per_step.get(row["module"])
+                  if row["module"] != UNATTRIBUTED and row["mode"] == "train" else None)
+        row["step_p50_ns"] = None if values is None else float(np.percentile(values, 50))
+        row["step_p99_ns"] = None if values is None else float(np.percentile(values, 99))
+
+
+def _stats(groups: Groups, gid: int, prefix: str) -> dict[str, Any]:
+    """The row entries of group ``gid`` (zeros and Nones when it had no calls)."""
+    pos = groups.index(gid)
+    if pos < 0:
+        return {f"{prefix}calls": 0, f"{prefix}total_ns": 0, f"{prefix}self_ns": 0,
+                f"{prefix}mean_ns": None, f"{prefix}p50_ns": None, f"{prefix}p99_ns": None}
+    n = int(groups.counts[pos])
+    total = int(groups.total[pos])
+    return {f"{prefix}calls": n, f"{prefix}total_ns": total,
+            f"{prefix}self_ns": int(groups.self_total[pos]), f"{prefix}mean_ns": total / n,
+            f"{prefix}p50_ns": float(groups.percentile(50)[pos]),
+            f"{prefix}p99_ns": float(groups.percentile(99)[pos])}
 
 
 def _step_split(spans: Spans, span_steps: np.ndarray, complete: np.ndarray,
@@ -684,20 +632,6 @@ class StepTable:
 
     def to_json(self, top: int | None = None) -> str:
         return json.dumps({"steps": self._top(top)})
-
-
-def _stats(groups: _Groups, gid: int, prefix: str) -> dict[str, Any]:
-    """The row entries of group ``gid`` (zeros and Nones when it had no calls)."""
-    pos = int(np.searchsorted(groups.ids, gid))
-    if pos < len(groups.ids) and groups.ids[pos] == gid:
-        n = int(groups.counts[pos])
-        total = int(groups.total[pos])
-        return {f"{prefix}calls": n, f"{prefix}total_ns": total,
-                f"{prefix}self_ns": int(groups.self_total[pos]),
-                f"{prefix}mean_ns": total / n, f"{prefix}p50_ns": float(groups.p50[pos]),
-                f"{prefix}p99_ns": float(groups.p99[pos])}
-    return {f"{prefix}calls": 0, f"{prefix}total_ns": 0, f"{prefix}self_ns": 0,
-            f"{prefix}mean_ns": None, f"{prefix}p50_ns": None, f"{prefix}p99_ns": None}
 
 
 def _note_shown(note: str, keys: set[str]) -> bool:

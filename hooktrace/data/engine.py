@@ -417,7 +417,9 @@ def query(path: str | os.PathLike[str], sql: str, *, threads: int = 1,
 # and Spark both read (hooktrace.data.spark runs the same): `window` in backticks (a
 # keyword in DuckDB).
 STRAGGLER_SQL = {
-    # (grouped by integer keys: the module's slot, booleans for the phase and mode;
+    # (the spans table's rows grouped as hooktrace.analysis._rank_reduce groups the per-call
+    # table: measured and kernel-derived calls, not compiles or recomputes;
+    # grouped by integer keys: the module's slot, booleans for the phase and mode;
     # grouping by the names costs ~1.5x as much, measured on 55 M rows)
     "agg": """
         SELECT rank, `window`, slot, mode = 'eval' AS eval, phase = 'backward' AS backward,
@@ -425,7 +427,7 @@ STRAGGLER_SQL = {
                CAST(count(*) AS BIGINT) AS calls, max(end_ns) AS last_end_ns,
                CAST(sum(self_ns) AS BIGINT) AS self_total_ns
         FROM spans
-        WHERE timing = 'measured' AND phase <> 'recompute' AND step IS NOT NULL
+        WHERE timing <> 'compile' AND phase <> 'recompute' AND step IS NOT NULL
         GROUP BY rank, `window`, slot, mode = 'eval', phase = 'backward', step
         UNION ALL
         SELECT rank, `window`, slot, mode = 'eval' AS eval, phase = 'backward' AS backward,

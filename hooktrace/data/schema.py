@@ -200,8 +200,9 @@ _AGGREGATE_COLUMNS = [
     _f("steps", pa.int32(), True, "steps in the window"),
     _f("module", _STR, True, "qualified module name ('<root>' for the root; '<step>' "
                              "in a mode 'step' row)"),
-    _f("mode", _STR, True, "forward, backward, eval (forward calls under no_grad "
-                           "or in eval mode), or step (the steps' wall times)"),
+    _f("mode", _STR, True, "forward, backward, recompute, eval (forward calls under "
+                           "no_grad or in eval mode; eval backward, eval recompute), or "
+                           "step (the steps' wall times)"),
     _f("calls", _I64, True, "calls in the window"),
     _f("total_ms", _F32, True, "time of the calls (a step row: of the steps), ms"),
     _f("p50_ms", _F32, True, "median call (a step row: median step), ms"),
@@ -211,6 +212,10 @@ _AGGREGATE_COLUMNS = [
     _f("tflops", _F32, True, "FLOP rate of the calls, TFLOP/s (flops=True)"),
     _f("nonfinite", _I64, True, "NaN/Inf count of the outputs (numerics=True)"),
     _f("absmax", _F32, True, "largest output max |x| (numerics=True)"),
+    _f("total_ns", _I64, True, "time of the calls, ns: the summary's total (a step row: "
+                               "of the steps); null in a folder an older hooktrace wrote"),
+    _f("self_ns", _I64, True, "self time of the calls, ns: the summary's self; null in a "
+                              "step row and in a folder an older hooktrace wrote"),
     _f("run", _STR, True, "the run that wrote the row, <host>_<pid>[_rank<R>]_<random> (a "
                           "folder may hold several runs and ranks)"),
 ]

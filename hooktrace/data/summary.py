@@ -1,10 +1,11 @@
 """``hooktrace summary`` of a Parquet export of one run (issue #29): the per-module table
-from the ``spans`` and ``steps`` tables, computed by DuckDB.
+from the ``spans`` and ``steps`` tables, which DuckDB reads.
 
 The rows are :class:`hooktrace.analysis.summary.Summary`'s, with the same keys, values and order
 as the summary of the ``.htrace`` the export came from: per module and mode the forward,
 backward and recompute calls, their total and self times, the median and p99 of the
-call durations (DuckDB's ``quantile_cont`` is numpy's linear percentile), the
+call durations (the spans table is the trace's per-call table,
+:class:`hooktrace.analysis.calls.Calls`, grouped by the summary's own reduction), the
 ``timing`` (``measured``, ``kernels``, both), the ``<torch.compile>`` row, a module's
 time per step (``step_p50_ns``, ``step_p99_ns``), and the step count and step
 percentiles of the footer (steps that overlap a compile left out,
@@ -27,40 +28,17 @@ from typing import Any
 import numpy as np
 
 from hooktrace.data.engine import QueryError, connect, find_source, sql_errors, tables_of
-from hooktrace.analysis.summary import COMPILE_ROW, Summary
+from hooktrace.analysis.calls import COMPILE, Calls
+from hooktrace.analysis.summary import Summary, add_per_step_columns, module_rows
 
 __all__ = ["EXPORT_NOTE", "is_export", "runs_in_export", "summary_of_export"]
 
 EXPORT_NOTE = ("from a Parquet export: no <unattributed> autograd rows, fused modules, FLOPs, "
                "memory, numerics or device time (query those tables)")
 
-# Per module, mode and phase (the modules table gives the slot order of ties).
-_GROUPS_SQL = """
-    SELECT slot, CAST(module AS VARCHAR) AS module, CAST(type AS VARCHAR) AS type,
-           CAST(mode AS VARCHAR) AS mode, CAST(phase AS VARCHAR) AS phase,
-           bool_or(timing = 'measured' OR timing = 'compile') AS measured,
-           bool_or(timing = 'kernels') AS kernels,
-           CAST(count(*) AS BIGINT) AS calls, CAST(sum(dur_ns) AS BIGINT) AS total_ns,
-           CAST(sum(self_ns) AS BIGINT) AS self_ns,
-           quantile_cont(dur_ns, 0.5) AS p50_ns, quantile_cont(dur_ns, 0.99) AS p99_ns
-    FROM spans
-    GROUP BY ALL
-    ORDER BY slot, mode DESC, phase"""
-
-# Complete steps, and whether a compile (a '<torch.compile>' span) overlaps each.
-_STEPS_SQL = """
-    SELECT s.step, s.dur_ns, EXISTS (SELECT 1 FROM spans c WHERE c.timing = 'compile'
-                             AND c.start_ns < s.end_ns AND c.end_ns > s.start_ns) AS compiling
-    FROM steps s WHERE s.complete ORDER BY s.step"""
-
-# Per module and step: its measured forward + backward time (train calls).
-_PER_STEP_SQL = """
-    SELECT slot, CAST(module AS VARCHAR) AS module, step,
-           CAST(sum(dur_ns) AS BIGINT) AS total_ns
-    FROM spans
-    WHERE timing = 'measured' AND phase <> 'recompute' AND mode = 'train'
-          AND step IS NOT NULL
-    GROUP BY ALL"""
+# the spans table's columns that make the per-call table (hooktrace.analysis.calls)
+_SPANS_SQL = ("SELECT module, slot, type, phase, mode, timing, call, step, thread, start_ns, "
+              "end_ns, dur_ns, self_ns, depth, span, parent, error, unfinished FROM spans")
 
 
 def is_export(path: str | os.PathLike[str]) -> bool:
@@ -90,9 +68,9 @@ def runs_in_export(path: str | os.PathLike[str]) -> int:
 
 
 def _runs(con: Any) -> int:
-    n = con.execute("SELECT count(*) FROM runs").fetchone()
-    if not n or not n[0]:
-        n = con.execute('SELECT count(DISTINCT (rank, "window")) FROM spans').fetchone()
+    n = con.sql("SELECT count(*) FROM runs").fetchall()[0]
+    if not n[0]:
+        n = con.sql('SELECT count(DISTINCT (rank, "window")) FROM spans').fetchall()[0]
     return int(n[0]) if n else 0
 
 
@@ -114,13 +92,13 @@ def summary_of_export(path: str | os.PathLike[str]) -> Summary:
                 raise QueryError(f"{name}: a Parquet export of {n_runs} runs (ranks or windows): "
                                  "the per-module table is one run's; hooktrace summary DIR gives "
                                  "the ranks' tables")
-            groups = _fetch(con, _GROUPS_SQL)
-            steps = _fetch(con, _STEPS_SQL)
-            per_step = _fetch(con, _PER_STEP_SQL)
+            calls = Calls.from_arrow(con.sql(_SPANS_SQL).to_arrow_table())
+            steps = _fetch(con, "SELECT step, start_ns, end_ns, dur_ns FROM steps "
+                                "WHERE complete ORDER BY step")
             runs = _fetch(con, "SELECT dropped_events, overwritten_events, cut FROM runs")
     finally:
         con.close()
-    rows = _rows(groups)
+    rows = module_rows(calls)  # (the summary's own reduction, issue #37)
     # lost data is said as the summary says it (a spans-only X.parquet has no runs table)
     counts: dict[str, int] = {
         "dropped_events": sum(r["dropped_events"] for r in runs),
@@ -128,77 +106,20 @@ def summary_of_export(path: str | os.PathLike[str]) -> Summary:
     notes = [r["cut"] for r in runs if r["cut"]]
     if not runs:
         notes.append("the export has no runs table: events the recorder dropped are not known")
-    kept = [s for s in steps if not s["compiling"]]
+    # steps that overlap a compile are left out, as the summary does
+    c = calls.timing == COMPILE
+    kept = [s for s in steps if not np.any((calls.start[c] < s["end_ns"])
+                                           & (calls.end[c] > s["start_ns"]))]
     counts["steps"] = len(kept)
     counts["compile_steps"] = len(steps) - len(kept)
     if kept:
         d = np.array([s["dur_ns"] for s in kept], np.int64)
         counts["step_p50_ns"] = int(np.percentile(d, 50))
         counts["step_p99_ns"] = int(np.percentile(d, 99))
-        # a module's time per complete step (0 in a step it did not run), as the summary
-        column = {s["step"]: i for i, s in enumerate(kept)}
-        totals: dict[str, np.ndarray] = {}
-        for r in per_step:
-            if r["step"] in column:
-                per = totals.setdefault(r["module"], np.zeros(len(kept), np.int64))
-                per[column[r["step"]]] += r["total_ns"]
-        for row in rows:
-            values = totals.get(row["module"]) if row["mode"] == "train" else None
-            if values is not None:
-                row["step_p50_ns"] = float(np.percentile(values, 50))
-                row["step_p99_ns"] = float(np.percentile(values, 99))
+    add_per_step_columns(rows, calls, np.array([s["step"] for s in kept], np.int64))
     return Summary(rows, counts, notes + [EXPORT_NOTE])
 
 
 def _fetch(con: Any, sql: str) -> list[dict[str, Any]]:
-    cur = con.execute(sql)
-    names = [d[0] for d in cur.description]
-    return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
-
-
-def _rows(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    by_key: dict[tuple[int, str], dict[str, Any]] = {}
-    for g in groups:
-        key = (g["slot"], g["mode"])
-        row = by_key.get(key)
-        if row is None:
-            row = by_key[key] = {
-                "module": g["module"], "type": g["type"], "mode": g["mode"], "timing": "",
-                "fused": None, "_measured": False, "_kernels": False,
-                **_phase(None, ""), **_phase(None, "bwd_"), "recompute_calls": 0,
-                "recompute_total_ns": 0, "step_p50_ns": None, "step_p99_ns": None}
-        row["_measured"] |= bool(g["measured"])
-        row["_kernels"] |= bool(g["kernels"])
-        if g["phase"] == "forward":
-            row.update(_phase(g, ""))
-        elif g["phase"] == "backward":
-            row.update(_phase(g, "bwd_"))
-        else:
-            row["recompute_calls"] = g["calls"]
-            row["recompute_total_ns"] = g["total_ns"]
-    # the summary's order: the train rows by module slot, then the eval rows, the compile
-    # row (slot -1) last; then by total time, descending (a stable sort)
-    ordered = sorted(by_key.items(), key=lambda kv: (kv[0][0] < 0, kv[0][1] == "eval", kv[0][0]))
-    rows = []
-    for _, row in ordered:
-        row["timing"] = "+".join(w for w, on in (("measured", row.pop("_measured")),
-                                                 ("kernels", row.pop("_kernels"))) if on)
-        del row["bwd_mean_ns"]
-        row["bwd_fwd_ratio"] = (row["bwd_total_ns"] / row["total_ns"]
-                                if row["bwd_calls"] and row["total_ns"] else None)
-        if row["module"] == COMPILE_ROW:  # (compile time: no ratio, as the summary)
-            row["type"] = "torch.compile"
-            row["bwd_fwd_ratio"] = None
-        rows.append(row)
-    rows.sort(key=lambda r: -((r["total_ns"] or 0) + r["bwd_total_ns"]))
-    columns = Summary([], {}).columns
-    return [{key: row.get(key) for key in columns} for row in rows]
-
-
-def _phase(g: dict[str, Any] | None, prefix: str) -> dict[str, Any]:
-    if g is None:
-        return {f"{prefix}calls": 0, f"{prefix}total_ns": 0, f"{prefix}self_ns": 0,
-                f"{prefix}mean_ns": None, f"{prefix}p50_ns": None, f"{prefix}p99_ns": None}
-    return {f"{prefix}calls": g["calls"], f"{prefix}total_ns": g["total_ns"],
-            f"{prefix}self_ns": g["self_ns"], f"{prefix}mean_ns": g["total_ns"] / g["calls"],
-            f"{prefix}p50_ns": float(g["p50_ns"]), f"{prefix}p99_ns": float(g["p99_ns"])}
+    rel = con.sql(sql)
+    return [dict(zip(rel.columns, r, strict=True)) for r in rel.fetchall()]

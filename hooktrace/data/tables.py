@@ -31,19 +31,16 @@ from typing import Any
 
 import numpy as np
 
+from hooktrace.analysis.calls import MODES, PHASES, TIMINGS
 from hooktrace.data.schema import file_schema, pa
-from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL, SPAN_ERROR, SPAN_UNFINISHED
-from hooktrace.reading import TraceData, compile_in_backward, compile_intervals, compile_parents
+from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL
+from hooktrace.reading import TraceData
 from hooktrace.data.intervals import union_per_step
 from hooktrace.text import display_path
 
 __all__ = ["DEFAULT_BATCH_ROWS", "Where", "batches", "span_columns", "to_arrow"]
 
 DEFAULT_BATCH_ROWS = 1 << 20
-PHASES = ("forward", "backward", "recompute")
-MODES = ("train", "eval")
-TIMINGS = ("measured", "kernels", "compile")
-COMPILE_MODULE = "<torch.compile>"  # the module of a compile's row (the summary's row)
 _OWNERS = {1: "enter", 2: "exit", 3: "node_begin", 4: "node_end"}
 
 
@@ -117,63 +114,15 @@ class _SpanColumns:
     of the span it ran in)."""
 
     def __init__(self, trace: TraceData) -> None:
-        from hooktrace.analysis.kernels import derived_spans, span_self_ns
+        from hooktrace.analysis.calls import Calls
 
-        spans = trace.spans()
-        d = derived_spans(trace)
-        compiles = compile_intervals(trace.info)
-        n, m, c = len(spans), len(d), len(compiles)
-        self.n = n + m + c
+        c = Calls.from_trace(trace)  # (the one per-call table, issue #37)
+        self.c, self.n = c, len(c)
+        self.names, self.types = c.names, c.types
         off = _offset(trace)
-        self_ns = span_self_ns(spans, d, compiles)  # (the one definition)
-        c_parent = compile_parents(spans, compiles)
-        slot = np.r_[spans.module.astype(np.int64), d.module.astype(np.int64)]
-        n_mod = max(len(trace.modules), int(slot.max(initial=-1)) + 1)
-        self.names, self.types = _names(trace, n_mod)
-        self.names.append(COMPILE_MODULE)
-        self.types.append("torch.compile")
-        self.slot = np.r_[slot, np.full(c, -1, np.int64)]
-        self.module = np.r_[slot, np.full(c, n_mod, np.int64)]  # (index into names)
-        # a compile's phase: that of the span it ran in (a lazy backward compile: backward)
-        c_cat = np.where(compile_in_backward(spans, c_parent), CAT_BACKWARD, CAT_FORWARD)
-        self.cat = np.r_[spans.cat, d.cat, c_cat].astype(np.int64)
-        self.eval = np.r_[(spans.flags & SPAN_EVAL) != 0, d.flags != 0, np.zeros(c, bool)]
-        self.timing = np.r_[np.zeros(n, np.int32), np.ones(m, np.int32), np.full(c, 2, np.int32)]
-        self.call = np.r_[spans.call.astype(np.int64), spans.call[d.span].astype(np.int64),
-                          np.arange(c, dtype=np.int64)]
-        self.thread = np.r_[spans.tid.astype(np.int64), spans.tid[d.span].astype(np.int64),
-                            compiles[:, 2]]
-        start = np.r_[spans.start_ns, d.start_ns, compiles[:, 0]].astype(np.int64)
-        end = np.r_[spans.end_ns, d.end_ns, compiles[:, 1]].astype(np.int64)
-        steps = trace.steps()
-        row = steps.index_of(start)
-        self.step_valid = row >= 0
-        self.step = steps.number[np.maximum(row, 0)] if len(steps) else np.zeros(self.n, np.int64)
-        self.start, self.end = start - off, end - off
-        # a kernel-derived row lasts the time its kernels ran (the summary's total), not
-        # first kernel start to last kernel end
-        self.dur = np.r_[spans.end_ns - spans.start_ns, d.total_ns,
-                         compiles[:, 1] - compiles[:, 0]].astype(np.int64)
-        self.self_ns = np.r_[self_ns, d.self_ns, compiles[:, 1] - compiles[:, 0]]
-        # depth of a derived entry: its region's depth + how far below the region it is
-        region_depth = spans.depth[d.span].astype(np.int64)
-        below = np.array([self.names[int(k)].count(".") - self.names[int(r)].count(".")
-                          if self.names[int(r)] else self.names[int(k)].count(".") + 1
-                          for k, r in zip(d.module, spans.module[d.span])], np.int64)
-        c_depth = np.zeros(c, np.int64)
-        c_depth[c_parent >= 0] = spans.depth[c_parent[c_parent >= 0]].astype(np.int64) + 1
-        self.depth = np.r_[spans.depth.astype(np.int64), region_depth + below, c_depth]
-        self.span = np.r_[np.arange(n, dtype=np.int64), d.span.astype(np.int64),
-                          np.full(c, -1, np.int64)]
-        self.span_valid = self.span >= 0
-        # a compile's parent: the span it ran in (whose self time it is out of)
-        parent = np.r_[spans.parent, np.full(m, -1, np.int64), c_parent]
-        self.parent_valid = parent >= 0
-        self.parent = parent
-        flags = np.r_[spans.flags, np.zeros(m + c, np.uint8)]
-        self.error = (flags & SPAN_ERROR) != 0
-        self.unfinished = (flags & SPAN_UNFINISHED) != 0
-        self.extras = self._extras(trace, n, m + c)
+        self.start, self.end = c.start - off, c.end - off
+        n = len(trace.spans())
+        self.extras = self._extras(trace, n, len(c) - n)
 
     def _extras(self, trace: TraceData, n: int, m: int) -> dict[str, Any]:
         """Per extra column: (values over the rows, validity mask); missing = all null."""
@@ -231,25 +180,26 @@ class _SpanColumns:
 
     def batch(self, a: int, b: int, where: Where) -> Any:
         s = slice(a, b)
+        c = self.c
         cols: dict[str, Any] = {
-            "module": _dict(self.module[s], self.names),
-            "slot": _i64(self.slot[s]),
-            "type": _dict(self.module[s], self.types),
-            "phase": _dict(self.cat[s], list(PHASES)),
-            "mode": _dict(self.eval[s].astype(np.int32), list(MODES)),
-            "timing": _dict(self.timing[s], list(TIMINGS)),
-            "call": _i64(self.call[s]),
-            "step": _i64(self.step[s], self.step_valid[s]),
-            "thread": _i64(self.thread[s]),
+            "module": _dict(c.module[s], self.names),
+            "slot": _i64(c.slot[s]),
+            "type": _dict(c.module[s], self.types),
+            "phase": _dict(c.cat[s], list(PHASES)),
+            "mode": _dict(c.eval[s].astype(np.int32), list(MODES)),
+            "timing": _dict(c.timing[s], list(TIMINGS)),
+            "call": _i64(c.call[s]),
+            "step": _i64(c.step[s], c.step_valid[s]),
+            "thread": _i64(c.thread[s]),
             "start_ns": _i64(self.start[s]),
             "end_ns": _i64(self.end[s]),
-            "dur_ns": _i64(self.dur[s]),
-            "self_ns": _i64(self.self_ns[s]),
-            "depth": _i64(self.depth[s]),
-            "span": _i64(self.span[s], self.span_valid[s]),
-            "parent": _i64(self.parent[s], self.parent_valid[s]),
-            "error": pa.array(self.error[s]),
-            "unfinished": pa.array(self.unfinished[s]),
+            "dur_ns": _i64(c.dur[s]),
+            "self_ns": _i64(c.self_ns[s]),
+            "depth": _i64(c.depth[s]),
+            "span": _i64(c.span[s], c.span[s] >= 0),
+            "parent": _i64(c.parent[s], c.parent[s] >= 0),
+            "error": pa.array(c.error[s]),
+            "unfinished": pa.array(c.unfinished[s]),
         }
         schema = file_schema("spans", partitioned=where.partitioned)
         for name in ("gpu_dur_ns", "gpu_self_ns", "flops", "in_shapes", "out_shapes", "absmax",

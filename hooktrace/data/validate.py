@@ -50,7 +50,7 @@ from hooktrace.data.schema import (
     pa,
     schema,
 )
-from hooktrace.data.tables import MODES, PHASES, TIMINGS
+from hooktrace.analysis.calls import MODES, PHASES, TIMINGS
 from hooktrace.errors import InputPathError
 from hooktrace.text import display_path, printable
 
@@ -63,7 +63,8 @@ pc: Any = require("pyarrow.compute")
 _BATCH_ROWS = 1 << 20  # rows read at once per file: one batch of the checked columns
 _FOLDER = re.compile(r"(rank|window)=(-?[0-9]{1,18})")
 # what trace(aggregate=...) writes in the mode column (hooktrace.record.aggregate)
-_AGGREGATE_MODES = ("forward", "backward", "eval", "step")
+_AGGREGATE_MODES = ("forward", "backward", "recompute", "eval", "eval backward", "eval recompute",
+                    "step")
 
 
 class ParquetInputError(InputPathError):
@@ -271,7 +272,8 @@ _RULES: dict[str, list[Rule]] = {
     "gpu": [*_DURATION, _negative("device")],
     AGGREGATES: [_negative("calls"), _negative("steps"), _not_finite("total_ms"),
                  _not_finite("p50_ms"), _not_finite("max_ms"), _not_finite("gpu_ms"),
-                 _not_finite("tflops"), _negative("mem_peak_bytes"), _negative("nonfinite")],
+                 _not_finite("tflops"), _negative("mem_peak_bytes"), _negative("nonfinite"),
+                 _negative("total_ns"), _negative("self_ns"), _above("self_ns", "total_ns")],
 }
 
 # The words a column may hold (a recorder writes no others: an unknown phase would be
@@ -300,7 +302,10 @@ def _check_batch(path: str, table: str, b: Any) -> None:
             raise _fail(path, f"column {col} holds {_show(found[0])}; hooktrace writes "
                               f"{', '.join(words)}")
     for col, what, bad in _RULES.get(table, []):
-        mask = bad(b).fill_null(False)
+        try:
+            mask = bad(b).fill_null(False)
+        except KeyError:  # a column an older hooktrace did not write (read as null)
+            continue
         if pc.any(mask).as_py():
             first = b.column(col).filter(mask)[0].as_py()
             raise _fail(path, f"column {col} {what} ({_show(first)} in "

@@ -93,72 +93,65 @@ def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, lis
     mode, calls and time; a "step" row for the steps themselves (total, median, max)."""
     import numpy as np
 
-    from hooktrace.analysis.groups import group_percentile
-    from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL
+    from hooktrace.analysis.calls import MEASURED, Calls, phase_label
+    from hooktrace.analysis.groups import Groups
+    from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, CAT_RECOMPUTE, SPAN_EVAL
 
     s = trace.spans()
-    names = [row_name(m[0]) for m in trace.modules]
+    # the per-call table every view groups (issue #37): measured and kernel-derived calls
+    # and compiles, with the one self time; eval calls (no_grad or module.eval()) are
+    # rows of their own, as in the summary
+    c = Calls.from_trace(trace)
+    names = [row_name(n) for n in c.names]
     cols: dict[str, list[Any]] = {k: [] for k in (
         "step", "steps", "module", "mode", "calls", "total_ms", "p50_ms", "max_ms",
-        "gpu_ms", "mem_peak_bytes", "tflops", "nonfinite", "absmax")}
+        "gpu_ms", "mem_peak_bytes", "tflops", "nonfinite", "absmax", "total_ns", "self_ns")}
     step, steps = first, len(step_ms)
     peaks = _memory_peaks(trace, s)
     tflops = tflops_by_module(trace)
-    # eval calls (no_grad or module.eval(): a validation pass between steps) get rows of
-    # their own, as in the summary, so that they do not swell the training forward; not
-    # when every forward call is one (a model trained in eval mode: those are its steps)
-    flagged = (s.cat == CAT_FORWARD) & ((s.flags & SPAN_EVAL) != 0)
-    eval_ = flagged if ((s.cat == CAT_FORWARD) & ~flagged).any() else np.zeros(len(s), bool)
+    eval_ = (s.cat == CAT_FORWARD) & ((s.flags & SPAN_EVAL) != 0)
     gpu = gpu_ms_by_module(trace, eval_)
     numerics = _numerics_by_module(trace, split_eval=bool(eval_.any()))
-    for mode, cat in (("forward", CAT_FORWARD), ("eval", CAT_EVAL), ("backward", CAT_BACKWARD)):
-        sel = np.flatnonzero((s.cat == CAT_FORWARD) & eval_ if cat == CAT_EVAL
-                             else (s.cat == cat) & ~eval_)
-        if not sel.size:
-            continue
-        dur = (s.end_ns[sel] - s.start_ns[sel]).astype(np.float64) / 1e6
-        mod = s.module[sel]
-        # per module, vectorized: sorted by (module, duration), each group's sum, median
-        # and max (its last); the rows' columns filled a whole mode at once (issue #38:
-        # a row at a time cost ~0.3 ms per step at aggregate_interval=0)
-        order = np.lexsort((dur, mod))
-        mod, dur, sel = mod[order], dur[order], sel[order]
-        starts = np.concatenate(([0], np.flatnonzero(np.diff(mod)) + 1))
-        ends = np.concatenate((starts[1:], [len(mod)]))
-        counts = ends - starts
-        group_mods = mod[starts].astype(np.int64).tolist()
-        n = len(group_mods)
-        cols["step"] += [step] * n
-        cols["steps"] += [steps] * n
-        cols["module"] += [names[m] if 0 <= m < len(names) else f"<module {m}>"
-                           for m in group_mods]
-        cols["mode"] += [mode] * n
-        cols["calls"] += counts.tolist()
-        cols["total_ms"] += np.add.reduceat(dur, starts).tolist()
-        cols["p50_ms"] += group_percentile(dur, starts, counts, 50).tolist()
-        cols["max_ms"] += dur[ends - 1].tolist()
-        cols["gpu_ms"] += ([gpu.get((m, cat)) for m in group_mods] if gpu is not None
-                           else [None] * n)
-        if tflops is not None:
+    measured_span = np.where(c.timing == MEASURED, c.span, -1)
+    for cat in (CAT_FORWARD, CAT_BACKWARD, CAT_RECOMPUTE):
+        for is_eval in (False, True):
+            sel = np.flatnonzero((c.cat == cat) & (c.eval == is_eval))
+            if not sel.size:
+                continue
+            mode = phase_label(cat, is_eval)
+            g = Groups(c.module[sel], c.dur[sel], c.self_ns[sel], len(names))
+            group_mods = g.ids.tolist()
+            n = len(group_mods)
+            cols["step"] += [step] * n
+            cols["steps"] += [steps] * n
+            cols["module"] += [names[m] for m in group_mods]
+            cols["mode"] += [mode] * n
+            cols["calls"] += g.counts.tolist()
+            cols["total_ns"] += g.total.tolist()
+            cols["self_ns"] += g.self_total.tolist()
+            cols["total_ms"] += (g.total / 1e6).tolist()
+            cols["p50_ms"] += (g.percentile(50) / 1e6).tolist()
+            cols["max_ms"] += (g.max / 1e6).tolist()
+            gpu_key = CAT_EVAL if mode == "eval" else cat
+            cols["gpu_ms"] += ([gpu.get((m, gpu_key)) for m in group_mods]
+                               if gpu is not None and mode in ("forward", "eval", "backward")
+                               else [None] * n)
             # (TFLOP/s: of the module's training calls, none for eval rows)
-            raw = [str(trace.modules[m][0]) if 0 <= m < len(trace.modules)
-                   else f"<module {m}>" for m in group_mods]
-            cols["tflops"] += [tflops.get((name, mode)) for name in raw]
-        else:
-            cols["tflops"] += [None] * n
-        if peaks is not None:
-            highest = np.maximum.reduceat(peaks[sel], starts)
-            cols["mem_peak_bytes"] += [int(v) if v >= 0 else None for v in highest.tolist()]
-        else:
-            cols["mem_peak_bytes"] += [None] * n
-        if numerics is not None:
-            got = [numerics.get((m, mode)) for m in group_mods]
-            cols["nonfinite"] += [g[0] if g is not None else None for g in got]
-            cols["absmax"] += [g[1] if g is not None and np.isfinite(g[1]) else None
-                               for g in got]
-        else:
-            cols["nonfinite"] += [None] * n
-            cols["absmax"] += [None] * n
+            cols["tflops"] += ([tflops.get((c.names[m], mode)) for m in group_mods]
+                               if tflops is not None else [None] * n)
+            if peaks is not None:
+                order = np.argsort(c.module[sel], kind="stable")
+                span = measured_span[sel][order]
+                peak = np.where(span >= 0, peaks[np.maximum(span, 0)], -1)
+                highest = np.maximum.reduceat(peak, g.starts)
+                cols["mem_peak_bytes"] += [int(v) if v >= 0 else None for v in highest.tolist()]
+            else:
+                cols["mem_peak_bytes"] += [None] * n
+            got = ([numerics.get((m, mode)) for m in group_mods] if numerics is not None
+                   else [None] * n)
+            cols["nonfinite"] += [v[0] if v is not None else None for v in got]
+            cols["absmax"] += [v[1] if v is not None and np.isfinite(v[1]) else None
+                               for v in got]
     cols["step"].append(step)
     cols["steps"].append(steps)
     cols["module"].append(STEP_ROW)
@@ -167,8 +160,8 @@ def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, lis
                        ("p50_ms", float(statistics.median(step_ms))),
                        ("max_ms", float(max(step_ms))),
                        ("gpu_ms", None), ("mem_peak_bytes", None), ("tflops", None),
-                       ("nonfinite", None),
-                       ("absmax", None)):
+                       ("nonfinite", None), ("absmax", None),
+                       ("total_ns", int(round(sum(step_ms) * 1e6))), ("self_ns", None)):
         cols[key].append(value)
     return cols
 
@@ -631,6 +624,8 @@ class AggregateComponent(Component):
             "tflops": pa.array(self._rows["tflops"], pa.float32()),
             "nonfinite": pa.array(self._rows["nonfinite"], pa.int64()),
             "absmax": pa.array(self._rows["absmax"], pa.float32()),
+            "total_ns": pa.array(self._rows["total_ns"], pa.int64()),
+            "self_ns": pa.array(self._rows["self_ns"], pa.int64()),
             "run": pa.array([self.run_id] * n, pa.string()).dictionary_encode(),
         }).cast(schema(AGGREGATES))  # (the declared schema: docs/schema.md)
         self._rows = {}  # written or lost: memory stays bounded either way

@@ -140,13 +140,15 @@ def kept_steps(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 # The columns of `summary DIR --csv / --json` of an aggregate= folder (times in ms, as
 # the aggregates hold them).
 AGGREGATE_SUMMARY_COLUMNS = ("module", "mode", "calls", "total_ms", "ms_per_step",
-                             "p50_ms", "max_ms", "nonfinite", "tflops")
+                             "p50_ms", "max_ms", "nonfinite", "tflops", "total_ns", "self_ns")
 
 
 def aggregate_summary_data(path: str | os.PathLike[str], top: int | None = None
                            ) -> dict[str, Any]:
     """What ``hooktrace summary DIR`` shows of an ``aggregate=`` folder, as data: per
-    module and mode over the whole run, the calls, the total time, the time per step,
+    module and mode over the whole run, the calls, the total time (and ``total_ns``,
+    ``self_ns``: the summary's, exact, None in a folder an older hooktrace wrote), the
+    time per step,
     the median of the windows' medians, the longest call, non-finite values and
     TFLOP/s (``rows``; with several runs or ranks, ``ms_per_step_by_source`` too);
     ``counts`` (steps, rows, the runs and their steps) and the kept steps."""
@@ -157,7 +159,16 @@ def aggregate_summary_data(path: str | os.PathLike[str], top: int | None = None
     n_steps = int(pc.sum(steps_row["steps"]).as_py() or 0)
     grouped = table.group_by(["module", "mode"]).aggregate([
         ("calls", "sum"), ("total_ms", "sum"), ("p50_ms", "approximate_median"),
-        ("max_ms", "max"), ("nonfinite", "sum")]).to_pylist()
+        ("max_ms", "max"), ("nonfinite", "sum"), ("total_ns", "sum"),
+        ("self_ns", "sum")]).to_pylist()
+    # total and self in integer ns, the summary's (issue #37), where every part holds them
+    # (a folder an older hooktrace wrote has float ms only)
+    exact = table["total_ns"].null_count == 0
+    for r in grouped:
+        if exact:
+            r["total_ms_sum"] = r["total_ns_sum"] / 1e6
+        else:
+            r["total_ns_sum"] = r["self_ns_sum"] = None
     grouped.sort(key=lambda r: (r["mode"] != "step", -(r["total_ms_sum"] or 0.0)))
     if top is not None:
         grouped = grouped[: top + 1]
@@ -181,7 +192,8 @@ def aggregate_summary_data(path: str | os.PathLike[str], top: int | None = None
             "total_ms": r["total_ms_sum"],
             "ms_per_step": (r["total_ms_sum"] or 0.0) / max(1, n_steps),
             "p50_ms": r["p50_ms_approximate_median"], "max_ms": r["max_ms_max"],
-            "nonfinite": r["nonfinite_sum"], "tflops": tflops.get(key)}
+            "nonfinite": r["nonfinite_sum"], "tflops": tflops.get(key),
+            "total_ns": r["total_ns_sum"], "self_ns": r["self_ns_sum"]}
         if per_source:
             row["ms_per_step_by_source"] = {labels[s]: per_source.get((key, s))
                                             for s in runs}
@@ -218,15 +230,19 @@ def aggregate_summary(path: str | os.PathLike[str], top: int | None = None) -> s
     shown = [r["label"] for r in runs[:MAX_SOURCE_COLUMNS]] if len(runs) > 1 else []
     tflops = data["has_tflops"]
     lines = [head,
-             f"{'module':<40}{'mode':<10}{'calls':>10}{'total ms':>12}{'ms/step':>10}"
+             f"{'module':<40}{'mode':<10}{'calls':>10}{'total ms':>12}{'self ms':>12}"
+             f"{'ms/step':>10}"
              + "".join(f"{label[:11]:>12}" for label in shown)
              + f"{'p50 ms':>10}{'max ms':>10}{'nonfinite':>10}"
              + (f"{'TFLOP/s':>10}" if tflops else "")]
     for r in data["rows"]:
         nf, tf = r["nonfinite"], r["tflops"]
         each = [r.get("ms_per_step_by_source", {}).get(label) for label in shown]
+        self_ms = "" if r["self_ns"] is None else f"{r['self_ns'] / 1e6:.2f}"
         lines.append(f"{r['module'][:39]:<40}{r['mode']:<10}{r['calls']:>10}"
-                     f"{r['total_ms']:>12.2f}{r['ms_per_step']:>10.3f}"
+                     f"{r['total_ms']:>12.2f}"
+                     f"{self_ms:>12}"
+                     f"{r['ms_per_step']:>10.3f}"
                      + "".join(f"{'' if v is None else f'{v:.3f}':>12}" for v in each)
                      + f"{r['p50_ms']:>10.3f}{r['max_ms']:>10.3f}"
                      f"{'' if nf is None else nf:>10}"

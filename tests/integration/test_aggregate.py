@@ -269,7 +269,8 @@ def test_summary_of_an_aggregate_folder_as_json_and_csv(tmp_path: Path,
     fc1_text = next(line.split() for line in text if line.startswith("fc1 ") and "forward" in line)
     fc1 = rows[("fc1", "forward")]
     assert fc1["calls"] == int(fc1_text[2]) == 5
-    assert f"{fc1['total_ms']:.2f}" == fc1_text[3] and f"{fc1['ms_per_step']:.3f}" == fc1_text[4]
+    assert f"{fc1['total_ms']:.2f}" == fc1_text[3] and f"{fc1['ms_per_step']:.3f}" == fc1_text[5]
+    assert f"{fc1['self_ns'] / 1e6:.2f}" == fc1_text[4] and fc1["total_ns"] > 0
     assert rows[("<step>", "step")]["calls"] == 5
     assert main(["summary", folder, "--csv", "--top", "3"]) in (0, None)
     table = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
@@ -524,14 +525,16 @@ def test_eval_calls_between_steps_get_rows_of_their_own(tmp_path: Path) -> None:
         assert calls[(step, "fc1", "forward")] == 1
         assert calls[(step, "fc1", "eval")] == 5
         assert calls[(step, "fc1", "backward")] == 1
-    # and a model trained in eval mode (every forward call flagged) stays "forward"
+    # and a model trained in eval mode (every forward call flagged): its forward calls are
+    # eval rows, as the summary has them (one definition of a call's mode, issue #37;
+    # this view once called them "forward" when no call of the window was a training one)
     model2 = Net()
     model2.eval()
     with hooktrace.trace(model2, aggregate=tmp_path / "evalmode", aggregate_interval=0,
                          detail="every=0"):
         train(model2, 2)
     modes = set(load_aggregates(tmp_path / "evalmode")["mode"].to_pylist())
-    assert modes == {"forward", "backward", "step"}
+    assert modes == {"eval", "backward", "step"}
 
 
 def test_eval_rows_carry_their_own_numerics(tmp_path: Path) -> None:

@@ -146,8 +146,9 @@ def _value(t: Any, rng: random.Random, target: str) -> Any:
         return t
     if "self_ns" in names and rng.random() < 0.3:  # self above total, on every row
         j = names.index("self_ns")
-        dur = t.column("dur_ns").to_pylist()
-        return t.set_column(j, t.field(j), pa.array([d + 1 for d in dur], pa.int64()))
+        dur = t.column("dur_ns" if "dur_ns" in names else "total_ns").to_pylist()
+        return t.set_column(j, t.field(j), pa.array([None if d is None else d + 1 for d in dur],
+                                                    pa.int64()))
     return t.set_column(i, f, pa.array(vals, f.type))
 
 

@@ -423,9 +423,10 @@ def test_memory_notes_of_a_cuda_device_fit_120_columns() -> None:
 
 def test_self_time_has_one_definition() -> None:
     """Issue #37: a span's self time (a compiled region's from its kernels, less the
-    compile time inside it) is derived in one place, hooktrace.analysis.kernels.span_self_ns;
-    summary, diff and the Parquet tables call it instead of re-deriving it (summary
-    and the tables had the compile carve-out, diff did not)."""
+    compile time inside it) is derived in one place, hooktrace.analysis.kernels.span_self_ns,
+    called by one table, hooktrace.analysis.calls.Calls, that summary, diff, the
+    aggregates and the Parquet tables group instead of re-deriving it (summary and the
+    tables had the compile carve-out, diff did not)."""
     import re
     from pathlib import Path
 
@@ -434,7 +435,9 @@ def test_self_time_has_one_definition() -> None:
                  if p.name != "kernels.py" and re.search(r"\.region_self_ns\b", p.read_text())]
     assert rederived == []
     users = {p.name for p in package.rglob("*.py") if "span_self_ns(" in p.read_text()}
-    assert {"summary.py", "_diff_parts.py", "tables.py"} <= users
+    assert users == {"calls.py", "kernels.py"}
+    tables = {p.name for p in package.rglob("*.py") if "Calls.from_" in p.read_text()}
+    assert {"summary.py", "_diff_parts.py", "tables.py", "aggregate.py"} <= tables
 
 
 def test_the_parquet_spans_self_column_is_the_summarys() -> None:
