@@ -77,11 +77,13 @@ build: venv  ## rebuild the native core in place after editing csrc/
 demo: $(BUILT)  ## train the built-in TinyGPT a few steps under hooktrace; writes out/demo/
 	$(VENV)/bin/hooktrace demo --out out/demo
 
+# --durations: the slowest tests and their times end every run (issue #37: keep the unit
+# run fast; docs/contributing.md has its time)
 test: venv  ## run the whole test suite (unit + integration)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=15 tests
 
 test-unit: venv  ## pure-Python reader/exporter/CLI tests
-	$(PY) -m pytest -q tests/unit
+	$(PY) -m pytest -q --durations=15 tests/unit
 
 test-integration: venv  ## compiled core with real modules
 	$(PY) -m pytest -q tests/integration

@@ -30,11 +30,11 @@ import warnings
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from hooktrace.format._kineto import ProfilerTraceError, open_binary, scan
-from hooktrace._naming import aggregate_dir_problem, is_aggregate_dir, rank_files_of
+from hooktrace._naming import aggregate_dir_problem
+from hooktrace.analysis.inputs import Kind, resolve
 from hooktrace.errors import HooktraceError
 from hooktrace.reading import TraceData, load
 
@@ -123,19 +123,17 @@ def find_rank_files(inputs: Sequence[PathLike]) -> tuple[list[str], list[str]]:
     problems: list[str] = []
     for item in inputs:
         name = os.fspath(item)
-        if is_aggregate_dir(name):  # its kept steps are single steps, not ranks
+        inp = resolve(name)  # (the one input resolver, hooktrace.analysis.inputs)
+        if inp.kind is Kind.AGGREGATE and os.path.isdir(name):  # kept steps are not ranks
             problems.append(aggregate_dir_problem(name))
-        elif os.path.isdir(name):
-            found = sorted(os.fspath(p) for p in Path(name).rglob("*.htrace") if p.is_file())
-            if not found:
-                problems.append(f"{name}: a directory with no .htrace file in it")
-            files += found
-        elif os.path.exists(name):
-            files.append(name)
-        elif ranks := rank_files_of(name):  # hooktrace run -o NAME under torchrun
-            files += ranks
-        else:
+        elif inp.kind is Kind.MISSING:
             problems.append(f"{name}: no such file")
+        elif inp.kind in (Kind.TRACE, Kind.TRACES):
+            files += inp.files
+        elif os.path.isdir(name):  # a folder of no traces (Parquet: hooktrace summary reads it)
+            problems.append(f"{name}: a directory with no .htrace file in it")
+        else:
+            files.append(name)  # (loading says what it is not)
     seen: set[str] = set()
     unique = []
     for f in files:

@@ -75,10 +75,11 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--min-share must be a percentage from 0 to 100, got {args.min_share}")
     if args.workers is not None and args.workers < 1:
         raise CliError(f"--workers must be at least 1, got {args.workers}")
-    from hooktrace._naming import is_aggregate_dir
+    from hooktrace.analysis.inputs import Kind, resolve
     from hooktrace.record.aggregate_folder import aggregate_diff
 
-    if is_aggregate_dir(args.a) and is_aggregate_dir(args.b):  # aggregate= folders (#31)
+    aggregate = {p: resolve(p).kind is Kind.AGGREGATE for p in (args.a, args.b)}  # (#37)
+    if aggregate[args.a] and aggregate[args.b]:  # aggregate= folders (#31)
         text, failed_rows = aggregate_diff(args.a, args.b, args.top, args.fail_above,
                                            args.min_share)
         print(text)
@@ -86,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {line}", file=sys.stderr)
         return 1 if failed_rows else 0
     for path, other in ((args.a, args.b), (args.b, args.a)):  # one side aggregates only
-        if is_aggregate_dir(path):
+        if aggregate[path]:
             raise CliError(f"{path} is an aggregate= folder and {other} is not: diff two "
                            f"aggregate= folders, or a step it kept whole "
                            f"({os.path.join(path, 'steps', 'step-N_<run>.htrace')}) against "

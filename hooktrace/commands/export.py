@@ -68,9 +68,10 @@ def run(args: argparse.Namespace) -> None:
     from hooktrace.exporters.formats import output_format
     from hooktrace.result import load
 
-    from hooktrace._naming import rank_files_of
+    from hooktrace.analysis.inputs import Kind, resolve
 
-    many = os.path.isdir(args.run) or bool(rank_files_of(args.run))
+    # many ranks or windows (any folder: the ranks' reader says what one lacks)
+    many = resolve(args.run).kind is Kind.TRACES or os.path.isdir(args.run)
     if _is_dir_output(args.output) or args.output.endswith(".parquet"):
         _export_parquet(args, many)
         return

@@ -24,12 +24,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> None:
     from hooktrace._output import check_output_path
+    from hooktrace.analysis.inputs import Kind, resolve
 
     if args.peak_tflops is not None and not args.peak_tflops > 0:
         raise CliError(f"--peak-tflops must be a positive number, got {args.peak_tflops}")
     check_output_path(args.output, [args.run])
-    if os.path.isdir(args.run):
+    inp = resolve(args.run)  # what the path is (issue #37)
+    if inp.kind is Kind.AGGREGATE:
         _aggregate_report(args)
+    elif os.path.isdir(args.run):
+        raise CliError(f"{args.run}: a folder, but not an aggregate= folder (no "
+                       "aggregates/part-*.parquet in it); give a .htrace file or the folder "
+                       "of trace(aggregate=...) / hooktrace run --aggregate")
     else:
         from hooktrace.reading import load
         from hooktrace.reporters.html import write_report
@@ -43,14 +49,9 @@ def run(args: argparse.Namespace) -> None:
 def _aggregate_report(args: argparse.Namespace) -> None:
     """An ``aggregate=`` folder (issue #31): its table and kept steps, or the one-line
     error saying what is wrong with the folder."""
-    from hooktrace._naming import is_aggregate_dir
     from hooktrace.record.aggregate_folder import kept_steps, load_aggregates
     from hooktrace.reporters.aggregate import write_aggregate_report
 
-    if not is_aggregate_dir(args.run):
-        raise CliError(f"{args.run}: a folder, but not an aggregate= folder (no "
-                       "aggregates/part-*.parquet in it); give a .htrace file or the folder "
-                       "of trace(aggregate=...) / hooktrace run --aggregate")
     if args.peak_tflops is not None:
         raise CliError("--peak-tflops applies to a trace: an aggregate folder has TFLOP/s, "
                        "not the FLOPs an MFU needs")

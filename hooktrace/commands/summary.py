@@ -8,6 +8,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from hooktrace._args import finite_float
+from hooktrace.analysis.inputs import Input, Kind, resolve
 from hooktrace.commands import CliError
 
 if TYPE_CHECKING:
@@ -64,18 +65,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from hooktrace._naming import is_aggregate_dir, rank_files_of
     from hooktrace.result import load
     from hooktrace.analysis.summary import Summary
     from hooktrace.text import terminal_width
 
-    if len(args.run) == 1 and (is_aggregate_dir(args.run[0])  # aggregate=DIR (issue #31)
-                               or _aggregate_parts(args.run[0])):  # its parts (issue #38)
+    inputs = [resolve(p) for p in args.run]  # what each path is (issue #37)
+    if len(inputs) == 1 and inputs[0].kind is Kind.AGGREGATE:  # aggregate=DIR, its parts
         _aggregate(args)
         return
-    export = len(args.run) == 1 and _one_run_export(args.run[0])  # hooktrace export's Parquet
-    if not export and (len(args.run) > 1 or os.path.isdir(args.run[0])
-                       or rank_files_of(args.run[0])):
+    export = len(inputs) == 1 and _one_run_export(inputs[0])  # hooktrace export's Parquet
+    if not export and (len(inputs) > 1 or os.path.isdir(args.run[0])
+                       or inputs[0].kind is Kind.TRACES):
         _run_ranks(args)
         return
     if args.threshold is not None or args.min_excess_ms is not None or args.workers is not None:
@@ -200,39 +200,14 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _aggregate_parts(path: str) -> bool:
-    """Whether ``path`` is an ``aggregate=`` folder's part (``part-*.parquet``) or its
-    ``aggregates/`` folder: Parquet files whose metadata names the aggregates table."""
-    if os.path.isdir(path):
-        parts = sorted(f for f in os.listdir(path) if f.endswith(".parquet")
-                       and os.path.isfile(os.path.join(path, f)))
-        if not parts:
-            return False
-        path = os.path.join(path, parts[0])
-    elif not (path.endswith(".parquet") and os.path.isfile(path)):
+def _one_run_export(inp: Input) -> bool:
+    """Whether ``inp`` is a Parquet export of one run (a file ``X.parquet``, or a folder
+    of one run's tables); a folder of several runs' tables gets the ranks' tables."""
+    if inp.kind is not Kind.EXPORT:
         return False
-    from hooktrace.data.schema import AGGREGATES
-    from hooktrace.data.validate import table_of
+    from hooktrace.data.summary import runs_in_export
 
-    return table_of(path) == AGGREGATES
-
-
-def _one_run_export(path: str) -> bool:
-    """Whether ``path`` is a Parquet export of one run (a file ``X.parquet``, or a
-    directory of a single run's tables); a directory of ranks gets the ranks' tables."""
-    if os.path.isdir(path):
-        import glob
-
-        # (a directory of .htrace files needs neither the data extra nor its imports)
-        if not glob.glob(os.path.join(glob.escape(path), "**", "*.parquet"), recursive=True):
-            return False
-    elif not path.endswith(".parquet"):
-        return False
-    from hooktrace.data.summary import is_export, runs_in_export
-
-    if not is_export(path):
-        return False
-    return os.path.isfile(path) or runs_in_export(path) <= 1
+    return os.path.isfile(inp.path) or runs_in_export(inp.path) <= 1
 
 
 def _run_ranks(args: argparse.Namespace) -> None:

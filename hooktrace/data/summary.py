@@ -31,7 +31,7 @@ from hooktrace.data.engine import QueryError, connect, find_source, sql_errors, 
 from hooktrace.analysis.calls import COMPILE, Calls
 from hooktrace.analysis.summary import Summary, add_per_step_columns, module_rows
 
-__all__ = ["EXPORT_NOTE", "is_export", "runs_in_export", "summary_of_export"]
+__all__ = ["EXPORT_NOTE", "runs_in_export", "summary_of_export"]
 
 EXPORT_NOTE = ("from a Parquet export: no <unattributed> autograd rows, fused modules, FLOPs, "
                "memory, numerics or device time (query those tables)")
@@ -39,21 +39,6 @@ EXPORT_NOTE = ("from a Parquet export: no <unattributed> autograd rows, fused mo
 # the spans table's columns that make the per-call table (hooktrace.analysis.calls)
 _SPANS_SQL = ("SELECT module, slot, type, phase, mode, timing, call, step, thread, start_ns, "
               "end_ns, dur_ns, self_ns, depth, span, parent, error, unfinished FROM spans")
-
-
-def is_export(path: str | os.PathLike[str]) -> bool:
-    """Whether ``path`` is a Parquet export (``hooktrace export -o X.parquet`` or
-    ``-o DIR/``), rather than ``.htrace`` files or an ``aggregate=`` folder."""
-    name = os.fspath(path)
-    if os.path.isfile(name):
-        return name.endswith(".parquet")
-    if not os.path.isdir(name):
-        return False
-    try:
-        src = find_source(name)
-    except QueryError:
-        return False
-    return bool(src.parquet) and src.aggregates is None
 
 
 def runs_in_export(path: str | os.PathLike[str]) -> int:

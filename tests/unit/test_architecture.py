@@ -28,7 +28,8 @@ LAYERS: list[tuple[str, set[str]]] = [
         "hooktrace.format._profiler_events"}),
     ("data", {"hooktrace.reading", "hooktrace._span_tables"}),
     ("analysis", {
-        "hooktrace.analysis", "hooktrace.analysis.groups", "hooktrace.analysis.calls", "hooktrace.analysis.summary",
+        "hooktrace.analysis", "hooktrace.analysis.groups", "hooktrace.analysis.calls",
+        "hooktrace.analysis.inputs", "hooktrace.analysis.summary",
         "hooktrace.analysis._summary_columns", "hooktrace.analysis.diff",
         "hooktrace.analysis._diff_inputs", "hooktrace.analysis._diff_parts",
         "hooktrace.analysis.attribution",

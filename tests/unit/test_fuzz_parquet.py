@@ -280,3 +280,37 @@ def test_the_unmutated_exports_read(base: Path, capsys: pytest.CaptureFixture[st
                                                   "SELECT count(*) FROM aggregates"]):
         capsys.readouterr()
         assert main(argv) == 0, (argv, capsys.readouterr().err)
+
+
+def test_one_resolver_says_what_each_input_is(base: Path, tmp_path: Path) -> None:
+    """Issue #37: one input resolver (hooktrace.analysis.inputs) tells every verb what a
+    path is; here each kind the verbs above read."""
+    from hooktrace.analysis.inputs import Kind, resolve
+
+    from hooktrace.data.schema import AGGREGATES, file_schema
+
+    ranks = sorted(str(p) for p in (base / "ranks").glob("*.htrace"))
+    (tmp_path / "empty").mkdir()
+    # an aggregate= folder as the recorder writes it: its parts' metadata names the table
+    shutil.copytree(base / "agg", tmp_path / "agg")
+    part = tmp_path / "agg" / "aggregates" / "part-00001.parquet"
+    meta = file_schema(AGGREGATES, partitioned=True).metadata
+    pq.write_table(pq.read_table(part).replace_schema_metadata(meta), part)
+    for path, kind, files in [
+            (base / "ranks" / "run.rank0.htrace", Kind.TRACE, ranks[:1]),
+            (base / "ranks", Kind.TRACES, ranks),
+            (base / "x.parquet", Kind.EXPORT, []), (base / "one", Kind.EXPORT, []),
+            (base / "dataset", Kind.EXPORT, []),
+            (tmp_path / "agg", Kind.AGGREGATE, []),
+            (tmp_path / "agg" / "aggregates", Kind.AGGREGATE, []), (part, Kind.AGGREGATE, []),
+            (tmp_path / "nothing.htrace", Kind.MISSING, []),
+            (tmp_path / "empty", Kind.EMPTY, [])]:
+        got = resolve(path)
+        assert (got.kind, list(got.files)) == (kind, files), path
+        assert bool(got.problem) == (kind in (Kind.MISSING, Kind.EMPTY))
+    # the name given to `hooktrace run -o NAME` under torchrun stands for its rank files
+    for r in range(2):
+        shutil.copy(ranks[r], tmp_path / f"job_rank{r}.htrace")
+    got = resolve(tmp_path / "job.htrace")
+    assert got.kind is Kind.TRACES and [os.path.basename(f) for f in got.files] == [
+        "job_rank0.htrace", "job_rank1.htrace"]
