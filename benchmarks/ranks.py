@@ -1,25 +1,24 @@
 """Many ranks at scale (issues #11, #29): straggler summary over synthetic rank files.
 
     python benchmarks/ranks.py --ranks 256 --events 1000000 --dir /tmp/ranks [--workers 2]
-        [--engines pool,duckdb,parquet,diff-pool,diff-duckdb]
+        [--engines pool,parquet,diff-pool,diff-parquet]
 
 Writes RANKS files of EVENTS events each (forward spans: a root and 63 child modules
 called in turn, 50 steps, one rank made slow in one module at one step), then times
 ``hooktrace.analysis.stragglers.analyze`` over the directory in a fresh process per engine and
 reports its wall time, the parent's peak RSS and the largest worker's peak RSS:
 
-* ``pool``: the worker processes of issue #11 (numpy per rank, ``map_ranks``);
-* ``duckdb``: the same reduction as SQL, each ``.htrace`` file converted to Arrow and
-  aggregated by DuckDB in one of ``--workers`` threads (issue #29), end to end from the
-  ``.htrace`` files;
+* ``pool``: the worker processes of issue #11 (numpy per rank, ``map_ranks``), end to
+  end from the ``.htrace`` files;
 * ``parquet``: the ranks exported once (``hooktrace export DIR -o OUT/``: its time and
   size printed apart) and the straggler summary run by DuckDB over that Parquet dataset,
   end to end from the dataset.
 
-``diff-pool`` / ``diff-duckdb`` time ``hooktrace diff DIR DIR`` (every file read once)
-with ``compare_paths``' two engines, ``diff-parquet`` the diff of the Parquet export
-with itself (issue #29). Each kind's reports must be equal
-(checked). The files are kept (``--keep``) or
+``diff-pool`` times ``hooktrace diff DIR DIR`` (every file read once, by the worker
+pool), ``diff-parquet`` the diff of the Parquet export with itself (DuckDB; issue #29).
+Each kind's reports must be equal (checked). (The DuckDB copies of the ``.htrace``
+reductions, ``duckdb`` and ``diff-duckdb``, were slower than the pool at several times
+its memory and were dropped: issue #37, RESULTS.md.) The files are kept (``--keep``) or
 removed. Generation is not timed.
 """
 
@@ -40,6 +39,7 @@ import numpy as np
 
 MODULES = [("", "Net")] + [(f"layers.{i}", "Linear") for i in range(63)]
 STEPS = 50
+ENGINES = ("pool", "parquet", "diff-pool", "diff-parquet")
 T0 = 1_790_000_000 * 10**9
 
 
@@ -112,8 +112,7 @@ def measure(directory: str, workers: int | None, engine: str) -> None:
     poller = threading.Thread(target=_descendants_peak_kib, args=(stop, peak), daemon=True)
     poller.start()
     t = time.perf_counter()
-    report = analyze([directory], workers=workers,
-                     engine="pool" if engine == "pool" else "duckdb")
+    report = analyze([directory], workers=workers)  # (parquet: the export, on DuckDB)
     wall = time.perf_counter() - t
     stop.set()
     poller.join()
@@ -132,8 +131,9 @@ def measure(directory: str, workers: int | None, engine: str) -> None:
 
 
 def measure_diff(directory: str, workers: int | None, engine: str) -> None:
-    """``hooktrace diff DIR DIR`` (every rank file read once) on the engine after
-    ``diff-``: the pool (numpy in worker processes) or duckdb (SQL in threads)."""
+    """``hooktrace diff DIR DIR`` (every rank file read once): ``diff-pool`` from the
+    ``.htrace`` files (numpy in worker processes), ``diff-parquet`` from their Parquet
+    export (DuckDB)."""
     import hashlib
 
     from hooktrace.analysis.diff import compare_paths
@@ -142,9 +142,7 @@ def measure_diff(directory: str, workers: int | None, engine: str) -> None:
     poller = threading.Thread(target=_descendants_peak_kib, args=(stop, peak), daemon=True)
     poller.start()
     t = time.perf_counter()
-    kind = engine[len("diff-"):]  # pool, duckdb, or parquet (the export: DuckDB reads it)
-    d = compare_paths(directory, directory, workers=workers,
-                      engine="duckdb" if kind == "parquet" else kind)
+    d = compare_paths(directory, directory, workers=workers)  # (an export: DuckDB reads it)
     wall = time.perf_counter() - t
     stop.set()
     poller.join()
@@ -179,13 +177,16 @@ def main() -> None:
     p.add_argument("--dir", default="/tmp/hooktrace-ranks-bench")
     p.add_argument("--workers", type=int, default=None)
     p.add_argument("--keep", action="store_true")
-    p.add_argument("--engines", default="pool,duckdb,parquet",
-                   help="comma-separated: pool, duckdb, parquet (the straggler summary; "
-                        "default all three), diff-pool, diff-duckdb, diff-parquet (hooktrace diff DIR "
-                        "DIR; of the export)")
+    p.add_argument("--engines", default="pool,parquet",
+                   help="comma-separated: pool, parquet (the straggler summary; default "
+                        "both), diff-pool, diff-parquet (hooktrace diff DIR DIR; of the "
+                        "export)")
     p.add_argument("--measure-only", default=None, help=argparse.SUPPRESS)
     p.add_argument("--export-only", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
+    unknown = [e for e in args.engines.split(",") if e not in ENGINES]
+    if unknown:
+        p.error(f"--engines: unknown {', '.join(unknown)} (choose from {', '.join(ENGINES)})")
     if args.measure_only:
         measure(args.dir, args.workers, args.measure_only)
         return

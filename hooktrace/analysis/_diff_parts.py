@@ -1,8 +1,9 @@
 """``hooktrace diff``'s numbers of one run, before any comparison: each trace file
 reduced to a :class:`Part` (per (module, phase): p50 per call, time, self time and calls
-per complete step, on numpy or on DuckDB), and a run's parts (one file, or the schedule
-windows of one process) pooled into its :class:`RunStats`. Reading the files of a path
-(in worker processes, threads, or a Parquet export) is here too.
+per complete step, on numpy from a ``.htrace`` file or on DuckDB from a Parquet export),
+and a run's parts (one file, or the schedule windows of one process) pooled into its
+:class:`RunStats`. Reading the files of a path (in worker processes, or a Parquet
+export) is here too.
 
 :mod:`hooktrace.analysis.diff` compares two runs' :class:`RunStats` and renders the
 result; :mod:`hooktrace.analysis._diff_inputs` says which files make a run.
@@ -271,20 +272,6 @@ def add_gpu_phases(part: Part, trace: TraceData, complete: np.ndarray) -> None:
 KEY_PHASES = (*PHASES, *GPU_PHASES)  # the SQL's key_phase numbers (hooktrace.data.engine)
 
 
-def trace_sql_part(trace: TraceData, keep_calls: bool = False) -> Part:
-    """:func:`trace_part` computed by DuckDB over the run's tables
-    (:func:`hooktrace.data.engine.diff_tables`): the same numbers (tested)."""
-    from hooktrace.data.engine import diff_tables, run_connection, split_files
-
-    gpu = gpu_recorded(trace)
-    con = run_connection(trace, ("spans", "steps", "gpu") if gpu else ("spans", "steps"))
-    try:  # (one file: no rank or window, r = w = -1)
-        t = diff_tables(con, gpu=gpu, calls=[(-1, -1)] if keep_calls else [])
-    finally:
-        con.close()
-    return part_from_tables(split_files(t).get((-1, -1), {}), trace.info, gpu, keep_calls)
-
-
 def part_from_tables(t: Mapping[str, Any], info: Mapping[str, Any], gpu: bool,
                       keep_calls: bool) -> Part:
     """A :class:`Part` from :func:`hooktrace.data.engine.diff_tables`' results of one
@@ -462,33 +449,6 @@ def file_part(path: str) -> tuple[FileMeta, Part]:
     trace = load(path)
     meta = file_meta(path, trace)
     return meta, trace_part(trace, keep_calls=meta.window is not None)
-
-
-def file_sql_part(path: str) -> tuple[FileMeta, Part]:
-    """:func:`file_part` on DuckDB (:func:`trace_sql_part`; runs in a thread)."""
-    trace = load(path)
-    meta = file_meta(path, trace)
-    return meta, trace_sql_part(trace, keep_calls=meta.window is not None)
-
-
-def map_threads(paths: Sequence[str], workers: int | None
-                 ) -> list[tuple[FileMeta, Part] | str]:
-    """:func:`file_sql_part` of every path in ``workers`` threads (loading and DuckDB
-    release the GIL), a failure as its one-line message, as ``map_ranks`` gives."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from hooktrace.errors import HooktraceError
-
-    def one(path: str) -> tuple[FileMeta, Part] | str:
-        try:
-            return file_sql_part(path)
-        except (HooktraceError, OSError, ValueError) as e:
-            text = str(e)
-            return text if text.startswith(path) else f"{path}: {text}"
-
-    n = workers if workers is not None else min(os.cpu_count() or 1, max(len(paths), 1))
-    with ThreadPoolExecutor(max(n, 1)) as pool:
-        return list(pool.map(one, paths))
 
 
 def is_dataset(path: str) -> bool:

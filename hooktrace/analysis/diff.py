@@ -54,10 +54,11 @@ a corrupt file (named), a window index a process lacks.
 (worker processes from 4 files on, ``workers=``), and reduced there to
 per-(module, phase) numbers per complete step; a window file also keeps every
 call's duration (8 bytes per call), since a p50 over pooled windows needs them
-all. A file given on both sides is read once. ``engine="duckdb"``
-(``hooktrace diff --engine duckdb``, issue #29): the same numbers as SQL over each
-file's tables (:func:`hooktrace.data.engine.diff_tables`), files read in threads; the
-pool stays the default, faster from ``.htrace`` files (benchmarks/RESULTS.md).
+all. A file given on both sides is read once. A Parquet export of the files
+(``hooktrace export DIR -o OUT/``) is reduced by DuckDB instead
+(:func:`hooktrace.data.engine.diff_tables`); a DuckDB copy of the ``.htrace``
+reduction was slower than the pool at several times its memory and was dropped
+(issue #37, benchmarks/RESULTS.md).
 
 Example:
     >>> import numpy as np
@@ -103,7 +104,6 @@ from hooktrace.analysis._diff_parts import (
     definition_text,
     file_part,
     is_dataset,
-    map_threads,
     pool,
     ranks_unit_note,
     result_part,
@@ -114,10 +114,9 @@ from hooktrace.analysis._diff_parts import (
 from hooktrace.analysis.rankset import map_ranks
 from hooktrace.reading import TraceData
 
-__all__ = ["ENGINES", "GPU_PHASES", "PHASES", "Diff", "DiffInputError", "compare", "compare_paths", "compare_ranks"]
+__all__ = ["GPU_PHASES", "PHASES", "Diff", "DiffInputError", "compare", "compare_paths", "compare_ranks"]
 
 _STEP = "<step>"  # the row name of the step itself
-ENGINES = ("pool", "duckdb")  # compare_paths' engine: the default first
 
 _COLUMNS = ("module", "type", "phase", "p50_a_ns", "p50_b_ns", "p50_change_ns", "p50_change_pct",
             "per_step_a_ns", "per_step_b_ns", "per_step_change_ns", "per_step_change_pct",
@@ -579,22 +578,16 @@ def _ranks(stats: Mapping[int, Any]) -> str:
     return ", ".join(map(str, sorted(stats))) or "none"
 
 
-def compare_paths(a: str, b: str, *, workers: int | None = None,
-                  engine: str | None = None) -> Diff:
+def compare_paths(a: str, b: str, *, workers: int | None = None) -> Diff:
     """Compare the runs at ``a`` and ``b``: each a ``.htrace`` file, a rank directory or
     a directory of schedule windows, optionally ``PATH:N`` for window N (see the
     module docstring). Raises :class:`DiffInputError` (one line, naming the path and
     file) for inputs that are not one run or cannot be compared.
 
-    ``engine``: ``"pool"`` (the default: worker processes reducing each file with
-    numpy, :func:`~hooktrace.analysis.rankset.map_ranks`) or ``"duckdb"`` (the same numbers as
-    SQL over each file's tables, :func:`hooktrace.data.engine.diff_tables`, in
-    ``workers`` threads). Both give the same diff (tested); benchmarks/ranks.py
-    ``--engines diff-pool,diff-duckdb`` times them (benchmarks/RESULTS.md, issue #29).
-    ``a`` or ``b`` may also be a Parquet export of the files (``hooktrace export DIR -o
-    OUT/``): DuckDB reduces it, whatever ``engine``."""
-    if engine not in (None, *ENGINES):
-        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    Worker processes (``workers``, :func:`~hooktrace.analysis.rankset.map_ranks`) reduce
+    each ``.htrace`` file with numpy. ``a`` or ``b`` may also be a Parquet export of the
+    files (``hooktrace export DIR -o OUT/``): DuckDB reduces it
+    (:func:`hooktrace.data.engine.diff_tables`)."""
     specs = [parse_spec(a), parse_spec(b)]
     from_dataset: dict[str, tuple[FileMeta, Part]] = {}
     files = []
@@ -617,8 +610,7 @@ def compare_paths(a: str, b: str, *, workers: int | None = None,
             first_name.setdefault(os.path.realpath(f), f)
     todo = [first_name[u] for u in unique]
     results: dict[str, tuple[FileMeta, Part] | str] = dict(zip(
-        unique, map_threads(todo, workers) if engine == "duckdb"
-        else map_ranks(file_part, todo, workers=workers)))
+        unique, map_ranks(file_part, todo, workers=workers)))
     results.update(from_dataset)
     bad = [r for r in results.values() if isinstance(r, str)]
     if bad:

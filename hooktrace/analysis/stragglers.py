@@ -6,14 +6,13 @@ and per step the time the rank spent outside every module span; the parent
 combines them, so memory is one rank's events per worker plus
 ``ranks x (modules x 2 x 2 x steps)`` numbers, and time is linear in the events.
 
-**Engines** (issue #29). ``"duckdb"`` (the default for a Parquet dataset): the
-reduction is SQL (``hooktrace.data.engine.STRAGGLER_SQL``), run by
-DuckDB per ``.htrace`` file in threads (the span pairing releases the GIL), or once
-over a Parquet dataset that ``hooktrace export DIR -o OUT/`` wrote (no pairing left to
-do: the fast path for big jobs), or by Spark (:mod:`hooktrace.data.spark`).
-``"pool"`` (the default for ``.htrace`` files, where it is faster): worker processes
-reducing each rank with numpy (:func:`hooktrace.analysis.rankset.map_ranks`). Both give the
-same tables (tested); benchmarks/ranks.py times them.
+**Inputs** (issue #29). ``.htrace`` files: worker processes reduce each rank with
+numpy (:func:`hooktrace.analysis.rankset.map_ranks`). A Parquet dataset that ``hooktrace
+export DIR -o OUT/`` wrote: the reduction is SQL (``hooktrace.data.engine.STRAGGLER_SQL``)
+run once over it by DuckDB (no pairing left to do: the fast path for big jobs), or by
+Spark (:mod:`hooktrace.data.spark`). Both give the same tables (tested). (A DuckDB copy
+of the ``.htrace`` reduction was slower than the pool at several times its memory and
+was dropped: issue #37, benchmarks/RESULTS.md.)
 
 **Train and eval.** As in the summary (:mod:`hooktrace.analysis.summary`), a module's
 eval calls (grad off or the module in eval mode: ``SPAN_EVAL``) are rows and
@@ -79,7 +78,7 @@ from hooktrace.analysis._rank_reduce import (
 from hooktrace.analysis.rankset import RankSet, find_rank_files, map_ranks
 from hooktrace.text import align_columns, format_ns, text_lines
 
-__all__ = ["ENGINES", "EXPLAINED", "MODES", "PHASES", "RankStats", "RanksSummary", "analyze",
+__all__ = ["EXPLAINED", "MODES", "PHASES", "RankStats", "RanksSummary", "analyze",
            "rank_stats", "reduce_rank", "spark_summary", "summary_from_tables"]
 
 # "gpu fwd" / "gpu bwd": device time (trace(gpu=True), hooktrace.analysis.device_time), per step
@@ -87,7 +86,6 @@ __all__ = ["ENGINES", "EXPLAINED", "MODES", "PHASES", "RankStats", "RanksSummary
 PHASES = ("fwd", "bwd", "gpu fwd", "gpu bwd")
 MODES = ("train", "eval")  # as the summary's rows' "mode"
 EXPLAINED = 0.8
-ENGINES = ("duckdb", "pool")
 DEFAULT_THRESHOLD = 0.5  # a rank 1.5x the others' median ...
 DEFAULT_MIN_EXCESS_NS = 1_000_000  # ... and at least 1 ms over it
 
@@ -225,16 +223,13 @@ def _num(x: float) -> float | None:
 def analyze(inputs: Sequence[str | os.PathLike[str]], *,
             profilers: Sequence[str | os.PathLike[str]] = (),
             threshold: float = DEFAULT_THRESHOLD, min_excess_ns: int = DEFAULT_MIN_EXCESS_NS,
-            workers: int | None = None, engine: str | None = None) -> RanksSummary:
+            workers: int | None = None) -> RanksSummary:
     """Straggler tables of the ranks under ``inputs`` (see the module docstring).
 
-    ``engine``: ``"duckdb"`` (:mod:`hooktrace.data.engine`: SQL over the ranks' tables,
-    each ``.htrace`` file converted in one of ``workers`` threads; also reads a Parquet
-    dataset written by ``hooktrace export DIR -o OUT/``) or ``"pool"`` (worker processes
-    reducing each rank with numpy, :func:`~hooktrace.analysis.rankset.map_ranks`); default: DuckDB
-    for a Parquet dataset, the pool for ``.htrace`` files (1.9x faster than DuckDB's
-    threads there, 256 ranks x 1 M events: benchmarks/RESULTS.md, issue #29). Both give
-    the same tables.
+    ``.htrace`` files are reduced by ``workers`` worker processes with numpy
+    (:func:`~hooktrace.analysis.rankset.map_ranks`); a Parquet dataset written by
+    ``hooktrace export DIR -o OUT/`` (``inputs`` one directory of it) by DuckDB
+    (:mod:`hooktrace.data.engine`: SQL over its tables). Both give the same tables.
 
     Unreadable rank files are left out with a line in ``problems`` (and a
     RuntimeWarning); raises :class:`~hooktrace.analysis.rankset.RankSetError` when none is
@@ -243,12 +238,11 @@ def analyze(inputs: Sequence[str | os.PathLike[str]], *,
     if not (0 <= threshold < float("inf") and 0 <= min_excess_ns < 2**63):
         raise ValueError(f"threshold and min_excess_ns must be finite and >= 0, got {threshold}, "
                          f"{min_excess_ns}")
-    if engine not in (None, *ENGINES):
-        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
-    if engine is None:
-        engine = "duckdb" if _parquet_input(inputs) else "pool"
-    if engine == "duckdb":
-        return _analyze_duckdb(inputs, profilers, threshold, min_excess_ns, workers)
+    if _parquet_input(inputs):
+        from hooktrace.data.engine import find_source
+
+        if find_source(inputs[0]).parquet:
+            return _analyze_parquet(os.fspath(inputs[0]), profilers, threshold, min_excess_ns)
     paths, problems = find_rank_files(inputs)
     prof_of: dict[str, str] = {}
     if profilers:
@@ -283,52 +277,19 @@ def _parquet_input(inputs: Sequence[str | os.PathLike[str]]) -> bool:
     return next(Path(names[0]).rglob("*.parquet"), None) is not None
 
 
-def _analyze_duckdb(inputs: Sequence[str | os.PathLike[str]],
-                    profilers: Sequence[str | os.PathLike[str]], threshold: float,
-                    min_excess_ns: int, workers: int | None) -> RanksSummary:
+def _analyze_parquet(path: str, profilers: Sequence[str | os.PathLike[str]],
+                     threshold: float, min_excess_ns: int) -> RanksSummary:
     """:func:`analyze` on DuckDB (hooktrace.data.engine): the same reduction per rank as
-    :func:`rank_stats`, as SQL, over a Parquet dataset or the ranks' ``.htrace`` files."""
-    from concurrent.futures import ThreadPoolExecutor
+    :func:`rank_stats`, as SQL, over the Parquet dataset at ``path``."""
+    from hooktrace.data.engine import connect, sql_errors, straggler_tables
 
-    from hooktrace.data.engine import (
-        connect,
-        file_straggler_tables,
-        find_source,
-        sql_errors,
-        straggler_tables,
-    )
-    from hooktrace.errors import HooktraceError
-
-    names = [os.fspath(p) for p in inputs]
-    if len(names) == 1 and os.path.isdir(names[0]) and find_source(names[0]).parquet:
-        con = connect(names[0])
-        try:
-            with sql_errors(names[0]):
-                parts = [straggler_tables(con)]
-        finally:
-            con.close()
-        paths: list[str] = []
-        problems: list[str] = []
-    else:
-        paths, problems = find_rank_files(names)
-
-        def one(i: int, path: str) -> dict[str, Any] | str:
-            try:
-                return file_straggler_tables(path, i)
-            except (HooktraceError, OSError) as e:
-                text = str(e)
-                return text if text.startswith(path) else f"{path}: {text}"
-
-        threads = workers if workers is not None else min(os.cpu_count() or 1, max(len(paths), 1))
-        with ThreadPoolExecutor(max(threads, 1)) as pool:
-            results = list(pool.map(lambda a: one(*a), enumerate(paths)))
-        parts = []
-        for r in results:
-            if isinstance(r, str):
-                problems.append(r)
-            else:
-                parts.append(r)
-    return summary_from_tables(parts, paths, problems, profilers=profilers, threshold=threshold,
+    con = connect(path)
+    try:
+        with sql_errors(path):
+            parts = [straggler_tables(con)]
+    finally:
+        con.close()
+    return summary_from_tables(parts, profilers=profilers, threshold=threshold,
                                min_excess_ns=min_excess_ns)
 
 

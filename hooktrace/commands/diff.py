@@ -58,10 +58,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "larger than A's run-to-run spread; left out by default)")
     p.add_argument("--workers", type=int, default=None,
                    help="processes reading files (default: one per CPU from 4 files on)")
-    p.add_argument("--engine", choices=("pool", "duckdb"), default=None,
-                   help="how each file is reduced: pool (worker processes, numpy: the "
-                        "default, faster from .htrace files) or duckdb (SQL over the "
-                        "file's tables in threads; the data extra); the same diff")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,12 +88,7 @@ def run(args: argparse.Namespace) -> int:
                            f"aggregate= folders, or a step it kept whole "
                            f"({os.path.join(path, 'steps', 'step-N_<run>.htrace')}) against "
                            f"{other}")
-    if args.engine == "duckdb":
-        from hooktrace.data import require
-
-        require("duckdb")  # (a missing extra: one line naming it)
-    d = (compare_paths(args.a, args.b, workers=args.workers) if args.engine is None
-         else compare_paths(args.a, args.b, workers=args.workers, engine=args.engine))
+    d = compare_paths(args.a, args.b, workers=args.workers)
     failed = (d.failures(args.fail_above, min_share=args.min_share,
                           include_noise=args.fail_on_noise)
               if args.fail_above is not None else None)

@@ -48,7 +48,7 @@ import numpy as np
 from hooktrace.data import require
 from hooktrace.data.schema import AGGREGATES, ALL_TABLES, PARTITION_COLUMNS, TABLES, file_schema, pa
 from hooktrace.data.schema import schema as table_schema
-from hooktrace.data.tables import Where, batches, span_columns
+from hooktrace.data.tables import Where, batches
 from hooktrace.data.validate import check_rows, check_table, table_of
 from hooktrace.errors import HooktraceError, InputPathError
 from hooktrace.text import display_path, printable
@@ -407,7 +407,7 @@ def query(path: str | os.PathLike[str], sql: str, *, threads: int = 1,
         raise QueryError(f"the query failed: {str(e).splitlines()[0]}") from None
 
 
-# -- the straggler tables' inputs (hooktrace.analysis.stragglers, engine "duckdb") -------------
+# -- the straggler tables' inputs (hooktrace.analysis.stragglers over a Parquet export) ------
 
 # Per (file, module, mode, phase, step): what hooktrace.analysis.stragglers.rank_stats reduces a
 # rank to. Measured forward and backward spans in a step; recompute and kernel-derived
@@ -477,29 +477,7 @@ def straggler_tables(con: Any) -> dict[str, Any]:
     return {k: con.sql(sql).to_arrow_table() for k, sql in STRAGGLER_SQL.items()}
 
 
-def file_straggler_tables(path: str, index: int) -> dict[str, Any]:
-    """:func:`straggler_tables` of one ``.htrace`` file (its own DuckDB connection: one
-    per thread); ``window`` is the window's first step. Raises what loading raises."""
-    from hooktrace.data.parquet import rank_where
-    from hooktrace.reading import load
-
-    run = load(path)
-    rank, first = rank_where(run.info, index, path)
-    # (a file without a rank: its index, a key of its own; RankFile keeps the metadata's)
-    where = Where(rank=index if rank is None else rank, window=first, path=path)
-    con = duckdb.connect(config={"threads": 1})  # (one rank per thread: threads enough)
-    try:
-        con.register("spans", span_columns(run, where))
-        for t in ("steps", "modules", "runs", "gpu"):
-            con.register(t, pa.Table.from_batches(list(batches(run, t, where)),
-                                                  schema=file_schema(t, partitioned=False)))
-        del run
-        return straggler_tables(con)
-    finally:
-        con.close()
-
-
-# -- the diff's per-run numbers (hooktrace.analysis.diff, engine "duckdb") ----------------------
+# -- the diff's per-run numbers (hooktrace.analysis.diff over a Parquet export) ----------------
 
 # One run's (one file's) numbers per (module, phase) as hooktrace.analysis.diff reduces it: the
 # phases "forward", "backward" (training calls) and "eval" (forward calls with grad off
@@ -614,16 +592,6 @@ def split_files(tables: dict[str, Any]) -> dict[tuple[int, int], dict[str, Any]]
         for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
             out.setdefault((int(r[a]), int(w[a])), {})[name] = t.slice(a, b - a)
     return out
-
-
-def run_connection(run: Any, tables: Sequence[str]) -> Any:
-    """A one-thread DuckDB connection with ``tables`` of one loaded run registered."""
-    from hooktrace.data.tables import to_arrow
-
-    con = duckdb.connect(config={"threads": 1})
-    for t in tables:
-        con.register(t, to_arrow(run, t))
-    return con
 
 
 def dataset_diff_tables(path: str | os.PathLike[str], keep_calls: Any

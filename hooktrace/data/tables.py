@@ -33,12 +33,12 @@ import numpy as np
 
 from hooktrace.analysis.calls import MODES, PHASES, TIMINGS
 from hooktrace.data.schema import file_schema, pa
-from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL
+from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD
 from hooktrace.reading import TraceData
 from hooktrace.data.intervals import union_per_step
 from hooktrace.text import display_path
 
-__all__ = ["DEFAULT_BATCH_ROWS", "Where", "batches", "span_columns", "to_arrow"]
+__all__ = ["DEFAULT_BATCH_ROWS", "Where", "batches", "to_arrow"]
 
 DEFAULT_BATCH_ROWS = 1 << 20
 _OWNERS = {1: "enter", 2: "exit", 3: "node_begin", 4: "node_end"}
@@ -374,35 +374,6 @@ def batches(trace: TraceData, table: str, where: Where = Where(), *,
         yield from _gpu(trace, where)
     else:
         yield _runs(trace, where)
-
-
-def span_columns(trace: TraceData, where: Where = Where()) -> Any:
-    """The measured spans with only the columns the straggler tables read (``rank``,
-    ``window``, ``module``, ``slot``, ``mode``, ``phase``, ``timing``, ``step``,
-    ``dur_ns``, ``end_ns``, ``start_ns``, ``self_ns``, ``span``, ``parent``): what :func:`hooktrace.data.engine.file_straggler_tables` registers, built
-    without the extras and the kernel-derived rows (the tables leave those out)."""
-    spans = trace.spans()
-    n = len(spans)
-    off = _offset(trace)
-    n_mod = max(len(trace.modules), int(spans.module.max(initial=0)) + 1 if len(spans) else 0)
-    names, _ = _names(trace, n_mod)
-    steps = trace.steps()
-    row = steps.index_of(spans.start_ns)
-    step = steps.number[np.maximum(row, 0)] if len(steps) else np.zeros(n, np.int64)
-
-    def part(v: int | None) -> Any:
-        return pa.nulls(n, pa.int64()) if v is None else pa.array(np.full(n, v, np.int64))
-
-    return pa.table({
-        "rank": part(where.rank), "window": part(where.window),
-        "module": _dict(spans.module, names), "slot": _i64(spans.module),
-        "mode": _dict(((spans.flags & SPAN_EVAL) != 0).astype(np.int32), list(MODES)),
-        "phase": _dict(spans.cat, list(PHASES)),
-        "timing": _dict(np.zeros(n, np.int32), list(TIMINGS[:1])),
-        "step": _i64(step, row >= 0), "dur_ns": _i64(spans.duration_ns),
-        "end_ns": _i64(spans.end_ns - off), "start_ns": _i64(spans.start_ns - off),
-        "self_ns": _i64(spans.self_ns), "span": _i64(np.arange(n, dtype=np.int64)),
-        "parent": _i64(spans.parent, spans.parent >= 0)})
 
 
 def to_arrow(trace: TraceData, table: str = "spans", where: Where = Where()) -> Any:

@@ -304,12 +304,11 @@ def test_duckdb_and_spark_give_identical_per_rank_module_totals(
     assert {r["rank"] for r in on_duckdb} == {0, 1, 2, 3}
     assert any(r["module"].endswith("slow") for r in on_duckdb)  # (module.slow under DDP)
     assert on_spark == on_duckdb == on_parquet
-    # the straggler tables: Spark = DuckDB over the files = the worker pool
-    pool = json.loads(analyze([four_ranks], engine="pool").to_json())
+    # the straggler tables: Spark = DuckDB over the Parquet export = the worker pool
+    pool = json.loads(analyze([four_ranks]).to_json())
     for r in pool["ranks"]:
         r.pop("path")
-    for report in (spark_summary(spark), analyze([four_ranks], engine="duckdb"),
-                   analyze([four_ranks_parquet], engine="duckdb")):
+    for report in (spark_summary(spark), analyze([four_ranks_parquet])):
         doc = json.loads(report.to_json())
         for r in doc["ranks"]:
             r.pop("path")
@@ -416,7 +415,7 @@ def test_gpu_phases_of_the_straggler_tables_on_spark_and_duckdb(tmp_path: Path,
     assert {(s["rank"], s["module"], s["phase"]) for s in pool["stragglers"]} == {
         (2, "fc1", "gpu fwd")}
     register(spark, out)
-    for report in (spark_summary(spark), analyze([out], engine="duckdb")):
+    for report in (spark_summary(spark), analyze([out])):
         assert json.loads(report.to_json()) == pool
 
 

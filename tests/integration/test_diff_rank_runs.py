@@ -121,27 +121,3 @@ def test_rank_windows_pooled_and_picked(tmp_path: Path, monkeypatch: pytest.Monk
     assert main(["diff", f"{a}:0", f"{b}:1", "--fail-above", "1000", "--min-share", "0",
                  "--workers", "1"]) == 1
     assert "2 forward on rank 1: +" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("windows", [False, True])
-def test_duckdb_engine_gives_the_pools_diff(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                            capsys: pytest.CaptureFixture[str],
-                                            windows: bool) -> None:
-    """Issue #29: the diff of real rank directories (and of their windows, pooled) is
-    the same whether each file is reduced by the worker pool (numpy) or by DuckDB (SQL),
-    through the API and the CLI's --engine."""
-    pytest.importorskip("duckdb", reason="the data extra (duckdb) is not installed")
-    a = record(tmp_path / "a", monkeypatch, slow_rank=None, windows=windows)
-    b = record(tmp_path / "b", monkeypatch, slow_rank=1, windows=windows)
-    pairs = [(str(a), str(b))] + ([(f"{a}:-1", f"{b}:0")] if windows else [])
-    for x, y in pairs:
-        pool = compare_paths(x, y, workers=2, engine="pool").to_json()
-        sql = compare_paths(x, y, workers=2, engine="duckdb").to_json()
-        assert sql == pool
-        assert json.loads(sql)["rows"][0]["module"] == "2"
-    capsys.readouterr()
-    outs = []
-    for engine in ("pool", "duckdb"):
-        assert main(["diff", str(a), str(b), "--json", "--engine", engine]) == 0
-        outs.append(capsys.readouterr().out)
-    assert outs[0] == outs[1]

@@ -179,9 +179,9 @@ def test_windows_are_a_window_partition_in_step_order(tmp_path: Path) -> None:
         {"window": 0}, {"window": 1}]
 
 
-@pytest.mark.parametrize("source", ["htrace", "parquet"])
-def test_straggler_tables_on_duckdb_equal_the_pools(rank_dir: Path, dataset: Path,
-                                                    source: str, tmp_path: Path) -> None:
+def test_straggler_tables_on_duckdb_equal_the_pools(rank_dir: Path, dataset: Path) -> None:
+    """The straggler tables of a Parquet export (DuckDB over the dataset) equal the
+    worker pool's from the ``.htrace`` files themselves."""
     from hooktrace.analysis.stragglers import analyze
 
     def doc(report: Any) -> dict[str, Any]:
@@ -190,22 +190,11 @@ def test_straggler_tables_on_duckdb_equal_the_pools(rank_dir: Path, dataset: Pat
             r["path"] = Path(r["path"]).name
         return d
 
-    pool = doc(analyze([rank_dir], engine="pool"))
-    other = doc(analyze([rank_dir if source == "htrace" else dataset], engine="duckdb"))
+    pool = doc(analyze([rank_dir]))
+    other = doc(analyze([dataset]))
     assert other == pool
     assert [(s["rank"], s["module"], s["step"]) for s in pool["stragglers"]][:1] == [
         (2, "layers.5", 7)]
-    if source == "htrace":  # a corrupt rank: the same problem line, the others go on
-        bad = tmp_path / "bad"
-        bad.mkdir()
-        for f in rank_dir.iterdir():
-            (bad / f.name).write_bytes(f.read_bytes())
-        (bad / "run.rank1.htrace").write_bytes(b"HTRACE\0\0garbage")
-        with pytest.warns(RuntimeWarning):
-            a = json.loads(analyze([bad], engine="pool").to_json())
-        with pytest.warns(RuntimeWarning):
-            b = json.loads(analyze([bad], engine="duckdb").to_json())
-        assert a == b and any("run.rank1.htrace" in p for p in a["problems"])
 
 
 def _gpu_ranks() -> list[Any]:
@@ -274,13 +263,34 @@ def _same_parts(a: Any, b: Any) -> None:
             assert x == y, (f.name, x, y)
 
 
+def _sql_part(run: Any, keep_calls: bool) -> Any:
+    """One run's diff numbers from the SQL that ``hooktrace diff`` runs over a Parquet
+    export (hooktrace.data.engine.diff_tables), over the run's own tables."""
+    from hooktrace.analysis._diff_parts import part_from_tables
+    from hooktrace.analysis.device_time import gpu_recorded
+    from hooktrace.data.engine import diff_tables, split_files
+    from hooktrace.data.tables import to_arrow
+
+    gpu = gpu_recorded(run)
+    con = duckdb.connect(config={"threads": 1})
+    try:
+        for t in ("spans", "steps", "gpu") if gpu else ("spans", "steps"):
+            con.register(t, to_arrow(run, t))
+        # (one file: no rank or window, r = w = -1)
+        t = diff_tables(con, gpu=gpu, calls=[(-1, -1)] if keep_calls else [])
+    finally:
+        con.close()
+    return part_from_tables(split_files(t).get((-1, -1), {}), run.info, gpu, keep_calls)
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])
 def test_diff_numbers_on_duckdb_equal_numpys(seed: int) -> None:
     """hooktrace.analysis.diff's per-file numbers (p50s, IQRs, per-step columns, whole-run sums,
-    every call when pooled, device time) from SQL equal numpy's exactly, on damaged
-    multi-thread streams, backward spans with eval calls, and CUDA runs with device time
-    (a kernel site without host span, one step, none)."""
-    from hooktrace.analysis._diff_parts import trace_part, trace_sql_part
+    every call when pooled, device time) from the SQL a Parquet export is diffed with
+    equal numpy's exactly, on damaged multi-thread streams, backward spans with eval
+    calls, and CUDA runs with device time (a kernel site without host span, one step,
+    none)."""
+    from hooktrace.analysis._diff_parts import trace_part
 
     runs = [build_trace(random_stream(seed)), build_trace(random_stream(seed, p_node=0.2)),
             backward_trace(seed)]
@@ -290,7 +300,7 @@ def test_diff_numbers_on_duckdb_equal_numpys(seed: int) -> None:
         for keep_calls in (False, True):
             want = trace_part(run, keep_calls)
             assert want.types  # (something to compare)
-            _same_parts(want, trace_sql_part(run, keep_calls))
+            _same_parts(want, _sql_part(run, keep_calls))
 
 
 # -- the command line -------------------------------------------------------------------

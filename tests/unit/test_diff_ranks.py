@@ -25,24 +25,6 @@ STEP_NS = 100_000
 MODULES = [("", "Net"), ("a", "Linear"), ("b", "Linear")]
 
 
-@pytest.fixture(autouse=True, params=["pool", "duckdb"])
-def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test here on both engines of compare_paths (issue #29: the same diff from
-    the worker pool's numpy and from DuckDB's SQL): the tests' compare_paths and the
-    CLI's (hooktrace.analysis.diff.compare_paths) take the engine."""
-    import functools
-
-    import hooktrace.analysis.diff as diff_module
-
-    if request.param == "duckdb":
-        pytest.importorskip("duckdb", reason="the data extra (duckdb) is not installed")
-    original = diff_module.compare_paths
-    bound = functools.partial(original, engine=request.param)
-    monkeypatch.setattr(diff_module, "compare_paths", bound)
-    monkeypatch.setitem(globals(), "compare_paths", bound)
-    return str(request.param)
-
-
 def trace(*, b_ns: int | list[int] = 30_000, steps: int = 4, first_step: int = 0,
           rank: int | None = None, world: int | None = None, pid: int = 1000,
           window: bool = False, start: int = T0, modules: list[tuple[str, str]] = MODULES,
@@ -360,7 +342,7 @@ def test_bad_inputs_through_python_m_hooktrace(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("layout", ["ranks", "rank windows"])
-def test_a_parquet_export_diffs_as_its_files(tmp_path: Path, engine: str, layout: str) -> None:
+def test_a_parquet_export_diffs_as_its_files(tmp_path: Path, layout: str) -> None:
     """Issue #29: ``hooktrace diff OUT_A/ OUT_B/`` of the Parquet exports of two rank
     directories (``hooktrace export DIR -o OUT/``; DuckDB over the datasets) gives the
     diff of the directories themselves (the inputs' names aside), windows pooled alike."""

@@ -320,16 +320,13 @@ def test_a_rank_slow_outside_modules_is_named_not_the_rank_that_waited(
         path = Path(default_output_name(f"{tmp_path}/", r))
         path.parent.mkdir(parents=True)
         build_trace(ev, MODULES, clock=Clock(0, T0, 1.0), cls=TraceData, **info).save(path)
-    # (DuckDB's engine needs the data extra: the floor's venv has none)
-    engines = ("pool", "duckdb") if _has_data_extra() else ("pool",)
-    for engine in engines:
-        report = analyze([tmp_path], min_excess_ns=10_000, engine=engine)
-        # THEN rank 1 is named, at the place it spent the time; rank 0 is not
-        assert [(s["rank"], s["module"], s["phase"], s["before"], s["step"])
-                for s in report.stragglers] == [(1, None, "outside", "<root> fwd", 1)], engine
-        s = report.stragglers[0]
-        assert s["time_ns"] == 61_000 and s["excess_ns"] == 50_000  # from the step-0 mark
-        assert s["others_wait_ns"] == 50_000 and s["wait_source"] == "spans"
+    report = analyze([tmp_path], min_excess_ns=10_000)
+    # THEN rank 1 is named, at the place it spent the time; rank 0 is not
+    assert [(s["rank"], s["module"], s["phase"], s["before"], s["step"])
+            for s in report.stragglers] == [(1, None, "outside", "<root> fwd", 1)]
+    s = report.stragglers[0]
+    assert s["time_ns"] == 61_000 and s["excess_ns"] == 50_000  # from the step-0 mark
+    assert s["others_wait_ns"] == 50_000 and s["wait_source"] == "spans"
     assert main(["summary", str(tmp_path), "--min-excess-ms", "0.01"]) == 0
     text = capsys.readouterr().out
     line = next(ln for ln in text.splitlines() if "(outside modules)" in ln)
@@ -342,10 +339,3 @@ def test_the_straggler_table_says_how_it_attributes(rank_dir: Path) -> None:
            "for another is not named" in text.replace("\n", " ")
 
 
-def _has_data_extra() -> bool:
-    try:
-        import duckdb  # noqa: F401
-        import pyarrow  # noqa: F401
-    except ImportError:
-        return False
-    return True
