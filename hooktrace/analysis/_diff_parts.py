@@ -454,11 +454,14 @@ def file_part(path: str) -> tuple[FileMeta, Part]:
 def is_dataset(path: str) -> bool:
     """Whether ``path`` is a Parquet export of trace files (``hooktrace export DIR -o
     OUT/``: OUT/spans/..., OUT/runs/...)."""
-    if not any(os.path.exists(os.path.join(path, n)) for n in ("spans", "spans.parquet")):
-        return False
+    from hooktrace.analysis.inputs import Kind, resolve
     from hooktrace.errors import HooktraceError
 
+    if not os.path.isdir(path):
+        return False
     try:
+        if resolve(path).kind is not Kind.EXPORT:
+            return False
         from hooktrace.data.engine import find_source
 
         src = find_source(path)

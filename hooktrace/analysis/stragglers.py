@@ -266,15 +266,11 @@ def analyze(inputs: Sequence[str | os.PathLike[str]], *,
 
 def _parquet_input(inputs: Sequence[str | os.PathLike[str]]) -> bool:
     """Whether ``inputs`` is one directory of Parquet tables (``hooktrace export`` of the
-    ranks) rather than ``.htrace`` files."""
-    names = [os.fspath(p) for p in inputs]
-    if len(names) != 1 or not os.path.isdir(names[0]):
-        return False
-    from pathlib import Path
+    ranks) rather than ``.htrace`` files (hooktrace.analysis.inputs says)."""
+    from hooktrace.analysis.inputs import Kind, resolve
 
-    if next(Path(names[0]).rglob("*.htrace"), None) is not None:
-        return False
-    return next(Path(names[0]).rglob("*.parquet"), None) is not None
+    return (len(inputs) == 1 and os.path.isdir(inputs[0])
+            and resolve(inputs[0]).kind is Kind.EXPORT)
 
 
 def _analyze_parquet(path: str, profilers: Sequence[str | os.PathLike[str]],
