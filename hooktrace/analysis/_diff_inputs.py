@@ -17,7 +17,7 @@ processes), or ranks whose recorded intervals do not overlap (ranks of one job r
 at the same time), all signs of traces of different runs in one directory; two files
 of one process that are not distinct windows; a window index that a process lacks.
 
-This module only reads metadata (:class:`FileMeta`, built from a loaded trace);
+This module only reads metadata (:class:`RankFile`, built from a loaded trace);
 ``hooktrace.analysis.diff`` computes the numbers.
 
 Example:
@@ -35,7 +35,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from typing import Any
 
@@ -43,7 +43,7 @@ from hooktrace.errors import HooktraceError
 from hooktrace.analysis.rankset import NotOneRun, RankFile, check_one_run, find_rank_files
 from hooktrace.reading import TraceData
 
-__all__ = ["DiffInputError", "FileMeta", "Side", "file_meta", "find_files", "group",
+__all__ = ["DiffInputError", "Side", "file_meta", "find_files", "group",
            "parse_spec", "window_of"]
 
 _SPEC = re.compile(r"^(.+):(-?\d+)$")
@@ -53,32 +53,10 @@ class DiffInputError(HooktraceError):
     """An input of ``hooktrace diff`` that is not one run (or two that cannot be compared)."""
 
 
-@dataclass(frozen=True)
-class FileMeta:
-    """One trace file's identity: who wrote it, as which rank, which window."""
-
-    path: str
-    rank: int | None
-    world_size: int | None
-    hostname: str
-    pid: int
-    window: tuple[int, int, bool] | None  # first step, last step, complete
-    start_ns: int  # recorded interval, on rank 0's clock
-    stop_ns: int
-    cut: bool = False  # a stream cut before its footer (which carries the rank)
-
-    @property
-    def process(self) -> str:
-        return f"{self.hostname}:{self.pid}"
-
-
-def file_meta(path: str, trace: TraceData) -> FileMeta:
-    """The metadata of a loaded trace file (raises :class:`DiffInputError` on a
-    malformed ``window`` entry)."""
-    rf = RankFile.from_trace(path, trace)
-    return FileMeta(path, rf.rank, rf.world_size, rf.hostname, rf.pid,
-                    window_of(path, trace.info), rf.start_ns, rf.stop_ns,
-                    cut="cut" in trace.info)
+def file_meta(path: str, trace: TraceData) -> RankFile:
+    """The description of a loaded trace file (the one, :class:`RankFile`), with its
+    schedule window (raises :class:`DiffInputError` on a malformed ``window`` entry)."""
+    return replace(RankFile.from_trace(path, trace), window=window_of(path, trace.info))
 
 
 def window_of(path: str, info: dict[str, Any]) -> tuple[int, int, bool] | None:
@@ -126,7 +104,7 @@ class Side:
     path: str
     is_dir: bool
     window: int | None
-    processes: dict[int | None, list[FileMeta]]
+    processes: dict[int | None, list[RankFile]]
     world_size: int | None
     notes: list[str] = field(default_factory=list)
 
@@ -142,7 +120,7 @@ class Side:
         files = next(iter(self.processes.values()))
         return "windows" if files[0].window is not None else "file"
 
-    def selected(self) -> dict[int | None, list[FileMeta]]:
+    def selected(self) -> dict[int | None, list[RankFile]]:
         """Per rank, the files to pool: all of them, or window ``:N``."""
         if self.window is None:
             return self.processes
@@ -199,7 +177,7 @@ class Side:
         return f"{len(files)} window{'s' if len(files) != 1 else ''} pooled, {_steps(files)}"
 
 
-def _steps(files: Sequence[FileMeta]) -> str:
+def _steps(files: Sequence[RankFile]) -> str:
     spans = [f"{w[0]}-{w[1]}" if w[0] != w[1] else f"{w[0]}"
              for w in (f.window for f in files) if w is not None]
     shown = ", ".join(spans[:6]) + (", ..." if len(spans) > 6 else "")
@@ -215,7 +193,7 @@ def _rel(path: str, root: str) -> str:
     return rel if not rel.startswith("..") else path
 
 
-def _not_one_run(found: NotOneRun[FileMeta], name: Callable[[FileMeta], str]) -> str:
+def _not_one_run(found: NotOneRun, name: Callable[[RankFile], str]) -> str:
     """``check_one_run``'s finding in diff's words (after ``SPEC: ``)."""
     a, b = found.a, found.b
     if found.kind == "rank_and_no_rank":
@@ -238,12 +216,12 @@ def _not_one_run(found: NotOneRun[FileMeta], name: Callable[[FileMeta], str]) ->
             "different runs? Ranks of one job record at the same time")
 
 
-def group(spec: str, path: str, window: int | None, metas: Sequence[FileMeta]) -> Side:
+def group(spec: str, path: str, window: int | None, metas: Sequence[RankFile]) -> Side:
     """Group one input's files into processes by rank, refusing anything that is not
     one run (see the module docstring)."""
     is_dir = os.path.isdir(path)
 
-    def name(f: FileMeta) -> str:
+    def name(f: RankFile) -> str:
         return _rel(f.path, path)
 
     ordered = sorted(metas, key=lambda f: (f.rank if f.rank is not None else -1,
@@ -253,7 +231,7 @@ def group(spec: str, path: str, window: int | None, metas: Sequence[FileMeta]) -
     if found is not None:
         raise DiffInputError(f"{spec}: {_not_one_run(found, name)}")
     world = next((f.world_size for f in ordered if f.world_size is not None), None)
-    by_rank: dict[int | None, list[FileMeta]] = {}
+    by_rank: dict[int | None, list[RankFile]] = {}
     for f in ordered:
         by_rank.setdefault(f.rank, []).append(f)
     # each rank (or the one process without a rank): one trace, or distinct windows

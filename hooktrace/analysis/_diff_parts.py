@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from hooktrace.analysis._diff_inputs import DiffInputError, FileMeta, file_meta, window_of
+from hooktrace.analysis._diff_inputs import DiffInputError, file_meta, window_of
+from hooktrace.analysis.rankset import RankFile
 from hooktrace.analysis.device_time import gpu_recorded, launch_time_only, module_gpu
 from hooktrace.analysis.calls import COMPILE, KERNELS, Calls
 from hooktrace.analysis.groups import Groups
@@ -444,7 +445,7 @@ def definition_text(d: int) -> str:
 # -- paths: files, rank directories, windows -------------------------------------------
 
 
-def file_part(path: str) -> tuple[FileMeta, Part]:
+def file_part(path: str) -> tuple[RankFile, Part]:
     """Read one file and reduce it (runs in a worker process for many files)."""
     trace = load(path)
     meta = file_meta(path, trace)
@@ -470,7 +471,7 @@ def is_dataset(path: str) -> bool:
     return "spans" in src.parquet and "runs" in src.parquet
 
 
-def dataset_parts(path: str) -> dict[str, tuple[FileMeta, Part]]:
+def dataset_parts(path: str) -> dict[str, tuple[RankFile, Part]]:
     """Per file of a Parquet export (its ``runs.path``): its metadata and numbers, as
     :func:`file_part` reads them from the file itself (SQL over the dataset on DuckDB)."""
     from hooktrace.data.engine import dataset_diff_tables
@@ -478,16 +479,12 @@ def dataset_parts(path: str) -> dict[str, tuple[FileMeta, Part]]:
     out = {}
     for row, gpu, t in dataset_diff_tables(path, lambda info: info.get("window") is not None):
         f, info = row["path"], row["info"]
-        rank = info.get("rank")
-        meta = FileMeta(f, rank if isinstance(rank, int) else None,
-                        info.get("world_size") if isinstance(info.get("world_size"), int)
-                        else None, row["hostname"], row["pid"], window_of(f, info),
-                        row["start_ns"], row["stop_ns"], cut="cut" in info)
+        meta = replace(RankFile.from_runs_row(row, info), window=window_of(f, info))
         out[f] = (meta, part_from_tables(t, info, gpu, meta.window is not None))
     return out
 
 
-def result_part(results: Mapping[str, tuple[FileMeta, Part] | str], path: str) -> Part:
+def result_part(results: Mapping[str, tuple[RankFile, Part] | str], path: str) -> Part:
     res = results[os.path.realpath(path)]
     assert not isinstance(res, str)
     return res[1]

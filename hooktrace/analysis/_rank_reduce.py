@@ -195,15 +195,7 @@ def stats_from_tables(t: dict[str, Any]) -> list[RankStats]:
     out = []
     for row in t["runs"].to_pylist():
         key = (row["rank"], row["window"])
-        info = json.loads(row["info"])
-        rank = info.get("rank")
-        f = RankFile(path=row["path"], rank=rank if isinstance(rank, int) else None,
-                     world_size=row["world_size"], hostname=row["hostname"], pid=row["pid"],
-                     offset_ns=row["clock_offset_ns"],
-                     uncertainty_ns=row["clock_offset_uncertainty_ns"],
-                     aligned=row["clock_aligned"], start_ns=row["start_ns"],
-                     stop_ns=row["stop_ns"], events=row["events"], backend=row["backend"],
-                     cut=row["cut"] is not None)
+        f = RankFile.from_runs_row(row, json.loads(row["info"]))
         m = modules.get(key, {"module": np.zeros(0, object), "type": np.zeros(0, object),
                               "slot": np.zeros(0, np.int64)})
         names = [f"<module {i}>" for i in range(len(m["slot"]))]

@@ -93,7 +93,8 @@ from typing import Any
 
 import numpy as np
 
-from hooktrace.analysis._diff_inputs import DiffInputError, FileMeta, Side, find_files, group, parse_spec
+from hooktrace.analysis._diff_inputs import DiffInputError, Side, find_files, group, parse_spec
+from hooktrace.analysis.rankset import RankFile
 from hooktrace.analysis._diff_parts import (
     GPU_PHASES,
     PHASES,
@@ -589,9 +590,9 @@ def compare_paths(a: str, b: str, *, workers: int | None = None) -> Diff:
     files (``hooktrace export DIR -o OUT/``): DuckDB reduces it
     (:func:`hooktrace.data.engine.diff_tables`)."""
     specs = [parse_spec(a), parse_spec(b)]
-    from_dataset: dict[str, tuple[FileMeta, Part]] = {}
+    from_dataset: dict[str, tuple[RankFile, Part]] = {}
     files = []
-    exports: dict[str, dict[str, tuple[FileMeta, Part]]] = {}  # (each read once)
+    exports: dict[str, dict[str, tuple[RankFile, Part]]] = {}  # (each read once)
     for path, _ in specs:
         if is_dataset(path):  # a Parquet export of the files: DuckDB reads it
             real = os.path.realpath(path)
@@ -609,7 +610,7 @@ def compare_paths(a: str, b: str, *, workers: int | None = None) -> Diff:
         for f in fs:
             first_name.setdefault(os.path.realpath(f), f)
     todo = [first_name[u] for u in unique]
-    results: dict[str, tuple[FileMeta, Part] | str] = dict(zip(
+    results: dict[str, tuple[RankFile, Part] | str] = dict(zip(
         unique, map_ranks(file_part, todo, workers=workers)))
     results.update(from_dataset)
     bad = [r for r in results.values() if isinstance(r, str)]

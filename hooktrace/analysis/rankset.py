@@ -30,7 +30,7 @@ import warnings
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Any, Literal, TypeVar
 
 from hooktrace.format._kineto import ProfilerTraceError, open_binary, scan
 from hooktrace._naming import aggregate_dir_problem
@@ -38,7 +38,7 @@ from hooktrace.analysis.inputs import Kind, resolve
 from hooktrace.errors import HooktraceError
 from hooktrace.reading import TraceData, load
 
-__all__ = ["PARALLEL_FROM", "NotOneRun", "RankFile", "RankSet", "RankSetError", "RunFile",
+__all__ = ["PARALLEL_FROM", "NotOneRun", "RankFile", "RankSet", "RankSetError",
            "check_one_run", "find_rank_files", "map_ranks", "match_profilers", "rank_label",
            "separate_runs"]
 
@@ -80,6 +80,8 @@ class RankFile:
     backend: str | None = None
     out_pid: int = 0  # the process id in merged outputs (unique among ranks)
     cut: bool = False  # a stream cut before its footer (which carries the rank)
+    # the schedule window it holds (first step, last step, complete); None: not a window
+    window: tuple[int, int, bool] | None = None
 
     @property
     def label(self) -> str:
@@ -105,6 +107,19 @@ class RankFile:
                    stop_ns=stop - offset, events=len(run.events),
                    backend=info.get("backend") if isinstance(info.get("backend"), str) else None,
                    cut="cut" in info)
+
+    @classmethod
+    def from_runs_row(cls, row: dict[str, Any], info: dict[str, Any]) -> RankFile:
+        """The description of a file from its row of an export's ``runs`` table
+        (hooktrace.data.schema) and its parsed ``info``."""
+        rank = info.get("rank")
+        return cls(path=row["path"], rank=rank if isinstance(rank, int) else None,
+                   world_size=row["world_size"], hostname=row["hostname"], pid=row["pid"],
+                   offset_ns=row["clock_offset_ns"],
+                   uncertainty_ns=row["clock_offset_uncertainty_ns"],
+                   aligned=row["clock_aligned"], start_ns=row["start_ns"],
+                   stop_ns=row["stop_ns"], events=row["events"], backend=row["backend"],
+                   cut=row["cut"] is not None)
 
     @property
     def process(self) -> str:
@@ -148,31 +163,8 @@ _ONE_RUN = ("Keep one run's files per directory (hooktrace diff A B compares two
             "name one file")
 
 
-class RunFile(Protocol):
-    """What :func:`check_one_run` reads of a trace file: :class:`RankFile` (rank sets)
-    and ``hooktrace.analysis._diff_inputs.FileMeta`` (``hooktrace diff``) both are one."""
-
-    @property
-    def path(self) -> str: ...
-    @property
-    def rank(self) -> int | None: ...
-    @property
-    def world_size(self) -> int | None: ...
-    @property
-    def start_ns(self) -> int: ...
-    @property
-    def stop_ns(self) -> int: ...
-    @property
-    def cut(self) -> bool: ...
-    @property
-    def process(self) -> str: ...
-
-
-F = TypeVar("F", bound=RunFile)
-
-
 @dataclass(frozen=True)
-class NotOneRun(Generic[F]):
+class NotOneRun:
     """Why trace files are not one run (:func:`check_one_run`), with two files that show
     it; each caller words it for its own command.
 
@@ -183,15 +175,15 @@ class NotOneRun(Generic[F]):
     ``stop_ns``, before ``b``'s started at ``start_ns``)."""
 
     kind: Literal["rank_and_no_rank", "world_sizes", "processes", "not_at_the_same_time"]
-    a: F
-    b: F
+    a: RankFile
+    b: RankFile
     rank: int | None = None
     processes: int = 0
     stop_ns: int = 0
     start_ns: int = 0
 
 
-def check_one_run(files: Sequence[F], *, named_ranks: bool = False) -> NotOneRun[F] | None:
+def check_one_run(files: Sequence[RankFile], *, named_ranks: bool = False) -> NotOneRun | None:
     """Whether ``files`` can be the traces of one run: None, or why not.
 
     The rules (one place for rank sets, :func:`separate_runs`, and ``hooktrace diff``,
@@ -209,18 +201,18 @@ def check_one_run(files: Sequence[F], *, named_ranks: bool = False) -> NotOneRun
     if ranked and plain:
         cut = next((f for f in plain if f.cut), None)
         return NotOneRun("rank_and_no_rank", ranked[0], cut or plain[0])
-    sizes: dict[int, F] = {}
+    sizes: dict[int, RankFile] = {}
     for f in ranked:
         if f.world_size is not None:
             sizes.setdefault(f.world_size, f)
     if len(sizes) > 1:
         f1, f2 = list(sizes.values())[:2]
         return NotOneRun("world_sizes", f1, f2)
-    by_rank: dict[int | None, list[F]] = {}
+    by_rank: dict[int | None, list[RankFile]] = {}
     for f in files:
         by_rank.setdefault(f.rank, []).append(f)
     for rank in sorted(by_rank, key=lambda r: -1 if r is None else r):
-        procs: dict[str, F] = {}
+        procs: dict[str, RankFile] = {}
         for f in by_rank[rank]:
             procs.setdefault(f.process, f)
         if len(procs) > 1 and not (rank is None and named_ranks
@@ -276,7 +268,7 @@ def separate_runs(files: Sequence[RankFile]) -> str | None:
 _PER_RANK_NAME = re.compile(r"^(.*)_rank(\d+)\.htrace$")
 
 
-def _ranks_by_name(files: Sequence[RunFile]) -> bool:
+def _ranks_by_name(files: Sequence[RankFile]) -> bool:
     """Whether ``files`` are named as one output's ranks by ``hooktrace run``
     (``STEM_rank<R>.htrace``: one folder, one stem, distinct ranks)."""
     outputs, ranks = set(), set()

@@ -605,9 +605,10 @@ def dataset_diff_tables(path: str | os.PathLike[str], keep_calls: Any
     con = connect(path)
     try:
         with sql_errors(path):
-            runs = con.sql('SELECT rank, "window", path, hostname, pid, world_size, start_ns, '
-                           'stop_ns, cut, info FROM runs ORDER BY rank, "window", path'
-                           ).to_arrow_table().to_pylist()
+            runs = con.sql('SELECT rank, "window", path, hostname, pid, world_size, backend, '
+                           'clock_offset_ns, clock_offset_uncertainty_ns, clock_aligned, '
+                           'start_ns, stop_ns, events, cut, info FROM runs '
+                           'ORDER BY rank, "window", path').to_arrow_table().to_pylist()
             timed = set(con.sql('SELECT DISTINCT coalesce(rank, -1), coalesce("window", -1) '
                                 'FROM gpu').fetchall())
             for row in runs:
