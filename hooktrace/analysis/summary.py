@@ -193,8 +193,8 @@ class Summary:
         notes += kernel_notes(trace, rows)
         if isinstance(trace.info.get("cut"), str):
             notes.append(trace.info["cut"])
-        # each recorded quantity's columns (hooktrace.analysis.columns): leading ones after
-        # module, type, mode, timing (device time's, which sort the rows), the others last
+        # each recorded quantity's columns (hooktrace.analysis.columns): the leading ones
+        # after module, type, mode, timing (they sort the rows), the others last
         lead: tuple[str, ...] = ()
         tail: tuple[str, ...] = ()
         attributes: dict[str, Any] = {}

@@ -494,26 +494,15 @@ class AggregateComponent(Component):
         from hooktrace.data.schema import AGGREGATES, schema
 
         n = len(self._rows["step"])
-        table = pa.table({
-            "rank": pa.array([self.rank] * n, pa.int64()),
-            "window": pa.nulls(n, pa.int64()),
-            "step": pa.array(self._rows["step"], pa.int64()),
-            "steps": pa.array(self._rows["steps"], pa.int32()),
-            "module": pa.array(self._rows["module"], pa.string()).dictionary_encode(),
-            "mode": pa.array(self._rows["mode"], pa.string()).dictionary_encode(),
-            "calls": pa.array(self._rows["calls"], pa.int64()),
-            "total_ms": pa.array(self._rows["total_ms"], pa.float32()),
-            "p50_ms": pa.array(self._rows["p50_ms"], pa.float32()),
-            "max_ms": pa.array(self._rows["max_ms"], pa.float32()),
-            "gpu_ms": pa.array(self._rows["gpu_ms"], pa.float32()),
-            "mem_peak_bytes": pa.array(self._rows["mem_peak_bytes"], pa.int64()),
-            "tflops": pa.array(self._rows["tflops"], pa.float32()),
-            "nonfinite": pa.array(self._rows["nonfinite"], pa.int64()),
-            "absmax": pa.array(self._rows["absmax"], pa.float32()),
-            "total_ns": pa.array(self._rows["total_ns"], pa.int64()),
-            "self_ns": pa.array(self._rows["self_ns"], pa.int64()),
-            "run": pa.array([self.run_id] * n, pa.string()).dictionary_encode(),
-        }).cast(schema(AGGREGATES))  # (the declared schema: docs/schema.md)
+        declared = schema(AGGREGATES)  # (the declared schema: docs/schema.md)
+        own = {"rank": [self.rank] * n, "window": [None] * n, "run": [self.run_id] * n}
+        columns = {}
+        for fld in declared:  # the rows' columns, each recorded quantity's among them
+            values = own[fld.name] if fld.name in own else self._rows[fld.name]
+            columns[fld.name] = (pa.array(values, pa.string()).dictionary_encode()
+                                 if pa.types.is_dictionary(fld.type)
+                                 else pa.array(values, fld.type))
+        table = pa.table(columns).cast(declared)
         self._rows = {}  # written or lost: memory stays bounded either way
         self._part_time = time.perf_counter()
         self._part_no += 1
