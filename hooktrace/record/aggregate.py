@@ -348,6 +348,7 @@ class AggregateComponent(Component):
         self._window_first: int | None = None  # the first step of the open window
         self._window_start = 0.0
         self._window_events: list[np.ndarray] = []
+        self._window_clocks: list[Any] = []  # per step, the clock of its trace if one was made
         self._window_held = 0  # events in _window_events
         # a window closes early once it holds this many raw events: memory stays within
         # the capacity whatever the interval (issue #35: 600 s held +384 MB)
@@ -398,6 +399,7 @@ class AggregateComponent(Component):
         if self._window_first is None:
             self._window_first, self._window_start = ended, now - step_ms / 1e3
         self._window_events.append(events)
+        self._window_clocks.append(trace.clock if trace is not None else None)
         self._window_held += len(events)
         self._window_times.append(step_ms)
         self._steps += 1
@@ -432,10 +434,10 @@ class AggregateComponent(Component):
                       "cannot be written is dropped and counted (info['aggregate']: "
                       "lost_rows, lost_steps)", RuntimeWarning, stacklevel=2)
 
-    def _result(self, events: np.ndarray) -> Any:
+    def _result(self, events: np.ndarray, clock: Any = None) -> Any:
         """The drained ``events`` as a trace; its FLOP info matched to its root calls
         (numbered from 0 in its spans; the recorder's info lists the run's)."""
-        trace = self.recorder.step_result(events)
+        trace = self.recorder.step_result(events, clock)
         if "flops" in trace.info:
             from hooktrace.analysis.flops import newest_flop_info
 
@@ -449,10 +451,14 @@ class AggregateComponent(Component):
         if self._window_first is None:
             return
         events = np.concatenate(self._window_events)
-        self._window_events, self._window_held = [], 0
+        # a window of one step kept whole reads its times with the kept file's clock (the
+        # recorder's is re-measured every WINDOW_CLOCK_S: its rows would differ from the
+        # file's by a rounding, 1 ns)
+        clock = self._window_clocks[0] if len(self._window_clocks) == 1 else None
+        self._window_events, self._window_held, self._window_clocks = [], 0, []
         # thread by thread, as one drain (and a recording in memory) holds them
         events = events[np.argsort(events["tid"], kind="stable")]
-        rows = reduce_window(self._window_first, self._result(events),
+        rows = reduce_window(self._window_first, self._result(events, clock),
                              self._window_times)
         self._window_first, self._window_events, self._window_times = None, [], []
         for key, values in rows.items():
