@@ -14,6 +14,9 @@ exports need:
 * :func:`module_gpu`: per (module slot, eval, phase), the summed device time: forward
   = CAT_FORWARD + CAT_RECOMPUTE, backward = CAT_BACKWARD; an interval without a host
   span (a kernel site of a compiled region) counts to its module, as a training call.
+* :class:`DeviceTimeColumns`: its column provider (hooktrace.analysis.columns): the
+  summary's ``gpu_*`` columns (they lead and sort the rows), the spans table's
+  ``gpu_dur_ns``/``gpu_self_ns``, the aggregates' ``gpu_ms``.
 
 Example:
     >>> import numpy as np
@@ -30,15 +33,28 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hooktrace.reading import CAT_BACKWARD, SPAN_EVAL, GpuSpans, TraceData
+from hooktrace.analysis._summary_columns import COLUMNS, COMPILE_ROW, UNATTRIBUTED, group_mode
+from hooktrace.analysis.column_provider import (
+    ColumnProvider,
+    SpanColumn,
+    SummaryPart,
+    WindowGroup,
+    measured_only,
+)
+from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL, GpuSpans, TraceData
 from hooktrace.text import format_ns
 
-__all__ = ["GPU_COLUMNS", "LAUNCH_NOTE", "ModuleGpu", "gpu_info", "gpu_notes", "gpu_recorded",
+if TYPE_CHECKING:
+    from hooktrace.analysis.calls import Calls
+
+__all__ = ["CAT_EVAL", "DeviceTimeColumns", "GPU_COLUMNS", "LAUNCH_NOTE", "ModuleGpu",
+           "add_gpu", "gpu_info", "gpu_ms_by_module", "gpu_notes", "gpu_recorded",
            "kernel_label", "launch_time_only", "module_gpu", "span_gpu", "span_totals",
            "timed_steps"]
 
@@ -156,3 +172,120 @@ def gpu_notes(trace: TraceData) -> list[str]:
     if parts:
         lines.append("gpu: " + "; ".join(parts))
     return lines
+
+
+def add_gpu(rows: list[dict[str, Any]], trace: TraceData) -> list[str]:
+    """Fill the GPU columns of the summary's ``rows`` from the run's device time, add a
+    row for each module timed only on the device (a kernel site of a compiled region
+    without a row), and sort the rows by device time; returns notes."""
+    gpu = trace.gpu_spans()
+    spans = trace.spans()
+    m = module_gpu(trace, int(spans.module.max()) + 1 if len(spans) else 0)
+    n = 2 * m.n_mod
+    dur = gpu.duration_ns.astype(np.float64)
+    self_ns = gpu.self_ns.astype(np.float64)
+    values: dict[tuple[str, str], dict[str, int]] = {}
+    for backward, prefix in ((False, "gpu_"), (True, "gpu_bwd_")):
+        sel = m.backward == backward
+        g = m.group[sel]
+        calls = np.bincount(g, minlength=n)
+        total = np.bincount(g, weights=dur[sel], minlength=n)
+        own = np.bincount(g, weights=self_ns[sel], minlength=n)
+        for k in np.flatnonzero(calls).tolist():
+            slot = k % m.n_mod
+            name = trace.modules[slot][0] if slot < len(trace.modules) else f"<module {slot}>"
+            v = values.setdefault((name, group_mode(k, m.n_mod)), {})
+            v[prefix + "total_ns"] = int(total[k])
+            v[prefix + "self_ns"] = int(own[k])
+            if not backward:
+                v["gpu_calls"] = int(calls[k])
+    seen = {(r["module"], r["mode"]) for r in rows}
+    for (name, mode), v in values.items():
+        if (name, mode) in seen:
+            continue
+        type_name = next((t for n_, t in trace.modules if n_ == name), "?")
+        row: dict[str, Any] = dict.fromkeys(COLUMNS)
+        # no host column: its calls were compiled into a region launched from the host
+        row.update(module=name, type=type_name, mode=mode, timing="kernels")
+        rows.append(row)
+    for row in rows:
+        v = values.get((row["module"], row["mode"]), {})
+        special = row["module"] in (UNATTRIBUTED, COMPILE_ROW)
+        for key in GPU_COLUMNS:
+            row[key] = None if special else v.get(key, 0)
+    # Stable: equal device time keeps the host order (rows without any: last)
+    rows.sort(key=lambda r: -((r["gpu_total_ns"] or 0) + (r["gpu_bwd_total_ns"] or 0)))
+    return gpu_notes(trace)
+
+
+# the category key of eval rows (the aggregates, gpu_ms_by_module): no span category's
+CAT_EVAL = -1
+
+
+def gpu_ms_by_module(trace: TraceData, eval_spans: np.ndarray | None = None
+                     ) -> dict[tuple[int, int], float] | None:
+    """Device time per (module, category) when it was recorded (TraceData.gpu_spans(),
+    issue #28), else None; the intervals of the spans ``eval_spans`` marks (per span,
+    bool) under (module, CAT_EVAL)."""
+    g = trace.gpu_spans()
+    if not len(g):
+        return None
+    out: dict[tuple[int, int], float] = {}
+    dur = (g.end_ns - g.start_ns).astype(np.float64) / 1e6
+    cats = g.cat.astype(np.int64)
+    if eval_spans is not None and len(eval_spans):
+        has = (g.span >= 0) & (g.span < len(eval_spans))
+        marked = np.zeros(len(g), bool)
+        marked[has] = eval_spans[g.span[has]]
+        cats = np.where(marked, CAT_EVAL, cats)
+    for m, c, d in zip(g.module.tolist(), cats.tolist(), dur.tolist(), strict=True):
+        out[(m, c)] = out.get((m, c), 0.0) + d
+    return out
+
+
+class DeviceTimeColumns(ColumnProvider):
+    """Device time's columns (``trace(gpu=True)``) in the summary, the spans table and
+    the aggregates."""
+
+    name = "device time"
+    span_columns = ("gpu_dur_ns", "gpu_self_ns")
+    aggregate_columns = ("gpu_ms",)
+
+    def recorded(self, trace: TraceData) -> bool:
+        return gpu_recorded(trace)
+
+    def summary(self, rows: list[dict[str, Any]], trace: TraceData,
+                options: Mapping[str, Any]) -> SummaryPart:
+        return SummaryPart(GPU_COLUMNS, add_gpu(rows, trace), lead=True,
+                           attributes={"time_kind": "device"})
+
+    def unrecorded(self, trace: TraceData) -> SummaryPart:
+        if launch_time_only(trace):  # host times are launch times
+            return SummaryPart(notes=[LAUNCH_NOTE], attributes={"time_kind": "launch"})
+        return SummaryPart()
+
+    def spans(self, trace: TraceData, n: int, m: int) -> dict[str, SpanColumn]:
+        gpu = trace.gpu_spans()
+        if not len(gpu):
+            return {}
+        ok = gpu.span >= 0
+        dur = np.bincount(gpu.span[ok], weights=gpu.duration_ns[ok], minlength=n)
+        self_ = np.bincount(gpu.span[ok], weights=gpu.self_ns[ok], minlength=n)
+        timed = np.bincount(gpu.span[ok], minlength=n) > 0
+        return {"gpu_dur_ns": measured_only(dur[:n].astype(np.int64), timed[:n], m),
+                "gpu_self_ns": measured_only(self_[:n].astype(np.int64), timed[:n], m)}
+
+    def aggregate(self, trace: TraceData, calls: Calls
+                  ) -> Callable[[WindowGroup], dict[str, list[Any]]] | None:
+        s = trace.spans()
+        gpu = gpu_ms_by_module(trace, (s.cat == CAT_FORWARD) & ((s.flags & SPAN_EVAL) != 0))
+        if gpu is None:
+            return None
+
+        def values(group: WindowGroup) -> dict[str, list[Any]]:
+            if group.mode not in ("forward", "eval", "backward"):
+                return {}
+            key = CAT_EVAL if group.mode == "eval" else group.cat
+            return {"gpu_ms": [gpu.get((m, key)) for m in group.modules]}
+
+        return values

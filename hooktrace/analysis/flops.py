@@ -48,6 +48,9 @@ numbered from 0 as its spans number them; a streamed file (``out=``) has the
 block in its footer; a ring buffer that overwrote its oldest events holds the
 newest root calls, which :func:`run_flop_info` matches to its spans.
 
+**Shown** by :class:`FlopColumns`, the column provider (hooktrace.analysis.columns): the
+summary's :data:`FLOP_COLUMNS`, the spans table's ``flops``, the aggregates' ``tflops``.
+
 Example::
 
     with hooktrace.trace(model, flops=True) as tr:
@@ -58,19 +61,32 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hooktrace.analysis._summary_columns import UNATTRIBUTED
+from hooktrace.analysis.column_provider import (
+    ColumnProvider,
+    SpanColumn,
+    SummaryPart,
+    WindowGroup,
+    measured_only,
+)
+from hooktrace.analysis.device_time import gpu_recorded, launch_time_only, span_gpu
 from hooktrace.errors import HooktraceError
 
 if TYPE_CHECKING:
-
+    from hooktrace.analysis.calls import Calls
     from hooktrace.reading import Spans, TraceData
 
-__all__ = ["PEAK_TFLOPS", "SpanFlops", "flop_columns", "newest_flop_info", "peak_tflops_for",
-           "run_flop_info", "span_flops"]
+__all__ = ["FLOP_COLUMNS", "FlopColumns", "PEAK_TFLOPS", "SpanFlops", "add_flops",
+           "flop_columns", "newest_flop_info", "peak_tflops_for", "run_flop_info",
+           "span_flops", "tflops_by_module"]
+
+# The summary's FLOP columns (recorded only with trace(flops=True)): after the others.
+FLOP_COLUMNS = ("flops", "bwd_flops", "tflops", "bwd_tflops", "mfu")
 
 # Dense BF16/FP16 tensor-core peaks (TFLOP/s, no sparsity) from the vendors' data
 # sheets, for MFU when no --peak-tflops is given; matched by substring of
@@ -350,3 +366,107 @@ def round_significant(x: np.ndarray, digits: int) -> np.ndarray:
 
 
 _POW10 = 10.0 ** np.arange(23)  # exact doubles
+
+
+def add_flops(rows: list[dict[str, Any]], trace: TraceData,
+              peak_tflops: float | None, *, gpu: bool = False,
+              launch: bool = False) -> list[str]:
+    """Fill the FLOP columns of the summary's ``rows`` from ``trace.info["flops"]``;
+    returns notes. ``gpu``: TFLOP/s and MFU from the device time of the timed calls;
+    ``launch`` (a CUDA run without device time): withheld, as launch time says nothing
+    of them."""
+    info = run_flop_info(trace)
+    peak = peak_tflops if peak_tflops is not None else peak_tflops_for(
+        trace.info.get("device_name"))
+    if gpu:
+        total, _, timed = span_gpu(trace)
+        per_module = flop_columns(info, trace.spans(), trace.modules, peak, durations=total,
+                                  timed=timed)
+    else:
+        per_module = flop_columns(info, trace.spans(), trace.modules, peak)
+    if launch:
+        for values in per_module.values():
+            values.update(tflops=None, bwd_tflops=None, mfu=None)
+    for row in rows:
+        values = per_module.get(row["module"], {}) if row["module"] != UNATTRIBUTED else {}
+        for key in FLOP_COLUMNS:
+            # a row whose calls had no backward (an [eval] row of no_grad calls): no
+            # backward FLOPs (blank, not the training calls' figure); eval-mode calls
+            # with grad on do have a backward
+            row[key] = (None if not row["bwd_calls"] and key.startswith("bwd_")
+                        else values.get(key))
+    counted = len(info.get("counted", []))
+    if counted:
+        note = (f"FLOPs from torch's FlopCounterMode on {counted} root call(s), one per input "
+                "signature; TFLOP/s leaves those (slower) calls out")
+    else:  # a window or a ring buffer's newest calls: counted before
+        note = ("FLOPs from torch's FlopCounterMode on earlier root calls of the same input "
+                "signatures; TFLOP/s over every call")
+    if launch:
+        note += "; TFLOP/s and MFU withheld (no device time)"
+    elif peak is None:
+        note += "; MFU needs --peak-tflops"
+    else:
+        note += f"; MFU against a peak of {peak:g} TFLOP/s"
+    if gpu:
+        note += "; TFLOP/s and MFU over the device time of the timed calls"
+    if any(r["mode"] == "eval" for r in rows):
+        return [note, "FLOP columns of a module's train and [eval] rows are over all its calls"]
+    return [note]
+
+
+def tflops_by_module(trace: TraceData) -> dict[tuple[str, str], float] | None:
+    """Achieved TFLOP/s per (module name, "forward"/"backward") of a window, as the
+    summary computes it (:func:`flop_columns`: the FLOPs of the root calls not run under
+    the counter over their time; device time when it was recorded, else host time), when
+    FLOPs were recorded (``flops=True``), else None. None too for a CUDA run without
+    device time: launch time says nothing of the speed."""
+    if "flops" not in trace.info:
+        return None
+    spans = trace.spans()
+    # the window's spans number its root calls from 0; the info holds the run's
+    info = newest_flop_info(trace.info["flops"], spans)
+    if gpu_recorded(trace):
+        total, _, timed = span_gpu(trace)
+        columns = flop_columns(info, spans, trace.modules, None, durations=total, timed=timed)
+    elif launch_time_only(trace):
+        return None
+    else:
+        columns = flop_columns(info, spans, trace.modules, None)
+    out: dict[tuple[str, str], float] = {}
+    for name, values in columns.items():
+        for mode, key in (("forward", "tflops"), ("backward", "bwd_tflops")):
+            if values.get(key) is not None:
+                out[(name, mode)] = float(values[key])  # type: ignore[arg-type]
+    return out
+
+
+class FlopColumns(ColumnProvider):
+    """FLOPs' columns (``trace(flops=True)``) in the summary, the spans table and the
+    aggregates."""
+
+    name = "FLOPs"
+    span_columns = ("flops",)
+    aggregate_columns = ("tflops",)
+
+    def recorded(self, trace: TraceData) -> bool:
+        return "flops" in trace.info
+
+    def summary(self, rows: list[dict[str, Any]], trace: TraceData,
+                options: Mapping[str, Any]) -> SummaryPart:
+        return SummaryPart(FLOP_COLUMNS, add_flops(
+            rows, trace, options.get("peak_tflops"), gpu=gpu_recorded(trace),
+            launch=launch_time_only(trace)))
+
+    def spans(self, trace: TraceData, n: int, m: int) -> dict[str, SpanColumn]:
+        f = span_flops(run_flop_info(trace), trace.spans(), trace.modules)
+        return {"flops": measured_only(f.flops, f.flops >= 0, m)}
+
+    def aggregate(self, trace: TraceData, calls: Calls
+                  ) -> Callable[[WindowGroup], dict[str, list[Any]]] | None:
+        tflops = tflops_by_module(trace)
+        if tflops is None:
+            return None
+        # (TFLOP/s: of the module's training calls, none for eval rows)
+        return lambda group: {"tflops": [tflops.get((calls.names[m], group.mode))
+                                         for m in group.modules]}

@@ -26,6 +26,10 @@ allocated before it started and freed inside a call is not subtracted (as
 sample is missing (dropped with a full buffer, an unfinished call) has
 ``known`` False and counts in no column.
 
+**Shown** by :class:`MemoryColumns`, the column provider (hooktrace.analysis.columns):
+the summary's columns per device (:func:`memory_columns`), the spans table's ``mem_*``
+(the first device), the aggregates' ``mem_peak_bytes`` (the highest over the devices).
+
 Example:
     >>> import numpy as np
     >>> from hooktrace._events import EVENT_DTYPE, Clock
@@ -45,19 +49,36 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hooktrace._events import ENTER, EXIT, MEM_CPU, MEM_CUDA, NODE_BEGIN, NODE_END
-from hooktrace.reading import counter_changes
+from hooktrace.analysis._summary_columns import UNATTRIBUTED, group_mode, mode_groups
+from hooktrace.analysis.calls import MEASURED
+from hooktrace.analysis.column_provider import (
+    ColumnProvider,
+    SpanColumn,
+    SummaryPart,
+    WindowGroup,
+    measured_only,
+)
+from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, counter_changes
 
 if TYPE_CHECKING:
+    from hooktrace.analysis.calls import Calls
     from hooktrace.reading import TraceData
 
-__all__ = ["MemorySamples", "SpanMemory", "counter_name", "counter_points", "memory_devices",
-           "samples", "span_memory"]
+__all__ = ["MEMORY_KEYS", "MemoryColumns", "MemorySamples", "SpanMemory", "add_memory",
+           "counter_name", "counter_points", "memory_columns", "memory_devices", "samples",
+           "span_memory"]
+
+# The summary's memory columns (recorded only with trace(memory=True)), per device: net
+# bytes a call leaves allocated (mean over calls) and the peak above its enter (max
+# over calls).
+MEMORY_KEYS = ("mem_net", "mem_peak", "bwd_mem_net", "bwd_mem_peak")
 
 
 def memory_devices(trace: TraceData) -> list[str]:
@@ -156,7 +177,6 @@ def _lookup(times: np.ndarray, wanted: np.ndarray) -> np.ndarray:
 
 def span_memory(trace: TraceData, device: str) -> SpanMemory:
     """Memory of every span of ``trace`` on ``device`` (see the module docstring)."""
-    from hooktrace.reading import CAT_BACKWARD
 
     spans = trace.spans()
     n = len(spans)
@@ -224,3 +244,106 @@ def counter_points(trace: TraceData, device: str, window: tuple[int, int] | None
     value changes (and the first and last), inside ``window`` when given."""
     s = samples(trace, device)
     return counter_changes(s.t_ns, s.bytes, window)
+
+
+def memory_columns(device: str) -> tuple[str, ...]:
+    """The summary's memory columns of ``device`` (``"cpu"`` unprefixed, ``"cuda:N"``
+    as ``cuda_...``)."""
+    prefix = "" if device == "cpu" else "cuda_"
+    return tuple(prefix + k for k in MEMORY_KEYS)
+
+
+def add_memory(rows: list[dict[str, Any]], trace: TraceData, device: str) -> list[str]:
+    """Fill ``device``'s memory columns of the summary's ``rows``; returns notes."""
+    spans = trace.spans()
+    mem = span_memory(trace, device)
+    keys = memory_columns(device)
+    by_module: dict[tuple[str, str], dict[str, int]] = {}
+    groups, n_mod = mode_groups(spans)
+    for phase, cats in ((0, (CAT_FORWARD,)), (2, (CAT_BACKWARD,))):
+        sel = np.flatnonzero(np.isin(spans.cat, cats) & mem.known)
+        if not len(sel):
+            continue
+        module = groups[sel]
+        n = 2 * n_mod
+        calls = np.bincount(module, minlength=n)
+        net = np.bincount(module, weights=mem.net[sel].astype(np.float64), minlength=n)
+        peak = np.full(n, np.iinfo(np.int64).min, np.int64)
+        np.maximum.at(peak, module, mem.peak_above[sel])
+        for m in np.flatnonzero(calls).tolist():
+            values = by_module.setdefault(
+                (trace.modules[m % n_mod][0], group_mode(m, n_mod)), {})
+            values[keys[phase]] = int(round(net[m] / calls[m]))
+            values[keys[phase + 1]] = int(peak[m])
+    for row in rows:
+        values = (by_module.get((row["module"], row["mode"]), {})
+                  if row["module"] != UNATTRIBUTED else {})
+        for key in keys:
+            row[key] = values.get(key)
+    unknown = int(np.count_nonzero(~mem.known))
+    # (each note fits the 120-column table with its "note: " prefix, for "cuda:NNN" too)
+    notes = [f"memory ({device}): {keys[0]} = bytes a call leaves allocated (mean), "
+             f"{keys[1]} = peak above its start (max)"]
+    if unknown:
+        notes.append(f"memory ({device}): {unknown} call(s) without both samples left out")
+    if device != "cpu" and len(mem.exact) and not mem.exact[mem.known].all():
+        notes.append(f"memory ({device}): where the device's high-water mark did not rise in "
+                     "a call, its peak is a lower bound")
+    return notes
+
+
+def memory_peaks(trace: TraceData) -> np.ndarray | None:
+    """Per span, the highest memory peak over the recorded devices (-1: unknown), when
+    memory was recorded (``memory=True``), else None."""
+    devices = memory_devices(trace)
+    if not devices:
+        return None
+    peak = np.full(len(trace.spans()), -1, np.int64)
+    for device in devices:
+        sm = span_memory(trace, device)
+        peak = np.maximum(peak, np.where(sm.known, sm.peak, -1))
+    return peak
+
+
+class MemoryColumns(ColumnProvider):
+    """Memory's columns (``trace(memory=True)``) in the summary, the spans table and the
+    aggregates."""
+
+    name = "memory"
+    span_columns = ("mem_device", "mem_enter_bytes", "mem_exit_bytes", "mem_peak_bytes")
+    aggregate_columns = ("mem_peak_bytes",)
+
+    def recorded(self, trace: TraceData) -> bool:
+        return bool(memory_devices(trace))
+
+    def summary(self, rows: list[dict[str, Any]], trace: TraceData,
+                options: Mapping[str, Any]) -> SummaryPart:
+        part = SummaryPart()
+        for device in memory_devices(trace):
+            part.columns += memory_columns(device)
+            part.notes += add_memory(rows, trace, device)
+        return part
+
+    def spans(self, trace: TraceData, n: int, m: int) -> dict[str, SpanColumn]:
+        device = memory_devices(trace)[0]
+        mem = span_memory(trace, device)
+        return {"mem_device": (*measured_only(np.zeros(n, np.int64), mem.known, m), [device]),
+                "mem_enter_bytes": measured_only(mem.enter, mem.known, m),
+                "mem_exit_bytes": measured_only(mem.exit, mem.known, m),
+                "mem_peak_bytes": measured_only(mem.peak, mem.known & (mem.peak >= 0), m)}
+
+    def aggregate(self, trace: TraceData, calls: Calls
+                  ) -> Callable[[WindowGroup], dict[str, list[Any]]] | None:
+        peaks = memory_peaks(trace)
+        if peaks is None:
+            return None
+        measured_span = np.where(calls.timing == MEASURED, calls.span, -1)
+
+        def values(group: WindowGroup) -> dict[str, list[Any]]:
+            order = np.argsort(calls.module[group.sel], kind="stable")
+            span = measured_span[group.sel][order]
+            peak = np.where(span >= 0, peaks[np.maximum(span, 0)], -1)
+            highest = np.maximum.reduceat(peak, group.groups.starts)
+            return {"mem_peak_bytes": [int(v) if v >= 0 else None for v in highest.tolist()]}
+
+        return values

@@ -26,6 +26,10 @@ names the earliest call holding a non-finite value; a tensor that is the input o
 module and of its parent gives both the same gradient at the same moment (their
 events are adjacent), and then the innermost module is named.
 
+:class:`NumericsColumns`, the column provider (hooktrace.analysis.columns), shows them:
+the summary's :data:`NUMERIC_COLUMNS`, the spans table's ``absmax``/``rms``/
+``nonfinite``, the aggregates' ``nonfinite``/``absmax``.
+
 Example:
     >>> import numpy as np
     >>> from hooktrace._events import EVENT_DTYPE, Clock
@@ -49,8 +53,9 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -64,14 +69,26 @@ from hooktrace._events import (
     NUMERICS_VALUE,
 )
 from hooktrace.reading import (
+    CAT_FORWARD,
     CAT_RECOMPUTE,
     SPAN_EVAL,
     TraceData,
     counter_changes,
     forward_span_before,
 )
+from hooktrace.analysis.column_provider import (
+    ColumnProvider,
+    SpanColumn,
+    SummaryPart,
+    WindowGroup,
+    measured_only,
+)
 
-__all__ = ["COUNTER_NAME", "NUMERIC_COLUMNS", "Numerics", "aggregate", "counter_points",
+if TYPE_CHECKING:
+    from hooktrace.analysis.calls import Calls
+
+__all__ = ["COUNTER_NAME", "NUMERIC_COLUMNS", "Numerics", "NumericsColumns", "add_numerics",
+           "aggregate", "any_nonfinite", "counter_points", "numerics_by_module",
            "first_nonfinite",
            "history", "number_for_json", "numerics_info"]
 
@@ -298,3 +315,102 @@ def history(trace: TraceData) -> list[dict[str, Any]]:
             "rms": number_for_json(float(v["rms"][i])), "nonfinite": int(v["nonfinite"][i])}
            for i, (m, backward, step) in enumerate(keys)]
     return sorted(out, key=lambda r: (r["step"], r["phase"], r["module"]))
+
+
+def add_numerics(rows: list[dict[str, Any]], trace: TraceData) -> list[str]:
+    """Fill the numerics columns of the summary's ``rows``; returns notes."""
+    n = Numerics.from_trace(trace)
+    keys, v = aggregate(n, np.flatnonzero(n.measured()), n.module, n.eval.astype(np.int64),
+                        n.backward.astype(np.int64))
+    by_row = {(trace.modules[m][0], "eval" if is_eval else "train", backward): i
+              for i, (m, is_eval, backward) in enumerate(keys) if m < len(trace.modules)}
+    for row in rows:
+        for backward, prefix in ((0, ""), (1, "bwd_")):
+            i = by_row.get((row["module"], row["mode"], backward))
+            row[prefix + "absmax"] = None if i is None else number_for_json(float(v["absmax"][i]))
+            row[prefix + "rms"] = None if i is None else number_for_json(float(v["rms"][i]))
+            row[prefix + "nonfinite"] = None if i is None else int(v["nonfinite"][i])
+    skipped = int(np.count_nonzero(n.skipped & ~n.recompute))
+    failed = int(np.count_nonzero(n.failed))
+    every = n.every
+    notes = ["numerics: absmax/rms/nonfinite of each call's output (max, mean, sum over calls); "
+             "bwd_: of the gradient of its inputs"
+             + ("" if every == 1 else f"; steps 0, {every}, {2 * every}, ... only")]
+    not_walked = int(np.count_nonzero(n.not_walked & ~n.recompute))
+    if skipped or failed or not_walked:
+        notes.append(f"numerics: {skipped} calls without a floating-point tensor (skipped)"
+                     + (f", {failed} that could not be reduced" if failed else "")
+                     + (f", {not_walked} whose output nests tuples/lists/dicts/dataclasses "
+                        "deeper than 4 levels (not walked: their tensors are left out)"
+                        if not_walked else ""))
+    return notes
+
+
+def numerics_by_module(trace: TraceData, split_eval: bool
+                       ) -> dict[tuple[int, str], tuple[int, float]] | None:
+    """(non-finite count, abs-max) per (module, row mode: forward, eval or backward), or
+    None when the trace recorded no numerics. ``split_eval``: the window's eval calls
+    have rows of their own (the aggregates), else they are its forward calls."""
+    if "numerics" not in trace.info:
+        return None
+    n = Numerics.from_trace(trace)
+    out: dict[tuple[int, str], tuple[int, float]] = {}
+    measured = ~(n.skipped | n.failed)
+    for i in np.flatnonzero(measured):
+        mode = ("backward" if n.backward[i] else
+                "eval" if split_eval and n.eval[i] else "forward")
+        key = (int(n.module[i]), mode)
+        nf, am = out.get(key, (0, float("nan")))
+        out[key] = (nf + int(n.nonfinite[i]), float(np.fmax(am, n.absmax[i])))
+    return out
+
+
+def any_nonfinite(trace: TraceData) -> bool:
+    """Whether a call of ``trace`` held a NaN or Inf (False without numerics)."""
+    numerics = numerics_by_module(trace, split_eval=False)
+    return numerics is not None and any(nf for nf, _ in numerics.values())
+
+
+class NumericsColumns(ColumnProvider):
+    """Numerics' columns (``trace(numerics=True)``) in the summary, the spans table and
+    the aggregates."""
+
+    name = "numerics"
+    span_columns = ("absmax", "rms", "nonfinite")
+    aggregate_columns = ("nonfinite", "absmax")
+
+    def recorded(self, trace: TraceData) -> bool:
+        return numerics_info(trace.info) is not None
+
+    def summary(self, rows: list[dict[str, Any]], trace: TraceData,
+                options: Mapping[str, Any]) -> SummaryPart:
+        return SummaryPart(NUMERIC_COLUMNS, add_numerics(rows, trace),
+                           attributes={"first_nonfinite": first_nonfinite(trace)})
+
+    def spans(self, trace: TraceData, n: int, m: int) -> dict[str, SpanColumn]:
+        num = Numerics.from_trace(trace)
+        ok = (num.span >= 0) & num.measured()
+        absmax, rms = np.zeros(n), np.zeros(n)
+        nonfinite = np.zeros(n, np.int64)
+        valid = np.zeros(n, bool)
+        absmax[num.span[ok]], rms[num.span[ok]] = num.absmax[ok], num.rms[ok]
+        nonfinite[num.span[ok]] = num.nonfinite[ok]
+        valid[num.span[ok]] = True
+        return {"absmax": measured_only(absmax, valid, m), "rms": measured_only(rms, valid, m),
+                "nonfinite": measured_only(nonfinite, valid, m)}
+
+    def aggregate(self, trace: TraceData, calls: Calls
+                  ) -> Callable[[WindowGroup], dict[str, list[Any]]] | None:
+        s = trace.spans()
+        split_eval = bool(((s.cat == CAT_FORWARD) & ((s.flags & SPAN_EVAL) != 0)).any())
+        numerics = numerics_by_module(trace, split_eval=split_eval)
+        if numerics is None:
+            return None
+
+        def values(group: WindowGroup) -> dict[str, list[Any]]:
+            got = [numerics.get((m, group.mode)) for m in group.modules]
+            return {"nonfinite": [v[0] if v is not None else None for v in got],
+                    "absmax": [v[1] if v is not None and np.isfinite(v[1]) else None
+                               for v in got]}
+
+        return values

@@ -11,7 +11,9 @@ dataclasses flattened in order. A signature is an index into
 :func:`span_shapes` gives each forward span its two signatures; :func:`shape_args`
 turns one into the exports' span args (``in_shapes``, ``in_dtypes``, ``out_shapes``,
 ``out_dtypes``); ``hooktrace summary --by-shape`` splits each module's row by its
-input signature (dynamic sequence lengths, bucketed batches).
+input signature (dynamic sequence lengths, bucketed batches); :class:`ShapeColumns`,
+the column provider (hooktrace.analysis.columns), gives the spans table's ``in_shapes``
+and ``out_shapes``.
 
 Example:
     >>> parse_signature("float32[2,16,64];int64[2,16]")
@@ -28,9 +30,10 @@ from typing import Any
 import numpy as np
 
 from hooktrace._events import SHAPE_UNKNOWN, SHAPES
+from hooktrace.analysis.column_provider import ColumnProvider, SpanColumn, measured_only
 from hooktrace.reading import TraceData, forward_span_before
 
-__all__ = ["UNKNOWN", "ShapeTable", "parse_signature", "shape_args", "shapes_recorded", "signatures",
+__all__ = ["UNKNOWN", "ShapeColumns", "ShapeTable", "parse_signature", "shape_args", "shapes_recorded", "signatures",
            "span_shapes"]
 
 UNKNOWN = "?"  # a signature not in the table (SHAPE_UNKNOWN, or cut off a stream)
@@ -93,6 +96,24 @@ def _span_shapes(trace: TraceData) -> tuple[np.ndarray, np.ndarray]:
             known = ok & (half != SHAPE_UNKNOWN) & (h < n)
             arr[span[known]] = h[known]
     return in_sig, out_sig
+
+
+class ShapeColumns(ColumnProvider):
+    """Shapes' columns (``trace(shapes=True)``) in the spans table: the input and output
+    signatures of each forward call (the summary splits rows by shape on request,
+    ``--by-shape``: :class:`ShapeTable`)."""
+
+    name = "shapes"
+    span_columns = ("in_shapes", "out_shapes")
+
+    def recorded(self, trace: TraceData) -> bool:
+        return shapes_recorded(trace)
+
+    def spans(self, trace: TraceData, n: int, m: int) -> dict[str, SpanColumn]:
+        sigs = signatures(trace)
+        in_sig, out_sig = span_shapes(trace)
+        return {"in_shapes": (*measured_only(np.maximum(in_sig, 0), in_sig >= 0, m), sigs),
+                "out_shapes": (*measured_only(np.maximum(out_sig, 0), out_sig >= 0, m), sigs)}
 
 
 class ShapeTable:

@@ -30,29 +30,16 @@ import numpy as np
 from hooktrace.analysis._summary_columns import (
     COLUMNS,
     COMPILE_ROW,
-    FLOP_COLUMNS,
     UNATTRIBUTED,
-    add_flops,
-    add_gpu,
-    add_memory,
-    add_numerics,
     kernel_notes,
-    memory_columns,
-)
-from hooktrace.analysis.device_time import (
-    GPU_COLUMNS,
-    LAUNCH_NOTE,
-    gpu_recorded,
-    launch_time_only,
 )
 from hooktrace.analysis.calls import KERNELS, MEASURED, Calls
-from hooktrace.analysis.kernels import fused_modules
+from hooktrace.analysis.columns import PROVIDERS
+from hooktrace.analysis.device_time import GPU_COLUMNS
+from hooktrace.analysis.flops import FLOP_COLUMNS
 from hooktrace.analysis.groups import Groups
-from hooktrace.analysis.numerics import (
-    NUMERIC_COLUMNS,
-    first_nonfinite,
-    numerics_info,
-)
+from hooktrace.analysis.kernels import fused_modules
+from hooktrace.analysis.numerics import NUMERIC_COLUMNS
 from hooktrace.reading import (
     CAT_BACKWARD,
     CAT_FORWARD,
@@ -206,32 +193,26 @@ class Summary:
         notes += kernel_notes(trace, rows)
         if isinstance(trace.info.get("cut"), str):
             notes.append(trace.info["cut"])
-        columns: tuple[str, ...] = COLUMNS
-        gpu = gpu_recorded(trace)
-        launch = launch_time_only(trace)
-        if gpu:  # the GPU columns lead, and sort the rows (hooktrace.analysis.device_time)
-            columns = COLUMNS[:4] + GPU_COLUMNS + COLUMNS[4:]
-            notes += add_gpu(rows, trace)
-        elif launch:
-            notes.append(LAUNCH_NOTE)
-        if "flops" in trace.info:
-            columns += FLOP_COLUMNS
-            notes += add_flops(rows, trace, peak_tflops, gpu=gpu, launch=launch)
-        from hooktrace.analysis.memory import memory_devices
-
-        for device in memory_devices(trace):
-            columns += memory_columns(device)
-            notes += add_memory(rows, trace, device)
-        first: dict[str, Any] | None = None
-        if numerics_info(trace.info) is not None:
-            columns += NUMERIC_COLUMNS
-            notes += add_numerics(rows, trace)
-            first = first_nonfinite(trace)
-        if gpu:  # every row's keys in column order: the GPU columns lead (--json, report)
+        # each recorded quantity's columns (hooktrace.analysis.columns): the leading ones
+        # after module, type, mode, timing (they sort the rows), the others last
+        lead: tuple[str, ...] = ()
+        tail: tuple[str, ...] = ()
+        attributes: dict[str, Any] = {}
+        for provider in PROVIDERS:
+            part = (provider.summary(rows, trace, {"peak_tflops": peak_tflops})
+                    if provider.recorded(trace) else provider.unrecorded(trace))
+            if part.lead:
+                lead += part.columns
+            else:
+                tail += part.columns
+            notes += part.notes
+            attributes.update(part.attributes)
+        columns = COLUMNS[:4] + lead + COLUMNS[4:] + tail
+        if lead:  # every row's keys in column order: the leading columns first (--json, report)
             rows = [{key: row.get(key) for key in columns} for row in rows]
         out = cls(rows, counts, notes, columns)
-        out.first_nonfinite = first
-        out.time_kind = "device" if gpu else "launch" if launch else ""
+        for name, value in attributes.items():
+            setattr(out, name, value)
         out.step_split = step_split
         return out
 

@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 
 from hooktrace.analysis.calls import MODES, PHASES, TIMINGS
-from hooktrace.data.schema import file_schema, pa
+from hooktrace.analysis.columns import PROVIDERS
+from hooktrace.data.schema import PARTITION_COLUMNS, file_schema, pa
 from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD
 from hooktrace.reading import TraceData
 from hooktrace.data.intervals import union_per_step
@@ -125,57 +126,20 @@ class _SpanColumns:
         self.extras = self._extras(trace, n, len(c) - n)
 
     def _extras(self, trace: TraceData, n: int, m: int) -> dict[str, Any]:
-        """Per extra column: (values over the rows, validity mask); missing = all null."""
+        """Per recorded quantity's column (hooktrace.analysis.columns): (values over the
+        rows, validity mask[, dictionary]); missing = all null."""
         out: dict[str, Any] = {}
-        total = n + m
-
-        def measured_only(values: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, Any]:
-            return (np.r_[values, np.zeros(m, values.dtype)], np.r_[valid, np.zeros(m, bool)])
-
-        gpu = trace.gpu_spans()
-        if len(gpu):
-            ok = gpu.span >= 0
-            dur = np.bincount(gpu.span[ok], weights=gpu.duration_ns[ok], minlength=n)
-            self_ = np.bincount(gpu.span[ok], weights=gpu.self_ns[ok], minlength=n)
-            timed = np.bincount(gpu.span[ok], minlength=n) > 0
-            out["gpu_dur_ns"] = measured_only(dur[:n].astype(np.int64), timed[:n])
-            out["gpu_self_ns"] = measured_only(self_[:n].astype(np.int64), timed[:n])
-        if "flops" in trace.info:
-            from hooktrace.analysis.flops import run_flop_info, span_flops
-
-            f = span_flops(run_flop_info(trace), trace.spans(), trace.modules)
-            out["flops"] = measured_only(f.flops, f.flops >= 0)
-        from hooktrace.analysis.shapes import shapes_recorded, signatures, span_shapes
-
-        if shapes_recorded(trace):
-            sigs = signatures(trace)
-            in_sig, out_sig = span_shapes(trace)
-            out["in_shapes"] = (*measured_only(np.maximum(in_sig, 0), in_sig >= 0), sigs)
-            out["out_shapes"] = (*measured_only(np.maximum(out_sig, 0), out_sig >= 0), sigs)
-        from hooktrace.analysis.numerics import Numerics, numerics_info
-
-        if numerics_info(trace.info) is not None:
-            num = Numerics.from_trace(trace)
-            ok = (num.span >= 0) & num.measured()
-            absmax, rms = np.zeros(n), np.zeros(n)
-            nonfinite = np.zeros(n, np.int64)
-            valid = np.zeros(n, bool)
-            absmax[num.span[ok]], rms[num.span[ok]] = num.absmax[ok], num.rms[ok]
-            nonfinite[num.span[ok]] = num.nonfinite[ok]
-            valid[num.span[ok]] = True
-            out["absmax"] = measured_only(absmax, valid)
-            out["rms"] = measured_only(rms, valid)
-            out["nonfinite"] = measured_only(nonfinite, valid)
-        from hooktrace.analysis.memory import memory_devices, span_memory
-
-        devices = memory_devices(trace)
-        if devices:
-            mem = span_memory(trace, devices[0])
-            out["mem_device"] = (*measured_only(np.zeros(n, np.int64), mem.known), [devices[0]])
-            out["mem_enter_bytes"] = measured_only(mem.enter, mem.known)
-            out["mem_exit_bytes"] = measured_only(mem.exit, mem.known)
-            out["mem_peak_bytes"] = measured_only(mem.peak, mem.known & (mem.peak >= 0))
-        assert all(len(v[0]) == total for v in out.values())
+        for provider in PROVIDERS:
+            if not provider.recorded(trace):
+                continue
+            got = provider.spans(trace, n, m)
+            unknown = (set(got) - set(provider.span_columns)) | (
+                set(got) - set(file_schema("spans", partitioned=False).names))
+            if unknown:  # (a provider's bug: the table's columns are its versioned schema's)
+                raise ValueError(f"{provider.name}: spans columns {sorted(unknown)} not declared "
+                                 "in its span_columns and hooktrace/data/schema.py")
+            out.update(got)
+        assert all(len(v[0]) == n + m for v in out.values())
         return out
 
     def batch(self, a: int, b: int, where: Where) -> Any:
@@ -202,11 +166,12 @@ class _SpanColumns:
             "unfinished": pa.array(c.unfinished[s]),
         }
         schema = file_schema("spans", partitioned=where.partitioned)
-        for name in ("gpu_dur_ns", "gpu_self_ns", "flops", "in_shapes", "out_shapes", "absmax",
-                     "rms", "nonfinite", "mem_device", "mem_enter_bytes", "mem_exit_bytes",
-                     "mem_peak_bytes"):
+        # the recorded quantities' columns: the schema's after these (null where not recorded)
+        for fld in schema:
+            name, t = fld.name, fld.type
+            if name in cols or name in PARTITION_COLUMNS:
+                continue
             extra: Any = self.extras.get(name)
-            t = schema.field(name).type
             if extra is None:
                 cols[name] = pa.nulls(b - a, t)
             elif pa.types.is_dictionary(t):

@@ -9,9 +9,10 @@ each (sooner when the window holds ``capacity`` raw events: memory stays bounded
 
     step (the window's first), steps, module, mode, calls, total_ms, p50_ms, max_ms
     (mode: forward, backward, or eval: the forward calls under no_grad or
-    module.eval() of a window that also has training calls; + gpu_ms when device time
-    is recorded, mem_peak_bytes with memory=True, tflops with flops=True, nonfinite and
-    absmax with numerics=True; a mode "step" row holds the steps' wall times: their
+    module.eval() of a window that also has training calls; + the recorded quantities'
+    columns, each from its provider (hooktrace.analysis.columns): gpu_ms when device
+    time is recorded, mem_peak_bytes with memory=True, tflops with flops=True, nonfinite
+    and absmax with numerics=True; a mode "step" row holds the steps' wall times: their
     sum, median and max)
 
 The rows go to ``DIR/aggregates/part-<run>-NNNNN.parquet`` (a Parquet dataset: one table,
@@ -90,29 +91,30 @@ def row_name(name: str) -> str:
 def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, list[Any]]:
     """The aggregate rows of the steps ``first``, ``first + 1``, ... (``len(step_ms)`` of
     them, their wall times) whose events ``trace`` holds, as columns: per module and
-    mode, calls and time; a "step" row for the steps themselves (total, median, max)."""
+    mode, calls and time, and the recorded quantities' columns (their providers',
+    hooktrace.analysis.columns: null where not recorded); a "step" row for the steps
+    themselves (total, median, max)."""
     import numpy as np
 
-    from hooktrace.analysis.calls import MEASURED, Calls, phase_label
+    from hooktrace.analysis.calls import Calls, phase_label
+    from hooktrace.analysis.column_provider import WindowGroup
+    from hooktrace.analysis.columns import PROVIDERS
     from hooktrace.analysis.groups import Groups
-    from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, CAT_RECOMPUTE, SPAN_EVAL
+    from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, CAT_RECOMPUTE
 
-    s = trace.spans()
     # the per-call table every view groups (issue #37): measured and kernel-derived calls
     # and compiles, with the one self time; eval calls (no_grad or module.eval()) are
     # rows of their own, as in the summary
     c = Calls.from_trace(trace)
     names = [row_name(n) for n in c.names]
+    # per provider: its columns, and per group their values (None: not in this window)
+    parts = [(p.aggregate_columns, p.aggregate(trace, c) if p.recorded(trace) else None)
+             for p in PROVIDERS]
+    extra = [k for columns, _ in parts for k in columns]
     cols: dict[str, list[Any]] = {k: [] for k in (
-        "step", "steps", "module", "mode", "calls", "total_ms", "p50_ms", "max_ms",
-        "gpu_ms", "mem_peak_bytes", "tflops", "nonfinite", "absmax", "total_ns", "self_ns")}
+        "step", "steps", "module", "mode", "calls", "total_ms", "p50_ms", "max_ms", *extra,
+        "total_ns", "self_ns")}
     step, steps = first, len(step_ms)
-    peaks = _memory_peaks(trace, s)
-    tflops = tflops_by_module(trace)
-    eval_ = (s.cat == CAT_FORWARD) & ((s.flags & SPAN_EVAL) != 0)
-    gpu = gpu_ms_by_module(trace, eval_)
-    numerics = _numerics_by_module(trace, split_eval=bool(eval_.any()))
-    measured_span = np.where(c.timing == MEASURED, c.span, -1)
     for cat in (CAT_FORWARD, CAT_BACKWARD, CAT_RECOMPUTE):
         for is_eval in (False, True):
             sel = np.flatnonzero((c.cat == cat) & (c.eval == is_eval))
@@ -132,26 +134,11 @@ def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, lis
             cols["total_ms"] += (g.total / 1e6).tolist()
             cols["p50_ms"] += (g.percentile(50) / 1e6).tolist()
             cols["max_ms"] += (g.max / 1e6).tolist()
-            gpu_key = CAT_EVAL if mode == "eval" else cat
-            cols["gpu_ms"] += ([gpu.get((m, gpu_key)) for m in group_mods]
-                               if gpu is not None and mode in ("forward", "eval", "backward")
-                               else [None] * n)
-            # (TFLOP/s: of the module's training calls, none for eval rows)
-            cols["tflops"] += ([tflops.get((c.names[m], mode)) for m in group_mods]
-                               if tflops is not None else [None] * n)
-            if peaks is not None:
-                order = np.argsort(c.module[sel], kind="stable")
-                span = measured_span[sel][order]
-                peak = np.where(span >= 0, peaks[np.maximum(span, 0)], -1)
-                highest = np.maximum.reduceat(peak, g.starts)
-                cols["mem_peak_bytes"] += [int(v) if v >= 0 else None for v in highest.tolist()]
-            else:
-                cols["mem_peak_bytes"] += [None] * n
-            got = ([numerics.get((m, mode)) for m in group_mods] if numerics is not None
-                   else [None] * n)
-            cols["nonfinite"] += [v[0] if v is not None else None for v in got]
-            cols["absmax"] += [v[1] if v is not None and np.isfinite(v[1]) else None
-                               for v in got]
+            group = WindowGroup(mode, cat, is_eval, sel, g, group_mods)
+            for columns, values_of in parts:
+                values = values_of(group) if values_of is not None else {}
+                for key in columns:
+                    cols[key] += values.get(key, [None] * n)
     cols["step"].append(step)
     cols["steps"].append(steps)
     cols["module"].append(STEP_ROW)
@@ -159,112 +146,10 @@ def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, lis
     for key, value in (("calls", steps), ("total_ms", float(sum(step_ms))),
                        ("p50_ms", float(statistics.median(step_ms))),
                        ("max_ms", float(max(step_ms))),
-                       ("gpu_ms", None), ("mem_peak_bytes", None), ("tflops", None),
-                       ("nonfinite", None), ("absmax", None),
+                       *((k, None) for k in extra),
                        ("total_ns", int(round(sum(step_ms) * 1e6))), ("self_ns", None)):
         cols[key].append(value)
     return cols
-
-
-# the category key of eval rows (reduce_window, gpu_ms_by_module): no span category's
-CAT_EVAL = -1
-
-
-def gpu_ms_by_module(trace: Any, eval_spans: np.ndarray | None = None
-                     ) -> dict[tuple[int, int], float] | None:
-    """Device time per (module, category) when it was recorded (TraceData.gpu_spans(),
-    issue #28), else None; the intervals of the spans ``eval_spans`` marks (per span,
-    bool) under (module, CAT_EVAL)."""
-    import numpy as np
-
-    g = trace.gpu_spans()
-    if not len(g):
-        return None
-    out: dict[tuple[int, int], float] = {}
-    dur = (g.end_ns - g.start_ns).astype(np.float64) / 1e6
-    cats = g.cat.astype(np.int64)
-    if eval_spans is not None and len(eval_spans):
-        has = (g.span >= 0) & (g.span < len(eval_spans))
-        marked = np.zeros(len(g), bool)
-        marked[has] = eval_spans[g.span[has]]
-        cats = np.where(marked, CAT_EVAL, cats)
-    for m, c, d in zip(g.module.tolist(), cats.tolist(), dur.tolist(), strict=True):
-        out[(m, c)] = out.get((m, c), 0.0) + d
-    return out
-
-
-def tflops_by_module(trace: Any) -> dict[tuple[str, str], float] | None:
-    """Achieved TFLOP/s per (module name, "forward"/"backward") of a window, as the
-    summary computes it (hooktrace.analysis.flops.flop_columns: the FLOPs of the root calls not
-    run under the counter over their time; device time when it was recorded, else host
-    time), when FLOPs were recorded (``flops=True``), else None. None too for a CUDA run
-    without device time: launch time says nothing of the speed."""
-    if "flops" not in trace.info:
-        return None
-    from hooktrace.analysis.device_time import gpu_recorded, launch_time_only, span_gpu
-    from hooktrace.analysis.flops import flop_columns, newest_flop_info
-
-    spans = trace.spans()
-    # the window's spans number its root calls from 0; the info holds the run's
-    info = newest_flop_info(trace.info["flops"], spans)
-    if gpu_recorded(trace):
-        total, _, timed = span_gpu(trace)
-        columns = flop_columns(info, spans, trace.modules, None, durations=total, timed=timed)
-    elif launch_time_only(trace):
-        return None
-    else:
-        columns = flop_columns(info, spans, trace.modules, None)
-    out: dict[tuple[str, str], float] = {}
-    for name, values in columns.items():
-        for mode, key in (("forward", "tflops"), ("backward", "bwd_tflops")):
-            if values.get(key) is not None:
-                out[(name, mode)] = float(values[key])  # type: ignore[arg-type]
-    return out
-
-
-def _memory_peaks(trace: Any, spans: Any) -> np.ndarray | None:
-    """Per span, the highest memory peak over the recorded devices (-1: unknown), when
-    memory was recorded (``memory=True``), else None."""
-    import numpy as np
-
-    from hooktrace.analysis.memory import memory_devices, span_memory
-
-    devices = memory_devices(trace)
-    if not devices:
-        return None
-    peak = np.full(len(spans), -1, np.int64)
-    for device in devices:
-        sm = span_memory(trace, device)
-        peak = np.maximum(peak, np.where(sm.known, sm.peak, -1))
-    return peak
-
-
-def _any_nonfinite(trace: Any) -> bool:
-    numerics = _numerics_by_module(trace, split_eval=False)
-    return numerics is not None and any(nf for nf, _ in numerics.values())
-
-
-def _numerics_by_module(trace: Any, split_eval: bool
-                        ) -> dict[tuple[int, str], tuple[int, float]] | None:
-    """(non-finite count, abs-max) per (module, row mode: forward, eval or backward), or
-    None when the trace recorded no numerics. ``split_eval``: the window's eval calls
-    have rows of their own (reduce_window), else they are its forward calls."""
-    import numpy as np
-
-    if "numerics" not in trace.info:
-        return None
-    from hooktrace.analysis.numerics import Numerics
-
-    n = Numerics.from_trace(trace)
-    out: dict[tuple[int, str], tuple[int, float]] = {}
-    measured = ~(n.skipped | n.failed)
-    for i in np.flatnonzero(measured):
-        mode = ("backward" if n.backward[i] else
-                "eval" if split_eval and n.eval[i] else "forward")
-        key = (int(n.module[i]), mode)
-        nf, am = out.get(key, (0, float("nan")))
-        out[key] = (nf + int(n.nonfinite[i]), float(np.fmax(am, n.absmax[i])))
-    return out
 
 
 @dataclass(frozen=True)
@@ -463,6 +348,7 @@ class AggregateComponent(Component):
         self._window_first: int | None = None  # the first step of the open window
         self._window_start = 0.0
         self._window_events: list[np.ndarray] = []
+        self._window_clocks: list[Any] = []  # per step, the clock of its trace if one was made
         self._window_held = 0  # events in _window_events
         # a window closes early once it holds this many raw events: memory stays within
         # the capacity whatever the interval (issue #35: 600 s held +384 MB)
@@ -497,13 +383,14 @@ class AggregateComponent(Component):
     def step(self, step_no: int) -> None:
         import numpy as np
         from hooktrace._events import EVENT_DTYPE
+        from hooktrace.analysis.numerics import any_nonfinite
 
         now = time.perf_counter()
         step_ms, self._last = (now - self._last) * 1e3, now
         ended = step_no - 1
         events = np.asarray(self._session.drain()).view(EVENT_DTYPE)
         trace = self._result(events) if self._numerics else None
-        nonfinite = trace is not None and _any_nonfinite(trace)
+        nonfinite = trace is not None and any_nonfinite(trace)
         why = self._why_keep(ended, step_ms, nonfinite)
         self._times.append(step_ms)
         if why:
@@ -512,6 +399,7 @@ class AggregateComponent(Component):
         if self._window_first is None:
             self._window_first, self._window_start = ended, now - step_ms / 1e3
         self._window_events.append(events)
+        self._window_clocks.append(trace.clock if trace is not None else None)
         self._window_held += len(events)
         self._window_times.append(step_ms)
         self._steps += 1
@@ -546,10 +434,10 @@ class AggregateComponent(Component):
                       "cannot be written is dropped and counted (info['aggregate']: "
                       "lost_rows, lost_steps)", RuntimeWarning, stacklevel=2)
 
-    def _result(self, events: np.ndarray) -> Any:
+    def _result(self, events: np.ndarray, clock: Any = None) -> Any:
         """The drained ``events`` as a trace; its FLOP info matched to its root calls
         (numbered from 0 in its spans; the recorder's info lists the run's)."""
-        trace = self.recorder.step_result(events)
+        trace = self.recorder.step_result(events, clock)
         if "flops" in trace.info:
             from hooktrace.analysis.flops import newest_flop_info
 
@@ -563,10 +451,14 @@ class AggregateComponent(Component):
         if self._window_first is None:
             return
         events = np.concatenate(self._window_events)
-        self._window_events, self._window_held = [], 0
+        # a window of one step kept whole reads its times with the kept file's clock (the
+        # recorder's is re-measured every WINDOW_CLOCK_S: its rows would differ from the
+        # file's by a rounding, 1 ns)
+        clock = self._window_clocks[0] if len(self._window_clocks) == 1 else None
+        self._window_events, self._window_held, self._window_clocks = [], 0, []
         # thread by thread, as one drain (and a recording in memory) holds them
         events = events[np.argsort(events["tid"], kind="stable")]
-        rows = reduce_window(self._window_first, self._result(events),
+        rows = reduce_window(self._window_first, self._result(events, clock),
                              self._window_times)
         self._window_first, self._window_events, self._window_times = None, [], []
         for key, values in rows.items():
@@ -608,26 +500,15 @@ class AggregateComponent(Component):
         from hooktrace.data.schema import AGGREGATES, schema
 
         n = len(self._rows["step"])
-        table = pa.table({
-            "rank": pa.array([self.rank] * n, pa.int64()),
-            "window": pa.nulls(n, pa.int64()),
-            "step": pa.array(self._rows["step"], pa.int64()),
-            "steps": pa.array(self._rows["steps"], pa.int32()),
-            "module": pa.array(self._rows["module"], pa.string()).dictionary_encode(),
-            "mode": pa.array(self._rows["mode"], pa.string()).dictionary_encode(),
-            "calls": pa.array(self._rows["calls"], pa.int64()),
-            "total_ms": pa.array(self._rows["total_ms"], pa.float32()),
-            "p50_ms": pa.array(self._rows["p50_ms"], pa.float32()),
-            "max_ms": pa.array(self._rows["max_ms"], pa.float32()),
-            "gpu_ms": pa.array(self._rows["gpu_ms"], pa.float32()),
-            "mem_peak_bytes": pa.array(self._rows["mem_peak_bytes"], pa.int64()),
-            "tflops": pa.array(self._rows["tflops"], pa.float32()),
-            "nonfinite": pa.array(self._rows["nonfinite"], pa.int64()),
-            "absmax": pa.array(self._rows["absmax"], pa.float32()),
-            "total_ns": pa.array(self._rows["total_ns"], pa.int64()),
-            "self_ns": pa.array(self._rows["self_ns"], pa.int64()),
-            "run": pa.array([self.run_id] * n, pa.string()).dictionary_encode(),
-        }).cast(schema(AGGREGATES))  # (the declared schema: docs/schema.md)
+        declared = schema(AGGREGATES)  # (the declared schema: docs/schema.md)
+        own = {"rank": [self.rank] * n, "window": [None] * n, "run": [self.run_id] * n}
+        columns = {}
+        for fld in declared:  # the rows' columns, each recorded quantity's among them
+            values = own[fld.name] if fld.name in own else self._rows[fld.name]
+            columns[fld.name] = (pa.array(values, pa.string()).dictionary_encode()
+                                 if pa.types.is_dictionary(fld.type)
+                                 else pa.array(values, fld.type))
+        table = pa.table(columns).cast(declared)
         self._rows = {}  # written or lost: memory stays bounded either way
         self._part_time = time.perf_counter()
         self._part_no += 1

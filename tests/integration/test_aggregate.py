@@ -296,7 +296,7 @@ def test_memory_peaks_when_memory_is_recorded(tmp_path: Path) -> None:
 
 def test_device_time_per_module_and_phase_when_recorded() -> None:
     from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, GpuSpans
-    from hooktrace.record.aggregate import gpu_ms_by_module
+    from hooktrace.analysis.device_time import gpu_ms_by_module
 
     g = GpuSpans({"start_ns": np.array([0, 2_000_000, 0]),
                   "end_ns": np.array([1_000_000, 5_000_000, 500_000]),

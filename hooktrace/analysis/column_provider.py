@@ -1,0 +1,116 @@
+"""What a column provider answers (issue #37): the reading side of one recorded
+quantity (device time, FLOPs, memory, numerics, shapes), asked by every view that shows
+it. The registry, in the order the views show the columns, is
+:data:`hooktrace.analysis.columns.PROVIDERS`.
+
+A provider lives in its feature's analysis module (``analysis/<feature>.py``) and
+subclasses :class:`ColumnProvider`; each view loops over the registry:
+
+* the summary (:meth:`hooktrace.analysis.summary.Summary.from_trace`, and the report,
+  which shows the summary's rows): :meth:`ColumnProvider.summary` fills the provider's
+  keys into the rows and returns a :class:`SummaryPart` (its columns, notes, whether
+  they lead the table, the Summary attributes it sets); :meth:`ColumnProvider.unrecorded`
+  is what it says when the run did not record it (device time: host times are launch
+  times on CUDA);
+* the Parquet ``spans`` table (:mod:`hooktrace.data.tables`): :meth:`ColumnProvider.spans`,
+  per row of the table, ``{column: (values, valid[, dictionary])}``; the columns are the
+  table's schema's (:mod:`hooktrace.data.schema`), declared in :attr:`span_columns`;
+* the aggregates (:func:`hooktrace.record.aggregate.reduce_window`):
+  :meth:`ColumnProvider.aggregate` gives, for one window, a function from a
+  :class:`WindowGroup` (one mode's calls, grouped by module) to its columns' values,
+  declared in :attr:`aggregate_columns`.
+
+A view asks a part only of the providers whose :meth:`ColumnProvider.recorded` is true
+(the summary asks the others :meth:`ColumnProvider.unrecorded`); a declared column a
+provider leaves out is null.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from hooktrace.analysis.calls import Calls
+    from hooktrace.analysis.groups import Groups
+    from hooktrace.reading import TraceData
+
+__all__ = ["ColumnProvider", "SpanColumn", "SummaryPart", "WindowGroup", "measured_only"]
+
+# one column of the spans table: (values over the rows, valid mask) or, for a string
+# column, (indices, valid mask, dictionary)
+SpanColumn = tuple[Any, ...]
+
+
+@dataclass
+class SummaryPart:
+    """What a provider adds to the summary: its ``columns`` (row keys, in order), the
+    ``notes`` under the table, whether its columns ``lead`` (after module, type, mode,
+    timing: device time's, which also sort the rows), and the Summary ``attributes`` it
+    sets (``time_kind``, ``first_nonfinite``)."""
+
+    columns: tuple[str, ...] = ()
+    notes: list[str] = field(default_factory=list)
+    lead: bool = False
+    attributes: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WindowGroup:
+    """One mode's calls of an aggregate window, grouped by module: ``mode`` (the row's:
+    ``phase_label(cat, is_eval)``), the span category ``cat`` and ``is_eval``, ``sel``
+    (their rows in the window's :class:`~hooktrace.analysis.calls.Calls`), ``groups``
+    (``Groups`` of them by module: ``starts`` of each module's calls, sorted by module)
+    and ``modules`` (the module slot of each output row, in row order)."""
+
+    mode: str
+    cat: int
+    is_eval: bool
+    sel: np.ndarray
+    groups: Groups
+    modules: list[int]
+
+
+class ColumnProvider:
+    """The reading side of one recorded quantity (see the module docstring). The
+    defaults add nothing: a provider overrides the views it has columns in."""
+
+    name = ""
+    # the spans table's columns it fills (hooktrace.data.schema's "spans")
+    span_columns: tuple[str, ...] = ()
+    # the aggregates' columns it fills (hooktrace.data.schema's AGGREGATES)
+    aggregate_columns: tuple[str, ...] = ()
+
+    def recorded(self, trace: TraceData) -> bool:
+        """Whether ``trace`` recorded the quantity (then the views ask its parts)."""
+        return False
+
+    def summary(self, rows: list[dict[str, Any]], trace: TraceData,
+                options: Mapping[str, Any]) -> SummaryPart:
+        """Fill its keys into the summary's ``rows`` (it may add rows and sort them);
+        ``options``: the summary's (``peak_tflops``)."""
+        return SummaryPart()
+
+    def unrecorded(self, trace: TraceData) -> SummaryPart:
+        """What the summary says of a run that did not record it."""
+        return SummaryPart()
+
+    def spans(self, trace: TraceData, n: int, m: int) -> dict[str, SpanColumn]:
+        """Its columns of the spans table, over its ``n`` measured spans then ``m``
+        kernel-derived and compile rows (:func:`measured_only` pads the latter)."""
+        return {}
+
+    def aggregate(self, trace: TraceData, calls: Calls
+                  ) -> Callable[[WindowGroup], dict[str, list[Any]]] | None:
+        """For the window ``trace`` (its per-call table ``calls``): per group, its
+        columns' values (one per module row); None: all null in this window."""
+        return None
+
+
+def measured_only(values: np.ndarray, valid: np.ndarray, m: int) -> SpanColumn:
+    """A spans-table column of the measured spans only: ``values``/``valid`` padded
+    with ``m`` null rows (the kernel-derived and compile rows)."""
+    return (np.r_[values, np.zeros(m, values.dtype)], np.r_[valid, np.zeros(m, bool)])

@@ -1,0 +1,38 @@
+"""The column providers (issue #37): one per recorded quantity, asked by every view that
+shows it. The summary (and the report, which shows its rows), the Parquet ``spans``
+table and the aggregates loop over :data:`PROVIDERS` and name no feature; a new
+recorded quantity visible everywhere is its component and its provider (what a
+provider answers: :mod:`hooktrace.analysis.column_provider`).
+
+Example:
+    >>> [p.name for p in PROVIDERS]
+    ['device time', 'FLOPs', 'memory', 'numerics', 'shapes']
+"""
+
+from __future__ import annotations
+
+from hooktrace.analysis.column_provider import (
+    ColumnProvider,
+    SpanColumn,
+    SummaryPart,
+    WindowGroup,
+    measured_only,
+)
+from hooktrace.analysis.device_time import DeviceTimeColumns
+from hooktrace.analysis.flops import FlopColumns
+from hooktrace.analysis.memory import MemoryColumns
+from hooktrace.analysis.numerics import NumericsColumns
+from hooktrace.analysis.shapes import ShapeColumns
+
+__all__ = ["PROVIDERS", "ColumnProvider", "SpanColumn", "SummaryPart", "WindowGroup",
+           "measured_only"]
+
+# In the order the views show their columns: the summary's device time leads (and sorts
+# the rows), then FLOPs, memory and numerics; shapes are Parquet columns only.
+PROVIDERS: list[ColumnProvider] = [
+    DeviceTimeColumns(),
+    FlopColumns(),
+    MemoryColumns(),
+    NumericsColumns(),
+    ShapeColumns(),
+]
