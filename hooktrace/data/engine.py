@@ -46,7 +46,15 @@ from typing import Any
 import numpy as np
 
 from hooktrace.data import require
-from hooktrace.data.schema import AGGREGATES, ALL_TABLES, PARTITION_COLUMNS, TABLES, file_schema, pa
+from hooktrace.data.schema import (
+    AGGREGATES,
+    ALL_TABLES,
+    LATER_AGGREGATE_COLUMNS,
+    PARTITION_COLUMNS,
+    TABLES,
+    file_schema,
+    pa,
+)
 from hooktrace.data.schema import schema as table_schema
 from hooktrace.data.tables import Where, batches
 from hooktrace.data.validate import check_rows, check_table, table_of
@@ -176,11 +184,14 @@ def view_sql(files: Sequence[str], hive: bool, table: str, have: Collection[str]
     read = (f"read_parquet([{', '.join(_sql_string(os.path.abspath(f)) for f in files)}], "
             f"hive_partitioning={'true' if hive else 'false'}, union_by_name=true)")
     cols = []
-    # aggregate parts written before runs were told apart have no run column
-    no_run = table == AGGREGATES and not any("run" in _column_names(f) for f in files)
+    # aggregate parts an older hooktrace wrote lack the later columns (null where no
+    # part has one; union_by_name fills the parts without it)
+    later = set()
+    if table == AGGREGATES:
+        names = {n for f in files for n in _column_names(f)}
+        later = {n for n in LATER_AGGREGATE_COLUMNS if n not in names}
     for f in table_schema(table):
-        absent = (f.name in PARTITION_COLUMNS and f.name not in have) or \
-            (no_run and f.name == "run")
+        absent = (f.name in PARTITION_COLUMNS and f.name not in have) or f.name in later
         source = "NULL" if absent else _ident(f.name)
         cols.append(f"CAST({source} AS {_duckdb_type(f.type)}) AS {_ident(f.name)}")
     return f"SELECT {', '.join(cols)} FROM {read}"

@@ -33,7 +33,7 @@ from hooktrace.data import require
 
 pa: Any = require("pyarrow")
 
-__all__ = ["AGGREGATES", "ALL_TABLES", "PARTITION_COLUMNS", "SCHEMA_VERSION", "TABLES",
+__all__ = ["AGGREGATES", "ALL_TABLES", "LATER_AGGREGATE_COLUMNS", "PARTITION_COLUMNS", "SCHEMA_VERSION", "TABLES",
            "file_schema", "metadata",
            "schema"]
 
@@ -220,6 +220,10 @@ _AGGREGATE_COLUMNS = [
                           "folder may hold several runs and ranks)"),
 ]
 AGGREGATES = "aggregates"
+# the aggregates' columns a part written by an older hooktrace may lack (read as null):
+# run (before runs sharing a folder were told apart), total_ns and self_ns (before the
+# one per-call table, issue #37)
+LATER_AGGREGATE_COLUMNS = ("run", "total_ns", "self_ns")
 ALL_TABLES = (*TABLES, AGGREGATES)
 _COLUMNS = {**_TABLES, AGGREGATES: _AGGREGATE_COLUMNS}
 

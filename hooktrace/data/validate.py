@@ -43,6 +43,7 @@ from typing import Any
 
 from hooktrace.data import require
 from hooktrace.data.schema import (
+    LATER_AGGREGATE_COLUMNS,
     AGGREGATES,
     ALL_TABLES,
     PARTITION_COLUMNS,
@@ -185,10 +186,10 @@ def check_schema(path: str, table: str, keys: Sequence[str] = ()) -> list[str]:
         if _kind(f.type) != _kind(want[f.name].type):
             raise _fail(path, f"column {f.name} is {f.type}; the {table} table's is "
                               f"{_kind(want[f.name].type)}")
-    # (aggregate parts written before runs were told apart have no run column: the
-    # reader names the run from the part's file name)
+    # (aggregate parts an older hooktrace wrote lack the later columns: null; the reader
+    # names the run from the part's file name)
     missing = [n for n in want if n not in seen and n not in PARTITION_COLUMNS
-               and not (table == AGGREGATES and n == "run")]
+               and not (table == AGGREGATES and n in LATER_AGGREGATE_COLUMNS)]
     if missing:
         raise _fail(path, f"column {missing[0]} of the {table} table is missing"
                           + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))

@@ -84,9 +84,8 @@ def load_aggregates(path: str | os.PathLike[str]) -> Any:
             if f.name not in t.column_names:
                 t = t.append_column(f.name, pa.nulls(len(t), f.type))
         tables.append(t)
-    try:
-        table = pa.concat_tables(tables, promote_options="permissive")
-        table = table.select(declared.names).cast(declared)
+    try:  # each part as declared first: older and newer parts type a column alike
+        table = pa.concat_tables([t.select(declared.names).cast(declared) for t in tables])
     except (pa.ArrowException, KeyError) as e:
         raise InputPathError(f"{os.fspath(path)}: the aggregate parts do not make one "
                              f"table of the declared columns: {str(e).splitlines()[0]}"

@@ -15,6 +15,7 @@ after every verb, and the path the hostile names aim a ``COPY ... TO`` at stays 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import random
 import shutil
@@ -314,3 +315,42 @@ def test_one_resolver_says_what_each_input_is(base: Path, tmp_path: Path) -> Non
     got = resolve(tmp_path / "job.htrace")
     assert got.kind is Kind.TRACES and [os.path.basename(f) for f in got.files] == [
         "job_rank0.htrace", "job_rank1.htrace"]
+
+
+def test_an_aggregate_folder_an_older_hooktrace_wrote_still_reads(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]
+                                                                   ) -> None:
+    """Parts written before the run column (issue #35) and before total_ns/self_ns (issue
+    #37) read with those columns null, alone and beside a newer part: the summary gives
+    float ms there and no exact ns; query sees nulls."""
+    from hooktrace.data.schema import AGGREGATES, LATER_AGGREGATE_COLUMNS, file_schema
+    from hooktrace.record.aggregate_folder import aggregate_summary_data
+
+    s = file_schema(AGGREGATES, partitioned=True)
+    rows = {"step": [0, 0, 0], "steps": [5, 5, 5], "module": ["<root>", "fc", "<step>"],
+            "mode": ["forward", "forward", "step"], "calls": [5, 5, 5],
+            "total_ms": [2.0, 1.0, 3.0], "p50_ms": [0.4, 0.2, 0.6], "max_ms": [0.5, 0.3, 0.7]}
+    old = [f for f in s if f.name not in LATER_AGGREGATE_COLUMNS]
+    folder = tmp_path / "agg"
+    (folder / "aggregates").mkdir(parents=True)
+    pq.write_table(pa.table({f.name: pa.array(rows.get(f.name, [None] * 3), f.type) for f in old},
+                            schema=pa.schema(old, metadata=s.metadata)),
+                   folder / "aggregates" / "part-00001.parquet")
+    data = aggregate_summary_data(folder)
+    fc = next(r for r in data["rows"] if r["module"] == "fc")
+    assert (fc["calls"], fc["total_ms"], fc["total_ns"], fc["self_ns"]) == (5, 1.0, None, None)
+    assert main(["query", str(folder), "SELECT count(*) AS n FROM aggregates WHERE total_ns "
+                 "IS NULL AND self_ns IS NULL AND run IS NULL", "--json"]) in (0, None)
+    assert json.loads(capsys.readouterr().out)[0]["n"] == 3
+    # beside a part with the later columns: both read, the sums no longer exact
+    new = {**rows, "total_ns": [2_000_000, 1_000_000, 3_000_000], "self_ns": [1_000_000,
+                                                                              1_000_000, None],
+           "run": ["r2"] * 3}
+    pq.write_table(pa.table({f.name: pa.array(new.get(f.name, [None] * 3), f.type) for f in s},
+                            schema=pa.schema(list(s), metadata=s.metadata)),
+                   folder / "aggregates" / "part-00002.parquet")
+    data = aggregate_summary_data(folder)
+    fc = next(r for r in data["rows"] if r["module"] == "fc")
+    assert (fc["calls"], fc["total_ms"], fc["total_ns"]) == (10, 2.0, None)
+    assert main(["summary", str(folder)]) in (0, None)
+    assert "fc" in capsys.readouterr().out
