@@ -194,7 +194,8 @@ class Calls:
     def from_arrow(cls, table: Any) -> Calls:
         """The calls of a Parquet export's ``spans`` table (a ``pyarrow.Table`` of one
         run, hooktrace.data.schema), as they were written (checked on reading by
-        hooktrace.data.validate)."""
+        hooktrace.data.validate). Module indices are the slots that occur, densely: the
+        names of a trace's slots that made no call are not in the table."""
 
         def ints(name: str, null: int = -1) -> np.ndarray:
             return np.asarray(table.column(name).fill_null(null).to_numpy(), _I64)
@@ -207,16 +208,21 @@ class Calls:
         slot = ints("slot")
         module = table.column("module").cast("string").to_pylist()
         type_ = table.column("type").cast("string").to_pylist()
-        n_mod = int(slot.max(initial=-1)) + 1
-        names = [f"<module {k}>" for k in range(n_mod)]
+        # module index: the slots that occur, densely (a slot is any int64 a file holds)
+        slots, index = np.unique(slot, return_inverse=True)
+        index = index.reshape(-1)
+        measured = slots >= 0
+        n_mod = int(np.count_nonzero(measured))
+        first = len(slots) - n_mod  # (the compile slot, -1, sorts first)
+        names = [f"<module {k}>" for k in slots[measured].tolist()]
         types = ["?"] * n_mod
-        for s, name, t in zip(slot.tolist(), module, type_):
-            if s >= 0:
-                names[s], types[s] = name, t
+        for i, name, t in zip((index - first).tolist(), module, type_):
+            if i >= 0:
+                names[i], types[i] = name, t
         step_valid = ~np.asarray(table.column("step").is_null().to_numpy(zero_copy_only=False))
         return cls(
             names=names + [COMPILE_MODULE], types=types + ["torch.compile"],
-            module=np.where(slot >= 0, slot, n_mod), slot=slot,
+            module=np.where(slot >= 0, index - first, n_mod), slot=slot,
             cat=codes("phase", PHASES), eval=codes("mode", MODES) == 1,
             timing=codes("timing", TIMINGS), dur=ints("dur_ns"), self_ns=ints("self_ns"),
             start=ints("start_ns"), end=ints("end_ns"), step=ints("step", 0),

@@ -83,6 +83,11 @@ def summary_of_export(path: str | os.PathLike[str]) -> Summary:
             runs = _fetch(con, "SELECT dropped_events, overwritten_events, cut FROM runs")
     finally:
         con.close()
+    for column, values in (("dur_ns", calls.dur), ("self_ns", calls.self_ns)):
+        if float(values.astype(np.float64).sum()) >= 2.0 ** 63:  # (no silent int64 wrap)
+            raise QueryError(f"{name}: column {column} sums past int64 "
+                             f"({float(values.max()):.3g} ns in one row); hooktrace writes "
+                             "no such times")
     rows = module_rows(calls)  # (the summary's own reduction, issue #37)
     # lost data is said as the summary says it (a spans-only X.parquet has no runs table)
     counts: dict[str, int] = {

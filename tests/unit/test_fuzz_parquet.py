@@ -354,3 +354,31 @@ def test_an_aggregate_folder_an_older_hooktrace_wrote_still_reads(tmp_path: Path
     assert (fc["calls"], fc["total_ms"], fc["total_ns"]) == (10, 2.0, None)
     assert main(["summary", str(folder)]) in (0, None)
     assert "fc" in capsys.readouterr().out
+
+
+def test_a_summary_of_an_export_with_extreme_values_is_a_result_or_one_line(
+        base: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The export's summary groups the spans table in numpy (issue #37): a slot of 2**62
+    is one module, not a table of 2**62 names; durations whose sum passes int64 are one
+    line naming the column, not a wrapped (negative) total."""
+    t = pq.read_table(base / "x.parquet")
+    slot = t.column("slot").to_pylist()
+    slot[0] = 2**62
+    big = tmp_path / "slot.parquet"
+    pq.write_table(t.set_column(t.schema.get_field_index("slot"), t.schema.field("slot"),
+                                pa.array(slot, pa.int64())), big)
+    assert main(["summary", str(big), "--json"]) in (0, None)
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert sum(r["calls"] + r["bwd_calls"] for r in rows) == t.num_rows - sum(
+        1 for p in t.column("phase").cast(pa.string()).to_pylist() if p == "recompute")
+    huge = tmp_path / "huge.parquet"
+    cols = {n: t.column(n).to_pylist() for n in ("start_ns", "end_ns", "dur_ns", "self_ns")}
+    for k in range(3):
+        cols["start_ns"][k], cols["end_ns"][k] = 0, 2**62
+        cols["dur_ns"][k] = cols["self_ns"][k] = 2**62
+    for n, v in cols.items():
+        t = t.set_column(t.schema.get_field_index(n), t.schema.field(n), pa.array(v, pa.int64()))
+    pq.write_table(t, huge)
+    assert main(["summary", str(huge)]) not in (0, None)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "dur_ns sums past int64" in err[0], err
