@@ -154,6 +154,14 @@ def aggregate_summary_data(path: str | os.PathLike[str], top: int | None = None
     import pyarrow.compute as pc
 
     table = load_aggregates(path)
+    for column in ("calls", "total_ns", "self_ns", "nonfinite", "steps"):
+        # (values are >= 0, checked on reading: a column whose whole sum fits int64 sums
+        # without wrapping in every group; Arrow's sums would wrap silently)
+        if float(pc.sum(pc.cast(table[column], "float64", safe=False)).as_py() or 0) >= 2.0 ** 63:
+            from hooktrace.errors import InputPathError
+
+            raise InputPathError(f"{os.fspath(path)}: column {column} of the aggregates "
+                                 "sums past int64; hooktrace writes no such values")
     steps_row = table.filter(pc.equal(table["mode"].cast("string"), "step"))
     n_steps = int(pc.sum(steps_row["steps"]).as_py() or 0)
     grouped = table.group_by(["module", "mode"]).aggregate([

@@ -382,3 +382,23 @@ def test_a_summary_of_an_export_with_extreme_values_is_a_result_or_one_line(
     assert main(["summary", str(huge)]) not in (0, None)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "dur_ns sums past int64" in err[0], err
+
+
+def test_aggregate_sums_past_int64_are_one_line(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Arrow's grouped sums wrap silently: an aggregates column whose values sum past
+    int64 is one line naming it, not a negative total."""
+    from hooktrace.data.schema import AGGREGATES, file_schema
+
+    s = file_schema(AGGREGATES, partitioned=True)
+    rows = {"step": [0, 1, 1], "steps": [1, 1, 1], "module": ["fc", "fc", "<step>"],
+            "mode": ["forward", "forward", "step"], "calls": [1, 1, 1],
+            "total_ms": [1.0, 1.0, 2.0], "p50_ms": [1.0, 1.0, 1.0], "max_ms": [1.0, 1.0, 1.0],
+            "total_ns": [2**62, 2**62, 2], "self_ns": [1, 1, None], "run": ["r"] * 3}
+    (tmp_path / "agg" / "aggregates").mkdir(parents=True)
+    pq.write_table(pa.table({f.name: pa.array(rows.get(f.name, [None] * 3), f.type) for f in s},
+                            schema=pa.schema(list(s), metadata=s.metadata)),
+                   tmp_path / "agg" / "aggregates" / "part-00001.parquet")
+    assert main(["summary", str(tmp_path / "agg")]) not in (0, None)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "column total_ns of the aggregates sums past int64" in err[0], err
