@@ -189,7 +189,8 @@ def aggregate_summary_data(path: str | os.PathLike[str], top: int | None = None
     runs = runs_of(table)
     # several runs or ranks in the folder: ms/step per rank (or run), as the straggler
     # table of a folder of rank traces has a column per rank
-    per_source = _per_source(table, runs) if len(runs) > 1 else {}
+    steps_per = _steps_per_source(table) if len(runs) > 1 else {}
+    per_source = _per_source(table, steps_per) if len(runs) > 1 else {}
     labels = _source_labels(runs)
     rows = []
     for r in grouped:
@@ -205,7 +206,6 @@ def aggregate_summary_data(path: str | os.PathLike[str], top: int | None = None
             row["ms_per_step_by_source"] = {labels[s]: per_source.get((key, s))
                                             for s in runs}
         rows.append(row)
-    steps_per = _steps_per_source(table) if len(runs) > 1 else {}
     kept = kept_steps(path)
     steps_dir = os.path.join(os.fspath(path), "steps")
     return {"rows": rows,
@@ -295,10 +295,10 @@ def _steps_per_source(table: Any) -> dict[tuple[str, int | None], int]:
     return out
 
 
-def _per_source(table: Any, runs: list[tuple[str, int | None]]
+def _per_source(table: Any, steps: dict[tuple[str, int | None], int]
                 ) -> dict[tuple[tuple[str, str], tuple[str, int | None]], float]:
-    """ms per step of each (module, mode) in each (run, rank), over that run's steps."""
-    steps = _steps_per_source(table)
+    """ms per step of each (module, mode) in each (run, rank), over that run's steps
+    (``steps``: :func:`_steps_per_source`)."""
     totals: dict[tuple[tuple[str, str], tuple[str, int | None]], float] = {}
     for run, rank, module, mode, total in zip(
             table["run"].to_pylist(), table["rank"].to_pylist(),

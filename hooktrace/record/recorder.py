@@ -188,6 +188,8 @@ class Recorder(StepMarks, FlightRecorder, StreamedRecording):
         self._installed: list[Component] = []  # those whose install() returned
         self._result: TraceResult | None = None
         self._start_unix_ns = 0
+        # the session's clock as last measured: (session, monotonic s, clock) (_collect)
+        self._clock_cache: tuple[Any, float, tuple[int, int, float]] | None = None
 
     # -- context manager ---------------------------------------------------
 
@@ -495,7 +497,7 @@ class Recorder(StepMarks, FlightRecorder, StreamedRecording):
         events = np.empty(stats["events"] if with_events else 0, dtype=EVENT_DTYPE)
         events = events[: session.copy_events(events)] if with_events else events
         now = time.monotonic()
-        cached = self.__dict__.get("_clock_cache")
+        cached = self._clock_cache
         if clock_age_s > 0 and cached is not None and cached[0] is session and \
                 now - cached[1] < clock_age_s:
             ticks0, unix_ns0, ns_per_tick = cached[2]
