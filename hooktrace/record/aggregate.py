@@ -8,12 +8,14 @@ since the last time are reduced, per module and mode (forward, backward), to one
 each (sooner when the window holds ``capacity`` raw events: memory stays bounded):
 
     step (the window's first), steps, module, mode, calls, total_ms, p50_ms, max_ms
-    (mode: forward, backward, or eval: the forward calls under no_grad or
-    module.eval() of a window that also has training calls; + the recorded quantities'
-    columns, each from its provider (hooktrace.analysis.columns): gpu_ms when device
-    time is recorded, mem_peak_bytes with memory=True, tflops with flops=True, nonfinite
-    and absmax with numerics=True; a mode "step" row holds the steps' wall times: their
-    sum, median and max)
+    (mode: forward, backward, recompute; eval for the forward calls under no_grad or
+    module.eval(), eval backward and eval recompute for the others made in eval mode:
+    the summary's rows, from the one per-call table, hooktrace.analysis.calls; + total_ns
+    and self_ns, the summary's numbers exactly; + the recorded quantities' columns, each
+    from its provider (hooktrace.analysis.columns): gpu_ms when device time is recorded,
+    mem_peak_bytes with memory=True, tflops with flops=True, nonfinite and absmax with
+    numerics=True; a mode "step" row holds the steps' wall times: their sum, median and
+    max)
 
 The rows go to ``DIR/aggregates/part-<run>-NNNNN.parquet`` (a Parquet dataset: one table,
 ``pyarrow.dataset.dataset(DIR/aggregates)`` or duckdb's ``read_parquet('DIR/aggregates/*')``
@@ -348,7 +350,10 @@ class AggregateComponent(Component):
         self._window_first: int | None = None  # the first step of the open window
         self._window_start = 0.0
         self._window_events: list[np.ndarray] = []
-        self._window_clocks: list[Any] = []  # per step, the clock of its trace if one was made
+        # the trace of the window's step when the window has one and it was made (a kept
+        # step, numerics=True): the window reduces that trace, not a second one of the
+        # same events
+        self._window_trace: Any = None
         self._window_held = 0  # events in _window_events
         # a window closes early once it holds this many raw events: memory stays within
         # the capacity whatever the interval (issue #35: 600 s held +384 MB)
@@ -396,10 +401,11 @@ class AggregateComponent(Component):
         if why:
             trace = trace if trace is not None else self._result(events)
             self._keep(ended, why, trace)
-        if self._window_first is None:
+        opening = self._window_first is None
+        if opening:
             self._window_first, self._window_start = ended, now - step_ms / 1e3
         self._window_events.append(events)
-        self._window_clocks.append(trace.clock if trace is not None else None)
+        self._window_trace = trace if opening else None
         self._window_held += len(events)
         self._window_times.append(step_ms)
         self._steps += 1
@@ -434,10 +440,10 @@ class AggregateComponent(Component):
                       "cannot be written is dropped and counted (info['aggregate']: "
                       "lost_rows, lost_steps)", RuntimeWarning, stacklevel=2)
 
-    def _result(self, events: np.ndarray, clock: Any = None) -> Any:
+    def _result(self, events: np.ndarray) -> Any:
         """The drained ``events`` as a trace; its FLOP info matched to its root calls
         (numbered from 0 in its spans; the recorder's info lists the run's)."""
-        trace = self.recorder.step_result(events, clock)
+        trace = self.recorder.step_result(events)
         if "flops" in trace.info:
             from hooktrace.analysis.flops import newest_flop_info
 
@@ -450,16 +456,16 @@ class AggregateComponent(Component):
 
         if self._window_first is None:
             return
-        events = np.concatenate(self._window_events)
-        # a window of one step kept whole reads its times with the kept file's clock (the
-        # recorder's is re-measured every WINDOW_CLOCK_S: its rows would differ from the
-        # file's by a rounding, 1 ns)
-        clock = self._window_clocks[0] if len(self._window_clocks) == 1 else None
-        self._window_events, self._window_held, self._window_clocks = [], 0, []
-        # thread by thread, as one drain (and a recording in memory) holds them
-        events = events[np.argsort(events["tid"], kind="stable")]
-        rows = reduce_window(self._window_first, self._result(events, clock),
-                             self._window_times)
+        # a window of one step whose trace was made reduces that trace (a kept step's
+        # rows are then its file's to the ns: the recorder's clock is re-measured every
+        # WINDOW_CLOCK_S, and a second trace of the same events could read it 1 ns apart)
+        trace = self._window_trace
+        if trace is None:
+            events = np.concatenate(self._window_events)
+            # thread by thread, as one drain (and a recording in memory) holds them
+            trace = self._result(events[np.argsort(events["tid"], kind="stable")])
+        self._window_events, self._window_held, self._window_trace = [], 0, None
+        rows = reduce_window(self._window_first, trace, self._window_times)
         self._window_first, self._window_events, self._window_times = None, [], []
         for key, values in rows.items():
             self._rows.setdefault(key, []).extend(values)

@@ -315,12 +315,10 @@ class Recorder(StepMarks, FlightRecorder, StreamedRecording):
     def _window_modules(self) -> list[tuple[str, str]]:
         return self._scope.modules_table()
 
-    def step_result(self, events: Any, clock: Clock | None = None) -> TraceResult:
+    def step_result(self, events: Any) -> TraceResult:
         """Events drained from the session (a step's: record/aggregate.py) as a result
-        with the run's module table, node names, clock and info as of now; ``clock``:
-        that of an earlier result of the same events (they then read the same times)."""
-        now_clock, info = self._window_meta()
-        clock = clock if clock is not None else now_clock
+        with the run's module table, node names, clock and info as of now."""
+        clock, info = self._window_meta()
         return TraceResult(np.asarray(events).view(EVENT_DTYPE), self._scope.modules_table(),
                            _C.node_names(), clock, info)
 
