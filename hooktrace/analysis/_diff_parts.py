@@ -163,13 +163,10 @@ def trace_part(trace: TraceData, keep_calls: bool = False) -> Part:
     # one self time); compiles are not a module's
     calls = Calls.from_trace(trace)
     keep = calls.timing != COMPILE
-    # per call: its column among the complete steps (-1: outside them)
-    if n_steps:
-        numbers = steps.number[complete]
-        col = np.minimum(np.searchsorted(numbers, calls.step), n_steps - 1)
-        span_col = np.where(calls.step_valid & (numbers[col] == calls.step), col, -1)
-    else:
-        span_col = np.zeros(len(calls), np.int64)
+    # per call: its column among the complete steps (-1: outside them; 0 for every call
+    # of a run without complete steps: the whole run is its one column)
+    span_col = (calls.step_columns(steps.number[complete]) if n_steps
+                else np.zeros(len(calls), np.int64))
     width = max(n_steps, 1)
     dur, self_ns, module_of = calls.dur, calls.self_ns, calls.module
     derived, root = calls.timing == KERNELS, calls.root

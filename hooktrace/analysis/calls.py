@@ -124,6 +124,18 @@ class Calls:
         """The module index of the ``<torch.compile>`` rows."""
         return len(self.names) - 1
 
+    def step_columns(self, numbers: np.ndarray) -> np.ndarray:
+        """Per row, the position in ``numbers`` (step numbers, distinct) of the step it
+        started in; -1 for a row in none of them (or in no step)."""
+        out = np.full(len(self), -1, np.int64)
+        if not len(numbers):
+            return out
+        order = np.argsort(numbers)
+        at = np.minimum(np.searchsorted(numbers[order], self.step), len(numbers) - 1)
+        inside = self.step_valid & (numbers[order][at] == self.step)
+        out[inside] = order[at[inside]]
+        return out
+
     def group_ids(self) -> tuple[np.ndarray, int]:
         """Per row, its (module, mode) group: ``module`` for training calls, ``module +
         n`` for eval calls; and ``n`` (so group ``g`` is module ``g % n``)."""

@@ -50,6 +50,7 @@ class Groups:
         self._g, self._self, self._n = np.asarray(g, np.int64), self_ns, n_groups
         self._cache: dict[float, np.ndarray] = {}
         self._self_sorted: np.ndarray | None = None
+        self._g_sorted = np.zeros(0, np.int64)
         self.ids = np.zeros(0, np.int64)
         self.counts = self.total = self.self_total = np.zeros(0, np.int64)
         self.starts = np.zeros(0, np.int64)
@@ -62,7 +63,7 @@ class Groups:
         # durations for the percentiles: ~5x faster than np.lexsort((dur, key))
         # on 5 M spans (1.5 s -> 0.3 s measured).
         order = np.argsort(g.astype(np.uint16) if n_groups <= 1 << 16 else g, kind="stable")
-        g_s = g[order]
+        g_s = self._g_sorted = g[order]
         self.starts = np.flatnonzero(np.r_[True, g_s[1:] != g_s[:-1]])
         self.counts = np.diff(np.r_[self.starts, len(g_s)])
         self.total = np.add.reduceat(dur[order], self.starts)
@@ -87,7 +88,8 @@ class Groups:
     def self_sorted(self) -> np.ndarray:
         """``self_ns`` by group, then value."""
         if self._self_sorted is None:
-            self._self_sorted = _sorted_within(self._g, np.sort(self._g), self._self, self._n)
+            self._self_sorted = _sorted_within(self._g, self._g_sorted, self._self,
+                                               self._n)
         return self._self_sorted
 
     @property

@@ -480,12 +480,10 @@ def add_per_step_columns(rows: list[dict[str, Any]], calls: Calls,
     in the step (0 in a step it did not run); None without complete steps."""
     per_step: dict[str, np.ndarray] = {}
     if len(complete) and len(calls):
-        order = np.argsort(complete)
-        col = np.searchsorted(complete[order], calls.step)
-        col = np.minimum(col, len(complete) - 1)
-        keep = (calls.step_valid & (complete[order][col] == calls.step)
-                & (calls.timing == MEASURED) & (calls.cat != CAT_RECOMPUTE) & ~calls.eval)
-        module, c = calls.module[keep], order[col[keep]]
+        col = calls.step_columns(complete)
+        keep = ((col >= 0) & (calls.timing == MEASURED) & (calls.cat != CAT_RECOMPUTE)
+                & ~calls.eval)
+        module, c = calls.module[keep], col[keep]
         n_mod = len(calls.names)
         totals = np.bincount(module * len(complete) + c, weights=calls.dur[keep],
                              minlength=n_mod * len(complete)).reshape(n_mod, len(complete))
