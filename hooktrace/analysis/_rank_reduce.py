@@ -19,7 +19,7 @@ from hooktrace.data.intervals import union_per_step
 from hooktrace.analysis.calls import COMPILE, Calls
 from hooktrace.analysis.device_time import gpu_recorded, module_gpu
 from hooktrace.analysis.rankset import RankFile
-from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL, TraceData, load
+from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, TraceData, load
 
 
 # Profiler events that are a collective's execution, waiting included: gloo runs
@@ -99,9 +99,7 @@ def rank_stats(path: str, profiler: str | None = None) -> RankStats:
 def reduce_rank(run: TraceData, f: RankFile) -> RankStats:
     """One rank's run reduced to its :class:`RankStats` (``f``: its file's metadata)."""
     off = f.offset_ns
-    spans = run.spans()
     steps = run.steps()
-    row = run.span_steps()
     # the per-call table (hooktrace.analysis.calls): measured and kernel-derived calls, in
     # a step, with the one self time; not recomputes or compiles
     c = Calls.from_trace(run)
@@ -138,11 +136,9 @@ def reduce_rank(run: TraceData, f: RankFile) -> RankStats:
     self_total = np.bincount(inv, weights=self_t, minlength=len(uniq)).astype(np.int64)
     last_end = np.full(len(uniq), np.iinfo(np.int64).min, np.int64)
     np.maximum.at(last_end, inv, end - off)
-    top = np.flatnonzero(((spans.cat == CAT_FORWARD) | (spans.cat == CAT_BACKWARD))
-                         & (row >= 0) & (spans.parent < 0))
-    top = top[np.lexsort((top, spans.start_ns[top]))]  # start order (the SQL's too)
-    covered = union_per_step(spans.start_ns[top], spans.end_ns[top], steps.start_ns,
-                              steps.end_ns)
+    top = np.flatnonzero(sel & c.root)  # the top-level spans of those calls
+    top = top[np.lexsort((top, c.start[top]))]  # start order (the SQL's too)
+    covered = union_per_step(c.start[top], c.end[top], steps.start_ns, steps.end_ns)
     names = [name for name, _ in run.modules] + [f"<module {m}>"
                                                  for m in range(len(run.modules), n_mod)]
     types = [t for _, t in run.modules] + ["?"] * (n_mod - len(run.modules))
@@ -153,11 +149,9 @@ def reduce_rank(run: TraceData, f: RankFile) -> RankStats:
         step_number=steps.number.copy(), step_start_ns=steps.start_ns - off,
         step_end_ns=steps.end_ns - off, outside_ns=steps.duration_ns - covered,
         timed_steps=timed, self_ns=self_total,
-        top_step=steps.number[row[top]].astype(np.int64),
-        top_key=(spans.module[top].astype(np.int64) * 2
-                 + ((spans.flags[top] & SPAN_EVAL) != 0)) * 2
-        + (spans.cat[top] == CAT_BACKWARD),
-        top_start_ns=spans.start_ns[top] - off, top_end_ns=spans.end_ns[top] - off)
+        top_step=c.step[top],
+        top_key=(c.module[top] * 2 + c.eval[top]) * 2 + (c.cat[top] == CAT_BACKWARD),
+        top_start_ns=c.start[top] - off, top_end_ns=c.end[top] - off)
     return stats
 
 
