@@ -30,6 +30,7 @@ import numpy as np
 from hooktrace.data.engine import QueryError, connect, find_source, sql_errors, tables_of
 from hooktrace.analysis.calls import COMPILE, Calls
 from hooktrace.analysis.summary import Summary, add_per_step_columns, module_rows
+from hooktrace.reading import Steps, compile_steps
 
 __all__ = ["EXPORT_NOTE", "runs_in_export", "summary_of_export"]
 
@@ -96,17 +97,20 @@ def summary_of_export(path: str | os.PathLike[str]) -> Summary:
     notes = [r["cut"] for r in runs if r["cut"]]
     if not runs:
         notes.append("the export has no runs table: events the recorder dropped are not known")
-    # steps that overlap a compile are left out, as the summary does
+    # steps that overlap a compile are left out, as the summary does (reading.compile_steps)
+    table = {k: np.array([r[k] for r in steps], np.int64)
+             for k in ("step", "start_ns", "end_ns", "dur_ns")}
+    complete = Steps(table["step"], table["start_ns"], table["end_ns"],
+                     np.ones(len(steps), bool))
     c = calls.timing == COMPILE
-    kept = [s for s in steps if not np.any((calls.start[c] < s["end_ns"])
-                                           & (calls.end[c] > s["start_ns"]))]
-    counts["steps"] = len(kept)
-    counts["compile_steps"] = len(steps) - len(kept)
-    if kept:
-        d = np.array([s["dur_ns"] for s in kept], np.int64)
+    kept = ~compile_steps(complete, np.c_[calls.start[c], calls.end[c]])
+    counts["steps"] = int(np.count_nonzero(kept))
+    counts["compile_steps"] = len(steps) - counts["steps"]
+    if kept.any():
+        d = table["dur_ns"][kept]
         counts["step_p50_ns"] = int(np.percentile(d, 50))
         counts["step_p99_ns"] = int(np.percentile(d, 99))
-    add_per_step_columns(rows, calls, np.array([s["step"] for s in kept], np.int64))
+    add_per_step_columns(rows, calls, complete.number[kept])
     return Summary(rows, counts, notes + [EXPORT_NOTE])
 
 

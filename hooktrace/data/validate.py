@@ -51,7 +51,7 @@ from hooktrace.data.schema import (
     pa,
     schema,
 )
-from hooktrace.analysis.calls import MODES, PHASES, TIMINGS
+from hooktrace.analysis.calls import MODES, PHASES, TIMINGS, phase_label
 from hooktrace.errors import InputPathError
 from hooktrace.text import display_path, printable
 
@@ -64,8 +64,9 @@ pc: Any = require("pyarrow.compute")
 _BATCH_ROWS = 1 << 20  # rows read at once per file: one batch of the checked columns
 _FOLDER = re.compile(r"(rank|window)=(-?[0-9]{1,18})")
 # what trace(aggregate=...) writes in the mode column (hooktrace.record.aggregate)
-_AGGREGATE_MODES = ("forward", "backward", "recompute", "eval", "eval backward", "eval recompute",
-                    "step")
+# the aggregates' modes: a (phase, mode) as hooktrace.analysis.calls names it, or "step"
+_AGGREGATE_MODES = (*(phase_label(cat, is_eval) for is_eval in (False, True)
+                      for cat in range(len(PHASES))), "step")
 
 
 class ParquetInputError(InputPathError):
