@@ -222,6 +222,7 @@ class ProcessScope(Scope):
         # per top-level module: (has submodules, trainable and first called with grad)
         self._root_traits: list[tuple[bool, bool]] = []
         self._refs: dict[int, weakref.ref[nn.Module]] = {}
+        self._skipped: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # call.skip()ped
         self._lock = threading.Lock()
         self._call: Any = None
         self._session: Any = None
@@ -287,6 +288,15 @@ class ProcessScope(Scope):
             slot = call.lookup(module)  # another thread may have registered it
             if slot >= 0:
                 return int(slot)
+            outer = next((m for m in open_modules if m not in self._skipped), None)
+            if outer is not None and outer is not module and call.lookup(outer) < 0:
+                # The outermost open call began before recording did (hooktrace attach
+                # lands mid-step, a recording begun inside a forward): name its tree
+                # first, so its modules keep named_modules()' names (not "Linear#2").
+                self._top_level(outer, sys._getframe(1))
+                slot = call.lookup(module)
+                if slot >= 0:
+                    return int(slot)
             # Usually the innermost open call is the module's parent: look at the direct
             # children of the open modules, innermost first (a full search of a large
             # model on every call of a module made in forward would not be rare).
@@ -304,11 +314,16 @@ class ProcessScope(Scope):
                     root, prefix, _ = self._slots[pslot]
                     return self._register_tree(
                         module, root, _join(prefix, f"({type(module).__name__})"))
-            else:
-                owned = self._by_owner(module, sys._getframe(1))
-                if owned is not None:
-                    return owned
-            return self._register_tree(module, self._new_root(module), "")
+                return self._register_tree(module, self._new_root(module), "")
+            return self._top_level(module, sys._getframe(1))
+
+    def _top_level(self, module: nn.Module, frame: FrameType | None) -> int:
+        """Registers a module called outside every module call: in the tree of a
+        method's ``self`` that holds it (_by_owner), else as a new top-level module."""
+        owned = self._by_owner(module, frame)
+        if owned is not None:
+            return owned
+        return self._register_tree(module, self._new_root(module), "")
 
     def _by_owner(self, module: nn.Module, frame: FrameType | None) -> int | None:
         """A module called outside every module call, by a method of a module that holds
@@ -380,6 +395,7 @@ class ProcessScope(Scope):
         for row in _named_modules(module):
             for m in row.skipped:
                 call.skip(m)
+                self._skipped.add(m)
             if row.members[0] is not module and call.lookup(row.members[0]) >= 0:
                 continue  # already known (shared, or registered under another name)
             key = (root, _join(prefix, row.name), row.cls)

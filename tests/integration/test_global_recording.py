@@ -158,3 +158,31 @@ def test_modules_called_by_their_owners_method_are_named_in_its_tree() -> None:
         "encoder": 2, "encoder.0": 2, "encoder.1": 2, "encoder.2": 2,
         "decoder": 2, "decoder.0": 2, "decoder.1": 2, "decoder.2": 2}, calls
     assert tr.info["top_level_modules"] == ["Lit"]
+
+
+def test_a_recording_begun_inside_a_forward_names_modules_as_named_modules() -> None:
+    # GIVEN a model whose call is open when recording begins (hooktrace attach lands in
+    # the middle of a step; it once named the rest of that step's modules "ReLU",
+    # "Linear#2", and the model itself "Sequential#2")
+    recording = global_trace(backward=False)
+    begin = [True]
+
+    class Begin(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if begin[0]:
+                begin[0] = False
+                recording.__enter__()
+            return x
+
+    model = nn.Sequential(nn.Linear(4, 4), Begin(), nn.ReLU(),
+                          nn.Sequential(nn.Linear(4, 4), nn.Tanh()))
+    try:
+        for _ in range(3):
+            model(torch.ones(2, 4))
+    finally:
+        recording.__exit__(None, None, None)
+    # THEN every module has named_modules()' name: the first step's rest, then two whole
+    calls = calls_per_module(recording)
+    assert {n: c for n, c in calls.items() if c} == {
+        "": 2, "0": 2, "1": 2, "2": 3, "3": 3, "3.0": 3, "3.1": 3}, calls
+    assert recording.info["top_level_modules"] == ["Sequential"]
