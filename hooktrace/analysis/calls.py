@@ -209,28 +209,29 @@ class Calls:
         hooktrace.data.validate). Module indices are the slots that occur, densely: the
         names of a trace's slots that made no call are not in the table."""
 
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
         def ints(name: str, null: int = -1) -> np.ndarray:
             return np.asarray(table.column(name).fill_null(null).to_numpy(), _I64)
 
         def codes(name: str, values: tuple[str, ...]) -> np.ndarray:
-            text = table.column(name).cast("string").to_pylist()
-            lookup = {v: i for i, v in enumerate(values)}
-            return np.array([lookup[t] for t in text], _I64)
+            # (hooktrace.data.validate refused any other value before this is read)
+            found = pc.index_in(table.column(name).cast(pa.string()), value_set=pa.array(values))
+            return np.asarray(found.to_numpy(zero_copy_only=False), _I64)
 
         slot = ints("slot")
-        module = table.column("module").cast("string").to_pylist()
-        type_ = table.column("type").cast("string").to_pylist()
-        # module index: the slots that occur, densely (a slot is any int64 a file holds)
-        slots, index = np.unique(slot, return_inverse=True)
-        index = index.reshape(-1)
+        # module index: the slots that occur, densely (a slot is any int64 a file holds);
+        # a slot's name and class: its last row's (one row per slot is read)
+        slots, last, index = np.unique(slot[::-1], return_index=True, return_inverse=True)
+        index = index.reshape(-1)[::-1]
+        last = len(slot) - 1 - last
         measured = slots >= 0
         n_mod = int(np.count_nonzero(measured))
         first = len(slots) - n_mod  # (the compile slot, -1, sorts first)
-        names = [f"<module {k}>" for k in slots[measured].tolist()]
-        types = ["?"] * n_mod
-        for i, name, t in zip((index - first).tolist(), module, type_):
-            if i >= 0:
-                names[i], types[i] = name, t
+        rows = pa.array(last[measured])
+        names = table.column("module").take(rows).cast(pa.string()).to_pylist()
+        types = table.column("type").take(rows).cast(pa.string()).to_pylist()
         step_valid = ~np.asarray(table.column("step").is_null().to_numpy(zero_copy_only=False))
         return cls(
             names=names + [COMPILE_MODULE], types=types + ["torch.compile"],
