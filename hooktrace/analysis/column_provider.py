@@ -15,7 +15,7 @@ subclasses :class:`ColumnProvider`; each view loops over the registry:
 * the Parquet ``spans`` table (:mod:`hooktrace.data.tables`): :meth:`ColumnProvider.spans`,
   per row of the table, ``{column: (values, valid[, dictionary])}``; the columns are the
   table's schema's (:mod:`hooktrace.data.schema`), declared in :attr:`span_columns`;
-* the aggregates (:func:`hooktrace.record.aggregate.reduce_window`):
+* the aggregates (:func:`hooktrace.analysis.aggregates.reduce_window`):
   :meth:`ColumnProvider.aggregate` gives, for one window, a function from a
   :class:`WindowGroup` (one mode's calls, grouped by module) to its columns' values,
   declared in :attr:`aggregate_columns`.

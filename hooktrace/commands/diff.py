@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
         raise CliError(f"--workers must be at least 1, got {args.workers}")
     from hooktrace.analysis.inputs import Kind, resolve
-    from hooktrace.record.aggregate_folder import aggregate_diff
+    from hooktrace.analysis.aggregates import aggregate_diff
 
     aggregate = {p: resolve(p).kind is Kind.AGGREGATE for p in (args.a, args.b)}  # (#37)
     if aggregate[args.a] and aggregate[args.b]:  # aggregate= folders (#31)

@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> None:
 def _aggregate_report(args: argparse.Namespace) -> None:
     """An ``aggregate=`` folder (issue #31): its table and kept steps, or the one-line
     error saying what is wrong with the folder."""
-    from hooktrace.record.aggregate_folder import kept_steps, load_aggregates
+    from hooktrace.analysis.aggregates import kept_steps, load_aggregates
     from hooktrace.reporters.aggregate import write_aggregate_report
 
     if args.peak_tflops is not None:

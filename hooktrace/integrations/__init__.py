@@ -137,7 +137,7 @@ class TraceSession:
         self.written = [folder]
         if self.summary and rank == 0:
             from hooktrace._naming import is_aggregate_dir
-            from hooktrace.record.aggregate_folder import aggregate_summary
+            from hooktrace.analysis.aggregates import aggregate_summary
 
             # (as hooktrace run --aggregate --summary: a line where no step was aggregated)
             print(aggregate_summary(folder) if is_aggregate_dir(folder) else

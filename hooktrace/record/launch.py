@@ -521,7 +521,7 @@ def _print_aggregates(info: dict[str, Any], summary: bool) -> None:
     folder = (info.get("aggregate") or {}).get("dir")
     if summary and folder is not None:
         from hooktrace._naming import is_aggregate_dir
-        from hooktrace.record.aggregate_folder import aggregate_summary
+        from hooktrace.analysis.aggregates import aggregate_summary
 
         print(aggregate_summary(folder) if is_aggregate_dir(folder) else
               f"hooktrace: no step was aggregated in {folder}: no summary", file=sys.stderr)

@@ -9,7 +9,7 @@ call, and device time, memory peak, TFLOP/s and numerics when recorded; click a 
 to sort), and the list of the steps kept whole by the detail policy, each a trace with
 the command that reports it.
 
-The table comes in as a pyarrow Table (``hooktrace.record.aggregate_folder.load_aggregates``),
+The table comes in as a pyarrow Table (``hooktrace.analysis.aggregates.load_aggregates``),
 the kept steps as dicts with ``step``, ``why`` and ``path``.
 """
 
@@ -30,11 +30,11 @@ from hooktrace.reporters.html import (
     TABLE_SORT_SCRIPT,
     plotly_js,
 )
+from hooktrace.analysis.aggregates import aggregate_rows
 from hooktrace.analysis.summary import format_bytes
 from hooktrace.text import display_path
 
-__all__ = ["KEPT_SHOWN", "aggregate_rows", "render_aggregate_report", "step_figure",
-           "write_aggregate_report"]
+__all__ = ["KEPT_SHOWN", "render_aggregate_report", "step_figure", "write_aggregate_report"]
 
 KEPT_SHOWN = 200  # the kept steps listed by name; the rest are counted
 LOG_SCALE_ABOVE = 10.0  # the step chart's y axis is logarithmic when the longest step is
@@ -59,56 +59,6 @@ COLUMNS = (
     ("absmax", "absmax", "the largest magnitude seen (numerics=True)"),
 )
 OPTIONAL = {"gpu_ms_per_step", "mem_peak_bytes", "tflops", "nonfinite", "absmax"}
-
-
-def _column(table: Any, name: str) -> Any:
-    import pyarrow as pa
-
-    if name in table.column_names:
-        return table[name]
-    return pa.nulls(len(table), pa.float64())  # a folder written before the column
-
-
-def aggregate_rows(table: Any) -> tuple[list[dict[str, Any]], int]:
-    """Per (module, mode) over the run, largest total first (the step row on top), and
-    the number of steps aggregated."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    mode = table["mode"].cast(pa.string())
-    n_steps = int(pc.sum(table.filter(pc.equal(mode, "step"))["steps"]).as_py() or 0)
-    total = pc.cast(table["total_ms"], pa.float64())
-    gpu = pc.cast(_column(table, "gpu_ms"), pa.float64())
-    tflops = pc.cast(_column(table, "tflops"), pa.float64())
-    # TFLOP/s over the run: each window's weighted by its time (device time when there)
-    basis = pc.if_else(pc.is_valid(gpu), gpu, total)
-    basis = pc.if_else(pc.is_valid(tflops), basis, pa.scalar(None, pa.float64()))
-    work = pa.table({
-        "module": table["module"].cast(pa.string()), "mode": mode, "calls": table["calls"],
-        "total_ms": total, "p50_ms": pc.cast(table["p50_ms"], pa.float64()),
-        "max_ms": pc.cast(table["max_ms"], pa.float64()), "gpu_ms": gpu,
-        "mem_peak_bytes": _column(table, "mem_peak_bytes"),
-        "nonfinite": _column(table, "nonfinite"), "absmax": _column(table, "absmax"),
-        "tf_work": pc.multiply(tflops, basis), "tf_time": basis})
-    grouped = work.group_by(["module", "mode"]).aggregate([
-        ("calls", "sum"), ("total_ms", "sum"), ("p50_ms", "approximate_median"),
-        ("max_ms", "max"), ("gpu_ms", "sum"), ("mem_peak_bytes", "max"),
-        ("nonfinite", "sum"), ("absmax", "max"), ("tf_work", "sum"),
-        ("tf_time", "sum")]).to_pylist()
-    rows = []
-    for g in grouped:
-        per = max(1, n_steps)
-        tf_time = g["tf_time_sum"]
-        rows.append({
-            "module": g["module"], "mode": g["mode"], "calls": g["calls_sum"],
-            "total_ms": g["total_ms_sum"], "ms_per_step": (g["total_ms_sum"] or 0.0) / per,
-            "p50_ms": g["p50_ms_approximate_median"], "max_ms": g["max_ms_max"],
-            "gpu_ms_per_step": None if g["gpu_ms_sum"] is None else g["gpu_ms_sum"] / per,
-            "mem_peak_bytes": g["mem_peak_bytes_max"],
-            "tflops": g["tf_work_sum"] / tf_time if tf_time else None,
-            "nonfinite": g["nonfinite_sum"], "absmax": g["absmax_max"]})
-    rows.sort(key=lambda r: (r["mode"] != "step", -(r["total_ms"] or 0.0)))
-    return rows, n_steps
 
 
 def step_figure(table: Any, kept: list[dict[str, Any]]) -> dict[str, Any]:

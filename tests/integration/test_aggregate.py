@@ -5,6 +5,7 @@ unless the detail policy keeps the step as DIR/steps/step-N_<run>.htrace."""
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -37,11 +38,17 @@ class Net(nn.Module):
         self.slow_at: int | None = None
         self.nan_at: int | None = None
         self.calls = 0
+        self.starts: list[float] = []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1
+        self.starts.append(time.perf_counter())
         if self.calls - 1 == self.slow_at:
-            time.sleep(0.2)
+            # slow against the steps measured so far, whatever this machine's load (a fixed
+            # 0.2 s was under slow=30 x the median when two CPU burners ran: steps took
+            # ~7 ms): 100 x their median step
+            steps = [b - a for a, b in zip(self.starts[:-1], self.starts[1:])]
+            time.sleep(max(0.2, 100 * statistics.median(steps)))
         h = self.act(self.fc1(x))
         if self.calls - 1 == self.nan_at:
             h = h * float("nan")
@@ -407,7 +414,7 @@ def test_flop_rate_per_module_when_flops_are_recorded(tmp_path: Path) -> None:
                                            rel=1e-3)
     # THEN hooktrace summary DIR shows the rate over the run: FLOPs over time, the windows
     # weighed by their time (so between the fastest and the slowest window's)
-    from hooktrace.record.aggregate_folder import aggregate_summary
+    from hooktrace.analysis.aggregates import aggregate_summary
 
     text = aggregate_summary(tmp_path / "agg").splitlines()
     assert text[1].split()[-1] == "TFLOP/s"

@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("data", {"hooktrace.reading", "hooktrace._span_tables"}),
     ("analysis", {
         "hooktrace.analysis", "hooktrace.analysis.groups", "hooktrace.analysis.calls",
-        "hooktrace.analysis.inputs", "hooktrace.analysis.summary",
+        "hooktrace.analysis.inputs", "hooktrace.analysis.summary", "hooktrace.analysis.aggregates",
         "hooktrace.analysis._summary_columns", "hooktrace.analysis.columns",
         "hooktrace.analysis.column_provider", "hooktrace.analysis.diff",
         "hooktrace.analysis._diff_inputs", "hooktrace.analysis._diff_parts",
@@ -55,7 +55,7 @@ LAYERS: list[tuple[str, set[str]]] = [
         "hooktrace.record", "hooktrace.record.dispatch", "hooktrace.record.scopes",
         "hooktrace.record.recorder", "hooktrace.record.streaming", "hooktrace.record.kernels", "hooktrace.record.ranks",
         "hooktrace.record.options", "hooktrace.record.core_options", "hooktrace.record.registry",
-        "hooktrace.record.aggregate", "hooktrace.record.aggregate_folder",
+        "hooktrace.record.aggregate",
         "hooktrace.record.component", "hooktrace.record.backward", "hooktrace.record.memory",
         "hooktrace.record.shapes", "hooktrace.record.numerics", "hooktrace.record.flops",
         "hooktrace.record.gpu_time",
@@ -167,6 +167,46 @@ def test_only_the_command_line_imports_commands() -> None:
     bad = [f"{a} imports {b}" for a, deps in graph().items() for b in deps
            if b.startswith("hooktrace.commands") and LAYER.get(a, 0) < commands]
     assert not bad, bad
+
+
+# Recording sits above analysis and the outputs in LAYERS, but reaches them only through
+# these seams (issue #37): the recorder's result object carries the output methods
+# (tr.result.summary(), export_*), an aggregate= recording reduces each window while it
+# runs, and hooktrace run / profile / the demo / the trainer callbacks write the outputs
+# they were asked for. The recording core (the recorder, scopes, dispatch, components,
+# options) imports nothing else of them; a new edge is a decision, made here.
+RECORDING_SEAMS: dict[str, set[str]] = {
+    "hooktrace.record.recorder": {"hooktrace.result"},  # Recorder.result
+    "hooktrace.record.streaming": {"hooktrace.result"},  # a stream read back as a result
+    "hooktrace.record.windows": {"hooktrace.result"},  # each schedule window's result
+    # a window's rows (reduce_window), the nonfinite trigger, the FLOP basis, the parts'
+    # schema
+    "hooktrace.record.aggregate": {"hooktrace.analysis.aggregates", "hooktrace.analysis.flops",
+                                   "hooktrace.analysis.numerics", "hooktrace.data.schema"},
+    # hooktrace run: the merged profiler trace, the aggregate folder's summary at exit
+    "hooktrace.record.launch": {"hooktrace.exporters.merged", "hooktrace.analysis.aggregates"},
+    "hooktrace.record.profiling": {"hooktrace.exporters.merged"},  # hooktrace.profile()
+    "hooktrace.integrations": {"hooktrace.analysis.aggregates"},  # summary=True at fit's end
+    "hooktrace.demo": {"hooktrace.reporters.html"},  # the demo's report
+}
+
+
+def recording_reach(g: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Per recording module, the analysis and output modules it imports."""
+    below = {LAYER["hooktrace.analysis"], LAYER["hooktrace.exporters"]}
+    return {a: found for a, deps in g.items() if LAYER.get(a) == LAYER["hooktrace.record"]
+            and (found := {b for b in deps if LAYER.get(b) in below})}
+
+
+def test_recording_reaches_analysis_and_outputs_only_through_its_seams() -> None:
+    reach = recording_reach(graph())
+    new = {a: sorted(b - RECORDING_SEAMS.get(a, set())) for a, b in reach.items()}
+    assert not {a: b for a, b in new.items() if b}, new
+    stale = {a: sorted(b - reach.get(a, set())) for a, b in RECORDING_SEAMS.items()}
+    assert not {a: b for a, b in stale.items() if b}, f"seams no longer used: {stale}"
+    g = graph()  # the check itself: a component importing the summary is caught
+    g["hooktrace.record.memory"].add("hooktrace.analysis.summary")
+    assert "hooktrace.record.memory" in recording_reach(g)
 
 
 @pytest.mark.parametrize("edit", ["upward", "cycle"])

@@ -23,7 +23,7 @@ from hooktrace.analysis.columns import (
     measured_only,
 )
 from hooktrace.analysis.summary import Summary
-from hooktrace.record.aggregate import reduce_window
+from hooktrace.analysis.aggregates import reduce_window
 
 
 def _trace():
@@ -201,7 +201,7 @@ def test_the_views_name_no_feature():
                           r"|device", re.I)
     for code in (source("analysis/summary.py", "Summary", "from_trace"),
                  source("data/tables.py", "_SpanColumns"),
-                 source("record/aggregate.py", "reduce_window")):
+                 source("analysis/aggregates.py", "reduce_window")):
         # (the docstring may say what the providers add; peak_tflops is an option of the
         # summary's, handed to every provider)
         body = code.split('"""', 2)[-1].replace("peak_tflops", "")

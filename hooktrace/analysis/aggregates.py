@@ -1,8 +1,9 @@
-"""An ``aggregate=DIR`` folder read back (issue #31; the recording that writes it is
-:mod:`hooktrace.record.aggregate`): the names of its files, the aggregate table of its
-parts (:func:`load_aggregates`), the steps it kept whole (:func:`kept_steps`), and
-``hooktrace summary DIR`` / ``hooktrace diff A B`` of such folders
-(:func:`aggregate_summary`, :func:`aggregate_diff`).
+"""The aggregates' reading side (issue #31; the recording that writes them is
+:mod:`hooktrace.record.aggregate`): a window's rows (:func:`reduce_window`, the per-call
+table grouped per module and mode), and an ``aggregate=DIR`` folder read back: the names
+of its files, the aggregate table of its parts (:func:`load_aggregates`), the steps it
+kept whole (:func:`kept_steps`), and ``hooktrace summary DIR`` / ``hooktrace diff A B``
+of such folders (:func:`aggregate_summary`, :func:`aggregate_diff`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import statistics
 from typing import Any
 
 
@@ -22,6 +24,132 @@ KEPT_INDEX = "kept.jsonl"
 PART_NAME = re.compile(r"part-(?:(?P<run>.+)-)?(?P<n>\d+)\.parquet")
 # DIR/steps/STEP_NAME: a step kept whole (step-N.htrace: written before the run was named)
 STEP_NAME = re.compile(r"step-(?P<step>\d+)(?:_(?P<run>.+))?\.htrace")
+
+
+# the module column's own labels; a submodule named as one is quoted (issue #35: one
+# named "<root>" merged with the root's rows)
+ROOT_ROW, STEP_ROW = "<root>", "<step>"
+
+
+def row_name(name: str) -> str:
+    """The module column's value for a qualified module name."""
+    if not name:
+        return ROOT_ROW
+    return f"'{name}'" if name in (ROOT_ROW, STEP_ROW) else name
+
+
+def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, list[Any]]:
+    """The aggregate rows of the steps ``first``, ``first + 1``, ... (``len(step_ms)`` of
+    them, their wall times) whose events ``trace`` holds, as columns: per module and
+    mode, calls and time, and the recorded quantities' columns (their providers',
+    hooktrace.analysis.columns: null where not recorded); a "step" row for the steps
+    themselves (total, median, max)."""
+    import numpy as np
+
+    from hooktrace.analysis.calls import Calls, phase_label
+    from hooktrace.analysis.column_provider import WindowGroup
+    from hooktrace.analysis.columns import PROVIDERS
+    from hooktrace.analysis.groups import Groups
+    from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, CAT_RECOMPUTE
+
+    # the per-call table every view groups (issue #37): measured and kernel-derived calls
+    # and compiles, with the one self time; eval calls (no_grad or module.eval()) are
+    # rows of their own, as in the summary
+    c = Calls.from_trace(trace)
+    names = [row_name(n) for n in c.names]
+    # per provider: its columns, and per group their values (None: not in this window)
+    parts = [(p.aggregate_columns, p.aggregate(trace, c) if p.recorded(trace) else None)
+             for p in PROVIDERS]
+    extra = [k for columns, _ in parts for k in columns]
+    cols: dict[str, list[Any]] = {k: [] for k in (
+        "step", "steps", "module", "mode", "calls", "total_ms", "p50_ms", "max_ms", *extra,
+        "total_ns", "self_ns")}
+    step, steps = first, len(step_ms)
+    for cat in (CAT_FORWARD, CAT_BACKWARD, CAT_RECOMPUTE):
+        for is_eval in (False, True):
+            sel = np.flatnonzero((c.cat == cat) & (c.eval == is_eval))
+            if not sel.size:
+                continue
+            mode = phase_label(cat, is_eval)
+            g = Groups(c.module[sel], c.dur[sel], c.self_ns[sel], len(names))
+            group_mods = g.ids.tolist()
+            n = len(group_mods)
+            cols["step"] += [step] * n
+            cols["steps"] += [steps] * n
+            cols["module"] += [names[m] for m in group_mods]
+            cols["mode"] += [mode] * n
+            cols["calls"] += g.counts.tolist()
+            cols["total_ns"] += g.total.tolist()
+            cols["self_ns"] += g.self_total.tolist()
+            cols["total_ms"] += (g.total / 1e6).tolist()
+            cols["p50_ms"] += (g.percentile(50) / 1e6).tolist()
+            cols["max_ms"] += (g.max / 1e6).tolist()
+            group = WindowGroup(mode, cat, is_eval, sel, g, group_mods)
+            for columns, values_of in parts:
+                values = values_of(group) if values_of is not None else {}
+                for key in columns:
+                    cols[key] += values.get(key, [None] * n)
+    cols["step"].append(step)
+    cols["steps"].append(steps)
+    cols["module"].append(STEP_ROW)
+    cols["mode"].append("step")
+    for key, value in (("calls", steps), ("total_ms", float(sum(step_ms))),
+                       ("p50_ms", float(statistics.median(step_ms))),
+                       ("max_ms", float(max(step_ms))),
+                       *((k, None) for k in extra),
+                       ("total_ns", int(round(sum(step_ms) * 1e6))), ("self_ns", None)):
+        cols[key].append(value)
+    return cols
+
+
+def _column(table: Any, name: str) -> Any:
+    import pyarrow as pa
+
+    if name in table.column_names:
+        return table[name]
+    return pa.nulls(len(table), pa.float64())  # a folder written before the column
+
+
+def aggregate_rows(table: Any) -> tuple[list[dict[str, Any]], int]:
+    """Per (module, mode) over the run, largest total first (the step row on top), and
+    the number of steps aggregated."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    mode = table["mode"].cast(pa.string())
+    n_steps = int(pc.sum(table.filter(pc.equal(mode, "step"))["steps"]).as_py() or 0)
+    total = pc.cast(table["total_ms"], pa.float64())
+    gpu = pc.cast(_column(table, "gpu_ms"), pa.float64())
+    tflops = pc.cast(_column(table, "tflops"), pa.float64())
+    # TFLOP/s over the run: each window's weighted by its time (device time when there)
+    basis = pc.if_else(pc.is_valid(gpu), gpu, total)
+    basis = pc.if_else(pc.is_valid(tflops), basis, pa.scalar(None, pa.float64()))
+    work = pa.table({
+        "module": table["module"].cast(pa.string()), "mode": mode, "calls": table["calls"],
+        "total_ms": total, "p50_ms": pc.cast(table["p50_ms"], pa.float64()),
+        "max_ms": pc.cast(table["max_ms"], pa.float64()), "gpu_ms": gpu,
+        "mem_peak_bytes": _column(table, "mem_peak_bytes"),
+        "nonfinite": _column(table, "nonfinite"), "absmax": _column(table, "absmax"),
+        "tf_work": pc.multiply(tflops, basis), "tf_time": basis})
+    grouped = work.group_by(["module", "mode"]).aggregate([
+        ("calls", "sum"), ("total_ms", "sum"), ("p50_ms", "approximate_median"),
+        ("max_ms", "max"), ("gpu_ms", "sum"), ("mem_peak_bytes", "max"),
+        ("nonfinite", "sum"), ("absmax", "max"), ("tf_work", "sum"),
+        ("tf_time", "sum")]).to_pylist()
+    rows = []
+    for g in grouped:
+        per = max(1, n_steps)
+        tf_time = g["tf_time_sum"]
+        rows.append({
+            "module": g["module"], "mode": g["mode"], "calls": g["calls_sum"],
+            "total_ms": g["total_ms_sum"], "ms_per_step": (g["total_ms_sum"] or 0.0) / per,
+            "p50_ms": g["p50_ms_approximate_median"], "max_ms": g["max_ms_max"],
+            "gpu_ms_per_step": None if g["gpu_ms_sum"] is None else g["gpu_ms_sum"] / per,
+            "mem_peak_bytes": g["mem_peak_bytes_max"],
+            "tflops": g["tf_work_sum"] / tf_time if tf_time else None,
+            "nonfinite": g["nonfinite_sum"], "absmax": g["absmax_max"]})
+    rows.sort(key=lambda r: (r["mode"] != "step", -(r["total_ms"] or 0.0)))
+    return rows, n_steps
 
 
 def part_files(folder: str) -> list[str]:
@@ -183,8 +311,6 @@ def aggregate_summary_data(path: str | os.PathLike[str], top: int | None = None
     # report has it
     tflops: dict[tuple[str, str], float | None] = {}
     if "tflops" in table.column_names and table["tflops"].null_count < len(table):
-        from hooktrace.reporters.aggregate import aggregate_rows
-
         tflops = {(r["module"], r["mode"]): r["tflops"] for r in aggregate_rows(table)[0]}
     runs = runs_of(table)
     # several runs or ranks in the folder: ms/step per rank (or run), as the straggler
