@@ -15,6 +15,10 @@ subclasses :class:`ColumnProvider`; each view loops over the registry:
 * the Parquet ``spans`` table (:mod:`hooktrace.data.tables`): :meth:`ColumnProvider.spans`,
   per row of the table, ``{column: (values, valid[, dictionary])}``; the columns are the
   table's schema's (:mod:`hooktrace.data.schema`), declared in :attr:`span_columns`;
+* the summary's terminal table (:meth:`hooktrace.analysis.summary.Summary.to_text`):
+  :meth:`ColumnProvider.text_columns` (its (title, key) columns, in the wide table or
+  when asked for by :attr:`text_flag`), :meth:`ColumnProvider.format_cell` (how a cell
+  of its keys reads) and :meth:`ColumnProvider.text_layout` (device time's go first);
 * the aggregates (:func:`hooktrace.analysis.aggregates.reduce_window`):
   :meth:`ColumnProvider.aggregate` gives, for one window, a function from a
   :class:`WindowGroup` (one mode's calls, grouped by module) to its columns' values,
@@ -27,7 +31,7 @@ provider leaves out is null.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -38,11 +42,14 @@ if TYPE_CHECKING:
     from hooktrace.analysis.groups import Groups
     from hooktrace.reading import TraceData
 
-__all__ = ["ColumnProvider", "SpanColumn", "SummaryPart", "WindowGroup", "measured_only"]
+__all__ = ["ColumnProvider", "SpanColumn", "SummaryPart", "TextColumn", "WindowGroup",
+           "measured_only"]
 
 # one column of the spans table: (values over the rows, valid mask) or, for a string
 # column, (indices, valid mask, dictionary)
 SpanColumn = tuple[Any, ...]
+# one column of the summary's terminal table: (header, row key)
+TextColumn = tuple[str, str]
 
 
 @dataclass
@@ -83,6 +90,9 @@ class ColumnProvider:
     span_columns: tuple[str, ...] = ()
     # the aggregates' columns it fills (hooktrace.data.schema's AGGREGATES)
     aggregate_columns: tuple[str, ...] = ()
+    # to_text's keyword (and hooktrace summary's flag) that shows its text columns in
+    # the narrow table ("flops": to_text(flops=True), --flops); the wide one has them
+    text_flag = ""
 
     def recorded(self, trace: TraceData) -> bool:
         """Whether ``trace`` recorded the quantity (then the views ask its parts)."""
@@ -97,6 +107,25 @@ class ColumnProvider:
     def unrecorded(self, trace: TraceData) -> SummaryPart:
         """What the summary says of a run that did not record it."""
         return SummaryPart()
+
+    def text_columns(self, keys: Collection[str], rows: Sequence[dict[str, Any]], *,
+                     wide: bool, backward: bool) -> list[TextColumn]:
+        """Its columns in the summary's terminal table, asked in the wide table or when
+        :attr:`text_flag` is; ``keys``: the summary's row keys, ``backward``: whether
+        any row has backward calls."""
+        return []
+
+    def format_cell(self, key: str, value: Any) -> str | None:
+        """How a cell of one of its keys reads in the terminal table (a value, not
+        None); None for a key not its own (then the table's default: ``format_ns`` for
+        a key ending in ``_ns``, else ``str``)."""
+        return None
+
+    def text_layout(self, columns: list[TextColumn], keys: Collection[str], *,
+                    wide: bool, backward: bool) -> list[TextColumn]:
+        """The terminal table's columns once every provider's are in (device time puts
+        its own first); by default as they are."""
+        return columns
 
     def spans(self, trace: TraceData, n: int, m: int) -> dict[str, SpanColumn]:
         """Its columns of the spans table, over its ``n`` measured spans then ``m``

@@ -33,7 +33,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +44,7 @@ from hooktrace.analysis.column_provider import (
     ColumnProvider,
     SpanColumn,
     SummaryPart,
+    TextColumn,
     WindowGroup,
     measured_only,
 )
@@ -243,6 +244,12 @@ def gpu_ms_by_module(trace: TraceData, eval_spans: np.ndarray | None = None
     return out
 
 
+# its columns in the summary's terminal table: (header, row key)
+_TEXT: list[TextColumn] = [("gpu_calls", "gpu_calls"), ("gpu_total", "gpu_total_ns"),
+                           ("gpu_self", "gpu_self_ns"), ("gpu_bwd_total", "gpu_bwd_total_ns"),
+                           ("gpu_bwd_self", "gpu_bwd_self_ns")]
+
+
 class DeviceTimeColumns(ColumnProvider):
     """Device time's columns (``trace(gpu=True)``) in the summary, the spans table and
     the aggregates."""
@@ -250,6 +257,19 @@ class DeviceTimeColumns(ColumnProvider):
     name = "device time"
     span_columns = ("gpu_dur_ns", "gpu_self_ns")
     aggregate_columns = ("gpu_ms",)
+
+    def text_layout(self, columns: list[TextColumn], keys: Collection[str], *,
+                    wide: bool, backward: bool) -> list[TextColumn]:
+        """Device time first (after module and type; calls too in the narrow table);
+        the host columns say they are host time, and the narrow table keeps only the
+        host totals."""
+        if "gpu_total_ns" not in keys:
+            return columns
+        return columns[:2] + ([("calls", "calls")] if not wide else []) + [
+            c for c in _TEXT if backward or "bwd" not in c[1]] + [
+            ("host_" + title if key.endswith("_ns") or key == "bwd_fwd_ratio" else title, key)
+            for title, key in columns[2:]
+            if wide or key not in ("calls", "self_ns", "p50_ns", "bwd_self_ns", "bwd_fwd_ratio")]
 
     def recorded(self, trace: TraceData) -> bool:
         return gpu_recorded(trace)

@@ -61,7 +61,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -71,11 +71,13 @@ from hooktrace.analysis.column_provider import (
     ColumnProvider,
     SpanColumn,
     SummaryPart,
+    TextColumn,
     WindowGroup,
     measured_only,
 )
 from hooktrace.analysis.device_time import gpu_recorded, launch_time_only, span_gpu
 from hooktrace.errors import HooktraceError
+from hooktrace.text import format_count
 
 if TYPE_CHECKING:
     from hooktrace.analysis.calls import Calls
@@ -441,6 +443,11 @@ def tflops_by_module(trace: TraceData) -> dict[tuple[str, str], float] | None:
     return out
 
 
+# its columns in the summary's terminal table: (header, row key)
+_TEXT: list[TextColumn] = [("flops", "flops"), ("bwd_flops", "bwd_flops"), ("TFLOP/s", "tflops"),
+                           ("bwd_TFLOP/s", "bwd_tflops"), ("MFU", "mfu")]
+
+
 class FlopColumns(ColumnProvider):
     """FLOPs' columns (``trace(flops=True)``) in the summary, the spans table and the
     aggregates."""
@@ -448,6 +455,22 @@ class FlopColumns(ColumnProvider):
     name = "FLOPs"
     span_columns = ("flops",)
     aggregate_columns = ("tflops",)
+    text_flag = "flops"
+
+    def format_cell(self, key: str, value: Any) -> str | None:
+        if key in ("flops", "bwd_flops"):
+            return format_count(value, "FLOP")
+        if key in ("tflops", "bwd_tflops"):
+            return f"{value:.3g}"
+        return f"{value * 100:.1f}%" if key == "mfu" else None
+
+    def text_columns(self, keys: Collection[str], rows: Sequence[dict[str, Any]], *,
+                     wide: bool, backward: bool) -> list[TextColumn]:
+        if "flops" not in keys:
+            return []
+        # (MFU and TFLOP/s are withheld on a CUDA run without device time: no column)
+        return [c for c in _TEXT if wide or c[1] not in ("mfu", "tflops", "bwd_tflops")
+                or any(r.get(c[1]) is not None for r in rows)]
 
     def recorded(self, trace: TraceData) -> bool:
         return "flops" in trace.info

@@ -49,7 +49,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -62,10 +62,12 @@ from hooktrace.analysis.column_provider import (
     ColumnProvider,
     SpanColumn,
     SummaryPart,
+    TextColumn,
     WindowGroup,
     measured_only,
 )
 from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, counter_changes
+from hooktrace.text import format_bytes
 
 if TYPE_CHECKING:
     from hooktrace.analysis.calls import Calls
@@ -312,6 +314,17 @@ class MemoryColumns(ColumnProvider):
     name = "memory"
     span_columns = ("mem_device", "mem_enter_bytes", "mem_exit_bytes", "mem_peak_bytes")
     aggregate_columns = ("mem_peak_bytes",)
+    text_flag = "memory"
+
+    def text_columns(self, keys: Collection[str], rows: Sequence[dict[str, Any]], *,
+                     wide: bool, backward: bool) -> list[TextColumn]:
+        mine = [k for k in keys if k.startswith(("mem_", "bwd_mem_", "cuda_"))]
+        if not wide and any(k.startswith("cuda_") for k in mine):
+            mine = [k for k in mine if k.startswith("cuda_")]  # (the device's, when recorded)
+        return [(k, k) for k in mine if backward or "bwd_" not in k]
+
+    def format_cell(self, key: str, value: Any) -> str | None:
+        return format_bytes(value) if "mem_" in key else None
 
     def recorded(self, trace: TraceData) -> bool:
         return bool(memory_devices(trace))

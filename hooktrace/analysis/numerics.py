@@ -53,7 +53,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +80,7 @@ from hooktrace.analysis.column_provider import (
     ColumnProvider,
     SpanColumn,
     SummaryPart,
+    TextColumn,
     WindowGroup,
     measured_only,
 )
@@ -378,6 +379,18 @@ class NumericsColumns(ColumnProvider):
     name = "numerics"
     span_columns = ("absmax", "rms", "nonfinite")
     aggregate_columns = ("nonfinite", "absmax")
+    text_flag = "numerics"
+
+    def format_cell(self, key: str, value: Any) -> str | None:
+        if key in ("absmax", "rms", "bwd_absmax", "bwd_rms") and isinstance(value, float):
+            return f"{value:.3g}"
+        return None
+
+    def text_columns(self, keys: Collection[str], rows: Sequence[dict[str, Any]], *,
+                     wide: bool, backward: bool) -> list[TextColumn]:
+        if "absmax" not in keys:
+            return []
+        return [(k, k) for k in NUMERIC_COLUMNS if backward or not k.startswith("bwd_")]
 
     def recorded(self, trace: TraceData) -> bool:
         return numerics_info(trace.info) is not None

@@ -39,7 +39,6 @@ from hooktrace.analysis.device_time import GPU_COLUMNS
 from hooktrace.analysis.flops import FLOP_COLUMNS
 from hooktrace.analysis.groups import Groups
 from hooktrace.analysis.kernels import fused_modules
-from hooktrace.analysis.numerics import NUMERIC_COLUMNS
 from hooktrace.reading import (
     CAT_BACKWARD,
     CAT_FORWARD,
@@ -53,7 +52,6 @@ from hooktrace.text import (
     align_columns,
     csv_text,
     describe_dump,
-    format_bytes,
     format_count,
     format_ns,
     printable,
@@ -305,28 +303,13 @@ class Summary:
         else:
             columns = list(_TEXT_NARROW) + (_TEXT_NARROW_BACKWARD if has_bwd else []) + (
                 _TEXT_RECOMPUTE[:1] if has_rec else [])
-        if "flops" in self.columns and (wide or flops):
-            # (MFU and TFLOP/s are withheld on a CUDA run without device time: no column)
-            columns += [c for c in _TEXT_FLOPS if wide or c[1] not in ("mfu", "tflops",
-                                                                       "bwd_tflops") or any(
-                r.get(c[1]) is not None for r in self.rows)]
-        mem_keys = [k for k in self.columns if k.startswith(("mem_", "bwd_mem_", "cuda_"))]
-        if mem_keys and (wide or memory):
-            if not wide and any(k.startswith("cuda_") for k in mem_keys):
-                mem_keys = [k for k in mem_keys if k.startswith("cuda_")]
-            if not has_bwd:
-                mem_keys = [k for k in mem_keys if "bwd_" not in k]
-            columns += [(k, k) for k in mem_keys]
-        if "absmax" in self.columns and (wide or numerics):
-            columns += [(k, k) for k in NUMERIC_COLUMNS if has_bwd or not k.startswith("bwd_")]
-        if self.gpu:  # device time first; the host columns say they are host time
-            columns = [c for c in columns[:2]] + ([("calls", "calls")] if not wide else []) + [
-                (title, key) for title, key in _TEXT_GPU
-                if has_bwd or "bwd" not in key] + [
-                ("host_" + title if key.endswith("_ns") or key == "bwd_fwd_ratio" else title, key)
-                for title, key in columns[2:]
-                if wide or key not in ("calls", "self_ns", "p50_ns", "bwd_self_ns",
-                                       "bwd_fwd_ratio")]
+        # each recorded quantity's columns, from its provider (hooktrace.analysis.columns)
+        asked = {"flops": flops, "memory": memory, "numerics": numerics}
+        for p in PROVIDERS:
+            if wide or asked.get(p.text_flag, False):
+                columns += p.text_columns(self.columns, self.rows, wide=wide, backward=has_bwd)
+        for p in PROVIDERS:
+            columns = p.text_layout(columns, self.columns, wide=wide, backward=has_bwd)
         header = [title for title, _ in columns]
         fused = fused_phases(self.rows)
         label = self.kernels_label
@@ -399,14 +382,9 @@ _TEXT_BACKWARD = [("bwd_calls", "bwd_calls"), ("bwd_total", "bwd_total_ns"),
                   ("bwd_p99", "bwd_p99_ns"), ("bwd/fwd", "bwd_fwd_ratio")]
 _TEXT_RECOMPUTE = [("recompute", "recompute_calls"), ("recompute_total", "recompute_total_ns")]
 _TEXT_STEPS = [("step_p50", "step_p50_ns"), ("step_p99", "step_p99_ns")]
-_TEXT_FLOPS = [("flops", "flops"), ("bwd_flops", "bwd_flops"), ("TFLOP/s", "tflops"),
-               ("bwd_TFLOP/s", "bwd_tflops"), ("MFU", "mfu")]
 # The default table: what fits 120 columns with typical module names.
 _TEXT_NARROW = [("module", "module"), ("type", "type"), ("calls", "calls"),
                 ("total", "total_ns"), ("self", "self_ns"), ("p50", "p50_ns")]
-_TEXT_GPU = [("gpu_calls", "gpu_calls"), ("gpu_total", "gpu_total_ns"),
-             ("gpu_self", "gpu_self_ns"), ("gpu_bwd_total", "gpu_bwd_total_ns"),
-             ("gpu_bwd_self", "gpu_bwd_self_ns")]
 _TEXT_NARROW_BACKWARD = [("bwd_total", "bwd_total_ns"), ("bwd_self", "bwd_self_ns"),
                          ("bwd/fwd", "bwd_fwd_ratio")]
 
@@ -696,16 +674,8 @@ def _cell(row: dict[str, Any], key: str, fused: Sequence[str] = (),
         return ""  # (a row without backward, an [eval] one: blank, not "0 ns": issue #38)
     if key == "bwd_fwd_ratio":
         return f"{value:.2f}"
-    if key in ("flops", "bwd_flops"):
-        return format_count(value, "FLOP")
-    if key in ("tflops", "bwd_tflops"):
-        return f"{value:.3g}"
-    if key == "mfu":
-        return f"{value * 100:.1f}%"
-    if "mem_" in key:
-        return format_bytes(value)
-    if key.endswith("_ns"):
-        return format_ns(value)
-    if key in ("absmax", "rms", "bwd_absmax", "bwd_rms") and isinstance(value, float):
-        return f"{value:.3g}"
-    return str(value)
+    for p in PROVIDERS:  # a recorded quantity's cells read as its provider says
+        text = p.format_cell(key, value)
+        if text is not None:
+            return text
+    return format_ns(value) if key.endswith("_ns") else str(value)

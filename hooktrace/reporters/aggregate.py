@@ -31,8 +31,7 @@ from hooktrace.reporters.html import (
     plotly_js,
 )
 from hooktrace.analysis.aggregates import aggregate_rows
-from hooktrace.analysis.summary import format_bytes
-from hooktrace.text import display_path
+from hooktrace.text import display_path, format_bytes
 
 __all__ = ["KEPT_SHOWN", "render_aggregate_report", "step_figure", "write_aggregate_report"]
 

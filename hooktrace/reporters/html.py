@@ -40,12 +40,11 @@ from typing import TYPE_CHECKING, Any
 
 from hooktrace._output import open_output
 from hooktrace.errors import HooktraceError
-from hooktrace.text import display_path
+from hooktrace.text import display_path, format_bytes
 from hooktrace.analysis.summary import (
     UNATTRIBUTED,
     StepTable,
     Summary,
-    format_bytes,
     format_count,
     format_ns,
 )

@@ -1,6 +1,6 @@
 """The column providers (issue #37, item 2): one extension point, hooktrace.analysis.columns,
 that the summary, the Parquet spans table and the aggregates all ask. A toy provider
-registered for one test shows up in all three views; every registered provider is
+registered for one test shows up in all three views (and the terminal table); every registered provider is
 asked by all three; and the views' code names no feature any more."""
 
 from __future__ import annotations
@@ -67,6 +67,12 @@ class DurUs(ColumnProvider):
 
         return values
 
+    def text_columns(self, keys, rows, *, wide, backward):
+        return [("dur µs", "dur_us")] if "dur_us" in keys else []
+
+    def format_cell(self, key, value):
+        return f"{value:.1f} us" if key == "dur_us" else None
+
 
 @contextmanager
 def registered(*providers: ColumnProvider) -> Iterator[None]:
@@ -85,10 +91,15 @@ def test_a_new_provider_shows_in_the_summary_and_the_aggregates_and_goes_again()
     with registered(toy):
         s = Summary.from_trace(trace)
         rows = reduce_window(0, trace, [5.0, 2.0])
+        wide, narrow = s.to_text(wide=True).splitlines(), s.to_text().splitlines()
     assert s.columns[-1] == "dur_us" and "toy: dur_us = mean forward call, µs" in s.notes
     by = {r["module"]: r for r in s.rows}
     assert by[""]["dur_us"] == 3.0 and by["fc"]["dur_us"] == 2.0  # (5000 + 1000) / 2; 2000
     assert s.to_csv().splitlines()[0].endswith(",dur_us")
+    # the terminal table: in the wide one, titled and formatted as the provider says;
+    # not in the narrow one, which shows a quantity when its text_flag is asked for
+    assert wide[0].endswith("dur µs") and wide[1].endswith("3.0 us"), wide[:2]
+    assert "dur" not in narrow[0]
     # the aggregates: a column of its own, null in the "step" row
     got = dict(zip(zip(rows["module"], rows["mode"]), rows["dur_us"], strict=True))
     assert got == {("<root>", "forward"): 6.0, ("fc", "forward"): 2.0, ("<step>", "step"): None}
@@ -200,10 +211,14 @@ def test_the_views_name_no_feature():
     features = re.compile(r"gpu|flop|mem_|memory|numeric|absmax|nonfinite|rms|shape|launch"
                           r"|device", re.I)
     for code in (source("analysis/summary.py", "Summary", "from_trace"),
+                 source("analysis/summary.py", "Summary", "to_text"),
+                 source("analysis/summary.py", "_cell"),
                  source("data/tables.py", "_SpanColumns"),
                  source("analysis/aggregates.py", "reduce_window")):
         # (the docstring may say what the providers add; peak_tflops is an option of the
-        # summary's, handed to every provider)
+        # summary's, handed to every provider; to_text's flags are its keywords, mapped
+        # to the providers' text_flag in one line)
         body = code.split('"""', 2)[-1].replace("peak_tflops", "")
+        body = "\n".join(line for line in body.splitlines() if "asked = {" not in line)
         assert "PROVIDERS" in body
         assert not features.findall(body), features.findall(body)

@@ -437,7 +437,7 @@ def test_self_time_has_one_definition() -> None:
     users = {p.name for p in package.rglob("*.py") if "span_self_ns(" in p.read_text()}
     assert users == {"calls.py", "kernels.py"}
     tables = {p.name for p in package.rglob("*.py") if "Calls.from_" in p.read_text()}
-    assert {"summary.py", "_diff_parts.py", "tables.py", "aggregate.py"} <= tables
+    assert {"summary.py", "_diff_parts.py", "tables.py", "aggregates.py"} <= tables
 
 
 def test_the_parquet_spans_self_column_is_the_summarys() -> None:
