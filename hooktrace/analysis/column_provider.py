@@ -19,6 +19,7 @@ subclasses :class:`ColumnProvider`; each view loops over the registry:
   :meth:`ColumnProvider.text_columns` (its (title, key) columns, in the wide table or
   when asked for by :attr:`text_flag`), :meth:`ColumnProvider.format_cell` (how a cell
   of its keys reads) and :meth:`ColumnProvider.text_layout` (device time's go first);
+  the report's table uses the same cells and :attr:`headers` (title, tooltip);
 * the aggregates (:func:`hooktrace.analysis.aggregates.reduce_window`):
   :meth:`ColumnProvider.aggregate` gives, for one window, a function from a
   :class:`WindowGroup` (one mode's calls, grouped by module) to its columns' values,
@@ -93,6 +94,9 @@ class ColumnProvider:
     # to_text's keyword (and hooktrace summary's flag) that shows its text columns in
     # the narrow table ("flops": to_text(flops=True), --flops); the wide one has them
     text_flag = ""
+    # per summary row key it fills: (title, what it is), the terminal table's and the
+    # report's headers (the report's tooltip)
+    headers: Mapping[str, tuple[str, str]] = {}
 
     def recorded(self, trace: TraceData) -> bool:
         """Whether ``trace`` recorded the quantity (then the views ask its parts)."""

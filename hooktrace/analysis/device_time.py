@@ -244,12 +244,6 @@ def gpu_ms_by_module(trace: TraceData, eval_spans: np.ndarray | None = None
     return out
 
 
-# its columns in the summary's terminal table: (header, row key)
-_TEXT: list[TextColumn] = [("gpu_calls", "gpu_calls"), ("gpu_total", "gpu_total_ns"),
-                           ("gpu_self", "gpu_self_ns"), ("gpu_bwd_total", "gpu_bwd_total_ns"),
-                           ("gpu_bwd_self", "gpu_bwd_self_ns")]
-
-
 class DeviceTimeColumns(ColumnProvider):
     """Device time's columns (``trace(gpu=True)``) in the summary, the spans table and
     the aggregates."""
@@ -257,6 +251,14 @@ class DeviceTimeColumns(ColumnProvider):
     name = "device time"
     span_columns = ("gpu_dur_ns", "gpu_self_ns")
     aggregate_columns = ("gpu_ms",)
+    headers = {
+        "gpu_calls": ("gpu_calls", "forward calls timed on the GPU"),
+        "gpu_total_ns": ("gpu_total", "device time of the forward calls (recompute included) "
+                                      "on the module's stream"),
+        "gpu_self_ns": ("gpu_self", "gpu_total less its children's device time"),
+        "gpu_bwd_total_ns": ("gpu_bwd_total", "device time of the module's backward"),
+        "gpu_bwd_self_ns": ("gpu_bwd_self", "gpu_bwd_total less its children's device time"),
+    }
 
     def text_layout(self, columns: list[TextColumn], keys: Collection[str], *,
                     wide: bool, backward: bool) -> list[TextColumn]:
@@ -266,7 +268,7 @@ class DeviceTimeColumns(ColumnProvider):
         if "gpu_total_ns" not in keys:
             return columns
         return columns[:2] + ([("calls", "calls")] if not wide else []) + [
-            c for c in _TEXT if backward or "bwd" not in c[1]] + [
+            (title, k) for k, (title, _) in self.headers.items() if backward or "bwd" not in k] + [
             ("host_" + title if key.endswith("_ns") or key == "bwd_fwd_ratio" else title, key)
             for title, key in columns[2:]
             if wide or key not in ("calls", "self_ns", "p50_ns", "bwd_self_ns", "bwd_fwd_ratio")]

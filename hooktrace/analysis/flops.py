@@ -443,11 +443,6 @@ def tflops_by_module(trace: TraceData) -> dict[tuple[str, str], float] | None:
     return out
 
 
-# its columns in the summary's terminal table: (header, row key)
-_TEXT: list[TextColumn] = [("flops", "flops"), ("bwd_flops", "bwd_flops"), ("TFLOP/s", "tflops"),
-                           ("bwd_TFLOP/s", "bwd_tflops"), ("MFU", "mfu")]
-
-
 class FlopColumns(ColumnProvider):
     """FLOPs' columns (``trace(flops=True)``) in the summary, the spans table and the
     aggregates."""
@@ -456,6 +451,15 @@ class FlopColumns(ColumnProvider):
     span_columns = ("flops",)
     aggregate_columns = ("tflops",)
     text_flag = "flops"
+    headers = {
+        "flops": ("flops", "forward FLOPs per call (torch's FlopCounterMode)"),
+        "bwd_flops": ("bwd_flops", "backward FLOPs per forward call"),
+        "tflops": ("TFLOP/s", "achieved forward TFLOP/s (the calls run under the FLOP "
+                              "counter, slower, left out)"),
+        "bwd_tflops": ("bwd_TFLOP/s", "achieved backward TFLOP/s"),
+        "mfu": ("MFU", "model FLOPs utilization: forward + backward FLOPs over their time, "
+                       "against the peak"),
+    }
 
     def format_cell(self, key: str, value: Any) -> str | None:
         if key in ("flops", "bwd_flops"):
@@ -469,8 +473,9 @@ class FlopColumns(ColumnProvider):
         if "flops" not in keys:
             return []
         # (MFU and TFLOP/s are withheld on a CUDA run without device time: no column)
-        return [c for c in _TEXT if wide or c[1] not in ("mfu", "tflops", "bwd_tflops")
-                or any(r.get(c[1]) is not None for r in rows)]
+        return [(title, k) for k, (title, _) in self.headers.items()
+                if wide or k not in ("mfu", "tflops", "bwd_tflops")
+                or any(r.get(k) is not None for r in rows)]
 
     def recorded(self, trace: TraceData) -> bool:
         return "flops" in trace.info

@@ -315,6 +315,13 @@ class MemoryColumns(ColumnProvider):
     span_columns = ("mem_device", "mem_enter_bytes", "mem_exit_bytes", "mem_peak_bytes")
     aggregate_columns = ("mem_peak_bytes",)
     text_flag = "memory"
+    headers = {prefix + key: (prefix + key, what) for prefix in ("", "cuda_") for key, what in (
+        ("mem_net", "bytes a forward call leaves allocated (activations kept for backward and "
+                    "its output), mean over calls (trace(memory=True))"),
+        ("mem_peak", "peak allocated bytes above the forward call's start, max over calls"),
+        ("bwd_mem_net", "bytes a backward span leaves allocated, mean over calls"),
+        ("bwd_mem_peak", "peak allocated bytes above the backward span's start, max over calls"),
+    )}
 
     def text_columns(self, keys: Collection[str], rows: Sequence[dict[str, Any]], *,
                      wide: bool, backward: bool) -> list[TextColumn]:

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from hooktrace._output import open_output
 from hooktrace.errors import HooktraceError
 from hooktrace.text import display_path, format_bytes
+from hooktrace.analysis.columns import PROVIDERS
 from hooktrace.analysis.summary import (
     UNATTRIBUTED,
     StepTable,
@@ -58,33 +59,12 @@ __all__ = ["ICICLE_OPTIONS", "OTHER_MEANS", "PAGE_STYLE", "ReportError", "TABLE_
 
 RUN_ID = "run"  # the icicle's root box
 
-# Table headers (and their tooltips) that differ from the summary's keys: the FLOP
-# columns, titled as in `hooktrace summary --flops`.
+# Table headers (and their tooltips) that differ from the summary's keys; a recorded
+# quantity's are its column provider's (hooktrace.analysis.columns: ColumnProvider.headers).
 _HEADERS = {
     "timing": ("timing", "measured: module calls timed as they ran; kernels: time of the "
                          "compiled region's kernels attributed to this module (its calls "
                          "were compiled away)"),
-    "flops": ("flops", "forward FLOPs per call (torch's FlopCounterMode)"),
-    "bwd_flops": ("bwd_flops", "backward FLOPs per forward call"),
-    "tflops": ("TFLOP/s", "achieved forward TFLOP/s (the calls run under the FLOP "
-                          "counter, slower, left out)"),
-    "bwd_tflops": ("bwd_TFLOP/s", "achieved backward TFLOP/s"),
-    **{prefix + key: (prefix + key, what) for prefix in ("", "cuda_") for key, what in (
-        ("mem_net", "bytes a forward call leaves allocated (activations kept for backward and "
-                    "its output), mean over calls (trace(memory=True))"),
-        ("mem_peak", "peak allocated bytes above the forward call's start, max over calls"),
-        ("bwd_mem_net", "bytes a backward span leaves allocated, mean over calls"),
-        ("bwd_mem_peak", "peak allocated bytes above the backward span's start, max over calls"),
-    )},
-    "mfu": ("MFU", "model FLOPs utilization: forward + backward FLOPs over their time, "
-                   "against the peak"),
-    # device time (trace(gpu=True), hooktrace.analysis.device_time)
-    "gpu_calls": ("gpu_calls", "forward calls timed on the GPU"),
-    "gpu_total_ns": ("gpu_total", "device time of the forward calls (recompute included) on "
-                                  "the module's stream"),
-    "gpu_self_ns": ("gpu_self", "gpu_total less its children's device time"),
-    "gpu_bwd_total_ns": ("gpu_bwd_total", "device time of the module's backward"),
-    "gpu_bwd_self_ns": ("gpu_bwd_self", "gpu_bwd_total less its children's device time"),
 }
 
 
@@ -271,12 +251,12 @@ def _cell(key: str, value: Any) -> tuple[str, str]:
         return format_ns(value), repr(value)
     if isinstance(value, int) and key.endswith("_ns"):
         return format_ns(value), str(value)
-    if key.endswith("_bytes") or "mem_" in key:
+    for p in PROVIDERS:  # a recorded quantity's cells read as in the terminal table
+        text = p.format_cell(key, value)
+        if text is not None:
+            return text, str(value)
+    if key.endswith("_bytes"):
         return format_bytes(value), str(value)
-    if key in ("flops", "bwd_flops"):
-        return format_count(value, "FLOP"), repr(value)
-    if key == "mfu":
-        return f"{value * 100:.1f}%", repr(value)
     if isinstance(value, float):
         return f"{value:.3g}", repr(value)
     return str(value), str(value)
@@ -288,6 +268,9 @@ def _header(key: str, gpu: bool = False) -> tuple[str, str]:
     recorded device time): the host time columns are named ``host_...``."""
     if key in _HEADERS:
         return _HEADERS[key]
+    for p in PROVIDERS:
+        if key in p.headers:
+            return p.headers[key]
     host = "host_" if gpu else ""
     if key.endswith("_ns"):
         return (f"{host}{key[:-3]} (time)", "time; each cell gives its unit (ns, µs, ms, s)"

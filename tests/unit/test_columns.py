@@ -24,6 +24,7 @@ from hooktrace.analysis.columns import (
 )
 from hooktrace.analysis.summary import Summary
 from hooktrace.analysis.aggregates import reduce_window
+from hooktrace.reporters.html import _table_html
 
 
 def _trace():
@@ -67,8 +68,10 @@ class DurUs(ColumnProvider):
 
         return values
 
+    headers = {"dur_us": ("dur µs", "toy: the mean forward call")}
+
     def text_columns(self, keys, rows, *, wide, backward):
-        return [("dur µs", "dur_us")] if "dur_us" in keys else []
+        return [(self.headers["dur_us"][0], "dur_us")] if "dur_us" in keys else []
 
     def format_cell(self, key, value):
         return f"{value:.1f} us" if key == "dur_us" else None
@@ -92,6 +95,7 @@ def test_a_new_provider_shows_in_the_summary_and_the_aggregates_and_goes_again()
         s = Summary.from_trace(trace)
         rows = reduce_window(0, trace, [5.0, 2.0])
         wide, narrow = s.to_text(wide=True).splitlines(), s.to_text().splitlines()
+        page = _table_html(s)
     assert s.columns[-1] == "dur_us" and "toy: dur_us = mean forward call, µs" in s.notes
     by = {r["module"]: r for r in s.rows}
     assert by[""]["dur_us"] == 3.0 and by["fc"]["dur_us"] == 2.0  # (5000 + 1000) / 2; 2000
@@ -100,6 +104,9 @@ def test_a_new_provider_shows_in_the_summary_and_the_aggregates_and_goes_again()
     # not in the narrow one, which shows a quantity when its text_flag is asked for
     assert wide[0].endswith("dur µs") and wide[1].endswith("3.0 us"), wide[:2]
     assert "dur" not in narrow[0]
+    # the report's table: the provider's title and tooltip, its cells
+    assert 'title="toy: the mean forward call; click to sort">dur µs</th>' in page
+    assert '<td data-v="3.0" class=n>3.0 us</td>' in page
     # the aggregates: a column of its own, null in the "step" row
     got = dict(zip(zip(rows["module"], rows["mode"]), rows["dur_us"], strict=True))
     assert got == {("<root>", "forward"): 6.0, ("fc", "forward"): 2.0, ("<step>", "step"): None}
@@ -213,6 +220,7 @@ def test_the_views_name_no_feature():
     for code in (source("analysis/summary.py", "Summary", "from_trace"),
                  source("analysis/summary.py", "Summary", "to_text"),
                  source("analysis/summary.py", "_cell"),
+                 source("reporters/html.py", "_cell"),
                  source("data/tables.py", "_SpanColumns"),
                  source("analysis/aggregates.py", "reduce_window")):
         # (the docstring may say what the providers add; peak_tflops is an option of the
