@@ -11,6 +11,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 from hooktrace.analysis.column_provider import (
     ColumnProvider,
     SpanColumn,
@@ -25,7 +27,7 @@ from hooktrace.analysis.numerics import NumericsColumns
 from hooktrace.analysis.shapes import ShapeColumns
 
 __all__ = ["PROVIDERS", "ColumnProvider", "SpanColumn", "SummaryPart", "WindowGroup",
-           "measured_only"]
+           "cell_text", "measured_only"]
 
 # In the order the views show their columns: the summary's device time leads (and sorts
 # the rows), then FLOPs, memory and numerics; shapes are Parquet columns only.
@@ -36,3 +38,14 @@ PROVIDERS: list[ColumnProvider] = [
     NumericsColumns(),
     ShapeColumns(),
 ]
+
+
+def cell_text(key: str, value: Any) -> str | None:
+    """How a recorded quantity's cell reads (a value, not None), as its provider says
+    (:meth:`ColumnProvider.format_cell`): the terminal table's and the report's; None for
+    a key no provider formats."""
+    for p in PROVIDERS:
+        text = p.format_cell(key, value)
+        if text is not None:
+            return text
+    return None

@@ -34,7 +34,7 @@ from hooktrace.analysis._summary_columns import (
     kernel_notes,
 )
 from hooktrace.analysis.calls import KERNELS, MEASURED, Calls
-from hooktrace.analysis.columns import PROVIDERS
+from hooktrace.analysis.columns import PROVIDERS, cell_text
 from hooktrace.analysis.device_time import GPU_COLUMNS
 from hooktrace.analysis.flops import FLOP_COLUMNS
 from hooktrace.analysis.groups import Groups
@@ -674,8 +674,7 @@ def _cell(row: dict[str, Any], key: str, fused: Sequence[str] = (),
         return ""  # (a row without backward, an [eval] one: blank, not "0 ns": issue #38)
     if key == "bwd_fwd_ratio":
         return f"{value:.2f}"
-    for p in PROVIDERS:  # a recorded quantity's cells read as its provider says
-        text = p.format_cell(key, value)
-        if text is not None:
-            return text
+    text = cell_text(key, value)  # a recorded quantity's cells read as its provider says
+    if text is not None:
+        return text
     return format_ns(value) if key.endswith("_ns") else str(value)

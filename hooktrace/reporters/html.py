@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from hooktrace._output import open_output
 from hooktrace.errors import HooktraceError
 from hooktrace.text import display_path, format_bytes
-from hooktrace.analysis.columns import PROVIDERS
+from hooktrace.analysis.columns import PROVIDERS, cell_text
 from hooktrace.analysis.summary import (
     UNATTRIBUTED,
     StepTable,
@@ -251,10 +251,9 @@ def _cell(key: str, value: Any) -> tuple[str, str]:
         return format_ns(value), repr(value)
     if isinstance(value, int) and key.endswith("_ns"):
         return format_ns(value), str(value)
-    for p in PROVIDERS:  # a recorded quantity's cells read as in the terminal table
-        text = p.format_cell(key, value)
-        if text is not None:
-            return text, str(value)
+    text = cell_text(key, value)  # a recorded quantity's cells read as in the terminal table
+    if text is not None:
+        return text, str(value)
     if key.endswith("_bytes"):
         return format_bytes(value), str(value)
     if isinstance(value, float):

@@ -217,16 +217,19 @@ def test_the_views_name_no_feature():
 
     features = re.compile(r"gpu|flop|mem_|memory|numeric|absmax|nonfinite|rms|shape|launch"
                           r"|device", re.I)
-    for code in (source("analysis/summary.py", "Summary", "from_trace"),
-                 source("analysis/summary.py", "Summary", "to_text"),
-                 source("analysis/summary.py", "_cell"),
-                 source("reporters/html.py", "_cell"),
-                 source("data/tables.py", "_SpanColumns"),
-                 source("analysis/aggregates.py", "reduce_window")):
+    # (each view, and how it asks the providers: looping over PROVIDERS, or a cell
+    # through cell_text, which does)
+    for code, asks in ((source("analysis/summary.py", "Summary", "from_trace"), "PROVIDERS"),
+                       (source("analysis/summary.py", "Summary", "to_text"), "PROVIDERS"),
+                       (source("analysis/summary.py", "_cell"), "cell_text("),
+                       (source("reporters/html.py", "_cell"), "cell_text("),
+                       (source("analysis/columns.py", "cell_text"), "PROVIDERS"),
+                       (source("data/tables.py", "_SpanColumns"), "PROVIDERS"),
+                       (source("analysis/aggregates.py", "reduce_window"), "PROVIDERS")):
         # (the docstring may say what the providers add; peak_tflops is an option of the
         # summary's, handed to every provider; to_text's flags are its keywords, mapped
         # to the providers' text_flag in one line)
         body = code.split('"""', 2)[-1].replace("peak_tflops", "")
         body = "\n".join(line for line in body.splitlines() if "asked = {" not in line)
-        assert "PROVIDERS" in body
+        assert asks in body
         assert not features.findall(body), features.findall(body)
