@@ -251,14 +251,13 @@ class DeviceTimeColumns(ColumnProvider):
     name = "device time"
     span_columns = ("gpu_dur_ns", "gpu_self_ns")
     aggregate_columns = ("gpu_ms",)
-    headers = {
-        "gpu_calls": ("gpu_calls", "forward calls timed on the GPU"),
-        "gpu_total_ns": ("gpu_total", "device time of the forward calls (recompute included) "
-                                      "on the module's stream"),
-        "gpu_self_ns": ("gpu_self", "gpu_total less its children's device time"),
-        "gpu_bwd_total_ns": ("gpu_bwd_total", "device time of the module's backward"),
-        "gpu_bwd_self_ns": ("gpu_bwd_self", "gpu_bwd_total less its children's device time"),
-    }
+    headers = dict(zip(GPU_COLUMNS, (
+        ("gpu_calls", "forward calls timed on the GPU"),
+        ("gpu_total", "device time of the forward calls (recompute included) on the module's "
+                      "stream"),
+        ("gpu_self", "gpu_total less its children's device time"),
+        ("gpu_bwd_total", "device time of the module's backward"),
+        ("gpu_bwd_self", "gpu_bwd_total less its children's device time")), strict=True))
 
     def text_layout(self, columns: list[TextColumn], keys: Collection[str], *,
                     wide: bool, backward: bool) -> list[TextColumn]:

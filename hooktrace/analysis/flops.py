@@ -451,15 +451,14 @@ class FlopColumns(ColumnProvider):
     span_columns = ("flops",)
     aggregate_columns = ("tflops",)
     text_flag = "flops"
-    headers = {
-        "flops": ("flops", "forward FLOPs per call (torch's FlopCounterMode)"),
-        "bwd_flops": ("bwd_flops", "backward FLOPs per forward call"),
-        "tflops": ("TFLOP/s", "achieved forward TFLOP/s (the calls run under the FLOP "
-                              "counter, slower, left out)"),
-        "bwd_tflops": ("bwd_TFLOP/s", "achieved backward TFLOP/s"),
-        "mfu": ("MFU", "model FLOPs utilization: forward + backward FLOPs over their time, "
-                       "against the peak"),
-    }
+    headers = dict(zip(FLOP_COLUMNS, (
+        ("flops", "forward FLOPs per call (torch's FlopCounterMode)"),
+        ("bwd_flops", "backward FLOPs per forward call"),
+        ("TFLOP/s", "achieved forward TFLOP/s (the calls run under the FLOP counter, slower, "
+                    "left out)"),
+        ("bwd_TFLOP/s", "achieved backward TFLOP/s"),
+        ("MFU", "model FLOPs utilization: forward + backward FLOPs over their time, against "
+                "the peak")), strict=True))
 
     def format_cell(self, key: str, value: Any) -> str | None:
         if key in ("flops", "bwd_flops"):

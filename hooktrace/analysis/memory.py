@@ -315,20 +315,22 @@ class MemoryColumns(ColumnProvider):
     span_columns = ("mem_device", "mem_enter_bytes", "mem_exit_bytes", "mem_peak_bytes")
     aggregate_columns = ("mem_peak_bytes",)
     text_flag = "memory"
-    headers = {prefix + key: (prefix + key, what) for prefix in ("", "cuda_") for key, what in (
-        ("mem_net", "bytes a forward call leaves allocated (activations kept for backward and "
-                    "its output), mean over calls (trace(memory=True))"),
-        ("mem_peak", "peak allocated bytes above the forward call's start, max over calls"),
-        ("bwd_mem_net", "bytes a backward span leaves allocated, mean over calls"),
-        ("bwd_mem_peak", "peak allocated bytes above the backward span's start, max over calls"),
-    )}
+    # (each device's columns: memory_columns)
+    headers = {key: (key, what) for device in ("cpu", "cuda") for key, what in zip(
+        memory_columns(device), (
+            "bytes a forward call leaves allocated (activations kept for backward and its "
+            "output), mean over calls (trace(memory=True))",
+            "peak allocated bytes above the forward call's start, max over calls",
+            "bytes a backward span leaves allocated, mean over calls",
+            "peak allocated bytes above the backward span's start, max over calls"),
+        strict=True)}
 
     def text_columns(self, keys: Collection[str], rows: Sequence[dict[str, Any]], *,
                      wide: bool, backward: bool) -> list[TextColumn]:
-        mine = [k for k in keys if k.startswith(("mem_", "bwd_mem_", "cuda_"))]
+        mine = [k for k in keys if k in self.headers]
         if not wide and any(k.startswith("cuda_") for k in mine):
             mine = [k for k in mine if k.startswith("cuda_")]  # (the device's, when recorded)
-        return [(k, k) for k in mine if backward or "bwd_" not in k]
+        return [(self.headers[k][0], k) for k in mine if backward or "bwd_" not in k]
 
     def format_cell(self, key: str, value: Any) -> str | None:
         return format_bytes(value) if "mem_" in key else None
