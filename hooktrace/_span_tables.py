@@ -161,8 +161,7 @@ class Spans:
 
     Example:
         >>> import numpy as np
-        >>> from hooktrace._events import (EVENT_DTYPE, GPU_BACKWARD, GPU_EXIT, GPU_KERNEL, GPU_MARK,
-                               GPU_NO_MODULE, GPU_TIME, STEP, Clock)
+        >>> from hooktrace._events import EVENT_DTYPE, Clock
         >>> ev = np.zeros(3, EVENT_DTYPE); ev["kind"] = [2, 1, 2]; ev["t"] = [1, 2, 5]
         >>> s = Spans.from_events(ev, Clock(0, 0, 1.0))
         >>> len(s), s.orphan_exits, s.unfinished

@@ -7,8 +7,7 @@ node executions behind the backward ones.
 
 Example:
     >>> import numpy as np
-    >>> from hooktrace._events import (EVENT_DTYPE, GPU_BACKWARD, GPU_EXIT, GPU_KERNEL, GPU_MARK,
-                               GPU_NO_MODULE, GPU_TIME, STEP, Clock)
+    >>> from hooktrace._events import EVENT_DTYPE, Clock
     >>> ev = np.zeros(4, EVENT_DTYPE)
     >>> ev["kind"] = [1, 1, 2, 2]; ev["id"] = [0, 1, 1, 0]; ev["t"] = [0, 1000, 3000, 5000]
     >>> trace = TraceData(ev, [("", "Net"), ("fc", "Linear")], [], Clock(0, 0, 1.0),
@@ -78,8 +77,7 @@ class TraceData:
 
     Example:
         >>> import numpy as np
-        >>> from hooktrace._events import (EVENT_DTYPE, GPU_BACKWARD, GPU_EXIT, GPU_KERNEL, GPU_MARK,
-                               GPU_NO_MODULE, GPU_TIME, STEP, Clock)
+        >>> from hooktrace._events import EVENT_DTYPE, Clock
         >>> t = TraceData(np.zeros(0, EVENT_DTYPE), [], [], Clock(0, 0, 1.0),
         ...               {"pid": 7, "hostname": "h", "dropped_events": 2,
         ...                "overwritten_events": 0})
@@ -487,8 +485,7 @@ def load(path: str | os.PathLike[str], *, mmap: bool = False) -> TraceData:
 
     Example:
         >>> import numpy as np, tempfile, os
-        >>> from hooktrace._events import (EVENT_DTYPE, GPU_BACKWARD, GPU_EXIT, GPU_KERNEL, GPU_MARK,
-                               GPU_NO_MODULE, GPU_TIME, STEP, Clock)
+        >>> from hooktrace._events import EVENT_DTYPE, Clock
         >>> p = os.path.join(tempfile.mkdtemp(), "run.htrace")
         >>> TraceData(np.zeros(0, EVENT_DTYPE), [("", "Net")], [], Clock(0, 0, 1.0),
         ...           {"pid": 7, "hostname": "h", "dropped_events": 0,
