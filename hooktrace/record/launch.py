@@ -480,14 +480,11 @@ def write_outputs(trace: GlobalTrace, options: RunOptions) -> None:
         assert result is not None
         result.save(options.output)
     written = [str(options.output)]
-    if options.chrome is not None:
-        assert result is not None
-        result.export_chrome(options.chrome)
-        written.append(str(options.chrome))
-    if options.pftrace is not None:
-        assert result is not None
-        result.export_perfetto(options.pftrace)
-        written.append(str(options.pftrace))
+    for path, export in ((options.chrome, "export_chrome"), (options.pftrace, "export_perfetto")):
+        if path is not None:
+            assert result is not None
+            getattr(result, export)(path)
+            written.append(str(path))
     if options.profile and options.schedule is None:
         assert result is not None
         written += _write_profile(result, options.output)
