@@ -20,7 +20,7 @@ Example:
     >>> src = (b'{"baseTimeNanoseconds": 1000000, "traceEvents": ['
     ...        b'{"ph":"X","cat":"cpu_op","name":"aten::mm","pid":7,"tid":7,"ts":1.5,"dur":2}]}')
     >>> p = collect(io.BytesIO(src), "p.json", pid=7)
-    >>> p.n_events, p.base_ns, p.names[p.name[0]], p.start_abs(0), p.window_abs()
+    >>> p.n_events, p.base_ns, p.names[p.name[0]], p.base_ns + p.start[0], p.window_abs()
     (1, 1000000, 'aten::mm', 1001500, (1001500, 1003500))
 """
 
@@ -167,9 +167,6 @@ class ProfilerEvents:
             i = self._name_ids[name] = len(self.names)
             self.names.append(name)
         return i
-
-    def start_abs(self, i: int) -> int:
-        return self.base_ns + self.start[i]
 
     def window_abs(self) -> tuple[int, int] | None:
         """The profiled interval in Unix ns: the profiler's own span, else all events'."""
@@ -335,9 +332,6 @@ def collect(
         assert before_object_end is not None
         return before_object_end(p)
 
-    def on_event(e: Any) -> None:
-        p.add(e)
-
     if isinstance(source, (str, os.PathLike)):
         f: IO[bytes] = open_binary(source)
         close = True
@@ -345,7 +339,7 @@ def collect(
         f, close = source, False
     try:
         top = scan(
-            f, label, on_event, out=out,
+            f, label, p.add, out=out,
             before_array_end=array_end if before_array_end is not None else None,
             before_object_end=object_end if before_object_end is not None else None,
             top=top_seen, rewrite_event=rewrite_event, rewrite_top=rewrite_top,

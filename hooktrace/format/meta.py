@@ -14,7 +14,7 @@ import os
 import re
 import struct
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -108,10 +108,16 @@ def field_offset(name: str) -> int:
     return int(EVENT_DTYPE.fields[name][1])
 
 
-def crc_of(array: np.ndarray, crc: int = 0) -> int:
+def chunks(array: np.ndarray) -> Iterator[memoryview]:
+    """The array's bytes, CHUNK at a time (what crc32 and the writer step over)."""
     flat = array.view(np.uint8).reshape(-1) if array.size else np.zeros(0, np.uint8)
     for start in range(0, flat.size, CHUNK):
-        crc = zlib.crc32(flat[start : start + CHUNK].data, crc)
+        yield flat[start : start + CHUNK].data
+
+
+def crc_of(array: np.ndarray, crc: int = 0) -> int:
+    for chunk in chunks(array):
+        crc = zlib.crc32(chunk, crc)
     return crc
 
 

@@ -49,6 +49,7 @@ holds them.
 from __future__ import annotations
 
 import os
+import re
 import zlib
 from collections.abc import Callable
 from dataclasses import replace as dataclass_replace
@@ -97,8 +98,8 @@ from hooktrace.format.meta import (
     parse_strings,
 )
 from hooktrace.format.validate import (
+    check_clock,
     check_info,
-    clock_problem,
     recorded_interval,
     validate_events,
 )
@@ -179,10 +180,7 @@ def read_stream(name: str, f: BinaryIO, size: int, head: bytes) -> TraceFileCont
                 raise TraceFileError(name, pos + 8, f"CLOCK block: expected {CLOCK_BLOCK.size} "
                                                     f"payload bytes, found {length}")
             ticks0, unix_ns0, ns_per_tick = CLOCK_BLOCK.unpack(payload)
-            problem = clock_problem(ticks0, unix_ns0, ns_per_tick)
-            if problem:
-                field = 16 if "ns_per_tick" in problem else 8 if "unix_ns0" in problem else 0
-                raise TraceFileError(name, at + field, f"clock conversion: {problem}")
+            check_clock(name, at, ticks0, unix_ns0, ns_per_tick)
             clock, clock_at = Clock(ticks0, unix_ns0, ns_per_tick), at
         elif btype == BLOCK_NODE_NAMES:
             if length < 4:
@@ -330,9 +328,6 @@ def read_stream(name: str, f: BinaryIO, size: int, head: bytes) -> TraceFileCont
 def rolling_segments(name: str, rolling: dict[str, Any]) -> list[str]:
     """The older segments of the rolling stream whose newest file is ``name`` (its META's
     ``rolling``), oldest first: ``<stem>.<k>.htrace`` beside it."""
-    import os
-    import re
-
     folder = os.path.dirname(name) or "."
     stem = rolling.get("stem")
     if not isinstance(stem, str) or not os.path.isdir(folder):

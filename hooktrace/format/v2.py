@@ -44,11 +44,10 @@ Example:
 
 from __future__ import annotations
 
-import json
 import os
 import zlib
 from collections.abc import Mapping, Sequence
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
@@ -56,7 +55,6 @@ from hooktrace._input import open_input
 from hooktrace._output import open_output
 from hooktrace._events import EVENT_DTYPE, Clock
 from hooktrace.format.meta import (
-    CHUNK,
     FORMAT_VERSION,
     HEADER,
     HEADER_CRC_AT,
@@ -69,14 +67,15 @@ from hooktrace.format.meta import (
     StringTable,
     TraceFileContents,
     TraceFileError,
+    chunks,
     crc_of,
+    encode_json,
     events_offset,
-    json_default,
     parse_meta,
     parse_strings,
 )
 from hooktrace.format.validate import (
-    check_header_values,
+    check_clock,
     check_info,
     check_magic,
     clock_problem,
@@ -85,9 +84,7 @@ from hooktrace.format.validate import (
     resolve_node_names,
     validate_events,
 )
-from hooktrace.format.stream import (
-    read_stream,
-)
+from hooktrace.format.stream import read_stream
 
 
 def write_trace(
@@ -125,9 +122,7 @@ def write_trace(
     meta: dict[str, Any] = dict(info)
     meta["modules"] = [[table.add(name), table.add(type_name)] for name, type_name in modules]
     meta["node_names"] = [table.add(name) for name in node_names]
-    meta_bytes = json.dumps(
-        meta, ensure_ascii=False, separators=(",", ":"), default=json_default
-    ).encode("utf-8")
+    meta_bytes = encode_json(meta)
     strings_bytes = table.encode()
     events_off = events_offset(len(meta_bytes), len(strings_bytes))
     padding = events_off - HEADER_SIZE - len(meta_bytes) - len(strings_bytes)
@@ -163,17 +158,8 @@ def write_trace(
         f.write(meta_bytes)
         f.write(strings_bytes)
         f.write(b"\x00" * padding)
-        _write_array(f, events)  # type: ignore[arg-type]
-
-
-
-
-def _write_array(f: BinaryIO, events: np.ndarray) -> None:
-    flat = events.view(np.uint8).reshape(-1) if events.size else np.zeros(0, np.uint8)
-    for start in range(0, flat.size, CHUNK):
-        f.write(flat[start : start + CHUNK].data)
-
-
+        for chunk in chunks(events):
+            f.write(chunk)
 
 
 def read_trace(path: str | os.PathLike[str], *, mmap: bool = False) -> TraceFileContents:
@@ -235,7 +221,9 @@ def read_trace(path: str | os.PathLike[str], *, mmap: bool = False) -> TraceFile
                 f"header checksum mismatch: header says {crc_header:#010x}, bytes "
                 f"0-{HEADER_CRC_AT - 1} hash to {crc:#010x} (file is corrupt)",
             )
-        check_header_values(name, ticks0, unix_ns0, ns_per_tick, pid)
+        check_clock(name, 40, ticks0, unix_ns0, ns_per_tick)
+        if not 1 <= pid <= MAX_PID:
+            raise TraceFileError(name, 72, f"expected a pid in [1, {MAX_PID}], found {pid}")
         strings_off = HEADER_SIZE + meta_len
         events_off = events_offset(meta_len, strings_len)
         end = events_off + n_events * EVENT_DTYPE.itemsize

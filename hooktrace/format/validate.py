@@ -95,14 +95,13 @@ def clock_problem(ticks0: int, unix_ns0: int, ns_per_tick: float) -> str | None:
     return None
 
 
-def check_header_values(name: str, ticks0: int, unix_ns0: int, ns_per_tick: float,
-                         pid: int) -> None:
+def check_clock(name: str, at: int, ticks0: int, unix_ns0: int, ns_per_tick: float) -> None:
+    """Refuses a clock conversion read at file offset ``at`` (u64 ticks0, i64 unix_ns0,
+    f64 ns_per_tick: v2's header, v3's CLOCK block), at the offset of the field at fault."""
     problem = clock_problem(ticks0, unix_ns0, ns_per_tick)
     if problem:
-        offset = 56 if "ns_per_tick" in problem else 48 if "unix_ns0" in problem else 40
-        raise TraceFileError(name, offset, f"clock conversion: {problem}")
-    if not 1 <= pid <= MAX_PID:
-        raise TraceFileError(name, 72, f"expected a pid in [1, {MAX_PID}], found {pid}")
+        field = 16 if "ns_per_tick" in problem else 8 if "unix_ns0" in problem else 0
+        raise TraceFileError(name, at + field, f"clock conversion: {problem}")
 
 
 def _int_in(lo: int, hi: int) -> Callable[[Any], str | None]:

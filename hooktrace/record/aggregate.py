@@ -52,7 +52,7 @@ import uuid
 import warnings
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from hooktrace._naming import env_rank, process_stem
@@ -477,8 +477,6 @@ class AggregateComponent(Component):
                              "lost_rows": self.lost_rows, "lost_steps": self.lost_steps,
                              "write_error": self._write_error,
                              "detail": [dict(k) for k in self.kept],
-                             "policy": {"every": self.policy.every, "slow": self.policy.slow,
-                                        "nonfinite": self.policy.nonfinite,
-                                        "signal": self.policy.signal}}
+                             "policy": asdict(self.policy)}
 
 

@@ -151,7 +151,7 @@ class Attachment:
         from hooktrace.record.launch import start as start_trace
 
         self.trace = start_trace(self.options, on_step=self._on_step)
-        atexit.register(self._at_exit)
+        atexit.register(self.finish)
         threading.Thread(target=self._wait, name="hooktrace-attach", daemon=True).start()
         self._write("recording")
 
@@ -197,9 +197,6 @@ class Attachment:
 
     # -- the end -------------------------------------------------------------
 
-    def _at_exit(self) -> None:
-        self.finish()
-
     def finish(self) -> None:
         """Ends the recording, puts everything back and writes the output (once)."""
         if self._finished:
@@ -223,7 +220,7 @@ class Attachment:
             state, message = "error", f"could not write the trace: {e}"
         finally:
             with contextlib.suppress(Exception):
-                atexit.unregister(self._at_exit)
+                atexit.unregister(self.finish)
             STATE.attachment = None
             with contextlib.suppress(Exception):
                 self._write(state, message=message, lines=lines.getvalue().splitlines(),

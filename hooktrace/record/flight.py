@@ -48,17 +48,6 @@ DUMP_REASONS = ("exception", "signal", "hang", "nonfinite")
 # hooktrace.record.process_state (STATE.active, STATE.dumps_written, under STATE.lock)
 
 
-def register(trace: FlightRecorder) -> None:
-    with STATE.lock:
-        STATE.active.append(trace)
-
-
-def unregister(trace: FlightRecorder) -> None:
-    with STATE.lock:
-        if trace in STATE.active:
-            STATE.active.remove(trace)
-
-
 def dump(directory: str | os.PathLike[str] | None = None) -> list[str]:
     """Write a dump of every recording trace now; returns the files written.
 
@@ -272,7 +261,8 @@ class FlightRecorder:
             self._dump("exception", exc=exc, quiet_errors=True)
 
     def _start_flight_recorder(self) -> None:
-        register(self)  # type: ignore[arg-type]
+        with STATE.lock:
+            STATE.active.append(self)
         if "signal" in self._dump_on:
             self._previous_handler = signal.signal(self._dump_signal, self._on_dump_signal)
         if "hang" in self._dump_on:
@@ -287,7 +277,9 @@ class FlightRecorder:
             if signal.getsignal(self._dump_signal) == self._on_dump_signal:
                 signal.signal(self._dump_signal, self._previous_handler)
             self._previous_handler = None
-        unregister(self)  # type: ignore[arg-type]
+        with STATE.lock:
+            if self in STATE.active:
+                STATE.active.remove(self)
 
     def _on_dump_signal(self, signum: int, frame: Any) -> None:
         self._dump("signal", quiet_errors=True)

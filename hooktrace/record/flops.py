@@ -96,9 +96,6 @@ class FlopRecorder:
         # thread-local dispatch mode, left on the thread that entered it, never from
         # an autograd engine callback (which may run on another thread).
 
-    def on_step(self) -> None:
-        self.close()
-
     def close(self) -> None:
         counter = self._counter
         if counter is None:
@@ -198,7 +195,7 @@ class FlopsComponent(Component):
 
     def before_step(self) -> None:
         if self.flop_recorder is not None:
-            self.flop_recorder.on_step()  # FlopCounterMode's slow dispatch ends here
+            self.flop_recorder.close()  # FlopCounterMode's slow dispatch ends here
 
     def window_opened(self) -> None:
         if self.flop_recorder is not None:

@@ -31,7 +31,7 @@ GELU's and LayerNorm's gradients), so the parent row holds that time.
 compile-start/-end callbacks of record/dispatch.py turn the marks on for that
 compile): code compiled before keeps its code (no recompile), and its region stays
 one span. Marked code stays in Inductor's FX graph cache and AOTAutograd's cache
-under keys of its own: while marking, a no-op post-grad pass (:class:`_MarkPass`,
+under keys of its own: while marking, a no-op post-grad pass (:func:`_mark_pass`,
 whose ``uuid()`` is a hash of this file) is added to
 ``torch._inductor.config.post_grad_custom_post_pass``, which enters both caches' keys;
 so a marked compile never gets unmarked code nor the reverse, and each hits its own
@@ -45,6 +45,7 @@ and GPU (triton) kernels, which hooktrace.merge attributes from the profiler.
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from collections.abc import Iterable
@@ -220,6 +221,7 @@ def _begin(wrapper: Any, kernel_name: str, nodes: list[Any], primary: Any) -> st
     imports = getattr(root, "imports", None)
     if imports is None:
         return None
+    phase = "backward" if getattr(graph, "is_backward", False) else "forward"
     if getattr(root, _MARKED, None) is None:
         imports.writeline("from hooktrace._C import kernel_begin as _ht_kb, "
                           "kernel_end as _ht_ke")
@@ -228,11 +230,9 @@ def _begin(wrapper: Any, kernel_name: str, nodes: list[Any], primary: Any) -> st
         # the modules whose ops this graph holds, kernel or not: a module whose ops were
         # all fused into other modules' kernels has no kernel site, but ran (its summary
         # row says "fused", not nothing). Sites with no kernel name (MODULE_SITE).
-        phase = "backward" if getattr(graph, "is_backward", False) else "forward"
         for path in _graph_modules(graph):
             site(MODULE_SITE, path, phase)
             imports.writeline(f"_ht_site({MODULE_SITE!r}, {path!r}, {phase!r})")
-    phase = "backward" if getattr(graph, "is_backward", False) else "forward"
     if primary is not None and _module_path(primary) is not None:
         module = _module_path(primary) or ""
     else:
@@ -331,30 +331,26 @@ def _common_module(nodes: list[Any]) -> str:
 _saved_config: list[tuple[Any, str, Any]] = []
 
 
-def _mark_pass_type() -> Any:
+@functools.cache
+def _mark_pass() -> Any:
     """:class:`torch._inductor.custom_graph_pass.CustomGraphPass` that changes nothing
-    and whose uuid is this file's hash: it only gives marked code cache keys of its own."""
-    global _MarkPass
-    if _MarkPass is None:
-        import hashlib
-        from pathlib import Path
+    and whose uuid is this file's hash: it only gives marked code cache keys of its own
+    (one instance per process)."""
+    import hashlib
+    from pathlib import Path
 
-        from torch._inductor.custom_graph_pass import CustomGraphPass
+    from torch._inductor.custom_graph_pass import CustomGraphPass
 
-        digest = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    digest = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
 
-        class MarkPass(CustomGraphPass):  # type: ignore[misc]
-            def __call__(self, graph: Any) -> None:
-                return None
+    class MarkPass(CustomGraphPass):  # type: ignore[misc]
+        def __call__(self, graph: Any) -> None:
+            return None
 
-            def uuid(self) -> Any:
-                return f"hooktrace-kernel-marks-{digest}"
+        def uuid(self) -> Any:
+            return f"hooktrace-kernel-marks-{digest}"
 
-        _MarkPass = MarkPass()
-    return _MarkPass
-
-
-_MarkPass: Any = None
+    return MarkPass()
 
 
 def _key_caches() -> None:
@@ -368,7 +364,7 @@ def _key_caches() -> None:
         _bypass_caches()
         return
     try:
-        mark = _mark_pass_type()
+        mark = _mark_pass()
         current = inductor_config.post_grad_custom_post_pass
         if current is None:
             new: Any = mark

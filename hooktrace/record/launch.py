@@ -73,33 +73,25 @@ def add_options(p: argparse.ArgumentParser, *, leave_out: Collection[str] = ()) 
     p.add_argument("--pftrace", metavar="OUT.pftrace", default=None,
                    help="also export a Perfetto protobuf trace at exit; same naming rules")
     if "schedule" not in leave_out:
-        _add_schedule(p)
+        p.add_argument("--schedule", metavar="WAIT,WARMUP,ACTIVE[,REPEAT]", default=None,
+                       help="record only some steps, as torch.profiler.schedule(wait, warmup, "
+                            "active, repeat) would; each window is written as it ends to "
+                            "OUTPUT's folder as <stem>.<last step>.htrace (with --profile, the "
+                            "profiler records the same windows: <stem>.<last step>.merged.json "
+                            "and .profiler.json beside it)")
     if "profile" not in leave_out:
-        _add_profile(p)
+        p.add_argument("--profile", action="store_true",
+                       help="also run torch.profiler (CPU ops; CUDA kernels when CUDA is "
+                            "available) and write <output stem>.merged.json (module spans on "
+                            "the profiler's timeline, as hooktrace merge) and <output stem>"
+                            ".profiler.json (for hooktrace summary --profiler); with "
+                            "--schedule, one of each per window")
     p.add_argument("--summary", action="store_true",
                    help="print the per-module table to stderr at exit")
     recording = p.add_argument_group("recording (hooktrace.trace()'s options)")
     for option in RecordOptions.declared():
         if option.name not in leave_out:
             _add_flag(recording, option)
-
-
-def _add_schedule(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--schedule", metavar="WAIT,WARMUP,ACTIVE[,REPEAT]", default=None,
-                   help="record only some steps, as torch.profiler.schedule(wait, warmup, "
-                        "active, repeat) would; each window is written as it ends to "
-                        "OUTPUT's folder as <stem>.<last step>.htrace (with --profile, the "
-                        "profiler records the same windows: <stem>.<last step>.merged.json "
-                        "and .profiler.json beside it)")
-
-
-def _add_profile(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--profile", action="store_true",
-                   help="also run torch.profiler (CPU ops; CUDA kernels when CUDA is "
-                        "available) and write <output stem>.merged.json (module spans on the "
-                        "profiler's timeline, as hooktrace merge) and <output stem>"
-                        ".profiler.json (for hooktrace summary --profiler); with --schedule, "
-                        "one of each per window")
 
 
 def _add_flag(p: Any, option: Option) -> None:
@@ -488,14 +480,11 @@ def write_outputs(trace: GlobalTrace, options: RunOptions) -> None:
         assert result is not None
         result.save(options.output)
     written = [str(options.output)]
-    if options.chrome is not None:
-        assert result is not None
-        result.export_chrome(options.chrome)
-        written.append(str(options.chrome))
-    if options.pftrace is not None:
-        assert result is not None
-        result.export_perfetto(options.pftrace)
-        written.append(str(options.pftrace))
+    for path, export in ((options.chrome, "export_chrome"), (options.pftrace, "export_perfetto")):
+        if path is not None:
+            assert result is not None
+            getattr(result, export)(path)
+            written.append(str(path))
     if options.profile and options.schedule is None:
         assert result is not None
         written += _write_profile(result, options.output)

@@ -37,29 +37,17 @@ def _cuda_device(model: nn.Module | None) -> int:
     return torch.cuda.current_device()
 
 
-def _torch_version() -> tuple[int, int]:
-    import torch
-
-    major, minor = torch.__version__.split(".")[:2]
-    return int(major), int(minor)
-
-
-def _cuda_allocations(device: int) -> int:
-    """How many allocations the caching allocator has made on ``device`` so far."""
-    import torch
-
-    return int(torch.cuda.memory_stats(device).get("allocation.all.allocated", 0))
-
-
 def enable(session: _C.Session, model: nn.Module | None = None) -> dict[str, object]:
     """Turn memory sampling on for a ``_C.Session`` not yet started; returns the run's
     ``info["memory"]`` block. CUDA is sampled on the device :func:`_cuda_device` picks for
     ``model`` (None: a process scope). Raises :class:`~hooktrace.errors.HooktraceError`
     when it cannot be set up."""
+    import torch
+
     from hooktrace.errors import HooktraceError
 
     cuda = _cuda_device(model)
-    old_torch = cuda >= 0 and _torch_version() < (2, 9)
+    old_torch = cuda >= 0 and tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 9)
     if old_torch:  # no c10::DeviceAllocator to read (csrc/memory.cpp): CPU only
         cuda = -1
     try:
@@ -80,8 +68,13 @@ def enable(session: _C.Session, model: nn.Module | None = None) -> dict[str, obj
 def cuda_allocations(block: dict[str, object]) -> int:
     """How many allocations the caching allocator has made so far on the CUDA device
     ``enable``'s block lists; -1 when it lists none."""
+    import torch
+
     cuda = [str(d) for d in block.get("devices", []) if str(d).startswith("cuda:")]  # type: ignore[attr-defined]
-    return _cuda_allocations(int(cuda[0].split(":")[1])) if cuda else -1
+    if not cuda:
+        return -1
+    stats = torch.cuda.memory_stats(int(cuda[0].split(":")[1]))
+    return int(stats.get("allocation.all.allocated", 0))
 
 
 def finish(block: dict[str, object], allocations_before: int) -> dict[str, object]:

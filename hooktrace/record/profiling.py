@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from hooktrace._naming import process_stem
 from hooktrace._output import check_output_path
 from hooktrace.errors import HooktraceError, OutputPathError
 from hooktrace.exporters.merged import MergeResult, as_run, merge_traces
@@ -29,13 +30,6 @@ from hooktrace.reading import TraceData
 from hooktrace.record.recorder import Recorder, Trace
 
 __all__ = ["MergedTraceHandler", "Profile", "merged_trace_handler", "profile"]
-
-
-
-def _hostname() -> str:
-    import socket
-
-    return socket.gethostname()
 
 
 def _snapshot(run: TraceData | Recorder | Callable[[], Any]) -> TraceData:
@@ -93,7 +87,7 @@ class MergedTraceHandler:
         if self.out_dir.exists() and not self.out_dir.is_dir():
             raise OutputPathError(f"{self.out_dir}: exists and is not a directory; the merged "
                                   "traces go into a directory (one file per window)")
-        self.worker_name = worker_name or f"{_hostname()}_{os.getpid()}"
+        self.worker_name = worker_name or process_stem(None)
         self.keep_profiler_traces = keep_profiler_traces
         self.merged_suffix = merged_suffix
         self.number_by_window = number_by_window
@@ -155,7 +149,7 @@ def merged_trace_handler(
 def _merged_file(out: Path, is_dir_hint: bool) -> Path:
     """The merged file ``profile(model, out)`` writes without a schedule."""
     if is_dir_hint or out.is_dir():
-        return out / f"{_hostname()}_{os.getpid()}.merged.json.gz"
+        return out / f"{process_stem(None)}.merged.json.gz"
     if not out.name.endswith(_MERGED_SUFFIXES):
         raise OutputPathError(f"{out}: a merged trace is written as .json or .json.gz; give "
                               "such a file name, or a directory (ending in '/')")

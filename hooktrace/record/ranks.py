@@ -291,15 +291,11 @@ def estimate_clock_offset(group: Any = None, rounds: int = DEFAULT_ROUNDS) -> Cl
     hi = recv[:, me] - send[:, 0]
     rtt = int((recv[:, me] - send[:, me]).min())
     consistent = int(lo.max()) <= int(hi.min())
+    k = int(np.argmin(hi - lo))  # the narrowest round, when the bounds do not intersect
+    a, b = (int(lo.max()), int(hi.min())) if consistent else (int(lo[k]), int(hi[k]))
+    offset, uncertainty = (a + b) // 2, (b - a + 1) // 2
     if me == 0:
         offset, uncertainty, consistent = 0, 0, True
-    elif consistent:
-        offset = (int(lo.max()) + int(hi.min())) // 2
-        uncertainty = (int(hi.min()) - int(lo.max()) + 1) // 2
-    else:
-        k = int(np.argmin(hi - lo))
-        offset = (int(lo[k]) + int(hi[k])) // 2
-        uncertainty = (int(hi[k]) - int(lo[k]) + 1) // 2
     return ClockOffset(offset, uncertainty, at, rounds, rtt, cost, consistent)
 
 

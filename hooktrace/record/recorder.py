@@ -52,9 +52,6 @@ from hooktrace.record.component import Component
 from hooktrace.record.options import DEFAULT_CAPACITY, RecordOptions
 from hooktrace.record.scopes import ModelScope, ProcessScope, Scope
 from hooktrace.record.streaming import StreamedRecording, thread_names
-from hooktrace.format import (
-    read_trace,
-)
 
 __all__ = ["DEFAULT_CAPACITY", "GlobalTrace", "Recorder", "Trace", "global_trace", "trace",
            "window_handler"]
@@ -541,14 +538,9 @@ class Recorder(StepMarks, FlightRecorder, StreamedRecording):
             # Streaming: memory holds only what the writer has not drained; the file,
             # once the writer has caught up with now, holds everything.
             self._writer.flush()
-            contents = read_trace(self._out)  # type: ignore[arg-type]
             stats = self._session.stats()
-            info = dict(contents.info)
-            info.pop("cut", None)  # not cut: still recording
-            info.update(dropped_events=int(stats["dropped"]), stop_unix_ns=time.time_ns(),
-                        thread_names=thread_names(), out=self._out)
-            return TraceResult(contents.events, contents.modules, contents.node_names,
-                             contents.clock, info)
+            return self._load_stream(dropped_events=int(stats["dropped"]),
+                                     stop_unix_ns=time.time_ns(), thread_names=thread_names())
         events, clock, info = self._collect(stop_unix_ns=time.time_ns())
         return TraceResult(events, self._scope.modules_table(), _C.node_names(), clock, info)
 

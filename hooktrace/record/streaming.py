@@ -140,14 +140,11 @@ class StreamedRecording:
         """Drains the last events (the session is stopped), then the FOOTER, then closes."""
         writer, session, scope = self._writer, self._session, self._scope
         _streaming.discard(self)
-        if self.streamed_by_parent():
-            # a forked child's copy: the writer thread and the file are the parent's
-            writer.stop()  # (inert here: joins and writes nothing)
-            os.close(self._stream_fd)
-            self._stream_fd = -1
-            self._writer = None
-            return
         try:
+            if self.streamed_by_parent():
+                # a forked child's copy: the writer thread and the file are the parent's
+                writer.stop()  # (inert here: joins and writes nothing)
+                return
             if isinstance(scope, ProcessScope):
                 scope.on_modules = None
                 writer.set_modules(0, scope.modules_table())  # (unchanged: nothing to write)
@@ -239,10 +236,14 @@ class StreamedRecording:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._out)
 
-    def _load_stream(self) -> TraceResult:
+    def _load_stream(self, **now: Any) -> TraceResult:
+        """The file read back as a result: after the block, or while recording
+        (``snapshot()``; ``now``: the counts so far), when it is not cut but being written."""
         assert self._out is not None
         contents = read_trace(self._out)
-        info = dict(contents.info)
+        info = dict(contents.info, **now)
+        if now:
+            info.pop("cut", None)
         info["out"] = self._out
         if self._stream_lost is not None:
             error, lost = self._stream_lost
