@@ -36,6 +36,7 @@ import html
 import json
 import os
 from importlib import resources
+from collections.abc import Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hooktrace._output import open_output
@@ -54,8 +55,8 @@ if TYPE_CHECKING:
     from hooktrace.reading import TraceData
 
 __all__ = ["ICICLE_OPTIONS", "OTHER_MEANS", "PAGE_STYLE", "ReportError", "TABLE_SORT_SCRIPT",
-           "plotly_js",
-           "render_report", "steps_figure", "write_report"]
+           "plotly_js", "render_report", "script_json", "sortable_table", "steps_figure",
+           "write_report"]
 
 RUN_ID = "run"  # the icicle's root box
 
@@ -281,26 +282,30 @@ def _header(key: str, gpu: bool = False) -> tuple[str, str]:
 
 def _table_html(summary: Summary) -> str:
     cols = _table_columns(summary)
-    head = "".join(
-        f'<th data-col="{i}" data-key="{c}" title="{html.escape(tip)}'
-        f'{"; " if tip else ""}click to sort">{html.escape(name)}</th>'
-        for i, c in enumerate(cols) for name, tip in [_header(c, summary.gpu)])
-    body = []
-    for r in summary.rows:
-        cells = []
-        for c in cols:
-            text, key = _cell(c, r.get(c))
-            num = c not in ("module", "type", "mode", "timing")
-            cells.append(f'<td data-v="{html.escape(key)}"{" class=n" if num else ""}>'
-                         f"{html.escape(text)}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
+    return sortable_table([(c, *_header(c, summary.gpu)) for c in cols],
+                          [[_cell(c, r.get(c)) for c in cols] for r in summary.rows],
+                          ("module", "type", "mode", "timing"))
+
+
+def sortable_table(columns: Sequence[tuple[str, str, str]],
+                   rows: Iterable[Sequence[tuple[str, str]]], text_keys: Collection[str]) -> str:
+    """The reports' table (``table#summary``, sorted by TABLE_SORT_SCRIPT): ``columns``
+    (key, header, tooltip), per row its cells' (shown text, sort key); the cells of
+    ``text_keys`` are left-aligned, the others numbers."""
+    head = "".join(f'<th data-col="{i}" data-key="{key}" title="{html.escape(tip)}'
+                   f'{"; " if tip else ""}click to sort">{html.escape(name)}</th>'
+                   for i, (key, name, tip) in enumerate(columns))
+    body = "".join("<tr>" + "".join(
+        f'<td data-v="{html.escape(v)}"{"" if key in text_keys else " class=n"}>'
+        f"{html.escape(text)}</td>" for (key, _, _), (text, v) in zip(columns, row)) + "</tr>"
+        for row in rows)
     # in a scrolling box: a wide table (memory and FLOP columns) never widens the page
     return (f'<div class="scroll"><table id="summary"><thead><tr>{head}</tr></thead>'
-            f"<tbody>{''.join(body)}</tbody></table></div>")
+            f"<tbody>{body}</tbody></table></div>")
 
 
-def _script_json(value: Any) -> str:
-    # Module names end up inside <script>: "</" would close it early.
+def script_json(value: Any) -> str:
+    """``value`` as JSON inside a ``<script>``: module names' "</" would close it early."""
     return json.dumps(value, ensure_ascii=False).replace("</", "<\\/")
 
 
@@ -362,7 +367,6 @@ def render_report(trace: TraceData, *, source: str | None = None,
     summary = Summary.from_trace(trace, peak_tflops=peak_tflops)
     steps = StepTable.from_trace(trace)
     ice = icicle_data(_device_view(summary) if summary.gpu else summary)
-    name = source or "the run"
     title = title or f"hooktrace report: {os.path.basename(source) if source else 'run'}"
     info = trace.info
     facts = [f"{len(trace.spans())} spans", f"{len(trace.modules)} modules",
@@ -396,10 +400,10 @@ def render_report(trace: TraceData, *, source: str | None = None,
     src = html.escape(source or "RUN.htrace")
     return _TEMPLATE.format(
         title=html.escape(title), plotly=js.replace("</script", "<\\/script"),
-        facts=html.escape(" · ".join(facts)), name=html.escape(name),
+        facts=html.escape(" · ".join(facts)),
         footer=html.escape(summary.footer()), table=_table_html(summary),
-        icicle=_script_json(ice), steps=_script_json(step_figure), src=src,
-        icicle_options=_script_json(ICICLE_OPTIONS), other_means=html.escape(OTHER_MEANS),
+        icicle=script_json(ice), steps=script_json(step_figure), src=src,
+        icicle_options=script_json(ICICLE_OPTIONS), other_means=html.escape(OTHER_MEANS),
         run_color=RUN_COLOR,
         steps_display="block" if steps.rows else "none", sort_script=TABLE_SORT_SCRIPT,
     )
