@@ -359,22 +359,6 @@ def pool(parts: Sequence[Part]) -> RunStats:
             "hooktrace diff: one run's files were recorded under different span definitions "
             f"({', '.join(definition_text(d) for d in definitions)}); re-record them with one "
             "hooktrace version")
-    if len(parts) == 1:
-        p = parts[0]
-        width = max(p.n_steps, 1)
-        out = {}
-        for key in p.types:
-            calls = float(np.percentile(p.calls[key], 50))
-            out[key] = PhaseStats(p.types[key], p.p50[key],
-                                   float(np.percentile(p.total[key], 50)),
-                                   float(np.percentile(p.self_ns[key], 50)), calls,
-                                   p.timing.get(key, "measured"), p.p50_self[key],
-                                   spread(p.total[key] if p.n_steps else np.zeros(0),
-                                           p.iqr[key], calls))
-        step_p50 = float(np.percentile(p.step_ns, 50)) if p.n_steps else None
-        root_total = p.root_ns / width
-        return RunStats(out, p.n_steps, step_p50, step_p50 if step_p50 else root_total,
-                         p.span_definition, p.gpu, p.launch, p.fused - set(out))
     stepped = [p for p in parts if p.n_steps]
     n_steps = sum(p.n_steps for p in stepped)
     keys: dict[Key, str] = {}
@@ -383,25 +367,27 @@ def pool(parts: Sequence[Part]) -> RunStats:
             keys.setdefault(key, type_name)
     out = {}
     for key, type_name in keys.items():
-        calls_ns, self_calls_ns = [], []
-        for p in parts:
-            if key in p.types:
-                if p.calls_ns is None or p.self_calls_ns is None:
-                    raise ValueError("hooktrace.analysis.diff: a part to pool was made "
-                                     "without its calls")
-                calls_ns.append(p.calls_ns[key])
-                self_calls_ns.append(p.self_calls_ns[key])
-        every = np.concatenate(calls_ns)
-        p50 = float(np.median(every))
-        q75, q25 = np.percentile(every, [75, 25])
-
+        if len(parts) == 1:  # (exact, and a part alone keeps no calls)
+            p50, p50_self, iqr = parts[0].p50[key], parts[0].p50_self[key], parts[0].iqr[key]
+        else:
+            calls_ns, self_calls_ns = [], []
+            for p in parts:
+                if key in p.types:
+                    if p.calls_ns is None or p.self_calls_ns is None:
+                        raise ValueError("hooktrace.analysis.diff: a part to pool was made "
+                                         "without its calls")
+                    calls_ns.append(p.calls_ns[key])
+                    self_calls_ns.append(p.self_calls_ns[key])
+            every = np.concatenate(calls_ns)
+            p50, p50_self = float(np.median(every)), float(np.median(np.concatenate(self_calls_ns)))
+            q75, q25 = np.percentile(every, [75, 25])
+            iqr = float(q75 - q25)
         total, self_ns, calls = (pooled_column(parts, stepped, f, key)
                                  for f in ("total", "self_ns", "calls"))
         per_step = (np.concatenate([p.total.get(key, np.zeros(p.n_steps)) for p in stepped])
                     if stepped else np.zeros(0))
         out[key] = PhaseStats(type_name, p50, total, self_ns, calls, pooled_timing(parts, key),
-                               float(np.median(np.concatenate(self_calls_ns))),
-                               spread(per_step, float(q75 - q25), calls))
+                               p50_self, spread(per_step, iqr, calls))
     step_p50 = (float(np.median(np.concatenate([p.step_ns for p in stepped])))
                 if n_steps else None)
     root_total = (sum(p.root_ns for p in stepped) / n_steps if n_steps
