@@ -25,7 +25,7 @@ from hooktrace.reporters.html import (
     BACKWARD_COLOR,
     FORWARD_COLOR,
     OTHER_COLOR,
-    PAGE_STYLE,
+    PAGE_HEAD,
     TABLE_SORT_SCRIPT,
     plotly_js,
     script_json,
@@ -191,12 +191,7 @@ def write_aggregate_report(table: Any, kept: list[dict[str, Any]],
         f.write(text.encode("utf-8"))
 
 
-_TEMPLATE = """<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{title}</title>
-<style>
-""" + PAGE_STYLE + """#steps {{ height: 320px; }}
+_TEMPLATE = PAGE_HEAD + """#steps {{ height: 320px; }}
 code {{ background: #f6f6f6; }}
 </style>
 <script>{plotly}</script>

@@ -54,7 +54,7 @@ from hooktrace.analysis.summary import (
 if TYPE_CHECKING:
     from hooktrace.reading import TraceData
 
-__all__ = ["ICICLE_OPTIONS", "OTHER_MEANS", "PAGE_STYLE", "ReportError", "TABLE_SORT_SCRIPT",
+__all__ = ["ICICLE_OPTIONS", "OTHER_MEANS", "PAGE_HEAD", "ReportError", "TABLE_SORT_SCRIPT",
            "plotly_js", "render_report", "script_json", "sortable_table", "steps_figure",
            "write_report"]
 
@@ -170,18 +170,21 @@ def icicle_data(summary: Summary) -> dict[str, list[Any]]:
                 return True
         return False
 
-    fwd_total = sum(r["total_ns"] for r in rows
-                    if r["calls"] and not called_ancestor(r["module"], by_name))
+    def calls_branch(phase: str, called: list[dict[str, Any]], table: dict[str, dict[str, Any]],
+                     what: str) -> None:
+        """The branch of the forward (or eval) calls: each module's own box is its self."""
+        total = sum(r["total_ns"] for r in called if not called_ancestor(r["module"], table))
+        box(f"{RUN_ID}/{phase}", phase, RUN_ID, 0.0, f"{what}: {format_ns(total)}")
+        for r in called:
+            id_ = ensure(phase, r["module"])
+            boxes[id_]["value"] += r["self_ns"] / 1e3
+            boxes[id_]["hover"] += (f"<br>{phase} total {format_ns(r['total_ns'])} in "
+                                    f"{r['calls']} calls<br>self {format_ns(r['self_ns'])}"
+                                    + (_flop_hover(r, "") if phase == "forward" else ""))
+
     bwd_rows = [r for r in rows if r["bwd_calls"]]
     box(RUN_ID, "run", "", 0.0, "the run: forward and backward time")
-    box(f"{RUN_ID}/forward", "forward", RUN_ID, 0.0, f"forward: {format_ns(fwd_total)}")
-    for r in rows:
-        if r["calls"]:
-            id_ = ensure("forward", r["module"])
-            boxes[id_]["value"] += r["self_ns"] / 1e3
-            boxes[id_]["hover"] += (f"<br>forward total {format_ns(r['total_ns'])} in "
-                                    f"{r['calls']} calls<br>self {format_ns(r['self_ns'])}"
-                                    + _flop_hover(r, ""))
+    calls_branch("forward", [r for r in rows if r["calls"]], by_name, "forward")
     if bwd_rows or any(r["module"] == UNATTRIBUTED for r in summary.rows):
         box(f"{RUN_ID}/backward", "backward", RUN_ID, 0.0, "backward")
         children_ns: dict[str, float] = {}
@@ -205,15 +208,7 @@ def icicle_data(summary: Summary) -> dict[str, list[Any]]:
             box(f"{RUN_ID}/backward/{UNATTRIBUTED}", UNATTRIBUTED, f"{RUN_ID}/backward", loose,
                 f"autograd nodes of no module (AccumulateGrad, the loss's): {format_ns(loose)}")
     if eval_rows:
-        eval_total = sum(r["total_ns"] for r in eval_rows
-                         if not called_ancestor(r["module"], eval_by_name))
-        box(f"{RUN_ID}/eval", "eval", RUN_ID, 0.0,
-            f"eval calls (model.eval() or no_grad): {format_ns(eval_total)}")
-        for r in eval_rows:
-            id_ = ensure("eval", r["module"])
-            boxes[id_]["value"] += r["self_ns"] / 1e3
-            boxes[id_]["hover"] += (f"<br>eval total {format_ns(r['total_ns'])} in "
-                                    f"{r['calls']} calls<br>self {format_ns(r['self_ns'])}")
+        calls_branch("eval", eval_rows, eval_by_name, "eval calls (model.eval() or no_grad)")
     return {"ids": order, "labels": [boxes[i]["label"] for i in order],
             "parents": [boxes[i]["parent"] for i in order],
             "values": [round(boxes[i]["value"], 3) for i in order],
@@ -442,9 +437,15 @@ TABLE_SORT_SCRIPT = """  var table = document.getElementById("summary");
   });
 """
 
-# The reports' shared look (this page's and reporters/aggregate.py's): the text, the
-# sortable table; each page adds its charts' sizes. Braces doubled: part of a format template.
-PAGE_STYLE = """body {{ font: 14px system-ui, sans-serif; margin: 1.5em; color: #222; }}
+# The reports' shared head and look (this page's and reporters/aggregate.py's): the text,
+# the sortable table; each page adds its charts' sizes to the style it leaves open. Braces
+# doubled: part of a format template.
+PAGE_HEAD = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title}</title>
+<style>
+body {{ font: 14px system-ui, sans-serif; margin: 1.5em; color: #222; }}
 h1 {{ font-size: 1.4em; margin-bottom: .2em; }} h2 {{ font-size: 1.1em; margin-top: 1.6em; }}
 .facts, .hint {{ color: #555; }}
 .scroll {{ overflow: auto; max-width: 100%; max-height: 80vh; }}
@@ -455,12 +456,7 @@ th.asc::after {{ content: " ▲"; }} th.desc::after {{ content: " ▼"; }}
 td.n {{ text-align: right; font-variant-numeric: tabular-nums; }}
 """
 
-_TEMPLATE = """<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{title}</title>
-<style>
-""" + PAGE_STYLE + """#icicle {{ height: 560px; }} #steps {{ height: 300px; }}
+_TEMPLATE = PAGE_HEAD + """#icicle {{ height: 560px; }} #steps {{ height: 300px; }}
 pre {{ background: #f6f6f6; padding: .6em; white-space: pre-wrap; }}
 </style>
 <script>{plotly}</script>
