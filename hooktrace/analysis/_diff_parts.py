@@ -12,7 +12,7 @@ result; :mod:`hooktrace.analysis._diff_inputs` says which files make a run.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -167,46 +167,15 @@ def trace_part(trace: TraceData, keep_calls: bool = False) -> Part:
     # of a run without complete steps: the whole run is its one column)
     span_col = (calls.step_columns(steps.number[complete]) if n_steps
                 else np.zeros(len(calls), np.int64))
-    width = max(n_steps, 1)
-    dur, self_ns, module_of = calls.dur, calls.self_ns, calls.module
-    derived, root = calls.timing == KERNELS, calls.root
+    dur, root, derived = calls.dur, calls.root, calls.timing == KERNELS
     part = Part({}, {}, {} if keep_calls else None, {}, {}, {}, n_steps,
                  steps.duration_ns[complete].astype(np.int64), 0.0,
                  span_definition(trace.info), self_calls_ns={} if keep_calls else None)
     for phase, cat in PHASES.items():
         sel = np.flatnonzero(keep & (calls.cat == cat) & (calls.eval == (phase == "eval")))
-        if not len(sel):
-            continue
-        module = module_of[sel]
-        n_mod = int(module.max()) + 1
-        g = Groups(module, dur[sel], self_ns[sel], n_mod)
-        counts, ids = g.counts, g.ids
-        p50, p50_self = g.percentile(50), g.self_percentile(50)
-        iqr = g.percentile(75) - g.percentile(25)
-        in_step = span_col[sel] >= 0
-        cell = module[in_step] * width + span_col[sel][in_step]
-        per_step = np.bincount(cell, weights=dur[sel][in_step],
-                               minlength=n_mod * width).reshape(n_mod, width)
-        self_step = np.bincount(cell, weights=self_ns[sel][in_step],
-                                minlength=n_mod * width).reshape(n_mod, width)
-        n_calls = np.bincount(cell, minlength=n_mod * width).reshape(n_mod, width)
-        n_derived = np.bincount(module, weights=derived[sel], minlength=n_mod)
-        for k, m in enumerate(ids.tolist()):
-            key = (calls.names[m], phase)
-            part.run[key] = (float(g.total[k]), float(g.self_total[k]), float(counts[k]))
-            part.types[key] = calls.types[m]
-            part.p50[key] = float(p50[k])
-            part.p50_self[key] = float(p50_self[k])
-            part.iqr[key] = float(iqr[k])
-            if part.calls_ns is not None and part.self_calls_ns is not None:
-                part.calls_ns[key] = g.values(k).copy()
-                part.self_calls_ns[key] = g.self_values(k).copy()
-            part.total[key] = per_step[m].copy()
-            part.self_ns[key] = self_step[m].copy()
-            part.calls[key] = n_calls[m].astype(np.float64)
-            if n_derived[m]:
-                part.timing[key] = ("kernels" if n_derived[m] == counts[k]
-                                    else "measured+kernels")
+        add_calls(part, phase, calls.module[sel], dur[sel], calls.self_ns[sel], span_col[sel],
+                  max(n_steps, 1), derived[sel], lambda m: (calls.names[m], calls.types[m]),
+                  "measured+kernels")
         roots = root[sel]
         part.root_ns += float(dur[sel][roots & (span_col[sel] >= 0)].sum())
         part.run_root_ns += float(dur[sel][roots].sum())
@@ -236,35 +205,56 @@ def add_gpu_phases(part: Part, trace: TraceData, complete: np.ndarray) -> None:
         span_col = col[m.step]
     else:
         span_col = np.zeros(len(gpu), np.int64)
-    dur, self_ns = gpu.duration_ns, gpu.self_ns
     is_eval = m.group >= m.n_mod
     module = m.group % m.n_mod
+
+    def name_of(mod: int) -> tuple[str, str]:
+        return trace.modules[mod] if mod < len(trace.modules) else (f"<module {mod}>", "?")
+
     for phase in GPU_PHASES:
         sel = np.flatnonzero((m.backward == (phase == "gpu backward"))
                              & (is_eval == (phase == "gpu eval")))
-        for mod in np.unique(module[sel]).tolist():
-            mine = sel[module[sel] == mod]
-            d, s_ = np.sort(dur[mine]), np.sort(self_ns[mine])
-            name, type_name = (trace.modules[mod] if mod < len(trace.modules)
-                               else (f"<module {mod}>", "?"))
-            key = (name, phase)
-            c = span_col[mine]
-            ok = c >= 0
-            per_col = np.bincount(c[ok], weights=dur[mine][ok], minlength=n_cols)
-            part.types[key] = type_name
-            part.p50[key] = float(np.percentile(d, 50))
-            part.p50_self[key] = float(np.percentile(s_, 50))
-            q75, q25 = np.percentile(d, [75, 25])
-            part.iqr[key] = float(q75 - q25)
-            if part.calls_ns is not None and part.self_calls_ns is not None:
-                part.calls_ns[key], part.self_calls_ns[key] = d, s_
-            part.total[key] = per_col
-            part.self_ns[key] = np.bincount(c[ok], weights=self_ns[mine][ok],
-                                            minlength=n_cols)
-            part.calls[key] = np.bincount(c[ok], minlength=n_cols).astype(np.float64)
-            part.run[key] = (float(d.sum()), float(s_.sum()), float(len(d)))
-            if np.any(gpu.span[mine] < 0):
-                part.timing[key] = "kernels"
+        # (an interval without a host span: a kernel site of a compiled region)
+        add_calls(part, phase, module[sel], gpu.duration_ns[sel], gpu.self_ns[sel],
+                  span_col[sel], n_cols, gpu.span[sel] < 0, name_of, "kernels")
+
+
+def add_calls(part: Part, phase: str, module: np.ndarray, dur: np.ndarray, self_ns: np.ndarray,
+              col: np.ndarray, width: int, derived: np.ndarray,
+              name_of: Callable[[int], tuple[str, str]], mixed: str) -> None:
+    """One phase's calls into ``part``, per (module, ``phase``): per call, its ``module``
+    (``name_of`` gives its name and type), ``dur``, ``self_ns``, its column ``col`` among
+    ``width`` (-1: none) and whether it is kernel-derived (``derived``: the key's timing
+    is "kernels" when all its calls are, else ``mixed``)."""
+    if not len(module):
+        return
+    n_mod = int(module.max()) + 1
+    g = Groups(module, dur, self_ns, n_mod)
+    p50, p50_self = g.percentile(50), g.self_percentile(50)
+    iqr = g.percentile(75) - g.percentile(25)
+    ok = col >= 0
+    cell = module[ok] * width + col[ok]
+    per_col = np.bincount(cell, weights=dur[ok], minlength=n_mod * width).reshape(n_mod, width)
+    self_col = np.bincount(cell, weights=self_ns[ok],
+                           minlength=n_mod * width).reshape(n_mod, width)
+    n_calls = np.bincount(cell, minlength=n_mod * width).reshape(n_mod, width)
+    n_derived = np.bincount(module, weights=derived, minlength=n_mod)
+    for k, m in enumerate(g.ids.tolist()):
+        name, type_name = name_of(m)
+        key = (name, phase)
+        part.run[key] = (float(g.total[k]), float(g.self_total[k]), float(g.counts[k]))
+        part.types[key] = type_name
+        part.p50[key] = float(p50[k])
+        part.p50_self[key] = float(p50_self[k])
+        part.iqr[key] = float(iqr[k])
+        if part.calls_ns is not None and part.self_calls_ns is not None:
+            part.calls_ns[key] = g.values(k).copy()
+            part.self_calls_ns[key] = g.self_values(k).copy()
+        part.total[key] = per_col[m].copy()
+        part.self_ns[key] = self_col[m].copy()
+        part.calls[key] = n_calls[m].astype(np.float64)
+        if n_derived[m]:
+            part.timing[key] = "kernels" if n_derived[m] == g.counts[k] else mixed
 
 
 KEY_PHASES = (*PHASES, *GPU_PHASES)  # the SQL's key_phase numbers (hooktrace.data.engine)
@@ -289,33 +279,22 @@ def part_from_tables(t: Mapping[str, Any], info: Mapping[str, Any], gpu: bool,
             if n_steps:
                 width = max(int(t["gpu_timed"].column("n")[0].as_py()) if "gpu_timed" in t
                             else 0, 1)
-        cells: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        empty = np.zeros(0, np.int64)
-        c = ({k: t[f"{side}_cells"].column(k).to_numpy() for k in t[f"{side}_cells"].column_names}
-             if f"{side}_cells" in t else dict.fromkeys(("key_phase", "slot", "col", "total_ns",
-                                                          "self_ns", "calls"), empty))
-        keys = c["key_phase"].astype(np.int64) * (1 << 32) + c["slot"].astype(np.int64)
-        bounds = (np.flatnonzero(np.r_[True, keys[1:] != keys[:-1], True]) if len(keys)
-                  else np.zeros(0, np.int64))
-        for a, b in zip(bounds[:-1], bounds[1:]):
-            arrays = []
-            for name in ("total_ns", "self_ns", "calls"):
-                v = np.zeros(width)
-                v[c["col"][a:b]] = c[name][a:b]
-                arrays.append(v)
-            cells[(int(c["key_phase"][a]), int(c["slot"][a]))] = (arrays[0], arrays[1],
-                                                                   arrays[2])
+        cells: dict[tuple[int, int], list[np.ndarray]] = {}
+        if f"{side}_cells" in t:
+            c = {k: t[f"{side}_cells"].column(k).to_numpy()
+                 for k in t[f"{side}_cells"].column_names}
+            for kp_slot, rows in _by_key(c):
+                cells[kp_slot] = []
+                for name in ("total_ns", "self_ns", "calls"):
+                    cells[kp_slot].append(np.zeros(width))
+                    cells[kp_slot][-1][c["col"][rows]] = c[name][rows]
         calls_of: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         if keep_calls and f"{side}_calls" in t:
             k = {n: t[f"{side}_calls"].column(n).to_numpy() for n in
                  ("key_phase", "slot", "dur_ns", "self_ns")}
-            kk = k["key_phase"].astype(np.int64) * (1 << 32) + k["slot"].astype(np.int64)
-            edges = (np.flatnonzero(np.r_[True, kk[1:] != kk[:-1], True]) if len(kk)
-                     else np.zeros(0, np.int64))
-            for a, b in zip(edges[:-1], edges[1:]):
-                calls_of[(int(k["key_phase"][a]), int(k["slot"][a]))] = (
-                    np.sort(k["dur_ns"][a:b]).astype(np.int64),
-                    np.sort(k["self_ns"][a:b]).astype(np.int64))
+            for kp_slot, rows in _by_key(k):
+                calls_of[kp_slot] = (np.sort(k["dur_ns"][rows]).astype(np.int64),
+                                     np.sort(k["self_ns"][rows]).astype(np.int64))
         zero = np.zeros(width)
         for row in t[f"{side}_keys"].to_pylist() if f"{side}_keys" in t else []:
             kp, slot = int(row["key_phase"]), int(row["slot"])
@@ -325,7 +304,7 @@ def part_from_tables(t: Mapping[str, Any], info: Mapping[str, Any], gpu: bool,
             part.p50[key] = p50
             part.p50_self[key] = float(row["p50_self"])
             part.iqr[key] = q75 - q25
-            total, self_, calls = cells.get((kp, slot), (zero, zero, zero))
+            total, self_, calls = cells.get((kp, slot), [zero, zero, zero])
             part.total[key], part.self_ns[key], part.calls[key] = (total.copy(), self_.copy(),
                                                                    calls.copy())
             part.run[key] = (float(row["total_ns"]), float(row["self_ns"]),
@@ -337,6 +316,14 @@ def part_from_tables(t: Mapping[str, Any], info: Mapping[str, Any], gpu: bool,
                                     else "measured+kernels")
     part.launch = info.get("accelerator") == "cuda" and not gpu  # (launch_time_only)
     return part
+
+
+def _by_key(cols: Mapping[str, np.ndarray]) -> Iterator[tuple[tuple[int, int], slice]]:
+    """The rows of each (key_phase, slot) of a table's columns sorted by them."""
+    keys = cols["key_phase"].astype(np.int64) * (1 << 32) + cols["slot"].astype(np.int64)
+    bounds = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1], True]) if len(keys) else keys
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        yield (int(cols["key_phase"][a]), int(cols["slot"][a])), slice(a, b)
 
 
 def spread(per_step: np.ndarray, call_iqr: float, calls: float) -> float:
@@ -359,22 +346,6 @@ def pool(parts: Sequence[Part]) -> RunStats:
             "hooktrace diff: one run's files were recorded under different span definitions "
             f"({', '.join(definition_text(d) for d in definitions)}); re-record them with one "
             "hooktrace version")
-    if len(parts) == 1:
-        p = parts[0]
-        width = max(p.n_steps, 1)
-        out = {}
-        for key in p.types:
-            calls = float(np.percentile(p.calls[key], 50))
-            out[key] = PhaseStats(p.types[key], p.p50[key],
-                                   float(np.percentile(p.total[key], 50)),
-                                   float(np.percentile(p.self_ns[key], 50)), calls,
-                                   p.timing.get(key, "measured"), p.p50_self[key],
-                                   spread(p.total[key] if p.n_steps else np.zeros(0),
-                                           p.iqr[key], calls))
-        step_p50 = float(np.percentile(p.step_ns, 50)) if p.n_steps else None
-        root_total = p.root_ns / width
-        return RunStats(out, p.n_steps, step_p50, step_p50 if step_p50 else root_total,
-                         p.span_definition, p.gpu, p.launch, p.fused - set(out))
     stepped = [p for p in parts if p.n_steps]
     n_steps = sum(p.n_steps for p in stepped)
     keys: dict[Key, str] = {}
@@ -383,25 +354,27 @@ def pool(parts: Sequence[Part]) -> RunStats:
             keys.setdefault(key, type_name)
     out = {}
     for key, type_name in keys.items():
-        calls_ns, self_calls_ns = [], []
-        for p in parts:
-            if key in p.types:
-                if p.calls_ns is None or p.self_calls_ns is None:
-                    raise ValueError("hooktrace.analysis.diff: a part to pool was made "
-                                     "without its calls")
-                calls_ns.append(p.calls_ns[key])
-                self_calls_ns.append(p.self_calls_ns[key])
-        every = np.concatenate(calls_ns)
-        p50 = float(np.median(every))
-        q75, q25 = np.percentile(every, [75, 25])
-
+        if len(parts) == 1:  # (exact, and a part alone keeps no calls)
+            p50, p50_self, iqr = parts[0].p50[key], parts[0].p50_self[key], parts[0].iqr[key]
+        else:
+            calls_ns, self_calls_ns = [], []
+            for p in parts:
+                if key in p.types:
+                    if p.calls_ns is None or p.self_calls_ns is None:
+                        raise ValueError("hooktrace.analysis.diff: a part to pool was made "
+                                         "without its calls")
+                    calls_ns.append(p.calls_ns[key])
+                    self_calls_ns.append(p.self_calls_ns[key])
+            every = np.concatenate(calls_ns)
+            p50, p50_self = float(np.median(every)), float(np.median(np.concatenate(self_calls_ns)))
+            q75, q25 = np.percentile(every, [75, 25])
+            iqr = float(q75 - q25)
         total, self_ns, calls = (pooled_column(parts, stepped, f, key)
                                  for f in ("total", "self_ns", "calls"))
         per_step = (np.concatenate([p.total.get(key, np.zeros(p.n_steps)) for p in stepped])
                     if stepped else np.zeros(0))
         out[key] = PhaseStats(type_name, p50, total, self_ns, calls, pooled_timing(parts, key),
-                               float(np.median(np.concatenate(self_calls_ns))),
-                               spread(per_step, float(q75 - q25), calls))
+                               p50_self, spread(per_step, iqr, calls))
     step_p50 = (float(np.median(np.concatenate([p.step_ns for p in stepped])))
                 if n_steps else None)
     root_total = (sum(p.root_ns for p in stepped) / n_steps if n_steps

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from hooktrace.reading import TraceData
 
 __all__ = ["OPEN_WINDOW", "SPAN_CLIPPED", "Cut", "FilterError", "Filters", "cut", "parse_steps",
-           "select_nodes", "select_spans", "trace_origin_ns"]
+           "select_spans", "trace_origin_ns"]
 
 SPAN_CLIPPED = 4  # exporter-only span/node flag (csrc/spans.h kSpanClipped)
 # A window open at both ends, as closed bounds (Unix ns).
@@ -173,18 +173,6 @@ def select_spans(trace: TraceData, *, start_ns: int | None = None, end_ns: int |
     return keep
 
 
-def select_nodes(trace: TraceData, span_mask: np.ndarray, *, start_ns: int | None = None,
-                 end_ns: int | None = None, steps: tuple[int, int] | None = None) -> np.ndarray:
-    """Boolean mask over ``trace.spans().nodes``: in the window, and for an
-    attributed node, its span kept by ``span_mask``."""
-    nodes = trace.spans().nodes
-    lo, hi = _window(trace, start_ns, end_ns, steps)
-    keep = _in_window(nodes.start_ns, nodes.end_ns, lo, hi)
-    attributed = nodes.span >= 0
-    keep[attributed] &= span_mask[nodes.span[attributed]]
-    return keep
-
-
 @dataclass
 class Cut:
     """What an export writes: masks over spans and nodes, and their clipped times."""
@@ -242,7 +230,10 @@ def cut(trace: TraceData, filters: Filters | None = None) -> Cut:
         raise FilterError(f"the window is empty: steps {filters.steps} and start/end "
                           f"{filters.start}/{filters.end} s do not overlap")
     span_mask = select_spans(trace, start_ns=lo, end_ns=hi, max_depth=filters.max_depth)
-    node_mask = select_nodes(trace, span_mask, start_ns=lo, end_ns=hi)
+    # nodes in the window, and an attributed node only with its span
+    node_mask = _in_window(nodes.start_ns, nodes.end_ns, lo, hi)
+    attributed = nodes.span >= 0
+    node_mask[attributed] &= span_mask[nodes.span[attributed]]
     s0, s1, sc = _clip(spans.start_ns, spans.end_ns, span_mask, lo, hi)
     n0, n1, nc = _clip(nodes.start_ns, nodes.end_ns, node_mask, lo, hi)
     return Cut(span_mask, node_mask, s0, s1, n0, n1, sc, nc, (lo, hi), filters)

@@ -196,34 +196,24 @@ def stats_from_tables(t: dict[str, Any]) -> list[RankStats]:
         types = ["?"] * len(names)
         for i, n, t_ in zip(m["slot"].tolist(), m["module"].tolist(), m["type"].tolist()):
             names[i], types[i] = str(n), str(t_)
-        a = agg.get(key)
         empty = np.zeros(0, np.int64)
-        if a is None:
-            a = {"slot": empty, "eval": np.zeros(0, bool), "backward": np.zeros(0, bool),
-                 "on_device": np.zeros(0, bool), "step": empty, "total_ns": empty,
-                 "calls": empty, "last_end_ns": empty, "self_total_ns": empty}
-        tp = tops.get(key, {"step": empty, "slot": empty, "eval": np.zeros(0, bool),
-                            "backward": np.zeros(0, bool), "start_ns": empty, "end_ns": empty})
+        # each table's columns of the file as int64 (bools as 0/1), empty when it has none
+        a, st, tp = ({k: v.astype(np.int64) for k, v in table.get(key, dict.fromkeys(
+            columns, empty)).items()} for table, columns in (
+            (agg, ("slot", "eval", "backward", "on_device", "step", "total_ns", "calls",
+                   "last_end_ns", "self_total_ns")),
+            (steps, ("step", "start_ns", "end_ns", "outside_ns")),
+            (tops, ("step", "slot", "eval", "backward", "start_ns", "end_ns"))))
         top = int(a["slot"].max(initial=-1)) + 1  # slots beyond the module table
         names += [f"<module {i}>" for i in range(len(names), top)]
         types += ["?"] * (top - len(types))
-        st = steps.get(key)
         out.append(RankStats(
-            file=f, modules=names, types=types,
-            module=a["slot"].astype(np.int64), mode=a["eval"].astype(np.int64),
-            phase=a["backward"].astype(np.int64) + 2 * a["on_device"].astype(np.int64),
-            step=a["step"].astype(np.int64), total_ns=a["total_ns"].astype(np.int64),
-            calls=a["calls"].astype(np.int64), last_end_ns=a["last_end_ns"].astype(np.int64),
-            step_number=empty if st is None else st["step"].astype(np.int64),
-            step_start_ns=empty if st is None else st["start_ns"].astype(np.int64),
-            step_end_ns=empty if st is None else st["end_ns"].astype(np.int64),
-            outside_ns=empty if st is None else st["outside_ns"].astype(np.int64),
+            file=f, modules=names, types=types, module=a["slot"], mode=a["eval"],
+            phase=a["backward"] + 2 * a["on_device"], step=a["step"], total_ns=a["total_ns"],
+            calls=a["calls"], last_end_ns=a["last_end_ns"], step_number=st["step"],
+            step_start_ns=st["start_ns"], step_end_ns=st["end_ns"], outside_ns=st["outside_ns"],
             timed_steps=int(timed[key]["timed_steps"][0]) if key in timed else 0,
-            self_ns=a["self_total_ns"].astype(np.int64) if "self_total_ns" in a else a["total_ns"]
-            .astype(np.int64),
-            top_step=tp["step"].astype(np.int64),
-            top_key=(tp["slot"].astype(np.int64) * 2 + tp["eval"].astype(np.int64)) * 2
-            + tp["backward"].astype(np.int64),
-            top_start_ns=tp["start_ns"].astype(np.int64),
-            top_end_ns=tp["end_ns"].astype(np.int64)))
+            self_ns=a.get("self_total_ns", a["total_ns"]), top_step=tp["step"],
+            top_key=(tp["slot"] * 2 + tp["eval"]) * 2 + tp["backward"],
+            top_start_ns=tp["start_ns"], top_end_ns=tp["end_ns"]))
     return out

@@ -315,8 +315,7 @@ def aggregate_summary_data(path: str | os.PathLike[str], top: int | None = None
     runs = runs_of(table)
     # several runs or ranks in the folder: ms/step per rank (or run), as the straggler
     # table of a folder of rank traces has a column per rank
-    steps_per = _steps_per_source(table) if len(runs) > 1 else {}
-    per_source = _per_source(table, steps_per) if len(runs) > 1 else {}
+    steps_per, per_source = _per_source(table) if len(runs) > 1 else ({}, {})
     labels = _source_labels(runs)
     rows = []
     for r in grouped:
@@ -411,28 +410,22 @@ def _source_labels(runs: list[tuple[str, int | None]]) -> dict[tuple[str, int | 
             for i, r in enumerate(runs)}
 
 
-def _steps_per_source(table: Any) -> dict[tuple[str, int | None], int]:
-    out: dict[tuple[str, int | None], int] = {}
-    for run, rank, mode, steps in zip(table["run"].to_pylist(), table["rank"].to_pylist(),
-                                      table["mode"].cast("string").to_pylist(),
-                                      table["steps"].to_pylist(), strict=True):
-        if mode == "step":
-            out[(str(run), rank)] = out.get((str(run), rank), 0) + int(steps or 0)
-    return out
-
-
-def _per_source(table: Any, steps: dict[tuple[str, int | None], int]
-                ) -> dict[tuple[tuple[str, str], tuple[str, int | None]], float]:
-    """ms per step of each (module, mode) in each (run, rank), over that run's steps
-    (``steps``: :func:`_steps_per_source`)."""
+def _per_source(table: Any) -> tuple[dict[tuple[str, int | None], int],
+                                      dict[tuple[tuple[str, str], tuple[str, int | None]], float]]:
+    """The steps of each (run, rank), and the ms per step of each (module, mode) in each
+    (run, rank), over that run's steps."""
+    steps: dict[tuple[str, int | None], int] = {}
     totals: dict[tuple[tuple[str, str], tuple[str, int | None]], float] = {}
-    for run, rank, module, mode, total in zip(
+    for run, rank, module, mode, total, n in zip(
             table["run"].to_pylist(), table["rank"].to_pylist(),
             table["module"].cast("string").to_pylist(), table["mode"].cast("string").to_pylist(),
-            table["total_ms"].to_pylist(), strict=True):
-        key = ((str(module), str(mode)), (str(run), rank))
+            table["total_ms"].to_pylist(), table["steps"].to_pylist(), strict=True):
+        source = (str(run), rank)
+        if mode == "step":
+            steps[source] = steps.get(source, 0) + int(n or 0)
+        key = ((str(module), str(mode)), source)
         totals[key] = totals.get(key, 0.0) + float(total or 0.0)
-    return {k: v / max(1, steps.get(k[1], 0)) for k, v in totals.items()}
+    return steps, {k: v / max(1, steps.get(k[1], 0)) for k, v in totals.items()}
 
 
 def _per_step(path: str | os.PathLike[str]) -> dict[tuple[str, str], float]:

@@ -112,7 +112,7 @@ class Attribution:
             header += ["gpu total", "gpu self"]
         header.append("top ops")
         lines = [header]
-        for r in self._top(top):
+        for r in self.rows[:top]:
             cells = [r["module"] or "<root>", r["type"], r["phase"], str(r["ops"]),
                      format_ns(r["cpu_total_ns"]), format_ns(r["cpu_self_ns"])]
             if self.has_gpu:
@@ -146,20 +146,17 @@ class Attribution:
     def __str__(self) -> str:
         return self.to_text()
 
-    def _top(self, top: int | None) -> list[dict[str, Any]]:
-        return self.rows if top is None else self.rows[:top]
-
     def to_csv(self, top: int | None = None) -> str:
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
         w.writerow(_COLUMNS)
-        for r in self._top(top):
+        for r in self.rows[:top]:
             w.writerow([*(r[k] for k in _COLUMNS[:-1]),
                         ";".join(f"{n}={ns}" for n, ns in r["top_ops"])])
         return buf.getvalue()
 
     def to_json(self, top: int | None = None) -> str:
-        return json.dumps({"rows": self._top(top), "counts": self.counts}, indent=1)
+        return json.dumps({"rows": self.rows[:top], "counts": self.counts}, indent=1)
 
 
 # -- matching backward nodes to forward spans by sequence number ------------

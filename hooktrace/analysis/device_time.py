@@ -289,12 +289,9 @@ class DeviceTimeColumns(ColumnProvider):
         gpu = trace.gpu_spans()
         if not len(gpu):
             return {}
-        ok = gpu.span >= 0
-        dur = np.bincount(gpu.span[ok], weights=gpu.duration_ns[ok], minlength=n)
-        self_ = np.bincount(gpu.span[ok], weights=gpu.self_ns[ok], minlength=n)
-        timed = np.bincount(gpu.span[ok], minlength=n) > 0
-        return {"gpu_dur_ns": measured_only(dur[:n].astype(np.int64), timed[:n], m),
-                "gpu_self_ns": measured_only(self_[:n].astype(np.int64), timed[:n], m)}
+        dur, self_, timed = span_totals(gpu, n)
+        return {"gpu_dur_ns": measured_only(dur, timed, m),
+                "gpu_self_ns": measured_only(self_, timed, m)}
 
     def aggregate(self, trace: TraceData, calls: Calls
                   ) -> Callable[[WindowGroup], dict[str, list[Any]]] | None:

@@ -300,9 +300,7 @@ class Diff:
             is_step = r is self.step
             calls = "" if is_step else (_num(r["calls_a"]) if r["calls_a"] == r["calls_b"]
                                         else f"{_num(r['calls_a'])}→{_num(r['calls_b'])}")
-            kernels = "kernels" in (r.get("timing_a") or "") + (r.get("timing_b") or "")
-            line = [(r["module"] or "<root>")
-                    + (f" [{_kernels_tag(r, self.launch)}]" if kernels else ""), r["phase"]]
+            line = [_name(r, self.launch), r["phase"]]
             if by_rank:
                 line.append(str(r["rank"]))
             line += [
@@ -379,15 +377,16 @@ class Diff:
 
 
 def _label(row: dict[str, Any], launch: bool = False) -> str:
-    kernels = "kernels" in (row.get("timing_a") or "") + (row.get("timing_b") or "")
-    tag = f" [{_kernels_tag(row, launch)}]" if kernels else ""
-    return f"{row['module'] or '<root>'}{tag} {row['phase']}"
+    return f"{_name(row, launch)} {row['phase']}"
 
 
-def _kernels_tag(row: dict[str, Any], launch: bool) -> str:
-    """A kernel-derived row's tag: its kernels' launch time on a CUDA run without device
-    time (host rows there), else their time."""
-    return "kernel launches" if launch and row["phase"] not in GPU_PHASES else "kernels"
+def _name(row: dict[str, Any], launch: bool) -> str:
+    """A row's module, a kernel-derived row's tagged: ``[kernel launches]`` (its kernels'
+    launch time: a host row of a CUDA run without device time), else ``[kernels]``."""
+    if "kernels" not in (row.get("timing_a") or "") + (row.get("timing_b") or ""):
+        return row["module"] or "<root>"
+    tag = "kernel launches" if launch and row["phase"] not in GPU_PHASES else "kernels"
+    return f"{row['module'] or '<root>'} [{tag}]"
 
 
 def compare(a: TraceData | Sequence[TraceData], b: TraceData | Sequence[TraceData],
@@ -603,12 +602,10 @@ def compare_paths(a: str, b: str, *, workers: int | None = None) -> Diff:
             files.append(list(found))
         else:
             files.append(find_files(path))
-    unique = list(dict.fromkeys(os.path.realpath(f) for fs in files for f in fs
-                                if os.path.realpath(f) not in from_dataset))
     first_name: dict[str, str] = {}
-    for fs in files:
-        for f in fs:
-            first_name.setdefault(os.path.realpath(f), f)
+    for f in (f for fs in files for f in fs):
+        first_name.setdefault(os.path.realpath(f), f)
+    unique = [u for u in first_name if u not in from_dataset]
     todo = [first_name[u] for u in unique]
     results: dict[str, tuple[RankFile, Part] | str] = dict(zip(
         unique, map_ranks(file_part, todo, workers=workers)))

@@ -370,22 +370,28 @@ def round_significant(x: np.ndarray, digits: int) -> np.ndarray:
 _POW10 = 10.0 ** np.arange(23)  # exact doubles
 
 
+def _trace_flop_columns(trace: TraceData, info: Any, peak_tflops: float | None
+                        ) -> dict[str, dict[str, float | None]]:
+    """:func:`flop_columns` of ``trace``'s spans: over the device time of the timed calls
+    when the run recorded it, else over host time."""
+    if gpu_recorded(trace):
+        total, _, timed = span_gpu(trace)
+        return flop_columns(info, trace.spans(), trace.modules, peak_tflops, durations=total,
+                            timed=timed)
+    return flop_columns(info, trace.spans(), trace.modules, peak_tflops)
+
+
 def add_flops(rows: list[dict[str, Any]], trace: TraceData,
-              peak_tflops: float | None, *, gpu: bool = False,
-              launch: bool = False) -> list[str]:
+              peak_tflops: float | None) -> list[str]:
     """Fill the FLOP columns of the summary's ``rows`` from ``trace.info["flops"]``;
-    returns notes. ``gpu``: TFLOP/s and MFU from the device time of the timed calls;
-    ``launch`` (a CUDA run without device time): withheld, as launch time says nothing
-    of them."""
+    returns notes. With device time, TFLOP/s and MFU are over the timed calls' device
+    time; on a CUDA run without it they are withheld, as launch time says nothing of
+    them."""
     info = run_flop_info(trace)
     peak = peak_tflops if peak_tflops is not None else peak_tflops_for(
         trace.info.get("device_name"))
-    if gpu:
-        total, _, timed = span_gpu(trace)
-        per_module = flop_columns(info, trace.spans(), trace.modules, peak, durations=total,
-                                  timed=timed)
-    else:
-        per_module = flop_columns(info, trace.spans(), trace.modules, peak)
+    gpu, launch = gpu_recorded(trace), launch_time_only(trace)
+    per_module = _trace_flop_columns(trace, info, peak)
     if launch:
         for values in per_module.values():
             values.update(tflops=None, bwd_tflops=None, mfu=None)
@@ -423,18 +429,11 @@ def tflops_by_module(trace: TraceData) -> dict[tuple[str, str], float] | None:
     the counter over their time; device time when it was recorded, else host time), when
     FLOPs were recorded (``flops=True``), else None. None too for a CUDA run without
     device time: launch time says nothing of the speed."""
-    if "flops" not in trace.info:
+    if "flops" not in trace.info or launch_time_only(trace):
         return None
-    spans = trace.spans()
     # the window's spans number its root calls from 0; the info holds the run's
-    info = newest_flop_info(trace.info["flops"], spans)
-    if gpu_recorded(trace):
-        total, _, timed = span_gpu(trace)
-        columns = flop_columns(info, spans, trace.modules, None, durations=total, timed=timed)
-    elif launch_time_only(trace):
-        return None
-    else:
-        columns = flop_columns(info, spans, trace.modules, None)
+    columns = _trace_flop_columns(trace, newest_flop_info(trace.info["flops"], trace.spans()),
+                                  None)
     out: dict[tuple[str, str], float] = {}
     for name, values in columns.items():
         for mode, key in (("forward", "tflops"), ("backward", "bwd_tflops")):
@@ -481,9 +480,7 @@ class FlopColumns(ColumnProvider):
 
     def summary(self, rows: list[dict[str, Any]], trace: TraceData,
                 options: Mapping[str, Any]) -> SummaryPart:
-        return SummaryPart(FLOP_COLUMNS, add_flops(
-            rows, trace, options.get("peak_tflops"), gpu=gpu_recorded(trace),
-            launch=launch_time_only(trace)))
+        return SummaryPart(FLOP_COLUMNS, add_flops(rows, trace, options.get("peak_tflops")))
 
     def spans(self, trace: TraceData, n: int, m: int) -> dict[str, SpanColumn]:
         f = span_flops(run_flop_info(trace), trace.spans(), trace.modules)

@@ -149,14 +149,10 @@ def find_rank_files(inputs: Sequence[PathLike]) -> tuple[list[str], list[str]]:
             problems.append(f"{name}: a directory with no .htrace file in it")
         else:
             files.append(name)  # (loading says what it is not)
-    seen: set[str] = set()
-    unique = []
+    first: dict[str, str] = {}  # a file named twice (by two paths) is read once
     for f in files:
-        real = os.path.realpath(f)
-        if real not in seen:
-            seen.add(real)
-            unique.append(f)
-    return unique, problems
+        first.setdefault(os.path.realpath(f), f)
+    return list(first.values()), problems
 
 
 _ONE_RUN = ("Keep one run's files per directory (hooktrace diff A B compares two runs), or "

@@ -191,9 +191,6 @@ class ShapeTable:
             rows.sort(key=lambda r: -(r["gpu_total_ns"] + r["gpu_bwd_total_ns"]))
         return cls(rows, True, gpu)
 
-    def _top(self, top: int | None) -> list[dict[str, Any]]:
-        return self.rows if top is None else self.rows[:top]
-
     def to_text(self, top: int | None = None, *, wide: bool = False) -> str:
         from hooktrace.text import align_columns, format_ns, shorten_middle, text_lines
 
@@ -212,7 +209,7 @@ class ShapeTable:
             + [str(r["calls"]),
                format_ns(r["total_ns"]), format_ns(r["p50_ns"]), format_ns(r["p99_ns"]),
                format_ns(r["bwd_total_ns"]) if r["bwd_calls"] else ""]
-            for r in self._top(top)]
+            for r in self.rows[:top]]
         if not wide:  # long signatures: cut in the middle, keeping both ends
             for line in table[1:]:
                 line[1], line[2] = shorten_middle(line[1], 36), shorten_middle(line[2], 36)
@@ -229,9 +226,9 @@ class ShapeTable:
     def to_csv(self, top: int | None = None) -> str:
         from hooktrace.text import csv_text
 
-        return csv_text(self._top(top), self.columns)
+        return csv_text(self.rows[:top], self.columns)
 
     def to_json(self, top: int | None = None) -> str:
         import json
 
-        return json.dumps({"rows": self._top(top)}, ensure_ascii=False)
+        return json.dumps({"rows": self.rows[:top]}, ensure_ascii=False)

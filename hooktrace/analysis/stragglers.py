@@ -552,12 +552,8 @@ def _place_waits(stats: list[RankStats], i: int, c: int, v: np.ndarray, end: np.
     found = _waits(stats, i, -1, int(end[i, c]), spans=False)
     if found["others_wait_ns"] is not None:
         return found
-    waits = [int(min(max(0, int(end[i, c]) - int(end[j, c])), max(0, v[i, c] - v[j, c])))
-             for j in range(len(stats)) if j != i and not np.isnan(v[j, c])]
-    if not waits:
-        return {"others_wait_ns": None, "others_wait_max_ns": None, "wait_source": ""}
-    return {"others_wait_ns": float(np.median(waits)), "others_wait_max_ns": max(waits),
-            "wait_source": "spans"}
+    return _waited([int(min(max(0, int(end[i, c]) - int(end[j, c])), max(0, v[i, c] - v[j, c])))
+                    for j in range(len(stats)) if j != i and not np.isnan(v[j, c])], "spans")
 
 
 def _explained_left_out(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -578,11 +574,9 @@ def _explained_left_out(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _waits(stats: list[RankStats], i: int, step: int, slow_end: int, *, spans: bool = True
            ) -> dict[str, Any]:
-    """How long the other ranks waited for rank ``i`` in the next collective."""
-    none = {"others_wait_ns": None, "others_wait_max_ns": None, "wait_source": ""}
+    """How long the other ranks waited for rank ``i`` in the next collective (``spans``:
+    else, by how much more time they spent outside every module span in ``step``)."""
     others = [j for j in range(len(stats)) if j != i]
-    if not others:
-        return none
     s = stats[i]
     if len(s.coll_start_ns) and all(len(stats[j].coll_start_ns) for j in others):
         k = int(np.searchsorted(s.coll_start_ns, slow_end, "left"))
@@ -600,20 +594,23 @@ def _waits(stats: list[RankStats], i: int, step: int, slow_end: int, *, spans: b
                 if overlap[m] > 0:
                     waits.append(max(0, entered - int(o.coll_start_ns[m])))
             if waits:
-                return {"others_wait_ns": float(np.median(waits)),
-                        "others_wait_max_ns": max(waits), "wait_source": "profiler"}
-    if not spans:
-        return none
+                return _waited(waits, "profiler")
     row = np.flatnonzero(s.step_number == step)
-    if not len(row):
-        return none
+    if not spans or not len(row):
+        return _waited([], "")
     mine = int(s.outside_ns[row[0]])
     waits = []
     for j in others:
         r = np.flatnonzero(stats[j].step_number == step)
         if len(r):
             waits.append(max(0, int(stats[j].outside_ns[r[0]]) - mine))
+    return _waited(waits, "spans")
+
+
+def _waited(waits: list[int], source: str) -> dict[str, Any]:
+    """The wait columns of a straggler: the median and the longest of the other ranks'
+    ``waits`` (blank when there are none), and where they come from."""
     if not waits:
-        return none
+        return {"others_wait_ns": None, "others_wait_max_ns": None, "wait_source": ""}
     return {"others_wait_ns": float(np.median(waits)), "others_wait_max_ns": max(waits),
-            "wait_source": "spans"}
+            "wait_source": source}

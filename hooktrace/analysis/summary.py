@@ -293,7 +293,7 @@ class Summary:
         has them when recorded; the narrow one shows the CUDA device's memory when
         recorded, else the CPU's).
         """
-        rows = self._top(top)
+        rows = self.rows[:top]
         has_bwd = any(r["bwd_calls"] for r in self.rows)
         has_rec = any(r["recompute_calls"] for r in self.rows)
         has_steps = any(r["step_p50_ns"] is not None for r in self.rows)
@@ -332,14 +332,7 @@ class Summary:
                     for line, text in zip(table[1:], cut):
                         line[col] = text
                     widths[col] = max(len(line[col]) for line in table)
-        left = 2  # module and type are left-aligned; numbers right-aligned
-        lines = [
-            "  ".join(
-                cell.ljust(w) if i < left else cell.rjust(w)
-                for i, (cell, w) in enumerate(zip(line, widths))
-            ).rstrip()
-            for line in table
-        ]
+        lines = align_columns(table, 2)  # module and type left-aligned; numbers right
         if top is not None and len(self.rows) > top:
             lines.append(f"... {len(self.rows) - top} more rows")
         foot = self.footer([key for _, key in columns])
@@ -353,20 +346,17 @@ class Summary:
     def __repr__(self) -> str:
         return f"<Summary {len(self.rows)} rows>"
 
-    def _top(self, top: int | None) -> list[dict[str, Any]]:
-        return self.rows if top is None else self.rows[:top]
-
     def to_csv(self, top: int | None = None) -> str:
         """CSV text of the first ``top`` rows (all when None) with a header row
         (the keys above); durations in ns, None blank."""
-        return csv_text(self._top(top), self.columns)
+        return csv_text(self.rows[:top], self.columns)
 
     def to_json(self, top: int | None = None) -> str:
         """JSON text: ``{"rows": [...], "counts": {...}, "notes": [...]}`` (first ``top``
         rows; the notes the text prints, e.g. where a killed run's file was cut);
         durations in ns; with numerics, ``"first_nonfinite"`` too (null when every value
         was finite)."""
-        doc: dict[str, Any] = {"rows": self._top(top), "counts": self.counts,
+        doc: dict[str, Any] = {"rows": self.rows[:top], "counts": self.counts,
                                "notes": self.notes}
         if self.numerics:
             doc["first_nonfinite"] = self.first_nonfinite
@@ -556,9 +546,6 @@ class StepTable:
                          "compile": bool(compiling[i])})
         return cls(rows)
 
-    def _top(self, top: int | None) -> list[dict[str, Any]]:
-        return self.rows if top is None else self.rows[:top]
-
     def to_text(self, top: int | None = None, *, wide: bool = False) -> str:
         if not self.rows:
             return ("no steps: the run has no step marks (hooktrace.trace() ends a step at "
@@ -568,7 +555,7 @@ class StepTable:
             [str(r["step"]) + ("c" if r.get("compile") else "") + ("" if r["complete"] else "*"),
              f"{r['start_s']:.3f}",
              format_ns(r["duration_ns"]), format_ns(r["forward_ns"]),
-             format_ns(r["backward_ns"]), str(r["spans"])] for r in self._top(top)]
+             format_ns(r["backward_ns"]), str(r["spans"])] for r in self.rows[:top]]
         lines = align_columns(table, 0)
         done = [r["duration_ns"] for r in self.rows if r["complete"] and not r.get("compile")]
         compiled = sum(1 for r in self.rows if r["complete"] and r.get("compile"))
@@ -585,10 +572,10 @@ class StepTable:
         return text_lines(lines)
 
     def to_csv(self, top: int | None = None) -> str:
-        return csv_text(self._top(top), self.COLUMNS)
+        return csv_text(self.rows[:top], self.COLUMNS)
 
     def to_json(self, top: int | None = None) -> str:
-        return json.dumps({"steps": self._top(top)})
+        return json.dumps({"steps": self.rows[:top]})
 
 
 def _note_shown(note: str, keys: set[str]) -> bool:

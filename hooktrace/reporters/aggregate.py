@@ -16,7 +16,6 @@ the kept steps as dicts with ``step``, ``why`` and ``path``.
 from __future__ import annotations
 
 import html
-import json
 import os
 from typing import Any
 from urllib.parse import quote
@@ -26,9 +25,11 @@ from hooktrace.reporters.html import (
     BACKWARD_COLOR,
     FORWARD_COLOR,
     OTHER_COLOR,
-    PAGE_STYLE,
+    PAGE_HEAD,
     TABLE_SORT_SCRIPT,
     plotly_js,
+    script_json,
+    sortable_table,
 )
 from hooktrace.analysis.aggregates import aggregate_rows
 from hooktrace.text import display_path, format_bytes
@@ -120,19 +121,8 @@ def _cell(key: str, value: Any) -> tuple[str, str]:
 def _table_html(rows: list[dict[str, Any]]) -> str:
     cols = [c for c in COLUMNS if c[0] not in OPTIONAL
             or any(r.get(c[0]) is not None for r in rows)]
-    head = "".join(f'<th data-col="{i}" data-key="{k}" title="{html.escape(tip)}; click to '
-                   f'sort">{html.escape(name)}</th>' for i, (k, name, tip) in enumerate(cols))
-    body = []
-    for r in rows:
-        cells = []
-        for k, _, _ in cols:
-            text, v = _cell(k, r.get(k))
-            num = k not in ("module", "mode")
-            cells.append(f'<td data-v="{html.escape(v)}"{" class=n" if num else ""}>'
-                         f"{html.escape(text)}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    return (f'<div class="scroll"><table id="summary"><thead><tr>{head}</tr></thead>'
-            f"<tbody>{''.join(body)}</tbody></table></div>")
+    return sortable_table(cols, [[_cell(k, r.get(k)) for k, _, _ in cols] for r in rows],
+                          ("module", "mode"))
 
 
 def _kept_html(kept: list[dict[str, Any]], link_base: str | None) -> str:
@@ -151,10 +141,6 @@ def _kept_html(kept: list[dict[str, Any]], link_base: str | None) -> str:
     more = (f"<li>and {len(kept) - KEPT_SHOWN} more in the same folder</li>"
             if len(kept) > KEPT_SHOWN else "")
     return f'<ul id="kept">{"".join(items)}{more}</ul>'
-
-
-def _script_json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False).replace("</", "<\\/")
 
 
 def _windows(table: Any) -> int:
@@ -189,7 +175,7 @@ def render_aggregate_report(table: Any, kept: list[dict[str, Any]], *,
     return _TEMPLATE.format(
         title=html.escape(title), plotly=js.replace("</script", "<\\/script"),
         facts=html.escape(" · ".join(facts)), name=html.escape(name),
-        table=_table_html(rows), steps=_script_json(step_figure(table, kept)),
+        table=_table_html(rows), steps=script_json(step_figure(table, kept)),
         kept=_kept_html(kept, link_base), sort_script=TABLE_SORT_SCRIPT)
 
 
@@ -205,12 +191,7 @@ def write_aggregate_report(table: Any, kept: list[dict[str, Any]],
         f.write(text.encode("utf-8"))
 
 
-_TEMPLATE = """<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{title}</title>
-<style>
-""" + PAGE_STYLE + """#steps {{ height: 320px; }}
+_TEMPLATE = PAGE_HEAD + """#steps {{ height: 320px; }}
 code {{ background: #f6f6f6; }}
 </style>
 <script>{plotly}</script>

@@ -36,6 +36,7 @@ import html
 import json
 import os
 from importlib import resources
+from collections.abc import Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hooktrace._output import open_output
@@ -53,9 +54,9 @@ from hooktrace.analysis.summary import (
 if TYPE_CHECKING:
     from hooktrace.reading import TraceData
 
-__all__ = ["ICICLE_OPTIONS", "OTHER_MEANS", "PAGE_STYLE", "ReportError", "TABLE_SORT_SCRIPT",
-           "plotly_js",
-           "render_report", "steps_figure", "write_report"]
+__all__ = ["ICICLE_OPTIONS", "OTHER_MEANS", "PAGE_HEAD", "ReportError", "TABLE_SORT_SCRIPT",
+           "plotly_js", "render_report", "script_json", "sortable_table", "steps_figure",
+           "write_report"]
 
 RUN_ID = "run"  # the icicle's root box
 
@@ -169,18 +170,21 @@ def icicle_data(summary: Summary) -> dict[str, list[Any]]:
                 return True
         return False
 
-    fwd_total = sum(r["total_ns"] for r in rows
-                    if r["calls"] and not called_ancestor(r["module"], by_name))
+    def calls_branch(phase: str, called: list[dict[str, Any]], table: dict[str, dict[str, Any]],
+                     what: str) -> None:
+        """The branch of the forward (or eval) calls: each module's own box is its self."""
+        total = sum(r["total_ns"] for r in called if not called_ancestor(r["module"], table))
+        box(f"{RUN_ID}/{phase}", phase, RUN_ID, 0.0, f"{what}: {format_ns(total)}")
+        for r in called:
+            id_ = ensure(phase, r["module"])
+            boxes[id_]["value"] += r["self_ns"] / 1e3
+            boxes[id_]["hover"] += (f"<br>{phase} total {format_ns(r['total_ns'])} in "
+                                    f"{r['calls']} calls<br>self {format_ns(r['self_ns'])}"
+                                    + (_flop_hover(r, "") if phase == "forward" else ""))
+
     bwd_rows = [r for r in rows if r["bwd_calls"]]
     box(RUN_ID, "run", "", 0.0, "the run: forward and backward time")
-    box(f"{RUN_ID}/forward", "forward", RUN_ID, 0.0, f"forward: {format_ns(fwd_total)}")
-    for r in rows:
-        if r["calls"]:
-            id_ = ensure("forward", r["module"])
-            boxes[id_]["value"] += r["self_ns"] / 1e3
-            boxes[id_]["hover"] += (f"<br>forward total {format_ns(r['total_ns'])} in "
-                                    f"{r['calls']} calls<br>self {format_ns(r['self_ns'])}"
-                                    + _flop_hover(r, ""))
+    calls_branch("forward", [r for r in rows if r["calls"]], by_name, "forward")
     if bwd_rows or any(r["module"] == UNATTRIBUTED for r in summary.rows):
         box(f"{RUN_ID}/backward", "backward", RUN_ID, 0.0, "backward")
         children_ns: dict[str, float] = {}
@@ -204,15 +208,7 @@ def icicle_data(summary: Summary) -> dict[str, list[Any]]:
             box(f"{RUN_ID}/backward/{UNATTRIBUTED}", UNATTRIBUTED, f"{RUN_ID}/backward", loose,
                 f"autograd nodes of no module (AccumulateGrad, the loss's): {format_ns(loose)}")
     if eval_rows:
-        eval_total = sum(r["total_ns"] for r in eval_rows
-                         if not called_ancestor(r["module"], eval_by_name))
-        box(f"{RUN_ID}/eval", "eval", RUN_ID, 0.0,
-            f"eval calls (model.eval() or no_grad): {format_ns(eval_total)}")
-        for r in eval_rows:
-            id_ = ensure("eval", r["module"])
-            boxes[id_]["value"] += r["self_ns"] / 1e3
-            boxes[id_]["hover"] += (f"<br>eval total {format_ns(r['total_ns'])} in "
-                                    f"{r['calls']} calls<br>self {format_ns(r['self_ns'])}")
+        calls_branch("eval", eval_rows, eval_by_name, "eval calls (model.eval() or no_grad)")
     return {"ids": order, "labels": [boxes[i]["label"] for i in order],
             "parents": [boxes[i]["parent"] for i in order],
             "values": [round(boxes[i]["value"], 3) for i in order],
@@ -281,26 +277,30 @@ def _header(key: str, gpu: bool = False) -> tuple[str, str]:
 
 def _table_html(summary: Summary) -> str:
     cols = _table_columns(summary)
-    head = "".join(
-        f'<th data-col="{i}" data-key="{c}" title="{html.escape(tip)}'
-        f'{"; " if tip else ""}click to sort">{html.escape(name)}</th>'
-        for i, c in enumerate(cols) for name, tip in [_header(c, summary.gpu)])
-    body = []
-    for r in summary.rows:
-        cells = []
-        for c in cols:
-            text, key = _cell(c, r.get(c))
-            num = c not in ("module", "type", "mode", "timing")
-            cells.append(f'<td data-v="{html.escape(key)}"{" class=n" if num else ""}>'
-                         f"{html.escape(text)}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
+    return sortable_table([(c, *_header(c, summary.gpu)) for c in cols],
+                          [[_cell(c, r.get(c)) for c in cols] for r in summary.rows],
+                          ("module", "type", "mode", "timing"))
+
+
+def sortable_table(columns: Sequence[tuple[str, str, str]],
+                   rows: Iterable[Sequence[tuple[str, str]]], text_keys: Collection[str]) -> str:
+    """The reports' table (``table#summary``, sorted by TABLE_SORT_SCRIPT): ``columns``
+    (key, header, tooltip), per row its cells' (shown text, sort key); the cells of
+    ``text_keys`` are left-aligned, the others numbers."""
+    head = "".join(f'<th data-col="{i}" data-key="{key}" title="{html.escape(tip)}'
+                   f'{"; " if tip else ""}click to sort">{html.escape(name)}</th>'
+                   for i, (key, name, tip) in enumerate(columns))
+    body = "".join("<tr>" + "".join(
+        f'<td data-v="{html.escape(v)}"{"" if key in text_keys else " class=n"}>'
+        f"{html.escape(text)}</td>" for (key, _, _), (text, v) in zip(columns, row)) + "</tr>"
+        for row in rows)
     # in a scrolling box: a wide table (memory and FLOP columns) never widens the page
     return (f'<div class="scroll"><table id="summary"><thead><tr>{head}</tr></thead>'
-            f"<tbody>{''.join(body)}</tbody></table></div>")
+            f"<tbody>{body}</tbody></table></div>")
 
 
-def _script_json(value: Any) -> str:
-    # Module names end up inside <script>: "</" would close it early.
+def script_json(value: Any) -> str:
+    """``value`` as JSON inside a ``<script>``: module names' "</" would close it early."""
     return json.dumps(value, ensure_ascii=False).replace("</", "<\\/")
 
 
@@ -362,7 +362,6 @@ def render_report(trace: TraceData, *, source: str | None = None,
     summary = Summary.from_trace(trace, peak_tflops=peak_tflops)
     steps = StepTable.from_trace(trace)
     ice = icicle_data(_device_view(summary) if summary.gpu else summary)
-    name = source or "the run"
     title = title or f"hooktrace report: {os.path.basename(source) if source else 'run'}"
     info = trace.info
     facts = [f"{len(trace.spans())} spans", f"{len(trace.modules)} modules",
@@ -396,10 +395,10 @@ def render_report(trace: TraceData, *, source: str | None = None,
     src = html.escape(source or "RUN.htrace")
     return _TEMPLATE.format(
         title=html.escape(title), plotly=js.replace("</script", "<\\/script"),
-        facts=html.escape(" · ".join(facts)), name=html.escape(name),
+        facts=html.escape(" · ".join(facts)),
         footer=html.escape(summary.footer()), table=_table_html(summary),
-        icicle=_script_json(ice), steps=_script_json(step_figure), src=src,
-        icicle_options=_script_json(ICICLE_OPTIONS), other_means=html.escape(OTHER_MEANS),
+        icicle=script_json(ice), steps=script_json(step_figure), src=src,
+        icicle_options=script_json(ICICLE_OPTIONS), other_means=html.escape(OTHER_MEANS),
         run_color=RUN_COLOR,
         steps_display="block" if steps.rows else "none", sort_script=TABLE_SORT_SCRIPT,
     )
@@ -438,9 +437,15 @@ TABLE_SORT_SCRIPT = """  var table = document.getElementById("summary");
   });
 """
 
-# The reports' shared look (this page's and reporters/aggregate.py's): the text, the
-# sortable table; each page adds its charts' sizes. Braces doubled: part of a format template.
-PAGE_STYLE = """body {{ font: 14px system-ui, sans-serif; margin: 1.5em; color: #222; }}
+# The reports' shared head and look (this page's and reporters/aggregate.py's): the text,
+# the sortable table; each page adds its charts' sizes to the style it leaves open. Braces
+# doubled: part of a format template.
+PAGE_HEAD = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title}</title>
+<style>
+body {{ font: 14px system-ui, sans-serif; margin: 1.5em; color: #222; }}
 h1 {{ font-size: 1.4em; margin-bottom: .2em; }} h2 {{ font-size: 1.1em; margin-top: 1.6em; }}
 .facts, .hint {{ color: #555; }}
 .scroll {{ overflow: auto; max-width: 100%; max-height: 80vh; }}
@@ -451,12 +456,7 @@ th.asc::after {{ content: " ▲"; }} th.desc::after {{ content: " ▼"; }}
 td.n {{ text-align: right; font-variant-numeric: tabular-nums; }}
 """
 
-_TEMPLATE = """<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{title}</title>
-<style>
-""" + PAGE_STYLE + """#icicle {{ height: 560px; }} #steps {{ height: 300px; }}
+_TEMPLATE = PAGE_HEAD + """#icicle {{ height: 560px; }} #steps {{ height: 300px; }}
 pre {{ background: #f6f6f6; padding: .6em; white-space: pre-wrap; }}
 </style>
 <script>{plotly}</script>
