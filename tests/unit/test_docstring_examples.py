@@ -22,8 +22,12 @@ pytestmark = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in ("pyarrow", "duckdb")),
     reason="the examples need hooktrace[data] (pyarrow, duckdb); make test installs it")
 
+# Modules whose import acts: the CLI's entry point, and the HOOKTRACE=1 switch (importing
+# it starts tracing the process: the test run itself would be traced and a trace file
+# written into the working folder at exit). Neither has examples.
+_ACTS_ON_IMPORT = {"hooktrace.__main__", "hooktrace._autostart"}
 MODULES = sorted(m.name for m in pkgutil.walk_packages(hooktrace.__path__, "hooktrace.")
-                 if m.name != "hooktrace.__main__")
+                 if m.name not in _ACTS_ON_IMPORT)
 
 
 def _examples(name: str) -> list[doctest.DocTest]:
