@@ -131,6 +131,11 @@ class ColumnProvider:
         its own first); by default as they are."""
         return columns
 
+    def facts(self, root: Mapping[str, Any] | None, columns: Collection[str]) -> list[str]:
+        """What the report's facts line says of it (short phrases), from the summary's
+        ``columns`` and the model's training row ``root`` (None when the run has none)."""
+        return []
+
     def spans(self, trace: TraceData, n: int, m: int) -> dict[str, SpanColumn]:
         """Its columns of the spans table, over its ``n`` measured spans then ``m``
         kernel-derived and compile rows (:func:`measured_only` pads the latter)."""

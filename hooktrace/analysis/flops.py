@@ -478,6 +478,15 @@ class FlopColumns(ColumnProvider):
     def recorded(self, trace: TraceData) -> bool:
         return "flops" in trace.info
 
+    def facts(self, root: Mapping[str, Any] | None, columns: Collection[str]) -> list[str]:
+        if "flops" not in columns or root is None:
+            return []
+        achieved = [f"{root[k]:.3g} TFLOP/s {phase}" for k, phase in
+                    (("tflops", "forward"), ("bwd_tflops", "backward")) if root.get(k)]
+        if root.get("mfu") is not None:
+            achieved.append(f"MFU {root['mfu'] * 100:.1f}%")
+        return ["model " + (", ".join(achieved) if achieved else "FLOPs recorded")]
+
     def summary(self, rows: list[dict[str, Any]], trace: TraceData,
                 options: Mapping[str, Any]) -> SummaryPart:
         return SummaryPart(FLOP_COLUMNS, add_flops(rows, trace, options.get("peak_tflops")))

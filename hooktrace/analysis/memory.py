@@ -338,6 +338,14 @@ class MemoryColumns(ColumnProvider):
     def recorded(self, trace: TraceData) -> bool:
         return bool(memory_devices(trace))
 
+    def facts(self, root: Mapping[str, Any] | None, columns: Collection[str]) -> list[str]:
+        # the device's, when recorded; else the CPU's
+        for prefix, device in (("cuda_", "CUDA"), ("", "CPU")):
+            if root is not None and root.get(f"{prefix}mem_peak") is not None:
+                return [f"{device} memory: forward peak +{format_bytes(root[prefix + 'mem_peak'])}"
+                        f", keeps {format_bytes(root[prefix + 'mem_net'])} for backward"]
+        return []
+
     def summary(self, rows: list[dict[str, Any]], trace: TraceData,
                 options: Mapping[str, Any]) -> SummaryPart:
         part = SummaryPart()

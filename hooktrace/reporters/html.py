@@ -376,18 +376,9 @@ def render_report(trace: TraceData, *, source: str | None = None,
     if summary.counts.get("compile_steps"):
         facts.append(f"{summary.counts['compile_steps']} compile steps (hatched in the step "
                      "chart) left out of step statistics")
+    # each recorded quantity's own (FLOPs, memory: hooktrace.analysis.columns' providers)
     root = next((r for r in summary.rows if r["module"] == "" and r.get("mode") != "eval"), None)
-    if "flops" in summary.columns and root is not None:
-        achieved = [f"{root[k]:.3g} TFLOP/s {phase}" for k, phase in
-                    (("tflops", "forward"), ("bwd_tflops", "backward")) if root.get(k)]
-        if root.get("mfu") is not None:
-            achieved.append(f"MFU {root['mfu'] * 100:.1f}%")
-        facts.append("model " + (", ".join(achieved) if achieved else "FLOPs recorded"))
-    for prefix, device in (("cuda_", "CUDA"), ("", "CPU")):
-        if root is not None and root.get(f"{prefix}mem_peak") is not None:
-            facts.append(f"{device} memory: forward peak +{format_bytes(root[prefix + 'mem_peak'])}"
-                         f", keeps {format_bytes(root[prefix + 'mem_net'])} for backward")
-            break
+    facts += [fact for p in PROVIDERS for fact in p.facts(root, summary.columns)]
     # complete steps only: what follows the last step mark (an eval pass, the end of
     # the run) is not a training step and would set the chart's scale
     done = [r for r in steps.rows if r["complete"]] or steps.rows

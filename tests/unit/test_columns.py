@@ -24,7 +24,7 @@ from hooktrace.analysis.columns import (
 )
 from hooktrace.analysis.summary import Summary
 from hooktrace.analysis.aggregates import reduce_window
-from hooktrace.reporters.html import _table_html
+from hooktrace.reporters.html import _table_html, render_report
 
 
 def _trace():
@@ -76,6 +76,9 @@ class DurUs(ColumnProvider):
     def format_cell(self, key, value):
         return f"{value:.1f} us" if key == "dur_us" else None
 
+    def facts(self, root, columns):
+        return [f"toy: the model's mean call {root['dur_us']:.1f} µs"] if "dur_us" in columns else []
+
 
 @contextmanager
 def registered(*providers: ColumnProvider) -> Iterator[None]:
@@ -96,6 +99,7 @@ def test_a_new_provider_shows_in_the_summary_and_the_aggregates_and_goes_again()
         rows = reduce_window(0, trace, [5.0, 2.0])
         wide, narrow = s.to_text(wide=True).splitlines(), s.to_text().splitlines()
         page = _table_html(s)
+        report = render_report(trace)
     assert s.columns[-1] == "dur_us" and "toy: dur_us = mean forward call, µs" in s.notes
     by = {r["module"]: r for r in s.rows}
     assert by[""]["dur_us"] == 3.0 and by["fc"]["dur_us"] == 2.0  # (5000 + 1000) / 2; 2000
@@ -107,14 +111,18 @@ def test_a_new_provider_shows_in_the_summary_and_the_aggregates_and_goes_again()
     # the report's table: the provider's title and tooltip, its cells
     assert 'title="toy: the mean forward call; click to sort">dur µs</th>' in page
     assert '<td data-v="3.0" class=n>3.0 us</td>' in page
+    # the report's facts line: what the provider says of the model's row
+    facts = report.split('<div class="facts">', 1)[1].split("</div>", 1)[0]
+    assert facts.endswith(" · toy: the model&#x27;s mean call 3.0 µs"), facts
     # the aggregates: a column of its own, null in the "step" row
     got = dict(zip(zip(rows["module"], rows["mode"]), rows["dur_us"], strict=True))
     assert got == {("<root>", "forward"): 6.0, ("fc", "forward"): 2.0, ("<step>", "step"): None}
-    assert toy.asked == ["summary", "aggregate"]
+    assert toy.asked == ["summary", "aggregate", "summary"]  # (the report: its summary)
     # unregistered: gone from every view
     s = Summary.from_trace(trace)
     assert "dur_us" not in s.columns and all("dur_us" not in r for r in s.rows)
     assert "dur_us" not in reduce_window(0, trace, [5.0, 2.0])
+    assert "toy:" not in render_report(trace)
 
 
 def test_a_new_provider_fills_its_column_of_the_parquet_spans_table(monkeypatch):
