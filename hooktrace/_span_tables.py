@@ -64,7 +64,31 @@ def _checked_arrays(owner: object, what: str, fields: Mapping[str, np.dtype[Any]
     return n
 
 
-class Nodes:
+class _Table:
+    """What the tables below share: parallel arrays, one entry per interval, with the
+    fields (name: dtype) of ``_fields``."""
+
+    _fields: Mapping[str, np.dtype[Any]]
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.start_ns)
+
+    @property
+    def duration_ns(self) -> np.ndarray:
+        """``end_ns - start_ns`` (int64)."""
+        return self.end_ns - self.start_ns
+
+    def to_records(self) -> np.ndarray:
+        """The table as one structured array with the field names above."""
+        out = np.empty(len(self), dtype=list(self._fields.items()))
+        for name in self._fields:
+            out[name] = getattr(self, name)
+        return out
+
+
+class Nodes(_Table):
     """Autograd node executions of one run as parallel numpy arrays, one entry each.
 
     Fields: ``start_ns``/``end_ns`` (int64 Unix ns), ``self_ns`` (duration minus
@@ -88,8 +112,7 @@ class Nodes:
         0
     """
 
-    start_ns: np.ndarray
-    end_ns: np.ndarray
+    _fields = _NODE_FIELDS
     self_ns: np.ndarray
     seq: np.ndarray
     name: np.ndarray
@@ -110,31 +133,16 @@ class Nodes:
         """No nodes (a forward-only run, or a trace from before backward recording)."""
         return cls({name: np.zeros(0, dtype) for name, dtype in _NODE_FIELDS.items()})
 
-    def __len__(self) -> int:
-        return len(self.start_ns)
-
     def __repr__(self) -> str:
         return f"Nodes({len(self)} nodes, {self.unattributed} unattributed)"
-
-    @property
-    def duration_ns(self) -> np.ndarray:
-        """``end_ns - start_ns`` (int64)."""
-        return self.end_ns - self.start_ns
 
     @property
     def unattributed(self) -> int:
         """How many nodes belong to no module call (``span == -1``)."""
         return int(np.count_nonzero(self.span < 0))
 
-    def to_records(self) -> np.ndarray:
-        """The nodes as one structured array with the field names above."""
-        out = np.empty(len(self), dtype=list(_NODE_FIELDS.items()))
-        for name in _NODE_FIELDS:
-            out[name] = getattr(self, name)
-        return out
 
-
-class Spans:
+class Spans(_Table):
     """Calls of one run as parallel numpy arrays, one entry per span.
 
     Three categories (``cat``): CAT_FORWARD and CAT_RECOMPUTE spans (forward
@@ -168,8 +176,7 @@ class Spans:
         (1, 1, 0)
     """
 
-    start_ns: np.ndarray
-    end_ns: np.ndarray
+    _fields = _SPAN_FIELDS
     self_ns: np.ndarray
     parent: np.ndarray
     module: np.ndarray
@@ -223,9 +230,6 @@ class Spans:
             nodes=nodes,
         )
 
-    def __len__(self) -> int:
-        return len(self.start_ns)
-
     def __repr__(self) -> str:
         return (f"Spans({len(self)} spans, {len(self.nodes)} nodes, {len(self.threads)} threads, "
                 f"orphan_exits={self.orphan_exits}, unfinished={self.unfinished})")
@@ -234,18 +238,6 @@ class Spans:
     def unattributed_nodes(self) -> int:
         """Autograd nodes attributed to no module call (``nodes.span == -1``)."""
         return self.nodes.unattributed
-
-    @property
-    def duration_ns(self) -> np.ndarray:
-        """``end_ns - start_ns`` (int64)."""
-        return self.end_ns - self.start_ns
-
-    def to_records(self) -> np.ndarray:
-        """The spans as one structured array with the field names above."""
-        out = np.empty(len(self), dtype=list(_SPAN_FIELDS.items()))
-        for name in _SPAN_FIELDS:
-            out[name] = getattr(self, name)
-        return out
 
 
 class Steps:
@@ -327,7 +319,7 @@ GPU_FIELDS: dict[str, np.dtype[Any]] = {
 }
 
 
-class GpuSpans:
+class GpuSpans(_Table):
     """Device time of module calls (``trace(gpu=True)``, issue #28), one entry per timed
     interval, as parallel numpy arrays.
 
@@ -357,8 +349,7 @@ class GpuSpans:
         0
     """
 
-    start_ns: np.ndarray
-    end_ns: np.ndarray
+    _fields = GPU_FIELDS
     self_ns: np.ndarray
     span: np.ndarray
     module: np.ndarray
@@ -374,20 +365,5 @@ class GpuSpans:
         """No device time (not recorded, or a run without an accelerator)."""
         return cls({name: np.zeros(0, dtype) for name, dtype in GPU_FIELDS.items()})
 
-    def __len__(self) -> int:
-        return len(self.start_ns)
-
     def __repr__(self) -> str:
         return f"GpuSpans({len(self)} intervals)"
-
-    @property
-    def duration_ns(self) -> np.ndarray:
-        """``end_ns - start_ns`` (int64)."""
-        return self.end_ns - self.start_ns
-
-    def to_records(self) -> np.ndarray:
-        """The intervals as one structured array with the field names above."""
-        out = np.empty(len(self), dtype=list(GPU_FIELDS.items()))
-        for name in GPU_FIELDS:
-            out[name] = getattr(self, name)
-        return out
