@@ -234,14 +234,6 @@ def check_source(src: Source, tables: Collection[str], threads: int) -> dict[str
     return have
 
 
-def _named_tables(sql: str | None) -> list[str]:
-    """The tables a query names (all when unknown)."""
-    if sql is None:
-        return list(TABLES)
-    words = set(re.findall(r"[A-Za-z_]+", sql.lower()))
-    return [t for t in TABLES if t in words] or ["runs"]
-
-
 def htrace_tables(files: Sequence[str], tables: Sequence[str], *, threads: int = 1,
                   problems: list[str] | None = None) -> dict[str, Any]:
     """``tables`` of the runs in ``files`` as one Arrow table each (rank and window
@@ -315,8 +307,9 @@ def connect(path: str | os.PathLike[str], *, sql: str | None = None, threads: in
         elif not src.htrace or t == AGGREGATES:  # a table the export left out: empty
             _empty_view(con, t)
     if src.htrace:
-        arrow = htrace_tables(src.htrace, _named_tables(sql), threads=threads,
-                              problems=problems)
+        # the tables the query names (all without one)
+        arrow = htrace_tables(src.htrace, [t for t in TABLES if t in words] or ["runs"],
+                              threads=threads, problems=problems)
         if problems and len(problems) >= len(src.htrace):
             raise QueryError("no trace could be read: " + "; ".join(problems))
         for t in TABLES:
@@ -616,10 +609,7 @@ def dataset_diff_tables(path: str | os.PathLike[str], keep_calls: Any
     con = connect(path)
     try:
         with sql_errors(path):
-            runs = con.sql('SELECT rank, "window", path, hostname, pid, world_size, backend, '
-                           'clock_offset_ns, clock_offset_uncertainty_ns, clock_aligned, '
-                           'start_ns, stop_ns, events, cut, info FROM runs '
-                           'ORDER BY rank, "window", path').to_arrow_table().to_pylist()
+            runs = con.sql(STRAGGLER_SQL["runs"]).to_arrow_table().to_pylist()
             timed = set(con.sql('SELECT DISTINCT coalesce(rank, -1), coalesce("window", -1) '
                                 'FROM gpu').fetchall())
             for row in runs:

@@ -129,14 +129,10 @@ def _plain(schema: Any) -> Any:
                                f.nullable) for f in schema])
 
 
-def _arrow(df: Any) -> Any:
-    return df.toArrow()
-
-
 def module_totals(spark: Any) -> Any:
     """Per rank and (module, mode, phase): calls, total and self ns (Arrow table), the
     DuckDB engine's :data:`~hooktrace.data.engine.MODULE_TOTALS_SQL` run on Spark."""
-    return _arrow(spark.sql(MODULE_TOTALS_SQL))
+    return spark.sql(MODULE_TOTALS_SQL).toArrow()
 
 
 def straggler_tables(spark: Any) -> dict[str, Any]:
@@ -144,10 +140,10 @@ def straggler_tables(spark: Any) -> dict[str, Any]:
     :data:`~hooktrace.data.engine.STRAGGLER_SQL`) run on Spark over the registered views,
     as Arrow tables on the driver; :func:`hooktrace.analysis.stragglers.spark_summary` combines
     them into ``hooktrace summary DIR``'s tables."""
-    return {k: _arrow(spark.sql(sql)) for k, sql in STRAGGLER_SQL.items()}
+    return {k: spark.sql(sql).toArrow() for k, sql in STRAGGLER_SQL.items()}
 
 
 def query(spark: Any, path: str | os.PathLike[str], sql: str) -> Any:
     """``sql`` over ``path``'s tables on Spark, as a ``pyarrow.Table``."""
     register(spark, path)
-    return _arrow(spark.sql(sql))
+    return spark.sql(sql).toArrow()
