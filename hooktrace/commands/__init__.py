@@ -13,11 +13,17 @@ from types import ModuleType
 from hooktrace.errors import HooktraceError
 from hooktrace.text import OPEN_HINT
 
-__all__ = ["CliError", "OPEN_HINT", "all_commands", "write_ranks_merged"]
+__all__ = ["CliError", "OPEN_HINT", "all_commands", "at_least", "write_ranks_merged"]
 
 
 class CliError(HooktraceError):
     """A bad command-line argument or request, reported as one line."""
+
+
+def at_least(flag: str, value: int | None, minimum: int = 1) -> None:
+    """:class:`CliError` when option ``flag`` was given a ``value`` below ``minimum``."""
+    if value is not None and value < minimum:
+        raise CliError(f"{flag} must be at least {minimum}, got {value}")
 
 
 def write_ranks_merged(inputs: list[str], output: str, profilers: list[str],
@@ -31,8 +37,7 @@ def write_ranks_merged(inputs: list[str], output: str, profilers: list[str],
     from hooktrace.exporters.formats import CHROME, output_format
     from hooktrace.exporters.ranks import merge_ranks
 
-    if workers is not None and workers < 1:
-        raise CliError(f"--workers must be at least 1, got {workers}")
+    at_least("--workers", workers)
     check_output_path(output, inputs)  # (a directory, an input: said first)
     if output_format(output) is not CHROME:
         raise CliError(f"{output}: only Chrome JSON is written for many ranks yet; write "

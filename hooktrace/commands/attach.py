@@ -15,7 +15,7 @@ from pathlib import Path
 
 from hooktrace._args import finite_float
 from hooktrace.record.attach import AttachRequest, attach, worker_pids
-from hooktrace.commands import CliError
+from hooktrace.commands import CliError, at_least
 from hooktrace.record.launch import add_options, options_from_args
 
 NAME = "attach"
@@ -49,8 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     steps = args.stop_steps if args.stop_steps is not None or args.stop_seconds else 3
-    if steps is not None and steps < 1:
-        raise CliError(f"--steps must be at least 1, got {steps}")
+    at_least("--steps", steps)
     if args.stop_seconds is not None and args.stop_seconds <= 0:
         raise CliError(f"--seconds must be positive, got {args.stop_seconds}")
     if args.timeout <= 0:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from hooktrace.commands import CliError
+from hooktrace.commands import at_least
 from hooktrace.text import open_hint
 
 NAME = "demo"
@@ -21,8 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     from hooktrace.demo import run_demo
 
-    if args.steps < 1:
-        raise CliError(f"--steps must be at least 1, got {args.steps}")
+    at_least("--steps", args.steps)
     result = run_demo(args.out, steps=args.steps, flops=args.flops)
     print(f"trained TinyGPT for {args.steps} steps: loss {result.losses[0]:.3f} -> "
           f"{result.losses[-1]:.3f}\n")

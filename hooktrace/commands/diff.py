@@ -7,7 +7,7 @@ import os
 import sys
 
 from hooktrace._args import finite_float
-from hooktrace.commands import CliError
+from hooktrace.commands import CliError, at_least
 
 NAME = "diff"
 HELP = ("compare two runs (files, rank directories or schedule windows) per module "
@@ -63,14 +63,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from hooktrace.analysis.diff import compare_paths
 
-    if args.top is not None and args.top < 1:
-        raise CliError(f"--top must be at least 1, got {args.top}")
+    at_least("--top", args.top)
     if args.fail_above is not None and not args.fail_above >= 0:
         raise CliError(f"--fail-above must be a percentage >= 0, got {args.fail_above}")
     if not 0 <= args.min_share <= 100:
         raise CliError(f"--min-share must be a percentage from 0 to 100, got {args.min_share}")
-    if args.workers is not None and args.workers < 1:
-        raise CliError(f"--workers must be at least 1, got {args.workers}")
+    at_least("--workers", args.workers)
     from hooktrace.analysis.inputs import Kind, resolve
     from hooktrace.analysis.aggregates import aggregate_diff
 

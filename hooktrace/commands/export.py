@@ -113,7 +113,7 @@ def _is_dir_output(path: str) -> bool:
 
 def _export_parquet(args: argparse.Namespace, many: bool) -> None:
     """``-o X.parquet`` / ``-o DIR/``: the run's tables (docs/schema.md)."""
-    from hooktrace.commands import CliError
+    from hooktrace.commands import CliError, at_least
     from hooktrace.data import require
 
     require("pyarrow")  # the one line naming the extra, before anything is read
@@ -127,8 +127,7 @@ def _export_parquet(args: argparse.Namespace, many: bool) -> None:
         raise CliError("--steps, --start/--end and --max-depth cut Chrome and Perfetto "
                        "exports only; a Parquet export holds the whole run: select in SQL "
                        "(hooktrace query RUN \"SELECT ... WHERE step BETWEEN ...\")")
-    if args.threads < 1:
-        raise CliError(f"--threads must be at least 1, got {args.threads}")
+    at_least("--threads", args.threads)
     folder = os.path.dirname(os.path.abspath(out.rstrip("/" + os.sep)))
     if not os.path.isdir(folder):
         raise CliError(f"{out}: the folder {folder} does not exist")

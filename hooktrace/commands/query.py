@@ -30,7 +30,7 @@ import sys
 from decimal import Decimal
 from typing import Any
 
-from hooktrace.commands import CliError
+from hooktrace.commands import CliError, at_least
 from hooktrace.text import printable, text_lines
 
 NAME = "query"
@@ -70,8 +70,7 @@ def run(args: argparse.Namespace) -> None:
 
     if args.output is not None and not args.output.endswith((".parquet", ".csv", ".json")):
         raise CliError(f"{args.output}: give a name ending in .parquet, .csv or .json")
-    if args.threads is not None and args.threads < 1:
-        raise CliError(f"--threads must be at least 1, got {args.threads}")
+    at_least("--threads", args.threads)
     require("pyarrow")
     if args.output is not None:
         _check_output(args.output, args.run)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from hooktrace._args import finite_float
 from hooktrace.analysis.inputs import Input, Kind, resolve
-from hooktrace.commands import CliError
+from hooktrace.commands import CliError, at_least
 
 if TYPE_CHECKING:
     from hooktrace.analysis.attribution import Attribution
@@ -82,12 +82,10 @@ def run(args: argparse.Namespace) -> None:
         raise CliError("--threshold, --min-excess-ms and --workers apply to many ranks: give a "
                        "directory or several .htrace files")
     args.run = args.run[0]
-    if args.top is not None and args.top < 1:
-        raise CliError(f"--top must be at least 1, got {args.top}")
+    at_least("--top", args.top)
     if args.peak_tflops is not None and not args.peak_tflops > 0:
         raise CliError(f"--peak-tflops must be a positive number, got {args.peak_tflops}")
-    if args.top_ops < 0:
-        raise CliError(f"--top-ops must be at least 0, got {args.top_ops}")
+    at_least("--top-ops", args.top_ops, 0)
     table: Summary | Attribution | StepTable | ShapeTable
     if sum(bool(x) for x in (args.steps, args.profiler is not None, args.by_shape)) > 1:
         raise CliError("--steps, --profiler and --by-shape are separate tables: give one of them")
@@ -216,12 +214,10 @@ def _run_ranks(args: argparse.Namespace) -> None:
 
     from hooktrace.analysis.stragglers import DEFAULT_MIN_EXCESS_NS, DEFAULT_THRESHOLD, analyze
 
-    if args.top is not None and args.top < 1:
-        raise CliError(f"--top must be at least 1, got {args.top}")
+    at_least("--top", args.top)
     if args.steps or args.csv:
         raise CliError("--steps and --csv are for one run; the ranks' tables are text or --json")
-    if args.workers is not None and args.workers < 1:
-        raise CliError(f"--workers must be at least 1, got {args.workers}")
+    at_least("--workers", args.workers)
     threshold = DEFAULT_THRESHOLD if args.threshold is None else args.threshold
     min_excess = (DEFAULT_MIN_EXCESS_NS if args.min_excess_ms is None
                   else int(args.min_excess_ms * 1e6))
