@@ -26,14 +26,12 @@ from hooktrace.exporters._layout import (
     STEP_CAT,
     GpuSlices,
     KernelSlices,
+    counter_tracks,
     flop_args,
     gpu_track_name,
 )
 from hooktrace.analysis.device_time import launch_time_only
 from hooktrace.analysis.kernels import kernel_sites
-from hooktrace.analysis.numerics import COUNTER_NAME as NUMERICS_COUNTER
-from hooktrace.analysis.numerics import counter_points as numerics_counter
-from hooktrace.analysis.numerics import numerics_info
 
 _C = load_native()  # torch's libraries, not torch (hooktrace._native)
 
@@ -147,14 +145,8 @@ def write_memory_counters(write: Any, trace: TraceData, base_ns: int,
     where the value changes, clipped to ``window``; with ``numerics=True`` also
     ``non-finite values (hooktrace)`` (arg ``nonfinite``, :func:`hooktrace.analysis.numerics.
     counter_points`); returns how many were written."""
-    from hooktrace.analysis.memory import counter_name, counter_points, memory_devices
-
-    tracks = [(counter_name(device), "allocated_bytes", *counter_points(trace, device, window))
-              for device in memory_devices(trace)]
-    if numerics_info(trace.info) is not None:  # non-finite values so far (numerics=True)
-        tracks.append((NUMERICS_COUNTER, "nonfinite", *numerics_counter(trace, window)))
     written = 0
-    for name, arg, t, values in tracks:
+    for name, arg, t, values in counter_tracks(trace, window):
         head = f',\n{{"ph":"C","name":{_dumps(name)},"pid":{trace.pid},"ts":'
         parts = [f'{head}{_micros(ts - base_ns)},"args":{{"{arg}":{v}}}}}'
                  for ts, v in zip(t.tolist(), values.tolist())]

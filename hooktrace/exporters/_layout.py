@@ -19,6 +19,9 @@ from hooktrace._native import load_native
 from hooktrace.analysis.kernels import Kernels
 from hooktrace.analysis._filters import OPEN_WINDOW, SPAN_CLIPPED, Cut, Filters, cut
 from hooktrace.analysis.flops import SpanFlops, run_flop_info, span_flops
+from hooktrace.analysis.numerics import COUNTER_NAME as NUMERICS_COUNTER
+from hooktrace.analysis.numerics import counter_points as numerics_counter
+from hooktrace.analysis.numerics import numerics_info
 from hooktrace.reading import CAT_BACKWARD, CAT_NAMES, Spans
 from hooktrace.format import FORMAT_VERSION
 
@@ -240,6 +243,20 @@ class TrackLayout:
 
 
 STEP_CAT = "hooktrace.step"
+
+
+def counter_tracks(trace: TraceData, window: tuple[int, int] | None
+                   ) -> list[tuple[str, str, np.ndarray, np.ndarray]]:
+    """The counters of every format, clipped to ``window``: per recorded device
+    (``trace(memory=True)``) its allocated bytes, and with ``numerics=True`` the
+    non-finite values so far; each ``(name, arg name, times, values)``."""
+    from hooktrace.analysis.memory import counter_name, counter_points, memory_devices
+
+    tracks = [(counter_name(device), "allocated_bytes", *counter_points(trace, device, window))
+              for device in memory_devices(trace)]
+    if numerics_info(trace.info) is not None:
+        tracks.append((NUMERICS_COUNTER, "nonfinite", *numerics_counter(trace, window)))
+    return tracks
 
 
 def flop_args(trace: TraceData, index: np.ndarray

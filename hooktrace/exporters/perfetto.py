@@ -63,6 +63,7 @@ from hooktrace.exporters._layout import (
     SPAN_CATS,
     STEP_CAT,
     UNATTRIBUTED_CAT,
+    counter_tracks,
     flop_args,
     gpu_slices,
     gpu_track_name,
@@ -75,9 +76,6 @@ from hooktrace.exporters._layout import (
 from hooktrace.exporters._extra_args import extra_args
 from hooktrace.analysis.device_time import launch_time_only
 from hooktrace.analysis.kernels import kernel_sites
-from hooktrace.analysis.numerics import COUNTER_NAME as NUMERICS_COUNTER
-from hooktrace.analysis.numerics import counter_points as numerics_counter
-from hooktrace.analysis.numerics import numerics_info
 from hooktrace.reading import NO_PASS
 
 _C = load_native()  # torch's libraries, not torch (hooktrace._native)
@@ -220,16 +218,11 @@ def _memory_counters(trace: TraceData, plan: Any, first_uuid: int) -> bytes:
     """Per recorded device, a counter track (bytes, a child of the process track), and
     with numerics=True the non-finite values so far, with the Chrome export's points:
     TrackEvent TYPE_COUNTER with counter_value."""
-    from hooktrace.analysis.memory import counter_name, counter_points, memory_devices
-
-    window = plan.cut.bounds
-    tracks = [(counter_name(device), _uint(3, _UNIT_SIZE_BYTES),  # CounterDescriptor.unit
-               *counter_points(trace, device, window)) for device in memory_devices(trace)]
-    if numerics_info(trace.info) is not None:  # non-finite values so far (numerics=True)
-        tracks.append((NUMERICS_COUNTER, b"", *numerics_counter(trace, window)))
     out = b""
-    for k, (name, counter, t, values) in enumerate(tracks):
+    for k, (name, arg, t, values) in enumerate(counter_tracks(trace, plan.cut.bounds)):
         uuid = first_uuid + k
+        # CounterDescriptor.unit: bytes for memory
+        counter = _uint(3, _UNIT_SIZE_BYTES) if arg == "allocated_bytes" else b""
         out += _packet(_bytes(60, _uint(1, uuid) + _uint(5, _PROCESS_UUID)
                               + _str(2, name) + _bytes(8, counter)))
         head = _uint(9, _TYPE_COUNTER) + _uint(11, uuid)
@@ -284,8 +277,6 @@ def write_perfetto(
     cat = [spans.cat[span_index].astype(np.uint8)]
     flags = [plan.flags.astype(np.uint8)]
     fl = flop_args(trace, span_index)
-    flops = [fl[0]] if fl is not None else []
-    tflops = [fl[1]] if fl is not None else []
     if fl is not None:
         flags[0] = flags[0] | fl[2]
     str_a = [spans.module[span_index].astype(np.int64)]
@@ -308,9 +299,6 @@ def write_perfetto(
         int_a.append(node_table.seq[idx].astype(np.int64))
         pass_id = node_table.pass_id[idx].astype(np.int64)
         int_b.append(np.where(node_table.pass_id[idx] == NO_PASS, -1, pass_id))
-        if fl is not None:
-            flops.append(np.full(len(idx), -1, np.int64))
-            tflops.append(np.full(len(idx), np.nan))
 
     # kernel-derived slices (hooktrace.analysis.kernels), on their region span's row
     ks = kernel_slices(trace, plan.spans, plan.start, plan.end, plan.row)
@@ -328,9 +316,6 @@ def write_perfetto(
         str_b.append(n_modules + ks.module.astype(np.int64))
         int_a.append(site_strings + ks.site.astype(np.int64))
         int_b.append(np.full(len(ks.start), -1, np.int64))
-        if fl is not None:
-            flops.append(np.full(len(ks.start), -1, np.int64))
-            tflops.append(np.full(len(ks.start), np.nan))
 
     # device intervals (trace(gpu=True)): a track per device and stream, under the
     # process, with the Chrome export's slices (args device, stream, self_ns as extras)
@@ -355,9 +340,6 @@ def write_perfetto(
         str_b.append(np.where(unknown, len(strings) - 1, n_modules + mod))
         int_a.append(gs.call)
         int_b.append(np.full(len(gs.rows), -1, np.int64))
-        if fl is not None:
-            flops.append(np.full(len(gs.rows), -1, np.int64))
-            tflops.append(np.full(len(gs.rows), np.nan))
         for j, i in enumerate(gs.rows.tolist()):
             device, stream, _ = gs.tracks[int(gs.track[j])]
             gpu_extras.append(b"".join(_bytes(4, _annotation(k, v)) for k, v in (
@@ -369,6 +351,9 @@ def write_perfetto(
         return np.ascontiguousarray(np.concatenate(parts).astype(dtype, copy=False))
 
     all_start = col(start, np.int64)
+    rest = len(all_start) - len(span_index)  # slices past the spans: no FLOP args
+    flops = [] if fl is None else [fl[0], np.full(rest, -1, np.int64)]
+    tflops = [] if fl is None else [fl[1], np.full(rest, np.nan)]
     write(_descriptors(trace, os_threads, layout.tracks))
     write(b"".join(_packet(_bytes(60, _uint(1, _GPU_UUID + k) + _uint(5, _PROCESS_UUID)
                                   + _str(2, gpu_track_name(*t))))
