@@ -8,9 +8,10 @@ Not an exporter: it writes no file and imports no exporter.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["dumps", "micros"]
+__all__ = ["SkipFirstComma", "dumps", "micros"]
 
 
 def dumps(value: Any) -> str:
@@ -27,3 +28,18 @@ def micros(ns: int) -> str:
     """
     sign, ns = ("-", -ns) if ns < 0 else ("", ns)
     return f"{sign}{ns // 1000}.{ns % 1000:03d}"
+
+
+class SkipFirstComma:
+    """Writes ``,\\n{event}`` items as elements of a JSON array: drops the first one's
+    leading ',' (``skip=False``: the array has elements already, drop none)."""
+
+    def __init__(self, write: Callable[[bytes], Any], skip: bool = True) -> None:
+        self._write, self._skip = write, skip
+
+    def __call__(self, data: bytes) -> None:
+        if self._skip and data:
+            if data.startswith(b","):
+                data = data[1:]
+            self._skip = False
+        self._write(data)

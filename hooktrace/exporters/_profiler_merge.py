@@ -21,7 +21,7 @@ from hooktrace.format._kineto import BadValue, ProfilerTraceError
 from hooktrace._output import check_output_path, open_output
 from hooktrace.format._profiler_events import ProfilerEvents, check_base, collect, time_ns
 from hooktrace.exporters._layout import UNATTRIBUTED_CAT, TrackLayout, gpu_slices, kernel_slices
-from hooktrace.exporters._chrome_json import dumps, micros
+from hooktrace.exporters._chrome_json import SkipFirstComma, dumps, micros
 from hooktrace.exporters._chrome_events import (
     write_gpu_events,
     write_kernel_events,
@@ -326,18 +326,6 @@ def place_spans(run: TraceData, p: ProfilerEvents, window: tuple[int, int]) -> _
     return place
 
 
-class _SkipFirstComma:
-    """A writer that drops the leading ',' of the first event (after an empty array)."""
-
-    def __init__(self, write: Callable[[bytes], Any], skip: bool) -> None:
-        self._write, self._skip = write, skip
-
-    def __call__(self, data: bytes) -> None:
-        if self._skip and data:
-            data, self._skip = data[1:], False
-        self._write(data)
-
-
 def write_spans(write: Callable[[bytes], Any], run: TraceData, place: _Placement,
                 base_ns: int, window: tuple[int, int]) -> list[dict[str, Any]]:
     """Write the placed spans, unattributed nodes, steps and their rows' metadata as
@@ -475,7 +463,7 @@ def merge_traces(
             window = check_compatible(run, p, run_name)
             place = place_spans(run, p, window)
             result.update(place.result, profiler_events=p.n_events)
-            place_tracks[:] = [write_spans(_SkipFirstComma(out.write, not nonempty), run, place,
+            place_tracks[:] = [write_spans(SkipFirstComma(out.write, not nonempty), run, place,
                                            new_base, window)]
             return b""
         return insert

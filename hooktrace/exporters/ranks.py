@@ -51,7 +51,7 @@ import numpy as np
 from hooktrace.format._kineto import open_binary, scan, us_to_ns
 from hooktrace._output import check_output_path, open_output
 from hooktrace.errors import HooktraceError
-from hooktrace.exporters._chrome_json import dumps, micros
+from hooktrace.exporters._chrome_json import SkipFirstComma, dumps, micros
 from hooktrace.exporters._layout import UNATTRIBUTED_CAT, TrackLayout, gpu_slices
 from hooktrace.exporters._chrome_events import (
     write_gpu_events,
@@ -116,21 +116,6 @@ def _utf8(value: Any) -> Any:
     return value
 
 
-class _Items:
-    """Writes ``,\\n{event}`` items as the elements of one JSON array (drops the first ',')."""
-
-    def __init__(self, write: Callable[[bytes], Any]) -> None:
-        self._write = write
-        self._first = True
-
-    def __call__(self, data: bytes) -> None:
-        if self._first and data:
-            if data.startswith(b","):
-                data = data[1:]
-            self._first = False
-        self._write(data)
-
-
 # A top-level key's number (int or decimal) in an event's JSON text.
 def _number_re(key: str) -> re.Pattern[str]:
     return re.compile(r'"' + key + r'"\s*:\s*(-?[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)')
@@ -168,7 +153,7 @@ class ChromeRankWriter:
 
     def __init__(self, out: IO[bytes]) -> None:
         self._out = out
-        self._items = _Items(out.write)
+        self._items = SkipFirstComma(out.write)
         self.base_ns = 0
         self._next_pid = 1
 
@@ -325,8 +310,6 @@ class ChromeRankWriter:
         # surrogates, written as JSON's \udcNN escapes (json.loads gives the name back)
         self._out.write(tail.encode("utf-8", "backslashreplace"))
 
-
-# -- profiler traces per rank --------------------------------------------------
 
 # -- the merge -----------------------------------------------------------------
 
