@@ -32,7 +32,6 @@ STEP = 5  # a training step ended: seq = its number, id = 0
 # belong to, same thread and t; seq = bytes allocated now, id | rf_tid << 32 = peak.
 MEM_CPU = 6
 MEM_CUDA = 7
-MEM_KINDS = (MEM_CPU, MEM_CUDA)
 # Kernel marks of compiled code (csrc/kernel_marks.h): id = the call site, an index
 # into info["kernel_sites"]; seq = 0.
 KERNEL_BEGIN = 8

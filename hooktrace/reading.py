@@ -178,8 +178,7 @@ class TraceData:
             begin = int(begin) if isinstance(begin, int) else int(self.clock.unix_ns0)
             start = min(starts, default=begin)
             last = max(ends, default=start)
-            stop = last
-            steps = self._steps = Steps.from_events(self.events, self.clock, start, stop, last)
+            steps = self._steps = Steps.from_events(self.events, self.clock, start, last, last)
         return steps
 
     def gpu_spans(self) -> GpuSpans:
