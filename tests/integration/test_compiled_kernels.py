@@ -364,13 +364,12 @@ def test_gpt2_every_kernel_is_attributed_inside_blocks(how: str, tmp_path: Path)
     # the kernels left on a region itself are the ones no inner module owns: fusions
     # across its direct children (the residual add with the next norm), and, compiled
     # whole, the loss and the embeddings' adds outside any submodule. A minority of
-    # the kernel time: the rest is named below the region. (Per kernel site and region,
-    # its fastest run: one run stretched by a page fault or a preemption, 24 ms against
-    # 28 ms for all the others together once in CI, says nothing of who owns the time.)
+    # the kernels (per kernel site and region): the rest are named below the region.
+    # (Counted, not timed: a comparison of kernel times failed under load twice, once
+    # with two runs of one site stretched to 14 ms each by preemption.)
     key = k.site.astype(np.int64) * (int(region_of.max()) + 1) + region_of
     keys, first = np.unique(key, return_index=True)
-    fastest = np.array([k.duration_ns[key == u].min() for u in keys])
-    assert fastest[on_region[first]].sum() < 0.5 * fastest.sum()
+    assert 0 < on_region[first].sum() < 0.5 * len(keys), (on_region[first].sum(), len(keys))
     rows = {(r["module"], r["mode"]): r for r in result.summary().rows}
     # (a norm fused with the residual add before it is the block's, or compiled whole
     # the model's: ln_1 of the first block only has its own kernel when per block)
