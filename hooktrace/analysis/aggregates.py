@@ -110,6 +110,14 @@ def _column(table: Any, name: str) -> Any:
     return pa.nulls(len(table), pa.float64())  # a folder written before the column
 
 
+def steps_aggregated(table: Any) -> int:
+    """How many steps the aggregate ``table`` holds: the sum of its step rows' ``steps``."""
+    import pyarrow.compute as pc
+
+    steps_rows = table.filter(pc.equal(table["mode"].cast("string"), "step"))
+    return int(pc.sum(steps_rows["steps"]).as_py() or 0)
+
+
 def aggregate_rows(table: Any) -> tuple[list[dict[str, Any]], int]:
     """Per (module, mode) over the run, largest total first (the step row on top), and
     the number of steps aggregated."""
@@ -117,7 +125,7 @@ def aggregate_rows(table: Any) -> tuple[list[dict[str, Any]], int]:
     import pyarrow.compute as pc
 
     mode = table["mode"].cast(pa.string())
-    n_steps = int(pc.sum(table.filter(pc.equal(mode, "step"))["steps"]).as_py() or 0)
+    n_steps = steps_aggregated(table)
     total = pc.cast(table["total_ms"], pa.float64())
     gpu = pc.cast(_column(table, "gpu_ms"), pa.float64())
     tflops = pc.cast(_column(table, "tflops"), pa.float64())
@@ -290,8 +298,7 @@ def aggregate_summary_data(path: str | os.PathLike[str], top: int | None = None
 
             raise InputPathError(f"{os.fspath(path)}: column {column} of the aggregates "
                                  "sums past int64; hooktrace writes no such values")
-    steps_row = table.filter(pc.equal(table["mode"].cast("string"), "step"))
-    n_steps = int(pc.sum(steps_row["steps"]).as_py() or 0)
+    n_steps = steps_aggregated(table)
     grouped = table.group_by(["module", "mode"]).aggregate([
         ("calls", "sum"), ("total_ms", "sum"), ("p50_ms", "approximate_median"),
         ("max_ms", "max"), ("nonfinite", "sum"), ("total_ns", "sum"),
@@ -430,11 +437,9 @@ def _per_source(table: Any) -> tuple[dict[tuple[str, int | None], int],
 
 def _per_step(path: str | os.PathLike[str]) -> dict[tuple[str, str], float]:
     """ms per step of each (module, mode) over an aggregate= folder's run."""
-    import pyarrow.compute as pc
 
     table = load_aggregates(path)
-    steps_rows = table.filter(pc.equal(table["mode"].cast("string"), "step"))
-    n_steps = max(1, int(pc.sum(steps_rows["steps"]).as_py() or 0))
+    n_steps = max(1, steps_aggregated(table))
     grouped = table.group_by(["module", "mode"]).aggregate([("total_ms", "sum")]).to_pylist()
     return {(str(r["module"]), str(r["mode"])): float(r["total_ms_sum"] or 0.0) / n_steps
             for r in grouped}
