@@ -284,10 +284,9 @@ def part_from_tables(t: Mapping[str, Any], info: Mapping[str, Any], gpu: bool,
             c = {k: t[f"{side}_cells"].column(k).to_numpy()
                  for k in t[f"{side}_cells"].column_names}
             for kp_slot, rows in _by_key(c):
-                cells[kp_slot] = []
-                for name in ("total_ns", "self_ns", "calls"):
-                    cells[kp_slot].append(np.zeros(width))
-                    cells[kp_slot][-1][c["col"][rows]] = c[name][rows]
+                cells[kp_slot] = [np.zeros(width) for _ in range(3)]
+                for v, name in zip(cells[kp_slot], ("total_ns", "self_ns", "calls")):
+                    v[c["col"][rows]] = c[name][rows]
         calls_of: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         if keep_calls and f"{side}_calls" in t:
             k = {n: t[f"{side}_calls"].column(n).to_numpy() for n in
