@@ -10,6 +10,7 @@
 
 #include "backward.h"
 #include "chrome_writer.h"
+#include "cupti.h"
 #include "event.h"
 #include "gpu_time.h"
 #include "kernel_marks.h"
@@ -253,6 +254,32 @@ PYBIND11_MODULE(_C, m) {
   }, py::arg("session"));
   m.def("gpu_set_capturing", &hooktrace::gpu_set_capturing, py::arg("on"),
         "A CUDA graph is being captured: record no device time meanwhile.");
+  // --- kernel busy time (cupti.h) ---
+  m.def("cupti_start", &hooktrace::cupti_start, py::arg("candidates"), py::arg("buffer_bytes"),
+        py::arg("max_buffers"), "Load libcupti and subscribe: '' or why not.");
+  m.def("cupti_flush", &hooktrace::cupti_flush, py::arg("forced"),
+        py::call_guard<py::gil_scoped_release>(), "Deliver completed activity records.");
+  m.def("cupti_set_enabled", &hooktrace::cupti_set_enabled, py::arg("on"),
+        "Callbacks and activity kinds on/off between timed steps.");
+  m.def("cupti_stop", &hooktrace::cupti_stop, py::call_guard<py::gil_scoped_release>(),
+        "Flush, disable and unsubscribe.");
+  m.def("cupti_add_session", &hooktrace::cupti_add_session, py::arg("session"));
+  m.def("cupti_remove_session", &hooktrace::cupti_remove_session, py::arg("session"));
+  m.def("cupti_stats", [] {
+    auto st = hooktrace::cupti_stats();
+    py::dict d;
+    d["running"] = st.running;
+    d["library"] = st.library;
+    d["launches"] = st.launches;
+    d["records"] = st.records;
+    d["cupti_dropped"] = st.cupti_dropped;
+    d["buffers_refused"] = st.buffers_refused;
+    d["graph_nodes"] = st.graph_nodes;
+    d["other_kinds"] = st.other_kinds;
+    d["names"] = st.names;
+    d["clock_pairs"] = st.clock_pairs;
+    return d;
+  });
   m.def("shape_signatures", &hooktrace::shape_signatures, py::arg("first") = 0,
         "The process's shape signatures from index `first` (shapes.h).");
   m.def("now_ticks", &hooktrace::now_ticks);

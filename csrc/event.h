@@ -76,6 +76,14 @@ enum EventKind : uint8_t {
   // next step mark or the end): id = the mark's id, seq = the time as int64 Unix ns
   // (the device's clock aligned to the host's), rf_tid = the device index.
   kGpuTime = 15,
+  // Kernel busy time from CUPTI (trace(gpu=True) on CUDA, cupti.h, which lays out
+  // their fields): a launch on the launching thread, an activity record (two events,
+  // one after the other on the thread that recorded it), a graph node created or
+  // cloned.
+  kCuptiLaunch = 16,
+  kCuptiKernel = 17,
+  kCuptiKernelMore = 18,
+  kCuptiGraphNode = 19,
 };
 
 enum EventFlags : uint8_t {

@@ -71,8 +71,22 @@ GPU_NO_MODULE = 0xFFFFFFFF
 # end): id = the mark's id, seq = int64 Unix ns (device clock aligned to the host's),
 # rf_tid = the device index.
 GPU_TIME = 15
+# Kernel busy time from CUPTI (trace(gpu=True) on CUDA, csrc/cupti.h,
+# hooktrace.analysis.kernel_time). CUPTI_LAUNCH: a launch on the launching thread: id =
+# its correlation id. CUPTI_KERNEL: a device record (kernel, memcpy, memset): id = its
+# launch's correlation id, seq = start (CUPTI ns, info["kernels"]["clock"] maps them to
+# Unix ns), rf_tid = duration ns (2**32-1: at least), flags = kind (1 kernel, 2 memcpy, 3
+# memset) | device << 2; always followed on its thread by CUPTI_KERNEL_MORE: id = stream,
+# seq = graph node id (0: none), rf_tid = name index into info["kernels"]["names"].
+# CUPTI_GRAPH_NODE: seq = a graph node's id; flags 1: created (during a capture, on the
+# capturing thread), 2: cloned from the node whose id is id | rf_tid << 32.
+CUPTI_LAUNCH = 16
+CUPTI_KERNEL = 17
+CUPTI_KERNEL_MORE = 18
+CUPTI_GRAPH_NODE = 19
 VALID_KINDS = (ENTER, EXIT, NODE_BEGIN, NODE_END, STEP, MEM_CPU, MEM_CUDA, KERNEL_BEGIN,
-               KERNEL_END, SHAPES, NUMERICS, NUMERICS_VALUE, GPU_MARK, GPU_TIME)
+               KERNEL_END, SHAPES, NUMERICS, NUMERICS_VALUE, GPU_MARK, GPU_TIME, CUPTI_LAUNCH,
+               CUPTI_KERNEL, CUPTI_KERNEL_MORE, CUPTI_GRAPH_NODE)
 
 FLAG_ERROR = 1  # EXIT: forward raised
 FLAG_NO_GRAD = 2  # ENTER: grad mode was off (torch.no_grad, inference_mode)

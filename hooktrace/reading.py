@@ -35,6 +35,7 @@ _T = TypeVar("_T")
 _D = TypeVar("_D", bound="TraceData")
 
 __all__ = [
+    "innermost_span",
     "SPAN_ERROR",
     "SPAN_UNFINISHED",
     "CAT_FORWARD",
@@ -330,6 +331,12 @@ def _innermost_span(spans: Spans, tid: np.ndarray, t: np.ndarray) -> np.ndarray:
         out[done] = cur[done]
         cur = np.where(live & ~done, spans.parent[np.maximum(cur, 0)], -1)
     return out
+
+
+def innermost_span(spans: Spans, tid: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Per (thread id, Unix ns): the index of the innermost span of that thread holding
+    that time, or -1 (where a kernel launch, a kernel mark or a sample belongs)."""
+    return _innermost_span(spans, tid, t)
 
 
 def _latest_start(spans: Spans, pick: np.ndarray, of_span: np.ndarray, group: np.ndarray,

@@ -6,7 +6,7 @@ provider answers: :mod:`hooktrace.analysis.column_provider`).
 
 Example:
     >>> [p.name for p in PROVIDERS]
-    ['device time', 'FLOPs', 'memory', 'numerics', 'shapes']
+    ['device time', 'kernel time', 'FLOPs', 'memory', 'numerics', 'shapes']
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from hooktrace.analysis.column_provider import (
 )
 from hooktrace.analysis.device_time import DeviceTimeColumns
 from hooktrace.analysis.flops import FlopColumns
+from hooktrace.analysis.kernel_time import KernelTimeColumns
 from hooktrace.analysis.memory import MemoryColumns
 from hooktrace.analysis.numerics import NumericsColumns
 from hooktrace.analysis.shapes import ShapeColumns
@@ -33,6 +34,7 @@ __all__ = ["PROVIDERS", "ColumnProvider", "SpanColumn", "SummaryPart", "WindowGr
 # the rows), then FLOPs, memory and numerics; shapes are Parquet columns only.
 PROVIDERS: list[ColumnProvider] = [
     DeviceTimeColumns(),
+    KernelTimeColumns(),
     FlopColumns(),
     MemoryColumns(),
     NumericsColumns(),

@@ -79,7 +79,9 @@ def gpu_recorded(trace: TraceData) -> bool:
 
 def launch_time_only(trace: TraceData) -> bool:
     """A CUDA run without device time: its host times are launch times."""
-    return trace.info.get("accelerator") == "cuda" and not gpu_recorded(trace)
+    kernels = trace.info.get("kernels")
+    return (trace.info.get("accelerator") == "cuda" and not gpu_recorded(trace)
+            and not (isinstance(kernels, dict) and "library" in kernels))
 
 
 def kernel_label(trace: TraceData) -> str:

@@ -89,6 +89,11 @@ _TABLES: dict[str, list[Any]] = {
         _f("gpu_dur_ns", _I64, True, "device time of the call (trace(gpu=True)); null when "
                                      "not timed"),
         _f("gpu_self_ns", _I64, True, "device time minus its children's on the stream"),
+        _f("kernel_ns", _I64, True, "busy time of the kernels the call launched, children "
+                                    "included (CUPTI, trace(gpu=True) on CUDA); null: none"),
+        _f("kernel_self_ns", _I64, True, "kernel_ns less what its children launched"),
+        _f("kernels", _I64, True, "kernels, copies and sets the call launched"),
+        _f("kernel_idle_ns", _I64, True, "the device's idle time inside the call"),
         _f("flops", _I64, True, "FLOPs of the call (flops=True); null when not counted"),
         _f("in_shapes", _STR, True, "input shape signature (shapes=True)"),
         _f("out_shapes", _STR, True, "output shape signature (shapes=True)"),
@@ -208,6 +213,7 @@ _AGGREGATE_COLUMNS = [
     _f("p50_ms", _F32, True, "median call (a step row: median step), ms"),
     _f("max_ms", _F32, True, "longest call (a step row: longest step), ms"),
     _f("gpu_ms", _F32, True, "device time (trace(gpu=True)); null when not recorded"),
+    _f("kernel_ms", _F32, True, "kernel busy time (CUPTI); null when not recorded"),
     _f("mem_peak_bytes", _I64, True, "peak bytes allocated in the calls (memory=True)"),
     _f("tflops", _F32, True, "FLOP rate of the calls, TFLOP/s (flops=True)"),
     _f("nonfinite", _I64, True, "NaN/Inf count of the outputs (numerics=True)"),

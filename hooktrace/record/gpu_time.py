@@ -14,7 +14,13 @@ PrivateUse1 backend, through c10's device-generic events; ``HOOKTRACE_GPU_TIMER=
 type>`` (``cuda``, ``xpu``, ``privateuse1``) forces one (a test's fake accelerator),
 ``HOOKTRACE_GPU_TIMER=host`` selects the host-clock timer (its "events" are host
 timestamps), which runs the whole pipeline without a device. ``HOOKTRACE_GPU_POOL`` sets
-the pool's size (default 16384 events per device). None of these is a user option.
+the pool's size (default 16384 events per device); ``HOOKTRACE_GPU_MODE`` what
+``gpu_mode="auto"`` means (a test of one path). None of these is a user option.
+
+``gpu_mode``: on CUDA, ``gpu=True`` records each kernel's busy time from CUPTI
+(:mod:`hooktrace.record.cupti`, read by :mod:`hooktrace.analysis.kernel_time`) when
+CUPTI loads and no other tool holds it, else it says so in one line and times calls
+with device events as below; ``"events"``, ``"kernels"`` and ``"both"`` choose.
 
 ``info["gpu"]`` says how: ``timer``, ``every``, ``timed_steps``, ``devices`` (the
 device indexes timed), ``skipped_capturing`` (calls made while a graph was being
@@ -34,7 +40,8 @@ import warnings
 from typing import Any
 
 from hooktrace.errors import NoDeviceError
-from hooktrace.record.component import Component, Option, Options, positive_int
+from hooktrace.record.component import Component, Flag, Option, Options, one_of, positive_int
+from hooktrace.record.cupti import KernelTimer
 
 __all__ = ["GpuTimeComponent", "gpu_timer"]
 
@@ -78,12 +85,50 @@ def _native() -> Any:
     return _C
 
 
+GPU_MODES = ("auto", "kernels", "events", "both")
+
+
+def _wrap_profiler(timer: KernelTimer) -> Any:
+    """torch.profiler needs CUPTI too (Kineto: one subscriber per process): around its
+    prepare and its disable, hooktrace yields CUPTI and takes it back. Returns the
+    undo."""
+    try:
+        import torch.autograd.profiler as prof
+    except ImportError:
+        return lambda: None
+    prepare, disable = prof._prepare_profiler, prof._disable_profiler
+
+    def _prepare_profiler(*args: Any, **kwargs: Any) -> Any:
+        timer.yield_to_profiler()
+        return prepare(*args, **kwargs)
+
+    def _disable_profiler(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return disable(*args, **kwargs)
+        finally:
+            timer.resume()
+
+    prof._prepare_profiler, prof._disable_profiler = _prepare_profiler, _disable_profiler
+
+    def undo() -> None:
+        if prof._prepare_profiler is _prepare_profiler:
+            prof._prepare_profiler, prof._disable_profiler = prepare, disable
+    return undo
+
+
 def _pool_size() -> int:
     raw = os.environ.get("HOOKTRACE_GPU_POOL", "")
     try:
         return max(2, int(raw)) if raw else DEFAULT_POOL
     except ValueError:
         return DEFAULT_POOL
+
+
+def _synchronize_cuda() -> None:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 def _marks(session: Any) -> int:
@@ -141,6 +186,11 @@ class GpuTimeComponent(Component):
         Option("gpu", False, "also record each module call's device time on its CUDA stream, "
                "forward and backward (timing events resolved at step marks: no sync per "
                "call); needs a CUDA device", cli="switch"),
+        Option("gpu_mode", "auto", "with gpu, what is recorded: 'kernels' (each kernel's "
+               "busy time from CUPTI, joined to the module that launched it), 'events' "
+               "(a device-event interval per call, idle gaps included), 'both', or 'auto' "
+               "(kernels on CUDA when CUPTI is free, else events)", check=one_of(*GPU_MODES),
+               cli=Flag("choice", choices={m: m for m in GPU_MODES}, metavar="MODE")),
         Option("gpu_every", 1, "with gpu, time steps 0, N, 2N, ... only (default: every "
                "step)", check=positive_int("steps"), cli="int",
                flag_help="with --gpu, time steps 0, N, 2N, ... only (default: every step)"),
@@ -152,7 +202,7 @@ class GpuTimeComponent(Component):
 
     @classmethod
     def check(cls, options: Options) -> None:
-        if options.gpu and gpu_timer() is None:
+        if options.gpu and options.gpu_mode != "kernels" and gpu_timer() is None:
             raise NoDeviceError("gpu=True needs a CUDA device (or an XPU or PrivateUse1 "
                                 "one): torch.cuda.is_available() is False on this machine")
 
@@ -165,10 +215,38 @@ class GpuTimeComponent(Component):
         self._marks_at_step = 0  # marks recorded when the last step mark came
         self._wrapped = False
         self._warned = False
+        self._kernels: KernelTimer | None = None
+        self._unwrap_profiler: Any = None
+        self._kernels_note = ""
+
+    def _start_kernels(self, session: Any) -> str | None:
+        """Kernel busy time (CUPTI): None once started, else why not."""
+        timer = KernelTimer()
+        why = timer.start(session)
+        if why is None:
+            self._kernels = timer
+            self._unwrap_profiler = _wrap_profiler(timer)
+        return why
 
     def prepare(self, session: Any, scope: Any) -> None:
         self._session = session
+        mode = self.recorder.options.gpu_mode
+        if mode == "auto" and os.environ.get("HOOKTRACE_GPU_MODE", "") in GPU_MODES:
+            mode = os.environ["HOOKTRACE_GPU_MODE"]  # (tests and checks of one path)
         self._timer = gpu_timer()
+        auto = self._timer == "cuda" or bool(os.environ.get("HOOKTRACE_CUPTI_LIB"))
+        if mode in ("kernels", "both") or (mode == "auto" and auto):
+            why = self._start_kernels(session)
+            if why is not None and mode != "auto":
+                raise NoDeviceError(f"gpu_mode={mode!r}: kernel busy time needs CUPTI: {why}")
+            if why is not None:
+                self._kernels_note = why
+                warnings.warn(f"hooktrace: gpu=True: no kernel busy time ({why}); timing "
+                              "module calls with device events instead", RuntimeWarning,
+                              stacklevel=2)
+            if self._kernels is not None and mode != "both":
+                self._timer = None  # kernels only: no event per call
+                return
         if self._timer is None:  # (checked when the recorder was made)
             raise NoDeviceError("gpu=True needs a CUDA device")
         try:
@@ -179,13 +257,15 @@ class GpuTimeComponent(Component):
     def install(self, session: Any, scope: Any) -> None:
         if self._timer is None:
             return
-        if self._timer == "cuda":
+        if self._timer == "cuda" and self._kernels is None:
             _wrap_capture()
             self._wrapped = True
         session.set_gpu(True)  # step 0 is always timed
         self._on = True
 
     def before_step(self) -> None:
+        if self._kernels is not None and self.recorder.drains_at_step_mark():
+            self._kernels.flush(True)  # the records so far, before the window is handed over
         if self._timer is None:
             return
         # Completed marks only (no wait), unless the step's events are handed over
@@ -204,20 +284,33 @@ class GpuTimeComponent(Component):
                               RuntimeWarning, stacklevel=2)
 
     def step(self, step_no: int) -> None:
+        every = self.recorder.options.gpu_every
+        if self._kernels is not None:
+            if self._timer is None:
+                self._timed_ended += self._on
+                self._on = step_no % every == 0
+            if every > 1:
+                self._kernels.set_enabled(step_no % every == 0)
         if self._timer is None:
             return
         self._timed_ended += self._on
         self._marks_at_step = _marks(self._session)
-        every = self.recorder.options.gpu_every
         self._on = step_no % every == 0
         if every > 1:
             self._session.set_gpu(self._on)
 
     def flush(self) -> None:
+        if self._kernels is not None:
+            _synchronize_cuda()  # the last kernels' records exist once they ran
+            self._kernels.flush(True)
         if self._timer is not None:
             self._resolve(True)  # the one wait, at the end
 
     def teardown(self) -> None:
+        if self._kernels is not None:
+            if self._unwrap_profiler is not None:
+                self._unwrap_profiler()
+            self._kernels.stop()
         if self._timer is not None and self._session is not None:
             self._session.set_gpu(False)
         if self._wrapped:
@@ -225,6 +318,12 @@ class GpuTimeComponent(Component):
             _unwrap_capture()
 
     def metadata(self, info: dict[str, Any]) -> None:
+        if self._kernels is not None:
+            info["kernels"] = self._kernels.metadata()
+            info["kernels"]["timed_steps"] = self._timed_ended + self._on
+            info["kernels"]["every"] = self.recorder.options.gpu_every
+        elif self._kernels_note:
+            info["kernels"] = {"unavailable": self._kernels_note}
         if self._timer is None or self._session is None:
             return
         stats = _native().gpu_stats(self._session)

@@ -26,6 +26,12 @@ from hooktrace.errors import NoDeviceError
 from hooktrace.format import TraceFileError
 from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, TraceData
 
+@pytest.fixture(autouse=True)
+def _event_intervals(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This file tests device-event intervals: gpu=True's mode on CUDA is kernels."""
+    monkeypatch.setenv("HOOKTRACE_GPU_MODE", "events")
+
+
 REPO = Path(__file__).resolve().parents[2]
 CUDA = torch.cuda.is_available()
 

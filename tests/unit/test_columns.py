@@ -184,7 +184,7 @@ def test_every_provider_is_asked_by_every_view():
     finally:
         PROVIDERS[:] = saved
     names = [p.name for p in PROVIDERS]
-    assert names == ["device time", "FLOPs", "memory", "numerics", "shapes"]
+    assert names == ["device time", "kernel time", "FLOPs", "memory", "numerics", "shapes"]
     assert asked == {name: {"from_trace", "_extras", "reduce_window"} for name in names}
 
 

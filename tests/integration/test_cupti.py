@@ -1,0 +1,250 @@
+"""Kernel busy time from CUPTI (issue #49) through a fake libcupti (fake_cupti.cpp).
+
+The fake is CUPTI where it hurts: records arrive late (held back over flushes), out of
+order (shuffled), lost (counted as CUPTI counts them), in a clock of their own; a second
+subscriber is refused. Each test launches fake kernels from inside module calls (the
+forward, a backward on the autograd thread, several Python threads, a captured graph
+replayed) and checks what hooktrace's join makes of them against what it launched:
+counts and durations the test chose, never how fast this machine is.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+import threading
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import hooktrace
+from hooktrace.errors import NoDeviceError
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+MS = 1_000_000
+RUNTIME, LAUNCH_KERNEL, KERNEL = 2, 211, 10
+DRIVER, CU_LAUNCH_KERNEL = 1, 307
+
+
+@pytest.fixture(scope="session")
+def fake_lib() -> Path:
+    out = REPO / "build" / "fake_cupti" / "libfakecupti.so"
+    src = HERE / "fake_cupti.cpp"
+    if not out.exists() or out.stat().st_mtime < src.stat().st_mtime:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["c++", "-std=c++17", "-O1", "-shared", "-fPIC", str(src), "-o", str(out)],
+                       check=True, capture_output=True, timeout=300)
+    return out
+
+
+@pytest.fixture
+def cupti(fake_lib: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setenv("HOOKTRACE_CUPTI_LIB", str(fake_lib))
+    monkeypatch.delenv("HOOKTRACE_GPU_MODE", raising=False)
+    lib = ctypes.CDLL(str(fake_lib))
+    lib.fake_cupti_launch.restype = ctypes.c_uint32
+    lib.fake_cupti_launch.argtypes = [ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32,
+                                      ctypes.c_char_p, ctypes.c_uint32, ctypes.c_uint64]
+    lib.fake_cupti_graph_node.argtypes = [ctypes.c_uint64, ctypes.c_uint64]
+    lib.fake_cupti_graph_launch.restype = ctypes.c_uint32
+    lib.fake_cupti_graph_launch.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_int,
+                                            ctypes.c_uint32, ctypes.c_uint64]
+    lib.fake_cupti_set.argtypes = [ctypes.c_char_p, ctypes.c_int64]
+    lib.fake_cupti_get.restype = ctypes.c_uint64
+    lib.fake_cupti_get.argtypes = [ctypes.c_char_p]
+    for knob, value in (("other_holds", 0), ("lose_every", 0), ("late_flushes", 2),
+                        ("buffer_records", 3), ("seed", 7)):
+        lib.fake_cupti_set(knob.encode(), value)
+    return lib
+
+
+class Launches(nn.Module):
+    """Launches `n` fake kernels of `dur` ns on `stream` per call, then runs `inner`."""
+
+    def __init__(self, lib: Any, n: int, dur: int, stream: int = 7,
+                 inner: nn.Module | None = None) -> None:
+        super().__init__()
+        self.lib, self.n, self.dur, self.stream = lib, n, dur, stream
+        self.inner = inner if inner is not None else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i in range(self.n):
+            # runtime and driver launches alternate (Inductor and Triton use the driver)
+            domain, cbid = (RUNTIME, LAUNCH_KERNEL) if i % 2 == 0 else (DRIVER, CU_LAUNCH_KERNEL)
+            self.lib.fake_cupti_launch(domain, cbid, KERNEL, b"gemm", self.stream,
+                                       self.dur)
+        return self.inner(x)
+
+
+class BackwardLaunch(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, lib: Any) -> torch.Tensor:
+        ctx.lib = lib
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor, None]:
+        for _ in range(3):
+            ctx.lib.fake_cupti_launch(RUNTIME, LAUNCH_KERNEL, KERNEL, b"gemm_bwd", 7, 2 * MS)
+        return g * 2, None
+
+
+class WithBackward(nn.Module):
+    def __init__(self, lib: Any) -> None:
+        super().__init__()
+        self.lib = lib
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return BackwardLaunch.apply(self.lin(x), self.lib)
+
+
+def row(summary: Any, module: str, mode: str = "train") -> dict[str, Any]:
+    return next(r for r in summary.rows if r["module"] == module and r["mode"] == mode)
+
+
+def test_forward_and_backward_kernels_are_joined_to_their_modules(cupti: Any) -> None:
+    inner = Launches(cupti, 2, 1 * MS)
+    model = nn.Sequential(Launches(cupti, 3, 1 * MS, inner=inner), WithBackward(cupti))
+    with hooktrace.trace(model, gpu=True, gpu_mode="kernels") as tr:
+        for _ in range(2):
+            model(torch.ones(2, 4, requires_grad=True)).sum().backward()
+            tr.step()
+    data = tr.result
+    info = data.info["kernels"]
+    assert info["lost"] == 0 and "gpu" not in data.info  # kernels only: no event per call
+    s = data.summary()
+    outer, leaf = row(s, "0"), row(s, "0.inner")
+    # the fake serializes a stream: busy time is exactly what was launched
+    assert (leaf["kernels"], leaf["kernel_ns"]) == (4, 4 * MS)
+    assert (outer["kernels"], outer["kernel_ns"], outer["kernel_self_ns"]) == (10, 10 * MS, 6 * MS)
+    bwd = row(s, "1")
+    assert (bwd["kernels"], bwd["kernels_bwd"], bwd["kernel_bwd_ns"]) == (0, 6, 12 * MS)
+    root = row(s, "")
+    assert (root["kernels"], root["kernel_ns"], root["kernel_bwd_ns"]) == (10, 10 * MS, 12 * MS)
+    text = s.to_text()
+    assert "kernel" in text and "gpu_" not in text.splitlines()[0]
+
+
+def test_records_late_out_of_order_and_lost_are_counted_never_placed_wrong(cupti: Any) -> None:
+    cupti.fake_cupti_set(b"lose_every", 4)
+    cupti.fake_cupti_set(b"late_flushes", 5)
+    model = nn.Sequential(Launches(cupti, 5, MS), Launches(cupti, 3, 2 * MS, stream=9))
+    before_lost = cupti.fake_cupti_get(b"lost")
+    with hooktrace.trace(model, gpu=True, gpu_mode="kernels") as tr:
+        for _ in range(4):
+            model(torch.ones(1))
+            tr.step()
+    data = tr.result
+    lost = cupti.fake_cupti_get(b"lost") - before_lost
+    assert lost == 32 // 4 and data.info["kernels"]["lost"] == lost
+    s = data.summary()
+    a, b = row(s, "0"), row(s, "1")
+    assert a["kernels"] + b["kernels"] == 32 - lost
+    # whatever survived is where it was launched, with its own duration
+    assert a["kernel_ns"] == a["kernels"] * MS and b["kernel_ns"] == b["kernels"] * 2 * MS
+    assert "records lost by CUPTI" in "\n".join(s.to_text().splitlines()[-4:])
+
+
+def test_launches_on_several_threads_go_to_each_threads_module(cupti: Any) -> None:
+    models = [Launches(cupti, 4, MS, stream=10 + i) for i in range(3)]
+    holder = nn.ModuleList(models)
+    with hooktrace.trace(holder, gpu=True, gpu_mode="kernels") as tr:
+        threads = [threading.Thread(target=lambda m=m: [m(torch.ones(1)) for _ in range(5)])
+                   for m in models]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    s = tr.result.summary()
+    for i in range(3):
+        r = row(s, str(i))
+        assert (r["kernels"], r["kernel_ns"]) == (20, 20 * MS)
+
+
+def test_a_captured_graph_replayed_three_times_is_named_by_module(cupti: Any) -> None:
+    nodes = [1000 + i for i in range(3)]
+
+    class Captures(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for n in nodes:  # stream capture: the node is created inside the call
+                cupti.fake_cupti_graph_node(n, 0)
+            return x
+
+    model = nn.Sequential(Captures(), Launches(cupti, 1, MS))
+    with hooktrace.trace(model, gpu=True, gpu_mode="kernels") as tr:
+        model(torch.ones(1))
+        for n in nodes:  # the end of the capture creates the executable graph's nodes
+            cupti.fake_cupti_graph_node(n + 500, 0)  # (outside any module call), and
+            cupti.fake_cupti_graph_node(n + 500, n)  # reports them cloned (CUDA 13.0)
+        exe = (ctypes.c_uint64 * 3)(*[n + 500 for n in nodes])
+        for _ in range(3):  # replays, outside any module call
+            cupti.fake_cupti_graph_launch(exe, 3, 7, MS)
+        # a graph whose capture hooktrace never saw: counted, left on the replay's span
+        unknown = (ctypes.c_uint64 * 2)(77, 78)
+        cupti.fake_cupti_graph_launch(unknown, 2, 7, MS)
+    data = tr.result
+    s = data.summary()
+    assert (row(s, "0")["kernels"], row(s, "0")["kernel_ns"]) == (9, 9 * MS)
+    from hooktrace.analysis.kernel_time import kernel_records
+
+    k = kernel_records(data)
+    assert (k.graph_kernels, k.graph_unnamed) == (11, 2)
+    named = sum(r["kernel_self_ns"] or 0 for r in s.rows if r["mode"] == "train")
+    assert named == 10 * MS  # 9 replayed + 1 launched; the unknown graph's 2 ms unplaced
+
+
+def test_a_second_subscriber_is_refused_in_one_line_or_falls_back(
+        cupti: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    cupti.fake_cupti_set(b"other_holds", 1)
+    model = Launches(cupti, 1, MS)
+    with pytest.raises(NoDeviceError, match="held by another tool"):
+        with hooktrace.trace(model, gpu=True, gpu_mode="kernels"):
+            model(torch.ones(1))
+    monkeypatch.setenv("HOOKTRACE_GPU_TIMER", "host")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with hooktrace.trace(model, gpu=True) as tr:  # auto: falls back to events
+            model(torch.ones(1))
+    assert any("device events instead" in str(w.message) for w in caught)
+    info = tr.result.info
+    assert info["gpu"]["timer"] == "host" and "held by another tool" in info["kernels"]["unavailable"]
+
+
+def test_torch_profiler_started_while_recording_gets_cupti_and_gives_it_back(cupti: Any) -> None:
+    model = Launches(cupti, 2, MS)
+    with hooktrace.trace(model, gpu=True, gpu_mode="kernels") as tr:
+        model(torch.ones(1))
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+            assert not cupti.fake_cupti_get(b"subscribed")  # yielded to the profiler
+            model(torch.ones(1))
+        assert cupti.fake_cupti_get(b"subscribed")  # taken back
+        model(torch.ones(1))
+    data = tr.result
+    assert data.info["kernels"]["yielded"] == 1
+    # the calls before and after the profiler are timed; the one under it is not
+    assert row(data.summary(), "")["kernels"] == 4
+
+
+def test_both_modes_give_idle_inside_the_span(cupti: Any, monkeypatch: pytest.MonkeyPatch
+                                              ) -> None:
+    import time
+
+    class Gappy(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            cupti.fake_cupti_launch(RUNTIME, LAUNCH_KERNEL, KERNEL, b"k", 21, MS)
+            time.sleep(0.02)  # the host is slow: the device idles between the two
+            cupti.fake_cupti_launch(RUNTIME, LAUNCH_KERNEL, KERNEL, b"k", 21, MS)
+            return x
+
+    model = Gappy()
+    with hooktrace.trace(model, gpu=True, gpu_mode="kernels") as tr:
+        model(torch.ones(1))
+    r = row(tr.result.summary(), "")
+    # idle is at least the injected host delay less the first kernel, measured against it
+    assert r["kernel_ns"] == 2 * MS and r["kernel_idle_ns"] >= 20 * MS - MS
