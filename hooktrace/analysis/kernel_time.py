@@ -55,13 +55,14 @@ from hooktrace.analysis.column_provider import (
     WindowGroup,
     measured_only,
 )
-from hooktrace.reading import CAT_BACKWARD, SPAN_EVAL, TraceData, innermost_span
+from hooktrace._span_tables import GPU_FIELDS
+from hooktrace.reading import CAT_BACKWARD, SPAN_EVAL, GpuSpans, TraceData, innermost_span
 from hooktrace.text import format_ns
 
 if TYPE_CHECKING:
     from hooktrace.analysis.calls import Calls
 
-__all__ = ["KERNEL_COLUMNS", "KernelRecords", "KernelTimeColumns", "SpanKernels",
+__all__ = ["KERNEL_COLUMNS", "device_table", "KernelRecords", "KernelTimeColumns", "SpanKernels",
            "kernel_records", "kernels_recorded", "span_kernels", "union_ns"]
 
 KERNEL_COLUMNS = ("kernel_ns", "kernel_self_ns", "kernels", "kernel_idle_ns",
@@ -424,3 +425,55 @@ class KernelTimeColumns(ColumnProvider):
             return {"kernel_ms": [per.get((m, key)) for m in group.modules]}
 
         return values
+
+
+def device_table(trace: TraceData) -> tuple[GpuSpans, np.ndarray]:
+    """What the exports draw on the device's rows (one per device and stream): the
+    run's event intervals (``gpu_spans()``), and, with kernel busy time, each placed
+    kernel, copy and set under its module: where no event interval was recorded, a
+    module's slice is the extent of what its call launched on that stream (first start
+    to last end, children included; ``self_ns``: their busy time). Returns the table
+    and, per row, its kernel's name index in ``info["kernels"]["names"]`` (-1: a
+    module's slice). Cached on the trace."""
+    return trace.derived("device_table", lambda: _device_table(trace))
+
+
+def _device_table(trace: TraceData) -> tuple[GpuSpans, np.ndarray]:
+    gpu = trace.gpu_spans()
+    k = kernel_records(trace)
+    spans = trace.spans()
+    placed = np.flatnonzero(k.span >= 0)
+    if not len(placed) or not len(spans):
+        return gpu, np.full(len(gpu), -1, np.int64)
+    parts = [{f: getattr(gpu, f) for f in GPU_FIELDS}]
+    labels = [np.full(len(gpu), -1, np.int64)]
+    if not len(gpu):  # kernels only: each module call's extent per stream
+        ps, pr = [], []
+        cur, idx = k.span[placed], placed
+        while len(cur):
+            ps.append(cur)
+            pr.append(idx)
+            up = spans.parent[cur].astype(np.int64)
+            cur, idx = up[up >= 0], idx[up >= 0]
+        span_of, rec = np.concatenate(ps), np.concatenate(pr)
+        keys, group = np.unique(np.stack([span_of, k.stream[rec]]), axis=1, return_inverse=True)
+        group = group.reshape(-1)
+        first = np.full(keys.shape[1], np.iinfo(np.int64).max, np.int64)
+        last = np.full(keys.shape[1], np.iinfo(np.int64).min, np.int64)
+        np.minimum.at(first, group, k.start_ns[rec])
+        np.maximum.at(last, group, k.end_ns[rec])
+        s = keys[0]
+        parts.append({"start_ns": first, "end_ns": last,
+                      "self_ns": union_ns(group, k.start_ns[rec], k.end_ns[rec]),
+                      "span": s, "module": spans.module[s], "cat": spans.cat[s],
+                      "device": keys[1] >> 32, "stream": keys[1] & 0xFFFF_FFFF})
+        labels.append(np.full(len(s), -1, np.int64))
+    s = k.span[placed]
+    parts.append({"start_ns": k.start_ns[placed], "end_ns": k.end_ns[placed],
+                  "self_ns": k.end_ns[placed] - k.start_ns[placed], "span": s,
+                  "module": spans.module[s], "cat": spans.cat[s],
+                  "device": k.stream[placed] >> 32, "stream": k.stream[placed] & 0xFFFF_FFFF})
+    labels.append(k.name[placed])
+    table = GpuSpans({f: np.concatenate([np.asarray(p[f]) for p in parts]).astype(dtype)
+                      for f, dtype in GPU_FIELDS.items()})
+    return table, np.concatenate(labels)

@@ -263,6 +263,8 @@ _RULES: dict[str, list[Rule]] = {
     "spans": [*_DURATION, _negative("call"), _negative("depth"),
               ("slot", "is below -1", lambda b: pc.less(b["slot"], -1)),
               _negative("gpu_dur_ns"), _negative("gpu_self_ns"), _above("gpu_self_ns", "gpu_dur_ns"),
+              _negative("kernel_ns"), _negative("kernel_self_ns"), _negative("kernels"),
+              _negative("kernel_idle_ns"), _above("kernel_self_ns", "kernel_ns"),
               _negative("flops"), _negative("nonfinite"), _negative("mem_peak_bytes")],
     "steps": [_negative("dur_ns"), _before("end_ns", "start_ns"), _longer_than_span("dur_ns"),
               _negative("outside_ns"), _above("outside_ns", "dur_ns")],

@@ -15,6 +15,7 @@ import numpy as np
 
 from hooktrace._native import load_native
 from hooktrace.analysis._filters import OPEN_WINDOW
+from hooktrace.analysis.kernel_time import device_table
 from hooktrace.exporters._chrome_json import dumps as _dumps
 from hooktrace.exporters._chrome_json import micros as _micros
 from hooktrace.exporters._extra_args import extra_args
@@ -73,8 +74,9 @@ def write_gpu_events(write: Any, trace: TraceData, gs: GpuSlices, first_tid: int
     if not len(gs.rows):
         return []
     pid = trace.pid
-    gpu = trace.gpu_spans()
+    gpu, label = device_table(trace)
     names, args = module_json(trace.modules)
+    kernel_names = trace.info.get("kernels", {}).get("names", [])
     entries = []
     items = []
     for k, (device, stream, lane) in enumerate(gs.tracks):
@@ -92,6 +94,9 @@ def write_gpu_events(write: Any, trace: TraceData, gs: GpuSlices, first_tid: int
         name, arg = ((names[m], args[m]) if m < n_mod else
                      (_dumps(f"<module {m}>"), '{"module":' + _dumps(f"<module {m}>")
                       + ',"type":"?"'))
+        if label[i] >= 0:  # a kernel (CUPTI): its name, its module in the args
+            kname = kernel_names[label[i]] if label[i] < len(kernel_names) else "?"
+            name, arg = _dumps(str(kname)), arg + ',"kernel":true'
         device, stream, _ = gs.tracks[int(gs.track[j])]
         start, end = int(gs.start[j]), int(gs.end[j])
         text += (f',\n{{"ph":"X","cat":"{GPU_CATS[int(gpu.cat[i])]}","name":{name},'

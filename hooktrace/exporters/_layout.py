@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 import numpy as np
 
 from hooktrace._native import load_native
+from hooktrace.analysis.kernel_time import device_table
 from hooktrace.analysis.kernels import Kernels
 from hooktrace.analysis._filters import OPEN_WINDOW, SPAN_CLIPPED, Cut, Filters, cut
 from hooktrace.analysis.flops import SpanFlops, run_flop_info, span_flops
@@ -106,8 +107,9 @@ def gpu_slices(trace: TraceData, window: tuple[int, int] | None = None) -> GpuSl
     """The run's device intervals (``trace.gpu_spans()``) that overlap ``window``, on
     one row per (device, stream), with overlap lanes (``_C.assign_lanes``) wherever
     intervals of one stream would not nest strictly. Times are the device's, aligned
-    to the host clock, so the rows sit under the host's."""
-    gpu = trace.gpu_spans()
+    to the host clock, so the rows sit under the host's. With kernel busy time (CUPTI),
+    each kernel under its module (:func:`hooktrace.analysis.kernel_time.device_table`)."""
+    gpu = device_table(trace)[0]
     lo, hi = window if window is not None else (np.iinfo(np.int64).min, np.iinfo(np.int64).max)
     keep = np.flatnonzero((gpu.end_ns >= lo) & (gpu.start_ns <= hi)
                           & (gpu.end_ns >= gpu.start_ns))
@@ -322,7 +324,7 @@ def plan_export(trace: TraceData, *, nodes: bool = False,
     in_window = (steps.end_ns >= lo) & (steps.start_ns <= hi)
     step_starts = np.maximum(steps.start_ns[in_window], lo)
     # device intervals (trace(gpu=True)) in the window, clipped to it, count too
-    gpu = trace.gpu_spans()
+    gpu = device_table(trace)[0]
     gpu_starts = np.maximum(gpu.start_ns[(gpu.end_ns >= lo) & (gpu.start_ns <= hi)], lo)
     starts = [int(a.min()) for a in (c.span_start[kept], c.node_start[on_backward],
                                      c.node_start[loose], step_starts, gpu_starts) if len(a)]

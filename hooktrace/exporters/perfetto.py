@@ -75,6 +75,7 @@ from hooktrace.exporters._layout import (
 )
 from hooktrace.exporters._extra_args import extra_args
 from hooktrace.analysis.device_time import launch_time_only
+from hooktrace.analysis.kernel_time import device_table
 from hooktrace.analysis.kernels import kernel_sites
 from hooktrace.reading import NO_PASS
 
@@ -324,16 +325,21 @@ def write_perfetto(
     gpu_at = sum(len(a) for a in start)
     gpu_extras: list[bytes] = []
     if len(gs.rows):
-        gpu = trace.gpu_spans()
+        gpu, label = device_table(trace)
         mod = gpu.module[gs.rows].astype(np.int64)
         if int(mod.max()) >= n_modules:  # (a slot past the module table: named "?")
             strings.append("?")
             names.append("?")
         unknown = mod >= n_modules
+        slice_name = np.where(unknown, len(names) - 1, mod)
+        kernel = label[gs.rows]
+        if (kernel >= 0).any():  # kernels (CUPTI) are named by their kernel's name
+            slice_name = np.where(kernel >= 0, len(names) + kernel, slice_name)
+            names.extend(str(n) for n in trace.info["kernels"]["names"])
         start.append(gs.start)
         end.append(gs.end)
         track.append((n_tracks + gs.track).astype(np.uint32))
-        name.append(np.where(unknown, len(names) - 1, mod).astype(np.uint32))
+        name.append(slice_name.astype(np.uint32))
         cat.append((cats.index(GPU_CATS[0]) + gpu.cat[gs.rows]).astype(np.uint8))
         flags.append(np.zeros(len(gs.rows), np.uint8))
         str_a.append(np.where(unknown, len(strings) - 1, mod))

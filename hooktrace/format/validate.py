@@ -29,6 +29,8 @@ from hooktrace._events import (
     GPU_MARK_FLAGS,
     GPU_NO_MODULE,
     GPU_TIME,
+    CUPTI_GRAPH_NODE,
+    CUPTI_KERNEL,
     KERNEL_BEGIN,
     KERNEL_END,
     MEM_CPU,
@@ -360,11 +362,14 @@ def validate_events(
                     | ((on == ENTER) & ((flags & ~np.uint8(ENTER_FLAGS)) == 0))
                     | (((on == NUMERICS) | (on == NUMERICS_VALUE))
                        & ((flags & ~np.uint8(NUM_FLAGS)) == 0))
-                    | ((on == GPU_MARK) & np.isin(flags, GPU_MARK_FLAGS)))]
+                    | ((on == GPU_MARK) & np.isin(flags, GPU_MARK_FLAGS))
+                    | ((on == CUPTI_KERNEL) & np.isin(flags & 3, (1, 2, 3)))
+                    | ((on == CUPTI_GRAPH_NODE) & np.isin(flags, (1, 2))))]
     if bad.size:
         fail(bad, "flags", f"expected flags 0 (or {FLAG_ERROR} on an EXIT, a combination of "
                            f"{ENTER_FLAGS} on an ENTER, of {NUM_FLAGS} on numerics, one of "
-                           f"{list(GPU_MARK_FLAGS)} on a GPU mark), found "
+                           f"{list(GPU_MARK_FLAGS)} on a GPU mark, a record kind 1-3 | device "
+                           "<< 2 on a kernel record, 1 or 2 on a graph node), found "
                            f"{int(events['flags'][bad[0]])} on kind {int(kind[bad[0]])}")
     pad = events["pad"]
     if pad.any():

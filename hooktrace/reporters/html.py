@@ -277,7 +277,8 @@ def _header(key: str, gpu: bool = False) -> tuple[str, str]:
 
 def _table_html(summary: Summary) -> str:
     cols = _table_columns(summary)
-    return sortable_table([(c, *_header(c, summary.gpu)) for c in cols],
+    device = summary.gpu or "kernel_ns" in summary.columns
+    return sortable_table([(c, *_header(c, device)) for c in cols],
                           [[_cell(c, r.get(c)) for c in cols] for r in summary.rows],
                           ("module", "type", "mode", "timing"))
 
@@ -342,15 +343,20 @@ def steps_figure(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _device_view(summary: Summary) -> Summary:
     """``summary`` with its device time in the host columns the icicle reads (forward:
-    gpu_total / gpu_self over gpu_calls; backward: gpu_bwd_total / gpu_bwd_self)."""
+    gpu_total / gpu_self over gpu_calls; backward: gpu_bwd_total / gpu_bwd_self), or,
+    for kernel busy time (CUPTI), kernel / kernel_self and kernel_bwd / kernel_bwd_self."""
+    g = summary.gpu
+    total, own, bwd, bwd_own = (("gpu_total_ns", "gpu_self_ns", "gpu_bwd_total_ns",
+                                 "gpu_bwd_self_ns") if g else
+                                ("kernel_ns", "kernel_self_ns", "kernel_bwd_ns",
+                                 "kernel_bwd_self_ns"))
     rows = []
     for r in summary.rows:
-        if r.get("gpu_total_ns") is None:  # unattributed nodes, compile time: no device time
+        if r.get(total) is None:  # unattributed nodes, compile time: no device time
             continue
-        rows.append({**r, "calls": r["gpu_calls"], "total_ns": r["gpu_total_ns"],
-                     "self_ns": r["gpu_self_ns"], "bwd_total_ns": r["gpu_bwd_total_ns"],
-                     "bwd_self_ns": r["gpu_bwd_self_ns"],
-                     "bwd_calls": (r["bwd_calls"] or 1) if r["gpu_bwd_total_ns"] else 0})
+        rows.append({**r, "calls": r["gpu_calls"] if g else r["calls"], "total_ns": r[total],
+                     "self_ns": r[own], "bwd_total_ns": r[bwd], "bwd_self_ns": r[bwd_own],
+                     "bwd_calls": (r["bwd_calls"] or 1) if r[bwd] else 0})
     return Summary(rows, summary.counts, summary.notes, summary.columns)
 
 
@@ -361,7 +367,8 @@ def render_report(trace: TraceData, *, source: str | None = None,
     js = plotly_js()
     summary = Summary.from_trace(trace, peak_tflops=peak_tflops)
     steps = StepTable.from_trace(trace)
-    ice = icicle_data(_device_view(summary) if summary.gpu else summary)
+    device = summary.gpu or "kernel_ns" in summary.columns
+    ice = icicle_data(_device_view(summary) if device else summary)
     title = title or f"hooktrace report: {os.path.basename(source) if source else 'run'}"
     info = trace.info
     facts = [f"{len(trace.spans())} spans", f"{len(trace.modules)} modules",
@@ -371,8 +378,9 @@ def render_report(trace: TraceData, *, source: str | None = None,
     if summary.counts.get("steps"):
         facts.append(f"{summary.counts['steps']} complete steps, p50 "
                      f"{format_ns(summary.counts['step_p50_ns'])}")
-    if summary.gpu:
-        facts.append("device time recorded: the table leads with it, the icicle shows it")
+    if device:
+        facts.append(("device time" if summary.gpu else "kernel busy time (CUPTI)")
+                     + " recorded: the table leads with it, the icicle shows it")
     if summary.counts.get("compile_steps"):
         facts.append(f"{summary.counts['compile_steps']} compile steps (hatched in the step "
                      "chart) left out of step statistics")

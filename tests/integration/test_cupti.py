@@ -248,3 +248,50 @@ def test_both_modes_give_idle_inside_the_span(cupti: Any, monkeypatch: pytest.Mo
     r = row(tr.result.summary(), "")
     # idle is at least the injected host delay less the first kernel, measured against it
     assert r["kernel_ns"] == 2 * MS and r["kernel_idle_ns"] >= 20 * MS - MS
+
+
+def test_exports_draw_each_kernel_under_its_module_on_the_device_row(
+        cupti: Any, tmp_path: Path) -> None:
+    import json
+
+    from perfetto_check import perfetto_check
+
+    cupti.fake_cupti_set(b"late_flushes", 0)
+    inner = Launches(cupti, 2, MS, stream=31)
+    model = nn.Sequential(Launches(cupti, 1, MS, stream=31, inner=inner), WithBackward(cupti))
+    with hooktrace.trace(model, gpu=True, gpu_mode="kernels") as tr:
+        model(torch.ones(2, 4, requires_grad=True)).sum().backward()
+        tr.step()
+    tr.export_chrome(tmp_path / "k.json")
+    tr.export_perfetto(tmp_path / "k.pftrace")
+    events = json.loads((tmp_path / "k.json").read_text())["traceEvents"]
+    rows = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    device = [e for e in events if e.get("ph") == "X" and rows.get(e["tid"], "").startswith("GPU 0 stream 31")]
+    kernels = [e for e in device if e["args"].get("kernel")]
+    assert sorted(e["name"] for e in kernels) == ["gemm"] * 3
+    assert {e["args"]["module"] for e in kernels} == {"0", "0.inner"}
+    # each kernel lies inside its module's slice on the same row
+    module = {e["args"]["module"]: e for e in device if not e["args"].get("kernel")}
+    for e in kernels:
+        m = module[e["args"]["module"]]
+        assert m["ts"] <= e["ts"] and e["ts"] + e["dur"] <= m["ts"] + m["dur"] + 1
+    reports = perfetto_check([tmp_path / "k.json", tmp_path / "k.pftrace"])
+    assert all(r.ok for r in reports), reports
+
+
+def test_the_parquet_spans_table_and_the_report_carry_kernel_time(
+        cupti: Any, tmp_path: Path) -> None:
+    pq = pytest.importorskip("pyarrow.parquet")
+    from hooktrace.cli import main
+
+    cupti.fake_cupti_set(b"late_flushes", 0)
+    model = nn.Sequential(Launches(cupti, 3, MS), Launches(cupti, 1, 2 * MS))
+    with hooktrace.trace(model, gpu=True, gpu_mode="kernels") as tr:
+        model(torch.ones(1))
+    tr.save(tmp_path / "k.htrace")
+    assert main(["export", str(tmp_path / "k.htrace"), "-o", str(tmp_path / "k.parquet")]) == 0
+    rows = {r["module"]: r for r in pq.read_table(tmp_path / "k.parquet").to_pylist()}
+    assert (rows["0"]["kernel_ns"], rows["0"]["kernels"]) == (3 * MS, 3)
+    assert (rows["1"]["kernel_ns"], rows[""]["kernel_ns"]) == (2 * MS, 5 * MS)
+    assert main(["report", str(tmp_path / "k.htrace"), "-o", str(tmp_path / "k.html")]) == 0
+    assert "kernel busy time (CUPTI) recorded" in (tmp_path / "k.html").read_text()
