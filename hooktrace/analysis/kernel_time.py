@@ -473,7 +473,11 @@ def _device_table(trace: TraceData) -> tuple[GpuSpans, np.ndarray]:
                   "self_ns": k.end_ns[placed] - k.start_ns[placed], "span": s,
                   "module": spans.module[s], "cat": spans.cat[s],
                   "device": k.stream[placed] >> 32, "stream": k.stream[placed] & 0xFFFF_FFFF})
-    labels.append(k.name[placed])
+    info = trace.info.get("kernels")
+    names = info.get("names") if isinstance(info, dict) else None
+    n_names = len(names) if isinstance(names, list) else 0
+    # (a name index past the table, in a file written by something else: no name)
+    labels.append(np.where(k.name[placed] < n_names, k.name[placed], -1))
     table = GpuSpans({f: np.concatenate([np.asarray(p[f]) for p in parts]).astype(dtype)
                       for f, dtype in GPU_FIELDS.items()})
     return table, np.concatenate(labels)

@@ -335,7 +335,7 @@ def write_perfetto(
         kernel = label[gs.rows]
         if (kernel >= 0).any():  # kernels (CUPTI) are named by their kernel's name
             slice_name = np.where(kernel >= 0, len(names) + kernel, slice_name)
-            names.extend(str(n) for n in trace.info["kernels"]["names"])
+            names.extend(str(n) for n in trace.info["kernels"]["names"])  # (checked there)
         start.append(gs.start)
         end.append(gs.end)
         track.append((n_tracks + gs.track).astype(np.uint32))

@@ -17,6 +17,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -295,3 +296,30 @@ def test_the_parquet_spans_table_and_the_report_carry_kernel_time(
     assert (rows["1"]["kernel_ns"], rows[""]["kernel_ns"]) == (2 * MS, 5 * MS)
     assert main(["report", str(tmp_path / "k.htrace"), "-o", str(tmp_path / "k.html")]) == 0
     assert "kernel busy time (CUPTI) recorded" in (tmp_path / "k.html").read_text()
+
+
+def test_a_file_whose_kernel_events_lie_reads_without_crashing(cupti: Any, tmp_path: Path
+                                                               ) -> None:
+    """Kernel name indexes past the names table, a record without its second event and
+    a clock that is not pairs: placed where they can be, named nowhere, never a crash."""
+    from hooktrace._events import CUPTI_KERNEL, CUPTI_KERNEL_MORE
+    from hooktrace.analysis.kernel_time import kernel_records
+    from hooktrace.reading import TraceData
+
+    cupti.fake_cupti_set(b"late_flushes", 0)
+    model = nn.Sequential(Launches(cupti, 3, MS))
+    with hooktrace.trace(model, gpu=True, gpu_mode="kernels") as tr:
+        model(torch.ones(1))
+    d = tr.result
+    ev = d.events.copy()
+    more = np.flatnonzero(ev["kind"] == CUPTI_KERNEL_MORE)
+    ev["rf_tid"][more] = 2**31  # name index far past the table
+    ev["kind"][more[0]] = CUPTI_KERNEL  # the first record loses its second event... twice
+    info = dict(d.info, kernels=dict(d.info["kernels"], clock=[["x", 1], [2]]))
+    TraceData(ev, d.modules, d.node_names, d.clock, info).save(tmp_path / "lie.htrace")
+    bad = hooktrace.load(tmp_path / "lie.htrace")
+    k = kernel_records(bad)
+    assert k.unpaired >= 1 and len(k) == 2
+    bad.summary().to_text()
+    bad.export_chrome(tmp_path / "lie.json")
+    bad.export_perfetto(tmp_path / "lie.pftrace")
