@@ -47,6 +47,7 @@ import numpy as np
 
 from hooktrace._events import CUPTI_GRAPH_NODE, CUPTI_KERNEL, CUPTI_KERNEL_MORE, CUPTI_LAUNCH
 from hooktrace.analysis._summary_columns import COLUMNS, COMPILE_ROW, UNATTRIBUTED, group_mode
+from hooktrace.analysis.kernels import Kernels
 from hooktrace.analysis.column_provider import (
     ColumnProvider,
     SpanColumn,
@@ -105,7 +106,10 @@ class KernelRecords:
     """The run's device records (kernels, copies, sets), one row each, with where the
     join placed them: ``span`` (the innermost module span that launched them, -1: none),
     ``stream`` (device << 32 | stream id), ``kind`` (1 kernel, 2 memcpy, 3 memset),
-    ``nccl``; and what could not be placed, counted."""
+    ``nccl``; ``site_module`` / ``site_cat``: for a kernel launched from a kernel site of
+    compiled code (between its marks, hooktrace.analysis.kernels), the module and phase
+    the site names (-1: none; its ``span`` is the compiled region's call); and what
+    could not be placed, counted."""
 
     start_ns: np.ndarray
     end_ns: np.ndarray
@@ -115,6 +119,8 @@ class KernelRecords:
     span: np.ndarray
     nccl: np.ndarray
     launch_ns: np.ndarray
+    site_module: np.ndarray
+    site_cat: np.ndarray
     unmatched: int
     graph_kernels: int
     graph_unnamed: int
@@ -198,14 +204,38 @@ def _records_of(trace: TraceData) -> KernelRecords:
     spans = trace.spans()
     span = np.full(len(rec), -1, np.int64)
     launch_ns = np.zeros(len(rec), np.int64)
+    site_module = np.full(len(rec), -1, np.int64)
+    site_cat = np.zeros(len(rec), np.uint8)
     if placed.any():
         t = trace.clock.to_unix_ns(ev["t"][at[placed]])
+        tid = ev["tid"][at[placed]]
         launch_ns[placed] = t
         if len(spans):
-            span[placed] = innermost_span(spans, ev["tid"][at[placed]], t)
+            span[placed] = innermost_span(spans, tid, t)
+        runs = Kernels.from_trace(trace)
+        if len(runs):  # launched from a kernel site of compiled code: the site's module
+            run = _run_holding(runs, tid, t)
+            hit = np.flatnonzero(placed)[run >= 0]
+            site_module[hit] = runs.module[run[run >= 0]]
+            site_cat[hit] = runs.cat[run[run >= 0]]
     return KernelRecords(start, end, stream, (flags & 3).astype(np.uint8), name, span, nccl,
-                         launch_ns, int((~placed).sum()), int(graph.sum()),
-                         int((~named).sum()), unpaired)
+                         launch_ns, site_module, site_cat, int((~placed).sum()),
+                         int(graph.sum()), int((~named).sum()), unpaired)
+
+
+def _run_holding(runs: Kernels, tid: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Per (thread, time): the kernel mark run of that thread holding it, or -1."""
+    out = np.full(len(t), -1, np.int64)
+    for u in np.unique(tid).tolist():
+        mine = np.flatnonzero((runs.tid == u) & (runs.module >= 0))
+        if not len(mine):
+            continue
+        mine = mine[np.argsort(runs.start_ns[mine], kind="stable")]
+        sel = np.flatnonzero(tid == u)
+        pos = np.searchsorted(runs.start_ns[mine], t[sel], "right") - 1
+        cand = mine[np.maximum(pos, 0)]
+        out[sel] = np.where((pos >= 0) & (runs.end_ns[cand] >= t[sel]), cand, -1)
+    return out
 
 
 def kernel_records(trace: TraceData) -> KernelRecords:
@@ -232,7 +262,7 @@ def _per_span(spans: Any, k: KernelRecords, intervals: np.ndarray | None) -> Spa
         return SpanKernels(zero, zero.copy(), zero.copy(), zero.copy(), zero.copy())
     streams, stream_of = np.unique(k.stream, return_inverse=True)
     width = np.int64(len(streams))
-    own = np.flatnonzero((k.span >= 0) & ~k.nccl)
+    own = np.flatnonzero((k.span >= 0) & ~k.nccl & (k.site_module < 0))
     self_busy = np.zeros(n, np.int64)
     if len(own):
         u = union_ns(k.span[own] * width + stream_of[own], k.start_ns[own], k.end_ns[own])
@@ -306,7 +336,8 @@ def add_kernels(rows: list[dict[str, Any]], trace: TraceData) -> list[str]:
     the notes."""
     spans = trace.spans()
     sk = span_kernels(trace)
-    n_mod = int(spans.module.max()) + 1 if len(spans) else 0
+    # (every slot: a kernel site names modules that never ran a call of their own)
+    n_mod = max(len(trace.modules), int(spans.module.max()) + 1 if len(spans) else 0)
     eval_ = (spans.flags & SPAN_EVAL) != 0
     group = spans.module.astype(np.int64) + n_mod * eval_
     values: dict[tuple[str, str], dict[str, int]] = {}
@@ -324,6 +355,13 @@ def add_kernels(rows: list[dict[str, Any]], trace: TraceData) -> list[str]:
             for key, arr in sums.items():
                 col = key.format(suffix)
                 v[col] = v.get(col, 0) + int(arr[k])
+    for (slot, is_eval, backward), sums in _site_sums(trace).items():
+        name = trace.modules[slot][0]
+        v = values.setdefault((name, group_mode(slot + n_mod * is_eval, n_mod)), {})
+        suffix = "_bwd" if backward else ""
+        for key, value in sums.items():
+            col = key.format(suffix)
+            v[col] = v.get(col, 0) + value
     for row in rows:
         v = values.get((row["module"], row["mode"]), {})
         special = row["module"] in (UNATTRIBUTED, COMPILE_ROW)
@@ -338,6 +376,51 @@ def add_kernels(rows: list[dict[str, Any]], trace: TraceData) -> list[str]:
             rows.append(row)
     rows.sort(key=lambda r: -((r.get("kernel_ns") or 0) + (r.get("kernel_bwd_ns") or 0)))
     return kernel_notes(trace)
+
+
+def _site_sums(trace: TraceData) -> dict[tuple[int, bool, bool], dict[str, int]]:
+    """Per (module slot, eval, backward) named by kernel sites of compiled code: busy
+    time (the site's module and the modules between it and the region's), its own busy
+    time and count. The region's call holds them too (its ``kernel_ns``), not its self."""
+    k = kernel_records(trace)
+    sited = np.flatnonzero((k.site_module >= 0) & ~k.nccl)
+    if not len(sited):
+        return {}
+    spans = trace.spans()
+    slots = {name: i for i, (name, _) in enumerate(trace.modules)}
+    region = spans.module[k.span[sited]].astype(np.int64)
+    eval_ = (spans.flags[k.span[sited]] & SPAN_EVAL) != 0
+    chains: dict[tuple[int, int], list[int]] = {}
+    pairs: list[tuple[int, int, bool]] = []  # (slot, record, own)
+    for j, (site, r) in enumerate(zip(k.site_module[sited].tolist(), region.tolist(),
+                                      strict=True)):
+        chain = chains.get((site, r))
+        if chain is None:  # the site's module and its parents below the region's
+            chain, name, top = [], trace.modules[site][0], trace.modules[r][0]
+            while name and name != top and name in slots:
+                chain.append(slots[name])
+                name = name.rpartition(".")[0]
+            chains[(site, r)] = chain
+        pairs += [(slot, j, i == 0) for i, slot in enumerate(chain)]
+    if not pairs:
+        return {}
+    slot, j, own = (np.array(a) for a in zip(*pairs, strict=True))
+    rec = sited[j]
+    key = (slot * 2 + eval_[j]) * 2 + (k.site_cat[rec] == CAT_BACKWARD)
+    streams, stream_of = np.unique(k.stream[rec], return_inverse=True)
+    width = len(streams)
+    out: dict[tuple[int, bool, bool], dict[str, int]] = {}
+    for col, sel in (("kernel{}_ns", np.ones(len(rec), bool)), ("kernel{}_self_ns", own)):
+        uk, inv = np.unique(key[sel], return_inverse=True)
+        busy = union_ns(inv.reshape(-1) * width + stream_of[sel], k.start_ns[rec[sel]],
+                        k.end_ns[rec[sel]])
+        per = np.bincount(np.arange(len(busy)) // width, weights=busy, minlength=len(uk))
+        for u, b in zip(uk.tolist(), per.tolist(), strict=True):
+            out.setdefault((u // 4, bool(u // 2 % 2), bool(u % 2)), {})[col] = int(b)
+    uk, counts = np.unique(key, return_counts=True)
+    for u, c in zip(uk.tolist(), counts.tolist(), strict=True):
+        out[(u // 4, bool(u // 2 % 2), bool(u % 2))]["kernels{}"] = int(c)
+    return out
 
 
 class KernelTimeColumns(ColumnProvider):

@@ -323,3 +323,37 @@ def test_a_file_whose_kernel_events_lie_reads_without_crashing(cupti: Any, tmp_p
     bad.summary().to_text()
     bad.export_chrome(tmp_path / "lie.json")
     bad.export_perfetto(tmp_path / "lie.pftrace")
+
+
+def test_kernels_launched_from_a_compiled_kernel_site_go_to_the_module_it_names(
+        cupti: Any) -> None:
+    """Compiled code marks each kernel call (record/kernels.py: _ht_kb(site) ... _ht_ke):
+    what is launched between the marks is the site's module's, inside the region's."""
+    import hooktrace._C as _C
+    from hooktrace.record import kernels
+
+    site = kernels.site("triton_poi_fused_gelu_0", "inner.act", "forward")
+
+    class Region(nn.Module):  # stands for a compiled module: its children never run
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = nn.Sequential()
+            self.inner.add_module("act", nn.GELU())
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            cupti.fake_cupti_launch(RUNTIME, LAUNCH_KERNEL, KERNEL, b"glue", 7, MS)
+            _C.kernel_begin(site)
+            for _ in range(2):
+                cupti.fake_cupti_launch(DRIVER, CU_LAUNCH_KERNEL, KERNEL, b"triton", 7, 2 * MS)
+            _C.kernel_end(site)
+            return x
+
+    model = nn.Sequential(Region())
+    with hooktrace.trace(model, gpu=True, gpu_mode="kernels") as tr:
+        for _ in range(3):
+            model(torch.ones(1))
+    s = tr.result.summary()
+    act, inner, region = row(s, "0.inner.act"), row(s, "0.inner"), row(s, "0")
+    assert (act["kernels"], act["kernel_ns"], act["kernel_self_ns"]) == (6, 12 * MS, 12 * MS)
+    assert (inner["kernel_ns"], inner["kernel_self_ns"]) == (12 * MS, 0)
+    assert (region["kernels"], region["kernel_ns"], region["kernel_self_ns"]) == (9, 15 * MS, 3 * MS)
