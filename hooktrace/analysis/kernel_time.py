@@ -57,7 +57,14 @@ from hooktrace.analysis.column_provider import (
     measured_only,
 )
 from hooktrace._span_tables import GPU_FIELDS
-from hooktrace.reading import CAT_BACKWARD, SPAN_EVAL, GpuSpans, TraceData, innermost_span
+from hooktrace.reading import (
+    CAT_BACKWARD,
+    NO_PASS,
+    SPAN_EVAL,
+    GpuSpans,
+    TraceData,
+    innermost_span,
+)
 from hooktrace.text import format_ns
 
 if TYPE_CHECKING:
@@ -211,7 +218,7 @@ def _records_of(trace: TraceData) -> KernelRecords:
         tid = ev["tid"][at[placed]]
         launch_ns[placed] = t
         if len(spans):
-            span[placed] = innermost_span(spans, tid, t)
+            span[placed] = _node_span(spans, tid, t, innermost_span(spans, tid, t))
         runs = Kernels.from_trace(trace)
         if len(runs):  # launched from a kernel site of compiled code: the site's module
             run = _run_holding(runs, tid, t)
@@ -221,6 +228,34 @@ def _records_of(trace: TraceData) -> KernelRecords:
     return KernelRecords(start, end, stream, (flags & 3).astype(np.uint8), name, span, nccl,
                          launch_ns, site_module, site_cat, int((~placed).sum()),
                          int(graph.sum()), int((~named).sum()), unpaired)
+
+
+def _node_span(spans: Any, tid: np.ndarray, t: np.ndarray, inner: np.ndarray) -> np.ndarray:
+    """Launches in backward go with the autograd node that made them, as torch.profiler
+    attributes them (``evaluate_function: <Node>`` holds the node's apply and the
+    accumulation of its outputs into the next node's inputs): the node of that thread
+    that started last before the launch, while it runs or until the next node of its
+    pass starts; its module's backward span. Elsewhere (forward, a node of no module
+    call such as AccumulateGrad) ``inner``, the innermost span holding the launch."""
+    nodes = spans.nodes
+    out = inner.copy()
+    if not len(nodes):
+        return out
+    for u in np.unique(tid).tolist():
+        mine = np.flatnonzero(nodes.tid == u)
+        if not len(mine):
+            continue
+        mine = mine[np.argsort(nodes.start_ns[mine], kind="stable")]
+        sel = np.flatnonzero(tid == u)
+        pos = np.searchsorted(nodes.start_ns[mine], t[sel], "right") - 1
+        node = mine[np.maximum(pos, 0)]
+        nxt = mine[np.minimum(pos + 1, len(mine) - 1)]
+        running = t[sel] <= nodes.end_ns[node]
+        between = ((pos + 1 < len(mine)) & (nodes.pass_id[nxt] == nodes.pass_id[node])
+                   & (nodes.pass_id[node] != NO_PASS))
+        take = (pos >= 0) & (running | between) & (nodes.span[node] >= 0)
+        out[sel[take]] = nodes.span[node[take]]
+    return out
 
 
 def _run_holding(runs: Kernels, tid: np.ndarray, t: np.ndarray) -> np.ndarray:

@@ -357,3 +357,39 @@ def test_kernels_launched_from_a_compiled_kernel_site_go_to_the_module_it_names(
     assert (act["kernels"], act["kernel_ns"], act["kernel_self_ns"]) == (6, 12 * MS, 12 * MS)
     assert (inner["kernel_ns"], inner["kernel_self_ns"]) == (12 * MS, 0)
     assert (region["kernels"], region["kernel_ns"], region["kernel_self_ns"]) == (9, 15 * MS, 3 * MS)
+
+
+def test_a_gradient_accumulation_goes_with_the_node_that_made_it(cupti: Any) -> None:
+    """The engine adds a tensor's gradient contributions after the node that produced
+    the last one, before the next node runs: torch.profiler counts that add in the
+    producing node's module (its evaluate_function range), and so does hooktrace."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from hooktrace.analysis.kernel_time import kernel_records
+
+    class Launching(TorchDispatchMode):  # each op of the backward launches its kernel
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                               kwargs: Any = None) -> Any:
+            cupti.fake_cupti_launch(RUNTIME, LAUNCH_KERNEL, KERNEL, str(func).encode(), 7, MS)
+            return func(*args, **(kwargs or {}))
+
+    class Act(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * x + x  # x's gradient has three contributions: two adds
+
+    model = nn.Sequential(nn.Linear(4, 4), Act())
+    x = torch.ones(2, 4)
+    with hooktrace.trace(model, gpu=True, gpu_mode="kernels") as tr:
+        loss = model(x).sum()
+        with Launching():
+            loss.backward()
+    d = tr.result
+    k, spans = kernel_records(d), d.spans()
+    names = d.info["kernels"]["names"]
+    placed = np.flatnonzero(k.span >= 0)
+    where = [(d.modules[int(spans.module[k.span[i]])][0], int(spans.cat[k.span[i]]),
+              names[int(k.name[i])]) for i in placed]
+    linear_bwd = [n for m, c, n in where if m == "0" and c == 1]
+    act_bwd = [n for m, c, n in where if m == "1" and c == 1]
+    assert linear_bwd and not any(n.startswith("aten.add") for n in linear_bwd), linear_bwd
+    assert sum(n.startswith("aten.add") for n in act_bwd) >= 1, act_bwd
