@@ -136,8 +136,10 @@ def profiled(cuda_only: bool) -> Variant:
 VARIANTS: dict[str, Variant] = {
     "untraced": untraced,
     "hooktrace time-only": traced(),
-    "gpu=True": traced(gpu=True),
-    "gpu_every=10": traced(gpu=True, gpu_every=10),
+    # device-event intervals (gpu=True's default on CUDA is kernel busy time now:
+    # benchmarks/gpu_kernels.py measures that)
+    "gpu=True": traced(gpu=True, gpu_mode="events"),
+    "gpu_every=10": traced(gpu=True, gpu_mode="events", gpu_every=10),
     "numerics=True": traced(numerics=True),
     "profiler CPU+CUDA": profiled(cuda_only=False),
     "profiler CUDA only": profiled(cuda_only=True),
@@ -176,7 +178,7 @@ def accuracy(m: Model, steps: int) -> tuple[list[tuple[str, str, int, int]], Any
     m.step()
     m.sync()
     with profile(activities=acts) as prof:
-        with hooktrace.trace(m.model, gpu=True, capacity=1 << 24) as tr:
+        with hooktrace.trace(m.model, gpu=True, gpu_mode="events", capacity=1 << 24) as tr:
             for _ in range(steps):
                 m.step()
             m.sync()
@@ -243,7 +245,7 @@ def no_hidden_sync(m: Model) -> str:
     queued = _sleep_cycles(300)
     host_ms = {}
     for label, ctx in (("untraced", contextlib.nullcontext()),
-                       ("gpu=True", hooktrace.trace(m.model, gpu=True))):
+                       ("gpu=True", hooktrace.trace(m.model, gpu=True, gpu_mode="events"))):
         with ctx:
             m.step()  # (pools made, first resolution)
             m.sync()
@@ -277,7 +279,7 @@ def alignment(m: Model) -> tuple[int, int]:
     leaf = next(mod for mod in m.model.modules() if isinstance(mod, nn.LayerNorm))
     x = torch.randn(8, leaf.normalized_shape[0], device=next(m.model.parameters()).device)
     brackets = []
-    with hooktrace.trace(m.model, gpu=True) as tr:
+    with hooktrace.trace(m.model, gpu=True, gpu_mode="events") as tr:
         for i in range(20):
             if i % 5 == 0:
                 m.step()

@@ -39,3 +39,29 @@ def test_without_cuda_it_says_so_in_one_line() -> None:
     r = _run()
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.count("\n") == 1 and "needs a CUDA device" in r.stderr
+
+
+def test_the_kernel_busy_time_benchmark_runs_its_parts_on_cpu(tmp_path: Path) -> None:
+    """benchmarks/gpu_kernels.py (issues #49, #52) on CPU with the fake CUPTI: every
+    variant, the graph cases, and the JSON object the GPU run records."""
+    import json
+
+    lib = REPO / "build" / "fake_cupti" / "libfakecupti.so"
+    src = REPO / "tests" / "integration" / "fake_cupti.cpp"
+    if not lib.exists() or lib.stat().st_mtime < src.stat().st_mtime:
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["c++", "-std=c++17", "-O1", "-shared", "-fPIC", str(src), "-o", str(lib)],
+                       check=True, capture_output=True, timeout=300)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HOOKTRACE_CUPTI_LIB": str(lib)}
+    env.pop("HOOKTRACE_GPU_TIMER", None)
+    out = tmp_path / "k.json"
+    r = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_kernels.py"), "--device",
+                        "cpu", "--dry-run", "--models", "gpt2-small", "--rounds", "1", "--steps",
+                        "1", "--json", str(out)], capture_output=True, text=True, timeout=600,
+                       cwd=REPO, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert set(result["added_per_step"]["gpt2-small"]) == {
+        "time-only", "gpu-events", "gpu-kernels", "gpu_every=10", "numerics", "memory",
+        "profiler-cuda"}
+    assert set(result["graphs"]) == {"inference", "training"}
