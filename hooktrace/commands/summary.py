@@ -182,7 +182,7 @@ def _aggregate(args: argparse.Namespace) -> None:
         print(csv_text([{k: r[k] for k in AGGREGATE_SUMMARY_COLUMNS} for r in rows],
                        AGGREGATE_SUMMARY_COLUMNS), end="")
     else:
-        print(aggregate_summary(args.run[0], args.top))
+        print(aggregate_summary(args.run[0], args.top, wide=args.wide))
 
 
 def _finite(value: Any) -> Any:
