@@ -85,16 +85,22 @@ def format_ns(ns: float) -> str:
     Example:
         >>> format_ns(850), format_ns(12_345), format_ns(4_560_000), format_ns(2.5e9)
         ('850 ns', '12.3 µs', '4.56 ms', '2.50 s')
+        >>> format_ns(999_955), format_ns(9_996), format_ns(999.7)
+        ('1.00 ms', '10.0 µs', '1.00 µs')
     """
+    # Three significant digits, judged on the value as rounded (issue #47: 999,955 ns
+    # printed as "1000 µs", 9,996 ns as "10.00 µs"): a value that rounds up to the next
+    # power of ten gets one digit fewer, or the next unit.
     a = abs(ns)
-    if a < 1e3:
-        return f"{ns:.0f} ns"
+    sign = "-" if ns < 0 else ""
+    if float(f"{a:.0f}") < 1e3:
+        return f"{sign}{a:.0f} ns"
     for scale, unit in ((1e3, "µs"), (1e6, "ms")):
-        if a < scale * 1e3:
-            v = ns / scale
-            digits = 2 if abs(v) < 10 else 1 if abs(v) < 100 else 0
-            return f"{v:.{digits}f} {unit}"
-    return f"{ns / 1e9:.2f} s"
+        v = a / scale
+        for digits in (2, 1, 0):
+            if float(f"{v:.{digits}f}") < 10 ** (3 - digits):
+                return f"{sign}{v:.{digits}f} {unit}"
+    return f"{sign}{a / 1e9:.2f} s"
 
 
 def format_count(value: float, unit: str) -> str:

@@ -217,7 +217,13 @@ def test_empty_trace_summary():
 
 @pytest.mark.parametrize(("ns", "text"), [(0, "0 ns"), (999, "999 ns"), (1_500, "1.50 µs"),
                                           (25_000, "25.0 µs"), (250_000, "250 µs"),
-                                          (3_210_000, "3.21 ms"), (7.5e9, "7.50 s")])
+                                          (3_210_000, "3.21 ms"), (7.5e9, "7.50 s"),
+                                          # rounding to the next unit, or to one digit
+                                          # fewer (issue #47: "1000 µs")
+                                          (999_955, "1.00 ms"), (999.7, "1.00 µs"),
+                                          (9_996, "10.0 µs"), (99_960, "100 µs"),
+                                          (999_999_999, "1.00 s"), (-999_955, "-1.00 ms"),
+                                          (9.996e6, "10.0 ms"), (-850, "-850 ns")])
 def test_format_ns(ns, text):
     assert format_ns(ns) == text
 
