@@ -23,7 +23,7 @@ from hooktrace.analysis.rankset import RankFile
 from hooktrace.analysis.device_time import gpu_recorded, launch_time_only, module_gpu
 from hooktrace.analysis.calls import COMPILE, KERNELS, Calls
 from hooktrace.analysis.groups import Groups
-from hooktrace.analysis.kernels import fused_modules
+from hooktrace.analysis.kernels import fused_modules, silent_in_regions
 from hooktrace._events import SPAN_DEFINITION, SPAN_DEFINITIONS, span_definition
 from hooktrace.reading import (
     CAT_BACKWARD,
@@ -197,7 +197,9 @@ def trace_part(trace: TraceData, keep_calls: bool = False) -> Part:
     if gpu_recorded(trace):
         add_gpu_phases(part, trace, complete)
     part.launch = launch_time_only(trace)
-    for slot, eval_, phase in fused_modules(trace):
+    # modules inside compiled regions with no time of their own: fused into other
+    # modules' kernels, or with no ops at all (kernels.silent_in_regions)
+    for slot, eval_, phase in fused_modules(trace) | silent_in_regions(trace):
         if not (eval_ and phase == "backward"):
             part.fused.add((trace.modules[slot][0], "eval" if eval_ else phase))
     return part

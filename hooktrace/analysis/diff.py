@@ -360,8 +360,8 @@ class Diff:
                     for m, p in items))
         for which, items in (("A", self.fused_a), ("B", self.fused_b)):
             if items:
-                lines.append(f"fused in {which} (its ops ran in other modules' kernels, no time "
-                             "of its own): " + ", ".join(f"{m or '<root>'} {p}" for m, p in items))
+                lines.append(f"fused in {which} (inside a compiled region: its ops ran in other "
+                             "modules' kernels, or it has none; no time of its own): " + ", ".join(f"{m or '<root>'} {p}" for m, p in items))
         for which, ranks in (("A", self.ranks_only_a), ("B", self.ranks_only_b)):
             if ranks:
                 lines.append(f"ranks only in {which}: " + ", ".join(map(str, ranks)))
