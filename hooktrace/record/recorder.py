@@ -330,6 +330,13 @@ class Recorder(StepMarks, FlightRecorder, StreamedRecording):
         if not any(c.take_logger(log) for c in self._components):
             raise RuntimeError("hooktrace: this trace has no aggregate= output")
 
+    def close_window(self) -> None:
+        """With ``aggregate=``: reduce the steps of the window still open to rows now,
+        handing them to the loggers, rather than when ``aggregate_interval`` ends it (a
+        trainer's epoch end: its loggers' epoch value is then the epoch's steps')."""
+        if not any(c.close_window() for c in self._components):
+            raise RuntimeError("hooktrace: this trace has no aggregate= output")
+
     # -- teardown ------------------------------------------------------------
 
     def _teardown(self) -> list[BaseException]:
