@@ -539,3 +539,24 @@ def test_summary_cuts_names_only_visibly_and_says_how_to_see_them(width):
     assert "…" not in whole and all(n in whole for n in UNET)
     # and no such line when nothing was cut
     assert CUT_NOTE not in _table_of(["fc", "head"]).to_text(width=width)
+
+
+@pytest.mark.parametrize("option", ["flops", "memory", "numerics"])
+def test_asking_for_what_was_not_recorded_advises_how_this_run_was_recorded(
+        option, tmp_path, capsys):
+    from hooktrace.cli import main
+
+    # GIVEN a run of the process (hooktrace run) and one of a model (trace(model))
+    ev = build_events([(1, ENTER, 0, 0), (1, EXIT, 0, 10)])
+    for scope in ("process", "model"):
+        path = tmp_path / f"{scope}.htrace"
+        build_trace(ev, [("", "Net")], scope=scope).save(path)
+        assert main(["summary", str(path), f"--{option}"]) == 1
+        err = capsys.readouterr().err.strip()
+        # THEN the advice is one that works where the run was recorded (issue #47:
+        # hooktrace run was told to use trace(model, flops=True))
+        assert err.startswith(f"hooktrace: error: {path}: no ") and "\n" not in err
+        if scope == "process":
+            assert f"record with hooktrace run --{option}" in err and "trace(model" not in err
+        else:
+            assert f"hooktrace.trace(model, {option}=True)" in err
