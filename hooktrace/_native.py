@@ -36,15 +36,18 @@ class TorchMismatchError(HooktraceError, ImportError):
 def load_native() -> ModuleType:
     """``hooktrace._C``, with torch's libraries loaded first; a :class:`TorchMismatchError`
     (one line naming both versions) when it was built against another torch."""
-    if "hooktrace._C" in sys.modules:
-        return sys.modules["hooktrace._C"]
-    if "torch" not in sys.modules and not _load_torch_libs():
-        import torch  # noqa: F401  (loads libc10/libtorch the usual way)
-    native = importlib.import_module("hooktrace._C")
-    problem = torch_mismatch(getattr(native, "BUILT_TORCH_VERSION", ""), _running_torch())
-    if problem:
-        del sys.modules["hooktrace._C"]  # (so that every later use says so too)
-        raise TorchMismatchError(problem)
+    native = sys.modules.get("hooktrace._C")
+    if native is None:
+        if "torch" not in sys.modules and not _load_torch_libs():
+            import torch  # noqa: F401  (loads libc10/libtorch the usual way)
+        native = importlib.import_module("hooktrace._C")
+    # (checked once, also when a module imported hooktrace._C itself first)
+    if not getattr(native, "_torch_checked", False):
+        problem = torch_mismatch(getattr(native, "BUILT_TORCH_VERSION", ""), _running_torch())
+        if problem:
+            sys.modules.pop("hooktrace._C", None)  # (so that every later use says so too)
+            raise TorchMismatchError(problem)
+        native._torch_checked = True  # type: ignore[attr-defined]
     return native
 
 

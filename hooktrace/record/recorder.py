@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
-import hooktrace._C as _C
+from hooktrace._native import load_native
 from hooktrace._events import EVENT_DTYPE, SPAN_DEFINITION, Clock
 from hooktrace._naming import env_rank, process_stem
 from hooktrace.record.windows import StepMarks
@@ -52,6 +52,9 @@ from hooktrace.record.component import Component
 from hooktrace.record.options import DEFAULT_CAPACITY, RecordOptions
 from hooktrace.record.scopes import ModelScope, ProcessScope, Scope
 from hooktrace.record.streaming import StreamedRecording, thread_names
+
+# (through load_native: a core built against another torch is refused, one line)
+_C = load_native()
 
 __all__ = ["DEFAULT_CAPACITY", "GlobalTrace", "Recorder", "Trace", "global_trace", "trace",
            "window_handler"]

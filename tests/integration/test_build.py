@@ -118,6 +118,14 @@ def test_the_core_refuses_to_load_into_another_torch(tmp_path: Path) -> None:
                       f"torch {torch.__version__}, and this is torch 2.99.1: rebuild it "
                       "against this torch (pip install --no-build-isolation -e . in the "
                       "checkout, or make build)")
+    # and so does recording from Python
+    api = ("import torch; torch.__version__ = '2.99.1'; import hooktrace; "
+           "hooktrace.trace(torch.nn.Linear(2, 2))")
+    r = subprocess.run([sys.executable, "-c", api], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith(
+        "hooktrace._native.TorchMismatchError: the native core (hooktrace._C) was built "
+        f"against torch {torch.__version__}, and this is torch 2.99.1"), r.stderr
     # and the same torch release in another build (+cpu, +cu126) loads
     same = (f"import torch; torch.__version__ = '{torch.__version__.split('+')[0]}+cu126'; "
             "from hooktrace._native import load_native; print(load_native().EVENT_SIZE)")
