@@ -291,44 +291,40 @@ def shorten_distinct(texts: Sequence[str], width: int, *, names: bool = True) ->
 
 class _NameCuts:
     """The cuts of a table's names (:func:`shorten_distinct`), each checked against the
-    other names that share its end (issue #47: ``down_blocks.0…0.attentions.0…0`` was
-    no name, and LoRA's ``lora_A``/``lora_B`` were exactly the part cut out)."""
+    other names (issue #47: ``down_blocks.0…0.attentions.0…0`` was no name, and LoRA's
+    ``lora_A``/``lora_B`` were exactly the part cut out)."""
 
     def __init__(self, texts: Sequence[str]) -> None:
         self.parts: dict[str, tuple[list[str], str]] = {}
-        # (markers, the last k segments) -> the segments of each name ending so
-        self.by_end: dict[tuple[str, tuple[str, ...]], list[list[str]]] = {}
+        # (markers, kept head, kept tail) -> how many names a cut keeping them fits
+        self.fits: dict[tuple[str, tuple[str, ...], tuple[str, ...]], int] = {}
         for text in dict.fromkeys(texts):
             name, mark = _split_mark(text)
             segments = _segments(name)
             self.parts[text] = (segments, mark)
-            for k in range(1, len(segments)):
-                self.by_end.setdefault((mark, tuple(segments[-k:])), []).append(segments)
-
-    def _own(self, segments: list[str], mark: str, head: int, tail: int) -> bool:
-        """Whether the cut keeping ``head`` and ``tail`` of ``segments`` reads as that
-        name only: no other starts with that head and ends with that tail around a
-        middle."""
-        start = segments[:head]
-        return sum(1 for other in self.by_end.get((mark, tuple(segments[-tail:])), ())
-                   if len(other) > head + tail and other[:head] == start) == 1
+            n = len(segments)
+            for head in range(n - 1):
+                start = tuple(segments[:head])
+                for tail in range(1, n - head):
+                    key = (mark, start, tuple(segments[n - tail:]))
+                    self.fits[key] = self.fits.get(key, 0) + 1
 
     def cut(self, text: str, width: int) -> str:
         if len(text) <= width:
             return text
         segments, mark = self.parts[text]
         n = len(segments)
-        narrowest: str | None = None
-        for tail in range(n - 1, 0, -1):  # as much of the end as fits, then of the start
-            for head in range(n - tail - 1, -1, -1):
-                cut = _elide(segments, head, tail, mark)
-                if len(cut) >= len(text) or not self._own(segments, mark, head, tail):
-                    continue
-                if len(cut) <= width:
-                    return cut
-                if narrowest is None or len(cut) < len(narrowest):
-                    narrowest = cut
-        return text if narrowest is None else narrowest
+        # every cut, in the order preferred: as much of the end as fits, then of the start
+        cuts = [(_elide(segments, head, tail, mark), head, tail)
+                for tail in range(n - 1, 0, -1) for head in range(n - tail - 1, -1, -1)]
+        cuts = [c for c in cuts if len(c[0]) < len(text)]
+        fitting = [c for c in cuts if len(c[0]) <= width]
+        rest = sorted((c for c in cuts if len(c[0]) > width), key=lambda c: len(c[0]))
+        for cut, head, tail in fitting + rest:  # (else the narrowest, though over width)
+            key = (mark, tuple(segments[:head]), tuple(segments[n - tail:]))
+            if self.fits.get(key) == 1:  # reads as this name only
+                return cut
+        return text
 
 
 def _separate(group: list[str], width: int, taken: set[str]) -> dict[str, str]:
