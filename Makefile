@@ -41,7 +41,8 @@ TORCH_KEY := $(shell printf '%s' '$(TORCH)' | tr -c 'A-Za-z0-9.' '_')
 BUILT := $(VENV)/.hooktrace-built-$(TORCH_KEY)
 STAMP := $(VENV)/.hooktrace-installed-$(TORCH_KEY)
 
-.PHONY: help venv build demo test test-unit test-integration test-floor sanitize bench lint docs clean
+.PHONY: help venv build demo test test-unit test-integration test-floor sanitize bench lint docs clean \
+	browser
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-18s %s\n", $$1, $$2}'
@@ -77,9 +78,23 @@ build: venv  ## rebuild the native core in place after editing csrc/
 demo: $(BUILT)  ## train the built-in TinyGPT a few steps under hooktrace; writes out/demo/
 	$(VENV)/bin/hooktrace demo --out out/demo
 
+# The HTML report's browser tests (tests/integration/test_report.py) drive Debian's
+# chromium through chromium-driver, which pip cannot install: `make browser` does (as
+# root, with apt-get, as .ci/run does in CI); `make test` says so first when they are
+# missing, rather than skipping them silently (issue #47).
+BROWSER_NOTE = make test: no chromium and chromedriver here: the HTML report's browser tests \
+	will skip; make browser (apt-get install chromium chromium-driver) installs them
+HAVE_BROWSER = command -v chromedriver >/dev/null 2>&1 && \
+	{ command -v chromium || command -v chromium-browser; } >/dev/null 2>&1
+
+browser:  ## install Debian's chromium and chromium-driver (root, apt-get) for the report's browser tests
+	@if $(HAVE_BROWSER); then echo "chromium and chromedriver are installed"; \
+	else apt-get update -qq && apt-get install -y -qq chromium chromium-driver; fi
+
 # --durations: the slowest tests and their times end every run (issue #37: keep the unit
 # run fast; docs/contributing.md has its time)
 test: venv  ## run the whole test suite (unit + integration)
+	@$(HAVE_BROWSER) || echo "$(BROWSER_NOTE)"
 	$(PY) -m pytest -q --durations=15 tests
 
 test-unit: venv  ## pure-Python reader/exporter/CLI tests

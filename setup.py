@@ -2,6 +2,9 @@
 
 import glob
 import os
+import re
+
+import torch
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
@@ -16,6 +19,11 @@ SANITIZE = os.environ.get("SANITIZE", "0") == "1"
 # No -std flag: torch.utils.cpp_extension adds the standard its headers need
 # (C++20 for torch 2.13, whose headers warn under -std=c++17).
 extra_compile_args = ["-Wall", "-fvisibility=hidden"]
+# The torch the core is built against, kept in it (_C.BUILT_TORCH_VERSION): hooktrace
+# refuses to load it into another torch (hooktrace/_native.py). A version is digits,
+# letters, dots and "+" (2.13.0+cpu), which the C preprocessor turns into a string as is.
+if re.fullmatch(r"[0-9A-Za-z.+]+", torch.__version__):
+    extra_compile_args.append(f"-DHOOKTRACE_TORCH_VERSION={torch.__version__}")
 extra_link_args: list[str] = []
 if SANITIZE:
     # -O1 keeps ASan fast enough for the suite while stack traces stay usable;

@@ -57,9 +57,21 @@ uint64_t copy_events_into(Session& s, const py::buffer& out) {
 
 }  // namespace
 
+// The torch this core was built against (setup.py: -DHOOKTRACE_TORCH_VERSION=<version>):
+// hooktrace._native refuses to load it into another torch (issue #47: a build for 2.13
+// loaded silently under 2.14.1).
+#define HOOKTRACE_STR2(x) #x
+#define HOOKTRACE_STR(x) HOOKTRACE_STR2(x)
+#ifdef HOOKTRACE_TORCH_VERSION
+#define HOOKTRACE_BUILT_TORCH HOOKTRACE_STR(HOOKTRACE_TORCH_VERSION)
+#else
+#define HOOKTRACE_BUILT_TORCH ""
+#endif
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "hooktrace native core (private; use the hooktrace package)";
   m.attr("EVENT_SIZE") = sizeof(hooktrace::Event);
+  m.attr("BUILT_TORCH_VERSION") = HOOKTRACE_BUILT_TORCH;
   hooktrace::init_tensor_walk();
 
   // --- reader side (spans.h, lanes.h, chrome_writer.h, perfetto_writer.h) ---

@@ -6,6 +6,7 @@ from typing import Any
 import numpy as np
 
 EVENT_SIZE: int
+BUILT_TORCH_VERSION: str  # the torch it was built against ("" when not recorded)
 
 class Session:
     """Bounded per-thread event buffers; see csrc/session.h."""

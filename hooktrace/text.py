@@ -16,10 +16,10 @@ import shutil
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["OPEN_HINT", "align_columns", "csv_text", "describe_dump", "display_path",
-           "format_bytes",
-           "format_count", "format_ns", "open_hint", "printable", "shorten_distinct",
-           "shorten_middle", "terminal_width", "text_lines"]
+__all__ = ["CUT_NOTE", "ELLIPSIS", "OPEN_HINT", "align_columns", "csv_text", "describe_dump",
+           "display_path", "format_bytes", "format_count", "format_ns", "open_hint",
+           "printable", "shorten_distinct", "shorten_middle", "shorten_name",
+           "terminal_width", "text_lines"]
 
 DEFAULT_WIDTH = 120  # the width of a table when the output is not a terminal (issue #7)
 
@@ -85,16 +85,22 @@ def format_ns(ns: float) -> str:
     Example:
         >>> format_ns(850), format_ns(12_345), format_ns(4_560_000), format_ns(2.5e9)
         ('850 ns', '12.3 µs', '4.56 ms', '2.50 s')
+        >>> format_ns(999_955), format_ns(9_996), format_ns(999.7)
+        ('1.00 ms', '10.0 µs', '1.00 µs')
     """
+    # Three significant digits, judged on the value as rounded (issue #47: 999,955 ns
+    # printed as "1000 µs", 9,996 ns as "10.00 µs"): a value that rounds up to the next
+    # power of ten gets one digit fewer, or the next unit.
     a = abs(ns)
-    if a < 1e3:
-        return f"{ns:.0f} ns"
+    sign = "-" if ns < 0 else ""
+    if float(f"{a:.0f}") < 1e3:
+        return f"{sign}{a:.0f} ns"
     for scale, unit in ((1e3, "µs"), (1e6, "ms")):
-        if a < scale * 1e3:
-            v = ns / scale
-            digits = 2 if abs(v) < 10 else 1 if abs(v) < 100 else 0
-            return f"{v:.{digits}f} {unit}"
-    return f"{ns / 1e9:.2f} s"
+        v = a / scale
+        for digits in (2, 1, 0):
+            if float(f"{v:.{digits}f}") < 10 ** (3 - digits):
+                return f"{sign}{v:.{digits}f} {unit}"
+    return f"{sign}{a / 1e9:.2f} s"
 
 
 def format_count(value: float, unit: str) -> str:
@@ -161,13 +167,21 @@ def align_columns(table: Sequence[Sequence[str]], left: int) -> list[str]:
                       for i, (c, w) in enumerate(zip(row, widths))).rstrip() for row in table]
 
 
-_MARKERS = re.compile(r"( \[[a-z]+\])+$")
+# Markers a table puts after a name (" [eval]", " [kernels]", " [kernel launches]"): a cut
+# keeps them whole.
+_MARKERS = re.compile(r"( \[[a-z][a-z ]*\])+$")
+ELLIPSIS = "…"
+# The footer line of a table whose names were cut (shorten_distinct): what the … means
+# and how to see the names whole (issue #47: nothing said names were cut).
+CUT_NOTE = (f"{ELLIPSIS}: whole dotted parts of a name left out to fit the width; --wide "
+            "or a wider COLUMNS shows names whole")
 
 
 def shorten_middle(text: str, width: int) -> str:
     """``text`` cut in the middle to ``width`` characters: its start (up to a third,
-    ending at a ``.`` when there is one) and as much of its end as fits, so the leaf
-    module's name is never lost.
+    ending at a ``.`` when there is one) and as much of its end as fits. For text that
+    is not a module's name (a class name, a shape signature); names are cut at their
+    dots (:func:`shorten_name`).
 
     Example:
         >>> shorten_middle("model.layers.11.self_attn.q_proj", 24)
@@ -189,23 +203,77 @@ def shorten_middle(text: str, width: int) -> str:
     room = (width - 1) // 3
     dot = text.rfind(".", 0, room)
     head = text[:dot + 1] if dot >= 0 else text[:room]
-    return head + "…" + text[len(text) - (width - 1 - len(head)):]
+    return head + ELLIPSIS + text[len(text) - (width - 1 - len(head)):]
 
 
-def shorten_distinct(texts: Sequence[str], width: int) -> list[str]:
-    """Each of ``texts`` cut to ``width`` like :func:`shorten_middle`, except that two
-    different texts never become the same text: where the usual cut makes them equal,
-    the cut moves (keeping more of the end, so the leaf and the index before it stay),
-    or keeps the differing part between two ``…``, and only when neither tells them
-    apart at ``width`` are they left longer.
+def _split_mark(text: str) -> tuple[str, str]:
+    """``text`` as its name and its end markers (`` [eval]``), the latter kept whole."""
+    marks = _MARKERS.search(text)
+    if marks is None or marks.start() == 0:
+        return text, ""
+    return text[:marks.start()], marks.group()
+
+
+def _segments(name: str) -> list[str]:
+    """The parts a cut keeps or leaves out whole: ``name``'s dotted components, each
+    with the indices after it (``layers.11``, ``transformer_blocks.0``), so that an
+    index is never shown without the name it indexes."""
+    segments: list[list[str]] = []
+    for part in name.split("."):
+        if segments and part.isascii() and part.isdigit():
+            segments[-1].append(part)
+        else:
+            segments.append([part])
+    return [".".join(s) for s in segments]
+
+
+def _elide(segments: Sequence[str], head: int, tail: int, mark: str) -> str:
+    """The first ``head`` and the last ``tail`` segments around a ``…`` standing for those
+    between, then the markers: ``down_blocks.0.….transformer_blocks.0 [eval]``."""
+    return ".".join([*segments[:head], ELLIPSIS, *segments[len(segments) - tail:]]) + mark
+
+
+def shorten_name(text: str, width: int) -> str:
+    """A module's name cut to ``width`` characters the one way every table cuts names
+    (:func:`shorten_distinct`, which also keeps a cut from reading as another name).
+
+    Example:
+        >>> shorten_name("model.layers.11.self_attn.q_proj", 28)
+        '….layers.11.self_attn.q_proj'
+        >>> shorten_name("model.decoder.layers.11.self_attn.q_proj [eval]", 31)
+        'model.….self_attn.q_proj [eval]'
+        >>> shorten_name("encoder.layer.3.attention.output.dense", 8)
+        '….dense'
+    """
+    return shorten_distinct([text], width)[0]
+
+
+def shorten_distinct(texts: Sequence[str], width: int, *, names: bool = True) -> list[str]:
+    """Each of ``texts`` (module names) cut to ``width`` characters the one way every
+    table cuts names: whole dotted parts in the middle of a name become one ``…``; its
+    end (the most specific part: the leaf with its index, ``transformer_blocks.0``) is
+    always kept, then as much of the rest of its end and of its start as fits, the end
+    first. An index is never kept or left out without the name before it. A cut never
+    reads as another of ``texts``: no other name has the same start and end around a
+    middle (names that differ only in a part a cut leaves out are cut elsewhere, or
+    less). A name that no such cut fits in ``width`` gets the narrowest cut that is its
+    own (longer than ``width``), or stays whole. Markers after a name (`` [eval]``) are
+    kept whole.
+
+    Not ``names`` (class names): each cut in the middle of its characters
+    (:func:`shorten_middle`), two different texts never becoming the same.
 
     Example:
         >>> shorten_distinct(["transformer.h.0.attn.resid_dropout",
         ...                   "transformer.h.1.attn.resid_dropout"], 24)
-        ['tra…0.attn.resid_dropout', 'tra…1.attn.resid_dropout']
-        >>> shorten_distinct(["model.layers.11.self_attn.q_proj"], 24)
-        ['model.….self_attn.q_proj']
+        ['….h.0.attn.resid_dropout', '….h.1.attn.resid_dropout']
+        >>> shorten_distinct(["down_blocks.0.attentions.0.transformer_blocks.0",
+        ...                   "down_blocks.1.attentions.0.transformer_blocks.0"], 30)
+        ['down_blocks.0.….transformer_blocks.0', 'down_blocks.1.….transformer_blocks.0']
     """
+    if names:
+        cuts = _NameCuts(texts)
+        return [cuts.cut(t, width) for t in texts]
     out = [shorten_middle(t, width) for t in texts]
     while True:
         by_cut: dict[str, set[str]] = {}
@@ -221,19 +289,56 @@ def shorten_distinct(texts: Sequence[str], width: int) -> list[str]:
         out = [fixed.get(t, c) for t, c in zip(texts, out)]
 
 
+class _NameCuts:
+    """The cuts of a table's names (:func:`shorten_distinct`), each checked against the
+    other names (issue #47: ``down_blocks.0…0.attentions.0…0`` was no name, and LoRA's
+    ``lora_A``/``lora_B`` were exactly the part cut out)."""
+
+    def __init__(self, texts: Sequence[str]) -> None:
+        self.parts: dict[str, tuple[list[str], str]] = {}
+        # (markers, kept head, kept tail) -> how many names a cut keeping them fits
+        self.fits: dict[tuple[str, tuple[str, ...], tuple[str, ...]], int] = {}
+        for text in dict.fromkeys(texts):
+            name, mark = _split_mark(text)
+            segments = _segments(name)
+            self.parts[text] = (segments, mark)
+            n = len(segments)
+            for head in range(n - 1):
+                start = tuple(segments[:head])
+                for tail in range(1, n - head):
+                    key = (mark, start, tuple(segments[n - tail:]))
+                    self.fits[key] = self.fits.get(key, 0) + 1
+
+    def cut(self, text: str, width: int) -> str:
+        if len(text) <= width:
+            return text
+        segments, mark = self.parts[text]
+        n = len(segments)
+        # every cut, in the order preferred: as much of the end as fits, then of the start
+        cuts = [(_elide(segments, head, tail, mark), head, tail)
+                for tail in range(n - 1, 0, -1) for head in range(n - tail - 1, -1, -1)]
+        cuts = [c for c in cuts if len(c[0]) < len(text)]
+        fitting = [c for c in cuts if len(c[0]) <= width]
+        rest = sorted((c for c in cuts if len(c[0]) > width), key=lambda c: len(c[0]))
+        for cut, head, tail in fitting + rest:  # (else the narrowest, though over width)
+            key = (mark, tuple(segments[:head]), tuple(segments[n - tail:]))
+            if self.fits.get(key) == 1:  # reads as this name only
+                return cut
+        return text
+
+
 def _separate(group: list[str], width: int, taken: set[str]) -> dict[str, str]:
-    """Cuts of the (different) ``group``, pairwise different and none in ``taken``: at
-    the narrowest width from ``width`` on at which each keeps the part that tells it
-    apart: one cut position for all (more end first), else that part between two ``…``."""
+    """Cuts of the (different) texts ``group`` (not names: class names), pairwise
+    different and none in ``taken``: at the narrowest width from ``width`` on at which
+    one cut position (more end first) keeps the part that tells each apart."""
     prefix = len(os.path.commonprefix(group))
     suffix = len(os.path.commonprefix([t[::-1] for t in group]))
     differs = {t: t[prefix:max(len(t) - suffix, prefix)] for t in group}
     for w in range(width, max(len(t) for t in group) + 1):
         usual = max((w - 1) // 3, 0)
-        candidates = [{t: _cut_kept(t, w, head) for t in group} for head in range(usual, -1, -1)]
-        candidates.append({t: _cut_twice(t, w, prefix, suffix) for t in group})
-        candidates += [{t: _cut_kept(t, w, head) for t in group} for head in range(usual + 1, w)]
-        for cuts in candidates:
+        heads = [*range(usual, -1, -1), *range(usual + 1, w)]
+        for head in heads:
+            cuts = {t: _cut_kept(t, w, head) for t in group}
             values = set(cuts.values())
             if (len(values) == len(group) and not values & taken
                     and all(len(c) <= w for c in values)
@@ -242,45 +347,20 @@ def _separate(group: list[str], width: int, taken: set[str]) -> dict[str, str]:
     return {t: t for t in group}
 
 
-
 def _cut(text: str, width: int, head: int) -> str:
     """``text`` as its first ``head`` characters, ``…`` and its end, ``width`` in all."""
-    return text[:head] + "…" + text[len(text) - (width - 1 - head):]
+    return text[:head] + ELLIPSIS + text[len(text) - (width - 1 - head):]
 
 
 def _cut_kept(text: str, width: int, head: int) -> str:
     """``text`` cut at ``head`` to ``width``, its end markers (`` [eval]``) kept whole."""
     if len(text) <= width:
         return text
-    marks = _MARKERS.search(text)
-    if marks is not None and marks.start() > 0:
-        name, mark = text[:marks.start()], marks.group()
+    name, mark = _split_mark(text)
+    if mark:
         room = width - len(mark)
         if len(name) <= room:
             return name + mark
         if room >= 2:  # the markers stay whole, whatever the cut position
             return _cut(name, room, min(head, room - 1)) + mark
     return _cut(text, width, min(head, width - 1))
-
-
-def _cut_twice(text: str, width: int, prefix: int, suffix: int) -> str:
-    """``text`` as its start, ``…``, the dotted segments holding the part that differs
-    from its group (after the common ``prefix``, before the common ``suffix``), ``…``
-    and its leaf: ``tr…h.0…resid_dropout [eval]``; ``text`` when that is no shorter."""
-    marks = _MARKERS.search(text)
-    mark = marks.group() if marks is not None and marks.start() > 0 else ""
-    name = text[:len(text) - len(mark)]
-    end = len(text) - suffix
-    if end > len(name) or prefix > end:
-        return text
-    a = name.rfind(".", 0, prefix) + 1
-    b = name.find(".", end)
-    b = len(name) if b < 0 else b
-    leaf = name[name.rfind(".") + 1:] if "." in name[b:] else ""
-    tail = name[len(name) - len(leaf):] if leaf else ""
-    middle = name[a:b]
-    room = width - len(mark) - len(middle) - len(tail) - (2 if tail else 1)
-    if room < 0 or (not tail and b < len(name)):
-        return text
-    cut = name[:room] + "…" + middle + ("…" + tail if tail else "")
-    return cut + mark if len(cut) + len(mark) < len(text) else text

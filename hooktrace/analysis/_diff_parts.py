@@ -23,7 +23,7 @@ from hooktrace.analysis.rankset import RankFile
 from hooktrace.analysis.device_time import gpu_recorded, launch_time_only, module_gpu
 from hooktrace.analysis.calls import COMPILE, KERNELS, Calls
 from hooktrace.analysis.groups import Groups
-from hooktrace.analysis.kernels import fused_modules
+from hooktrace.analysis.kernels import fused_modules, silent_in_regions
 from hooktrace._events import SPAN_DEFINITION, SPAN_DEFINITIONS, span_definition
 from hooktrace.reading import (
     CAT_BACKWARD,
@@ -72,6 +72,21 @@ class RunStats:
     # (module, phase) of compiled regions that ran with no kernel of their own (their ops
     # fused into other modules' kernels): no numbers, but not absent from the run
     fused: set[Key] = field(default_factory=set)
+    # the step time's own step-to-step spread (step_spread): None with fewer than 2 steps
+    step_spread_ns: float | None = None
+
+
+def step_spread(step_ns: np.ndarray) -> float | None:
+    """How much one run's step time varies from step to step: the interquartile range
+    of its complete steps' durations from 4 steps on, their range with 2 or 3 (issue #47:
+    two identical 3-step runs differed by 12% with nothing saying it was noise); None
+    with fewer (unknown)."""
+    if len(step_ns) >= 4:
+        q75, q25 = np.percentile(step_ns, [75, 25])
+        return float(q75 - q25)
+    if len(step_ns) >= 2:
+        return float(np.max(step_ns) - np.min(step_ns))
+    return None
 
 
 @dataclass
@@ -182,7 +197,9 @@ def trace_part(trace: TraceData, keep_calls: bool = False) -> Part:
     if gpu_recorded(trace):
         add_gpu_phases(part, trace, complete)
     part.launch = launch_time_only(trace)
-    for slot, eval_, phase in fused_modules(trace):
+    # modules inside compiled regions with no time of their own: fused into other
+    # modules' kernels, or with no ops at all (kernels.silent_in_regions)
+    for slot, eval_, phase in fused_modules(trace) | silent_in_regions(trace):
         if not (eval_ and phase == "backward"):
             part.fused.add((trace.modules[slot][0], "eval" if eval_ else phase))
     return part
@@ -374,13 +391,13 @@ def pool(parts: Sequence[Part]) -> RunStats:
                     if stepped else np.zeros(0))
         out[key] = PhaseStats(type_name, p50, total, self_ns, calls, pooled_timing(parts, key),
                                p50_self, spread(per_step, iqr, calls))
-    step_p50 = (float(np.median(np.concatenate([p.step_ns for p in stepped])))
-                if n_steps else None)
+    step_ns = np.concatenate([p.step_ns for p in stepped]) if n_steps else np.zeros(0)
+    step_p50 = float(np.median(step_ns)) if n_steps else None
     root_total = (sum(p.root_ns for p in stepped) / n_steps if n_steps
                   else sum(p.root_ns for p in parts))
     return RunStats(out, n_steps, step_p50, step_p50 if step_p50 else root_total,
                      definitions[0], all(p.gpu for p in parts), any(p.launch for p in parts),
-                     set().union(*(p.fused for p in parts)) - set(out))
+                     set().union(*(p.fused for p in parts)) - set(out), step_spread(step_ns))
 
 
 def pooled_timing(parts: Sequence[Part], key: Key) -> str:

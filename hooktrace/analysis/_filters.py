@@ -47,8 +47,8 @@ from hooktrace.errors import HooktraceError
 if TYPE_CHECKING:
     from hooktrace.reading import TraceData
 
-__all__ = ["OPEN_WINDOW", "SPAN_CLIPPED", "Cut", "FilterError", "Filters", "cut", "parse_steps",
-           "select_spans", "trace_origin_ns"]
+__all__ = ["OPEN_WINDOW", "SPAN_CLIPPED", "Cut", "FilterError", "Filters", "cut", "cut_steps",
+           "leading_compile_steps", "parse_steps", "select_spans", "trace_origin_ns"]
 
 SPAN_CLIPPED = 4  # exporter-only span/node flag (csrc/spans.h kSpanClipped)
 # A window open at both ends, as closed bounds (Unix ns).
@@ -237,3 +237,70 @@ def cut(trace: TraceData, filters: Filters | None = None) -> Cut:
     s0, s1, sc = _clip(spans.start_ns, spans.end_ns, span_mask, lo, hi)
     n0, n1, nc = _clip(nodes.start_ns, nodes.end_ns, node_mask, lo, hi)
     return Cut(span_mask, node_mask, s0, s1, n0, n1, sc, nc, (lo, hi), filters)
+
+
+# Events whose time is when a later step mark resolved them, not when their call ran
+# (a deferred numerics value, a GPU mark's device time): a cut keeps them from its start
+# on, whatever its end, since a call inside it is resolved at the next mark
+_RESOLVED_LATER = (13, 15)  # _events.NUMERICS_VALUE, _events.GPU_TIME
+_STEP = 5  # _events.STEP
+
+
+def cut_steps(trace: TraceData, after_ns: int | None, until_ns: int | None) -> TraceData:
+    """The run of ``trace`` as it would read had it been recorded only after ``after_ns``
+    up to ``until_ns`` (Unix ns; None: open): a new trace of the events in between,
+    whose summary, steps and report cover those steps only (``hooktrace report
+    --steps``). Cut at step marks (:meth:`~hooktrace.reading.TraceData.step_bounds`),
+    no call crosses its edges; the FLOPs recorded per root call (``flops=True``) and the
+    compiles (``info["compiles"]``) are those of the calls and time kept."""
+    from hooktrace.reading import CAT_FORWARD, compile_intervals
+
+    ev = trace.events
+    t = trace.clock.to_unix_ns(ev["t"])
+    # (an event at the mark's own time is the next step's, as Steps.index_of has it; the
+    # mark itself ends the step before)
+    keep = (np.ones(len(ev), bool) if after_ns is None else
+            (t > after_ns) | ((t == after_ns) & (ev["kind"] != _STEP)))
+    if until_ns is not None:
+        keep &= (t <= until_ns) | np.isin(ev["kind"], _RESOLVED_LATER)
+    info = dict(trace.info)
+    spans = trace.spans()
+    roots = spans.start_ns[(spans.module == 0) & (spans.cat == CAT_FORWARD)]
+    if isinstance(info.get("flops"), dict):  # matched to the root calls kept
+        first = 0 if after_ns is None else int(np.count_nonzero(roots <= after_ns))
+        n = int(np.count_nonzero((roots > (after_ns if after_ns is not None else -(1 << 62)))
+                                 & (roots <= (until_ns if until_ns is not None else 1 << 62))))
+        info["flops"] = _flop_info_slice(info["flops"], first, n)
+    compiles = compile_intervals(info)
+    if len(compiles):
+        lo = -(1 << 62) if after_ns is None else after_ns
+        hi = 1 << 62 if until_ns is None else until_ns
+        info["compiles"] = [c for c in compiles.tolist() if c[1] > lo and c[0] < hi]
+    return type(trace)(ev[keep], trace.modules, trace.node_names, trace.clock, info)
+
+
+def _flop_info_slice(info: dict[str, Any], first: int, n: int) -> dict[str, Any]:
+    """``info["flops"]`` for a trace holding the root calls ``first .. first + n - 1``
+    only (numbered from 0 there)."""
+    calls, counted = info.get("calls"), info.get("counted")
+    if not isinstance(calls, list) or not isinstance(counted, list):
+        return info  # (the reader says what is wrong)
+    return dict(info, calls=calls[first:first + n],
+                counted=[c - first for c in counted
+                         if isinstance(c, int) and first <= c < first + n])
+
+
+def leading_compile_steps(trace: TraceData) -> int:
+    """How many steps at the start of ``trace`` compiled (torch.compile's first calls),
+    when complete steps that did not compile follow them; 0 otherwise. A report of a
+    compiled run leaves them out by default (issue #47: a 25 s compile step against
+    58 ms steps set every width of the report)."""
+    from hooktrace.reading import compile_intervals, compile_steps
+
+    steps = trace.steps()
+    compiling = compile_steps(steps, compile_intervals(trace.info))
+    n = 0
+    while n < len(steps) and compiling[n] and steps.complete[n]:
+        n += 1
+    later = steps.complete[n:] & ~compiling[n:]
+    return n if n and later.any() else 0

@@ -118,6 +118,72 @@ def steps_aggregated(table: Any) -> int:
     return int(pc.sum(steps_rows["steps"]).as_py() or 0)
 
 
+# What the summary's and the report's p50 column is (issue #47: it was the median of the
+# windows' medians, unweighted: 143 ms on a run whose steps took 55 ms at the median)
+P50_MEANING = ("p50 ms/step: the median step's (each window's time per step, weighted by its "
+               "steps)")
+
+
+def weighted_medians(groups: Any, values: Any, weights: Any, n_groups: int) -> Any:
+    """Per group ``0 .. n_groups - 1``: the median of its ``values``, each counted
+    ``weights`` times (NaN for a group with none); the mean of the two middle values
+    when the weights split evenly, as numpy's median does.
+
+    Example:
+        >>> import numpy as np
+        >>> weighted_medians(np.array([0, 0, 0, 1, 1]), np.array([143.0, 55.0, 60.0, 1.0,
+        ...                  3.0]), np.array([1, 17, 2, 1, 1]), 2).tolist()
+        [55.0, 2.0]
+    """
+    import numpy as np
+
+    groups = np.asarray(groups, np.int64)
+    values = np.asarray(values, np.float64)
+    weights = np.asarray(weights, np.float64)
+    order = np.lexsort((values, groups))
+    g, v = groups[order], values[order]
+    cum = np.cumsum(weights[order])
+    ids = np.arange(n_groups)
+    start, end = np.searchsorted(g, ids, "left"), np.searchsorted(g, ids, "right")
+    out = np.full(n_groups, np.nan)
+    has = end > start
+    before = np.where(start > 0, cum[np.maximum(start - 1, 0)], 0.0)
+    half = before + (cum[np.maximum(end - 1, 0)] - before) / 2
+    at = np.minimum(np.searchsorted(cum, half, "left"), np.maximum(end - 1, 0))
+    even = has & (cum[at] == half) & (at + 1 < end)
+    out[has] = v[at[has]]
+    out[even] = (v[at[even]] + v[at[even] + 1]) / 2
+    return out
+
+
+def p50_per_step(table: Any) -> dict[tuple[str, str], float]:
+    """Per (module, mode) of an aggregate table: the median over the steps of its time
+    per step, each window's (its total over its steps) weighted by its steps, over the
+    windows the row is in (a module's eval calls: over the windows that had some):
+    :data:`P50_MEANING`. With a window per step (``aggregate_interval=0``), the median
+    step exactly."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not len(table):
+        return {}
+    keys = pa.table({"module": table["module"].cast(pa.string()),
+                     "mode": table["mode"].cast(pa.string())})
+    exact = table["total_ns"].null_count == 0
+    total = (pc.divide(pc.cast(table["total_ns"], pa.float64()), 1e6) if exact
+             else pc.cast(table["total_ms"], pa.float64()))
+    steps = np.maximum(pc.fill_null(table["steps"], 1).to_numpy(zero_copy_only=False), 1)
+    per_step = pc.fill_null(total, 0.0).to_numpy(zero_copy_only=False) / steps
+    unique = keys.group_by(["module", "mode"]).aggregate([]).to_pylist()
+    index = {(u["module"], u["mode"]): i for i, u in enumerate(unique)}
+    groups = np.fromiter((index[k] for k in zip(keys["module"].to_pylist(),
+                                                 keys["mode"].to_pylist())),
+                         np.int64, len(table))
+    medians = weighted_medians(groups, per_step, steps, len(unique))
+    return {k: float(medians[i]) for k, i in index.items()}
+
+
 def aggregate_rows(table: Any) -> tuple[list[dict[str, Any]], int]:
     """Per (module, mode) over the run, largest total first (the step row on top), and
     the number of steps aggregated."""
@@ -134,16 +200,16 @@ def aggregate_rows(table: Any) -> tuple[list[dict[str, Any]], int]:
     basis = pc.if_else(pc.is_valid(tflops), basis, pa.scalar(None, pa.float64()))
     work = pa.table({
         "module": table["module"].cast(pa.string()), "mode": mode, "calls": table["calls"],
-        "total_ms": total, "p50_ms": pc.cast(table["p50_ms"], pa.float64()),
-        "max_ms": pc.cast(table["max_ms"], pa.float64()), "gpu_ms": gpu,
+        "total_ms": total, "max_ms": pc.cast(table["max_ms"], pa.float64()), "gpu_ms": gpu,
         "mem_peak_bytes": _column(table, "mem_peak_bytes"),
         "nonfinite": _column(table, "nonfinite"), "absmax": _column(table, "absmax"),
         "tf_work": pc.multiply(tflops, basis), "tf_time": basis})
     grouped = work.group_by(["module", "mode"]).aggregate([
-        ("calls", "sum"), ("total_ms", "sum"), ("p50_ms", "approximate_median"),
+        ("calls", "sum"), ("total_ms", "sum"),
         ("max_ms", "max"), ("gpu_ms", "sum"), ("mem_peak_bytes", "max"),
         ("nonfinite", "sum"), ("absmax", "max"), ("tf_work", "sum"),
         ("tf_time", "sum")]).to_pylist()
+    p50 = p50_per_step(table)
     rows = []
     for g in grouped:
         per = max(1, n_steps)
@@ -151,7 +217,7 @@ def aggregate_rows(table: Any) -> tuple[list[dict[str, Any]], int]:
         rows.append({
             "module": g["module"], "mode": g["mode"], "calls": g["calls_sum"],
             "total_ms": g["total_ms_sum"], "ms_per_step": (g["total_ms_sum"] or 0.0) / per,
-            "p50_ms": g["p50_ms_approximate_median"], "max_ms": g["max_ms_max"],
+            "p50_ms_per_step": p50.get((g["module"], g["mode"])), "max_ms": g["max_ms_max"],
             "gpu_ms_per_step": None if g["gpu_ms_sum"] is None else g["gpu_ms_sum"] / per,
             "mem_peak_bytes": g["mem_peak_bytes_max"],
             "tflops": g["tf_work_sum"] / tf_time if tf_time else None,
@@ -275,7 +341,8 @@ def kept_steps(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 # The columns of `summary DIR --csv / --json` of an aggregate= folder (times in ms, as
 # the aggregates hold them).
 AGGREGATE_SUMMARY_COLUMNS = ("module", "mode", "calls", "total_ms", "ms_per_step",
-                             "p50_ms", "max_ms", "nonfinite", "tflops", "total_ns", "self_ns")
+                             "p50_ms_per_step", "max_ms", "nonfinite", "tflops", "total_ns",
+                             "self_ns")
 
 
 def aggregate_summary_data(path: str | os.PathLike[str], top: int | None = None
@@ -283,8 +350,8 @@ def aggregate_summary_data(path: str | os.PathLike[str], top: int | None = None
     """What ``hooktrace summary DIR`` shows of an ``aggregate=`` folder, as data: per
     module and mode over the whole run, the calls, the total time (and ``total_ns``,
     ``self_ns``: the summary's, exact, None in a folder an older hooktrace wrote), the
-    time per step,
-    the median of the windows' medians, the longest call, non-finite values and
+    time per step (``ms_per_step``: the mean over every step aggregated; ``p50_ms_per_step``:
+    the median step's, :data:`P50_MEANING`), the longest call, non-finite values and
     TFLOP/s (``rows``; with several runs or ranks, ``ms_per_step_by_source`` too);
     ``counts`` (steps, rows, the runs and their steps) and the kept steps."""
     import pyarrow.compute as pc
@@ -300,9 +367,10 @@ def aggregate_summary_data(path: str | os.PathLike[str], top: int | None = None
                                  "sums past int64; hooktrace writes no such values")
     n_steps = steps_aggregated(table)
     grouped = table.group_by(["module", "mode"]).aggregate([
-        ("calls", "sum"), ("total_ms", "sum"), ("p50_ms", "approximate_median"),
+        ("calls", "sum"), ("total_ms", "sum"),
         ("max_ms", "max"), ("nonfinite", "sum"), ("total_ns", "sum"),
         ("self_ns", "sum")]).to_pylist()
+    p50 = p50_per_step(table)
     # total and self in integer ns, the summary's (issue #37), where every part holds them
     # (a folder an older hooktrace wrote has float ms only)
     exact = table["total_ns"].null_count == 0
@@ -331,7 +399,7 @@ def aggregate_summary_data(path: str | os.PathLike[str], top: int | None = None
             "module": key[0], "mode": key[1], "calls": r["calls_sum"],
             "total_ms": r["total_ms_sum"],
             "ms_per_step": (r["total_ms_sum"] or 0.0) / max(1, n_steps),
-            "p50_ms": r["p50_ms_approximate_median"], "max_ms": r["max_ms_max"],
+            "p50_ms_per_step": p50.get(key), "max_ms": r["max_ms_max"],
             "nonfinite": r["nonfinite_sum"], "tflops": tflops.get(key),
             "total_ns": r["total_ns_sum"], "self_ns": r["self_ns_sum"]}
         if per_source:
@@ -351,12 +419,15 @@ def aggregate_summary_data(path: str | os.PathLike[str], top: int | None = None
             "has_tflops": bool(tflops)}
 
 
-def aggregate_summary(path: str | os.PathLike[str], top: int | None = None) -> str:
+def aggregate_summary(path: str | os.PathLike[str], top: int | None = None, *,
+                      wide: bool = False, width: int | None = None) -> str:
     """``hooktrace summary DIR`` of an ``aggregate=`` folder, as text: the table of
-    :func:`aggregate_summary_data`; the steps kept whole (DIR/steps) after it."""
-    from hooktrace.text import text_lines
+    :func:`aggregate_summary_data`; the steps kept whole (DIR/steps) after it. Module names
+    are cut to fit ``width`` columns (default: the terminal's) as every table cuts them
+    (:func:`hooktrace.text.shorten_distinct`), unless ``wide``."""
+    from hooktrace.text import CUT_NOTE, align_columns, text_lines
 
-    data = aggregate_summary_data(path, top)
+    data = aggregate_summary_data(path)
     counts = data["counts"]
     runs = counts["runs"]
     head = f"{os.fspath(path)}: {counts['steps']} steps aggregated, {counts['rows']} rows"
@@ -368,34 +439,65 @@ def aggregate_summary(path: str | os.PathLike[str], top: int | None = None) -> s
             head += f" and {len(runs) - MAX_SOURCE_COLUMNS} more"
     shown = [r["label"] for r in runs[:MAX_SOURCE_COLUMNS]] if len(runs) > 1 else []
     tflops = data["has_tflops"]
-    lines = [head,
-             f"{'module':<40}{'mode':<10}{'calls':>10}{'total ms':>12}{'self ms':>12}"
-             f"{'ms/step':>10}"
-             + "".join(f"{label[:11]:>12}" for label in shown)
-             + f"{'p50 ms':>10}{'max ms':>10}{'nonfinite':>10}"
-             + (f"{'TFLOP/s':>10}" if tflops else "")]
-    for r in data["rows"]:
+    header = (["module", "mode", "calls", "total ms", "self ms", "ms/step"]
+              + [label[:11] for label in shown]
+              + ["p50 ms/step", "max ms", "nonfinite"] + (["TFLOP/s"] if tflops else []))
+    rows = data["rows"] if top is None else data["rows"][: top + 1]  # (+ the step row)
+    table = [header]
+    for r in rows:
         nf, tf = r["nonfinite"], r["tflops"]
         each = [r.get("ms_per_step_by_source", {}).get(label) for label in shown]
-        self_ms = "" if r["self_ns"] is None else f"{r['self_ns'] / 1e6:.2f}"
-        lines.append(f"{r['module'][:39]:<40}{r['mode']:<10}{r['calls']:>10}"
-                     f"{r['total_ms']:>12.2f}"
-                     f"{self_ms:>12}"
-                     f"{r['ms_per_step']:>10.3f}"
-                     + "".join(f"{'' if v is None else f'{v:.3f}':>12}" for v in each)
-                     + f"{r['p50_ms']:>10.3f}{r['max_ms']:>10.3f}"
-                     f"{'' if nf is None else nf:>10}"
-                     + (f"{'' if tf is None else f'{tf:.3g}':>10}" if tflops else ""))
+        table.append(
+            [r["module"], r["mode"], str(r["calls"]), f"{r['total_ms']:.2f}",
+             "" if r["self_ns"] is None else f"{r['self_ns'] / 1e6:.2f}",
+             f"{r['ms_per_step']:.3f}"]
+            + ["" if v is None else f"{v:.3f}" for v in each]
+            + [_ms(r["p50_ms_per_step"]), _ms(r["max_ms"]), "" if nf is None else str(nf)]
+            + ([f"{'' if tf is None else f'{tf:.3g}'}"] if tflops else []))
+    cut = _cut_names(table, [r["module"] for r in data["rows"]], wide, width)
+    lines = [head] + align_columns(table, 2)
+    lines.append(P50_MEANING + "; max ms: the longest call")
     if shown:
         lines.append(f"(ms/step: over all {which}' steps; then per {which[:-1]}; the runs: "
                      f"hooktrace query {os.fspath(path)} \"SELECT DISTINCT run, rank FROM "
                      f"aggregates\")")
+    if cut:
+        lines.append(CUT_NOTE)
     kept = data["kept_steps"]
     if kept:
         lines.append(f"steps kept whole ({len(kept)}), each a trace for summary, diff, "
                      f"report, export: {', '.join(kept[:5])}"
                      + (f" and {len(kept) - 5} more" if len(kept) > 5 else ""))
     return text_lines(lines)
+
+
+def _ms(value: float | None) -> str:
+    return "" if value is None or value != value else f"{value:.3f}"
+
+
+def _cut_names(table: list[list[str]], every: list[str], wide: bool,
+               width: int | None) -> bool:
+    """Cut the module column (the first) of ``table`` (its header first) to what leaves
+    the other columns ``width`` columns (default: the terminal's); ``every``: every
+    row's name, those left out by --top included, so that a cut name never reads as
+    another. Whether a name was cut."""
+    from hooktrace.text import printable, shorten_distinct, terminal_width
+
+    if wide or len(table) < 2:
+        return False
+    width = terminal_width() if width is None else width
+    # (cells measured as printed: a name's control characters are written as escapes)
+    widths = [max(len(printable(row[i])) for row in table) for i in range(len(table[0]))]
+    room = max(width - sum(widths[1:]) - 2 * (len(widths) - 1), 16)
+    if widths[0] <= room:
+        return False
+    cuts = dict(zip(every, shorten_distinct([printable(n) for n in every], room)))
+    changed = False
+    for row in table[1:]:
+        new = cuts.get(row[0], row[0])
+        changed = changed or new != printable(row[0])
+        row[0] = new
+    return changed
 
 
 # summary of a folder of several runs or ranks: a ms/step column for this many
@@ -447,12 +549,13 @@ def _per_step(path: str | os.PathLike[str]) -> dict[tuple[str, str], float]:
 
 def aggregate_diff(a: str | os.PathLike[str], b: str | os.PathLike[str],
                    top: int | None = None, fail_above: float | None = None,
-                   min_share: float = 1.0) -> tuple[str, list[str]]:
+                   min_share: float = 1.0, width: int | None = None) -> tuple[str, list[str]]:
     """``hooktrace diff A B`` of two aggregate= folders: per module and mode, the ms per
     step in each and the change, largest first; and, with ``fail_above`` (percent), the
     lines of those slower by more than that among the rows holding at least
-    ``min_share`` percent of A's step time."""
-    from hooktrace.text import printable, text_lines
+    ``min_share`` percent of A's step time. Module names are cut to fit ``width`` (default:
+    the terminal's) as every table cuts them."""
+    from hooktrace.text import CUT_NOTE, align_columns, printable, text_lines
 
     pa_, pb = _per_step(a), _per_step(b)
     step_a = pa_.get(("<step>", "step"), 0.0)
@@ -460,17 +563,21 @@ def aggregate_diff(a: str | os.PathLike[str], b: str | os.PathLike[str],
                                                      -abs(pb.get(k, 0.0) - pa_.get(k, 0.0))))
     if top is not None:
         keys = keys[: top + 1]
-    lines = [f"A: {os.fspath(a)}  B: {os.fspath(b)} (ms per step, over each run)",
-             f"{'module':<40}{'mode':<10}{'A ms':>10}{'B ms':>10}{'delta':>10}{'change':>11}"]
+    table = [["module", "mode", "A ms", "B ms", "delta", "change"]]
     failed = []
     for key in keys:
         x, y = pa_.get(key), pb.get(key)
         change = f"{(y - x) / x * 100:+.1f}%" if x and y is not None else "new" if x is None \
             else "gone"
-        lines.append(f"{key[0][:39]:<40}{key[1]:<10}{'' if x is None else f'{x:.3f}':>10}"
-                     f"{'' if y is None else f'{y:.3f}':>10}{(y or 0.0) - (x or 0.0):>+10.3f}"
-                     f"{change:>11}")
+        table.append([key[0], key[1], "" if x is None else f"{x:.3f}",
+                      "" if y is None else f"{y:.3f}", f"{(y or 0.0) - (x or 0.0):+.3f}",
+                      change])
         if fail_above is not None and x and y is not None and key[1] != "step" and \
                 x >= step_a * min_share / 100 and (y - x) / x * 100 > fail_above:
             failed.append(f"{key[0]} {key[1]}: {x:.3f} -> {y:.3f} ms/step ({change})")
+    cut = _cut_names(table, sorted({k[0] for k in set(pa_) | set(pb)}), False, width)
+    lines = [f"A: {os.fspath(a)}  B: {os.fspath(b)} (ms per step, over each run)"]
+    lines += align_columns(table, 2)
+    if cut:
+        lines.append(CUT_NOTE)
     return text_lines(lines), [printable(line) for line in failed]

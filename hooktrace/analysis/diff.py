@@ -230,7 +230,7 @@ class Diff:
         did, how many.
         """
         if self.ranks is None:
-            return [f"{_label(r, self.launch)}: +{c:.1f}%"
+            return [f"{_label(r, self.launch)}: +{c:.1f}%{_beyond(r)}"
                     for r, c in self._failing(pct, min_share, include_noise)]
         worst: dict[Key, tuple[float, int]] = {}
         count: dict[Key, int] = {}
@@ -329,6 +329,10 @@ class Diff:
         if any(r.get("within_noise") for r in shown):
             lines.append(f"noise: a change no larger than A's run-to-run spread (interquartile "
                          f"range of its time per {unit})")
+        if self.step and self.step.get("within_noise"):
+            lines.append("step noise: a change no larger than the runs' own step-to-step "
+                         "spread (the interquartile range of their step times; their range "
+                         "under 4 steps)")
         if any("kernels" in (r.get("timing_a") or "") + (r.get("timing_b") or "")
                for r in shown):
             if self.launch:
@@ -356,8 +360,8 @@ class Diff:
                     for m, p in items))
         for which, items in (("A", self.fused_a), ("B", self.fused_b)):
             if items:
-                lines.append(f"fused in {which} (its ops ran in other modules' kernels, no time "
-                             "of its own): " + ", ".join(f"{m or '<root>'} {p}" for m, p in items))
+                lines.append(f"fused in {which} (inside a compiled region: its ops ran in other "
+                             "modules' kernels, or it has none; no time of its own): " + ", ".join(f"{m or '<root>'} {p}" for m, p in items))
         for which, ranks in (("A", self.ranks_only_a), ("B", self.ranks_only_b)):
             if ranks:
                 lines.append(f"ranks only in {which}: " + ", ".join(map(str, ranks)))
@@ -374,6 +378,19 @@ class Diff:
 
     def __str__(self) -> str:
         return self.to_text()
+
+
+def _beyond(row: dict[str, Any]) -> str:
+    """What a failing step row's change is beside the runs' own noise (issue #47: two
+    identical 3-step runs failed at +12% with no word about noise)."""
+    if row.get("phase") != "step":
+        return ""
+    from hooktrace.text import format_ns
+
+    noise = row.get("noise_a_ns")
+    if noise is None:
+        return " (a run has a single complete step: its step-to-step noise is unknown)"
+    return f" (beyond the runs' step-to-step spread, {format_ns(noise)})"
 
 
 def _label(row: dict[str, Any], launch: bool = False) -> str:
@@ -448,9 +465,14 @@ def _compare_stats(sa: RunStats, sb: RunStats, names: tuple[str, str]) -> Diff:
     if per_step and sa.step_p50_ns is not None and sb.step_p50_ns is not None:
         ds, dsp = _change(sa.step_p50_ns, sb.step_p50_ns)
         step = dict.fromkeys(_COLUMNS)
+        # the runs' own noise: the larger of their step-to-step spreads (unknown, None,
+        # when a run has a single step)
+        spreads = [x for x in (sa.step_spread_ns, sb.step_spread_ns) if x is not None]
+        noise = max(spreads) if len(spreads) == 2 else None
         step.update({"module": _STEP, "type": "", "phase": "step",
                      "per_step_a_ns": sa.step_p50_ns, "per_step_b_ns": sb.step_p50_ns,
-                     "per_step_change_ns": ds, "per_step_change_pct": dsp, "share_a": 1.0})
+                     "per_step_change_ns": ds, "per_step_change_pct": dsp, "share_a": 1.0,
+                     "noise_a_ns": noise, "within_noise": bool(noise is not None and ds and abs(ds) <= noise)})
     # a module whose ops the other run fused into other modules' kernels ran there too
     fused_b = [k for k in sa.per_key if k not in sb.per_key and k in sb.fused]
     fused_a = [k for k in sb.per_key if k not in sa.per_key and k in sa.fused]

@@ -117,7 +117,7 @@ class FlopInfoError(HooktraceError):
 def _parse(info: Any) -> tuple[list[dict[str, dict[str, int]]], list[int], set[int]]:
     def bad(what: str) -> FlopInfoError:
         return FlopInfoError(f'info["flops"]: {what}; the file was not written by '
-                             "hooktrace.trace(flops=True)")
+                             "hooktrace.trace(flops=True) or hooktrace run --flops")
 
     if not isinstance(info, dict):
         raise bad("not an object")

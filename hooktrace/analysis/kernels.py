@@ -57,8 +57,8 @@ from hooktrace.reading import (
     TraceData,
 )
 
-__all__ = ["CONTAINER_TYPES", "MODULE_SITE", "Derived", "Kernels", "derived_spans", "fused_modules",
-           "kernel_sites"]
+__all__ = ["CONTAINER_TYPES", "MODULE_SITE", "Derived", "Kernels", "compiled_regions",
+           "derived_spans", "fused_modules", "kernel_sites", "silent_in_regions"]
 
 # A site with this kernel name names a module of a compiled graph, not a kernel (no mark
 # carries its id): the record side registers one per module whose ops the graph holds.
@@ -274,17 +274,10 @@ def fused_modules(trace: TraceData) -> set[tuple[int, bool, str]]:
             paths[phase].add(path)
     if not (paths["forward"] or paths["backward"]):
         return set()
-    d = derived_spans(trace)
-    k = Kernels.from_trace(trace)
-    spans = trace.spans()
-    placed = np.flatnonzero((k.span >= 0) & (k.module >= 0))
-    if not len(placed):
+    regions = compiled_regions(trace)
+    if not regions:
         return set()
-    regions = {(int(spans.module[s]), bool(spans.flags[s] & SPAN_EVAL),
-                "backward" if c == CAT_BACKWARD else "forward")
-               for s, c in set(zip(k.span[placed].tolist(), k.cat[placed].tolist()))}
-    attributed = {(int(m), bool(f), "backward" if c == CAT_BACKWARD else "forward")
-                  for m, f, c in zip(d.module.tolist(), d.flags.tolist(), d.cat.tolist())}
+    attributed = _attributed(trace)
     slots = {name: i for i, (name, _) in enumerate(trace.modules)}
     out = set()
     for region, eval_, phase in regions:
@@ -295,6 +288,52 @@ def fused_modules(trace: TraceData) -> set[tuple[int, bool, str]]:
                     or (slot, eval_, phase) in attributed):
                 continue
             out.add((slot, eval_, phase))
+    return out
+
+
+def compiled_regions(trace: TraceData) -> set[tuple[int, bool, str]]:
+    """The compiled regions that ran kernels: (slot, eval, phase) of the module whose
+    call ran them, phase "forward" | "backward"."""
+    k = Kernels.from_trace(trace)
+    spans = trace.spans()
+    placed = np.flatnonzero((k.span >= 0) & (k.module >= 0))
+    return {(int(spans.module[s]), bool(spans.flags[s] & SPAN_EVAL),
+             "backward" if c == CAT_BACKWARD else "forward")
+            for s, c in set(zip(k.span[placed].tolist(), k.cat[placed].tolist()))}
+
+
+def _attributed(trace: TraceData) -> set[tuple[int, bool, str]]:
+    d = derived_spans(trace)
+    return {(int(m), bool(f), "backward" if c == CAT_BACKWARD else "forward")
+            for m, f, c in zip(d.module.tolist(), d.flags.tolist(), d.cat.tolist())}
+
+
+def silent_in_regions(trace: TraceData) -> set[tuple[int, bool, str]]:
+    """The modules below a compiled region that ran kernels with no kernel of their own
+    in that phase, whether or not a graph of the region names them: those
+    :func:`fused_modules` finds, and modules that have no ops at all (``nn.Identity``,
+    ``Dropout(p=0)``: Dynamo traces through them and no graph node is theirs). ``diff``
+    of an eager run against a compiled one reads them as fused, not as missing (issue
+    #47: 65 of convnext's 177 modules were "only in A"). (slot, eval, phase), as
+    fused_modules'; modules that ran calls of their own in that phase are not silent."""
+    regions = compiled_regions(trace)
+    if not regions:
+        return set()
+    attributed = _attributed(trace)
+    spans = trace.spans()
+    called = {(int(m), bool(f & SPAN_EVAL), "backward" if c == CAT_BACKWARD else "forward")
+              for m, f, c in zip(spans.module.tolist(), spans.flags.tolist(),
+                                 spans.cat.tolist())}
+    out = set()
+    for region, eval_, phase in regions:
+        base = trace.modules[region][0]
+        for slot, (name, type_name) in enumerate(trace.modules):
+            if slot == region or type_name in CONTAINER_TYPES or not (
+                    base == "" or name.startswith(base + ".")):
+                continue
+            key = (slot, eval_, phase)
+            if key not in attributed and key not in called:
+                out.add(key)
     return out
 
 

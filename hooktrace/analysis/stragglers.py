@@ -63,7 +63,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -125,10 +125,13 @@ class RanksSummary:
     stragglers: list[dict[str, Any]]
     problems: list[str]
     settings: dict[str, Any]
+    # per (rank, place) among the stragglers: persistent, or noise (_verdicts)
+    verdicts: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self, top: int | None = None) -> str:
         return json.dumps({"ranks": self.ranks, "rows": self.rows[:top], "per_step":
                            self.per_step, "stragglers": self.stragglers[:top],
+                           "verdicts": self.verdicts[:top],
                            "problems": self.problems, "settings": self.settings})
 
     def to_text(self, top: int | None = None, *, wide: bool = False) -> str:
@@ -170,6 +173,7 @@ class RanksSummary:
         if not self.stragglers:
             lines.append("none")
         else:
+            lines += self._verdict_lines(top)
             table = [["rank", "module", "phase", "step", "time", "others' median", "excess", "x",
                       "others waited (median / max)", "from"]]
             for s in self.stragglers[:top]:
@@ -196,6 +200,33 @@ class RanksSummary:
 
     def __str__(self) -> str:
         return self.to_text()
+
+    def _verdict_lines(self, top: int | None) -> list[str]:
+        """The verdict per (rank, place), then a line on what it means: which ranks are
+        persistent stragglers, and how many places are noise."""
+        table = [["rank", "module", "phase", "slow in", "median excess", "verdict"]]
+        for d in self.verdicts[:top]:
+            table.append([str(d["rank"]), _module_cell(d),
+                          d["phase"] if d["module"] is not None else f"before {d['before']}",
+                          f"{d['slow_steps']}/{d['steps']} steps",
+                          _signed(d["median_excess_ns"]), d["verdict"]])
+        lines = align_columns(table, 3)
+        if top is not None and len(self.verdicts) > top:
+            lines.append(f"... {len(self.verdicts) - top} more")
+        persistent = [d for d in self.verdicts if d["verdict"] == "persistent"]
+        noise = sum(d["verdict"] == "noise" for d in self.verdicts)
+        said = "; ".join(f"rank {d['rank']} {_module_cell(d)}"
+                         f"{'' if d['module'] is None else ' ' + d['phase']} slow in "
+                         f"{d['slow_steps']}/{d['steps']} steps" for d in persistent[:3])
+        lines.append(f"persistent stragglers: {said}" + (f" and {len(persistent) - 3} more"
+                                                         if len(persistent) > 3 else "")
+                     if persistent else "no persistent straggler (slow in at least "
+                     f"{PERSISTENT_SHARE:.0%} of its steps, and {PERSISTENT_MIN_STEPS} or more)")
+        if noise:
+            lines.append(f"noise: {noise} places slow in under {PERSISTENT_SHARE:.0%} of their "
+                         "steps (a preempted step, one late collective)")
+        lines.append("each step:")
+        return lines
 
 
 def _module_cell(row: dict[str, Any]) -> str:
@@ -416,13 +447,63 @@ def _combine(stats: list[RankStats], problems: list[str], threshold: float,
     entries += _host_stragglers(stats, np.c_[self_v, gap_v], np.c_[self_end, gap_end],
                                 places + gap_places, rank_ids, threshold, min_excess_ns)
     entries.sort(key=lambda e: (-e["excess_ns"], e["rank"], e["step"]))
+    # per (rank, place): in how many of the steps it had that place it straggled
+    present: dict[tuple[int, tuple[Any, ...]], int] = {}
+    for i in range(n_rank):
+        for g, ph in zip(k_group[~np.isnan(v[i])].tolist(), k_phase[~np.isnan(v[i])].tolist()):
+            key = (names_list[g // 2], MODES[g % 2], PHASES[ph], None)
+            present[(rank_ids[i], key)] = present.get((rank_ids[i], key), 0) + 1
+        for c in np.flatnonzero(~np.isnan(gap_v[i])).tolist():
+            key = (None, "train", "outside", gap_places[c]["before"])
+            present[(rank_ids[i], key)] = present.get((rank_ids[i], key), 0) + 1
+    verdicts = _verdicts(entries, present)
     ranks = [{"rank": s.file.rank, "label": s.file.label, "path": s.file.path,
               "events": s.file.events, "clock_offset_ns": s.file.offset_ns,
               "clock_offset_uncertainty_ns": s.file.uncertainty_ns,
               "clock_aligned": s.file.aligned, "profiler": s.profiler} for s in stats]
     settings = {"threshold": threshold, "min_excess_ns": min_excess_ns,
                 "steps": int(len(all_steps)), "explained": EXPLAINED}
-    return RanksSummary(ranks, rows, per_step, entries, problems, settings)
+    return RanksSummary(ranks, rows, per_step, entries, problems, settings, verdicts)
+
+
+# A (rank, place) straggling in at least this share of the steps it ran, and in at least
+# PERSISTENT_MIN_STEPS of them, is a persistent straggler; one straggling less often is
+# noise (a preempted step, one late collective): issue #47, 32 rows under load and no
+# word on which of them mattered.
+PERSISTENT_SHARE = 0.5
+PERSISTENT_MIN_STEPS = 2
+
+
+def _verdicts(entries: list[dict[str, Any]], present: dict[tuple[int, tuple[Any, ...]], int]
+              ) -> list[dict[str, Any]]:
+    """Per (rank, place) among the stragglers: in how many steps (``slow_steps``) of the
+    steps it ran that place (``steps``), the median excess, and the verdict:
+    ``persistent`` (at least :data:`PERSISTENT_SHARE` of its steps, and
+    :data:`PERSISTENT_MIN_STEPS` or more), else ``noise``; ``too few steps`` when it ran
+    the place in fewer than :data:`PERSISTENT_MIN_STEPS` steps."""
+    groups: dict[tuple[int, tuple[Any, ...]], list[dict[str, Any]]] = {}
+    for e in entries:
+        key = (e["module"], e["mode"], e["phase"], e.get("before"))
+        groups.setdefault((e["rank"], key), []).append(e)
+    out = []
+    for (rank, key), group in groups.items():
+        slow = len({e["step"] for e in group})
+        steps = max(present.get((rank, key), 0), slow)
+        if steps < PERSISTENT_MIN_STEPS:
+            verdict = "too few steps"
+        elif slow >= PERSISTENT_MIN_STEPS and slow >= PERSISTENT_SHARE * steps:
+            verdict = "persistent"
+        else:
+            verdict = "noise"
+        first = group[0]
+        out.append({"rank": rank, "module": key[0], "type": first.get("type"), "mode": key[1],
+                    "phase": key[2], "before": key[3], "slow_steps": slow, "steps": steps,
+                    "median_excess_ns": float(np.median([e["excess_ns"] for e in group])),
+                    "verdict": verdict})
+    order = {"persistent": 0, "too few steps": 1, "noise": 2}
+    out.sort(key=lambda d: (order[d["verdict"]], -d["slow_steps"] / d["steps"],
+                            -d["median_excess_ns"], d["rank"]))
+    return out
 
 
 def _rows(v: np.ndarray, group: np.ndarray, phase: np.ndarray, names: list[str],

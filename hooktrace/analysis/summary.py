@@ -49,6 +49,7 @@ from hooktrace.reading import (
     compile_steps,
 )
 from hooktrace.text import (
+    CUT_NOTE,
     align_columns,
     csv_text,
     describe_dump,
@@ -318,6 +319,7 @@ class Summary:
                                              label))
                              for _, key in columns] for r in rows]
         widths = [max(len(line[i]) for line in table) for i in range(len(header))]
+        cut_names = False
         if not wide:  # shorten the names (type to 24 first, then module, then type) to fit
             for col, floor in ((1, 24), (0, 16), (1, 8)):
                 excess = sum(widths) + 2 * (len(widths) - 1) - width
@@ -328,8 +330,11 @@ class Summary:
                     # row from every other row of the run
                     every = [printable(_cell(r, columns[col][1], (), label))
                              for r in self.rows]
-                    cut = shorten_distinct(every, keep)
+                    # (module names cut at their dots, never into a string that is not
+                    # a name; class names in their middle)
+                    cut = shorten_distinct(every, keep, names=col == 0)
                     for line, text in zip(table[1:], cut):
+                        cut_names = cut_names or line[col] != text
                         line[col] = text
                     widths[col] = max(len(line[col]) for line in table)
         lines = align_columns(table, 2)  # module and type left-aligned; numbers right
@@ -338,6 +343,8 @@ class Summary:
         foot = self.footer([key for _, key in columns])
         if foot:
             lines += foot.split("\n")  # (its lines are printable already: text_lines)
+        if cut_names:
+            lines.append(CUT_NOTE)
         return text_lines(lines)
 
     def __str__(self) -> str:

@@ -97,8 +97,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(d.to_text(top=args.top))
     if noisy:  # (said, so that a row over the bar that did not fail is not a surprise)
-        print(f"hooktrace: diff: {len(noisy)} above {args.fail_above:g}% but within A's "
-              "run-to-run noise, not gated (--fail-on-noise gates them): "
+        print(f"hooktrace: diff: {len(noisy)} above {args.fail_above:g}% but within the "
+              "runs' own noise (a module: A's run-to-run spread; the step: the runs' "
+              "step-to-step spread), not gated (--fail-on-noise gates them): "
               + "; ".join(noisy[:5]) + (f"; and {len(noisy) - 5} more" if len(noisy) > 5
                                         else ""), file=sys.stderr)
     if failed:

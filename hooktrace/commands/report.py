@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 from hooktrace._args import finite_float
 from hooktrace.commands import CliError
@@ -20,6 +21,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peak-tflops", type=finite_float, default=None, metavar="TFLOPS",
                    help="the device's peak TFLOP/s, for the MFU column of a run recorded "
                         "with flops=True (default: known GPUs' peaks)")
+    p.add_argument("--steps", metavar="A:B", default=None,
+                   help="only training steps A to B (inclusive; A alone for one step; all: "
+                        "the whole run). Default: the whole run, less the steps at its "
+                        "start that compiled (torch.compile) when others follow them")
 
 
 def run(args: argparse.Namespace) -> None:
@@ -40,8 +45,9 @@ def run(args: argparse.Namespace) -> None:
         from hooktrace.reading import load
         from hooktrace.reporters.html import write_report
 
-        write_report(load(args.run), args.output, source=args.run, title=args.title,
-                     peak_tflops=args.peak_tflops)
+        trace, notes = _steps_shown(load(args.run), args.steps)
+        write_report(trace, args.output, source=args.run, title=args.title,
+                     peak_tflops=args.peak_tflops, notes=notes)
     if args.output != "-":
         print(f"wrote {args.output}: open it in a web browser (it needs no network)")
 
@@ -55,6 +61,10 @@ def _aggregate_report(args: argparse.Namespace) -> None:
     if args.peak_tflops is not None:
         raise CliError("--peak-tflops applies to a trace: an aggregate folder has TFLOP/s, "
                        "not the FLOPs an MFU needs")
+    if args.steps is not None:
+        raise CliError("--steps applies to a trace: an aggregate folder's steps are in "
+                       "windows (report a step it kept whole, DIR/steps/, or hooktrace query "
+                       "the folder)")
     import pyarrow as pa
 
     table = load_aggregates(args.run)  # an unreadable part: its own one-line error
@@ -64,6 +74,37 @@ def _aggregate_report(args: argparse.Namespace) -> None:
     except (pa.ArrowException, KeyError) as e:  # a part written by something else
         raise CliError(f"{args.run}: the aggregate table is not one trace(aggregate=...) "
                        f"writes: {_first(e)}") from None
+
+
+def _steps_shown(trace: Any, steps: str | None) -> tuple[Any, list[str]]:
+    """The part of ``trace`` the report covers, and the line saying which: ``steps``
+    (``A:B``, ``A``, or ``all``), or by default the run less the steps at its start
+    that compiled (issue #47: a compile step of 25 s against steps of 58 ms set the
+    scale of every chart and the table's totals)."""
+    from hooktrace.analysis._filters import cut_steps, leading_compile_steps, parse_steps
+    from hooktrace.text import format_ns
+
+    if steps == "all":
+        return trace, []
+    if steps is not None:
+        first, last = parse_steps(steps)
+        try:
+            lo, hi = trace.step_bounds(first, last)
+        except ValueError as e:
+            raise CliError(f"--steps {steps}: {e}") from None
+        # (the first step starts at the first recorded call: nothing before it to leave out)
+        after = None if lo <= int(trace.steps().start_ns.min()) else lo
+        return cut_steps(trace, after, hi), [f"steps {first} to {last} only (--steps {steps})"]
+    n = leading_compile_steps(trace)
+    if not n:
+        return trace, []
+    have = trace.steps()
+    compiled = int(have.duration_ns[:n].sum())
+    numbers = f"step {int(have.number[0])}" if n == 1 else \
+        f"steps {int(have.number[0])} to {int(have.number[n - 1])}"
+    return cut_steps(trace, int(have.end_ns[n - 1]), None), [
+        f"{numbers} compiled (torch.compile, {format_ns(compiled)}): left out of this report "
+        "(--steps all shows the whole run)"]
 
 
 def _first(e: BaseException) -> str:

@@ -117,15 +117,10 @@ def run(args: argparse.Namespace) -> None:
         table = attribute(args.run, args.profiler, top_ops=args.top_ops)
     else:
         run_ = load(args.run)
-        if args.flops and "flops" not in run_.info:
-            raise CliError(f"{args.run}: no FLOPs recorded; trace with "
-                           "hooktrace.trace(model, flops=True)")
-        if args.memory and "memory" not in run_.info:
-            raise CliError(f"{args.run}: no memory recorded; trace with "
-                           "hooktrace.trace(model, memory=True)")
-        if args.numerics and "numerics" not in run_.info:
-            raise CliError(f"{args.run}: no numerics recorded; trace with "
-                           "hooktrace.trace(model, numerics=True) or hooktrace run --numerics")
+        for flag, key, what in ((args.flops, "flops", "FLOPs"), (args.memory, "memory", "memory"),
+                                (args.numerics, "numerics", "numerics")):
+            if flag and key not in run_.info:
+                raise CliError(f"{args.run}: no {what} recorded; {_record_with(run_.info, key)}")
         table = run_.summary(peak_tflops=args.peak_tflops)
     # Both tables offer the same forms; --top applies to every one of them.
     if args.csv:
@@ -149,6 +144,17 @@ def run(args: argparse.Namespace) -> None:
         print(table.to_text(top=args.top, wide=args.wide, width=terminal_width()))
     else:
         print(table.to_text(top=args.top, wide=args.wide))
+
+
+def _record_with(info: dict[str, Any], option: str) -> str:
+    """How to record ``option`` (flops, memory, numerics) the way this run was recorded:
+    ``hooktrace run --OPTION`` for a run of the process (hooktrace run, HOOKTRACE=1,
+    global_trace; issue #47: it suggested trace(model, flops=True) there), else the API's
+    keyword."""
+    if info.get("scope") == "process":
+        return (f"record with hooktrace run --{option} (with HOOKTRACE=1: "
+                f"HOOKTRACE_OPTIONS=--{option})")
+    return f"trace with hooktrace.trace(model, {option}=True) (or hooktrace run --{option})"
 
 
 # What an aggregate= folder cannot give: its rows are per module and mode per window,
@@ -182,7 +188,7 @@ def _aggregate(args: argparse.Namespace) -> None:
         print(csv_text([{k: r[k] for k in AGGREGATE_SUMMARY_COLUMNS} for r in rows],
                        AGGREGATE_SUMMARY_COLUMNS), end="")
     else:
-        print(aggregate_summary(args.run[0], args.top))
+        print(aggregate_summary(args.run[0], args.top, wide=args.wide))
 
 
 def _finite(value: Any) -> Any:

@@ -67,7 +67,8 @@ class TraceSession:
         self.trace: Trace | None = None
         self.written: list[str] = []
         self.scalars: Scalars | None = None
-        self.pending: list[dict[str, float]] = []  # per step, oldest first, until logged
+        # per window, oldest first, until logged: (its last step, its steps, the scalars)
+        self.pending: list[tuple[int, int, dict[str, float]]] = []
         self.dropped_pending = 0  # windows' scalars dropped beyond MAX_PENDING
 
     def start(self, model: Any) -> None:
@@ -93,7 +94,21 @@ class TraceSession:
 
     def _collect_scalars(self, step: int, rows: dict[str, list[Any]]) -> None:
         assert self.scalars is not None
-        self.pending.append(self.scalars(step, rows))
+        self.scalars.add(step, rows)
+        self._bound(self.scalars.take())
+
+    def take_pending(self, *, force: bool = False) -> list[tuple[int, int, dict[str, float]]]:
+        """The windows' scalars not logged yet, oldest first, as (the window's last step,
+        its steps, ``{name: value}``); ``force``: the modules chosen now from the windows
+        there if they are not yet (a trainer logging; else they are once a window after
+        the warm-up one is there)."""
+        if force and self.scalars is not None:
+            self._bound(self.scalars.take(force=True))
+        out, self.pending = self.pending, []
+        return out
+
+    def _bound(self, windows: list[tuple[int, int, dict[str, float]]]) -> None:
+        self.pending += windows
         if len(self.pending) > MAX_PENDING:  # bounded: the trainer has not logged for long
             excess = len(self.pending) - MAX_PENDING
             del self.pending[:excess]
@@ -106,6 +121,12 @@ class TraceSession:
     def step(self) -> None:
         if self.trace is not None:
             self.trace.step()
+
+    def close_window(self) -> None:
+        """With ``aggregate=``: the steps of the open window reduced to rows now (a
+        trainer's epoch end), their scalars pending."""
+        if self.trace is not None and self.record.aggregate is not None:
+            self.trace.close_window()
 
     def finish(self, rank: int, world_size: int) -> None:
         trace, self.trace = self.trace, None

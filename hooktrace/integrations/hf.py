@@ -39,10 +39,11 @@ class HooktraceCallback(TrainerCallback):  # type: ignore[misc]
             policy, docs/weeks.md).
         summary: print the per-module table to stderr at the end (rank 0).
         logs: with ``aggregate``, add ``hooktrace/fwd_ms/<module>``,
-            ``hooktrace/bwd_ms/<module>`` and ``hooktrace/step_ms`` (their mean since the
-            last log) to the Trainer's ``logs`` at each ``on_log``, so every ``report_to``
-            integration writes them; the ``log_top`` modules by forward time among
-            ``log_include`` (fnmatch patterns).
+            ``hooktrace/bwd_ms/<module>`` and ``hooktrace/step_ms`` (their mean per step
+            since the last log) to the Trainer's ``logs`` at each ``on_log``, so every
+            ``report_to`` integration writes them; the ``log_top`` modules by forward time
+            among ``log_include`` (fnmatch patterns), chosen at the first log from the
+            windows after the first (the warm-up), wrappers of one submodule left out.
     """
 
     def __init__(self, output: str | os.PathLike[str] | None = None, *,
@@ -73,16 +74,18 @@ class HooktraceCallback(TrainerCallback):  # type: ignore[misc]
         # The Trainer hands the same logs dict to every callback in turn, the report_to
         # integrations (TensorBoard, W&B, MLflow) included: this one comes first
         # (_first_in_line), so they write the scalars added here. The mean of each over
-        # the steps since the last log.
-        pending, self.session.pending = self.session.pending, []
-        if logs is None or not pending or any(k.startswith("eval_") for k in logs):
-            self.session.pending = pending + self.session.pending
+        # the steps since the last log, each window weighted by its steps; the modules
+        # are chosen at the first log from the windows after the warm-up one (issue #47).
+        if logs is None or any(k.startswith("eval_") for k in logs):
             return
+        pending = self.session.take_pending(force=True)
         sums: dict[str, list[float]] = {}
-        for scalars in pending:
+        for _, steps, scalars in pending:
             for name, value in scalars.items():
-                sums.setdefault(name, []).append(value)
-        logs.update({name: sum(v) / len(v) for name, v in sums.items()})
+                total = sums.setdefault(name, [0.0, 0.0])
+                total[0] += value * steps
+                total[1] += steps
+        logs.update({name: t / n for name, (t, n) in sums.items() if n})
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.session.step()

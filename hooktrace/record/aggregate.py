@@ -307,6 +307,10 @@ class AggregateComponent(Component):
         self.loggers.append(log)
         return True
 
+    def close_window(self) -> bool:
+        self._close_window(self._steps - 1)  # (nothing when no step is in the window)
+        return True
+
     def keep_step(self) -> None:
         """Keep the next step's raw events (the ``signal`` trigger, from code)."""
         self._keep_next.set()

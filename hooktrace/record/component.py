@@ -339,3 +339,8 @@ class Component(Declares):
     def take_logger(self, log: Callable[[int, dict[str, list[Any]]], None]) -> bool:
         """Call ``log(step, rows)`` after each step, if this component makes rows."""
         return False
+
+    def close_window(self) -> bool:
+        """Reduce the steps since the last rows to rows now (and hand them to the
+        loggers), if this component makes rows."""
+        return False

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
-import hooktrace._C as _C
+from hooktrace._native import load_native
 from hooktrace._events import EVENT_DTYPE, SPAN_DEFINITION, Clock
 from hooktrace._naming import env_rank, process_stem
 from hooktrace.record.windows import StepMarks
@@ -52,6 +52,9 @@ from hooktrace.record.component import Component
 from hooktrace.record.options import DEFAULT_CAPACITY, RecordOptions
 from hooktrace.record.scopes import ModelScope, ProcessScope, Scope
 from hooktrace.record.streaming import StreamedRecording, thread_names
+
+# (through load_native: a core built against another torch is refused, one line)
+_C = load_native()
 
 __all__ = ["DEFAULT_CAPACITY", "GlobalTrace", "Recorder", "Trace", "global_trace", "trace",
            "window_handler"]
@@ -328,6 +331,13 @@ class Recorder(StepMarks, FlightRecorder, StreamedRecording):
     def add_logger(self, log: Callable[[int, dict[str, list[Any]]], None]) -> None:
         """With ``aggregate=``: ``log(step, rows)`` after each step (hooktrace.log_to)."""
         if not any(c.take_logger(log) for c in self._components):
+            raise RuntimeError("hooktrace: this trace has no aggregate= output")
+
+    def close_window(self) -> None:
+        """With ``aggregate=``: reduce the steps of the window still open to rows now,
+        handing them to the loggers, rather than when ``aggregate_interval`` ends it (a
+        trainer's epoch end: its loggers' epoch value is then the epoch's steps')."""
+        if not any(c.close_window() for c in self._components):
             raise RuntimeError("hooktrace: this trace has no aggregate= output")
 
     # -- teardown ------------------------------------------------------------

@@ -4,8 +4,8 @@ One self-contained file, like the trace report (hooktrace.reporters.html, whose
 plotly.js, colours and table sorting it shares): the step-time chart from the
 aggregate table's ``step`` rows (per window: the mean step and the longest one; the
 steps kept whole are marked on it), the per-module table over the whole run (per module
-and mode: calls, total, ms per step, the median of the windows' medians, the longest
-call, and device time, memory peak, TFLOP/s and numerics when recorded; click a header
+and mode: calls, total, ms per step, the median step's time (weighted by steps), the
+longest call, and device time, memory peak, TFLOP/s and numerics when recorded; click a header
 to sort), and the list of the steps kept whole by the detail policy, each a trace with
 the command that reports it.
 
@@ -49,7 +49,9 @@ COLUMNS = (
     ("calls", "calls", "calls over the run (step: steps)"),
     ("total_ms", "total ms", "time over the run"),
     ("ms_per_step", "ms/step", "total over the steps aggregated"),
-    ("p50_ms", "p50 ms", "median of the windows' median call (step: step)"),
+    ("p50_ms_per_step", "p50 ms/step", "the median step's time: each window's time per step, "
+                                       "weighted by its steps (a module: over the steps of "
+                                       "the windows it ran in)"),
     ("max_ms", "max ms", "the longest call (step: step) of the run"),
     ("gpu_ms_per_step", "gpu ms/step", "device time per step, when recorded"),
     ("mem_peak_bytes", "mem peak", "the highest memory peak inside a call (memory=True)"),
@@ -164,9 +166,9 @@ def render_aggregate_report(table: Any, kept: list[dict[str, Any]], *,
     windows = _windows(table)
     facts = [f"{n_steps} steps aggregated in {windows} windows", f"{len(table)} rows",
              f"{len({r['module'] for r in rows if r['mode'] != 'step'})} modules"]
-    if step_row is not None and step_row["p50_ms"] is not None:
-        facts.append(f"step p50 {step_row['p50_ms']:.3f} ms (median of the windows'), "
-                     f"longest {step_row['max_ms']:.3f} ms")
+    if step_row is not None and step_row["p50_ms_per_step"] is not None:
+        facts.append(f"step p50 {step_row['p50_ms_per_step']:.3f} ms (the median step, "
+                     f"weighted by steps), longest {step_row['max_ms']:.3f} ms")
     facts.append(f"{len(kept)} steps kept whole")
     if any(r["gpu_ms_per_step"] is not None for r in rows):
         facts.append("device time recorded")

@@ -361,9 +361,11 @@ def _device_view(summary: Summary) -> Summary:
 
 
 def render_report(trace: TraceData, *, source: str | None = None,
-                  title: str | None = None, peak_tflops: float | None = None) -> str:
+                  title: str | None = None, peak_tflops: float | None = None,
+                  notes: Sequence[str] = ()) -> str:
     """The report's HTML text (see the module docstring); ``peak_tflops`` (TFLOP/s)
-    gives the MFU column of a run recorded with FLOPs."""
+    gives the MFU column of a run recorded with FLOPs; ``notes``: facts about what the
+    report covers (the steps it shows), first."""
     js = plotly_js()
     summary = Summary.from_trace(trace, peak_tflops=peak_tflops)
     steps = StepTable.from_trace(trace)
@@ -371,7 +373,7 @@ def render_report(trace: TraceData, *, source: str | None = None,
     ice = icicle_data(_device_view(summary) if device else summary)
     title = title or f"hooktrace report: {os.path.basename(source) if source else 'run'}"
     info = trace.info
-    facts = [f"{len(trace.spans())} spans", f"{len(trace.modules)} modules",
+    facts = list(notes) + [f"{len(trace.spans())} spans", f"{len(trace.modules)} modules",
              f"host {trace.hostname}, pid {trace.pid}"]
     if info.get("torch_version"):
         facts.append(f"torch {info['torch_version']}")
@@ -405,11 +407,11 @@ def render_report(trace: TraceData, *, source: str | None = None,
 
 def write_report(trace: TraceData, path: str | os.PathLike[str], *,
                  source: str | None = None, title: str | None = None,
-                 peak_tflops: float | None = None) -> None:
+                 peak_tflops: float | None = None, notes: Sequence[str] = ()) -> None:
     """Write the report to ``path`` (through a temporary file, like every output)."""
     # a file name that is not UTF-8 would not encode: shown with \xNN escapes
     text = render_report(trace, source=None if source is None else display_path(source),
-                         title=title, peak_tflops=peak_tflops)
+                         title=title, peak_tflops=peak_tflops, notes=notes)
     with open_output(path, gzip_by_name=False) as f:
         f.write(text.encode("utf-8"))
 

@@ -91,3 +91,44 @@ def test_demo_installs_what_it_needs_and_test_every_extra(tmp_path: Path) -> Non
         assert not any(extra in line for line in demo), (extra, demo)
         assert any(extra in line for line in test), (extra, test)  # make test: everything
     assert "hooktrace demo --out out/demo" in make_n("demo", venv)
+
+
+def test_the_core_refuses_to_load_into_another_torch(tmp_path: Path) -> None:
+    """issue #47: a build for torch 2.13 loaded silently under torch 2.14.1."""
+    import os
+    import sys
+
+    import torch
+
+    from hooktrace._native import load_native
+
+    # GIVEN the core, which keeps the torch it was built against
+    assert load_native().BUILT_TORCH_VERSION == torch.__version__
+    # WHEN it is loaded into another torch (its version, as a process would see it)
+    trace = tmp_path / "run.htrace"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    other = ("import torch; torch.__version__ = '2.99.1'; from hooktrace.cli import main; "
+             f"raise SystemExit(main(['summary', {str(trace)!r}]))")
+    r = subprocess.run([sys.executable, "-c", other], capture_output=True, text=True,
+                       env=env, timeout=120)
+    # THEN one line names both versions and what to do
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(err) == 1, r.stderr
+    assert err[0] == (f"hooktrace: error: the native core (hooktrace._C) was built against "
+                      f"torch {torch.__version__}, and this is torch 2.99.1: rebuild it "
+                      "against this torch (pip install --no-build-isolation -e . in the "
+                      "checkout, or make build)")
+    # and so does recording from Python
+    api = ("import torch; torch.__version__ = '2.99.1'; import hooktrace; "
+           "hooktrace.trace(torch.nn.Linear(2, 2))")
+    r = subprocess.run([sys.executable, "-c", api], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith(
+        "hooktrace._native.TorchMismatchError: the native core (hooktrace._C) was built "
+        f"against torch {torch.__version__}, and this is torch 2.99.1"), r.stderr
+    # and the same torch release in another build (+cpu, +cu126) loads
+    same = (f"import torch; torch.__version__ = '{torch.__version__.split('+')[0]}+cu126'; "
+            "from hooktrace._native import load_native; print(load_native().EVENT_SIZE)")
+    r = subprocess.run([sys.executable, "-c", same], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "32", r.stderr

@@ -479,6 +479,52 @@ def test_diff_says_fused_in_b_not_only_in_a(embedder_runs) -> None:
     assert {m for m, _ in back.fused_a} == set(FUSED) and "fused in A" in back.to_text()
 
 
+class NoOps(nn.Module):
+    """Modules with no ops of their own between two Linears: an Identity and a Dropout
+    of p=0, which Dynamo traces through (no graph node is theirs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(32, 32)
+        self.skip = nn.Identity()
+        self.drop = nn.Dropout(0.0)
+        self.fc2 = nn.Linear(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.drop(self.skip(torch.relu(self.fc1(x)))))
+
+
+def _no_ops_trace(compiled: bool) -> hooktrace.TraceResult:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    net = NoOps()
+    fn = torch.compile(net) if compiled else net
+    opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with hooktrace.trace(fn) as tr:
+            for _ in range(3):
+                fn(torch.randn(8, 32)).square().mean().backward()
+                opt.step()
+                opt.zero_grad()
+    return tr.result
+
+
+def test_diff_of_eager_against_compiled_reads_modules_without_ops_as_fused() -> None:
+    # GIVEN an eager and a compiled run of a model with an Identity and a Dropout(p=0)
+    # (issue #47: convnext's 65 such modules were "only in A", against docs/compiled.md)
+    from hooktrace.analysis.diff import compare
+
+    eager, compiled = _no_ops_trace(False), _no_ops_trace(True)
+    d = compare(eager, compiled)
+    # THEN they are fused in B (inside the compiled region, no time of their own)
+    assert d.only_a == [] and d.only_b == []
+    assert set(d.fused_b) == {("skip", "forward"), ("drop", "forward")}
+    text = d.to_text()
+    assert "only in A" not in text and "fused in B (inside a compiled region" in text
+    assert set(compare(compiled, eager).fused_a) == {("skip", "forward"), ("drop", "forward")}
+
+
 @pytest.fixture
 def inductor_of_one_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     """An Inductor as before torch 2.12: ``post_grad_custom_post_pass`` is one pass,

@@ -51,7 +51,8 @@ def _chromium(tmp_path: Path) -> Any:
 
 NEEDS_CHROMIUM = pytest.mark.skipif(
     CHROMIUM is None or CHROMEDRIVER is None,
-    reason="needs Debian's chromium and chromium-driver (apt-get install)")
+    reason="needs Debian's chromium and chromium-driver: make browser (apt-get install "
+           "chromium chromium-driver)")
 
 
 @NEEDS_CHROMIUM

@@ -230,8 +230,8 @@ def test_the_gate_leaves_rows_marked_noise_out_and_says_so(
     gate = ["diff", str(a), str(b), "--fail-above", "3.5", "--min-share", "0"]
     assert main(gate) == 0
     err = capsys.readouterr().err
-    assert "within A's run-to-run noise, not gated (--fail-on-noise gates them): a forward" \
-        in err, err
+    assert "within the runs' own noise (a module: A's run-to-run spread; the step: the runs' " \
+        "step-to-step spread), not gated (--fail-on-noise gates them): a forward" in err, err
     assert main([*gate, "--fail-on-noise"]) == 1
     assert "a forward" in capsys.readouterr().err
 
@@ -266,3 +266,43 @@ def test_an_unchanged_row_is_not_called_noise() -> None:
     d = compare(run(), run(b_ns=15000))
     assert not any(r["within_noise"] for r in d.rows if r["per_step_change_ns"] == 0)
     assert "noise" not in d.to_text()
+
+
+def test_two_runs_of_one_job_within_their_step_to_step_spread_do_not_fail_silently(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # GIVEN two 3-step runs of one job whose steps vary as much as they differ: the
+    # step's p50 is 18% apart (issue #47: --fail-above 10 failed with no word about noise)
+    a = calls_run([[(1, 90_000)], [(1, 100_000)], [(1, 130_000)]])
+    b = calls_run([[(1, 100_000)], [(1, 118_000)], [(1, 130_000)]])
+    d = compare(a, b)
+    assert d.step is not None and d.step["per_step_change_pct"] > 10
+    # THEN the step row is within the runs' own noise: their step-to-step spread (their
+    # range, under 4 steps)
+    assert d.step["noise_a_ns"] == pytest.approx(40_000, abs=10) and d.step["within_noise"]
+    assert "step noise: a change no larger than the runs' own step-to-step spread" \
+        in d.to_text()
+    pa, pb = tmp_path / "a.htrace", tmp_path / "b.htrace"
+    a.save(pa)
+    b.save(pb)
+    # THEN the gate passes and says which changes it left out as noise
+    assert main(["diff", str(pa), str(pb), "--fail-above", "10"]) == 0
+    err = capsys.readouterr().err
+    assert "within the runs' own noise" in err and "<step> step: +" in err, err
+    # and --fail-on-noise gates them
+    assert main(["diff", str(pa), str(pb), "--fail-above", "10", "--fail-on-noise"]) == 1
+    capsys.readouterr()
+
+
+def test_a_step_slower_beyond_the_runs_spread_fails_and_says_by_how_much(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = calls_run([[(1, 100_000)], [(1, 101_000)], [(1, 102_000)]])
+    b = calls_run([[(1, 150_000)], [(1, 151_000)], [(1, 152_000)]])
+    d = compare(a, b)
+    assert not d.step["within_noise"]
+    step = next(f for f in d.failures(10.0, min_share=0.0) if f.startswith("<step>"))
+    assert step.endswith("(beyond the runs' step-to-step spread, 2.00 µs)"), step
+    # a run of one step: its noise is unknown, and the line says so
+    one = compare(calls_run([[(1, 100_000)]]), calls_run([[(1, 150_000)]]))
+    step = next(f for f in one.failures(10.0, min_share=0.0) if f.startswith("<step>"))
+    assert step.endswith("(a run has a single complete step: its step-to-step noise is "
+                         "unknown)"), step

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -244,3 +246,78 @@ def test_eval_calls_have_their_own_branch_in_the_chart() -> None:
     # the training calls' branch is as before: their own totals, not the eval calls'
     train = {r["module"]: r for r in summary.rows if r.get("mode") != "eval"}
     assert width("run/forward/<root>") == pytest.approx(train[""]["total_ns"] / 1e3, abs=1e-2)
+
+
+def _compiled_run(step_ns: tuple[int, ...] = (25_000_000_000, 58_000_000, 58_000_000,
+                                                 60_000_000)) -> Any:
+    """A run of 4 steps whose first compiled (25 s, as torch.compile's first call), the
+    others 58-60 ms: the root and its one child called once per step."""
+    from conftest import build_trace, events_from
+
+    from hooktrace._events import ENTER, EXIT, STEP
+
+    rows, t = [], 1_000
+    for n, d in enumerate(step_ns):
+        rows += [(1, ENTER, 0, t + 50, 0), (1, ENTER, 1, t + 60, 0), (1, EXIT, 1, t + d // 2, 0),
+                 (1, EXIT, 0, t + d - 100, 0), (1, STEP, 0, t + d, n)]
+        t += d
+    ev = events_from(rows, ("tid", "kind", "id", "t", "seq"), rf_tid=1)
+    return build_trace(ev, [("", "Net"), ("fc", "Linear")],
+                       compiles=[[2_000, 20_000_000_000, 1]])
+
+
+def _facts(page: str) -> str:
+    return html.unescape(re.search(r'<div class="facts">(.*?)</div>', page, re.S).group(1))
+
+
+def test_report_of_a_compiled_run_leaves_its_compile_step_out_by_default(tmp_path: Path) -> None:
+    # GIVEN a run whose first step compiled for 25 s and whose others took ~58 ms
+    run_path = tmp_path / "run.htrace"
+    _compiled_run().save(run_path)
+    pages = {}
+    for extra in ([], ["--steps", "all"], ["--steps", "2:3"]):
+        out = tmp_path / f"r{len(extra)}{'-'.join(extra)}.html"
+        assert main(["report", str(run_path), "-o", str(out), *extra]) == 0
+        pages[" ".join(extra)] = out.read_text(encoding="utf-8")
+    # THEN by default the report covers the steps after it, and says so
+    facts = _facts(pages[""])
+    assert "step 0 compiled (torch.compile, 25.00 s): left out of this report" in facts
+    assert "--steps all" in facts
+    steps = json.loads(re.search(r"var s = (\{.*?\});\n", pages[""], re.S).group(1))
+    assert steps["data"][0]["x"] == [1, 2, 3]
+    assert max(steps["data"][0]["y"]) < 100  # no 25 s bar: the chart's scale is the steps'
+    # THEN --steps all is the whole run, --steps 2:3 those two steps
+    assert "left out of this report" not in _facts(pages["--steps all"])
+    whole = json.loads(re.search(r"var s = (\{.*?\});\n", pages["--steps all"],
+                                 re.S).group(1))
+    assert whole["data"][0]["x"] == [0, 1, 2, 3]
+    assert "steps 2 to 3 only (--steps 2:3)" in _facts(pages["--steps 2:3"])
+
+
+def test_cut_steps_covers_the_steps_it_keeps() -> None:
+    from hooktrace.analysis._filters import cut_steps, leading_compile_steps
+
+    trace = _compiled_run()
+    assert leading_compile_steps(trace) == 1
+    s = trace.steps()
+    cut = cut_steps(trace, int(s.end_ns[0]), None)
+    rows = {r["module"]: r for r in cut.summary().rows}
+    assert rows[""]["calls"] == 3 and rows[""]["total_ns"] == (58_000_000 * 2 + 60_000_000
+                                                                - 3 * 150)
+    assert cut.summary().counts["compile_steps"] == 0
+    assert cut.info["compiles"] == []
+    # a run without compiles, or one that compiled in every step, keeps every step
+    assert leading_compile_steps(_compiled_run()) == 1
+    plain = _compiled_run()
+    plain.info["compiles"] = []
+    assert leading_compile_steps(plain) == 0
+
+
+def test_report_steps_out_of_range_is_one_line(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    run_path = tmp_path / "run.htrace"
+    _compiled_run().save(run_path)
+    assert main(["report", str(run_path), "-o", str(tmp_path / "r.html"), "--steps",
+                 "7:9"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--steps 7:9: no step in 7..9: the trace has steps 0 to 3" in err[0]

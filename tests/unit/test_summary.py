@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -216,7 +217,13 @@ def test_empty_trace_summary():
 
 @pytest.mark.parametrize(("ns", "text"), [(0, "0 ns"), (999, "999 ns"), (1_500, "1.50 µs"),
                                           (25_000, "25.0 µs"), (250_000, "250 µs"),
-                                          (3_210_000, "3.21 ms"), (7.5e9, "7.50 s")])
+                                          (3_210_000, "3.21 ms"), (7.5e9, "7.50 s"),
+                                          # rounding to the next unit, or to one digit
+                                          # fewer (issue #47: "1000 µs")
+                                          (999_955, "1.00 ms"), (999.7, "1.00 µs"),
+                                          (9_996, "10.0 µs"), (99_960, "100 µs"),
+                                          (999_999_999, "1.00 s"), (-999_955, "-1.00 ms"),
+                                          (9.996e6, "10.0 ms"), (-850, "-850 ns")])
 def test_format_ns(ns, text):
     assert format_ns(ns) == text
 
@@ -294,8 +301,8 @@ def test_cli_summary_uses_the_terminal_width(tmp_path, monkeypatch, capsys):
         widths[columns] = max(len(line) for line in table)
         cells = [line[:line.index("  ")] for line in table]
         assert len(set(cells)) == len(cells)
-    # COLUMNS=60: names cut (as far as they stay distinct); COLUMNS=200: room for them whole
-    assert widths["60"] < 70 < widths["200"] <= 200
+    # COLUMNS=60: names cut (as far as each stays its own); COLUMNS=200: room for them whole
+    assert widths["60"] < widths["200"] <= 200
     assert "transformer.h.11.attn.resid_dropout [eval]" in "\n".join(out)
 
 
@@ -464,3 +471,92 @@ def test_the_root_is_empty_in_data_and_root_in_text():
     if page.exists():  # (the floor's copy of the tree has no docs: checked in the main run)
         doc = page.read_text()
         assert "`<root>` in the text tables" in doc and "`\"\"` wherever the name is\ndata" in doc
+
+
+UNET = [f"down_blocks.{b}.attentions.{a}.transformer_blocks.0{leaf}" for b in range(3)
+        for a in range(2) for leaf in ("", ".attn1", ".attn1.to_q", ".ff.net.0.proj")]
+LORA = [f"base_model.model.model.layers.{i}.self_attn.{p}_proj.{part}.default"
+        for i in range(3) for p in "qv" for part in ("lora_A", "lora_B", "lora_dropout")]
+
+
+def _reads_as(cell: str, names: Sequence[str]) -> list[str]:
+    """The names a printed cell can be: itself, or those an elided cell (``head.….tail``:
+    whole dotted parts left out, the markers after the name kept) fits."""
+    if "…" not in cell:
+        return [n for n in names if n == cell]
+    head, tail = cell.split("…")
+    assert head == "" or head.endswith("."), cell
+    assert tail.startswith("."), cell
+    return [n for n in names if n.startswith(head) and n.endswith(tail)
+            and len(n) > len(head) + len(tail)]
+
+
+@pytest.mark.parametrize("names", [UNET, LORA], ids=["unet", "lora"])
+@pytest.mark.parametrize("width", [16, 30, 44, 60])
+def test_shorten_distinct_prints_names_or_visible_cuts_of_one_name(names, width):
+    # GIVEN the issue's repro: a UNet's and a LoRA model's names, which differ in
+    # indices and leaves in their middle (issue #47: down_blocks.0…0.attentions.0…0)
+    from hooktrace.text import shorten_distinct
+
+    texts = names + [n + " [eval]" for n in names]
+    cut = shorten_distinct(texts, width)
+    for text, c in zip(texts, cut):
+        # THEN each is the name itself or a cut at its dots that fits it alone, keeping
+        # its last part (the leaf, with its index) whole
+        assert _reads_as(c, texts) == [text], (text, c)
+        name = text.removesuffix(" [eval]")
+        assert c.removesuffix(" [eval]").endswith("." + name.split(".")[-1]) or c == text
+        if len(text) <= width:
+            assert c == text
+    assert len(set(cut)) == len(texts)
+
+
+def _table_of(names: Sequence[str]) -> Summary:
+    rows = [{"module": name, "type": "Linear", "mode": "train", "calls": 1, "total_ns": 1000 - i,
+             "self_ns": 10, "mean_ns": 10.0, "p50_ns": 10.0, "p99_ns": 10.0, "bwd_calls": 0,
+             "bwd_total_ns": 0, "bwd_self_ns": 0, "bwd_p50_ns": None, "bwd_p99_ns": None,
+             "bwd_fwd_ratio": None, "recompute_calls": 0, "recompute_total_ns": 0,
+             "step_p50_ns": None, "step_p99_ns": None} for i, name in enumerate(names)]
+    return Summary(rows, {})
+
+
+@pytest.mark.parametrize("width", [50, 60, 80])
+def test_summary_cuts_names_only_visibly_and_says_how_to_see_them(width):
+    from hooktrace.text import CUT_NOTE
+
+    # GIVEN a table of names longer than its width leaves them
+    summary = _table_of(UNET)
+    lines = summary.to_text(width=width, top=10).splitlines()
+    cells = [line.split()[0] for line in lines[1:11]]
+    # THEN every shown cell is a name, or a visible cut that reads as that name only,
+    # rows --top leaves out included
+    for cell, row in zip(cells, summary.rows):
+        assert _reads_as(cell, UNET) == [row["module"]], cell
+    # THEN a footer says names were cut, and how to see them whole
+    assert any("…" in c for c in cells) and lines[-1] == CUT_NOTE
+    assert "… " not in CUT_NOTE[1:] and "--wide" in CUT_NOTE
+    whole = summary.to_text(wide=True)
+    assert "…" not in whole and all(n in whole for n in UNET)
+    # and no such line when nothing was cut
+    assert CUT_NOTE not in _table_of(["fc", "head"]).to_text(width=width)
+
+
+@pytest.mark.parametrize("option", ["flops", "memory", "numerics"])
+def test_asking_for_what_was_not_recorded_advises_how_this_run_was_recorded(
+        option, tmp_path, capsys):
+    from hooktrace.cli import main
+
+    # GIVEN a run of the process (hooktrace run) and one of a model (trace(model))
+    ev = build_events([(1, ENTER, 0, 0), (1, EXIT, 0, 10)])
+    for scope in ("process", "model"):
+        path = tmp_path / f"{scope}.htrace"
+        build_trace(ev, [("", "Net")], scope=scope).save(path)
+        assert main(["summary", str(path), f"--{option}"]) == 1
+        err = capsys.readouterr().err.strip()
+        # THEN the advice is one that works where the run was recorded (issue #47:
+        # hooktrace run was told to use trace(model, flops=True))
+        assert err.startswith(f"hooktrace: error: {path}: no ") and "\n" not in err
+        if scope == "process":
+            assert f"record with hooktrace run --{option}" in err and "trace(model" not in err
+        else:
+            assert f"hooktrace.trace(model, {option}=True)" in err
