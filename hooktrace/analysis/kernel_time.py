@@ -390,12 +390,11 @@ def add_kernels(rows: list[dict[str, Any]], trace: TraceData) -> list[str]:
             for key, arr in sums.items():
                 col = key.format(suffix)
                 v[col] = v.get(col, 0) + int(arr[k])
-    for (slot, is_eval, backward), sums in _site_sums(trace).items():
-        name = trace.modules[slot][0]
-        v = values.setdefault((name, group_mode(slot + n_mod * is_eval, n_mod)), {})
-        suffix = "_bwd" if backward else ""
-        for key, value in sums.items():
-            col = key.format(suffix)
+    for (site, is_eval, backward), site_sums in _site_sums(trace).items():
+        v = values.setdefault((trace.modules[site][0], group_mode(site + n_mod * is_eval,
+                                                                   n_mod)), {})
+        for key, value in site_sums.items():
+            col = key.format("_bwd" if backward else "")
             v[col] = v.get(col, 0) + value
     for row in rows:
         v = values.get((row["module"], row["mode"]), {})
@@ -439,9 +438,9 @@ def _site_sums(trace: TraceData) -> dict[tuple[int, bool, bool], dict[str, int]]
         pairs += [(slot, j, i == 0) for i, slot in enumerate(chain)]
     if not pairs:
         return {}
-    slot, j, own = (np.array(a) for a in zip(*pairs, strict=True))
-    rec = sited[j]
-    key = (slot * 2 + eval_[j]) * 2 + (k.site_cat[rec] == CAT_BACKWARD)
+    slot_a, j_a, own = (np.array(a) for a in zip(*pairs, strict=True))
+    rec = sited[j_a]
+    key = (slot_a * 2 + eval_[j_a]) * 2 + (k.site_cat[rec] == CAT_BACKWARD)
     streams, stream_of = np.unique(k.stream[rec], return_inverse=True)
     width = len(streams)
     out: dict[tuple[int, bool, bool], dict[str, int]] = {}
