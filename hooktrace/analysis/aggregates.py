@@ -194,6 +194,7 @@ def aggregate_rows(table: Any) -> tuple[list[dict[str, Any]], int]:
     n_steps = steps_aggregated(table)
     total = pc.cast(table["total_ms"], pa.float64())
     gpu = pc.cast(_column(table, "gpu_ms"), pa.float64())
+    kernel = pc.cast(_column(table, "kernel_ms"), pa.float64())
     tflops = pc.cast(_column(table, "tflops"), pa.float64())
     # TFLOP/s over the run: each window's weighted by its time (device time when there)
     basis = pc.if_else(pc.is_valid(gpu), gpu, total)
@@ -201,12 +202,12 @@ def aggregate_rows(table: Any) -> tuple[list[dict[str, Any]], int]:
     work = pa.table({
         "module": table["module"].cast(pa.string()), "mode": mode, "calls": table["calls"],
         "total_ms": total, "max_ms": pc.cast(table["max_ms"], pa.float64()), "gpu_ms": gpu,
-        "mem_peak_bytes": _column(table, "mem_peak_bytes"),
+        "kernel_ms": kernel, "mem_peak_bytes": _column(table, "mem_peak_bytes"),
         "nonfinite": _column(table, "nonfinite"), "absmax": _column(table, "absmax"),
         "tf_work": pc.multiply(tflops, basis), "tf_time": basis})
     grouped = work.group_by(["module", "mode"]).aggregate([
         ("calls", "sum"), ("total_ms", "sum"),
-        ("max_ms", "max"), ("gpu_ms", "sum"), ("mem_peak_bytes", "max"),
+        ("max_ms", "max"), ("gpu_ms", "sum"), ("kernel_ms", "sum"), ("mem_peak_bytes", "max"),
         ("nonfinite", "sum"), ("absmax", "max"), ("tf_work", "sum"),
         ("tf_time", "sum")]).to_pylist()
     p50 = p50_per_step(table)
@@ -219,6 +220,8 @@ def aggregate_rows(table: Any) -> tuple[list[dict[str, Any]], int]:
             "total_ms": g["total_ms_sum"], "ms_per_step": (g["total_ms_sum"] or 0.0) / per,
             "p50_ms_per_step": p50.get((g["module"], g["mode"])), "max_ms": g["max_ms_max"],
             "gpu_ms_per_step": None if g["gpu_ms_sum"] is None else g["gpu_ms_sum"] / per,
+            "kernel_ms_per_step": (None if g["kernel_ms_sum"] is None
+                                   else g["kernel_ms_sum"] / per),
             "mem_peak_bytes": g["mem_peak_bytes_max"],
             "tflops": g["tf_work_sum"] / tf_time if tf_time else None,
             "nonfinite": g["nonfinite_sum"], "absmax": g["absmax_max"]})

@@ -54,13 +54,16 @@ COLUMNS = (
                                        "the windows it ran in)"),
     ("max_ms", "max ms", "the longest call (step: step) of the run"),
     ("gpu_ms_per_step", "gpu ms/step", "device time per step, when recorded"),
+    ("kernel_ms_per_step", "kernel ms/step", "kernel busy time per step (CUPTI), when "
+                                             "recorded"),
     ("mem_peak_bytes", "mem peak", "the highest memory peak inside a call (memory=True)"),
     ("tflops", "TFLOP/s", "achieved TFLOP/s over the calls not run under the FLOP counter "
                           "(flops=True): device time when recorded, else host time"),
     ("nonfinite", "nonfinite", "NaN/Inf values seen (numerics=True)"),
     ("absmax", "absmax", "the largest magnitude seen (numerics=True)"),
 )
-OPTIONAL = {"gpu_ms_per_step", "mem_peak_bytes", "tflops", "nonfinite", "absmax"}
+OPTIONAL = {"gpu_ms_per_step", "kernel_ms_per_step", "mem_peak_bytes", "tflops", "nonfinite",
+            "absmax"}
 
 
 def step_figure(table: Any, kept: list[dict[str, Any]]) -> dict[str, Any]:
@@ -172,6 +175,8 @@ def render_aggregate_report(table: Any, kept: list[dict[str, Any]], *,
     facts.append(f"{len(kept)} steps kept whole")
     if any(r["gpu_ms_per_step"] is not None for r in rows):
         facts.append("device time recorded")
+    if any(r["kernel_ms_per_step"] is not None for r in rows):
+        facts.append("kernel busy time recorded")
     if any(r["tflops"] is not None for r in rows):
         facts.append("FLOPs recorded (TFLOP/s column)")
     return _TEMPLATE.format(

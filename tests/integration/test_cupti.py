@@ -393,3 +393,23 @@ def test_a_gradient_accumulation_goes_with_the_node_that_made_it(cupti: Any) -> 
     act_bwd = [n for m, c, n in where if m == "1" and c == 1]
     assert linear_bwd and not any(n.startswith("aten.add") for n in linear_bwd), linear_bwd
     assert sum(n.startswith("aten.add") for n in act_bwd) >= 1, act_bwd
+
+
+def test_aggregates_carry_kernel_time_per_step_and_the_summary_reads_it(
+        cupti: Any, tmp_path: Path) -> None:
+    pytest.importorskip("pyarrow")
+    from hooktrace.analysis.aggregates import aggregate_rows
+    from hooktrace.record.aggregate import load_aggregates
+
+    cupti.fake_cupti_set(b"late_flushes", 0)
+    model = nn.Sequential(Launches(cupti, 2, MS), Launches(cupti, 1, 3 * MS, stream=9))
+    with hooktrace.trace(model, gpu=True, gpu_mode="kernels", aggregate=tmp_path / "agg",
+                         aggregate_interval=0, detail="every=0") as tr:
+        for _ in range(4):
+            model(torch.ones(1))
+            tr.step()
+    table = load_aggregates(tmp_path / "agg")
+    rows, steps = aggregate_rows(table)
+    got = {(r["module"], r["mode"]): r["kernel_ms_per_step"] for r in rows}
+    assert steps == 4
+    assert got[("0", "forward")] == pytest.approx(2.0) and got[("1", "forward")] == pytest.approx(3.0)
