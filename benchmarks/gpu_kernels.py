@@ -200,18 +200,12 @@ def _graph_case(model: Any, x: torch.Tensor, case: str, cuda: bool) -> dict[str,
                     g.replay()
                 torch.cuda.synchronize()
         k = kernel_records(tr.result)
-        from hooktrace._events import CUPTI_KERNEL_MORE
-
-        ev = tr.result.events
-        more = ev[ev["kind"] == CUPTI_KERNEL_MORE]
-        graph_ids = set(more["seq"][more["seq"] != 0].tolist())
         dur = k.end_ns - k.start_ns
-        # graph records: those whose node id is non-zero (kernel_records keeps the order)
-        is_graph = more["seq"][: len(k)] != 0 if len(more) == len(k) else None
-        if is_graph is None or not is_graph.any():
+        is_graph = k.graph
+        if not is_graph.any():
             return {"graph_records": 0, "named": None, "records": len(k)}
-        named = float(dur[is_graph & (k.span >= 0)].sum() / max(1, dur[is_graph].sum()))
-        return {"graph_records": int(is_graph.sum()), "graph_nodes": len(graph_ids),
+        named = float(dur[k.by_node & (k.span >= 0)].sum() / max(1, dur[is_graph].sum()))
+        return {"graph_records": int(is_graph.sum()),
                 "graph_unnamed": k.graph_unnamed, "named": named,
                 "graph_node_events": int(tr.result.info["kernels"]["graph_nodes"])}
 

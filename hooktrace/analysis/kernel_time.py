@@ -113,7 +113,8 @@ class KernelRecords:
     """The run's device records (kernels, copies, sets), one row each, with where the
     join placed them: ``span`` (the innermost module span that launched them, -1: none),
     ``stream`` (device << 32 | stream id), ``kind`` (1 kernel, 2 memcpy, 3 memset),
-    ``nccl``; ``site_module`` / ``site_cat``: for a kernel launched from a kernel site of
+    ``nccl``; ``graph``: replayed from a CUDA graph, ``by_node``: and named
+    through the node its capture created; ``site_module`` / ``site_cat``: for a kernel launched from a kernel site of
     compiled code (between its marks, hooktrace.analysis.kernels), the module and phase
     the site names (-1: none; its ``span`` is the compiled region's call); and what
     could not be placed, counted."""
@@ -128,6 +129,8 @@ class KernelRecords:
     launch_ns: np.ndarray
     site_module: np.ndarray
     site_cat: np.ndarray
+    graph: np.ndarray
+    by_node: np.ndarray
     unmatched: int
     graph_kernels: int
     graph_unnamed: int
@@ -164,11 +167,15 @@ def _records_of(trace: TraceData) -> KernelRecords:
     kind = ev["kind"]
     info = trace.info.get("kernels")
     info = info if isinstance(info, dict) else {}
-    rec = np.flatnonzero(kind == CUPTI_KERNEL)
-    more = np.minimum(rec + 1, len(ev) - 1)
-    paired = (kind[more] == CUPTI_KERNEL_MORE) & (ev["tid"][more] == ev["tid"][rec])
-    unpaired = int((~paired).sum())
-    rec, more = rec[paired], more[paired]
+    # each record's two events, one after the other on its thread (a streamed file
+    # interleaves threads' runs of events: pair them per thread, in recorded order)
+    both = np.flatnonzero((kind == CUPTI_KERNEL) | (kind == CUPTI_KERNEL_MORE))
+    both = both[np.argsort(ev["tid"][both], kind="stable")]
+    first, second = both[:-1], both[1:]
+    pair = ((kind[first] == CUPTI_KERNEL) & (kind[second] == CUPTI_KERNEL_MORE)
+            & (ev["tid"][first] == ev["tid"][second]))
+    rec, more = first[pair], second[pair]
+    unpaired = int(np.count_nonzero(kind == CUPTI_KERNEL)) - len(rec)
     to_unix = _clock(info)
     start = to_unix(ev["seq"][rec])
     end = start + ev["rf_tid"][rec].astype(np.int64)
@@ -207,6 +214,8 @@ def _records_of(trace: TraceData) -> KernelRecords:
     at_graph = at[graph]
     at_graph[named] = node_at[named]
     at[graph] = at_graph
+    by_node = np.zeros(len(rec), bool)  # a graph kernel named through its captured node
+    by_node[np.flatnonzero(graph)[named]] = True
     placed = at >= 0
     spans = trace.spans()
     span = np.full(len(rec), -1, np.int64)
@@ -226,7 +235,7 @@ def _records_of(trace: TraceData) -> KernelRecords:
             site_module[hit] = runs.module[run[run >= 0]]
             site_cat[hit] = runs.cat[run[run >= 0]]
     return KernelRecords(start, end, stream, (flags & 3).astype(np.uint8), name, span, nccl,
-                         launch_ns, site_module, site_cat, int((~placed).sum()),
+                         launch_ns, site_module, site_cat, graph, by_node, int((~placed).sum()),
                          int(graph.sum()), int((~named).sum()), unpaired)
 
 

@@ -196,6 +196,7 @@ def test_a_captured_graph_replayed_three_times_is_named_by_module(cupti: Any) ->
 
     k = kernel_records(data)
     assert (k.graph_kernels, k.graph_unnamed) == (11, 2)
+    assert (int(k.graph.sum()), int(k.by_node.sum())) == (11, 9)
     named = sum(r["kernel_self_ns"] or 0 for r in s.rows if r["mode"] == "train")
     assert named == 10 * MS  # 9 replayed + 1 launched; the unknown graph's 2 ms unplaced
 
