@@ -75,6 +75,7 @@ class RecordOptions:
         shapes: bool
         flops: bool
         gpu: bool
+        gpu_mode: str
         gpu_every: int
         aggregate: str | None
         detail: DetailPolicy

@@ -159,9 +159,14 @@ class Recorder(StepMarks, FlightRecorder, StreamedRecording):
         shapes: record the dtypes and shapes of every forward call's tensor inputs and
             outputs (:mod:`hooktrace.analysis.shapes`): span args ``in_shapes``/``out_shapes``
             (and ``*_dtypes``) in the exports, ``hooktrace summary --by-shape``.
-        gpu: record each module call's device time on its CUDA stream, forward and
-            backward (:mod:`hooktrace.record.gpu_time`; read as
-            ``TraceData.gpu_spans()``); needs a CUDA device.
+        gpu: record where the device's time went, forward and backward; needs a CUDA
+            device (or an XPU or PrivateUse1 one). On CUDA, each kernel's busy time from
+            CUPTI joined to the module that launched it (:mod:`hooktrace.record.cupti`,
+            read by :mod:`hooktrace.analysis.kernel_time`); elsewhere, or when CUPTI is
+            held by another tool, each call's device-event interval
+            (:mod:`hooktrace.record.gpu_time`; read as ``TraceData.gpu_spans()``).
+        gpu_mode: with ``gpu``: ``"auto"`` (above), ``"kernels"``, ``"events"`` or
+            ``"both"``.
         gpu_every: with ``gpu``, only steps ``0, N, 2N, ...`` are timed.
     """
 
