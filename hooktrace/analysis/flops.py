@@ -76,6 +76,7 @@ from hooktrace.analysis.column_provider import (
     measured_only,
 )
 from hooktrace.analysis.device_time import gpu_recorded, launch_time_only, span_gpu
+from hooktrace.analysis.kernel_time import kernels_recorded, span_kernels
 from hooktrace.errors import HooktraceError
 from hooktrace.text import format_count
 
@@ -378,6 +379,10 @@ def _trace_flop_columns(trace: TraceData, info: Any, peak_tflops: float | None
         total, _, timed = span_gpu(trace)
         return flop_columns(info, trace.spans(), trace.modules, peak_tflops, durations=total,
                             timed=timed)
+    if kernels_recorded(trace):  # over the kernels' busy time (CUPTI)
+        sk = span_kernels(trace)
+        return flop_columns(info, trace.spans(), trace.modules, peak_tflops,
+                            durations=sk.busy, timed=sk.count > 0)
     return flop_columns(info, trace.spans(), trace.modules, peak_tflops)
 
 
@@ -390,7 +395,7 @@ def add_flops(rows: list[dict[str, Any]], trace: TraceData,
     info = run_flop_info(trace)
     peak = peak_tflops if peak_tflops is not None else peak_tflops_for(
         trace.info.get("device_name"))
-    gpu, launch = gpu_recorded(trace), launch_time_only(trace)
+    gpu, launch = gpu_recorded(trace) or kernels_recorded(trace), launch_time_only(trace)
     per_module = _trace_flop_columns(trace, info, peak)
     if launch:
         for values in per_module.values():

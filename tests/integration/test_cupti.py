@@ -414,3 +414,26 @@ def test_aggregates_carry_kernel_time_per_step_and_the_summary_reads_it(
     got = {(r["module"], r["mode"]): r["kernel_ms_per_step"] for r in rows}
     assert steps == 4
     assert got[("0", "forward")] == pytest.approx(2.0) and got[("1", "forward")] == pytest.approx(3.0)
+
+
+def test_tflops_are_over_the_kernels_busy_time(cupti: Any) -> None:
+    """With kernel busy time (and no event intervals), TFLOP/s is over busy time, not
+    over the host's launch time."""
+    cupti.fake_cupti_set(b"late_flushes", 0)
+
+    class Mm(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(64, 64, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            cupti.fake_cupti_launch(RUNTIME, LAUNCH_KERNEL, KERNEL, b"gemm", 7, 10 * MS)
+            return self.lin(x)
+
+    model = Mm()
+    with hooktrace.trace(model, gpu=True, gpu_mode="kernels", flops=True) as tr:
+        for _ in range(3):
+            model(torch.ones(32, 64))
+    r = row(tr.result.summary(), "")
+    flops = 2 * 32 * 64 * 64  # one matmul per call
+    assert r["tflops"] == pytest.approx(flops / (10 * MS) / 1e3, rel=1e-3)
