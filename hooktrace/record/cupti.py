@@ -59,9 +59,11 @@ def cupti_candidates() -> list[str]:
 class KernelTimer:
     """Kernel busy time for one session: :meth:`start` subscribes (None) or says why
     not (one line); :meth:`flush` delivers completed records into the session;
-    :meth:`stop` gives CUPTI back. Process-wide in CUPTI: one trace at a time."""
+    :meth:`stop` gives CUPTI back. CUPTI's subscription is the process's: traces at the
+    same time (a model traced inside ``hooktrace run``) share it, each session getting
+    every record, and the last one to stop lets it go."""
 
-    _active: KernelTimer | None = None
+    _users = 0
 
     def __init__(self) -> None:
         self._session: Any = None
@@ -70,8 +72,6 @@ class KernelTimer:
         self.refused = ""  # why CUPTI could not be (re)taken after a yield
 
     def start(self, session: Any) -> str | None:
-        if KernelTimer._active is not None:
-            return "another hooktrace trace holds CUPTI in this process"
         C = _native()
         why = C.cupti_start(cupti_candidates(), BUFFER_BYTES, MAX_BUFFERS)
         if why:
@@ -79,7 +79,7 @@ class KernelTimer:
         self._session = session
         self._base = dict(C.cupti_stats())
         C.cupti_add_session(session)
-        KernelTimer._active = self
+        KernelTimer._users += 1
         return None
 
     def set_enabled(self, on: bool) -> None:
@@ -92,14 +92,14 @@ class KernelTimer:
 
     def yield_to_profiler(self) -> None:
         """torch.profiler is about to take CUPTI: deliver what we have, let go."""
-        if self._session is not None and KernelTimer._active is self:
+        if self._session is not None:
             _native().cupti_stop()
             self.yielded += 1
 
     def resume(self) -> None:
         """torch.profiler let CUPTI go: take it back, or say why not (its Kineto keeps
         the one subscriber for the rest of the process on most torch builds)."""
-        if self._session is None or KernelTimer._active is not self:
+        if self._session is None:
             return
         why = _native().cupti_start(cupti_candidates(), BUFFER_BYTES, MAX_BUFFERS)
         if why and not self.refused:
@@ -109,9 +109,10 @@ class KernelTimer:
         if self._session is None:
             return
         C = _native()
-        C.cupti_stop()
         C.cupti_remove_session(self._session)
-        KernelTimer._active = None
+        KernelTimer._users -= 1
+        if KernelTimer._users == 0:
+            C.cupti_stop()
 
     def metadata(self) -> dict[str, Any]:
         st = dict(_native().cupti_stats())

@@ -437,3 +437,17 @@ def test_tflops_are_over_the_kernels_busy_time(cupti: Any) -> None:
     r = row(tr.result.summary(), "")
     flops = 2 * 32 * 64 * 64  # one matmul per call
     assert r["tflops"] == pytest.approx(flops / (10 * MS) / 1e3, rel=1e-3)
+
+
+def test_two_traces_at_once_share_cupti_and_each_gets_its_kernels(cupti: Any) -> None:
+    cupti.fake_cupti_set(b"late_flushes", 0)
+    a, b = Launches(cupti, 2, MS), Launches(cupti, 3, MS, stream=8)
+    with hooktrace.trace(a, gpu=True, gpu_mode="kernels") as ta:
+        with hooktrace.trace(b, gpu=True, gpu_mode="kernels") as tb:
+            a(torch.ones(1))
+            b(torch.ones(1))
+        assert cupti.fake_cupti_get(b"subscribed")  # a still records
+        a(torch.ones(1))
+    assert not cupti.fake_cupti_get(b"subscribed")
+    assert row(ta.result.summary(), "")["kernels"] == 4
+    assert row(tb.result.summary(), "")["kernels"] == 3
