@@ -2,6 +2,7 @@
 // No logic here; lambdas only adapt Python types (buffers, enums) to C++ ones.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/autograd/python_variable.h>
 
 #include <cstring>
 #include <memory>
@@ -15,8 +16,10 @@
 #include "gpu_time.h"
 #include "kernel_marks.h"
 #include "lanes.h"
+#include "memory.h"
 #include "module_call.h"
 #include "numerics.h"
+#include "numerics_launch.h"
 #include "shapes.h"
 #include "slice_columns.h"
 #include "tensor_walk.h"
@@ -234,6 +237,65 @@ PYBIND11_MODULE(_C, m) {
   }, "(a fused launcher is registered, the first failure's message or None).");
   m.def("numerics_leaf_hooks", &hooktrace::numerics_leaf_hooks,
         "Tests: leaf tensors holding a numerics gradient hook (numerics.h).");
+  // --- the numerics kernel launched from C++ (numerics_launch.h) ---
+  m.def("set_numerics_kernel",
+        [](int key, py::bytes image, std::string name, std::string layout, int num_warps,
+           int shared, int64_t block) {
+          hooktrace::set_numerics_kernel(
+              key, hooktrace::NumericsKernel{std::string(image), std::move(name), std::move(layout),
+                                             num_warps, shared, block});
+        },
+        py::arg("key"), py::arg("image"), py::arg("name"), py::arg("layout"), py::arg("num_warps"),
+        py::arg("shared"), py::arg("block"),
+        "Register a compiled variant of the fused numerics kernel (numerics_launch.h).");
+  m.def("reset_numerics_native", &hooktrace::reset_numerics_native,
+        "Forget the registered numerics kernels and the failure; native launch on again.");
+  m.def("set_numerics_native", &hooktrace::set_numerics_native, py::arg("on"),
+        "Whether the fused numerics kernel is launched from C++ (numerics_launch.h).");
+  m.def("numerics_native_state", [] {
+    const auto st = hooktrace::numerics_native_state();
+    py::dict d;
+    d["on"] = st.on;
+    d["kernels"] = st.kernels;
+    d["launches"] = st.launches;
+    d["fallbacks"] = st.fallbacks;
+    d["error"] = st.error.empty() ? py::object(py::none()) : py::object(py::str(st.error));
+    return d;
+  }, "The native numerics launch: on, kernels, launches, fallbacks, error (numerics_launch.h).");
+  m.def("numerics_kernel_key", [](py::handle x) {
+    if (!THPVariable_Check(x.ptr())) throw py::type_error("numerics_kernel_key takes a tensor");
+    const at::Tensor& t = THPVariable_Unpack(x.ptr());
+    return hooktrace::numerics_kernel_key(t.scalar_type(), reinterpret_cast<uintptr_t>(t.const_data_ptr()),
+                                          t.numel());
+  }, py::arg("x"), "The kernel variant a dense tensor takes (-1: none).");
+  m.def("numerics_launch_native", [](py::handle x, py::handle out, int64_t row) {
+    if (!THPVariable_Check(x.ptr()) || !THPVariable_Check(out.ptr()))
+      throw py::type_error("numerics_launch_native takes two tensors and a row");
+    return hooktrace::launch_numerics_native(THPVariable_Unpack(x.ptr()), THPVariable_Unpack(out.ptr()),
+                                             row);
+  }, py::arg("x"), py::arg("out"), py::arg("row"),
+        "Queue the fused numerics kernel from C++; False: not launched (numerics_launch.h).");
+  m.def("numerics_launch_plan",
+        [](std::string layout, int num_warps, int shared, int64_t block, uint64_t x, uint64_t out,
+           int64_t row, int64_t n) -> py::object {
+          hooktrace::NumericsKernel k{"-", "-", std::move(layout), num_warps, shared, block};
+          hooktrace::NumericsLaunch l;
+          if (!hooktrace::plan_numerics_launch(k, x, out, row, n, &l)) return py::none();
+          py::list params;
+          for (int i = 0; i < l.nparams; ++i)
+            params.append(py::bytes(static_cast<const char*>(l.params[i]), sizeof(uint64_t)));
+          py::dict d;
+          d["grid"] = l.grid;
+          d["threads"] = l.threads;
+          d["shared"] = l.shared;
+          d["params"] = params;
+          return d;
+        },
+        py::arg("layout"), py::arg("num_warps"), py::arg("shared"), py::arg("block"), py::arg("x"),
+        py::arg("out"), py::arg("row"), py::arg("n"),
+        "Tests: a launch's shape and parameters as packed (8 bytes each), or None.");
+  m.def("set_numerics_driver_for_tests", &hooktrace::set_numerics_driver_for_tests,
+        py::arg("driver"), "Tests: a NumericsDriver* (as an int) in place of CUDA's; 0: CUDA's.");
   // --- device time (gpu_time.h) ---
   m.def("gpu_start", &hooktrace::gpu_start, py::arg("session"), py::arg("timer"),
         py::arg("pool_events"),
@@ -262,6 +324,8 @@ PYBIND11_MODULE(_C, m) {
     d["realigned"] = st.realigned;
     d["max_realign_correction_ns"] = st.max_realign_correction_ns;
     d["opportunistic"] = st.opportunistic;
+    d["align_waits"] = st.align_waits;
+    d["align_estimated"] = st.align_estimated;
     return d;
   }, py::arg("session"));
   m.def("gpu_set_capturing", &hooktrace::gpu_set_capturing, py::arg("on"),
@@ -295,6 +359,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("shape_signatures", &hooktrace::shape_signatures, py::arg("first") = 0,
         "The process's shape signatures from index `first` (shapes.h).");
   m.def("now_ticks", &hooktrace::now_ticks);
+  m.def("memory_sample_ns", &hooktrace::memory_sample_ns, py::arg("device"), py::arg("n"),
+        py::call_guard<py::gil_scoped_release>(),
+        "Benchmarks: ns per memory sample, CUDA allocator of `device` (< 0: CPU counters).");
   m.def("cpu_memory_installed", &hooktrace::cpu_memory_installed,
         "Whether hooktrace's counting CPU allocator is installed (memory=True).");
   m.def("cpu_memory_current", [] {

@@ -72,16 +72,34 @@ class TimerBackend {
   virtual int64_t time_ns(uint64_t k, int16_t device) = 0;  // may throw
   // k's event (resolved: its time t) is the device's reference from now on.
   virtual void make_reference(uint64_t k, int16_t device, int64_t t) = 0;
-  // Aligns a device's clock: a new reference bracketed by host readings, on an idle
-  // stream; without a wait unless `wait` (then the stream's queued work is waited for
-  // first). Returns whether it did; *correction_ns: the new host time less the one
-  // the old reference gave (0 for a first alignment).
+  // Aligns a device's clock: a new reference bracketed by host readings. Without
+  // `wait`: on an idle stream only (a probe seen complete microseconds after it was
+  // recorded). With `wait`: the device's one wait of the trace (false once it is
+  // spent): a probe waited for, whose bracket [recorded, wait returned] is the
+  // alignment (an estimate), then an idle probe to tighten it. Returns whether it
+  // aligned; *correction_ns: the new host time less the one the old reference gave
+  // (0 for a first alignment).
   virtual bool realign(int16_t device, bool wait, int64_t* correction_ns) { return false; }
+  // Aligns a device's clock without a wait, on a stream that never idles: a probe
+  // recorded now, seen complete by a later call: [recorded (or last seen not done),
+  // seen done]. Returns whether it aligned.
+  virtual bool align_passive(int16_t device) { return false; }
   // bit d: device d has a pool not aligned yet (its marks wait for an alignment)
   virtual uint64_t unaligned() const { return 0; }
+  // The bound of the alignment of every time resolved so far (worst device): the
+  // bracket of the alignment each time descends from, plus the drift allowed since.
   virtual int64_t align_error_ns() const = 0;
+  virtual uint64_t align_waits() const { return 0; }      // waits spent aligning
+  virtual uint64_t align_estimates() const { return 0; }  // alignments no idle stream gave
   virtual uint32_t devices() const = 0;  // bit d: device d has a pool
 };
+
+// Drift the bound allows between alignments: the device clock against the host's,
+// measured -3 to +11 ppm on an H200 over 2-4 minute runs (issue #36); twice the worst.
+constexpr int64_t kDriftPpm = 22;
+// The resolution of an elapsed time between two events (cudaEventElapsedTime: "around
+// 0.5 microseconds"), added to every alignment's bound.
+constexpr int64_t kElapsedResolutionNs = 500;
 
 // Events are host timestamps: everything but the device calls, on any machine.
 class HostBackend final : public TimerBackend {
@@ -110,12 +128,15 @@ class HostBackend final : public TimerBackend {
 // (EventFlag::BACKEND_DEFAULT), recorded on the current stream of the current device.
 // One pool per device, made at the first mark on that device (issue #36: a trace
 // started before torch.cuda.set_device(local_rank) timed nothing on ranks but 0, and
-// opened a context on device 0): n + 2 events, slot k's is events[which[k]], plus
-// the reference and a spare for the re-alignment probe (swapped by index: events
-// never move). No sync inside the user's forward or backward: a pool is aligned at
-// the first step mark after it was made (an event recorded and seen complete between
-// two host readings microseconds apart, on a stream found idle or, once per device,
-// after one wait for its queued work); its marks are resolved once it is aligned.
+// opened a context on device 0): n + 3 events, slot k's is events[which[k]], plus
+// the reference, a spare for the re-alignment probe and one for the passive probe
+// (swapped by index: events never move). No sync inside the user's forward or
+// backward: a pool is aligned at the first step mark after it was made (an event
+// recorded and seen complete between two host readings microseconds apart, on a
+// stream found idle or, once per device and trace, after one wait for its queued
+// work; a device that does not idle even then keeps the wait's bracket as a bounded
+// estimate, issue #50); its marks are resolved once it is aligned. Where no wait is
+// allowed (resolutions from the hot path), a passive probe aligns it when seen done.
 class DeviceBackend final : public TimerBackend {
  public:
   DeviceBackend(uint64_t n, c10::DeviceType type, std::string name)
@@ -172,41 +193,61 @@ class DeviceBackend final : public TimerBackend {
     Pool* p = pool(device);
     std::swap(p->reference, p->which[k]);
     p->reference_ns = t;
+    // every time resolved so far descends from the last alignment: its bracket plus
+    // the drift allowed since (t is the device's latest resolved time)
+    const int64_t since = t > p->aligned_at_ns ? t - p->aligned_at_ns : p->aligned_at_ns - t;
+    p->worst_ns = std::max(p->worst_ns, p->error_ns + since / 1'000'000 * kDriftPpm +
+                                            since % 1'000'000 * kDriftPpm / 1'000'000);
   }
   bool realign(int16_t device, bool wait, int64_t* correction_ns) override {
     Pool* p = pool(device);
     const c10::Device d(type_, p->index);
     const c10::Stream s = impl_.getStream(d);
     if (stream_capturing(raw_, s)) return false;
+    if (!wait) return idle_probe(p, s, correction_ns);
+    // The one wait of this device and trace (issue #50: on a device that never idles,
+    // every step mark waited 3 times and no mark was ever timed). A probe recorded at
+    // host time h0 and waited for until h1 completed inside [h0, h1] (the device
+    // cannot run it before it is queued): that bracket is the alignment, an estimate
+    // within (h1 - h0) / 2. Most devices are idle after the wait: an idle probe then
+    // tightens it to microseconds.
+    if (p->waited) return false;
+    p->waited = true;
+    ++waits_;
     void*& probe = p->events[p->probe];
-    for (int attempt = 0; attempt < (wait ? 3 : 1); ++attempt) {
-      if (wait) {  // the queued work first: then the stream is idle
-        impl_.record(&probe, s, p->index, c10::EventFlag::BACKEND_DEFAULT);
-        impl_.synchronizeEvent(probe);
-      }
-      const int64_t before = host_unix_ns();
-      impl_.record(&probe, s, p->index, c10::EventFlag::BACKEND_DEFAULT);
-      bool ok = false;
-      int64_t after = before;
-      // an idle stream completes it within microseconds: a few queries, never a wait
-      for (int i = 0; i < 4 && !ok; ++i) {
-        ok = impl_.queryEvent(probe);
-        after = host_unix_ns();
-      }
-      if (!ok || after - before > kRealignBracketNs) continue;
-      const int64_t host = before + (after - before) / 2;
-      *correction_ns = 0;
-      if (p->aligned.load(std::memory_order_relaxed)) {
-        const double ms = impl_.elapsedTime(p->events[p->reference], probe, p->index);
-        *correction_ns = host - (p->reference_ns + std::llround(ms * 1e6));
-      }
-      std::swap(p->reference, p->probe);
-      p->reference_ns = host;
-      p->error_ns = (after - before + 1) / 2;
-      p->aligned.store(true, std::memory_order_release);
-      return true;
+    const int64_t h0 = host_unix_ns();
+    impl_.record(&probe, s, p->index, c10::EventFlag::BACKEND_DEFAULT);
+    impl_.synchronizeEvent(probe);
+    const int64_t h1 = host_unix_ns();
+    std::swap(p->reference, p->probe);
+    set_alignment(p, h0, h1, false);
+    int64_t ignored = 0;
+    if (!idle_probe(p, s, &ignored)) ++estimates_;  // (the stream did not idle even now)
+    *correction_ns = 0;
+    return true;
+  }
+  bool align_passive(int16_t device) override {
+    Pool* p = pool(device);
+    if (!p->passive_pending) {
+      const c10::Device d(type_, p->index);
+      const c10::Stream s = impl_.getStream(d);
+      if (stream_capturing(raw_, s)) return false;
+      p->passive_lo_ns = host_unix_ns();
+      impl_.record(&p->events[p->passive], s, p->index, c10::EventFlag::BACKEND_DEFAULT);
+      p->passive_pending = true;
+      return false;
     }
-    return false;
+    // not complete when asked: it completes after this reading
+    const int64_t before = host_unix_ns();
+    if (!impl_.queryEvent(p->events[p->passive])) {
+      p->passive_lo_ns = before;
+      return false;
+    }
+    const int64_t after = host_unix_ns();
+    std::swap(p->reference, p->passive);
+    p->passive_pending = false;
+    set_alignment(p, p->passive_lo_ns, after, true);
+    return true;
   }
   uint64_t unaligned() const override {
     uint64_t bits = 0;
@@ -218,10 +259,15 @@ class DeviceBackend final : public TimerBackend {
   }
   int64_t align_error_ns() const override {
     int64_t worst = 0;
-    for (const auto& slot : pools_)
-      if (Pool* p = slot.load(std::memory_order_acquire)) worst = std::max(worst, p->error_ns);
+    for (const auto& slot : pools_) {
+      Pool* p = slot.load(std::memory_order_acquire);
+      if (p && p->aligned.load(std::memory_order_acquire))
+        worst = std::max(worst, std::max(p->worst_ns, p->error_ns));
+    }
     return worst;
   }
+  uint64_t align_waits() const override { return waits_; }
+  uint64_t align_estimates() const override { return estimates_; }
   uint32_t devices() const override {
     uint32_t bits = 0;
     for (int i = 0; i < 32; ++i)
@@ -235,14 +281,55 @@ class DeviceBackend final : public TimerBackend {
  private:
   struct Pool {
     c10::DeviceIndex index = 0;
-    std::vector<void*> events;    // n + 2, created by their first record
+    std::vector<void*> events;    // n + 3, created by their first record
     std::vector<uint32_t> which;  // slot k -> events index
     uint32_t reference = 0;
     uint32_t probe = 0;
+    uint32_t passive = 0;
     int64_t reference_ns = 0;
-    int64_t error_ns = 0;
+    int64_t error_ns = 0;       // the bound of the last alignment
+    int64_t aligned_at_ns = 0;  // its host time
+    int64_t worst_ns = 0;       // the largest bound a resolved time has had
+    bool waited = false;        // the one wait of this device is spent
+    bool passive_pending = false;
+    int64_t passive_lo_ns = 0;  // the passive probe completes after this
     std::atomic<bool> aligned{false};
   };
+
+  // The reference (just swapped in) completed inside [lo, hi] on the host clock: its
+  // host time is the middle, within half the bracket and the resolution of an elapsed
+  // time (the times resolved against it carry that bound, make_reference).
+  void set_alignment(Pool* p, int64_t lo, int64_t hi, bool estimate) {
+    p->reference_ns = lo + (hi - lo) / 2;
+    p->error_ns = (hi - lo + 1) / 2 + kElapsedResolutionNs;
+    p->aligned_at_ns = p->reference_ns;
+    estimates_ += estimate;
+    p->aligned.store(true, std::memory_order_release);
+  }
+
+  // A probe on an idle stream: seen complete within kRealignBracketNs of its record,
+  // a few queries, never a wait.
+  bool idle_probe(Pool* p, const c10::Stream& s, int64_t* correction_ns) {
+    void*& probe = p->events[p->probe];
+    const int64_t before = host_unix_ns();
+    impl_.record(&probe, s, p->index, c10::EventFlag::BACKEND_DEFAULT);
+    bool ok = false;
+    int64_t after = before;
+    for (int i = 0; i < 4 && !ok; ++i) {
+      ok = impl_.queryEvent(probe);
+      after = host_unix_ns();
+    }
+    if (!ok || after - before > kRealignBracketNs) return false;
+    const int64_t host = before + (after - before) / 2;
+    *correction_ns = 0;
+    if (p->aligned.load(std::memory_order_relaxed)) {
+      const double ms = impl_.elapsedTime(p->events[p->reference], probe, p->index);
+      *correction_ns = host - (p->reference_ns + std::llround(ms * 1e6));
+    }
+    std::swap(p->reference, p->probe);
+    set_alignment(p, before, after, false);
+    return true;
+  }
 
   Pool* pool(int16_t device) {
     Pool* p = (device >= 0 && device < kMaxDevices) ? pools_[device].load(std::memory_order_acquire)
@@ -261,11 +348,12 @@ class DeviceBackend final : public TimerBackend {
     if (broken_[idx].load(std::memory_order_relaxed)) return nullptr;
     auto p = std::make_unique<Pool>();
     p->index = d.index();
-    p->events.assign(n_ + 2, nullptr);
+    p->events.assign(n_ + 3, nullptr);
     p->which.resize(n_);
     for (uint64_t i = 0; i < n_; ++i) p->which[i] = static_cast<uint32_t>(i);
     p->reference = static_cast<uint32_t>(n_);
     p->probe = static_cast<uint32_t>(n_ + 1);
+    p->passive = static_cast<uint32_t>(n_ + 2);
     try {
       for (auto& e : p->events) impl_.record(&e, s, d.index(), c10::EventFlag::BACKEND_DEFAULT);
     } catch (...) {
@@ -287,6 +375,8 @@ class DeviceBackend final : public TimerBackend {
   std::mutex pools_mutex_;
   std::array<std::atomic<Pool*>, kMaxDevices> pools_;
   std::array<std::atomic<bool>, kMaxDevices> broken_{};  // its pool could not be made
+  uint64_t waits_ = 0;      // (the timer's resolve_mutex_, as everything aligning)
+  uint64_t estimates_ = 0;  // (likewise)
 };
 
 std::atomic<bool> g_capturing{false};
@@ -403,14 +493,18 @@ class GpuTimer {
   // counted, its slot freed, and never raised into the user's step.
   uint64_t resolve_locked(Session* s, bool wait, bool align_wait) {
     // devices whose pools are not aligned yet: now if their streams are idle, else
-    // with one wait where allowed (a step mark); else their marks wait for later
+    // with the device's one wait where allowed (a step mark, the end: tight if the
+    // stream idles after it, else the wait's bracket), else by a passive probe seen
+    // done since an earlier resolution; else their marks wait for later
     uint64_t unaligned = backend_->unaligned();
     for (int d = 0; unaligned && d < kMaxDevices; ++d) {
       if (!(unaligned >> d & 1)) continue;
+      const auto dev = static_cast<int16_t>(d);
       int64_t correction = 0;
       try {
-        if (!backend_->realign(static_cast<int16_t>(d), false, &correction) && (wait || align_wait))
-          backend_->realign(static_cast<int16_t>(d), true, &correction);
+        if (backend_->realign(dev, false, &correction)) continue;
+        if ((wait || align_wait) && backend_->realign(dev, true, &correction)) continue;
+        backend_->align_passive(dev);
       } catch (...) {
       }
     }
@@ -422,6 +516,7 @@ class GpuTimer {
       int64_t stream;
       uint64_t last;
       bool done;
+      bool wait_failed;  // (its last event cannot be waited for: each one is, then)
     };
     constexpr int kStreams = 16;
     StreamLast streams[kStreams];
@@ -436,7 +531,7 @@ class GpuTimer {
       while (j < nstreams && !(streams[j].device == device_[k] && streams[j].stream == stream_[k])) ++j;
       if (j == nstreams) {
         if (nstreams == kStreams) continue;  // (more streams: queried event by event)
-        streams[nstreams++] = StreamLast{device_[k], stream_[k], limit, false};
+        streams[nstreams++] = StreamLast{device_[k], stream_[k], limit, false, false};
       }
       streams[j].last = limit;
     }
@@ -477,7 +572,20 @@ class GpuTimer {
           }
           if (!done) {
             if (!wait) break;
-            backend_->wait(k, dev);
+            // one wait per stream: for its last pending event (stream order: then
+            // every earlier one is done too)
+            int j = 0;
+            while (j < nstreams && !(streams[j].device == dev && streams[j].stream == stream_[k])) ++j;
+            bool waited = false;
+            if (j < nstreams && i <= streams[j].last && !streams[j].wait_failed) {
+              try {
+                backend_->wait(streams[j].last % n_, dev);
+                streams[j].done = waited = true;
+              } catch (...) {  // (e.g. recorded into a capture: the others may be fine)
+                streams[j].wait_failed = true;
+              }
+            }
+            if (!waited) backend_->wait(k, dev);
           }
           t = backend_->time_ns(k, dev);
         } catch (...) {
@@ -535,6 +643,8 @@ class GpuTimer {
     st.realigned = realigned_;
     st.max_realign_correction_ns = max_correction_ns_;
     st.opportunistic = opportunistic_.load(std::memory_order_relaxed);
+    st.align_waits = backend_->align_waits();
+    st.align_estimated = backend_->align_estimates();
     return st;
   }
 

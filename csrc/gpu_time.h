@@ -22,9 +22,16 @@
 // A pool is aligned to the host clock at the first step mark after it is made: an
 // event recorded on an idle stream and seen complete between two host readings
 // microseconds apart (after one wait for the stream's queued work if it is busy:
-// once per device and trace). Its marks are resolved once it is aligned. Each later
-// step mark that finds every mark resolved re-aligns an idle stream the same way
-// without a wait (drift: -3 to +11 ppm measured on an H200).
+// once per device and trace, never again). A stream still busy after that wait (a
+// device that never idles, issue #50) keeps the wait's bracket, [probe recorded, wait
+// returned], as a bounded estimate; where no wait is allowed (the hot path's
+// resolutions), a probe seen done at a later resolution gives one. Its marks are
+// resolved once it is aligned: durations, elapsed times between a call's own events,
+// never depend on it. Each later step mark that finds every mark resolved re-aligns an
+// idle stream the same way without a wait (drift: -3 to +11 ppm measured on an H200).
+// The bound reported (GpuStats::align_error_ns) covers every time resolved: its
+// alignment's half bracket, the resolution of an elapsed time, and 22 ppm of drift
+// since that alignment.
 //
 // Resolution. gpu_resolve(session, wait) turns completed events into kGpuTime
 // events (device time as Unix ns) in slot order and frees their slots: one query per
@@ -33,7 +40,7 @@
 // the last resolved event becomes the reference (the float milliseconds span a step
 // or two). An event whose query or elapsed time fails is counted (failed) and freed,
 // never raised. wait=true (the end, a window's end, a timed aggregate step) waits for
-// the last ones.
+// the last ones: once per stream, for its last pending event.
 //
 // Compiled regions: each kernel call site hooktrace marks (kernel_marks.h) gets one
 // event before the kernel and one after it (kGpuKernel); the reader makes them
@@ -73,7 +80,8 @@ struct GpuStats {
   uint64_t dropped = 0;            // calls not timed: the pool was full (or a record failed)
   uint64_t skipped_capturing = 0;  // calls not timed: a graph was being captured
   uint64_t failed = 0;             // marks whose time could not be read (counted, freed)
-  int64_t align_error_ns = 0;      // the bound of the clock alignment (worst device)
+  int64_t align_error_ns = 0;      // the bound of the clock alignment of every time resolved
+                                   // (worst device): its bracket plus the drift allowed since
   uint64_t pending = 0;            // recorded, not resolved yet
   uint64_t resolved = 0;           // kGpuTime events recorded so far
   uint64_t pool = 0;               // the pool's size (per device)
@@ -82,6 +90,9 @@ struct GpuStats {
   uint64_t realigned = 0;          // re-alignments of a device's clock at an idle stream
   int64_t max_realign_correction_ns = 0;  // the largest correction one of them made
   uint64_t opportunistic = 0;      // resolutions the hot path ran (pool half full)
+  uint64_t align_waits = 0;        // waits spent aligning clocks (at most one per device)
+  uint64_t align_estimated = 0;    // alignments no idle stream gave (a wait's or a passive
+                                   // probe's bracket: a bounded estimate)
 };
 
 // Creates the session's timer (a device type, or "host") with a ring of

@@ -1,5 +1,6 @@
 #include "memory.h"
 
+#include <chrono>
 #include <cstddef>
 #include <mutex>
 #include <stdexcept>
@@ -144,6 +145,29 @@ void sample_cuda_memory(c10::DeviceAllocator* allocator, int device, int64_t* cu
   (void)allocator, (void)device;  // never called: cuda_device_allocator() is null
   *current = *peak = 0;
 #endif
+}
+
+double memory_sample_ns(int device, int64_t n) {
+  if (n <= 0) return 0.0;
+  c10::DeviceAllocator* cuda = nullptr;
+  if (device >= 0) {
+    cuda = cuda_device_allocator();
+    if (cuda == nullptr)
+      throw std::runtime_error("no CUDA allocator is registered (a CPU-only torch build, or torch < 2.9)");
+  }
+  int64_t current = 0, peak = 0, sink = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < n; ++i) {
+    if (cuda)
+      sample_cuda_memory(cuda, device, &current, &peak);
+    else
+      sample_cpu_memory(&current, &peak);
+    sink += current ^ peak;
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  volatile int64_t keep = sink;  // (the loop is not optimized away)
+  (void)keep;
+  return std::chrono::duration<double, std::nano>(t1 - t0).count() / static_cast<double>(n);
 }
 
 }  // namespace hooktrace

@@ -78,7 +78,26 @@ inline void sample_cpu_memory(int64_t* current, int64_t* peak) {
 c10::DeviceAllocator* cuda_device_allocator();
 // One CUDA sample of `device`: bytes allocated now and the device's high-water
 // mark (a copy of the allocator's statistics, taken under its mutex).
+//
+// Issue #50: this is the hot path's one lock (and, with CUDA graph pools, allocation:
+// DeviceStats holds a hash map per private pool, copied too). No lock-free read exists
+// in torch (2.9 to 2.13, read in the headers and the allocator's source): the
+// device-generic DeviceAllocator has getDeviceStats only, which every allocator
+// implements as a copy under its recursive mutex; the
+// allocator's push of its total to the thread-local profiler reporter
+// (c10::reportMemoryUsageToProfiler, per malloc and free) lives in the
+// PROFILER_STATE slot that torch.profiler owns (torch reads whatever is there as its
+// own ProfilerStateBase, and the pushes must nest with the profiler's); the CUDA
+// allocator's trace tracker (attachAllocatorTraceTracker) needs CUDA headers at build,
+// runs under the same mutex for every malloc and free, and cannot be detached. The
+// cost is measured instead: memory_sample_ns below, benchmarks/gpu.py --memory,
+// docs/beyond-time.md.
 void sample_cuda_memory(c10::DeviceAllocator* allocator, int device, int64_t* current,
                         int64_t* peak);
+
+// The cost of a sample (benchmarks/gpu.py): `n` samples in a loop of the CUDA
+// allocator's statistics of `device` (device < 0: the CPU counters, lock-free);
+// nanoseconds per sample. Throws std::runtime_error without a CUDA allocator.
+double memory_sample_ns(int device, int64_t n);
 
 }  // namespace hooktrace

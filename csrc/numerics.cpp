@@ -18,6 +18,7 @@
 #include <unordered_map>
 
 #include "event.h"
+#include "numerics_launch.h"
 #include "session.h"
 #include "tensor_walk.h"
 
@@ -184,8 +185,14 @@ bool reduce_fused(const at::Tensor& t, Part* p) {
   // (found on an H200: a NaN of a column the slice leaves out).
   const at::Tensor x = t.is_non_overlapping_and_dense() ? t : t.contiguous();
   auto [chunk, row] = take_row(x);
+  const c10::OptionalDeviceGuard device(x.device());  // (kernels launch on the current one)
+  // the kernel loaded once and queued from here (numerics_launch.h): no Python, no GIL
+  if (launch_numerics_native(x, chunk->buf, row)) {
+    p->chunk = std::move(chunk);
+    p->row = row;
+    return true;
+  }
   if (!Py_IsInitialized()) return false;
-  const c10::OptionalDeviceGuard device(x.device());  // (Triton launches on the current one)
   PyGILState_STATE gil = PyGILState_Ensure();
   bool ok = false;
   PyObject *saved_type, *saved_value, *saved_tb;

@@ -163,7 +163,11 @@ def gpu_notes(trace: TraceData) -> list[str]:
     err = info.get("align_error_ns")
     if isinstance(err, (int, float)):
         realigned = info.get("realigned")
+        estimated = info.get("align_estimated")
         parts.append(f"device clock aligned to the host's within ±{format_ns(err)}"
+                     + (" (estimated: the device never idled; durations are exact)"
+                        if isinstance(estimated, int) and estimated and not info.get("realigned")
+                        else "")
                      + (f", re-aligned {realigned}x (largest correction "
                         f"{format_ns(info.get('max_realign_correction_ns') or 0)})"
                         if isinstance(realigned, int) and realigned else ""))

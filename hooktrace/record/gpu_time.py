@@ -27,9 +27,15 @@ device indexes timed), ``skipped_capturing`` (calls made while a graph was being
 captured, seen by hooktrace's wrapper or by the stream's own capture state: not
 timed), ``dropped``, ``failed`` (marks whose time the device would not give, e.g. an
 event recorded into a capture: counted, never raised), ``align_error_ns`` (the bound of
-the device-to-host clock alignment), ``realigned`` and ``max_realign_correction_ns``
-(re-alignments at step marks where the stream was idle, and the largest correction one
-made: the drift and rounding they removed). (``info["accelerator"] = "cuda"``, whenever
+the device-to-host clock alignment of every time resolved: the alignment's bracket, the
+resolution of an elapsed time, and the drift allowed since, 22 ppm), ``realigned`` and
+``max_realign_correction_ns`` (re-alignments at step marks where the stream was idle,
+and the largest correction one made: the drift and rounding they removed),
+``align_waits`` (waits spent aligning: at most one per device and trace) and
+``align_estimated`` (alignments no idle stream gave, issue #50: the bracket of the one
+wait, or of a probe seen done at a later resolution, kept as a bounded estimate; a
+device that never idles gets one, its durations exact, its placement on the host clock
+within the bound). (``info["accelerator"] = "cuda"``, whenever
 the process used CUDA, timed or not, is the recorder's.)
 """
 
@@ -337,4 +343,6 @@ class GpuTimeComponent(Component):
                        "failed": int(stats["failed"]),
                        "align_error_ns": int(stats["align_error_ns"]),
                        "realigned": int(stats["realigned"]),
-                       "max_realign_correction_ns": int(stats["max_realign_correction_ns"])}
+                       "max_realign_correction_ns": int(stats["max_realign_correction_ns"]),
+                       "align_waits": int(stats["align_waits"]),
+                       "align_estimated": int(stats["align_estimated"])}

@@ -49,9 +49,13 @@ class NumericsComponent(Component):
     def __init__(self, recorder: Any) -> None:
         super().__init__(recorder)
         self._fused_reason: str | None = None  # why the deferred numerics are not fused
+        self._native_at_start: dict[str, Any] = {}
 
     def prepare(self, session: Any, scope: Any) -> None:
+        import hooktrace._C as _C
+
         self._fused_reason = _use_fused_numerics(scope)  # (process-wide, harmless)
+        self._native_at_start = _C.numerics_native_state()  # (process-wide counters)
 
     def install(self, session: Any, scope: Any) -> None:
         self._session = session
@@ -86,7 +90,7 @@ class NumericsComponent(Component):
     def run_info(self, info: dict[str, Any]) -> None:
         info["numerics"] = {"every": self.recorder.options.numerics_every,
                             "backward": "input gradients",
-                            **_deferred_path(self._fused_reason)}
+                            **_deferred_path(self._fused_reason, self._native_at_start)}
 
     def _on_first_nonfinite(self, slot: int, backward: bool) -> None:
         """Called once by the native core (numerics.cpp), with the GIL, when the first
@@ -137,11 +141,32 @@ def _use_fused_numerics(scope: Any) -> str | None:
     return None
 
 
-def _deferred_path(reason: str | None) -> dict[str, str]:
+def _native_info(at_start: dict[str, Any]) -> dict[str, Any]:
+    """The fused kernel's launch from C++ in this run (issue #50): ``native_launches``
+    (tensors the core launched itself), ``native_fallbacks`` (tensors a compiled variant
+    could not take, and variants that did not compile: Triton's launcher took them)
+    and, where there was one, ``native_note``: the first failure, one line."""
+    import hooktrace._C as _C
+
+    st = _C.numerics_native_state()
+    fused = sys.modules.get("hooktrace.record.fused_numerics")
+    failures: list[str] = getattr(fused, "native_compile_failures", [])
+    out: dict[str, Any] = {
+        "native_launches": int(st["launches"]) - int(at_start.get("launches", 0)),
+        "native_fallbacks": int(st["fallbacks"]) - int(at_start.get("fallbacks", 0)) + len(failures)}
+    note = st["error"] or (failures[0] if failures else None)
+    if note:
+        out["native_note"] = f"Triton's launcher took over: {note}"
+    return out
+
+
+def _deferred_path(reason: str | None, native_at_start: dict[str, Any] | None = None
+                   ) -> dict[str, Any]:
     """``info["numerics"]``'s word on the deferred (GPU) path: ``deferred_path``,
     "triton" (one fused kernel per tensor) or "aten" (five ATen ops per tensor), and
     ``deferred_note`` saying why not triton (a failure of the fused kernel included:
-    the ATen ops took over from it)."""
+    the ATen ops took over from it); with triton, how the kernel was launched
+    (:func:`_native_info`)."""
     import hooktrace._C as _C
 
     registered, error = _C.numerics_fused_state()
@@ -149,5 +174,5 @@ def _deferred_path(reason: str | None) -> dict[str, str]:
         return {"deferred_path": "aten",
                 "deferred_note": f"the fused Triton kernel failed, the ATen ops took over: {error}"}
     if registered:
-        return {"deferred_path": "triton"}
+        return {"deferred_path": "triton", **_native_info(native_at_start or {})}
     return {"deferred_path": "aten", "deferred_note": reason or "no fused launcher registered"}

@@ -2,7 +2,10 @@
 real device path (csrc/gpu_time.cpp's DeviceBackend) on the fake PrivateUse1 device of
 test_fake_device.cpp, whose events complete a set lag after they are recorded.
 
-    python fake_device_job.py SCENARIO LAG_MS      (FAKEDEV_BUILD: the built module's folder)
+    python fake_device_job.py SCENARIO LAG_MS [never_idle]   (FAKEDEV_BUILD: the built module's folder)
+
+``never_idle``: the device never idles (issue #50): every event completes LAG_MS after its
+record, even right after a wait.
 
 Prints one JSON object: what the scenario measured. The registration of a PrivateUse1
 guard is process-wide, hence a process per scenario.
@@ -191,7 +194,7 @@ def no_steps(lag_ms: int) -> dict[str, Any]:
     model = net()
     x = torch.randn(4, 16)
     with torch.no_grad(), hooktrace.trace(model, gpu=True, steps=None) as tr:
-        for _ in range(300):  # 6 marks a call: 1,800 marks against a pool of 256
+        for _ in range(300):  # 14 marks a call: 4,200 marks against a pool of 256
             model(x)
         stats = _C.gpu_stats(tr._session)
     return {**marks_times(tr.result), "info": tr.result.info["gpu"],
@@ -218,10 +221,47 @@ def drift(lag_ms: int) -> dict[str, Any]:
             "run_ns": int(host[-1] - host[0])}
 
 
+def steps4(lag_ms: int) -> dict[str, Any]:
+    """Four training steps: the syncs the fake device saw in each step (its mark
+    included) and at the trace's end, and every module row's timed calls."""
+    model = net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(4, 16)
+    per_step = []
+    with hooktrace.trace(model, gpu=True) as tr:
+        for _ in range(4):
+            c0 = fakedev.counters()["syncs"]
+            model(x).sum().backward()
+            opt.step()  # the step mark
+            opt.zero_grad()
+            per_step.append(fakedev.counters()["syncs"] - c0)
+        c_end = fakedev.counters()["syncs"]
+    at_end = fakedev.counters()["syncs"] - c_end
+    data = tr.result
+    # the fake device's truth: an event completes `lag` after its record (the mark's
+    # host time, microseconds after it), so each mark's device time should be its host
+    # time plus the lag, to within the stated bound
+    ev = data.events
+    marks = np.flatnonzero(ev["kind"] == GPU_MARK)
+    by_id = {int(ev["id"][i]): int(ev["seq"][i].view(np.int64))
+             for i in np.flatnonzero(ev["kind"] == GPU_TIME)}
+    host = data.clock.to_unix_ns(ev["t"][marks])
+    err = [abs(by_id[int(i)] - (int(h) + lag_ms * 1_000_000))
+           for h, i in zip(host, ev["rf_tid"][marks]) if int(i) in by_id]
+    summary = data.summary()
+    table = [{"module": r["module"], "calls": r.get("calls"), "gpu_calls": r.get("gpu_calls"),
+              "gpu_total_ns": r.get("gpu_total_ns"), "gpu_bwd_total_ns": r.get("gpu_bwd_total_ns")}
+             for r in summary.rows if r.get("calls") and not r["module"].startswith("<")]
+    return {**marks_times(data), **rows(data), "syncs_per_step": per_step, "syncs_at_end": at_end,
+            "max_error_ns": max(err),
+            "rows": table, "info": data.info["gpu"], "text": str(summary)}
+
+
 SCENARIOS = {f.__name__: f for f in (basic, devices, schedule, aggregate, aggregate_every, capture,
-                                     queries, no_steps, drift)}
+                                     queries, no_steps, drift, steps4)}
 
 if __name__ == "__main__":
     name, lag = sys.argv[1], int(sys.argv[2])
     fakedev.set_lag_ns(lag * 1_000_000)
+    fakedev.set_never_idle("never_idle" in sys.argv[3:])
     print(json.dumps(SCENARIOS[name](lag)))

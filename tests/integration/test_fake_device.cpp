@@ -16,6 +16,9 @@
 //  * "poisoned" records: events recorded while set behave as captured ones (query and
 //    elapsed throw) though isStreamCapturing says no: a capture nobody could see;
 //  * drift: elapsed times scaled by (1 + ppm / 1e6), a device clock running fast;
+//  * never idle (issue #50): a wait does not leave the stream idle, every event
+//    completes lag_ns after its record even right after a wait (a GPU shared with
+//    other processes, a host that always queues ahead);
 //  * counters for every call, so a test can assert "no sync between step marks".
 // Two fake devices; current device and current stream are thread-local.
 #include <c10/core/Device.h>
@@ -43,6 +46,7 @@ std::atomic<int64_t> g_resolution_ns{500};
 std::atomic<bool> g_capturing{false};
 std::atomic<bool> g_poison{false};
 std::atomic<int64_t> g_drift_ppm{0};
+std::atomic<bool> g_never_idle{false};
 std::atomic<int64_t> g_records{0}, g_queries{0}, g_syncs{0}, g_elapsed{0}, g_live{0},
     g_creates{0}, g_destroys{0};
 thread_local DeviceIndex t_device = 0;
@@ -151,7 +155,7 @@ struct FakeGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     g_syncs++;
     while (now_ns() < g_stream_done[s.device_index()][s.id() & 63].load())
       std::this_thread::sleep_for(std::chrono::microseconds(20));
-    g_stream_idle[s.device_index()][s.id() & 63] = true;
+    if (!g_never_idle.load()) g_stream_idle[s.device_index()][s.id() & 63] = true;
   }
   bool isStreamCapturing(const Stream&) const override { return g_capturing.load(); }
   void synchronizeEvent(void* event) const override {
@@ -161,7 +165,7 @@ struct FakeGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     TORCH_CHECK(!e->captured, "fake CUDA error: synchronize on a captured event");
     while (now_ns() < e->done_ns) std::this_thread::sleep_for(std::chrono::microseconds(20));
     // (the stream is idle if this was its last work)
-    if (g_stream_done[e->device][e->stream & 63].load() <= e->done_ns)
+    if (!g_never_idle.load() && g_stream_done[e->device][e->stream & 63].load() <= e->done_ns)
       g_stream_idle[e->device][e->stream & 63] = true;
   }
   void synchronizeDevice(const DeviceIndex) const override { g_syncs++; }
@@ -193,6 +197,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_capturing", [](bool v) { g_capturing = v; });
   m.def("set_poison", [](bool v) { g_poison = v; });
   m.def("set_drift_ppm", [](int64_t v) { g_drift_ppm = v; });
+  m.def("set_never_idle", [](bool v) { g_never_idle = v; });
   m.def("set_device", [](int d) { t_device = static_cast<DeviceIndex>(d); });
   m.def("current_device", [] { return static_cast<int>(t_device); });
   m.def("counters", [] {

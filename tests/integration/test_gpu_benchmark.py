@@ -1,5 +1,6 @@
-"""benchmarks/gpu.py (issue #28) works: its CPU smoke mode (hooktrace's host-clock timer,
-tiny models) prints every table, and without CUDA the real run is one line."""
+"""benchmarks/gpu.py (issues #28, #50) works: its CPU smoke mode (hooktrace's host-clock
+timer, tiny models) prints every table, issue #50's measurements included (their code
+paths but the GPU's), and without CUDA the real run is one line."""
 
 from __future__ import annotations
 
@@ -32,6 +33,16 @@ def test_dry_run_on_cpu_prints_every_table() -> None:
     assert "GPU self time per module" in out and "transformer.h.0" in out
     assert "clock alignment (device to host), measured: " in out and "timer host" in out
     assert "#28's targets:" in out and "gpt2-small: gpu=True adds" in out
+    # issue #50's measurements: their code paths, on CPU
+    assert "== gpt2-small: the device path (issue #50) ==" in out
+    assert "never-idle stream, 4 steps: align_waits " in out
+    assert "rows with device time for every call" in out
+    assert "numerics launch" in out
+    if "(triton:" not in out:  # (make test installs triton)
+        assert "bf16 variant compiled for sm_90, parameters 'ppil" in out
+    assert "memory sample, the CPU counters (lock-free: no CUDA here): " in out
+    for variant in ("numerics=True, Triton's launcher", "memory=True"):
+        assert f"\n{variant} " in out, variant
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")
