@@ -59,13 +59,10 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
-import secrets
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -75,9 +72,19 @@ from pathlib import Path
 from typing import Any
 
 from hooktrace.errors import AttachError
+from hooktrace.record.attach_folder import (
+    GO,
+    LEFT,
+    STOP,
+    PrivateFolder,
+    check_job_can_write,
+    check_not_shared,
+    proc_status,
+)
 from hooktrace.text import printable
 
-__all__ = ["AttachRequest", "Attached", "attach", "check_target", "worker_pids"]
+__all__ = ["AttachRequest", "Attached", "attach", "check_target", "check_torch", "held_back",
+           "pending_code", "worker_pids"]
 
 # CAP_SYS_PTRACE's bit in /proc/PID/status's CapEff (linux/capability.h)
 CAP_SYS_PTRACE = 19
@@ -88,13 +95,8 @@ POLL_S = 0.05
 # After a Ctrl-C: how long the job has to stop recording and move its trace into place
 # before attach leaves it to finish alone (a training step is typically well under it)
 STOP_GRACE_S = 5.0
-# A status larger than this is not the agent's (it writes a few KB)
-MAX_STATUS_BYTES = 1 << 20
 # gdb's marker in its command line: another attach that finds it says who holds the job
 GDB_MARKER = "set $hooktrace_attach = 1"
-# What the job writes (hooktrace.record.attach_agent): the names in the private folder
-TOKEN, STATUS, GO, STOP, LEFT = "token", "status", "go", "stop", "left"
-FOLDER_PREFIX = ".hooktrace-attach-"
 # The options whose files the job writes in its private folder and then renames into
 # place (the others, folders, are written where they are named: see docs/attach.md)
 STAGED = ("output", "chrome", "pftrace")
@@ -204,11 +206,6 @@ def _capabilities() -> int:
     return 0
 
 
-def _proc_status(pid: int) -> dict[str, str]:
-    with open(f"/proc/{pid}/status") as f:
-        return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
-
-
 def _state_problem(pid: int) -> str | None:
     """Why the process's state forbids attaching (stopped, exiting), or None."""
     try:
@@ -245,7 +242,7 @@ def _ptrace_problem(pid: int) -> str | None:
     can_ptrace = bool(_capabilities() >> CAP_SYS_PTRACE & 1)
     try:
         owner = os.stat(f"/proc/{pid}").st_uid
-        tracer = int(_proc_status(pid).get("TracerPid", "0").split()[0])
+        tracer = int(proc_status(pid).get("TracerPid", "0").split()[0])
     except (OSError, ValueError) as e:
         return f"process {pid}: {getattr(e, 'strerror', None) or e}"
     if tracer:
@@ -289,220 +286,14 @@ def worker_pids(agent_pid: int) -> list[int]:
     return workers
 
 
-@dataclass(frozen=True)
-class _Credentials:
-    """The user a process creates files as (effective ids, from /proc/PID/status)."""
-
-    uid: int
-    gid: int
-    groups: frozenset[int]
-
-    @classmethod
-    def of(cls, pid: int) -> _Credentials:
-        try:
-            st = _proc_status(pid)
-            uid, gid = int(st["Uid"].split()[1]), int(st["Gid"].split()[1])
-            groups = frozenset(int(g) for g in st.get("Groups", "").split())
-        except (OSError, KeyError, ValueError, IndexError):
-            raise AttachError(f"no process with PID {pid}") from None
-        return cls(uid, gid, groups | {gid})
-
-    def may(self, path: str, write: bool) -> bool:
-        """Whether this user can search ``path`` (and write it): its mode bits, as the
-        kernel checks them (ACLs aside)."""
-        if self.uid == 0:
-            return True
-        st = os.stat(path)
-        shift = 6 if st.st_uid == self.uid else 3 if st.st_gid in self.groups else 0
-        need = 0o1 | (0o2 if write else 0)
-        return (st.st_mode >> shift) & need == need
-
-
-def _check_job_can_write(pid: int, creds: _Credentials, folder: str) -> None:
-    """AttachError unless the job's user can reach and write ``folder`` (the job moves
-    its outputs there: checked first, not after recording for --timeout seconds)."""
-    path = os.path.abspath(folder)
-    parts = [path, *(str(p) for p in Path(path).parents)]
-    for i, part in enumerate(reversed(parts)):
-        last = i == len(parts) - 1
-        if not creds.may(part, write=last):
-            raise AttachError(
-                f"process {pid} runs as uid {creds.uid}, which cannot "
-                f"{'write' if last else 'reach'} {printable(path)}"
-                f"{'' if last else f' (no search permission on {printable(part)})'}: "
-                "choose an output folder that user can write (-o)")
-
-
-def _check_not_shared(pid: int, creds: _Credentials, name: str, path: str) -> None:
-    """A folder option (--aggregate, --dump-dir) is written where it is named: refused
-    when another user could plant names in it (or in its parent, if it does not exist yet)."""
-    where = path if os.path.isdir(path) else os.path.dirname(path.rstrip(os.sep)) or "."
-    try:
-        st = os.stat(where)
-    except OSError:
-        return  # (made by the job; its own checks say what is wrong)
-    if st.st_uid not in (creds.uid, 0) or st.st_mode & 0o022:
-        raise AttachError(
-            f"--{name.replace('_', '-')} {printable(path)}: {printable(where)} can be "
-            "written by other users, who could plant links the job would follow: "
-            "choose a folder only the job's user can write")
-
-
-# -- the private folder -------------------------------------------------------------
-
-
-class _Target:
-    """One target: its credentials, its private folder (held by descriptor) and the
-    nonce that proves the folder, the boot code and the status are this attach's."""
+class _Target(PrivateFolder):
+    """One target: its private folder, whether the job may hold a queued call, and the
+    outcome attach reports."""
 
     def __init__(self, pid: int, parent: str) -> None:
-        self.pid = pid
-        self.creds = _Credentials.of(pid)
-        self.parent = parent
-        self.nonce = secrets.token_hex(16)
-        self.name = FOLDER_PREFIX + secrets.token_hex(8)
-        self.path = os.path.join(parent, self.name)
-        self.fd = -1
+        super().__init__(pid, parent)
         self.injected = False
-        self.job: dict[str, Any] = {}  # the job's last status (checked)
-        self.started_by_job = False  # the job consumed the token (it runs the request)
         self.outcome = Attached(pid)
-
-    @property
-    def job_state(self) -> str:
-        return str(self.job.get("state", "waiting"))
-
-    def make_folder(self) -> None:
-        """The private folder: made 0700, given to the job's user, checked after."""
-        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-        parent = os.open(self.parent, flags & ~os.O_NOFOLLOW)
-        try:
-            os.mkdir(self.name, 0o700, dir_fd=parent)
-            self.fd = os.open(self.name, flags, dir_fd=parent)
-            if os.fstat(self.fd).st_uid != self.creds.uid:
-                try:
-                    os.fchown(self.fd, self.creds.uid, self.creds.gid)
-                except PermissionError:
-                    raise AttachError(
-                        f"process {self.pid} runs as uid {self.creds.uid}: attaching to "
-                        "another user's process needs root (its private folder must be "
-                        "that user's)") from None
-            os.fchmod(self.fd, 0o700)
-            st, named = os.fstat(self.fd), os.stat(self.name, dir_fd=parent,
-                                                    follow_symlinks=False)
-        finally:
-            os.close(parent)
-        if (st.st_uid != self.creds.uid or stat.S_IMODE(st.st_mode) != 0o700
-                or (st.st_dev, st.st_ino) != (named.st_dev, named.st_ino)):
-            raise AttachError(f"{printable(self.path)}: the private folder is not as made "
-                              "(owner, mode or inode changed): another user is interfering")
-        self._write(TOKEN, self.nonce)
-
-    def _write(self, name: str, text: str) -> None:
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600, dir_fd=self.fd)
-        try:
-            os.write(fd, text.encode())
-            if os.fstat(fd).st_uid != self.creds.uid:
-                os.fchown(fd, self.creds.uid, self.creds.gid)
-        finally:
-            os.close(fd)
-
-    def signal(self, name: str) -> None:
-        """Leaves ``go``, ``stop`` or ``left`` for the job (once)."""
-        with contextlib.suppress(FileExistsError, OSError):
-            self._write(name, name)
-
-    def withdraw(self) -> bool:
-        """Removes the token: True when the job had not taken it (it never will: its
-        queued call finds no token and does nothing), False when it had."""
-        try:
-            os.unlink(TOKEN, dir_fd=self.fd)
-            return True
-        except FileNotFoundError:
-            self.started_by_job = True
-            return False
-
-    def read_status(self) -> None:
-        """``job``: the job's status file, if it is the job's: a regular
-        file of the job's user, at most MAX_STATUS_BYTES, JSON with this attach's nonce;
-        anything else is ignored (the job had no way to write it)."""
-        try:
-            fd = os.open(STATUS, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                         dir_fd=self.fd)
-        except OSError:
-            return
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != self.creds.uid \
-                    or st.st_size > MAX_STATUS_BYTES:
-                return
-            raw = os.read(fd, MAX_STATUS_BYTES)
-        finally:
-            os.close(fd)
-        status = _checked_status(raw, self.nonce)
-        if status is not None:
-            self.started_by_job = True
-            self.job = status
-
-    def remove(self) -> None:
-        """Removes the private folder and what is left in it (the job's outputs are
-        moved out before it says done)."""
-        if self.fd < 0:
-            return
-        with contextlib.suppress(OSError):
-            _remove_tree(self.fd)
-        with contextlib.suppress(OSError):
-            parent = os.open(self.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                named = os.stat(self.name, dir_fd=parent, follow_symlinks=False)
-                mine = os.fstat(self.fd)
-                if (named.st_dev, named.st_ino) == (mine.st_dev, mine.st_ino):
-                    os.rmdir(self.name, dir_fd=parent)
-            finally:
-                os.close(parent)
-        os.close(self.fd)
-        self.fd = -1
-
-
-def _remove_tree(fd: int) -> None:
-    """Empties the folder open as ``fd`` (never following a link)."""
-    for entry in os.listdir(fd):
-        try:
-            os.unlink(entry, dir_fd=fd)
-        except IsADirectoryError:
-            sub = os.open(entry, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                          dir_fd=fd)
-            try:
-                _remove_tree(sub)
-            finally:
-                os.close(sub)
-            os.rmdir(entry, dir_fd=fd)
-
-
-_STATES = ("recording", "done", "error")
-
-
-def _checked_status(raw: bytes, nonce: str) -> dict[str, Any] | None:
-    """The status the job wrote, its fields type-checked, or None if it is not the
-    job's answer to this attach (no nonce, not JSON, wrong types)."""
-    try:
-        doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    if not isinstance(doc, dict) or doc.get("nonce") != nonce or doc.get("state") not in _STATES:
-        return None
-    out: dict[str, Any] = {"state": doc["state"]}
-    for key, kind in (("message", str), ("output", str), ("steps", int),
-                      ("attached_unix_ns", int), ("first_step_unix_ns", int),
-                      ("detached_unix_ns", int), ("compiled", bool)):
-        value = doc.get(key)
-        if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
-            out[key] = value
-    lines = doc.get("lines")
-    if isinstance(lines, list):
-        out["lines"] = [line for line in lines if isinstance(line, str)]
-    return out
 
 
 # -- injection ----------------------------------------------------------------
@@ -603,16 +394,18 @@ def _inject(target: _Target, code: str, work: str) -> None:
     """Has the target's main thread run ``code`` at its next safe point."""
     pid = target.pid
     if _remote_exec_usable(pid):
-        # sys.remote_exec reads a file: it is in the private folder (the job's user's,
-        # 0700), written exclusively, so no one else can replace it
-        fd = os.open("pending.py", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
-                     0o600, dir_fd=target.fd)
-        with os.fdopen(fd, "w") as f:
+        # sys.remote_exec reads a file, by name, whenever the job gets to it: in a folder
+        # of its own in /tmp (sticky: no one else can rename or replace it), the job
+        # user's, 0700; left there (a call made void still reads it: the token says no)
+        folder = tempfile.mkdtemp(prefix="hooktrace-attach-exec-")
+        script = os.path.join(folder, "pending.py")
+        with open(script, "x") as f:
             f.write(code)
-            if os.fstat(f.fileno()).st_uid != target.creds.uid:
-                os.fchown(f.fileno(), target.creds.uid, target.creds.gid)
+        if target.creds.uid != os.geteuid():
+            os.chown(script, target.creds.uid, target.creds.gid)
+            os.chown(folder, target.creds.uid, target.creds.gid)
         try:
-            sys.remote_exec(pid, os.path.join(target.path, "pending.py"))  # type: ignore[attr-defined]
+            sys.remote_exec(pid, script)  # type: ignore[attr-defined]
         except Exception as e:
             raise AttachError(f"process {pid}: sys.remote_exec failed: {e}") from None
         return
@@ -717,11 +510,11 @@ def attach(pids: list[int], request: AttachRequest, status_dir: Path) -> list[At
         check_torch(pid)
         target = _Target(pid, folder)
         for _, where in _staged(request.options, folder):
-            _check_job_can_write(pid, target.creds, where)
+            check_job_can_write(pid, target.creds, where)
         for name in ("aggregate", "dump_dir"):
             value = request.options.get(name)
             if isinstance(value, str) and (name != "dump_dir" or request.options.get("dump_on")):
-                _check_not_shared(pid, target.creds, name, value)
+                check_not_shared(pid, target.creds, name, value)
         targets.append(target)
     # The recording ends a little before attach stops waiting, so that the job has time
     # to write the trace (issue #47: --timeout S waited S + 30 s)

@@ -43,7 +43,6 @@ import argparse
 import atexit
 import contextlib
 import io
-import json
 import os
 import secrets
 import sys
@@ -52,9 +51,10 @@ import time
 import warnings
 from typing import Any
 
+from hooktrace.record.attach_folder import GO, JobFolder
 from hooktrace.record.process_state import STATE
 
-__all__ = ["Attachment", "Folder", "start"]
+__all__ = ["Attachment", "start"]
 
 # A frame of this file is Optimizer.step's (its hooks are iterated live there)
 _OPTIMIZER_FILE = os.path.join("torch", "optim", "optimizer.py")
@@ -64,76 +64,11 @@ POLL_S = 0.05
 _COMPILE_HOOKS_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
 
 
-class Folder:
-    """The private folder attach made for this process, by descriptor (never by name:
-    another user may rename names in the output folder, never the folder's content)."""
-
-    def __init__(self, fd: int, nonce: str) -> None:
-        self.fd = fd
-        self.nonce = nonce
-
-    def write_status(self, status: dict[str, Any]) -> None:
-        """The status file, replaced at once (attach polls it), with the nonce."""
-        tmp = f"status.{os.getpid()}.{threading.get_ident()}.tmp"
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp, dir_fd=self.fd)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600, dir_fd=self.fd)
-        with os.fdopen(fd, "w") as f:
-            json.dump({**status, "nonce": self.nonce}, f)
-        os.replace(tmp, "status", src_dir_fd=self.fd, dst_dir_fd=self.fd)
-
-    def has(self, name: str) -> bool:
-        try:
-            os.stat(name, dir_fd=self.fd, follow_symlinks=False)
-            return True
-        except OSError:
-            return False
-
-    def told_to_stop(self) -> bool:
-        """attach said ``stop`` or ``left``, or removed the folder."""
-        try:
-            gone = os.fstat(self.fd).st_nlink == 0
-        except OSError:
-            gone = True
-        return gone or self.has("stop") or self.has("left")
-
-    def abandoned(self) -> bool:
-        """Nobody waits for this folder any more: the job removes it."""
-        try:
-            return os.fstat(self.fd).st_nlink == 0 or self.has("left")
-        except OSError:
-            return True
-
-    def remove(self) -> None:
-        """Empties the folder and removes it from its parent (if it is still there)."""
-        from hooktrace.record.attach import _remove_tree
-
-        with contextlib.suppress(OSError):
-            _remove_tree(self.fd)
-            mine = os.fstat(self.fd)
-            parent = os.open("..", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self.fd)
-            try:
-                for name in os.listdir(parent):
-                    st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-                    if (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
-                        os.rmdir(name, dir_fd=parent)
-                        break
-            finally:
-                os.close(parent)
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self.fd)
-            self.fd = -1
-
-
 def start(request: dict[str, Any], fd: int) -> None:
     """Starts recording as ``request`` asks (see the module docstring); ``fd``: the
     private folder, whose token the boot code took. Never raises: whatever fails is one
     line in the status file."""
-    folder = Folder(fd, str(request.get("nonce")))
+    folder = JobFolder(fd, str(request.get("nonce")))
     try:
         problem = _already_traced()
         if problem is None and folder.told_to_stop():
@@ -158,7 +93,7 @@ def start(request: dict[str, Any], fd: int) -> None:
         _close(folder)
 
 
-def _close(folder: Folder) -> None:
+def _close(folder: JobFolder) -> None:
     if folder.abandoned():
         folder.remove()
     folder.close()
@@ -201,7 +136,7 @@ class _Staged:
     """One file option written in the private folder (``o<k>/``), then renamed into
     ``dest`` (the output's folder: the private folder's parent; else opened by name)."""
 
-    def __init__(self, folder: Folder, k: int, option: str, dest: str) -> None:
+    def __init__(self, folder: JobFolder, k: int, option: str, dest: str) -> None:
         self.sub = f"o{k}"
         self.dest = dest
         os.mkdir(self.sub, 0o700, dir_fd=folder.fd)
@@ -220,7 +155,7 @@ class _Staged:
         dest = self.dest.rstrip(os.sep) or os.sep
         return text.replace(self.root + os.sep, os.path.join(dest, "")).replace(self.root, dest)
 
-    def publish(self, folder: Folder) -> list[str]:
+    def publish(self, folder: JobFolder) -> list[str]:
         """Renames every file written into place (a name there, a link included, is
         replaced, never followed); returns a line per file that went elsewhere."""
         notes: list[str] = []
@@ -257,7 +192,7 @@ class _Staged:
 class Attachment:
     """One attach: the request, the recording, and how it ends."""
 
-    def __init__(self, request: dict[str, Any], folder: Folder) -> None:
+    def __init__(self, request: dict[str, Any], folder: JobFolder) -> None:
         from hooktrace.record.launch import add_options, options_from_args
 
         self.folder = folder
@@ -281,6 +216,7 @@ class Attachment:
                 setattr(args, option, staged.path(value))
         self.options = options_from_args(args)
         self.trace: Any = None
+        self.pid = os.getpid()  # (a forked child inherits the hooks: it does nothing)
         self.attached_ns = time.time_ns()
         self.first_step_ns: int | None = None
         self.steps_seen = 0
@@ -322,7 +258,7 @@ class Attachment:
     def begin_at_go(self) -> None:
         """Waits (off the main thread) for attach's go, then starts the recording at
         the job's next module call (never inside Optimizer.step)."""
-        while not self.folder.has("go"):
+        while not self.folder.has(GO):
             if self.folder.told_to_stop() or time.monotonic() >= self.stop_at:
                 STATE.attachment = None
                 with contextlib.suppress(Exception):
@@ -384,7 +320,7 @@ class Attachment:
     def finish(self) -> None:
         """Ends the recording, puts everything back, writes the output and moves it
         into place (once)."""
-        if self._finished:
+        if self._finished or os.getpid() != self.pid:
             return
         self._finished = True
         self._ended.set()

@@ -17,7 +17,8 @@ import pytest
 
 from hooktrace.record import attach as attach_mod
 from hooktrace.record import attach_agent
-from hooktrace.record.attach import _checked_status, _Target, held_back, pending_code
+from hooktrace.record.attach import _Target, held_back, pending_code
+from hooktrace.record.attach_folder import checked_status
 
 
 @pytest.fixture
@@ -125,13 +126,13 @@ NONCE = "0123456789abcdef0123456789abcdef"
 ])
 def test_a_status_without_this_attachs_nonce_is_ignored(doc: Any) -> None:
     raw = (doc if isinstance(doc, str) else json.dumps(doc)).encode()
-    assert _checked_status(raw, NONCE) is None
+    assert checked_status(raw, NONCE) is None
 
 
 def test_a_status_keeps_only_fields_of_the_right_type() -> None:
     raw = json.dumps({"state": "done", "nonce": NONCE, "steps": "9", "output": 3,
                       "lines": ["a", 3, "b\x1b[2K"], "message": "m"}).encode()
-    assert _checked_status(raw, NONCE) == {"state": "done", "message": "m",
+    assert checked_status(raw, NONCE) == {"state": "done", "message": "m",
                                            "lines": ["a", "b\x1b[2K"]}
 
 
