@@ -65,7 +65,10 @@ class Credentials:
         kernel checks them (ACLs aside)."""
         if self.uid == 0:
             return True
-        st = os.stat(path)
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False
         shift = 6 if st.st_uid == self.uid else 3 if st.st_gid in self.groups else 0
         need = 0o1 | (0o2 if write else 0)
         return (st.st_mode >> shift) & need == need
@@ -94,11 +97,27 @@ def check_not_shared(pid: int, creds: Credentials, name: str, path: str) -> None
         st = os.stat(where)
     except OSError:
         return  # (made by the job; its own checks say what is wrong)
-    if st.st_uid not in (creds.uid, 0) or st.st_mode & 0o022:
+    shared_group = st.st_mode & 0o020 and _others_in_group(st.st_gid, creds.uid)
+    if st.st_uid not in (creds.uid, 0) or st.st_mode & 0o002 or shared_group:
         raise AttachError(
             f"--{name.replace('_', '-')} {printable(path)}: {printable(where)} can be "
             "written by other users, who could plant links the job would follow: "
             "choose a folder only the job's user can write")
+
+
+def _others_in_group(gid: int, uid: int) -> bool:
+    """Whether group ``gid`` has members other than user ``uid`` (a user's private
+    group, the default on most distributions, has none); True when unknown."""
+    import grp
+    import pwd
+
+    try:
+        members = set(grp.getgrgid(gid).gr_mem)
+        members |= {p.pw_name for p in pwd.getpwall() if p.pw_gid == gid}
+        me = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return True
+    return bool(members - {me})
 
 
 class PrivateFolder:

@@ -303,17 +303,12 @@ def test_a_forged_status_is_neither_believed_nor_printed_raw(tmp_path: Path,
 # -- signals and stopped jobs ----------------------------------------------------------
 
 
-def gdb_of(pid: int) -> int | None:
-    """The pid of a gdb attaching to ``pid``, if one runs now."""
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if cmdline and cmdline[0].endswith(b"gdb") and str(pid).encode() in cmdline:
-                return int(entry)
-    return None
+def traced(pid: int) -> bool:
+    """Whether a tracer (attach's gdb) holds ``pid`` now."""
+    try:
+        return "TracerPid:\t0\n" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
 
 
 @pytest.mark.parametrize("how", ["one", "stream"])
@@ -327,11 +322,10 @@ def test_signals_while_gdb_holds_the_job_reach_it_after(tmp_path: Path, how: str
 
     def send() -> None:
         # one SIGUSR1 while gdb holds the job, or a stream of them through the attach
-        while not stop.is_set():
-            if gdb_of(proc.pid) is not None:
-                break
-        if how == "one":
-            time.sleep(0.15)
+        while not stop.is_set() and not traced(proc.pid):
+            time.sleep(0.001)
+        if how == "one":  # (gdb then loads symbols for ~0.1 s before its first call)
+            time.sleep(0.02)
             os.kill(proc.pid, signal.SIGUSR1)
             sent[0] += 1
             return
@@ -528,7 +522,7 @@ def test_a_job_held_by_another_attachs_gdb_says_so(tmp_path: Path) -> None:
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 30
-        while "TracerPid:\t0" in Path(f"/proc/{proc.pid}/status").read_text():
+        while not traced(proc.pid):
             assert time.monotonic() < deadline
             time.sleep(0.05)
         attached = hooktrace_cli("attach", proc.pid, "-o", tmp_path / "t.htrace", cwd=tmp_path)

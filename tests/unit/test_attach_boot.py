@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import types
 from pathlib import Path
 from typing import Any
@@ -160,3 +161,37 @@ def test_gdb_holds_signals_back_and_runs_in_a_session_of_its_own() -> None:
     source = Path(attach_mod.__file__).read_text()
     assert '"handle all nostop print nopass"' in source
     assert "start_new_session=True" in source
+
+
+def test_a_folder_option_other_users_can_write_is_refused(tmp_path: Path) -> None:
+    from hooktrace.errors import AttachError
+    from hooktrace.record.attach_folder import Credentials, check_not_shared
+
+    me = Credentials(os.geteuid(), os.getegid(), frozenset({os.getegid()}))
+    mine, open_to_all = tmp_path / "mine", tmp_path / "shared"
+    mine.mkdir(mode=0o700)
+    open_to_all.mkdir()
+    os.chmod(open_to_all, 0o777)
+    check_not_shared(1, me, "aggregate", str(mine))
+    check_not_shared(1, me, "aggregate", str(mine / "new"))
+    for path in (open_to_all, open_to_all / "new"):
+        with pytest.raises(AttachError, match="--aggregate .* can be written by other users"):
+            check_not_shared(1, me, "aggregate", str(path))
+
+
+def test_an_output_folder_the_jobs_user_cannot_write_is_refused(tmp_path: Path) -> None:
+    from hooktrace.errors import AttachError
+    from hooktrace.record.attach_folder import Credentials, check_job_can_write
+
+    other = Credentials(61234, 61234, frozenset({61234}))
+    with pytest.raises(AttachError, match="runs as uid 61234, which cannot reach"):
+        check_job_can_write(1, other, str(tmp_path))  # (pytest's base folder is 0700)
+    base = Path(tempfile.mkdtemp())  # (reachable by everyone: 0755)
+    try:
+        os.chmod(base, 0o755)
+        with pytest.raises(AttachError, match="runs as uid 61234, which cannot write"):
+            check_job_can_write(1, other, str(base))
+        os.chmod(base, 0o777)
+        check_job_can_write(1, other, str(base))
+    finally:
+        os.rmdir(base)
