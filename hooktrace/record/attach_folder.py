@@ -28,7 +28,7 @@ from hooktrace.text import printable
 
 __all__ = ["FOLDER_PREFIX", "GO", "LEFT", "STATUS", "STOP", "TOKEN", "Credentials", "JobFolder",
            "PrivateFolder", "check_job_can_write", "check_not_shared", "checked_status",
-           "proc_status", "remove_tree"]
+           "proc_status", "remove_folder", "remove_tree"]
 
 # A status larger than this is not the agent's (it writes a few KB)
 MAX_STATUS_BYTES = 1 << 20
@@ -218,19 +218,26 @@ class PrivateFolder:
         moved out before it says done)."""
         if self.fd < 0:
             return
-        with contextlib.suppress(OSError):
-            remove_tree(self.fd)
-        with contextlib.suppress(OSError):
-            parent = os.open(self.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                named = os.stat(self.name, dir_fd=parent, follow_symlinks=False)
-                mine = os.fstat(self.fd)
-                if (named.st_dev, named.st_ino) == (mine.st_dev, mine.st_ino):
-                    os.rmdir(self.name, dir_fd=parent)
-            finally:
-                os.close(parent)
+        remove_folder(self.fd)
         os.close(self.fd)
         self.fd = -1
+
+
+def remove_folder(fd: int) -> None:
+    """Empties the folder open as ``fd`` and removes it from its parent, found by inode
+    (``..`` of the descriptor: whatever name it has now; errors ignored)."""
+    with contextlib.suppress(OSError):
+        remove_tree(fd)
+        mine = os.fstat(fd)
+        parent = os.open("..", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+        try:
+            for name in os.listdir(parent):
+                st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+                if (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
+                    os.rmdir(name, dir_fd=parent)
+                    break
+        finally:
+            os.close(parent)
 
 
 def remove_tree(fd: int) -> None:
@@ -318,18 +325,7 @@ class JobFolder:
 
     def remove(self) -> None:
         """Empties the folder and removes it from its parent (if it is still there)."""
-        with contextlib.suppress(OSError):
-            remove_tree(self.fd)
-            mine = os.fstat(self.fd)
-            parent = os.open("..", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self.fd)
-            try:
-                for name in os.listdir(parent):
-                    st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-                    if (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
-                        os.rmdir(name, dir_fd=parent)
-                        break
-            finally:
-                os.close(parent)
+        remove_folder(self.fd)
 
     def close(self) -> None:
         if self.fd >= 0:
