@@ -42,6 +42,8 @@ __all__ = [
     "CAT_BACKWARD",
     "CAT_RECOMPUTE",
     "CAT_NAMES",
+    "attached_compiled",
+    "attached_mid_step",
     "forward_span_before",
     "compile_parents",
     "compile_in_backward",
@@ -179,7 +181,12 @@ class TraceData:
             begin = int(begin) if isinstance(begin, int) else int(self.clock.unix_ns0)
             start = min(starts, default=begin)
             last = max(ends, default=start)
-            steps = self._steps = Steps.from_events(self.events, self.clock, start, last, last)
+            steps = Steps.from_events(self.events, self.clock, start, last, last)
+            if len(steps) and attached_mid_step(self.info):
+                # hooktrace attach landed inside step 0: it ran before the recording
+                # began, so it is not a complete step (issue #47)
+                steps.complete[0] = False
+            self._steps = steps
         return steps
 
     def gpu_spans(self) -> GpuSpans:
@@ -548,6 +555,20 @@ def compile_in_backward(spans: Spans, parents: np.ndarray) -> np.ndarray:
     ok = parents >= 0
     out[ok] = spans.cat[parents[ok]] == CAT_BACKWARD
     return out
+
+
+def attached_mid_step(info: Mapping[str, Any]) -> bool:
+    """Whether the recording began inside a step (``hooktrace attach``: its step 0 ran
+    from the attach to the first step mark, a partial step)."""
+    attached = info.get("attach")
+    return isinstance(attached, dict) and attached.get("first_step_partial") is True
+
+
+def attached_compiled(info: Mapping[str, Any]) -> bool:
+    """Whether ``hooktrace attach`` found the model compiled before it attached (its
+    compiled regions are then one span each: nothing is recompiled for a trace)."""
+    attached = info.get("attach")
+    return isinstance(attached, dict) and attached.get("compiled_before") is True
 
 
 def compile_steps(steps: Steps, intervals: np.ndarray) -> np.ndarray:

@@ -45,6 +45,7 @@ from hooktrace.reading import (
     CAT_RECOMPUTE,
     SPAN_EVAL,
     Spans,
+    attached_compiled,
     compile_intervals,
     compile_steps,
 )
@@ -67,6 +68,11 @@ __all__ = ["FLOP_COLUMNS", "GPU_COLUMNS", "StepTable", "Summary", "TEXT_WIDTH", 
            "format_ns"]
 
 TEXT_WIDTH = 120  # the default text table fits this many columns (issue #7)
+# hooktrace attach to a model compiled before it (issue #47: the summary showed <root>
+# alone, with no word why)
+ATTACHED_COMPILED = ("the model was compiled (torch.compile) before hooktrace attached: each "
+                     "compiled region is one span, the module whose call entered it; trace "
+                     "from the start (hooktrace run) to see its modules (docs/compiled.md)")
 
 
 _FORWARD_KEYS = ("calls", "total_ns", "self_ns", "mean_ns", "p50_ns", "p99_ns",
@@ -192,6 +198,8 @@ class Summary:
         notes += kernel_notes(trace, rows)
         if isinstance(trace.info.get("cut"), str):
             notes.append(trace.info["cut"])
+        if attached_compiled(trace.info):
+            notes.append(ATTACHED_COMPILED)
         # each recorded quantity's columns (hooktrace.analysis.columns): the leading ones
         # after module, type, mode, timing (they sort the rows), the others last
         lead: tuple[str, ...] = ()

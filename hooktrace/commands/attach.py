@@ -14,9 +14,10 @@ import sys
 from pathlib import Path
 
 from hooktrace._args import finite_float
-from hooktrace.record.attach import AttachRequest, attach, worker_pids
 from hooktrace.commands import CliError, at_least
+from hooktrace.record.attach import AttachRequest, attach, worker_pids
 from hooktrace.record.launch import add_options, options_from_args
+from hooktrace.text import printable
 
 NAME = "attach"
 HELP = "record a running Python process (PID) for a few steps, then detach"
@@ -42,8 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     stop.add_argument("--seconds", dest="stop_seconds", type=finite_float, metavar="S",
                       default=None, help="record for S seconds")
     p.add_argument("--timeout", type=finite_float, metavar="S", default=DEFAULT_TIMEOUT_S,
-                   help="stop recording after S seconds whatever the steps (a job that "
-                        f"never steps), and give up waiting (default: {DEFAULT_TIMEOUT_S:.0f})")
+                   help="give up waiting after S seconds whatever the steps (a job that never "
+                        "steps, or blocked in a call); the recording ends shortly before, so "
+                        "that the job can write it (default: "
+                        f"{DEFAULT_TIMEOUT_S:.0f})")
     add_options(p, leave_out=LEFT_OUT)
 
 
@@ -57,8 +60,11 @@ def run(args: argparse.Namespace) -> int:
     options = {k: v for k, v in vars(args).items() if k not in ("func", "command", "pid")}
     for name in PATHS:
         value = options.get(name)
-        if isinstance(value, str) and value != "-":
-            folder = value.endswith(("/", os.sep))
+        if value == "-":  # (the job's own standard output)
+            raise CliError(f"--{name.replace('_', '-')} -: the trace would go into the job's "
+                           "own output; give a file")
+        if isinstance(value, str):
+            folder = value.endswith(("/", os.sep)) or os.path.isdir(value)
             options[name] = os.path.abspath(value) + (os.sep if folder else "")
     if options.get("output") is None:
         options["output"] = os.getcwd() + os.sep  # the default name, here
@@ -73,14 +79,22 @@ def run(args: argparse.Namespace) -> int:
     request = AttachRequest(options=options, steps=steps, seconds=args.stop_seconds,
                             timeout=args.timeout)
     outcomes = attach(pids, request, status_dir)
-    failed = 0
+    failed = interrupted = 0
     for o in outcomes:
+        # (what the job wrote is text: a hostile job's escapes are shown, never run)
+        if o.state == "interrupted":  # Ctrl-C: one line per process, nothing else
+            interrupted += 1
+            print(f"hooktrace: {printable(str(o.status.get('message')))}", file=sys.stderr)
+            continue
         for line in o.status.get("lines", []):
-            print(line, file=sys.stderr)
+            print(printable(line), file=sys.stderr)
         if o.state == "error":
             failed += 1
-            print(f"hooktrace: error: {o.status.get('message')}", file=sys.stderr)
+            print(f"hooktrace: error: {printable(str(o.status.get('message')))}",
+                  file=sys.stderr)
         else:
-            print(f"hooktrace: process {o.pid}: {o.status.get('steps', 0)} steps recorded "
-                  f"(the first partial); detached", file=sys.stderr)
-    return 1 if failed else 0
+            # (step 0, the one the attach landed in, is partial: not counted as a step)
+            whole = max(0, int(o.status.get("steps", 0)) - 1)
+            print(f"hooktrace: process {o.pid}: {whole} steps recorded after the partial one "
+                  "the attach landed in; detached", file=sys.stderr)
+    return 130 if interrupted else 1 if failed else 0

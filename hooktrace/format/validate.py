@@ -140,6 +140,15 @@ def _clock_sync(value: Any) -> str | None:
     return None
 
 
+def _attach_info(value: Any) -> str | None:
+    """hooktrace attach's ``info["attach"]`` (hooktrace/record/attach_agent.py)."""
+    ok = (isinstance(value, dict) and isinstance(value.get("first_step_partial"), bool)
+          and isinstance(value.get("compiled_before"), bool)
+          and is_int(value.get("attached_unix_ns")))
+    return None if ok else ("{first_step_partial, compiled_before: true or false, "
+                            "attached_unix_ns: an int}")
+
+
 _CLOCK_SYNC_FIELDS = ("offset_ns", "uncertainty_ns", "at_unix_ns", "rounds", "rtt_min_ns",
                       "cost_ns")
 
@@ -203,6 +212,8 @@ _INFO_CHECKS: dict[str, Callable[[Any], str | None]] = {
     "clock_offset_injected_ns": _int_in(-MAX_UNIX_NS, MAX_UNIX_NS),
     "clock_sync": _clock_sync,
     "memory": _memory_info,
+    # hooktrace attach (issue #47): the first step is partial; compiled before or not
+    "attach": _attach_info,
 }
 
 

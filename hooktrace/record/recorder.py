@@ -50,6 +50,7 @@ from hooktrace.result import TraceResult
 from hooktrace.record import dispatch, registry
 from hooktrace.record.component import Component
 from hooktrace.record.options import DEFAULT_CAPACITY, RecordOptions
+from hooktrace.record.process_state import STATE
 from hooktrace.record.scopes import ModelScope, ProcessScope, Scope
 from hooktrace.record.streaming import StreamedRecording, thread_names
 
@@ -496,6 +497,9 @@ class Recorder(StepMarks, FlightRecorder, StreamedRecording):
         }
         for component in self._components:  # (prepared by now)
             component.run_info(info)
+        attachment = STATE.attachment  # hooktrace attach: its process-wide recording
+        if attachment is not None and isinstance(self._scope, ProcessScope):
+            info["attach"] = attachment.run_info()
         return info
 
     def _collect(self, stop_unix_ns: int, *, with_events: bool = True,

@@ -237,7 +237,15 @@ def test_a_job_under_hooktrace_run_says_so(job: Path) -> None:
     assert len(hooktrace.load(work / "run.htrace").steps()) == STEPS
 
 
-LOOP = "import time\nwhile True:\n    time.sleep(0.02)\n"
+LOOP = "import time, torch\nprint('ready', flush=True)\nwhile True:\n    time.sleep(0.02)\n"
+
+
+def site_packages() -> str:
+    """Where torch is installed: on PYTHONPATH with -S, torch imports and hooktrace
+    (installed editable, through a .pth file that -S skips) does not."""
+    import torch
+
+    return str(Path(torch.__file__).parents[1])
 
 
 @pytest.mark.usefixtures("can_attach")
@@ -250,8 +258,10 @@ def test_bad_targets_are_one_line_and_left_untouched(case: str, tmp_path: Path) 
     elif case == "not-python":
         proc = spawn(shutil.which("sleep") or "/bin/sleep", "60", cwd=tmp_path)
         pid, expected = proc.pid, "is not a CPython interpreter"
-    elif case == "no-hooktrace":  # -I -S: neither PYTHONPATH nor site-packages
-        proc = spawn(sys.executable, "-I", "-S", "-c", LOOP, cwd=tmp_path)
+    elif case == "no-hooktrace":  # -S: torch's folder alone on the path, no .pth files
+        proc = subprocess.Popen([sys.executable, "-S", "-c", LOOP], cwd=tmp_path, text=True,
+                                env={**env(), "PYTHONPATH": site_packages()},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         pid, expected = proc.pid, "cannot import hooktrace"
     else:
         fake = tmp_path / "fake" / "hooktrace"
@@ -259,11 +269,16 @@ def test_bad_targets_are_one_line_and_left_untouched(case: str, tmp_path: Path) 
         (fake / "__init__.py").write_text("")
         (fake / "_version.py").write_text("__version__ = '0.0.0-other'\n")
         proc = subprocess.Popen([sys.executable, "-S", "-c", LOOP], cwd=tmp_path, text=True,
-                                env={**env(), "PYTHONPATH": str(tmp_path / "fake")},
+                                env={**env(), "PYTHONPATH": os.pathsep.join(
+                                    [str(tmp_path / "fake"), site_packages()])},
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         pid, expected = proc.pid, "has hooktrace 0.0.0-other"
     try:
-        time.sleep(0.5)
+        if case in ("no-hooktrace", "other-version"):  # (once torch is imported)
+            assert proc is not None and proc.stdout is not None
+            assert proc.stdout.readline() == "ready\n", proc.communicate()
+        else:
+            time.sleep(0.5)
         attached = hooktrace_cli("attach", pid, "-o", tmp_path / "t.htrace", "--timeout", "30",
                                  cwd=tmp_path)
         assert attached.returncode == 1

@@ -64,7 +64,8 @@ LAYERS: list[tuple[str, set[str]]] = [
         "hooktrace.record.fused_numerics", "hooktrace.record.flight",
         "hooktrace.record.process_state", "hooktrace.record.distributed",
         "hooktrace.record.windows", "hooktrace.record.profiling", "hooktrace.record.launch",
-        "hooktrace.record.attach", "hooktrace.record.attach_agent", "hooktrace._autostart",
+        "hooktrace.record.attach", "hooktrace.record.attach_agent", "hooktrace.record.attach_folder",
+        "hooktrace._autostart",
         "hooktrace.integrations", "hooktrace.integrations.hf", "hooktrace.integrations.scalars",
         "hooktrace.integrations.lightning", "hooktrace.demo"}),
     ("commands", {
