@@ -61,6 +61,9 @@ class AttachRequest:
     steps: int | None  # optimizer steps to record after the partial first one
     seconds: float | None  # or seconds of recording
     timeout: float  # how long to wait for the recording to end
+    # hooktrace top's hook: a file the watcher keeps touching; the recording ends once it
+    # is gone or LEASE_STALE_S old (hooktrace.record.attach_agent)
+    lease: str | None = None
 
 
 @dataclass
@@ -288,7 +291,8 @@ def attach(pids: list[int], request: AttachRequest, status_dir: Path) -> list[At
             req.write_text(json.dumps({
                 "status": str(statuses[o.pid]), "options": request.options,
                 "steps": request.steps, "seconds": request.seconds,
-                "timeout": request.timeout, "go": str(go) if go else None}))
+                "timeout": request.timeout, "go": str(go) if go else None,
+                "lease": request.lease}))
             boot = work / f"boot-{o.pid}.py"
             boot.write_text(_BOOT.format(status=str(statuses[o.pid]), version=__version__,
                                          request=str(req)))

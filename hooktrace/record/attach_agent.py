@@ -48,6 +48,11 @@ __all__ = ["Attachment", "start", "write_status"]
 
 # A frame of this file is Optimizer.step's (its hooks are iterated live there)
 _OPTIMIZER_FILE = os.path.join("torch", "optim", "optimizer.py")
+# hooktrace top's lease (the request's "lease" file): the recording ends once the file is
+# gone or untouched for LEASE_STALE_S (a watcher killed, or stopped with Ctrl-Z), looked
+# at every LEASE_POLL_S
+LEASE_STALE_S = 10.0
+LEASE_POLL_S = 0.2
 
 
 def write_status(path: str, status: dict[str, Any]) -> None:
@@ -98,6 +103,14 @@ def _begin_at_go(attachment: "Attachment", go: str) -> None:
     attachment.at_next_module_call(attachment.begin)
 
 
+def _held(lease: str) -> bool:
+    """Whether hooktrace top's lease file is there and was touched lately."""
+    try:
+        return time.time() - os.stat(lease).st_mtime < LEASE_STALE_S
+    except OSError:
+        return False
+
+
 def _already_traced() -> str | None:
     """Why this process cannot be attached to, if it cannot."""
     from hooktrace.record import dispatch
@@ -129,6 +142,7 @@ class Attachment:
         self.steps: int | None = request.get("steps")
         # --seconds, else the attaching side's timeout: a job that never steps ends too
         self.seconds = float(request.get("seconds") or request["timeout"])
+        self.lease: str | None = request.get("lease")
         # the options as `hooktrace attach` parsed them (hooktrace run's flags), over
         # their defaults
         parser = argparse.ArgumentParser(add_help=False)
@@ -165,8 +179,12 @@ class Attachment:
             self.at_next_module_call(self.finish)
 
     def _wait(self) -> None:
-        if not self._ended.wait(self.seconds):
-            self.at_next_module_call(self.finish)
+        deadline = time.monotonic() + self.seconds
+        poll = LEASE_POLL_S if self.lease else self.seconds
+        while not self._ended.wait(min(poll, max(0.0, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline or (self.lease and not _held(self.lease)):
+                self.at_next_module_call(self.finish)
+                return
 
     # -- the safe point ------------------------------------------------------
 
