@@ -46,7 +46,7 @@ from hooktrace.analysis.live import LIVE_DIR, SORTS, View, Watch
 from hooktrace.commands import CliError
 from hooktrace.errors import HooktraceError
 from hooktrace.record.launch import add_options, options_from_args
-from hooktrace.text import format_ns, printable, shorten_distinct
+from hooktrace.text import format_ns, printable, shorten_distinct, shorten_middle
 
 NAME = "top"
 HELP = "watch a running job's modules live (PID: attach to it, DIR: an --aggregate folder)"
@@ -55,7 +55,9 @@ HELP = "watch a running job's modules live (PID: attach to it, DIR: an --aggrega
 LEFT_OUT = ("schedule", "profile", "policy", "steps", "dump_on", "dump_dir", "hang_timeout",
             "max_disk", "shapes", "aggregate", "detail", "aggregate_interval")
 REFRESH_S = 1.0
-DETACH_WAIT_S = 15.0  # q: how long to wait for the job to say it detached
+# q: how long to wait for the job to say it detached (its last rows written), and when it
+# never stepped (it detaches at its next module call: it may make none)
+DETACH_WAIT_S, NO_STEP_WAIT_S = 15.0, 2.0
 WATCH_S = 30 * 86400.0  # the recording's own limit (the lease ends it before)
 
 
@@ -67,7 +69,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="PID is a torchrun agent: watch each of its workers, one row set "
                         "(each row's slowest rank named)")
     p.add_argument("--once", action="store_true",
-                   help="print one table after --after seconds, then detach")
+                   help="print one table after --after seconds (or the first, when none came "
+                        "by then), then detach")
     p.add_argument("--after", type=finite_float, metavar="S", default=3.0,
                    help="with --once: seconds to watch first (default: 3)")
     p.add_argument("--json", action="store_true", help="with --once: the table as JSON")
@@ -219,7 +222,8 @@ class _Job:
         if self.thread is None:
             return ""
         self.lease.unlink(missing_ok=True)
-        self.thread.join(DETACH_WAIT_S)
+        stepped = any(Path(self.dir, LIVE_DIR).glob("*.json"))
+        self.thread.join(DETACH_WAIT_S if stepped else NO_STEP_WAIT_S)
         if self.thread.is_alive():  # (its files stay: the job writes there when it detaches)
             return f"{self.what} detaches at its next module call"
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -242,13 +246,16 @@ def _once(source: _Folder | _Job, args: argparse.Namespace) -> tuple[str, int]:
     started = time.monotonic()
     watch = Watch(source.dir)
     view = None
-    while True:  # a look every second: the first window seen is the change's base
+    while True:  # a look every second (the first window seen is the change's base), for
+        # --after seconds, then until the first table (or --timeout)
         view, end = _watch(source, watch, started, args.timeout)
-        if end is not None and end[1] or time.monotonic() - started >= args.after:
+        if end is not None or view is not None and time.monotonic() - started >= args.after:
             break
-        time.sleep(min(REFRESH_S, max(0.0, started + args.after - time.monotonic())))
+        time.sleep(REFRESH_S if view is None else
+                   min(REFRESH_S, max(0.0, started + args.after - time.monotonic())))
     if view is None:
-        return end[0] if end else f"{source.what}: no step in {args.after:g} s", 1
+        assert end is not None
+        return end
     ui = _Ui(sort=args.sort, filter=args.filter)
     if args.json:
         data = view.to_json()
@@ -333,16 +340,18 @@ def render(view: View | None, what: str, ui: _Ui, width: int, height: int,
            keys: bool = True) -> list[str]:
     """The screen's lines, each at most ``width`` long, at most ``height`` of them: a
     head line, the keys (unless ``keys`` is False), the table and its footer lines."""
-    what = printable(str(what))
     if view is None:
-        head = f"hooktrace top - {what}: waiting for the first step..."
+        state = "waiting for the first step..."
     else:
-        head = (f"hooktrace top - {what}: step {format_ns(view.step_ms * 1e6)}, "
-                f"{view.steps_per_s:.3g} steps/s, {view.steps} steps"
-                + (f", {len(view.sources)} ranks/runs" if view.sources else "")
-                + (", ended" if view.ended else "")
-                + (f", no new rows for {view.age_s:.0f} s" if view.age_s > 5 else ""))
-    head += "  [paused]" if ui.paused else ""
+        state = (f"step {format_ns(view.step_ms * 1e6)}, {view.steps_per_s:.3g} steps/s, "
+                 f"{view.steps} steps" + (f", {len(view.sources)} ranks/runs" if view.sources
+                                          else "")
+                 + (", ended" if view.ended else "")
+                 + (f", no new rows for {view.age_s:.0f} s" if view.age_s > 5 else ""))
+    state += "  [paused]" if ui.paused else ""
+    # (the numbers first: a long folder name is what gets shortened)
+    head = f"hooktrace top: {state} - "
+    head += shorten_middle(printable(str(what)), max(8, width - len(head)))
     hint = (f"filter: {printable(ui.filter)}_   (Enter: keep, Esc: clear)" if ui.typing else
             f"q quit  s sort: {ui.sort}  / filter{': ' + printable(ui.filter) if ui.filter else ''}"
             "  p pause")
