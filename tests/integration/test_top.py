@@ -28,7 +28,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from test_attach import can_attach, env, spawn, wait_for_steps  # noqa: F401 (a fixture)
+from test_attach import JOB as DDP_JOB  # (its --ddp job)
+from test_attach import (  # noqa: F401 (can_attach: a fixture)
+    PAUSE,
+    STEPS,
+    can_attach,
+    env,
+    finish,
+    spawn,
+    wait_for_steps,
+)
 
 needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None,
                                 reason="tmux is not installed (.ci/run installs it)")
@@ -273,6 +282,35 @@ def test_top_ends_cleanly(work: Path, how: str) -> None:
     finally:
         t.close()
         job.kill()
+
+
+@pytest.mark.usefixtures("can_attach")
+def test_ranks_one_row_set_with_the_slowest_rank_named(work: Path) -> None:
+    # GIVEN a 2-rank gloo job under torchrun (test_attach.py's), well into its run
+    (work / "ddp_job.py").write_text(DDP_JOB)
+    result = work / "ddp.txt"
+    proc = spawn(sys.executable, "-m", "torch.distributed.run", "--standalone",
+                 "--nproc-per-node", "2", work / "ddp_job.py", STEPS, PAUSE, result, "--ddp",
+                 cwd=work,
+                 OMP_NUM_THREADS="1")
+    try:
+        for rank in (0, 1):
+            wait_for_steps(Path(f"{result}.rank{rank}.progress"), 10, proc)
+        # WHEN top watches torchrun's workers once
+        once = top("--ranks", proc.pid, "--once", "--after", "2", "--json", cwd=work)
+        assert once.returncode == 0, once.stderr
+        finish(proc, torch_abort_ok=True)
+    finally:
+        proc.kill()
+    # THEN one row set, each row naming the rank it is the slowest of
+    data = json.loads(once.stdout)
+    assert data["sources"] == ["rank 0", "rank 1"]
+    assert {r["source"] for r in data["rows"]} <= {"rank 0", "rank 1"}
+    assert len({(r["module"], r["mode"]) for r in data["rows"]}) == len(data["rows"])
+    assert once.stderr == f"hooktrace: detached from torchrun {proc.pid} (2 workers), which " \
+                          "goes on\n"
+    for rank in (0, 1):
+        assert "restored True" in Path(f"{result}.rank{rank}").read_text()
 
 
 @pytest.mark.usefixtures("can_attach")
