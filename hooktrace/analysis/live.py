@@ -85,21 +85,26 @@ class View:
 
 
 def read_live(folder: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The live files of ``folder`` (``DIR/live/*.json``) that parse, each with its
-    ``mtime``; one being replaced or cut short is left out."""
+    """The live files of ``folder`` (``DIR/live/*.json``) written within STALE_S of the
+    newest (the runs writing now, or the last ones that did), each with its ``mtime``;
+    one being replaced or cut short is left out."""
     live = os.path.join(os.fspath(folder), LIVE_DIR)
+    try:
+        stats = [(e.path, e.stat().st_mtime) for e in os.scandir(live)
+                 if e.name.endswith(".json")]
+    except FileNotFoundError:  # (no step yet; a file replaced while read: the next look)
+        stats = []
+    newest = max((m for _, m in stats), default=0.0)
     out = []
-    for name in sorted(os.listdir(live)) if os.path.isdir(live) else []:
-        if not name.endswith(".json"):
+    for path, mtime in sorted(stats):
+        if mtime < newest - STALE_S:  # (a folder shared by runs for weeks: the old ones)
             continue
-        path = os.path.join(live, name)
         try:
             with open(path, encoding="utf-8") as f:
                 data = json.load(f)
-            data["mtime"] = os.stat(path).st_mtime
             if isinstance(data.get("rows"), dict) and isinstance(data.get("run"), str):
-                out.append(data)
-        except (OSError, ValueError):
+                out.append({**data, "mtime": mtime})
+        except (OSError, ValueError, AttributeError):
             continue
     return out
 
@@ -118,10 +123,7 @@ class Watch:
         files = [f for f in read_live(self.folder) if _steps(f["rows"])]
         if not files:
             return None
-        now = time.time()
-        newest = max(f["mtime"] for f in files)
-        # the runs writing now; when none is, those that wrote last (an ended job)
-        files = [f for f in files if f["mtime"] >= min(now, newest) - STALE_S]
+        now, newest = time.time(), max(f["mtime"] for f in files)
         labels = source_labels([(f["run"], f.get("rank")) for f in files])
         per = [(labels[(f["run"], f.get("rank"))], f, _per_step(f["rows"])) for f in files]
         best: dict[tuple[str, str], tuple[str, dict[str, Any], float]] = {}

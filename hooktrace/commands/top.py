@@ -103,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("hooktrace top draws its table in a terminal; without one, use --once "
                        "(and --json)")
     before = {s: signal.signal(s, _closed) for s in (signal.SIGHUP, signal.SIGTERM)}
+    before[signal.SIGINT] = signal.getsignal(signal.SIGINT)
     try:
         source.start()
         line, status = (_once if args.once else _screen)(source, args)
@@ -111,11 +112,11 @@ def run(args: argparse.Namespace) -> int:
     except _Closed as e:
         line, status = str(e), 129
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # (a second Ctrl-C: the detach goes on)
+        for s in before:  # (a second Ctrl-C, a SIGHUP now: the detach goes on)
+            signal.signal(s, signal.SIG_IGN)
         end = source.close()
         for s, handler in before.items():
             signal.signal(s, handler)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
     said = "; ".join(filter(None, (line, end)))
     if said:
         with contextlib.suppress(OSError):  # (a closed terminal)
@@ -190,7 +191,11 @@ class _Job:
         options = {**self.options, "aggregate": str(self.dir), "aggregate_interval": 1.0,
                    "detail": "", "output": str(self.dir) + os.sep, "chrome": None,
                    "pftrace": None, "summary": False}
-        options_from_args(argparse.Namespace(**options))  # a bad option never reaches it
+        try:  # a bad option never reaches the job
+            options_from_args(argparse.Namespace(**options))
+        except BaseException:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
         request = AttachRequest(options=options, steps=None, seconds=None, timeout=WATCH_S,
                                 lease=str(self.lease))
         self.thread = threading.Thread(target=self._attach, args=(request,), daemon=True,
