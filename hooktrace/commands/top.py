@@ -84,12 +84,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 class _Closed(BaseException):
-    """SIGHUP or SIGTERM while watching (as KeyboardInterrupt for Ctrl-C)."""
+    """SIGHUP or SIGTERM while watching (as KeyboardInterrupt for Ctrl-C): what
+    happened, and the exit status (128 + the signal)."""
 
 
 def _closed(signum: int, frame: Any) -> None:
     raise _Closed("the terminal closed (SIGHUP)" if signum == signal.SIGHUP
-                  else "terminated (SIGTERM)")
+                  else "terminated (SIGTERM)", 128 + signum)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         line, status = "interrupted (Ctrl-C)", 130
     except _Closed as e:
-        line, status = str(e), 129
+        line, status = e.args
     finally:
         for s in before:  # (a second Ctrl-C, a SIGHUP now: the detach goes on)
             signal.signal(s, signal.SIG_IGN)

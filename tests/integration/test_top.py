@@ -256,7 +256,7 @@ def test_top_dir_of_an_aggregate_run(work: Path) -> None:
 
 @needs_tmux
 @pytest.mark.usefixtures("can_attach")
-@pytest.mark.parametrize("how", ["Ctrl-C", "SIGHUP", "job ends"])
+@pytest.mark.parametrize("how", ["Ctrl-C", "SIGHUP", "SIGTERM", "job ends"])
 def test_top_ends_cleanly(work: Path, how: str) -> None:
     result = work / "watched.txt"
     job = spawn(sys.executable, work / "job.py", "0", result, cwd=work)
@@ -267,17 +267,18 @@ def test_top_ends_cleanly(work: Path, how: str) -> None:
         t.wait_for(lambda s: steps_shown(s) > 0, "table")
         if how == "Ctrl-C":
             t.keys("C-c")
-        elif how == "SIGHUP":  # the terminal closes under top
+        elif how.startswith("SIG"):  # SIGHUP: the terminal closes under top
             shell = int(t.tmux("list-panes", "-t", "t", "-F", "#{pane_pid}"))
             [watcher] = Path(f"/proc/{shell}/task/{shell}/children").read_text().split()
-            os.kill(int(watcher), signal.SIGHUP)
+            os.kill(int(watcher), getattr(signal, how))
         else:
             Path(f"{result}.stop").write_text("")
         rc, err = t.ended()
         said = {"Ctrl-C": "interrupted (Ctrl-C); detached", "SIGHUP": "the terminal closed "
-                "(SIGHUP); detached", "job ends": f"process {job.pid} ended while watched"}
+                "(SIGHUP); detached", "SIGTERM": "terminated (SIGTERM); detached",
+                "job ends": f"process {job.pid} ended while watched"}
         assert err.startswith(f"hooktrace: {said[how]}") and err.count("\n") == 1, err
-        assert rc == {"Ctrl-C": 130, "SIGHUP": 129, "job ends": 0}[how]
+        assert rc == {"Ctrl-C": 130, "SIGHUP": 129, "SIGTERM": 143, "job ends": 0}[how]
         stop_and_compare(job, work, result, watched_to_the_end=how == "job ends")
     finally:
         t.close()
