@@ -7,7 +7,7 @@ second with the rows of the windows it closed since (:mod:`hooktrace.record.aggr
 those files and gives a :class:`View`: per module and phase the time per step and its
 share of the step, the calls per step, the device time per step when recorded, and the
 change against the first window it saw; the step time and steps per second; the footer
-lines that matter (time outside the modules, unattributed autograd nodes, dropped
+lines that matter (the unattributed time: outside every module call; dropped
 events). With several runs or ranks writing, each row is its slowest's, named.
 
 Example:
@@ -38,7 +38,6 @@ __all__ = ["LIVE_DIR", "Row", "SORTS", "View", "Watch", "read_live"]
 
 # a live file not rewritten for this long, and not marked ended: a run that stopped writing
 STALE_S = 30.0
-UNATTRIBUTED = "<unattributed>"
 # the orders the rows can be shown in (hooktrace top's s key cycles through them)
 SORTS = ("time", "calls", "change", "name")
 
@@ -180,14 +179,13 @@ def _footer(view: View, dropped: int) -> list[str]:
     # the outermost calls: the root when the model was traced, else the modules no other
     # module holds
     roots = {ROOT_ROW} if ROOT_ROW in names else {
-        n for n in names if n != UNATTRIBUTED and not any(n.startswith(p + ".") for p in names)}
+        n for n in names if not any(n.startswith(p + ".") for p in names)}
     inside = sum(r.ms for r in view.rows if r.module in roots and not r.source)
     outside = view.step_ms - inside
     if not view.sources and view.step_ms and outside >= 0.01 * view.step_ms:
-        lines.append(f"outside any module call: {format_ns(outside * 1e6)} per step "
-                     f"({100 * outside / view.step_ms:.0f}%: optimizer, data, loss)")
-    if UNATTRIBUTED in names:
-        lines.append(f"{UNATTRIBUTED}: autograd nodes that ran outside any traced module call")
+        lines.append(f"unattributed: {format_ns(outside * 1e6)} per step "
+                     f"({100 * outside / view.step_ms:.0f}%) outside every module call: "
+                     "optimizer, data, loss")
     if dropped:
         lines.append(f"note: {dropped} events dropped (buffer full: raise --capacity) - "
                      "totals may be incomplete")

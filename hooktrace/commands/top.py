@@ -179,6 +179,7 @@ class _Job:
         self.thread: threading.Thread | None = None
         self.outcomes: list[Any] = []
         self.error: str | None = None
+        self.touched, self.stalled = time.monotonic(), False
 
     def start(self) -> None:
         from hooktrace.record.attach import AttachRequest
@@ -189,6 +190,7 @@ class _Job:
             os.chown(self.dir, owner, -1)
         self.lease = self.dir / "lease"
         self.lease.touch()
+        self.touched = time.monotonic()
         options = {**self.options, "aggregate": str(self.dir), "aggregate_interval": 1.0,
                    "detail": "", "output": str(self.dir) + os.sep, "chrome": None,
                    "pftrace": None, "summary": False}
@@ -212,6 +214,11 @@ class _Job:
             self.error = str(e)
 
     def touch(self) -> None:
+        from hooktrace.record.attach_agent import LEASE_STALE_S
+
+        now = time.monotonic()  # (counts while top is stopped)
+        self.stalled |= now - self.touched >= LEASE_STALE_S
+        self.touched = now
         with contextlib.suppress(OSError):
             os.utime(self.lease)
 
@@ -220,9 +227,12 @@ class _Job:
             return None
         failed = next((str(o.status.get("message")) for o in self.outcomes
                        if o.state == "error"), self.error)
-        if view is not None and view.ended or failed and " ended " in failed:
-            return f"{self.what} ended while watched", 0
-        return (failed, 1) if failed else (f"{self.what} stopped recording", 1)
+        if failed and " ended " not in failed:
+            return failed, 1
+        if self.stalled:  # (the lease went stale: the job ended its recording itself)
+            return (f"{self.what} stopped recording: top did not touch its lease for 10 s or "
+                    "more (stopped, or stalled), so the job detached by itself", 1)
+        return f"{self.what} ended while watched", 0
 
     def close(self) -> str:
         if self.thread is None:

@@ -256,7 +256,7 @@ def test_top_dir_of_an_aggregate_run(work: Path) -> None:
 
 @needs_tmux
 @pytest.mark.usefixtures("can_attach")
-@pytest.mark.parametrize("how", ["Ctrl-C", "SIGHUP", "SIGTERM", "job ends"])
+@pytest.mark.parametrize("how", ["Ctrl-C", "SIGHUP", "SIGTERM", "job ends", "top stopped"])
 def test_top_ends_cleanly(work: Path, how: str) -> None:
     result = work / "watched.txt"
     job = spawn(sys.executable, work / "job.py", "0", result, cwd=work)
@@ -265,20 +265,31 @@ def test_top_ends_cleanly(work: Path, how: str) -> None:
         wait_for_steps(Path(f"{result}.progress"), 10, job)
         t.start(job.pid)
         t.wait_for(lambda s: steps_shown(s) > 0, "table")
+        shell = int(t.tmux("list-panes", "-t", "t", "-F", "#{pane_pid}"))
+        [watcher] = map(int, Path(f"/proc/{shell}/task/{shell}/children").read_text().split())
         if how == "Ctrl-C":
             t.keys("C-c")
         elif how.startswith("SIG"):  # SIGHUP: the terminal closes under top
-            shell = int(t.tmux("list-panes", "-t", "t", "-F", "#{pane_pid}"))
-            [watcher] = Path(f"/proc/{shell}/task/{shell}/children").read_text().split()
-            os.kill(int(watcher), getattr(signal, how))
-        else:
+            os.kill(watcher, getattr(signal, how))
+        elif how == "job ends":
             Path(f"{result}.stop").write_text("")
+        else:  # stopped (Ctrl-Z) past its lease: the job detaches by itself, says it ended
+            os.kill(watcher, signal.SIGSTOP)
+            deadline = time.monotonic() + 120
+            while not any('"ended": true' in p.read_text()
+                          for p in work.glob("hooktrace-top-*/live/*.json")):
+                assert time.monotonic() < deadline, "the job did not detach by itself"
+                time.sleep(0.2)
+            os.kill(watcher, signal.SIGCONT)
         rc, err = t.ended()
         said = {"Ctrl-C": "interrupted (Ctrl-C); detached", "SIGHUP": "the terminal closed "
                 "(SIGHUP); detached", "SIGTERM": "terminated (SIGTERM); detached",
-                "job ends": f"process {job.pid} ended while watched"}
+                "job ends": f"process {job.pid} ended while watched",
+                "top stopped": f"error: process {job.pid} stopped recording: top did not "
+                               "touch its lease for 10 s or more"}
         assert err.startswith(f"hooktrace: {said[how]}") and err.count("\n") == 1, err
-        assert rc == {"Ctrl-C": 130, "SIGHUP": 129, "SIGTERM": 143, "job ends": 0}[how]
+        assert rc == {"Ctrl-C": 130, "SIGHUP": 129, "SIGTERM": 143, "job ends": 0,
+                      "top stopped": 1}[how]
         stop_and_compare(job, work, result, watched_to_the_end=how == "job ends")
     finally:
         t.close()
