@@ -237,13 +237,14 @@ class _Job:
     def close(self) -> str:
         if self.thread is None:
             return ""
+        on_its_own = not self.thread.is_alive()  # (the job ended, or ended its recording)
         self.lease.unlink(missing_ok=True)
         stepped = any(Path(self.dir, LIVE_DIR).glob("*.json"))
         self.thread.join(DETACH_WAIT_S if stepped else NO_STEP_WAIT_S)
         if self.thread.is_alive():  # (its files stay: the job writes there when it detaches)
             return f"{self.what} detaches at its next module call"
         shutil.rmtree(self.dir, ignore_errors=True)
-        return "" if self.error else f"detached from {self.what}, which goes on"
+        return "" if self.error or on_its_own else f"detached from {self.what}, which goes on"
 
 
 def _watch(source: _Folder | _Job, watch: Watch, started: float, timeout: float

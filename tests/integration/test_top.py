@@ -284,9 +284,10 @@ def test_top_ends_cleanly(work: Path, how: str) -> None:
         rc, err = t.ended()
         said = {"Ctrl-C": "interrupted (Ctrl-C); detached", "SIGHUP": "the terminal closed "
                 "(SIGHUP); detached", "SIGTERM": "terminated (SIGTERM); detached",
-                "job ends": f"process {job.pid} ended while watched",
+                "job ends": f"process {job.pid} ended while watched\n",
                 "top stopped": f"error: process {job.pid} stopped recording: top did not "
-                               "touch its lease for 10 s or more"}
+                               "touch its lease for 10 s or more (stopped, or stalled), so "
+                               "the job detached by itself\n"}
         assert err.startswith(f"hooktrace: {said[how]}") and err.count("\n") == 1, err
         assert rc == {"Ctrl-C": 130, "SIGHUP": 129, "SIGTERM": 143, "job ends": 0,
                       "top stopped": 1}[how]
