@@ -228,7 +228,9 @@ class _Job:
         failed = next((str(o.status.get("message")) for o in self.outcomes
                        if o.state == "error"), self.error)
         if failed and " ended " not in failed:
-            return failed, 1
+            hint = ("; if it records with --aggregate DIR, hooktrace top DIR watches it"
+                    if "already under hooktrace" in failed else "")
+            return failed + hint, 1
         if self.stalled:  # (the lease went stale: the job ended its recording itself)
             return (f"{self.what} stopped recording: top did not touch its lease for 10 s or "
                     "more (stopped, or stalled), so the job detached by itself", 1)

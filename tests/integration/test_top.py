@@ -155,6 +155,17 @@ def top(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
                           timeout=300)
 
 
+def can_attach_here() -> bool:
+    from hooktrace.errors import AttachError
+    from hooktrace.record.attach import check_target
+
+    try:
+        check_target(os.getpid())
+    except AttachError:
+        return False
+    return True
+
+
 @pytest.fixture
 def work(tmp_path: Path) -> Iterator[Path]:
     (tmp_path / "job.py").write_text(JOB)
@@ -238,6 +249,11 @@ def test_top_dir_of_an_aggregate_run(work: Path) -> None:
         wait_for_steps(Path(f"{result}.progress"), 10, job)
         t.start(work / "agg")
         check_table(t)
+        if can_attach_here():  # the job records itself: top PID says where to look instead
+            refused = top(job.pid, "--once", cwd=work)
+            assert refused.returncode == 1 and refused.stderr.count("\n") == 1
+            assert "already under hooktrace" in refused.stderr
+            assert "with --aggregate DIR, hooktrace top DIR watches it" in refused.stderr
         once = top(work / "agg", "--once", "--after", "1", "--json", cwd=work)
         assert once.returncode == 0, once.stderr
         assert ("0", "forward") in {(r["module"], r["mode"]) for r in json.loads(once.stdout)["rows"]}
