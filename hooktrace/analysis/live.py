@@ -157,7 +157,10 @@ def _per_step(rows: dict[str, list[Any]]) -> dict[tuple[str, str], dict[str, Any
     """Per (module, mode) of one live file: ms, calls and device ms per step."""
     n = max(1, _steps(rows))
     sums: dict[tuple[str, str], list[Any]] = {}
-    gpu = rows.get("gpu_ms") or [None] * len(rows["module"])
+    none = [None] * len(rows["module"])
+    # device time: the kernels' busy time (CUPTI) when recorded, else the timing events'
+    gpu = [k if k is not None else e for k, e in zip(rows.get("kernel_ms") or none,
+                                                     rows.get("gpu_ms") or none)]
     for module, mode, calls, total, g in zip(rows["module"], rows["mode"], rows["calls"],
                                              rows["total_ms"], gpu):
         s = sums.setdefault((str(module), str(mode)), [0.0, 0, None])

@@ -15,7 +15,7 @@ from hooktrace.commands.top import _Ui, render
 def live(folder: Path, run: str, rank: int | None, rows: dict[str, float],
          step_ms: float, steps: int = 2, gpu: bool = False, **more: Any) -> None:
     """A live file of ``steps`` steps: ``rows`` module -> forward ms per step (and as
-    much device time, with ``gpu``)."""
+    much kernel busy time, with ``gpu``)."""
     names = [*rows, "<step>"]
     (folder / "live").mkdir(exist_ok=True)
     (folder / "live" / f"{run}.json").write_text(json.dumps({
@@ -23,7 +23,7 @@ def live(folder: Path, run: str, rank: int | None, rows: dict[str, float],
         "rows": {"steps": [steps] * len(names), "module": names,
                  "mode": ["forward"] * len(rows) + ["step"], "calls": [steps] * len(names),
                  "total_ms": [v * steps for v in [*rows.values(), step_ms]],
-                 **({"gpu_ms": [v * steps for v in rows.values()] + [None]} if gpu else {})}}))
+                 **({"kernel_ms": [v * steps for v in rows.values()] + [None]} if gpu else {})}}))
 
 
 def test_each_row_is_its_slowest_rank_and_changes_against_the_first_look(tmp_path: Path) -> None:
@@ -55,7 +55,9 @@ def test_the_screen_fits_the_terminal_and_escapes_names(tmp_path: Path) -> None:
     assert len(screen) <= 12 and all(len(line) <= 70 for line in screen)
     text = "\n".join(screen)
     assert "\x1b" not in text and "\x07" not in text
-    assert "x\\x1b]0;pwned\\x07 " in text and "enc.…_long_layer_name.fc " in text
+    assert "x\\x1b]0;pwned\\x07 " in text
+    cut = next(line.split()[0] for line in screen if line.startswith("enc."))
+    assert "…" in cut and cut.endswith(".fc")  # (shortened as the summary does)
     assert any(line.startswith("... ") and "more rows" in line for line in screen)
     assert "events dropped" in text
     assert "gpu/step" not in text  # (no device time recorded)
