@@ -54,6 +54,7 @@ class Row:
     gpu_ms: float | None  # device time, when recorded
     change: float | None  # percent against the first window seen (None: not seen before)
     source: str | None = None  # the slowest run or rank, when several write the folder
+    mem_peak: int | None = None  # bytes, the largest peak inside a call (memory=True)
 
 
 @dataclass
@@ -138,7 +139,7 @@ class Watch:
             out.append(Row(key[0], key[1], r["ms"], 100 * r["ms"] / step_ms if step_ms else None,
                            r["calls"], r["gpu_ms"],
                            100 * (r["ms"] - base) / base if base else None,
-                           label if len(files) > 1 else None))
+                           label if len(files) > 1 else None, r["mem_peak"]))
         step_ms = max(rows[(STEP_ROW, "step")]["ms"] for _, _, rows in per)
         view = View(out, step_ms, 1e3 / step_ms if step_ms else 0.0,
                     max(int(f.get("steps") or 0) for f in files),
@@ -154,23 +155,27 @@ def _steps(rows: dict[str, list[Any]]) -> int:
 
 
 def _per_step(rows: dict[str, list[Any]]) -> dict[tuple[str, str], dict[str, Any]]:
-    """Per (module, mode) of one live file: ms, calls and device ms per step."""
+    """Per (module, mode) of one live file: ms, calls and device ms per step, and the
+    memory peak."""
     n = max(1, _steps(rows))
     sums: dict[tuple[str, str], list[Any]] = {}
     none = [None] * len(rows["module"])
     # device time: the kernels' busy time (CUPTI) when recorded, else the timing events'
     gpu = [k if k is not None else e for k, e in zip(rows.get("kernel_ms") or none,
                                                      rows.get("gpu_ms") or none)]
-    for module, mode, calls, total, g in zip(rows["module"], rows["mode"], rows["calls"],
-                                             rows["total_ms"], gpu):
-        s = sums.setdefault((str(module), str(mode)), [0.0, 0, None])
+    for module, mode, calls, total, g, mem in zip(
+            rows["module"], rows["mode"], rows["calls"], rows["total_ms"], gpu,
+            rows.get("mem_peak_bytes") or none):
+        s = sums.setdefault((str(module), str(mode)), [0.0, 0, None, None])
         s[0] += float(total or 0.0)
         s[1] += int(calls or 0)
         if g is not None:
             s[2] = (s[2] or 0.0) + float(g)
+        if mem is not None:
+            s[3] = max(s[3] or 0, int(mem))
     step_ms = sums.get((STEP_ROW, "step"), [0.0])[0] / n
     return {k: {"ms": t / n, "calls": c / n, "gpu_ms": None if g is None else g / n,
-                "step_ms": step_ms} for k, (t, c, g) in sums.items()}
+                "mem_peak": mem, "step_ms": step_ms} for k, (t, c, g, mem) in sums.items()}
 
 
 def _footer(view: View, dropped: int) -> list[str]:

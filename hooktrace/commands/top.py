@@ -46,7 +46,7 @@ from hooktrace.analysis.live import LIVE_DIR, SORTS, View, Watch
 from hooktrace.commands import CliError
 from hooktrace.errors import HooktraceError
 from hooktrace.record.launch import add_options, options_from_args
-from hooktrace.text import format_ns, printable, shorten_distinct, shorten_middle
+from hooktrace.text import format_bytes, format_ns, printable, shorten_distinct, shorten_middle
 
 NAME = "top"
 HELP = "watch a running job's modules live (PID: attach to it, DIR: an --aggregate folder)"
@@ -378,8 +378,10 @@ def render(view: View | None, what: str, ui: _Ui, width: int, height: int,
     if view is not None:
         rows = view.sorted(ui.sort, ui.filter)
         gpu = any(r.gpu_ms is not None for r in view.rows)
+        mem = any(r.mem_peak is not None for r in view.rows)
         cols = [("phase", 9), ("ms/step", 10), ("share", 7), ("calls/step", 11)] + \
-            [("gpu/step", 10)] * gpu + [("change", 8)] + [("slowest", 9)] * bool(view.sources)
+            [("gpu/step", 10)] * gpu + [("mem peak", 10)] * mem + [("change", 8)] + \
+            [("slowest", 9)] * bool(view.sources)
         name_w = max(12, width - sum(w for _, w in cols) - 1)
         lines.append(f"{'module':<{name_w}} " + "".join(f"{c:>{w}}" for c, w in cols))
         room = max(1, height - len(lines) - len(view.footer) - 1)
@@ -389,6 +391,7 @@ def render(view: View | None, what: str, ui: _Ui, width: int, height: int,
             cells = [r.mode, format_ns(r.ms * 1e6),
                      "" if r.share is None else f"{r.share:.1f}%", f"{r.calls:.3g}"] + \
                 [("" if r.gpu_ms is None else format_ns(r.gpu_ms * 1e6))] * gpu + \
+                [("" if r.mem_peak is None else format_bytes(r.mem_peak))] * mem + \
                 ["" if r.change is None else f"{r.change:+.0f}%"] + \
                 [printable(r.source or "")] * bool(view.sources)
             lines.append(f"{name:<{name_w}} " + "".join(

@@ -15,7 +15,7 @@ from hooktrace.commands.top import _Ui, render
 def live(folder: Path, run: str, rank: int | None, rows: dict[str, float],
          step_ms: float, steps: int = 2, gpu: bool = False, **more: Any) -> None:
     """A live file of ``steps`` steps: ``rows`` module -> forward ms per step (and as
-    much kernel busy time, with ``gpu``)."""
+    much kernel busy time and a 3 MiB memory peak, with ``gpu``)."""
     names = [*rows, "<step>"]
     (folder / "live").mkdir(exist_ok=True)
     (folder / "live" / f"{run}.json").write_text(json.dumps({
@@ -23,7 +23,8 @@ def live(folder: Path, run: str, rank: int | None, rows: dict[str, float],
         "rows": {"steps": [steps] * len(names), "module": names,
                  "mode": ["forward"] * len(rows) + ["step"], "calls": [steps] * len(names),
                  "total_ms": [v * steps for v in [*rows.values(), step_ms]],
-                 **({"kernel_ms": [v * steps for v in rows.values()] + [None]} if gpu else {})}}))
+                 **({"kernel_ms": [v * steps for v in rows.values()] + [None],
+                     "mem_peak_bytes": [3 << 20] * len(rows) + [None]} if gpu else {})}}))
 
 
 def test_each_row_is_its_slowest_rank_and_changes_against_the_first_look(tmp_path: Path) -> None:
@@ -60,10 +61,11 @@ def test_the_screen_fits_the_terminal_and_escapes_names(tmp_path: Path) -> None:
     assert "…" in cut and cut.endswith(".fc")  # (shortened as the summary does)
     assert any(line.startswith("... ") and "more rows" in line for line in screen)
     assert "events dropped" in text
-    assert "gpu/step" not in text  # (no device time recorded)
+    assert "gpu/step" not in text and "mem peak" not in text  # (not recorded)
     live(tmp_path, "a", None, {"<root>": 8.0}, 10.0, gpu=True)
     with_gpu = render(Watch(tmp_path).look(), "job", _Ui(), 100, 20)  # type: ignore[arg-type]
     assert "gpu/step" in with_gpu[3] and "8.00 ms" in with_gpu[4].split("forward")[1]
+    assert "mem peak" in with_gpu[3] and "3.00 MiB" in with_gpu[4]
     # the filter shows only what matches; the step line holds the step time
     filtered = render(view, "job", _Ui(filter="LAYER"), 200, 50)
     assert filtered[4].split()[0] == long and filtered[5] == ""
