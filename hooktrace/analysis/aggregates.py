@@ -18,6 +18,9 @@ from typing import Any
 # DIR/KEPT_INDEX: a JSON line per step kept whole ({"step", "why", "file", "run", "rank"}:
 # DIR/steps/file)
 KEPT_INDEX = "kept.jsonl"
+# DIR/LIVE_DIR/<run>.json: the rows of a run's newest windows, for hooktrace top DIR
+# (hooktrace.analysis.live reads them)
+LIVE_DIR = "live"
 # DIR/aggregates/PART_NAME: a finished part (a part being written has a leading "." and
 # ends in .tmp: pyarrow's datasets and duckdb's *.parquet both skip it, issue #35); the run
 # is in the name so that runs and ranks sharing a folder never replace each other's parts
@@ -394,7 +397,7 @@ def aggregate_summary_data(path: str | os.PathLike[str], top: int | None = None
     # several runs or ranks in the folder: ms/step per rank (or run), as the straggler
     # table of a folder of rank traces has a column per rank
     steps_per, per_source = _per_source(table) if len(runs) > 1 else ({}, {})
-    labels = _source_labels(runs)
+    labels = source_labels(runs)
     rows = []
     for r in grouped:
         key = (str(r["module"]), str(r["mode"]))
@@ -513,7 +516,7 @@ def _ranks_only(runs: list[tuple[str, int | None]]) -> bool:
     return None not in ranks and len(set(ranks)) == len(ranks)
 
 
-def _source_labels(runs: list[tuple[str, int | None]]) -> dict[tuple[str, int | None], str]:
+def source_labels(runs: list[tuple[str, int | None]]) -> dict[tuple[str, int | None], str]:
     """``rank R`` per run when the runs are distinct ranks, else ``run N`` (N: 1, 2, ... in
     the runs' order; the names are in the table's ``run`` column)."""
     if _ranks_only(runs):

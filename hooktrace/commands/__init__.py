@@ -66,6 +66,8 @@ def all_commands() -> list[ModuleType]:
         run,
         stacks,
         summary,
+        top,
     )
 
-    return [run, attach, demo, export, summary, diff, report, merge, merge_ranks, query, stacks]
+    return [run, attach, top, demo, export, summary, diff, report, merge, merge_ranks, query,
+            stacks]

@@ -38,6 +38,11 @@ Its triggers, ``detail="every=10000,slow=3,nonfinite,signal"``:
 
 Disk then grows with time x modules, not with events or steps (benchmarks/RESULTS.md
 measures it). Loggers (``hooktrace.log_to``) receive each window's rows.
+
+``DIR/live/<run>.json`` holds the rows of the windows closed in about the last second
+(written once a second at most, replaced whole; ``"ended": true`` once the recording
+ended): what ``hooktrace top DIR`` shows while the job runs
+(:mod:`hooktrace.analysis.live` reads it). One small file per run, whatever the run's length.
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ from typing import TYPE_CHECKING, Any
 
 from hooktrace._naming import env_rank, process_stem
 from hooktrace.errors import HooktraceError
-from hooktrace.analysis.aggregates import KEPT_INDEX, kept_steps, load_aggregates
+from hooktrace.analysis.aggregates import KEPT_INDEX, LIVE_DIR, kept_steps, load_aggregates
 from hooktrace.record.component import Component, Flag, Option
 
 if TYPE_CHECKING:  # numpy is imported where used: `hooktrace --version` reads this
@@ -78,6 +83,8 @@ MIN_STEPS_FOR_SLOW = 5
 # preemptions make many millisecond steps "slow": disk stays bounded in time)
 SLOW_COOLDOWN_S = 60.0
 DETAIL_SIGNAL = signal.SIGUSR2
+# DIR/LIVE_DIR/<run>.json: the newest windows' rows, rewritten every LIVE_SECONDS at most
+LIVE_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -286,10 +293,14 @@ class AggregateComponent(Component):
         self._window_limit = max(1, int(options.capacity or 1))
         self._window_times: list[float] = []
         self._part_time = time.perf_counter()
+        self._live_rows: dict[str, list[Any]] = {}  # the windows since the last live file
+        self._live_time = 0.0
+        self._live_last: dict[str, list[Any]] = {}  # the rows of the last live file
 
     def prepare(self, session: Any, scope: Any) -> None:
         os.makedirs(os.path.join(self.dir, "aggregates"), exist_ok=True)
         os.makedirs(os.path.join(self.dir, "steps"), exist_ok=True)
+        os.makedirs(os.path.join(self.dir, LIVE_DIR), exist_ok=True)
         session.enable_collection()  # drained at each step mark
         self._session = session
 
@@ -401,6 +412,9 @@ class AggregateComponent(Component):
         self._window_first, self._window_events, self._window_times = None, [], []
         for key, values in rows.items():
             self._rows.setdefault(key, []).extend(values)
+            self._live_rows.setdefault(key, []).extend(values)
+        if time.perf_counter() - self._live_time >= LIVE_SECONDS:
+            self._write_live(ended=False)
         for log in list(self.loggers):
             try:
                 log(last, rows)
@@ -466,9 +480,30 @@ class AggregateComponent(Component):
             return
         self._parts += 1
 
+    def _write_live(self, ended: bool) -> None:
+        """DIR/live/<run>.json: the windows closed since the last one (hooktrace top DIR);
+        a disk that refuses it costs that second's view only."""
+        self._live_time = time.perf_counter()
+        # (the last file written says it ended, its rows kept when no window closed since)
+        rows = self._live_rows or (self._live_last if ended else {})
+        self._live_rows, self._live_last = {}, rows
+        if not rows and not ended:
+            return
+        path = os.path.join(self.dir, LIVE_DIR, f"{self.run_id}.json")
+        live = {"run": self.run_id, "rank": self.rank, "pid": os.getpid(),
+                "unix_ns": time.time_ns(), "ended": ended, "steps": self._steps,
+                "dropped_events": int(self._session.stats()["dropped"]), "rows": rows}
+        try:
+            with open(f"{path}.tmp", "w", encoding="utf-8") as f:
+                json.dump(live, f)
+            os.replace(f"{path}.tmp", path)
+        except (OSError, TypeError, ValueError):
+            pass
+
     def flush(self) -> None:
         self._close_window(self._steps - 1)  # the steps of the window still open
         self._write_part()
+        self._write_live(ended=True)
 
     def teardown(self) -> None:
         if self._listening:

@@ -110,6 +110,9 @@ class AttachRequest:
     steps: int | None  # optimizer steps to record after the partial first one
     seconds: float | None  # or seconds of recording
     timeout: float  # how long attach waits, all told; the recording ends before it
+    # hooktrace top's hook: a file the watcher keeps touching; the recording ends once it
+    # is gone or LEASE_STALE_S old (hooktrace.record.attach_agent)
+    lease: str | None = None
 
 
 @dataclass
@@ -528,7 +531,8 @@ def attach(pids: list[int], request: AttachRequest, status_dir: Path) -> list[At
             job_request = {"nonce": t.nonce, "options": request.options,
                            "steps": request.steps, "seconds": request.seconds,
                            "stop_unix": stop_unix, "go": len(targets) > 1,
-                           "staged": _staged(request.options, folder)}
+                           "staged": _staged(request.options, folder),
+                           "lease": request.lease}
             t.injected = True  # (from here the job may hold a queued call)
             _inject(t, pending_code(t, job_request), work)
         # Several targets (the ranks of a job) start recording together: each waits for

@@ -62,6 +62,9 @@ _OPTIMIZER_FILE = os.path.join("torch", "optim", "optimizer.py")
 POLL_S = 0.05
 # torch/_dynamo/eval_frame.py's OptimizedModule.__call__, with any global module hook
 _COMPILE_HOOKS_WARNING = r"Using `torch\.compile\(module\)` when there are global hooks"
+# hooktrace top's lease (the request's "lease" file): the recording ends once the file is
+# gone or untouched for LEASE_STALE_S (a watcher killed, or stopped with Ctrl-Z)
+LEASE_STALE_S = 10.0
 
 
 def start(request: dict[str, Any], fd: int) -> None:
@@ -97,6 +100,14 @@ def _close(folder: JobFolder) -> None:
     if folder.abandoned():
         folder.remove()
     folder.close()
+
+
+def _held(lease: str) -> bool:
+    """Whether hooktrace top's lease file is there and was touched lately."""
+    try:
+        return time.time() - os.stat(lease).st_mtime < LEASE_STALE_S
+    except OSError:
+        return False
 
 
 def _already_traced() -> str | None:
@@ -198,6 +209,7 @@ class Attachment:
         self.folder = folder
         self.steps: int | None = request.get("steps")
         self.seconds: float | None = request.get("seconds")
+        self.lease: str | None = request.get("lease")
         # attach stops waiting at its timeout: the recording ends a little before (the
         # deadline is wall-clock in the request: the same on both sides of one machine)
         self.stop_at = time.monotonic() + max(0.0, float(request["stop_unix"]) - time.time())
@@ -279,9 +291,11 @@ class Attachment:
             self.at_next_module_call(self.finish)
 
     def _watch(self) -> None:
-        """Ends the recording at the deadline, or as soon as attach says so."""
+        """Ends the recording at the deadline, as soon as attach says so, or when hooktrace
+        top's lease lapses."""
         while not self._ended.wait(POLL_S):
-            if time.monotonic() >= self.stop_at or self.folder.told_to_stop():
+            if (time.monotonic() >= self.stop_at or self.folder.told_to_stop()
+                    or (self.lease and not _held(self.lease))):
                 self.at_next_module_call(self.finish)
                 return
 

@@ -53,25 +53,19 @@ __all__ = ["RunOptions", "add_options", "discard_empty", "options_from_args", "o
            "stop_writing_on_sigterm", "streams", "write_outputs"]
 
 
-def add_options(p: argparse.ArgumentParser, *, leave_out: Collection[str] = ()) -> None:
+def add_options(p: argparse.ArgumentParser, *, leave_out: Collection[str] = (),
+                outputs: bool = True) -> None:
     """The tracing options shared by ``hooktrace run`` and ``HOOKTRACE_OPTIONS``: the
     outputs, and a flag per recording option that declares one (its component's
     ``OPTIONS``, hooktrace/record/component.py), in their order. ``leave_out``: the
     destinations of flags a verb does without (``hooktrace attach``: ``schedule``,
-    ``profile``, ``steps``); :func:`options_from_args` takes their defaults."""
+    ``profile``, ``steps``); :func:`options_from_args` takes their defaults. ``outputs``:
+    False leaves out the files' flags (-o, --chrome, --pftrace, --summary: ``hooktrace
+    top`` writes none)."""
     from hooktrace.record.options import RecordOptions
 
-    p.add_argument("-o", "--output", metavar="PATH", default=None,
-                   help="the .htrace file, or a folder for the default name "
-                        "(default: ./hooktrace-<host>_<pid>[_rank<R>].htrace); {rank}, {pid} and "
-                        "{host} are replaced; with RANK set and no {rank}, _rank<R> is added. "
-                        "Streamed to while the script runs (constant memory; a killed run's "
-                        "file loads up to the cut), except with --ring or --schedule")
-    p.add_argument("--chrome", metavar="OUT.json", default=None,
-                   help="also export Chrome trace JSON (.json or .json.gz) at exit; "
-                        "same naming rules as --output")
-    p.add_argument("--pftrace", metavar="OUT.pftrace", default=None,
-                   help="also export a Perfetto protobuf trace at exit; same naming rules")
+    if outputs:
+        _add_outputs(p)
     if "schedule" not in leave_out:
         p.add_argument("--schedule", metavar="WAIT,WARMUP,ACTIVE[,REPEAT]", default=None,
                        help="record only some steps, as torch.profiler.schedule(wait, warmup, "
@@ -86,12 +80,27 @@ def add_options(p: argparse.ArgumentParser, *, leave_out: Collection[str] = ()) 
                             "the profiler's timeline, as hooktrace merge) and <output stem>"
                             ".profiler.json (for hooktrace summary --profiler); with "
                             "--schedule, one of each per window")
-    p.add_argument("--summary", action="store_true",
-                   help="print the per-module table to stderr at exit")
     recording = p.add_argument_group("recording (hooktrace.trace()'s options)")
     for option in RecordOptions.declared():
         if option.name not in leave_out:
             _add_flag(recording, option)
+
+
+def _add_outputs(p: argparse.ArgumentParser) -> None:
+    """The flags of the files a run writes (and --summary)."""
+    p.add_argument("-o", "--output", metavar="PATH", default=None,
+                   help="the .htrace file, or a folder for the default name "
+                        "(default: ./hooktrace-<host>_<pid>[_rank<R>].htrace); {rank}, {pid} and "
+                        "{host} are replaced; with RANK set and no {rank}, _rank<R> is added. "
+                        "Streamed to while the script runs (constant memory; a killed run's "
+                        "file loads up to the cut), except with --ring or --schedule")
+    p.add_argument("--chrome", metavar="OUT.json", default=None,
+                   help="also export Chrome trace JSON (.json or .json.gz) at exit; "
+                        "same naming rules as --output")
+    p.add_argument("--pftrace", metavar="OUT.pftrace", default=None,
+                   help="also export a Perfetto protobuf trace at exit; same naming rules")
+    p.add_argument("--summary", action="store_true",
+                   help="print the per-module table to stderr at exit")
 
 
 def _add_flag(p: Any, option: Option) -> None:

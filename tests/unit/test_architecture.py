@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("analysis", {
         "hooktrace.analysis", "hooktrace.analysis.groups", "hooktrace.analysis.calls",
         "hooktrace.analysis.inputs", "hooktrace.analysis.summary", "hooktrace.analysis.aggregates",
-        "hooktrace.analysis._summary_columns", "hooktrace.analysis.columns",
+        "hooktrace.analysis.live", "hooktrace.analysis._summary_columns", "hooktrace.analysis.columns",
         "hooktrace.analysis.column_provider", "hooktrace.analysis.diff",
         "hooktrace.analysis._diff_inputs", "hooktrace.analysis._diff_parts",
         "hooktrace.analysis.attribution",
