@@ -21,6 +21,7 @@ import numpy as np
 from hooktrace.analysis._diff_inputs import DiffInputError, file_meta, window_of
 from hooktrace.analysis.rankset import RankFile
 from hooktrace.analysis.device_time import gpu_recorded, launch_time_only, module_gpu
+from hooktrace.analysis.kernel_time import kernels_recorded, span_kernels
 from hooktrace.analysis.calls import COMPILE, KERNELS, Calls
 from hooktrace.analysis.groups import Groups
 from hooktrace.analysis.kernels import fused_modules, silent_in_regions
@@ -28,6 +29,7 @@ from hooktrace._events import SPAN_DEFINITION, SPAN_DEFINITIONS, span_definition
 from hooktrace.reading import (
     CAT_BACKWARD,
     CAT_FORWARD,
+    SPAN_EVAL,
     TraceData,
     as_data,
     load,
@@ -196,6 +198,8 @@ def trace_part(trace: TraceData, keep_calls: bool = False) -> Part:
         part.run_root_ns += float(dur[sel][roots].sum())
     if gpu_recorded(trace):
         add_gpu_phases(part, trace, complete)
+    elif kernels_recorded(trace):
+        add_kernel_phases(part, trace, complete)
     part.launch = launch_time_only(trace)
     # modules inside compiled regions with no time of their own: fused into other
     # modules' kernels, or with no ops at all (kernels.silent_in_regions)
@@ -234,6 +238,31 @@ def add_gpu_phases(part: Part, trace: TraceData, complete: np.ndarray) -> None:
         # (an interval without a host span: a kernel site of a compiled region)
         add_calls(part, phase, module[sel], gpu.duration_ns[sel], gpu.self_ns[sel],
                   span_col[sel], n_cols, gpu.span[sel] < 0, name_of, "kernels")
+
+
+def add_kernel_phases(part: Part, trace: TraceData, complete: np.ndarray) -> None:
+    """The run's kernel busy time (CUPTI, hooktrace.analysis.kernel_time) as the
+    GPU_PHASES rows of ``part``: each module call that launched kernels is a call of
+    its busy time (self: its own kernels'), in the columns of the complete steps."""
+    spans, sk = trace.spans(), span_kernels(trace)
+    part.gpu = True
+    has = np.flatnonzero(sk.count > 0)
+    n_cols = max(len(complete), 1) if part.n_steps else 1
+    col = np.full(len(trace.steps()) + 1, -1, np.int64)
+    col[complete] = np.arange(len(complete))
+    span_col = col[trace.span_steps()[has]] if part.n_steps else np.zeros(len(has), np.int64)
+    is_eval = (spans.flags[has] & SPAN_EVAL) != 0
+    backward = spans.cat[has] == CAT_BACKWARD
+    module = spans.module[has].astype(np.int64)
+
+    def name_of(mod: int) -> tuple[str, str]:
+        return trace.modules[mod] if mod < len(trace.modules) else (f"<module {mod}>", "?")
+
+    for phase in GPU_PHASES:
+        sel = np.flatnonzero((backward == (phase == "gpu backward"))
+                             & ((is_eval & ~backward) == (phase == "gpu eval")))
+        add_calls(part, phase, module[sel], sk.busy[has][sel], sk.self_busy[has][sel],
+                  span_col[sel], n_cols, np.zeros(len(sel), bool), name_of, "kernels")
 
 
 def add_calls(part: Part, phase: str, module: np.ndarray, dur: np.ndarray, self_ns: np.ndarray,

@@ -451,3 +451,24 @@ def test_two_traces_at_once_share_cupti_and_each_gets_its_kernels(cupti: Any) ->
     assert not cupti.fake_cupti_get(b"subscribed")
     assert row(ta.result.summary(), "")["kernels"] == 4
     assert row(tb.result.summary(), "")["kernels"] == 3
+
+
+def test_diff_compares_kernel_busy_time_when_both_runs_have_it(cupti: Any) -> None:
+    from hooktrace.analysis.diff import compare
+
+    cupti.fake_cupti_set(b"late_flushes", 0)
+
+    def run(dur: int) -> Any:
+        model = nn.Sequential(Launches(cupti, 2, dur), Launches(cupti, 1, MS, stream=9))
+        with hooktrace.trace(model, gpu=True, gpu_mode="kernels") as tr:
+            for _ in range(3):
+                model(torch.ones(1))
+                tr.step()
+        return tr.result
+
+    d = compare(run(MS), run(3 * MS))
+    assert d.gpu
+    rows = {(r["module"], r["phase"]): r for r in d.rows}
+    slower = rows[("0", "gpu forward")]
+    assert (slower["p50_a_ns"], slower["p50_b_ns"]) == (2 * MS, 6 * MS)
+    assert rows[("1", "gpu forward")]["p50_change_ns"] == 0
