@@ -54,15 +54,15 @@ def cancel() -> None:
 
 
 def _finish(trace: Any, options: Any) -> None:
-    from hooktrace.record.launch import discard_empty, stop_writing_on_sigterm, write_outputs
+    from hooktrace.record.launch import discard_empty, sigterm_held_at_exit, write_outputs
 
     try:
-        stop_writing_on_sigterm()
-        trace.__exit__(None, None, None)
-        if trace.modules_table():
-            write_outputs(trace, options)
-        else:
-            discard_empty(trace)  # (quietly: a launcher's parent process, say)
+        with sigterm_held_at_exit():  # (a SIGTERM now waits until the trace is written)
+            trace.__exit__(None, None, None)
+            if trace.modules_table():
+                write_outputs(trace, options)
+            else:
+                discard_empty(trace)  # (quietly: a launcher's parent process, say)
     except Exception as e:
         print(f"hooktrace: error: HOOKTRACE=1: could not write the trace: {e}", file=sys.stderr)
 

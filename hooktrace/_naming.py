@@ -88,9 +88,23 @@ def rank_files_of(name: str | os.PathLike[str]) -> list[str]:
 def is_aggregate_dir(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is an ``aggregate=`` folder (``trace(aggregate=DIR)`` /
     ``hooktrace run --aggregate DIR``): it holds ``aggregates/part-*.parquet``, and
-    ``steps/step-N_<run>.htrace`` for the steps kept whole."""
+    ``steps/step-N_<run>.htrace`` for the steps kept whole. One whose run has not written
+    a part yet (killed before the first, or still running) is one too: the recording made
+    ``aggregates/``, ``steps/`` and ``live/`` when it started (its kept steps are not
+    ranks: issue #47)."""
+    top = os.fspath(path)
+    folder = os.path.join(top, "aggregates")
+    if not os.path.isdir(folder):
+        return False
+    return (any(f.endswith(".parquet") for f in os.listdir(folder))
+            or os.path.isdir(os.path.join(top, "steps")) or os.path.isdir(os.path.join(top, "live")))
+
+
+def has_aggregate_parts(path: str | os.PathLike[str]) -> bool:
+    """Whether an ``aggregate=`` folder holds a part yet."""
     folder = os.path.join(os.fspath(path), "aggregates")
-    return os.path.isdir(folder) and any(f.endswith(".parquet") for f in os.listdir(folder))
+    return os.path.isdir(folder) and any(f.endswith(".parquet") and not f.startswith(".")
+                                         for f in os.listdir(folder))
 
 
 def aggregate_dir_problem(path: str | os.PathLike[str]) -> str:

@@ -19,7 +19,8 @@ from typing import Any
 # DIR/steps/file)
 KEPT_INDEX = "kept.jsonl"
 # DIR/LIVE_DIR/<run>.json: the rows of a run's newest windows, for hooktrace top DIR
-# (hooktrace.analysis.live reads them)
+# (hooktrace.analysis.live reads them); how far the run got and whether it ended, for
+# what kill -9 lost (run_progress)
 LIVE_DIR = "live"
 # DIR/aggregates/PART_NAME: a finished part (a part being written has a leading "." and
 # ends in .tmp: pyarrow's datasets and duckdb's *.parquet both skip it, issue #35); the run
@@ -255,6 +256,13 @@ def load_aggregates(path: str | os.PathLike[str]) -> Any:
     else:
         names = part_files(folder) if os.path.isdir(folder) else []
     if not names:
+        top = os.path.dirname(folder) if os.path.basename(folder) == "aggregates" else folder
+        if os.path.isdir(os.path.join(top, LIVE_DIR)) or os.path.isdir(os.path.join(top, "steps")):
+            from hooktrace.errors import InputPathError
+
+            # an aggregate= folder whose runs have not written a part (killed before the
+            # first, or still running): what they recorded, not N "ranks" (issue #47)
+            raise InputPathError(no_parts_problem(top, os.fspath(path)))
         raise FileNotFoundError(f"{os.fspath(path)}: no aggregate parts (part-*.parquet) there")
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -304,6 +312,122 @@ def load_aggregates(path: str | os.PathLike[str]) -> Any:
                      "step": table["step"]})
     return table.take(pc.sort_indices(keys, sort_keys=[
         ("run", "ascending"), ("rank", "ascending"), ("step", "ascending")]))
+
+
+# The live file's fields the readers use for what a run lost, and their types (the file
+# is another program's output: one of another type is as good as absent). Written before
+# these were, a live file has no host: such a run is left out.
+_PROGRESS_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "run": str, "host": str, "pid": int, "steps": int, "unix_ns": int,
+    "part_interval": (int, float), "ended": bool}
+
+
+def run_progress(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """How far each run of an ``aggregate=`` folder got, from its live file
+    (DIR/live/<run>.json, hooktrace.record.aggregate): ``run``, ``host``, ``pid``,
+    ``steps`` (marked by then), ``unix_ns`` (when), ``part_interval`` and ``ended``
+    (whether it wrote its last part), in run order. A file that is not such a record
+    (cut short, another program's, a FIFO: never opened) is left out."""
+    from hooktrace._input import open_input
+
+    folder = os.path.join(os.fspath(path), LIVE_DIR)
+    try:
+        names = sorted(os.path.join(folder, n) for n in os.listdir(folder)
+                       if n.endswith(".json"))
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        try:
+            with open_input(name) as f:
+                record = json.loads(f.read().decode("utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(record, dict) or not all(
+                isinstance(record.get(k), kind) and not (kind is int and isinstance(
+                    record.get(k), bool)) for k, kind in _PROGRESS_FIELDS.items()):
+            continue
+        out.append({k: record[k] for k in _PROGRESS_FIELDS})
+    return out
+
+
+def _alive(record: dict[str, Any]) -> bool | None:
+    """Whether the run's process still runs: None where that cannot be told (another
+    host)."""
+    import socket
+
+    if record["host"] != socket.gethostname():
+        return None
+    try:
+        os.kill(record["pid"], 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # (another user's process: it exists)
+        return True
+    return True
+
+
+def unwritten_lines(path: str | os.PathLike[str], table: Any = None) -> list[str]:
+    """What the folder lacks of the steps its runs recorded, a line per run that did not
+    write its last part: killed (kill -9, the OOM killer, a crash: the steps since its
+    last part are lost) or still running (not written yet); [] when every run ended."""
+    import time
+
+    folder = os.fspath(path).rstrip(os.sep)
+    if os.path.isfile(folder):  # one part: DIR/aggregates/part-*.parquet
+        folder = os.path.dirname(folder)
+    if os.path.basename(folder) == "aggregates":  # DIR/aggregates
+        folder = os.path.dirname(folder)
+    in_table = steps_by_run(table) if table is not None else {}
+    lines = []
+    for r in run_progress(folder):
+        if r["ended"]:
+            continue
+        steps, next_step = in_table.get(r["run"], (0, 0))
+        missing = max(0, r["steps"] - steps)
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["unix_ns"] / 1e9))
+        counted = f"at least {missing}, those it recorded by {when}"
+        alive = _alive(r)
+        if alive:
+            lines.append(f"run {r['run']} is still running (pid {r['pid']}): its steps from "
+                         f"step {next_step} on are not in a part yet ({counted}; a part every "
+                         f"{r['part_interval']:g} s)")
+        elif alive is None:
+            lines.append(f"run {r['run']} did not end (killed, or still running on "
+                         f"{r['host']}): its steps from step {next_step} on are not in the "
+                         f"folder ({counted})")
+        else:
+            lines.append(f"run {r['run']} ended without writing its last part (killed: kill "
+                         f"-9, the OOM killer, a crash): its steps from step {next_step} on "
+                         f"are lost ({counted})")
+    return lines
+
+
+def no_parts_problem(folder: str, given: str) -> str:
+    """The one line for an ``aggregate=`` folder with no part: what its runs recorded,
+    and the steps it kept whole (traces of their own)."""
+    lines = unwritten_lines(folder)
+    kept = kept_steps(folder)
+    said = "; ".join(lines) if lines else "no run has written a part into it"
+    if kept:
+        said += (f"; the steps it kept whole are traces: {kept[0]['path']}"
+                 + (f" and {len(kept) - 1} more in {os.path.join(folder, 'steps')}"
+                    if len(kept) > 1 else ""))
+    return f"{given}: an aggregate= folder with no part (part-*.parquet) yet: {said}"
+
+
+def steps_by_run(table: Any) -> dict[str, tuple[int, int]]:
+    """Per run of an aggregate table: the steps its step rows hold, and the step after
+    its last window's."""
+    import pyarrow.compute as pc
+
+    rows = table.filter(pc.equal(table["mode"].cast("string"), "step"))
+    out: dict[str, tuple[int, int]] = {}
+    for run, first, n in zip(rows["run"].cast("string").to_pylist(), rows["step"].to_pylist(),
+                             rows["steps"].to_pylist(), strict=True):
+        steps, after = out.get(str(run), (0, 0))
+        out[str(run)] = (steps + int(n or 0), max(after, int(first or 0) + int(n or 0)))
+    return out
 
 
 def runs_of(table: Any) -> list[tuple[str, int | None]]:
@@ -415,6 +539,8 @@ def aggregate_summary_data(path: str | os.PathLike[str], top: int | None = None
     kept = kept_steps(path)
     steps_dir = os.path.join(os.fspath(path), "steps")
     return {"rows": rows,
+            # the steps runs recorded that are not in the table (killed, still running)
+            "unwritten": unwritten_lines(path, table),
             "counts": {"steps": n_steps, "rows": len(table),
                        "runs": [{"run": run, "rank": rank, "label": labels[(run, rank)],
                                  "steps": steps_per.get((run, rank), 0) if len(runs) > 1
@@ -474,6 +600,7 @@ def aggregate_summary(path: str | os.PathLike[str], top: int | None = None, *,
         lines.append(f"steps kept whole ({len(kept)}), each a trace for summary, diff, "
                      f"report, export: {', '.join(kept[:5])}"
                      + (f" and {len(kept) - 5} more" if len(kept) > 5 else ""))
+    lines += [f"note: {line}" for line in data["unwritten"]]
     return text_lines(lines)
 
 

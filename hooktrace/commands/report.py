@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> None:
 def _aggregate_report(args: argparse.Namespace) -> None:
     """An ``aggregate=`` folder (issue #31): its table and kept steps, or the one-line
     error saying what is wrong with the folder."""
-    from hooktrace.analysis.aggregates import kept_steps, load_aggregates
+    from hooktrace.analysis.aggregates import kept_steps, load_aggregates, unwritten_lines
     from hooktrace.reporters.aggregate import write_aggregate_report
 
     if args.peak_tflops is not None:
@@ -70,7 +70,7 @@ def _aggregate_report(args: argparse.Namespace) -> None:
     table = load_aggregates(args.run)  # an unreadable part: its own one-line error
     try:
         write_aggregate_report(table, kept_steps(args.run), args.output, source=args.run,
-                               title=args.title)
+                               title=args.title, notes=unwritten_lines(args.run, table))
     except (pa.ArrowException, KeyError) as e:  # a part written by something else
         raise CliError(f"{args.run}: the aggregate table is not one trace(aggregate=...) "
                        f"writes: {_first(e)}") from None

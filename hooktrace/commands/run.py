@@ -24,8 +24,8 @@ from hooktrace.errors import NoDeviceError
 from hooktrace.record.launch import (  # (imports no torch until start())
     add_options,
     options_from_args,
+    sigterm_held_at_exit,
     start,
-    stop_writing_on_sigterm,
     write_outputs,
 )
 
@@ -72,23 +72,25 @@ def run(args: argparse.Namespace) -> None:
     except BaseException as e:  # the script's own exception: reported as python would
         failure = e
     finally:
-        # the script's exception goes in, so that dump_on="exception" dumps it
-        stop_writing_on_sigterm()
-        trace.__exit__(*((type(failure), failure, failure.__traceback__) if failure is not None
-                         else (None, None, None)))
-        # The script's traceback ends stderr, as python's would, after the line saying
-        # what hooktrace wrote; but when nothing is written (no module was called), that
-        # line follows the traceback, so it does not read as the failure's cause (issue #38)
-        reported = failure is not None and not isinstance(failure, KeyboardInterrupt) \
-            and not trace.modules_table()
-        if reported and failure is not None:
-            _print_script_error(failure)
-        try:
-            write_outputs(trace, options)
-        except Exception as e:
-            print(f"hooktrace: error: could not write the trace: {e}", file=sys.stderr)
-            if failure is None and code in (0, None):
-                code = 1
+        # a SIGTERM from here on waits until the trace is written (issue #46)
+        with sigterm_held_at_exit():
+            # the script's exception goes in, so that dump_on="exception" dumps it
+            trace.__exit__(*((type(failure), failure, failure.__traceback__)
+                             if failure is not None else (None, None, None)))
+            # The script's traceback ends stderr, as python's would, after the line saying
+            # what hooktrace wrote; but when nothing is written (no module was called), that
+            # line follows the traceback, so it does not read as the failure's cause
+            # (issue #38)
+            reported = failure is not None and not isinstance(failure, KeyboardInterrupt) \
+                and not trace.modules_table()
+            if reported and failure is not None:
+                _print_script_error(failure)
+            try:
+                write_outputs(trace, options)
+            except Exception as e:
+                print(f"hooktrace: error: could not write the trace: {e}", file=sys.stderr)
+                if failure is None and code in (0, None):
+                    code = 1
     if isinstance(failure, KeyboardInterrupt):
         raise failure  # python's own exit for Ctrl-C (status 130)
     if failure is not None:

@@ -124,6 +124,12 @@ def find_source(path: str | os.PathLike[str]) -> Source:
             src.aggregates = os.path.join(name, AGGREGATES, "*.parquet")
             src.files[AGGREGATES] = parts
             return src
+        from hooktrace._naming import is_aggregate_dir
+
+        if is_aggregate_dir(name):  # no part yet: killed before the first, or still running
+            from hooktrace.analysis.aggregates import no_parts_problem
+
+            raise QueryError(no_parts_problem(name, name))
         for t in TABLES:
             as_file = os.path.join(name, f"{t}.parquet")
             as_dir = os.path.join(name, t)

@@ -65,6 +65,9 @@ class TraceSession:
         self.backward, self.capacity, self.summary = backward, capacity, summary
         self.options = options
         self.trace: Trace | None = None
+        # hooktrace run --aggregate's trace, when this callback's aggregate= uses it (a
+        # second recorder into a second folder is refused: issue #47)
+        self.shared: Any = None
         self.written: list[str] = []
         self.scalars: Scalars | None = None
         # per window, oldest first, until logged: (its last step, its steps, the scalars)
@@ -72,14 +75,34 @@ class TraceSession:
         self.dropped_pending = 0  # windows' scalars dropped beyond MAX_PENDING
 
     def start(self, model: Any) -> None:
-        if self.trace is not None:
+        if self.trace is not None or self.shared is not None:
             return  # a second fit() on the same callback traces from its first one
+        if self.record.aggregate is not None:
+            from hooktrace.record.aggregate import process_aggregate
+
+            shared = process_aggregate()
+            if shared is not None:
+                self._share(shared)
+                return
         # steps=None: the trainer's own step events end steps (an optimizer hook
         # would count a GAN's or an accumulation step's optimizers differently)
         self.trace = Trace(model, options=self.record)
         self.trace.__enter__()
         if self.scalars is not None:
             self.trace.add_logger(self._collect_scalars)
+
+    def _share(self, shared: Any) -> None:
+        """``hooktrace run --aggregate`` (or ``HOOKTRACE=1``) aggregates the process: the
+        callback records nothing of its own; its logs come from that trace's windows, and
+        its steps are that trace's (one at each optimizer step)."""
+        self.shared = shared
+        folder = shared.dir
+        print(f"hooktrace: the callback's aggregate={self.record.aggregate} is not "
+              f"used: hooktrace run --aggregate already aggregates this process into "
+              f"{folder}; the rows go there, and the callback's logs come from there",
+              file=sys.stderr)
+        if self.scalars is not None:
+            shared.take_logger(self._collect_scalars)
 
     def log_scalars(self, top: int, include: Any) -> None:
         """With ``aggregate=``: each step's scalars (integrations/scalars.py) are kept in
@@ -129,6 +152,10 @@ class TraceSession:
             self.trace.close_window()
 
     def finish(self, rank: int, world_size: int) -> None:
+        shared, self.shared = self.shared, None
+        if shared is not None:  # written by hooktrace run at exit
+            self.written = [shared.dir]
+            return
         trace, self.trace = self.trace, None
         if trace is None:
             return
@@ -157,15 +184,16 @@ class TraceSession:
         folder = str(agg.get("dir", self.record.aggregate))
         self.written = [folder]
         if self.summary and rank == 0:
-            from hooktrace._naming import is_aggregate_dir
+            from hooktrace._naming import has_aggregate_parts
             from hooktrace.analysis.aggregates import aggregate_summary
 
             # (as hooktrace run --aggregate --summary: a line where no step was aggregated)
-            print(aggregate_summary(folder) if is_aggregate_dir(folder) else
+            print(aggregate_summary(folder) if has_aggregate_parts(folder) else
                   f"hooktrace: no step was aggregated in {folder}: no summary", file=sys.stderr)
         tail = len(trace.result.events)
-        print(f"hooktrace: {agg.get('steps', 0)} steps aggregated in {folder}/aggregates, "
-              f"{len(agg.get('detail', []))} kept whole in {folder}/steps"
+        print(f"hooktrace: {agg.get('steps', 0)} steps aggregated in "
+              f"{os.path.join(folder, 'aggregates')}, {len(agg.get('detail', []))} kept whole "
+              f"in {os.path.join(folder, 'steps')}"
               + (f"; {tail} events after the last step not aggregated" if tail else ""),
               file=sys.stderr)
 

@@ -19,9 +19,15 @@ each (sooner when the window holds ``capacity`` raw events: memory stays bounded
 
 The rows go to ``DIR/aggregates/part-<run>-NNNNN.parquet`` (a Parquet dataset: one table,
 ``pyarrow.dataset.dataset(DIR/aggregates)`` or duckdb's ``read_parquet('DIR/aggregates/*')``
-read it whole), a part when ``PART_ROWS`` rows wait or ``PART_SECONDS`` passed (a killed
-run loses the rows not written yet only; a part is written as ``.part-*.tmp``, a name
-dataset readers skip, then renamed). ``<run>`` (``<host>_<pid>[_rank<R>]_<random>``) and
+read it whole), a part when ``PART_ROWS`` rows wait or ``aggregate_part_interval`` seconds
+passed (default ``PART_SECONDS``), and at the end: on any end that runs Python (the block's
+exit, an exception, ``sys.exit``, Ctrl-C, ``hooktrace run``'s SIGTERM). A signal never
+lands inside a step's reduction: the recorder holds its handler until the step mark is
+done (issue #46). A part is written as ``.part-*.tmp``, a name dataset readers skip, then
+renamed. What ``kill -9`` (the OOM killer, a crash) costs is the steps since the last part:
+the run's live file (below) says how far it got and whether it ended, and ``hooktrace
+summary DIR`` says which steps a run that did not end is missing. ``<run>``
+(``<host>_<pid>[_rank<R>]_<random>``) and
 the ``run`` and ``rank`` columns keep the runs and ranks that share a folder apart
 (issue #35: they replaced each other's parts). The raw events are then dropped, unless
 the **detail policy** keeps a step's, as ``DIR/steps/step-<n>_<run>.htrace`` (a trace
@@ -47,10 +53,13 @@ ended): what ``hooktrace top DIR`` shows while the job runs
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
+import socket
 import statistics
+import sys
 import threading
 import time
 import uuid
@@ -64,6 +73,7 @@ from hooktrace._naming import env_rank, process_stem
 from hooktrace.errors import HooktraceError
 from hooktrace.analysis.aggregates import KEPT_INDEX, LIVE_DIR, kept_steps, load_aggregates
 from hooktrace.record.component import Component, Flag, Option
+from hooktrace.record.process_state import STATE
 
 if TYPE_CHECKING:  # numpy is imported where used: `hooktrace --version` reads this
     import numpy as np  # file's declarations (record/registry.py) without numpy
@@ -71,11 +81,14 @@ if TYPE_CHECKING:  # numpy is imported where used: `hooktrace --version` reads t
 # (load_aggregates and kept_steps, the folder's reading side, are
 # hooktrace.analysis.aggregates'; named here too, where the recording is)
 __all__ = ["AggregateComponent", "DetailPolicy", "KEPT_INDEX", "PART_ROWS", "kept_steps",
-           "load_aggregates"]
+           "load_aggregates", "process_aggregate"]
 
-# A Parquet part is written once this many rows are waiting (and at the end).
+# A Parquet part is written once this many rows are waiting, once PART_SECONDS passed
+# since the last (aggregate_part_interval=), and at the end. kill -9 loses what a part
+# would have held: 60 s of steps at most (it was 300 s, not settable: issue #47); a part
+# a minute is 1,440 files a day per process, which the readers take in one pass.
 PART_ROWS = 50_000
-PART_SECONDS = 300.0
+PART_SECONDS = 60.0
 # the running median of step times looks at this many steps; none is "slow" before MIN
 MEDIAN_WINDOW = 50
 MIN_STEPS_FOR_SLOW = 5
@@ -146,8 +159,7 @@ def _aggregate(name: str, agg: Any) -> str | None:
 def _interval(name: str, interval: Any) -> float:
     if isinstance(interval, bool) or not isinstance(interval, (int, float)) or \
             not 0 <= interval < float("inf"):
-        raise ValueError(f"aggregate_interval must be a number of seconds >= 0, got "
-                         f"{interval!r}")
+        raise ValueError(f"{name} must be a number of seconds >= 0, got {interval!r:.60}")
     return float(interval)
 
 
@@ -204,6 +216,12 @@ def _unlisten(component: AggregateComponent) -> None:
         _before_listening = None
 
 
+def process_aggregate() -> AggregateComponent | None:
+    """What aggregates the whole process (``hooktrace run --aggregate``, ``HOOKTRACE=1``:
+    the process-wide trace's component) while it records, else None."""
+    return STATE.aggregating
+
+
 class AggregateComponent(Component):
     """``aggregate=DIR``: see the module docstring."""
 
@@ -227,6 +245,13 @@ class AggregateComponent(Component):
                "step)", check=_interval, cli=Flag("float", metavar="SECONDS"),
                flag_help="with --aggregate, seconds of steps reduced into one row per module "
                          "(default 1: disk grows with time, not with steps; 0: every step)"),
+        Option("aggregate_part_interval", PART_SECONDS, "with aggregate, seconds between "
+               "two Parquet parts (default 60; also a part every 50,000 rows and at the end): "
+               "kill -9 loses the steps since the last part, a shorter interval writes more "
+               "files", check=_interval, cli=Flag("float", metavar="SECONDS"),
+               flag_help="with --aggregate, seconds between two Parquet parts (default 60; "
+                         "also one every 50,000 rows and at exit): kill -9 loses the steps "
+                         "since the last part, a shorter interval writes more files"),
     )
 
     drains = True
@@ -279,6 +304,7 @@ class AggregateComponent(Component):
         self.loggers: list[Callable[[int, dict[str, list[Any]]], None]] = []
         self._session: Any = None
         self.interval = float(options.aggregate_interval)
+        self.part_interval = float(options.aggregate_part_interval)
         self._numerics = bool(options.numerics)
         self._window_first: int | None = None  # the first step of the open window
         self._window_start = 0.0
@@ -296,19 +322,41 @@ class AggregateComponent(Component):
         self._live_rows: dict[str, list[Any]] = {}  # the windows since the last live file
         self._live_time = 0.0
         self._live_last: dict[str, list[Any]] = {}  # the rows of the last live file
+        # A step marked on another thread and a signal's handler ending the trace on the
+        # main thread take turns (on the main thread the recorder holds the handler until
+        # the mark is done); reentrant: the trace ended from a logger goes through
+        self._lock = threading.RLock()
+        self._host = socket.gethostname()
+        self._ended = False
+        self._process_wide = False  # the process-wide trace's (hooktrace run --aggregate)
 
     def prepare(self, session: Any, scope: Any) -> None:
-        os.makedirs(os.path.join(self.dir, "aggregates"), exist_ok=True)
-        os.makedirs(os.path.join(self.dir, "steps"), exist_ok=True)
-        os.makedirs(os.path.join(self.dir, LIVE_DIR), exist_ok=True)
+        from hooktrace.record.scopes import ProcessScope
+
+        self._process_wide = isinstance(scope, ProcessScope)
+        shared = process_aggregate()
+        if shared is not None:  # (issue #47: two recorders, two folders, no word)
+            raise HooktraceError(
+                f"aggregate={self.dir!r}: hooktrace run --aggregate (or HOOKTRACE=1) already "
+                f"aggregates every module call of this process into {shared.dir!r}; a "
+                "second aggregate= trace would write the same calls into a second folder: "
+                "leave aggregate= out here (the trainer callbacks use that folder), or run "
+                "without --aggregate")
+        for sub in ("aggregates", "steps", LIVE_DIR):
+            os.makedirs(os.path.join(self.dir, sub), exist_ok=True)
         session.enable_collection()  # drained at each step mark
         self._session = session
 
     def install(self, session: Any, scope: Any) -> None:
+        if self._process_wide:
+            STATE.aggregating = self
         self._last = time.perf_counter()
         if self.policy.signal:
             _listen(self)
             self._listening = True
+        # a trace still recording when the interpreter exits (never exited: a callback
+        # whose trainer did not end it) writes its rows all the same
+        atexit.register(self._flush_at_exit)
 
     def keep_next_step(self) -> bool:
         self.keep_step()
@@ -319,7 +367,9 @@ class AggregateComponent(Component):
         return True
 
     def close_window(self) -> bool:
-        self._close_window(self._steps - 1)  # (nothing when no step is in the window)
+        with self._lock:
+            if not self._ended:
+                self._close_window(self._steps - 1)  # (nothing when no step is in it)
         return True
 
     def keep_step(self) -> None:
@@ -327,6 +377,11 @@ class AggregateComponent(Component):
         self._keep_next.set()
 
     def step(self, step_no: int) -> None:
+        with self._lock:
+            if not self._ended:
+                self._step(step_no)
+
+    def _step(self, step_no: int) -> None:
         import numpy as np
         from hooktrace._events import EVENT_DTYPE
         from hooktrace.analysis.numerics import any_nonfinite
@@ -392,7 +447,10 @@ class AggregateComponent(Component):
         return trace
 
     def _close_window(self, last: int) -> None:
-        """Reduce the steps since the window opened to rows; hand them to the loggers."""
+        """Reduce the steps since the window opened to rows; hand them to the loggers.
+        The window's state changes only once its rows are made: whatever interrupts the
+        reduction (an exception, a KeyboardInterrupt where the signal could not be held)
+        leaves the window open, whole, for the end to reduce."""
         import numpy as np
 
         if self._window_first is None:
@@ -405,14 +463,14 @@ class AggregateComponent(Component):
             events = np.concatenate(self._window_events)
             # thread by thread, as one drain (and a recording in memory) holds them
             trace = self._result(events[np.argsort(events["tid"], kind="stable")])
-        self._window_events, self._window_held, self._window_trace = [], 0, None
         from hooktrace.analysis.aggregates import reduce_window
 
         rows = reduce_window(self._window_first, trace, self._window_times)
-        self._window_first, self._window_events, self._window_times = None, [], []
         for key, values in rows.items():
             self._rows.setdefault(key, []).extend(values)
             self._live_rows.setdefault(key, []).extend(values)
+        self._window_first, self._window_trace = None, None
+        self._window_events, self._window_held, self._window_times = [], 0, []
         if time.perf_counter() - self._live_time >= LIVE_SECONDS:
             self._write_live(ended=False)
         for log in list(self.loggers):
@@ -422,7 +480,7 @@ class AggregateComponent(Component):
                 warnings.warn(f"hooktrace: a logger failed at step {last}: {e!r}",
                               RuntimeWarning, stacklevel=2)
         if len(self._rows.get("step", ())) >= PART_ROWS or \
-                time.perf_counter() - self._part_time >= PART_SECONDS:
+                time.perf_counter() - self._part_time >= self.part_interval:
             self._write_part()
 
     def _why_keep(self, step: int, step_ms: float, nonfinite: bool) -> str:
@@ -477,8 +535,8 @@ class AggregateComponent(Component):
                 os.unlink(tmp)
             except OSError:
                 pass
-            return
-        self._parts += 1
+        else:
+            self._parts += 1
 
     def _write_live(self, ended: bool) -> None:
         """DIR/live/<run>.json: the windows closed since the last one (hooktrace top DIR);
@@ -490,8 +548,11 @@ class AggregateComponent(Component):
         if not rows and not ended:
             return
         path = os.path.join(self.dir, LIVE_DIR, f"{self.run_id}.json")
+        # (host, pid, steps, ended and part_interval also tell the readers which steps a
+        # run killed before its last part lost: analysis.aggregates.unwritten_lines)
         live = {"run": self.run_id, "rank": self.rank, "pid": os.getpid(),
-                "unix_ns": time.time_ns(), "ended": ended, "steps": self._steps,
+                "host": self._host, "unix_ns": time.time_ns(), "ended": ended,
+                "steps": self._steps, "part_interval": self.part_interval,
                 "dropped_events": int(self._session.stats()["dropped"]), "rows": rows}
         try:
             with open(f"{path}.tmp", "w", encoding="utf-8") as f:
@@ -501,11 +562,29 @@ class AggregateComponent(Component):
             pass
 
     def flush(self) -> None:
-        self._close_window(self._steps - 1)  # the steps of the window still open
-        self._write_part()
-        self._write_live(ended=True)
+        """The steps of the window still open, and every row not yet in a part, written
+        now (idempotent: the end of the trace, and at interpreter exit)."""
+        with self._lock:
+            if self._ended:
+                return
+            try:
+                self._close_window(self._steps - 1)
+            finally:
+                self._write_part()
+                self._ended = True
+                self._write_live(ended=True)
+
+    def _flush_at_exit(self) -> None:
+        try:
+            self.flush()
+        except Exception as e:  # (the interpreter is exiting: one line, no traceback)
+            print(f"hooktrace: aggregate=: the rows since the last part could not be "
+                  f"written at exit: {e}", file=sys.stderr)
 
     def teardown(self) -> None:
+        if STATE.aggregating is self:
+            STATE.aggregating = None
+        atexit.unregister(self._flush_at_exit)
         if self._listening:
             _unlisten(self)
             self._listening = False
@@ -513,9 +592,8 @@ class AggregateComponent(Component):
     def metadata(self, info: dict[str, Any]) -> None:
         info["aggregate"] = {"dir": self.dir, "run": self.run_id, "rank": self.rank,
                              "steps": self._steps, "parts": self._parts,
+                             "part_interval": self.part_interval,
                              "lost_rows": self.lost_rows, "lost_steps": self.lost_steps,
                              "write_error": self._write_error,
                              "detail": [dict(k) for k in self.kept],
                              "policy": asdict(self.policy)}
-
-

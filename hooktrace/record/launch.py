@@ -31,7 +31,7 @@ import stat
 import sys
 import threading
 import warnings
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,8 +49,8 @@ if TYPE_CHECKING:  # (imported when recording starts: `hooktrace --help` imports
     from hooktrace.record.options import RecordOptions
 
 __all__ = ["RunOptions", "add_options", "discard_empty", "options_from_args", "options_from_env",
-           "start",
-           "stop_writing_on_sigterm", "streams", "write_outputs"]
+           "sigterm_held_at_exit", "start", "stop_writing_on_sigterm", "streams",
+           "write_outputs"]
 
 
 def add_options(p: argparse.ArgumentParser, *, leave_out: Collection[str] = (),
@@ -368,7 +368,10 @@ def _write_on_sigterm(trace: GlobalTrace, options: RunOptions) -> None:
         return
 
     def on_sigterm(signum: int, frame: Any) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # a second SIGTERM while the trace is written does not cut the writing short (it
+        # killed the process halfway through the aggregates' last part: issue #46): the
+        # first one ends the process once it is written
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
             trace.__exit__(None, None, None)
             if trace.modules_table():
@@ -379,10 +382,32 @@ def _write_on_sigterm(trace: GlobalTrace, options: RunOptions) -> None:
         except BaseException as e:  # never keep a terminated process alive
             print(f"hooktrace: error: SIGTERM: could not write the trace: {e}", file=sys.stderr)
         sys.stderr.flush()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
 
     STATE.sigterm_handler = on_sigterm
     signal.signal(signal.SIGTERM, on_sigterm)
+
+
+@contextlib.contextmanager
+def sigterm_held_at_exit() -> Iterator[None]:
+    """While the process's normal end ends the trace and writes it (``hooktrace run``,
+    ``HOOKTRACE=1``): a SIGTERM then waits until that is done, and ends the process as
+    it would have (exit status 128+15). SIGTERM's default action is back after. Where
+    start()'s handler is no longer installed (the program set its own), nothing changes."""
+    handler, STATE.sigterm_handler = STATE.sigterm_handler, None
+    held: list[int] = []
+    holding = handler is not None and signal.getsignal(signal.SIGTERM) is handler
+    if holding:
+        signal.signal(signal.SIGTERM, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        if holding:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if held:
+            sys.stderr.flush()
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 def stop_writing_on_sigterm() -> None:
@@ -480,10 +505,14 @@ def write_outputs(trace: GlobalTrace, options: RunOptions) -> None:
         print("hooktrace: each window was written as it ended; nothing was recorded after the "
               f"last one, so there is no {options.output}", file=sys.stderr)
         return
-    if result is not None and options.record.aggregate is not None and not len(result.events) \
-            and options.chrome is None and options.pftrace is None and not options.profile:
-        # every step went into the aggregates: an empty .htrace would only mislead
-        _print_aggregates(result.info, options.summary)
+    if result is not None and options.record.aggregate is not None:
+        # every step went into the aggregates: no .htrace of the events after the last
+        # one (it read as the run's trace, in the working folder: issues #35, #47); they
+        # are counted, as the trainer callbacks do
+        profiled = _write_profile(result, options.output) if options.profile else []
+        if profiled:
+            print(f"hooktrace: wrote {' and '.join(profiled)}", file=sys.stderr)
+        _print_aggregates(result.info, options.summary, tail=len(result.events))
         return
     if not streamed:
         assert result is not None
@@ -497,7 +526,7 @@ def write_outputs(trace: GlobalTrace, options: RunOptions) -> None:
     if options.profile and options.schedule is None:
         assert result is not None
         written += _write_profile(result, options.output)
-    if options.summary and options.record.aggregate is None:
+    if options.summary:
         assert result is not None
         print(result.summary(), file=sys.stderr)
     if result is not None:
@@ -509,34 +538,35 @@ def write_outputs(trace: GlobalTrace, options: RunOptions) -> None:
     else:
         counts = {"modules": len(trace.modules_table()), **trace.stream_counts()}
     print(exit_line(written, counts), file=sys.stderr)
-    if result is not None and result.info.get("aggregate"):
-        _print_aggregates(result.info, options.summary)
 
 
-def _print_aggregates(info: dict[str, Any], summary: bool) -> None:
+def _print_aggregates(info: dict[str, Any], summary: bool, tail: int = 0) -> None:
     """What an ``--aggregate`` run wrote; with ``--summary``, the folder's table first (the
     run's events are in the aggregates, not in the trace: issue #35)."""
     folder = (info.get("aggregate") or {}).get("dir")
     if summary and folder is not None:
-        from hooktrace._naming import is_aggregate_dir
+        from hooktrace._naming import has_aggregate_parts
         from hooktrace.analysis.aggregates import aggregate_summary
 
-        print(aggregate_summary(folder) if is_aggregate_dir(folder) else
+        print(aggregate_summary(folder) if has_aggregate_parts(folder) else
               f"hooktrace: no step was aggregated in {folder}: no summary", file=sys.stderr)
-    print(_aggregate_line(info), file=sys.stderr)
+    print(_aggregate_line(info, tail), file=sys.stderr)
 
 
-def _aggregate_line(info: dict[str, Any]) -> str:
-    """What an ``--aggregate`` run wrote, and how to look at it."""
+def _aggregate_line(info: dict[str, Any], tail: int = 0) -> str:
+    """What an ``--aggregate`` run wrote, and how to look at it; ``tail``: the events
+    after the last step (not aggregated)."""
     agg = info.get("aggregate") or {}
-    folder = agg.get("dir", "?")
+    folder = str(agg.get("dir", "?"))
     lost = ""
     if agg.get("lost_rows") or agg.get("lost_steps"):  # a full disk, a read-only folder
         lost = (f" ({agg.get('lost_rows', 0)} rows and {agg.get('lost_steps', 0)} kept steps "
                 f"lost: {agg.get('write_error')})")
-    return (f"hooktrace: {agg.get('steps', 0)} steps aggregated in {folder}/aggregates, "
-            f"{len(agg.get('detail', []))} kept whole in {folder}/steps{lost}; the table: "
-            f"hooktrace summary {folder}; the page: hooktrace report {folder} -o report.html")
+    after = f"; {tail} events after the last step not aggregated" if tail else ""
+    return (f"hooktrace: {agg.get('steps', 0)} steps aggregated in "
+            f"{os.path.join(folder, 'aggregates')}, {len(agg.get('detail', []))} kept whole "
+            f"in {os.path.join(folder, 'steps')}{lost}{after}; the table: hooktrace summary "
+            f"{folder}; the page: hooktrace report {folder} -o report.html")
 
 
 def exit_line(written: list[str], counts: dict[str, int]) -> str:

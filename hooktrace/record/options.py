@@ -80,6 +80,7 @@ class RecordOptions:
         aggregate: str | None
         detail: DetailPolicy
         aggregate_interval: float
+        aggregate_part_interval: float
 
     _declarers: ClassVar[tuple[type[Declares], ...]] = ()
     _options: ClassVar[tuple[Option, ...]] = ()

@@ -37,6 +37,10 @@ class ProcessState:
         # hooktrace attach: the attachment recording in this process, until it detached
         # (hooktrace.record.attach_agent)
         self.attachment: Any = None
+        # hooktrace run --aggregate (or HOOKTRACE=1): the process-wide trace's aggregate
+        # component while it records (hooktrace.record.aggregate: a second aggregate=
+        # trace is refused, a trainer callback's uses it)
+        self.aggregating: Any = None
 
     def next_dump_number(self) -> int:
         """The number of the next dump of this process (0, 1, ...)."""

@@ -224,7 +224,7 @@ class Recorder(StepMarks, FlightRecorder, StreamedRecording):
     def _enter_deferred(self, session: Any, scope: Any) -> None:
         """The steps of __enter__, with Ctrl-C deferred (see there)."""
         global _process_recorder
-        with _SigintDeferred() as sigint:
+        with _SignalsDeferred() as sigint:
             if isinstance(scope, ProcessScope):
                 with _process_lock:
                     if _process_recorder is not None:
@@ -300,9 +300,12 @@ class Recorder(StepMarks, FlightRecorder, StreamedRecording):
         return any(c.drains for c in self._components) or self.window_ends_at(self._step)
 
     def _mark_step(self) -> int:
-        ended = super()._mark_step()
-        for component in self._installed:
-            component.step(self._step)
+        # A signal's handler never runs inside a step mark (it would end the trace while
+        # a component is halfway through its step): it runs once the mark is done.
+        with _SignalsDeferred():
+            ended = super()._mark_step()
+            for component in self._installed:
+                component.step(self._step)
         return ended
 
     def _window_opened(self) -> None:
@@ -385,7 +388,7 @@ class Recorder(StepMarks, FlightRecorder, StreamedRecording):
         interrupts: list[BaseException] = []
         for _ in range(3):
             try:
-                with _SigintDeferred():
+                with _SignalsDeferred():
                     return interrupts + self._teardown()
             except KeyboardInterrupt as e:
                 interrupts.append(e)
@@ -404,7 +407,7 @@ class Recorder(StepMarks, FlightRecorder, StreamedRecording):
             errors = self._teardown_deferred()
         finally:
             if self._writer is not None:
-                with _SigintDeferred():
+                with _SignalsDeferred():
                     self._finish_stream(stop_unix_ns=time.time_ns())
             elif self._schedule is not None:
                 # Every finished window went to on_window; a window still being
@@ -659,38 +662,56 @@ def process_recorder() -> Recorder | None:
         return _process_recorder
 
 
-class _SigintDeferred:
-    """Holds off Ctrl-C across a critical section: a SIGINT arriving inside it is
-    recorded and raised as KeyboardInterrupt by ``raise_pending()`` or on leaving.
+# The signals a critical section holds off when their handler is Python's (issue #46):
+# Ctrl-C, and SIGTERM as hooktrace run (record/launch.py) or the program handles it. Their
+# handlers end the trace (hooktrace run's writes it, then ends the process): run inside
+# a step mark they re-entered the aggregates' window reduction, failed ("need at least one
+# array to concatenate") and lost every row since the last part.
+DEFERRED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    Only on the main thread (the only one Python runs signal handlers on) and only
-    while the handler is Python's default one; another handler was installed by
-    someone who wants it called, and is left alone. Nested sections defer to the
-    outermost (the handler is then ours, not the default).
+
+class _SignalsDeferred:
+    """Holds off Ctrl-C and SIGTERM across a critical section (entering and leaving a
+    trace, each step mark): one arriving inside it is recorded and delivered on leaving,
+    once the recorder's state is whole again: Ctrl-C as KeyboardInterrupt (by
+    ``raise_pending()``, or on leaving unless one is already propagating), a SIGTERM (or a
+    Ctrl-C the program handles itself) by raising it again for its handler.
+
+    Only on the main thread (the only one Python runs signal handlers on) and only for a
+    handler written in Python: a signal with its default action (SIGTERM outside
+    ``hooktrace run``) runs no Python and ends the process wherever it lands. Nested
+    sections compose: an inner one raises what it held for the outer one's handler, which
+    holds it in turn.
     """
 
     def __init__(self) -> None:
-        self._pending = False
-        self._active = False
+        self._pending: list[int] = []
+        self._saved: dict[int, Any] = {}
 
-    def __enter__(self) -> _SigintDeferred:
-        if (
-            threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        ):
+    def __enter__(self) -> _SignalsDeferred:
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for signum in DEFERRED_SIGNALS:
+            handler = signal.getsignal(signum)
+            if not callable(handler):  # SIG_DFL, SIG_IGN, or set outside Python
+                continue
             try:
-                signal.signal(signal.SIGINT, self._record)
-                self._active = True
+                signal.signal(signum, self._record)
             except ValueError:  # not the main interpreter
-                pass
+                continue
+            self._saved[signum] = handler
         return self
 
     def _record(self, signum: int, frame: Any) -> None:
-        self._pending = True
+        if signum not in self._pending:
+            self._pending.append(signum)
 
     def raise_pending(self) -> None:
-        if self._pending:
-            self._pending = False
+        """A Ctrl-C recorded so far, raised now as KeyboardInterrupt (Python's default
+        handler's only)."""
+        if signal.SIGINT in self._pending and \
+                self._saved.get(signal.SIGINT) is signal.default_int_handler:
+            self._pending.remove(signal.SIGINT)
             raise KeyboardInterrupt
 
     def __exit__(
@@ -699,13 +720,19 @@ class _SigintDeferred:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._active:
-            self._active = False
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-        # A Ctrl-C is never lost: raised here unless one is already propagating.
-        if self._pending and not isinstance(exc, KeyboardInterrupt):
-            self._pending = False
-            raise KeyboardInterrupt
+        saved, self._saved = self._saved, {}
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+        pending, self._pending = self._pending, []
+        # A held signal is never lost: delivered to its handler now, a Ctrl-C unless one
+        # is already propagating. SIGTERM first: hooktrace run's handler writes the trace
+        # and ends the process, whatever else was held.
+        for signum in sorted(pending, key=lambda s: s != signal.SIGTERM):
+            if signum == signal.SIGINT and isinstance(exc, KeyboardInterrupt):
+                continue
+            if signum == signal.SIGINT and saved.get(signum) is signal.default_int_handler:
+                raise KeyboardInterrupt
+            signal.raise_signal(signum)
 
 
 def window_handler(directory: str | os.PathLike[str]) -> Callable[[TraceResult], str]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import html
 import os
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -157,9 +158,10 @@ def _windows(table: Any) -> int:
 
 def render_aggregate_report(table: Any, kept: list[dict[str, Any]], *,
                             source: str | None = None, title: str | None = None,
-                            link_base: str | None = None) -> str:
+                            link_base: str | None = None, notes: Sequence[str] = ()) -> str:
     """The report's HTML text; ``link_base``: the folder the page is written in (the
-    kept steps are linked relative to it), None for absolute links."""
+    kept steps are linked relative to it), None for absolute links; ``notes``: what the
+    folder lacks (hooktrace.analysis.aggregates.unwritten_lines), after the facts."""
     js = plotly_js()
     rows, n_steps = aggregate_rows(table)
     name = source or "the aggregate folder"
@@ -179,6 +181,7 @@ def render_aggregate_report(table: Any, kept: list[dict[str, Any]], *,
         facts.append("kernel busy time recorded")
     if any(r["tflops"] is not None for r in rows):
         facts.append("FLOPs recorded (TFLOP/s column)")
+    facts += list(notes)
     return _TEMPLATE.format(
         title=html.escape(title), plotly=js.replace("</script", "<\\/script"),
         facts=html.escape(" · ".join(facts)), name=html.escape(name),
@@ -188,11 +191,11 @@ def render_aggregate_report(table: Any, kept: list[dict[str, Any]], *,
 
 def write_aggregate_report(table: Any, kept: list[dict[str, Any]],
                            path: str | os.PathLike[str], *, source: str | None = None,
-                           title: str | None = None) -> None:
+                           title: str | None = None, notes: Sequence[str] = ()) -> None:
     """Write the report to ``path`` (through a temporary file, like every output)."""
     out = os.fspath(path)
     base = None if out == "-" else os.path.dirname(os.path.abspath(out))
-    text = render_aggregate_report(table, kept, title=title, link_base=base,
+    text = render_aggregate_report(table, kept, title=title, link_base=base, notes=notes,
                                    source=None if source is None else display_path(source))
     with open_output(path, gzip_by_name=False) as f:
         f.write(text.encode("utf-8"))

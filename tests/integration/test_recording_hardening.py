@@ -338,7 +338,7 @@ def test_a_sigint_where_the_deferral_does_not_hold_still_leaves_the_model_clean(
 
     model = ConvNet()
     before = state_snapshot(model)
-    deferred = rec._SigintDeferred
+    deferred = rec._SignalsDeferred
     entered, left = [0], [0]
 
     class Landing(deferred):  # type: ignore[misc, valid-type]
@@ -354,7 +354,7 @@ def test_a_sigint_where_the_deferral_does_not_hold_still_leaves_the_model_clean(
             if where == "entry's deferral left" and left[0] == 1:
                 raise KeyboardInterrupt  # right after the default handler is back
 
-    monkeypatch.setattr(rec, "_SigintDeferred", Landing)
+    monkeypatch.setattr(rec, "_SignalsDeferred", Landing)
     if where == "dump on exception":
         def interrupted(self: Any, exc: Any) -> None:
             raise KeyboardInterrupt
