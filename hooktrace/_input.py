@@ -1,4 +1,5 @@
-"""Opening an input file for reading: every reader of traces goes through :func:`open_input`.
+"""Opening an input file for reading: every reader of traces goes through :func:`open_input`,
+and every search of a folder for inputs through :func:`files_under`.
 
 Only a regular file is read. A FIFO, a socket, a character or block device (``/dev/zero``)
 or a directory is refused with one :class:`~hooktrace.errors.InputPathError` line naming
@@ -23,7 +24,7 @@ from typing import BinaryIO
 
 from hooktrace.errors import InputPathError
 
-__all__ = ["open_input"]
+__all__ = ["file_kind", "files_under", "open_input"]
 
 _KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
@@ -32,6 +33,16 @@ _KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
 
 def _kind(mode: int) -> str:
     return next((what for test, what in _KINDS if test(mode)), "not a regular file")
+
+
+def file_kind(path: str | os.PathLike[str]) -> str:
+    """What ``path`` is when it is no regular file (``a FIFO (named pipe)``, ...), for
+    messages; ``a regular file`` or ``missing``."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "missing"
+    return "a regular file" if stat.S_ISREG(mode) else _kind(mode)
 
 
 def open_input(path: str | os.PathLike[str]) -> BinaryIO:
@@ -49,3 +60,35 @@ def open_input(path: str | os.PathLike[str]) -> BinaryIO:
     except BaseException:
         os.close(fd)
         raise
+
+
+def files_under(folder: str | os.PathLike[str], suffixes: tuple[str, ...], *,
+                recursive: bool = True) -> list[str]:
+    """The regular files under ``folder`` (recursively unless not ``recursive``, sorted)
+    whose names end in one of ``suffixes``. A directory symlink is never followed, out of the folder or back into it
+    (two links to the folder itself made every verb that read it walk 2**40 paths:
+    issue #46); a link to a file is read as that file. What is no regular file (a FIFO, a
+    device) is no input: opening a FIFO hangs, a device never ends.
+
+    Example:
+        >>> import tempfile
+        >>> d = tempfile.mkdtemp(); open(os.path.join(d, "a.htrace"), "wb").close()
+        >>> os.symlink(".", os.path.join(d, "loop"))
+        >>> [os.path.relpath(f, d) for f in files_under(d, (".htrace",))]
+        ['a.htrace']
+    """
+    found = []
+    for root, dirs, names in os.walk(os.fspath(folder)):  # (followlinks=False)
+        dirs.sort()
+        for name in sorted(names):
+            path = os.path.join(root, name)
+            if not name.endswith(suffixes):
+                continue
+            try:
+                if stat.S_ISREG(os.stat(path).st_mode):
+                    found.append(path)
+            except OSError:  # a dangling link, gone since listed
+                continue
+        if not recursive:
+            break
+    return found

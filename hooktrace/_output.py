@@ -28,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import errno
 import gzip
 import os
 import stat
@@ -39,7 +40,7 @@ from typing import IO
 
 from hooktrace.errors import OutputPathError
 
-__all__ = ["check_output_path", "open_output"]
+__all__ = ["check_output_path", "disk_of", "open_output", "write_failure"]
 
 PathLike = str | os.PathLike[str]
 
@@ -120,3 +121,45 @@ def _maybe_gzip(raw: IO[bytes], gz: bool, compresslevel: int) -> Iterator[IO[byt
     with gzip.GzipFile(filename="", fileobj=raw, mode="wb", compresslevel=compresslevel,
                        mtime=0) as f:
         yield f  # type: ignore[misc]
+
+
+# The errors that mean "no room": a full disk, a quota reached
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def disk_of(path: PathLike) -> str:
+    """The disk holding ``path``, in words: its mount point and its free space
+    (``/data: 0 B free of 3.0 MiB``), for the message of a write the disk refused
+    (issue #46: "raise --capacity" was said of a full disk)."""
+    where = os.path.abspath(os.fspath(path))
+    while not os.path.exists(where) and os.path.dirname(where) != where:
+        where = os.path.dirname(where)
+    mount = where
+    while not os.path.ismount(mount):
+        mount = os.path.dirname(mount)
+    try:
+        st = os.statvfs(where)
+    except OSError:
+        return mount
+    return f"{mount}: {_size(st.f_bavail * st.f_frsize)} free of {_size(st.f_blocks * st.f_frsize)}"
+
+
+def write_failure(path: PathLike, error: BaseException | str) -> str:
+    """One line for a write of ``path`` that failed: the file and the reason, and for no
+    room (a full disk, a quota) which disk (:func:`disk_of`)."""
+    if isinstance(error, OSError):
+        code, what = error.errno, error.strerror or str(error)
+    else:
+        what = str(error)
+        code = next((c for c in _NO_ROOM if os.strerror(c) in what), None)
+    line = f"{os.fspath(path)}: {what}"
+    if code in _NO_ROOM:
+        line += f" (no room on the disk holding it, {disk_of(path)} now)"
+    return line

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from hooktrace.format._kineto import ProfilerTraceError, open_binary, scan, us_to_ns
+from hooktrace.format._kineto import BadValue, ProfilerTraceError, open_binary, scan, us_to_ns
 from hooktrace.data.intervals import union_per_step
 from hooktrace.analysis.calls import COMPILE, Calls
 from hooktrace.analysis.device_time import gpu_recorded, module_gpu
@@ -73,6 +73,9 @@ def collectives(path: str, offset_ns: int) -> tuple[np.ndarray, np.ndarray]:
                 t, d = us_to_ns(e["ts"]), us_to_ns(e.get("dur", 0))
             except (KeyError, ValueError):
                 return
+            if d < 0:  # (as every reader of a profiler trace refuses it: issue #46)
+                raise BadValue(f"'dur' is {e.get('dur')!r:.40}, a negative duration "
+                               "(expected a number of µs >= 0)")
             starts.append(t)
             ends.append(t + d)
 

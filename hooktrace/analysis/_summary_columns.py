@@ -74,6 +74,12 @@ def rolling_notes(rolling: dict[str, Any]) -> list[str]:
         notes.append(f"--max-disk: the {segments} oldest segments were rolled off to keep the "
                      f"stream within {bound} (how many events they held is not known: the run "
                      "did not finish)")
+    missing = rolling.get("missing_segments") or []
+    if missing:
+        one = len(missing) == 1
+        notes.append(f"--max-disk: {len(missing)} segment{'' if one else 's'} missing from "
+                     f"the middle of the stream, {'its' if one else 'their'} events and steps "
+                     f"not here: {', '.join(missing)}")
     full = int(rolling.get("full_disk_rolled_off_segments", 0) or 0)
     lost = int(rolling.get("full_disk_lost_events", 0) or 0)
     if full or lost:

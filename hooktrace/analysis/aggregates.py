@@ -328,16 +328,11 @@ def run_progress(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     ``steps`` (marked by then), ``unix_ns`` (when), ``part_interval`` and ``ended``
     (whether it wrote its last part), in run order. A file that is not such a record
     (cut short, another program's, a FIFO: never opened) is left out."""
-    from hooktrace._input import open_input
+    from hooktrace._input import files_under, open_input
 
-    folder = os.path.join(os.fspath(path), LIVE_DIR)
-    try:
-        names = sorted(os.path.join(folder, n) for n in os.listdir(folder)
-                       if n.endswith(".json"))
-    except OSError:
-        return []
     out = []
-    for name in names:
+    for name in files_under(os.path.join(os.fspath(path), LIVE_DIR), (".json",),
+                            recursive=False):
         try:
             with open_input(name) as f:
                 record = json.loads(f.read().decode("utf-8"))

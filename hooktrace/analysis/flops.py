@@ -78,6 +78,7 @@ from hooktrace.analysis.column_provider import (
 from hooktrace.analysis.device_time import gpu_recorded, launch_time_only, span_gpu
 from hooktrace.analysis.kernel_time import kernels_recorded, span_kernels
 from hooktrace.errors import HooktraceError
+from hooktrace.format.meta import is_int
 from hooktrace.text import format_count
 
 if TYPE_CHECKING:
@@ -132,9 +133,9 @@ def _parse(info: Any) -> tuple[list[dict[str, dict[str, int]]], list[int], set[i
                                                    for k, v in s[p].items())
                 for p in ("forward", "backward"))):
             raise bad("each signature maps forward/backward to {module: int}")
-    if not all(isinstance(c, int) and 0 <= c < len(sigs) for c in calls):
+    if not all(is_int(c) and 0 <= c < len(sigs) for c in calls):
         raise bad("calls must be signature indices")
-    if not all(isinstance(c, int) for c in counted):
+    if not all(is_int(c) for c in counted):  # (true is no root call number: issue #46)
         raise bad("counted must be root call numbers")
     return sigs, calls, set(counted)
 

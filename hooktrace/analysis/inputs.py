@@ -30,11 +30,10 @@ Example:
 from __future__ import annotations
 
 import enum
-import glob
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
+from hooktrace._input import files_under
 from hooktrace._naming import is_aggregate_dir, rank_files_of
 
 __all__ = ["Input", "Kind", "resolve"]
@@ -80,8 +79,8 @@ def resolve(path: str | os.PathLike[str]) -> Input:
 def _folder(name: str) -> Input:
     if is_aggregate_dir(name):
         return Input(name, Kind.AGGREGATE)
-    traces = sorted(os.fspath(p) for p in Path(name).rglob("*.htrace") if p.is_file())
-    parquet = glob.glob(os.path.join(glob.escape(name), "**", "*.parquet"), recursive=True)
+    traces = files_under(name, (".htrace",))  # (never through a directory symlink)
+    parquet = files_under(name, (".parquet",))
     if traces and (not parquet or not _export_layout(name)):
         return Input(name, Kind.TRACES, tuple(traces))
     if parquet:

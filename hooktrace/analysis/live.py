@@ -32,6 +32,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from hooktrace._input import open_input
 from hooktrace.analysis.aggregates import LIVE_DIR, ROOT_ROW, STEP_ROW, source_labels
 
 __all__ = ["LIVE_DIR", "Row", "SORTS", "View", "Watch", "read_live"]
@@ -99,9 +100,9 @@ def read_live(folder: str | os.PathLike[str]) -> list[dict[str, Any]]:
     for path, mtime in sorted(stats):
         if mtime < newest - STALE_S:  # (a folder shared by runs for weeks: the old ones)
             continue
-        try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
+        try:  # (a FIFO or a device named like a live file is never opened: issue #46)
+            with open_input(path) as f:
+                data = json.loads(f.read().decode("utf-8"))
             if isinstance(data.get("rows"), dict) and isinstance(data.get("run"), str):
                 out.append({**data, "mtime": mtime})
         except (OSError, ValueError, AttributeError):

@@ -88,9 +88,9 @@ def run(args: argparse.Namespace) -> None:
             try:
                 write_outputs(trace, options)
             except Exception as e:
+                # (the exit status stays the script's, as docs/script.md says: a full disk
+                # at exit turned a successful run's into 1: issue #46)
                 print(f"hooktrace: error: could not write the trace: {e}", file=sys.stderr)
-                if failure is None and code in (0, None):
-                    code = 1
     if isinstance(failure, KeyboardInterrupt):
         raise failure  # python's own exit for Ctrl-C (status 130)
     if failure is not None:

@@ -17,22 +17,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     from hooktrace.record.flight import describe
     from hooktrace.reading import load
+    from hooktrace.text import text_lines
 
+    # (the loader checked the dump block's types: hooktrace.format.validate)
     info = load(args.dump).info
     block = info.get("dump")
     if not isinstance(block, dict):
         raise CliError(f"{args.dump}: not a flight-recorder dump (no 'dump' metadata); "
                        "dumps are written by trace(dump_on=...) or hooktrace.dump()")
-    print(f"dump ({block.get('reason')}) at step {block.get('step')}")
-    for line in describe(info):
-        print(line)
+    lines = [f"dump ({block.get('reason')}) at step {block.get('step')}", *describe(info)]
     for t in block.get("threads", []):
-        if isinstance(t, dict) and t.get("open"):
-            print(f"\n{t.get('name')} ({t.get('tid')}) module calls, outermost first:")
-            for depth, name in enumerate(t["open"]):
-                print("  " * (depth + 1) + str(name))
-    stacks = block.get("python_stacks")
-    if isinstance(stacks, dict):
-        for thread, frames in stacks.items():
-            print(f"\nPython stack of {thread}:")
-            print("".join(str(f) for f in frames).rstrip())
+        if t.get("open"):
+            lines += ["", f"{t.get('name')} ({t.get('tid')}) module calls, outermost first:"]
+            lines += ["  " * (depth + 1) + name for depth, name in enumerate(t["open"])]
+    for thread, frames in (block.get("python_stacks") or {}).items():
+        # a frame's text is lines of its own: each printed as one (its control
+        # characters, a dump's strings among them, written visibly as summary does)
+        lines += ["", f"Python stack of {thread}:", *"".join(frames).rstrip().splitlines()]
+    print(text_lines(lines))

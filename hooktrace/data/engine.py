@@ -33,7 +33,6 @@ Example::
 
 from __future__ import annotations
 
-import glob
 import os
 import re
 import stat
@@ -45,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from hooktrace._input import files_under
 from hooktrace.data import require
 from hooktrace.data.schema import (
     AGGREGATES,
@@ -86,15 +86,9 @@ class Source:
 
 def _parquet_files(directory: str, *, recursive: bool = True) -> list[str]:
     """The regular ``*.parquet`` files under ``directory``, sorted (a FIFO or a folder
-    named ``x.parquet`` is no table file: opening a FIFO would hang)."""
-    found = []
-    for root, dirs, names in os.walk(directory):
-        dirs.sort()
-        found += [os.path.join(root, n) for n in sorted(names)
-                  if n.endswith(".parquet") and os.path.isfile(os.path.join(root, n))]
-        if not recursive:
-            break
-    return found
+    named ``x.parquet`` is no table file: opening a FIFO would hang; a directory symlink
+    is not followed: hooktrace._input.files_under)."""
+    return files_under(directory, (".parquet",), recursive=recursive)
 
 
 def _any_parquet(directory: str) -> str | None:
@@ -141,8 +135,7 @@ def find_source(path: str | os.PathLike[str]) -> Source:
                 src.files[t] = _parquet_files(as_dir)
         if not src.parquet:
             first = _any_parquet(name)
-            if first is not None and not glob.glob(os.path.join(glob.escape(name), "**",
-                                                                "*.htrace"), recursive=True):
+            if first is not None and not files_under(name, (".htrace",)):
                 t = table_of(first)
                 if t == AGGREGATES:  # DIR/aggregates itself, or a folder of its parts
                     src.aggregates = os.path.join(name, "**", "*.parquet")

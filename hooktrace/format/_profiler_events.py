@@ -10,7 +10,7 @@ Every value used is checked first, so that a hostile or damaged trace is
 refused with what was expected rather than failing later (an OverflowError in
 ``array('q')``, a TypeError for an unhashable key, a date out of range):
 events are objects; ``ts``/``dur`` JSON numbers (not strings) within
-±``TIME_LIMIT_NS``, an ``X`` event has a ``ts``; ``pid``/``tid`` int64 or
+±``TIME_LIMIT_NS``, ``dur`` not negative, an ``X`` event has a ``ts``; ``pid``/``tid`` int64 or
 strings; ``cat`` a string; flow ids ints or strings; the integer args used fit
 int64; ``baseTimeNanoseconds`` an int in [0, 2**62), with no event before 1970
 or ending past 2**63 ns.
@@ -232,6 +232,9 @@ class ProfilerEvents:
     def _add_slice(self, e: dict[str, Any], index: int, ts: int, pid: int | str | None,
                    tid: int | str | None, cat: str | None) -> None:
         dur = time_ns(e, "dur") if "dur" in e else 0
+        if dur < 0:  # (it became negative module times: issue #46)
+            raise BadValue(f"'dur' is {show(e['dur'])}, a negative duration (expected a "
+                           "number of µs >= 0)")
         ext = self.extent
         end = ts + dur
         if ext is None:

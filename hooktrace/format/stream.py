@@ -57,6 +57,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from hooktrace._input import file_kind, open_input
+from hooktrace.errors import InputPathError
 from hooktrace._events import (
     ENTER,
     EVENT_DTYPE,
@@ -99,8 +101,10 @@ from hooktrace.format.meta import (
 )
 from hooktrace.format.validate import (
     check_clock,
+    check_dense,
     check_info,
     recorded_interval,
+    too_big,
     validate_events,
 )
 
@@ -141,10 +145,14 @@ def read_stream(name: str, f: BinaryIO, size: int, head: bytes) -> TraceFileCont
     if header_size != STREAM_HEADER_SIZE:
         raise TraceFileError(name, 12, f"expected header size {STREAM_HEADER_SIZE}, found "
                                        f"{header_size}")
+    check_dense(name, os.fstat(f.fileno()), size, "the stream is")
     # Events are read straight into one array, in file order; every block
     # header is 40 bytes or more, so this bounds their number. Pages never
     # written are never touched, so the slack costs address space only.
-    buf = np.empty(max(0, (size - STREAM_HEADER_SIZE) // EVENT_DTYPE.itemsize), EVENT_DTYPE)
+    try:
+        buf = np.empty(max(0, (size - STREAM_HEADER_SIZE) // EVENT_DTYPE.itemsize), EVENT_DTYPE)
+    except MemoryError:
+        raise too_big(name, (size - STREAM_HEADER_SIZE) // EVENT_DTYPE.itemsize) from None
     n = 0
     runs: list[tuple[int, int, int, int]] = []  # (thread, start in buf, count, file offset)
     known_modules: list[int] = []  # per run: the modules known when its block was read
@@ -342,15 +350,21 @@ def _with_older_segments(name: str, newest: TraceFileContents) -> TraceFileConte
     """A rolling stream's newest file (``--max-disk``) loads with the older segments
     still on disk as one run: their events first, thread by thread; the newest file's
     tables (which restate and extend theirs), clock and counts. A segment file given
-    by name loads alone."""
+    by name loads alone. A segment missing between two on disk (or, once the run
+    finished, between the oldest it kept and the newest) is named in
+    ``info["rolling"]["missing_segments"]``: its events and steps are not there (issue
+    #46: they were silently absent); what is no regular file (a FIFO, a device named like
+    a segment) is never opened, and missing too."""
     rolling = newest.info.get("rolling")
     if not isinstance(rolling, dict) or os.path.basename(name) != rolling.get("newest"):
         return newest
     parts: list[TraceFileContents] = []
-    first_number = 0  # the oldest segment of this run still on disk
+    found: list[int] = []  # the numbers of the segments loaded
+    unreadable: dict[int, str] = {}  # number -> why it is not a segment
     for seg in rolling_segments(name, rolling):
+        number = int(seg.rsplit(".", 2)[-2])
         try:
-            with open(seg, "rb") as f:
+            with open_input(seg) as f:
                 size = os.fstat(f.fileno()).st_size
                 head = f.read(STREAM_HEADER_SIZE)
                 if head[:8] != MAGIC:
@@ -358,17 +372,25 @@ def _with_older_segments(name: str, newest: TraceFileContents) -> TraceFileConte
                 part = read_stream(seg, f, size, head)
         except FileNotFoundError:  # rolled off while listed
             continue
+        except InputPathError:  # a FIFO, a device, a folder: never read
+            unreadable[number] = f"{file_kind(seg)}, not a segment"
+            continue
         if part.info.get("start_unix_ns") != newest.info.get("start_unix_ns"):
             continue  # a segment of another run at the same path
-        if not parts:
-            first_number = int(seg.rsplit(".", 2)[-2])
+        found.append(number)
         parts.append(part)
     info = dict(newest.info)
     info["rolling"] = dict(rolling, segments_loaded=len(parts) + 1)
-    if "rolled_off_segments" not in rolling and first_number > 1:
+    if "rolled_off_segments" not in rolling and found and found[0] > 1:
         # no FOOTER (killed): segments are numbered from 1, so those below the oldest
         # left were rolled off; what they held is not known
-        info["rolling"]["rolled_off_segments"] = first_number - 1
+        info["rolling"]["rolled_off_segments"] = found[0] - 1
+    missing = _missing_segments(rolling, found)
+    if missing:
+        stem = rolling["stem"]
+        info["rolling"]["missing_segments"] = [
+            f"{stem}.{k}.htrace" + (f" ({unreadable[k]})" if k in unreadable else "")
+            for k in missing]
     if not parts:
         return dataclass_replace(newest, info=info)
     events = np.concatenate([p.events for p in parts] + [newest.events])
@@ -379,6 +401,23 @@ def _with_older_segments(name: str, newest: TraceFileContents) -> TraceFileConte
     key = rank[np.searchsorted(tids, events["tid"])]
     events = events[np.argsort(key, kind="stable")]
     return dataclass_replace(newest, events=events, info=info)
+
+
+# the most missing segments named (a folder emptied by hand would name thousands)
+MAX_MISSING_NAMED = 20
+
+
+def _missing_segments(rolling: dict[str, Any], found: list[int]) -> list[int]:
+    """The numbers of the older segments that should be on disk and are not: between the
+    oldest and the newest loaded, and once the run finished (its FOOTER counts the
+    segments it started and rolled off) up to the last one it closed."""
+    first, last = (found[0], found[-1]) if found else (0, -1)
+    started: Any = rolling.get("segments")
+    rolled: Any = rolling.get("rolled_off_segments")
+    if is_int(started) and is_int(rolled) and 0 <= rolled < started:
+        first, last = rolled + 1, started - 1  # (closed segments: 1 .. started - 1)
+    have = set(found)
+    return [k for k in range(first, last + 1) if k not in have][:MAX_MISSING_NAMED]
 
 
 def _next_block(name: str, f: BinaryIO, pos: int, size: int, room: np.ndarray,

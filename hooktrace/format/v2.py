@@ -76,12 +76,14 @@ from hooktrace.format.meta import (
 )
 from hooktrace.format.validate import (
     check_clock,
+    check_dense,
     check_info,
     check_magic,
     clock_problem,
     recorded_interval,
     resolve_modules,
     resolve_node_names,
+    too_big,
     validate_events,
 )
 from hooktrace.format.stream import read_stream
@@ -187,7 +189,8 @@ def read_trace(path: str | os.PathLike[str], *, mmap: bool = False) -> TraceFile
     """
     name = os.fspath(path)
     with open_input(path) as f:
-        size = os.fstat(f.fileno()).st_size
+        st = os.fstat(f.fileno())
+        size = st.st_size
         head = f.read(HEADER_SIZE)
         check_magic(name, head, size)
         (version,) = U32.unpack_from(head, 8)
@@ -244,6 +247,7 @@ def read_trace(path: str | os.PathLike[str], *, mmap: bool = False) -> TraceFile
             raise TraceFileError(
                 name, end, f"expected end of file, found {size - end} trailing bytes"
             )
+        check_dense(name, st, end, f"the header's {n_events:,} events make a file of")
 
         blocks = f.read(events_off - HEADER_SIZE)
         meta_bytes = blocks[:meta_len]
@@ -269,7 +273,10 @@ def read_trace(path: str | os.PathLike[str], *, mmap: bool = False) -> TraceFile
                                shape=(n_events,))
         else:
             f.seek(events_off)
-            events = np.fromfile(f, dtype=EVENT_DTYPE, count=n_events)
+            try:
+                events = np.fromfile(f, dtype=EVENT_DTYPE, count=n_events)
+            except MemoryError:
+                raise too_big(name, n_events) from None
             if len(events) != n_events:  # the file shrank under us
                 raise TraceFileError(
                     name, events_off, f"truncated: expected {n_events} events, read {len(events)}"

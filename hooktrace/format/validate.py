@@ -11,8 +11,10 @@ The format's layout and shared pieces are :mod:`hooktrace.format.meta`.
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
+import os
 import re
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -44,6 +46,7 @@ from hooktrace._events import (
     STEP,
     Clock,
 )
+from hooktrace.errors import HooktraceError
 from hooktrace.format.meta import (
     HEADER_SIZE,
     INTERVAL_SLACK_NS,
@@ -59,6 +62,33 @@ from hooktrace.format.meta import (
     field_offset,
     is_int,
     meta_error,)
+
+
+# hooktrace never writes a file with holes: a file whose bytes on disk are fewer than
+# 1/SPARSE_FACTOR of what its header claims is refused before anything is allocated for
+# it (a 4 KB file claiming 2 TiB of events: MemoryError; 3 GiB: 3.2 GB of memory and 20 s
+# before its checksum failed: issue #46). Real traces compress 4.6-5.5x (zlib -9), so a
+# compressing filesystem's blocks stay far above 1/64 of the length.
+SPARSE_FACTOR = 64
+
+
+def check_dense(name: str, st: os.stat_result, claimed: int, what: str) -> None:
+    """Refuse ``claimed`` bytes (a header's claim, or the file's length) that the file's
+    blocks on disk cannot hold (a filesystem that reports no blocks is not judged);
+    ``what``: the claim's words ("the header's N events take")."""
+    blocks = getattr(st, "st_blocks", 0)
+    on_disk = blocks * 512
+    if blocks and on_disk * SPARSE_FACTOR < claimed:
+        raise TraceFileError(name, 0, f"{what} {claimed:,} bytes, but the file holds "
+                                      f"{on_disk:,} bytes on disk: a sparse file (hooktrace "
+                                      "writes none), not a recording")
+
+
+def too_big(name: str, n_events: int) -> HooktraceError:
+    """The one line for events that do not fit in memory."""
+    return HooktraceError(f"{name}: its {n_events:,} events ({n_events * 32 / 2**30:.1f} GiB) "
+                          "do not fit in this machine's memory; hooktrace.load(path, "
+                          "mmap=True) maps them from the file instead")
 
 
 def check_magic(name: str, head: bytes, size: int) -> None:
@@ -180,6 +210,106 @@ def _kernel_sites(value: Any) -> str | None:
     return None if ok else 'a list of [kernel, module path, "forward" | "backward"]'
 
 
+# Nested values (issue #46: one value of another type in a CRC-correct file was a
+# traceback at 6 sites of summary, report, export and stacks): a check of an object's
+# fields or a list's items says where inside the value it failed, and what it found.
+Check = Callable[[Any], "str | None"]
+
+
+class _Inside(str):
+    """A finding inside a value: ``["threads"][0]["since_ns"]: expected ..., found ...``
+    (check_info prints it after the key as it is)."""
+
+
+def _inside(where: str, check: Check, value: Any) -> str | None:
+    found = check(value)
+    if found is None:
+        return None
+    if isinstance(found, _Inside):
+        return _Inside(where + found)
+    return _Inside(f"{where}: expected {found}, found {value!r:.60}")
+
+
+def _object(label: str, fields: dict[str, Check]) -> Check:
+    """An object whose listed fields, where present, pass their checks (others are
+    free-form)."""
+    def check(value: Any) -> str | None:
+        if not isinstance(value, dict):
+            return label
+        for key, sub in fields.items():
+            if key in value:
+                found = _inside(f"[{json.dumps(key)}]", sub, value[key])
+                if found is not None:
+                    return found
+        return None
+    return check
+
+
+def _list_of(item: Check, label: str) -> Check:
+    def check(value: Any) -> str | None:
+        if not isinstance(value, list):
+            return label
+        for i, x in enumerate(value):
+            found = _inside(f"[{i}]", item, x)
+            if found is not None:
+                return found
+        return None
+    return check
+
+
+def _map_of(item: Check, label: str) -> Check:
+    """An object of string keys, each value passing ``item``."""
+    def check(value: Any) -> str | None:
+        if not isinstance(value, dict):
+            return label
+        for k, x in value.items():
+            found = _inside(f"[{json.dumps(k)[:40]}]", item, x)
+            if found is not None:
+                return found
+        return None
+    return check
+
+
+def _or_none(check: Check) -> Check:
+    return lambda value: None if value is None else check(value)
+
+
+_STR = _of_type(str, "a string")
+_COUNT = _int_in(0, 2**63 - 1)
+_ANY_INT = _int_in(-(2**63), 2**63 - 1)
+_STRINGS = _list_of(_STR, "a list of strings")
+
+# flight-recorder dumps (hooktrace.record.flight.write_dump): read by summary, report,
+# stacks (hooktrace.text.describe_dump, hooktrace/commands/stacks.py)
+_dump = _object("an object (a flight-recorder dump: reason, step, threads)", {
+    "reason": _STR, "time_unix_ns": _COUNT, "step": _COUNT, "exception": _STR,
+    "error_in": _or_none(_STR),
+    "threads": _list_of(_object("an object (a thread: tid, name, open, since_ns)", {
+        "tid": _COUNT, "name": _STR, "open": _STRINGS, "since_ns": _ANY_INT,
+        "python_stack": _STRINGS}), "a list of threads"),
+    "python_stacks": _map_of(_STRINGS, "an object mapping threads to their stack's lines"),
+})
+# --max-disk (hooktrace.record.streaming): the summary's notes, the segments' loading
+_rolling = _object("an object (--max-disk: newest, stem, max_disk, ...)", {
+    "newest": _STR, "stem": _STR, "max_disk": _COUNT, "segment_bytes": _COUNT,
+    **{k: _COUNT for k in ("segments", "rolled_off_segments", "rolled_off_events",
+                           "rolled_off_bytes", "full_disk_rolled_off_segments",
+                           "full_disk_lost_events", "events_written", "segments_loaded")},
+    "missing_segments": _STRINGS,
+})
+# schedule windows (hooktrace.record.windows): diff's window numbers, the Parquet export's
+_window = _object("an object (a schedule window: first_step, last_step, complete)", {
+    "first_step": _COUNT, "last_step": _COUNT, "complete": _of_type(bool, "true or false")})
+# flops=True (hooktrace.record.flops; hooktrace.analysis.flops reads it)
+_FLOPS_PER_MODULE = _map_of(_COUNT, "an object mapping modules to FLOPs")
+_flops = _object("an object (flops=True: signatures, calls, counted)", {
+    "signatures": _list_of(_object("an object (forward, backward)", {
+        "forward": _FLOPS_PER_MODULE, "backward": _FLOPS_PER_MODULE}), "a list of signatures"),
+    "calls": _list_of(_COUNT, "a list of signature indices"),
+    "counted": _list_of(_COUNT, "a list of root call numbers"),
+})
+
+
 _INFO_CHECKS: dict[str, Callable[[Any], str | None]] = {
     "pid": _int_in(1, MAX_PID),
     "hostname": _of_type(str, "a string"),
@@ -214,6 +344,12 @@ _INFO_CHECKS: dict[str, Callable[[Any], str | None]] = {
     "memory": _memory_info,
     # hooktrace attach (issue #47): the first step is partial; compiled before or not
     "attach": _attach_info,
+    # flops=True on a CUDA device: its name picks the peak for MFU
+    "device_name": _STR,
+    "dump": _dump,
+    "rolling": _rolling,
+    "window": _window,
+    "flops": _flops,
 }
 
 
@@ -223,6 +359,8 @@ def check_info(name: str, meta_bytes: bytes, meta: dict[str, Any], pid: int,
         if key not in meta:
             continue
         expected = check(meta[key])
+        if isinstance(expected, _Inside):  # (says where inside, and what it found)
+            meta_error(name, meta_bytes, key, expected, base)
         if expected:
             meta_error(name, meta_bytes, key, f"expected {expected}, found {meta[key]!r:.60}",
                         base)

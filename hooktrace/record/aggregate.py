@@ -70,6 +70,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from hooktrace._naming import env_rank, process_stem
+from hooktrace._output import write_failure
 from hooktrace.errors import HooktraceError
 from hooktrace.analysis.aggregates import KEPT_INDEX, LIVE_DIR, kept_steps, load_aggregates
 from hooktrace.record.component import Component, Flag, Option
@@ -431,8 +432,12 @@ class AggregateComponent(Component):
         what is written stays, what is not is counted in info["aggregate"])."""
         if self._write_error is not None:
             return
-        self._write_error = f"{what}: {error}"
-        warnings.warn(f"hooktrace: aggregate=: {what} ({error}); training goes on, what "
+        if isinstance(error, OSError):  # (a full disk names itself: issue #46)
+            error_text = write_failure(self.dir, error).removeprefix(f"{self.dir}: ")
+        else:
+            error_text = str(error)
+        self._write_error = f"{what}: {error_text}"
+        warnings.warn(f"hooktrace: aggregate=: {what} ({error_text}); training goes on, what "
                       "cannot be written is dropped and counted (info['aggregate']: "
                       "lost_rows, lost_steps)", RuntimeWarning, stacklevel=2)
 

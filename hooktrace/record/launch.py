@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from hooktrace._args import finite_float
 from hooktrace._naming import env_rank, output_path
-from hooktrace._output import check_output_path
+from hooktrace._output import check_output_path, write_failure
 from hooktrace.errors import NoDeviceError, OptionError, OutputPathError
 from hooktrace.record.process_state import STATE
 from hooktrace.text import open_hint
@@ -449,7 +449,12 @@ class _Windows:
         output = self.output
         path = output.with_name(f"{output.stem}.{window.info['window']['last_step']}"
                                 f"{output.suffix}")
-        window.save(path)
+        try:
+            window.save(path)
+        except OSError as e:  # one line naming the file and the disk; training goes on
+            print(f"hooktrace: error: could not write window {write_failure(path, e)}",
+                  file=sys.stderr)
+            return
         print(f"hooktrace: wrote window {path}", file=sys.stderr)
         if self._merge is not None:
             self._window = window
@@ -516,12 +521,14 @@ def write_outputs(trace: GlobalTrace, options: RunOptions) -> None:
         return
     if not streamed:
         assert result is not None
-        result.save(options.output)
+        with _writing(options.output):
+            result.save(options.output)
     written = [str(options.output)]
     for path, export in ((options.chrome, "export_chrome"), (options.pftrace, "export_perfetto")):
         if path is not None:
             assert result is not None
-            getattr(result, export)(path)
+            with _writing(path):
+                getattr(result, export)(path)
             written.append(str(path))
     if options.profile and options.schedule is None:
         assert result is not None
@@ -537,7 +544,21 @@ def write_outputs(trace: GlobalTrace, options: RunOptions) -> None:
                                            .get("rolled_off_events", 0))}
     else:
         counts = {"modules": len(trace.modules_table()), **trace.stream_counts()}
+    if streamed:  # what the stream's writer could not write (result: counted as dropped)
+        counts["write_lost_events"] = trace.stream_counts().get("write_lost_events", 0)
     print(exit_line(written, counts), file=sys.stderr)
+    if trace.stream_failure is not None:
+        print(f"hooktrace: error: could not write {trace.stream_failure}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def _writing(path: Path) -> Iterator[None]:
+    """A write of ``path`` that fails (a full disk, a read-only folder) is one line naming
+    the file and, when there was no room, the disk (issue #46)."""
+    try:
+        yield
+    except OSError as e:
+        raise OutputPathError(write_failure(path, e)) from None
 
 
 def _print_aggregates(info: dict[str, Any], summary: bool, tail: int = 0) -> None:
@@ -573,8 +594,12 @@ def exit_line(written: list[str], counts: dict[str, int]) -> str:
     """What a finished run says: the files, their size, what was lost, and how to look at
     them (a .htrace is hooktrace's own file: Perfetto opens the exports, not it).
     ``counts``: modules, events, dropped_events, overwritten_events."""
-    lost = [f"{n} {what}" for n, what in ((counts["dropped_events"], "events dropped (buffer "
-                                           "full: raise --capacity)"),
+    # events the disk lost (a full disk: its name is in the failure's line) are not the
+    # buffer's: no --capacity would have kept them (issue #46)
+    disk = counts.get("write_lost_events", 0)
+    lost = [f"{n} {what}" for n, what in ((max(0, counts["dropped_events"] - disk), "events dropped "
+                                           "(buffer full: raise --capacity)"),
+                                          (disk, "events lost: the file could not be written"),
                                           (counts["overwritten_events"], "overwritten (ring)"),
                                           (counts.get("rolled_off_events", 0),
                                            "rolled off (oldest segments deleted: --max-disk)"))

@@ -15,6 +15,7 @@ import weakref
 from typing import Any
 
 import hooktrace._C as _C
+from hooktrace._output import write_failure
 from hooktrace.format import (
     BLOCK_FOOTER,
     BLOCK_META,
@@ -86,6 +87,8 @@ class StreamedRecording:
         self._writer: Any = None
         self._stream_fd = -1
         self._stream_lost: tuple[str, int] | None = None  # (write error, events lost)
+        # the write that failed, in one line (its file, why, the disk when it was full)
+        self.stream_failure: str | None = None
         self._stream_counts: dict[str, int] | None = None  # what the stream holds, at its end
         self._stream_pid = 0  # the process writing the stream (a forked child does not)
         self._rolling: dict[str, Any] | None = None  # max_disk: META's "rolling"
@@ -203,8 +206,12 @@ class StreamedRecording:
                 self._stream_lost = (str(written["error"]),
                                      int(written["lost_events"]) + int(stats["dropped"]))
                 self._stream_counts["dropped_events"] += int(written["lost_events"])
+                # (counted apart too: the disk lost them, no --capacity would have kept
+                # them; a full disk names itself: issue #46)
+                self._stream_counts["write_lost_events"] = int(written["lost_events"])
+                self.stream_failure = write_failure(str(self._out), f"at {written['error']}")
                 warnings.warn(
-                    f"hooktrace: writing {self._out} failed at {written['error']}; "
+                    f"hooktrace: writing {self.stream_failure}; "
                     f"{int(written['lost_events']):,} events were lost and the file ends "
                     "there (it loads up to that point)", RuntimeWarning, stacklevel=4)
             else:
