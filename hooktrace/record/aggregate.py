@@ -349,7 +349,9 @@ class AggregateComponent(Component):
         self._session = session
 
     def install(self, session: Any, scope: Any) -> None:
-        if self._process_wide:
+        # the process's own (hooktrace run --aggregate, HOOKTRACE=1), not hooktrace top's
+        # or attach's private recording: the job's traces and callbacks go on as without
+        if self._process_wide and STATE.attachment is None:
             STATE.aggregating = self
         self._last = time.perf_counter()
         if self.policy.signal:

@@ -378,3 +378,22 @@ def test_a_trace_with_aggregate_outside_any_run_is_not_refused(tmp_path: Path) -
             with hooktrace.trace(inner, aggregate=tmp_path / "inner"):
                 pass
     assert not (tmp_path / "inner").exists()
+
+
+def test_an_attached_recording_leaves_the_jobs_own_aggregate_traces_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hooktrace.record.process_state import STATE
+
+    # GIVEN the process-wide recording of hooktrace attach (or top: STATE.attachment),
+    # WHEN the job starts a trace of its own with aggregate=
+    class Attachment:  # (what the recorder asks of one)
+        def run_info(self) -> dict[str, object]:
+            return {}
+
+    monkeypatch.setattr(STATE, "attachment", Attachment())
+    own = net()
+    with hooktrace.global_trace(aggregate=str(tmp_path / "attached")):
+        with hooktrace.trace(own, aggregate=tmp_path / "own", aggregate_interval=0):
+            train(own, 2)
+    # THEN it records as it would without the attach (refusing it would fail the job)
+    assert steps_aggregated(load_aggregates(tmp_path / "own")) == 2
