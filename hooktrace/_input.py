@@ -65,10 +65,11 @@ def open_input(path: str | os.PathLike[str]) -> BinaryIO:
 def files_under(folder: str | os.PathLike[str], suffixes: tuple[str, ...], *,
                 recursive: bool = True) -> list[str]:
     """The regular files under ``folder`` (recursively unless not ``recursive``, sorted)
-    whose names end in one of ``suffixes``. A directory symlink is never followed, out of the folder or back into it
-    (two links to the folder itself made every verb that read it walk 2**40 paths:
-    issue #46); a link to a file is read as that file. What is no regular file (a FIFO, a
-    device) is no input: opening a FIFO hangs, a device never ends.
+    whose names end in one of ``suffixes``. A directory symlink is never followed, out of
+    the folder or back into it (two links to the folder itself made every verb that read
+    it walk 2**40 paths: issue #46); a link to a file is read as that file. What is no
+    regular file (a FIFO, a device) is no input: opening a FIFO hangs, a device never
+    ends.
 
     Example:
         >>> import tempfile

@@ -97,7 +97,8 @@ def is_aggregate_dir(path: str | os.PathLike[str]) -> bool:
     if not os.path.isdir(folder):
         return False
     return (any(f.endswith(".parquet") for f in os.listdir(folder))
-            or os.path.isdir(os.path.join(top, "steps")) or os.path.isdir(os.path.join(top, "live")))
+            or os.path.isdir(os.path.join(top, "steps"))
+            or os.path.isdir(os.path.join(top, "live")))
 
 
 def has_aggregate_parts(path: str | os.PathLike[str]) -> bool:

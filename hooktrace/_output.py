@@ -40,7 +40,7 @@ from typing import IO
 
 from hooktrace.errors import OutputPathError
 
-__all__ = ["check_output_path", "disk_of", "open_output", "write_failure"]
+__all__ = ["check_output_path", "disk_of", "failure_reason", "open_output", "write_failure"]
 
 PathLike = str | os.PathLike[str]
 
@@ -152,14 +152,19 @@ def disk_of(path: PathLike) -> str:
 
 
 def write_failure(path: PathLike, error: BaseException | str) -> str:
-    """One line for a write of ``path`` that failed: the file and the reason, and for no
-    room (a full disk, a quota) which disk (:func:`disk_of`)."""
+    """One line for a write of ``path`` that failed: the file and
+    :func:`failure_reason`."""
+    return f"{os.fspath(path)}: {failure_reason(path, error)}"
+
+
+def failure_reason(path: PathLike, error: BaseException | str) -> str:
+    """Why a write of ``path`` failed, and for no room (a full disk, a quota) which disk
+    (:func:`disk_of`)."""
     if isinstance(error, OSError):
         code, what = error.errno, error.strerror or str(error)
     else:
         what = str(error)
         code = next((c for c in _NO_ROOM if os.strerror(c) in what), None)
-    line = f"{os.fspath(path)}: {what}"
     if code in _NO_ROOM:
-        line += f" (no room on the disk holding it, {disk_of(path)} now)"
-    return line
+        what += f" (no room on the disk holding it, {disk_of(path)} now)"
+    return what

@@ -256,8 +256,10 @@ def load_aggregates(path: str | os.PathLike[str]) -> Any:
     else:
         names = part_files(folder) if os.path.isdir(folder) else []
     if not names:
+        from hooktrace._naming import is_aggregate_dir
+
         top = os.path.dirname(folder) if os.path.basename(folder) == "aggregates" else folder
-        if os.path.isdir(os.path.join(top, LIVE_DIR)) or os.path.isdir(os.path.join(top, "steps")):
+        if is_aggregate_dir(top):
             from hooktrace.errors import InputPathError
 
             # an aggregate= folder whose runs have not written a part (killed before the

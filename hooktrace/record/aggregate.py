@@ -70,7 +70,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from hooktrace._naming import env_rank, process_stem
-from hooktrace._output import write_failure
+from hooktrace._output import failure_reason
 from hooktrace.errors import HooktraceError
 from hooktrace.analysis.aggregates import KEPT_INDEX, LIVE_DIR, kept_steps, load_aggregates
 from hooktrace.record.component import Component, Flag, Option
@@ -434,10 +434,8 @@ class AggregateComponent(Component):
         what is written stays, what is not is counted in info["aggregate"])."""
         if self._write_error is not None:
             return
-        if isinstance(error, OSError):  # (a full disk names itself: issue #46)
-            error_text = write_failure(self.dir, error).removeprefix(f"{self.dir}: ")
-        else:
-            error_text = str(error)
+        # (a full disk names itself: issue #46)
+        error_text = failure_reason(self.dir, error) if isinstance(error, OSError) else str(error)
         self._write_error = f"{what}: {error_text}"
         warnings.warn(f"hooktrace: aggregate=: {what} ({error_text}); training goes on, what "
                       "cannot be written is dropped and counted (info['aggregate']: "
@@ -542,8 +540,8 @@ class AggregateComponent(Component):
                 os.unlink(tmp)
             except OSError:
                 pass
-        else:
-            self._parts += 1
+            return
+        self._parts += 1
 
     def _write_live(self, ended: bool) -> None:
         """DIR/live/<run>.json: the windows closed since the last one (hooktrace top DIR);

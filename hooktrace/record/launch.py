@@ -597,8 +597,9 @@ def exit_line(written: list[str], counts: dict[str, int]) -> str:
     # events the disk lost (a full disk: its name is in the failure's line) are not the
     # buffer's: no --capacity would have kept them (issue #46)
     disk = counts.get("write_lost_events", 0)
-    lost = [f"{n} {what}" for n, what in ((max(0, counts["dropped_events"] - disk), "events dropped "
-                                           "(buffer full: raise --capacity)"),
+    dropped = max(0, counts["dropped_events"] - disk)
+    lost = [f"{n} {what}" for n, what in ((dropped, "events dropped (buffer full: raise "
+                                                    "--capacity)"),
                                           (disk, "events lost: the file could not be written"),
                                           (counts["overwritten_events"], "overwritten (ring)"),
                                           (counts.get("rolled_off_events", 0),
