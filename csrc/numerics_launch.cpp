@@ -13,6 +13,18 @@
 namespace hooktrace {
 namespace {
 
+// The CUDA stream of a c10::Stream: native_handle() where this torch has it (2.6 and
+// later); on an older torch the launch is refused (the caller falls back to Triton's
+// launcher), never queued on the legacy default stream.
+template <class S>
+auto stream_handle(const S& s, int) -> decltype(s.native_handle()) {
+  return s.native_handle();
+}
+template <class S>
+void* stream_handle(const S&, long) {
+  throw std::runtime_error("this torch's c10::Stream has no native_handle (torch < 2.6)");
+}
+
 std::atomic<bool> g_on{true};
 std::atomic<int> g_kernels_set{0};  // variants registered (a quick "none" on the hot path)
 std::atomic<uint64_t> g_launches{0};
@@ -224,7 +236,7 @@ bool launch_numerics_native(const at::Tensor& x, const at::Tensor& out, int64_t 
     void* stream = nullptr;
     if (cuda) {
       const c10::impl::VirtualGuardImpl impl(x.device().type());
-      stream = impl.getStream(x.device()).native_handle();
+      stream = stream_handle(impl.getStream(x.device()), 0);
     }
     const int r = d->launch_kernel(function, launch.grid, 1, 1, launch.threads, 1, 1, launch.shared,
                                    stream, launch.params, nullptr);
