@@ -239,6 +239,24 @@ def _records_of(trace: TraceData) -> KernelRecords:
                          int(graph.sum()), int((~named).sum()), unpaired)
 
 
+def _latest_started(owner: np.ndarray, start: np.ndarray, keep: np.ndarray, tid: np.ndarray,
+                    t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per (thread, time): among the rows ``keep`` of that thread (``owner``), the one
+    that started last at or before that time, and the one that started next; -1 for none."""
+    last = np.full(len(t), -1, np.int64)
+    nxt = np.full(len(t), -1, np.int64)
+    for u in np.unique(tid).tolist():
+        mine = np.flatnonzero((owner == u) & keep)
+        if not len(mine):
+            continue
+        mine = mine[np.argsort(start[mine], kind="stable")]
+        sel = np.flatnonzero(tid == u)
+        pos = np.searchsorted(start[mine], t[sel], "right") - 1
+        last[sel] = np.where(pos >= 0, mine[np.maximum(pos, 0)], -1)
+        nxt[sel] = np.where(pos + 1 < len(mine), mine[np.minimum(pos + 1, len(mine) - 1)], -1)
+    return last, nxt
+
+
 def _node_span(spans: Any, tid: np.ndarray, t: np.ndarray, inner: np.ndarray) -> np.ndarray:
     """Launches in backward go with the autograd node that made them, as torch.profiler
     attributes them (``evaluate_function: <Node>`` holds the node's apply and the
@@ -247,39 +265,21 @@ def _node_span(spans: Any, tid: np.ndarray, t: np.ndarray, inner: np.ndarray) ->
     pass starts; its module's backward span. Elsewhere (forward, a node of no module
     call such as AccumulateGrad) ``inner``, the innermost span holding the launch."""
     nodes = spans.nodes
-    out = inner.copy()
     if not len(nodes):
-        return out
-    for u in np.unique(tid).tolist():
-        mine = np.flatnonzero(nodes.tid == u)
-        if not len(mine):
-            continue
-        mine = mine[np.argsort(nodes.start_ns[mine], kind="stable")]
-        sel = np.flatnonzero(tid == u)
-        pos = np.searchsorted(nodes.start_ns[mine], t[sel], "right") - 1
-        node = mine[np.maximum(pos, 0)]
-        nxt = mine[np.minimum(pos + 1, len(mine) - 1)]
-        running = t[sel] <= nodes.end_ns[node]
-        between = ((pos + 1 < len(mine)) & (nodes.pass_id[nxt] == nodes.pass_id[node])
-                   & (nodes.pass_id[node] != NO_PASS))
-        take = (pos >= 0) & (running | between) & (nodes.span[node] >= 0)
-        out[sel[take]] = nodes.span[node[take]]
-    return out
+        return inner.copy()
+    node, nxt = _latest_started(nodes.tid, nodes.start_ns, np.ones(len(nodes), bool), tid, t)
+    at, after = np.maximum(node, 0), np.maximum(nxt, 0)
+    running = t <= nodes.end_ns[at]
+    between = ((nxt >= 0) & (nodes.pass_id[after] == nodes.pass_id[at])
+               & (nodes.pass_id[at] != NO_PASS))
+    take = (node >= 0) & (running | between) & (nodes.span[at] >= 0)
+    return np.where(take, nodes.span[at], inner)
 
 
 def _run_holding(runs: Kernels, tid: np.ndarray, t: np.ndarray) -> np.ndarray:
     """Per (thread, time): the kernel mark run of that thread holding it, or -1."""
-    out = np.full(len(t), -1, np.int64)
-    for u in np.unique(tid).tolist():
-        mine = np.flatnonzero((runs.tid == u) & (runs.module >= 0))
-        if not len(mine):
-            continue
-        mine = mine[np.argsort(runs.start_ns[mine], kind="stable")]
-        sel = np.flatnonzero(tid == u)
-        pos = np.searchsorted(runs.start_ns[mine], t[sel], "right") - 1
-        cand = mine[np.maximum(pos, 0)]
-        out[sel] = np.where((pos >= 0) & (runs.end_ns[cand] >= t[sel]), cand, -1)
-    return out
+    run, _ = _latest_started(runs.tid, runs.start_ns, runs.module >= 0, tid, t)
+    return np.where((run >= 0) & (runs.end_ns[np.maximum(run, 0)] >= t), run, -1)
 
 
 def kernel_records(trace: TraceData) -> KernelRecords:
