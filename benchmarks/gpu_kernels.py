@@ -42,6 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import hooktrace  # noqa: E402
 from gpu import Model, build  # noqa: E402
+from gpu import cost as gpu_cost  # noqa: E402
 
 VARIANTS: dict[str, dict[str, Any] | None] = {
     "untraced": None,
@@ -75,18 +76,9 @@ def variant(name: str, m: Model, cuda: bool) -> Iterator[Any]:
 
 def cost(m: Model, rounds: int, steps: int, cuda: bool, names: list[str]
          ) -> dict[str, float]:
-    """Best seconds per step of each of ``names`` (untraced first), interleaved."""
-    best = {v: float("inf") for v in names}
-    for _ in range(rounds):
-        for name in names:
-            with variant(name, m, cuda):
-                m.step()
-                m.sync()
-                t0 = time.perf_counter()
-                for _ in range(steps):
-                    m.step()
-                m.sync()
-                best[name] = min(best[name], (time.perf_counter() - t0) / steps)
+    """Added time per step of each of ``names`` over "untraced" (first), interleaved
+    (gpu.py's loop)."""
+    best = gpu_cost(m, rounds, steps, {n: lambda m, n=n: variant(n, m, cuda) for n in names})
     base = best["untraced"]
     return {k: v / base - 1 for k, v in best.items() if k != "untraced"}
 
