@@ -6,6 +6,12 @@ it. The registry, in the order the views show the columns, is
 A provider lives in its feature's analysis module (``analysis/<feature>.py``) and
 subclasses :class:`ColumnProvider`; each view loops over the registry:
 
+* the schema (:mod:`hooktrace.data.schema`): :attr:`ColumnProvider.columns`, its
+  :class:`Column` declarations (name, Arrow type, table, help, checks, how the
+  aggregates reduce it over a run); the spans table's and the aggregates' quantity
+  columns, their validation (:mod:`hooktrace.data.validate`), the aggregates read back
+  (:func:`hooktrace.analysis.aggregates.aggregate_rows`, the aggregate report) and
+  docs/schema.md are these;
 * the summary (:meth:`hooktrace.analysis.summary.Summary.from_trace`, and the report,
   which shows the summary's rows): :meth:`ColumnProvider.summary` fills the provider's
   keys into the rows and returns a :class:`SummaryPart` (its columns, notes, whether
@@ -13,17 +19,17 @@ subclasses :class:`ColumnProvider`; each view loops over the registry:
   is what it says when the run did not record it (device time: host times are launch
   times on CUDA);
 * the Parquet ``spans`` table (:mod:`hooktrace.data.tables`): :meth:`ColumnProvider.spans`,
-  per row of the table, ``{column: (values, valid[, dictionary])}``; the columns are the
-  table's schema's (:mod:`hooktrace.data.schema`), declared in :attr:`span_columns`;
+  per row of the table, ``{column: (values, valid[, dictionary])}``, of its declared
+  ``spans`` columns;
 * the summary's terminal table (:meth:`hooktrace.analysis.summary.Summary.to_text`):
   :meth:`ColumnProvider.text_columns` (its (title, key) columns, in the wide table or
-  when asked for by :attr:`text_flag`), :meth:`ColumnProvider.format_cell` (how a cell
+  when asked for by :attr:`text_flag`, also ``hooktrace summary``'s flag, :attr:`flag_help`), :meth:`ColumnProvider.format_cell` (how a cell
   of its keys reads) and :meth:`ColumnProvider.text_layout` (device time's go first);
   the report's table uses the same cells and :attr:`headers` (title, tooltip);
 * the aggregates (:func:`hooktrace.analysis.aggregates.reduce_window`):
   :meth:`ColumnProvider.aggregate` gives, for one window, a function from a
-  :class:`WindowGroup` (one mode's calls, grouped by module) to its columns' values,
-  declared in :attr:`aggregate_columns`.
+  :class:`WindowGroup` (one mode's calls, grouped by module) to its declared
+  ``aggregates`` columns' values.
 
 A view asks a part only of the providers whose :meth:`ColumnProvider.recorded` is true
 (the summary asks the others :meth:`ColumnProvider.unrecorded`); a declared column a
@@ -43,7 +49,7 @@ if TYPE_CHECKING:
     from hooktrace.analysis.groups import Groups
     from hooktrace.reading import TraceData
 
-__all__ = ["ColumnProvider", "SpanColumn", "SummaryPart", "TextColumn", "WindowGroup",
+__all__ = ["Column", "ColumnProvider", "SpanColumn", "SummaryPart", "TextColumn", "WindowGroup",
            "measured_only"]
 
 # one column of the spans table: (values over the rows, valid mask) or, for a string
@@ -51,6 +57,44 @@ __all__ = ["ColumnProvider", "SpanColumn", "SummaryPart", "TextColumn", "WindowG
 SpanColumn = tuple[Any, ...]
 # one column of the summary's terminal table: (header, row key)
 TextColumn = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a recorded quantity in a table of :mod:`hooktrace.data.schema`:
+    ``name``, ``type`` (an Arrow type by name: int64, int32, float64, float32, bool, or
+    string, dictionary-encoded), ``table`` (``spans`` or ``aggregates``; nullable: null
+    where not recorded) and ``help`` (the schema's doc, docs/schema.md's meaning);
+    ``order``: its place among its table's quantity columns (sorted, then in the
+    registry's order: a new quantity's go last, the default).
+
+    What :mod:`hooktrace.data.validate` refuses in a file: ``check`` "nonnegative" (a
+    value below 0) or "finite" (NaN, infinite or negative), ``at_most`` (a value above
+    that column's).
+
+    An aggregates column, read back over a run (:func:`hooktrace.analysis.aggregates.aggregate_rows`,
+    the aggregate report): ``reduce`` "sum", "max", "per_step" (the sum over the steps
+    aggregated, row key ``<name>_per_step``) or "weighted" (each window's weighted by its
+    ``weight`` column's time, ``total_ms`` where null); the report's column ``title`` and
+    ``tip``, and its ``fact`` (the facts line's, when a row has a value)."""
+
+    name: str
+    type: str
+    help: str
+    table: str = "spans"
+    order: int = 100
+    check: str = ""
+    at_most: str = ""
+    reduce: str = ""
+    weight: str = ""
+    title: str = ""
+    tip: str = ""
+    fact: str = ""
+
+    @property
+    def key(self) -> str:
+        """Its key in the aggregates read back (:attr:`reduce` "per_step": per step)."""
+        return self.name + "_per_step" if self.reduce == "per_step" else self.name
 
 
 @dataclass
@@ -87,16 +131,26 @@ class ColumnProvider:
     defaults add nothing: a provider overrides the views it has columns in."""
 
     name = ""
-    # the spans table's columns it fills (hooktrace.data.schema's "spans")
-    span_columns: tuple[str, ...] = ()
-    # the aggregates' columns it fills (hooktrace.data.schema's AGGREGATES)
-    aggregate_columns: tuple[str, ...] = ()
+    # its columns of the spans table and the aggregates (hooktrace.data.schema's)
+    columns: tuple[Column, ...] = ()
     # to_text's keyword (and hooktrace summary's flag) that shows its text columns in
     # the narrow table ("flops": to_text(flops=True), --flops); the wide one has them
     text_flag = ""
+    # the flag's help (hooktrace summary --FLAG): what it adds
+    flag_help = ""
     # per summary row key it fills: (title, what it is), the terminal table's and the
     # report's headers (the report's tooltip)
     headers: Mapping[str, tuple[str, str]] = {}
+
+    @property
+    def span_columns(self) -> tuple[str, ...]:
+        """The spans table's columns it fills."""
+        return tuple(c.name for c in self.columns if c.table == "spans")
+
+    @property
+    def aggregate_columns(self) -> tuple[str, ...]:
+        """The aggregates' columns it fills."""
+        return tuple(c.name for c in self.columns if c.table == "aggregates")
 
     def recorded(self, trace: TraceData) -> bool:
         """Whether ``trace`` recorded the quantity (then the views ask its parts)."""

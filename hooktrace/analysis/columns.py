@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from hooktrace.analysis.column_provider import (
+    Column,
     ColumnProvider,
     SpanColumn,
     SummaryPart,
@@ -27,8 +28,8 @@ from hooktrace.analysis.memory import MemoryColumns
 from hooktrace.analysis.numerics import NumericsColumns
 from hooktrace.analysis.shapes import ShapeColumns
 
-__all__ = ["PROVIDERS", "ColumnProvider", "SpanColumn", "SummaryPart", "WindowGroup",
-           "cell_text", "measured_only"]
+__all__ = ["PROVIDERS", "Column", "ColumnProvider", "SpanColumn", "SummaryPart", "WindowGroup",
+           "cell_text", "declared", "measured_only"]
 
 # In the order the views show their columns: the summary's device time leads (and sorts
 # the rows), then FLOPs, memory and numerics; shapes are Parquet columns only.
@@ -40,6 +41,19 @@ PROVIDERS: list[ColumnProvider] = [
     NumericsColumns(),
     ShapeColumns(),
 ]
+
+
+def declared(table: str) -> list[Column]:
+    """The recorded quantities' columns of ``table`` (``spans`` or ``aggregates``) as
+    their providers declare them (:class:`Column`), in the table's order: by
+    :attr:`Column.order`, then the registry's.
+
+    Example:
+        >>> [c.name for c in declared("aggregates")]
+        ['gpu_ms', 'kernel_ms', 'mem_peak_bytes', 'tflops', 'nonfinite', 'absmax']
+    """
+    return sorted((c for p in PROVIDERS for c in p.columns if c.table == table),
+                  key=lambda c: c.order)
 
 
 def cell_text(key: str, value: Any) -> str | None:

@@ -41,6 +41,7 @@ import numpy as np
 
 from hooktrace.analysis._summary_columns import COLUMNS, COMPILE_ROW, UNATTRIBUTED, group_mode
 from hooktrace.analysis.column_provider import (
+    Column,
     ColumnProvider,
     SpanColumn,
     SummaryPart,
@@ -255,8 +256,14 @@ class DeviceTimeColumns(ColumnProvider):
     the aggregates."""
 
     name = "device time"
-    span_columns = ("gpu_dur_ns", "gpu_self_ns")
-    aggregate_columns = ("gpu_ms",)
+    columns = (
+        Column("gpu_dur_ns", "int64", "device time of the call (trace(gpu=True)); null when "
+               "not timed", order=10, check="nonnegative"),
+        Column("gpu_self_ns", "int64", "device time minus its children's on the stream",
+               order=10, check="nonnegative", at_most="gpu_dur_ns"),
+        Column("gpu_ms", "float32", "device time (trace(gpu=True)); null when not recorded",
+               "aggregates", 10, "finite", reduce="per_step", title="gpu ms/step",
+               tip="device time per step, when recorded", fact="device time recorded"))
     headers = dict(zip(GPU_COLUMNS, (
         ("gpu_calls", "forward calls timed on the GPU"),
         ("gpu_total", "device time of the forward calls (recompute included) on the module's "

@@ -68,6 +68,7 @@ import numpy as np
 
 from hooktrace.analysis._summary_columns import UNATTRIBUTED
 from hooktrace.analysis.column_provider import (
+    Column,
     ColumnProvider,
     SpanColumn,
     SummaryPart,
@@ -453,8 +454,14 @@ class FlopColumns(ColumnProvider):
     aggregates."""
 
     name = "FLOPs"
-    span_columns = ("flops",)
-    aggregate_columns = ("tflops",)
+    columns = (
+        Column("flops", "int64", "FLOPs of the call (flops=True); null when not counted",
+               order=30, check="nonnegative"),
+        Column("tflops", "float32", "FLOP rate of the calls, TFLOP/s (flops=True)",
+               "aggregates", 40, "finite", reduce="weighted", weight="gpu_ms",
+               title="TFLOP/s", tip="achieved TFLOP/s over the calls not run under the FLOP "
+                                    "counter (flops=True): device time when recorded, else "
+                                    "host time", fact="FLOPs recorded (TFLOP/s column)"))
     text_flag = "flops"
     headers = dict(zip(FLOP_COLUMNS, (
         ("flops", "forward FLOPs per call (torch's FlopCounterMode)"),

@@ -49,6 +49,7 @@ from hooktrace._events import CUPTI_GRAPH_NODE, CUPTI_KERNEL, CUPTI_KERNEL_MORE,
 from hooktrace.analysis._summary_columns import COLUMNS, COMPILE_ROW, UNATTRIBUTED, group_mode
 from hooktrace.analysis.kernels import Kernels
 from hooktrace.analysis.column_provider import (
+    Column,
     ColumnProvider,
     SpanColumn,
     SummaryPart,
@@ -471,8 +472,20 @@ class KernelTimeColumns(ColumnProvider):
     the spans table and the aggregates."""
 
     name = "kernel time"
-    span_columns = ("kernel_ns", "kernel_self_ns", "kernels", "kernel_idle_ns")
-    aggregate_columns = ("kernel_ms",)
+    columns = (
+        Column("kernel_ns", "int64", "busy time of the kernels the call launched, children "
+               "included (CUPTI, trace(gpu=True) on CUDA); null: none", order=20,
+               check="nonnegative"),
+        Column("kernel_self_ns", "int64", "kernel_ns less what its children launched",
+               order=20, check="nonnegative", at_most="kernel_ns"),
+        Column("kernels", "int64", "kernels, copies and sets the call launched", order=20,
+               check="nonnegative"),
+        Column("kernel_idle_ns", "int64", "the device's idle time inside the call", order=20,
+               check="nonnegative"),
+        Column("kernel_ms", "float32", "kernel busy time (CUPTI); null when not recorded",
+               "aggregates", 20, reduce="per_step", title="kernel ms/step",
+               tip="kernel busy time per step (CUPTI), when recorded",
+               fact="kernel busy time recorded"))
     headers = {
         "kernel_ns": ("kernel", "device busy time of the kernels launched in its forward calls "
                                 "(children included; union per stream)"),

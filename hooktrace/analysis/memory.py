@@ -59,6 +59,7 @@ from hooktrace._events import ENTER, EXIT, MEM_CPU, MEM_CUDA, NODE_BEGIN, NODE_E
 from hooktrace.analysis._summary_columns import UNATTRIBUTED, group_mode, mode_groups
 from hooktrace.analysis.calls import MEASURED
 from hooktrace.analysis.column_provider import (
+    Column,
     ColumnProvider,
     SpanColumn,
     SummaryPart,
@@ -312,8 +313,15 @@ class MemoryColumns(ColumnProvider):
     aggregates."""
 
     name = "memory"
-    span_columns = ("mem_device", "mem_enter_bytes", "mem_exit_bytes", "mem_peak_bytes")
-    aggregate_columns = ("mem_peak_bytes",)
+    columns = (
+        Column("mem_device", "string", "memory device sampled (memory=True)", order=60),
+        Column("mem_enter_bytes", "int64", "bytes allocated at enter", order=60),
+        Column("mem_exit_bytes", "int64", "bytes allocated at exit", order=60),
+        Column("mem_peak_bytes", "int64", "peak bytes between enter and exit", order=60,
+               check="nonnegative"),
+        Column("mem_peak_bytes", "int64", "peak bytes allocated in the calls (memory=True)",
+               "aggregates", 30, "nonnegative", reduce="max", title="mem peak",
+               tip="the highest memory peak inside a call (memory=True)"))
     text_flag = "memory"
     # (each device's columns: memory_columns)
     headers = {key: (key, what) for device in ("cpu", "cuda") for key, what in zip(

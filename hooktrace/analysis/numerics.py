@@ -77,6 +77,7 @@ from hooktrace.reading import (
     forward_span_before,
 )
 from hooktrace.analysis.column_provider import (
+    Column,
     ColumnProvider,
     SpanColumn,
     SummaryPart,
@@ -377,8 +378,17 @@ class NumericsColumns(ColumnProvider):
     the aggregates."""
 
     name = "numerics"
-    span_columns = ("absmax", "rms", "nonfinite")
-    aggregate_columns = ("nonfinite", "absmax")
+    columns = (
+        Column("absmax", "float64", "output max |x| (numerics=True)", order=50),
+        Column("rms", "float64", "output RMS (numerics=True)", order=50),
+        Column("nonfinite", "int64", "output NaN/Inf count (numerics=True)", order=50,
+               check="nonnegative"),
+        Column("nonfinite", "int64", "NaN/Inf count of the outputs (numerics=True)",
+               "aggregates", 50, "nonnegative", reduce="sum", title="nonfinite",
+               tip="NaN/Inf values seen (numerics=True)"),
+        Column("absmax", "float32", "largest output max |x| (numerics=True)", "aggregates",
+               50, reduce="max", title="absmax", tip="the largest magnitude seen "
+                                                     "(numerics=True)"))
     text_flag = "numerics"
 
     def format_cell(self, key: str, value: Any) -> str | None:

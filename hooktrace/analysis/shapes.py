@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from hooktrace._events import SHAPE_UNKNOWN, SHAPES
-from hooktrace.analysis.column_provider import ColumnProvider, SpanColumn, measured_only
+from hooktrace.analysis.column_provider import Column, ColumnProvider, SpanColumn, measured_only
 from hooktrace.reading import TraceData, forward_span_before
 
 __all__ = ["UNKNOWN", "ShapeColumns", "ShapeTable", "parse_signature", "shape_args", "shapes_recorded", "signatures",
@@ -104,7 +104,8 @@ class ShapeColumns(ColumnProvider):
     ``--by-shape``: :class:`ShapeTable`)."""
 
     name = "shapes"
-    span_columns = ("in_shapes", "out_shapes")
+    columns = (Column("in_shapes", "string", "input shape signature (shapes=True)", order=40),
+               Column("out_shapes", "string", "output shape signature (shapes=True)", order=40))
 
     def recorded(self, trace: TraceData) -> bool:
         return shapes_recorded(trace)

@@ -1,7 +1,8 @@
 """The versioned Arrow schema of a run's tables (issue #29); docs/schema.md explains it.
 
 Seven tables: ``spans`` (one row per forward, backward, recompute and kernel-derived
-span), ``steps``, ``modules``, ``memory`` (samples), ``numerics``, ``runs`` (one row
+span; its last columns are the recorded quantities', declared by their column providers:
+:mod:`hooktrace.analysis.columns`), ``steps``, ``modules``, ``memory`` (samples), ``numerics``, ``runs`` (one row
 per file, with its metadata) and ``gpu`` (one row per device interval,
 ``trace(gpu=True)``: what ``spans.gpu_dur_ns`` sums per host span, plus the kernel
 sites of compiled regions, which have no host span). Types every engine reads: int64 for every count and
@@ -86,24 +87,6 @@ _TABLES: dict[str, list[Any]] = {
                                  "compile row: the span it ran in; null for none"),
         _f("error", _BOOL, False, "the forward call raised"),
         _f("unfinished", _BOOL, False, "no exit was recorded: end_ns is a lower bound"),
-        _f("gpu_dur_ns", _I64, True, "device time of the call (trace(gpu=True)); null when "
-                                     "not timed"),
-        _f("gpu_self_ns", _I64, True, "device time minus its children's on the stream"),
-        _f("kernel_ns", _I64, True, "busy time of the kernels the call launched, children "
-                                    "included (CUPTI, trace(gpu=True) on CUDA); null: none"),
-        _f("kernel_self_ns", _I64, True, "kernel_ns less what its children launched"),
-        _f("kernels", _I64, True, "kernels, copies and sets the call launched"),
-        _f("kernel_idle_ns", _I64, True, "the device's idle time inside the call"),
-        _f("flops", _I64, True, "FLOPs of the call (flops=True); null when not counted"),
-        _f("in_shapes", _STR, True, "input shape signature (shapes=True)"),
-        _f("out_shapes", _STR, True, "output shape signature (shapes=True)"),
-        _f("absmax", _F64, True, "output max |x| (numerics=True)"),
-        _f("rms", _F64, True, "output RMS (numerics=True)"),
-        _f("nonfinite", _I64, True, "output NaN/Inf count (numerics=True)"),
-        _f("mem_device", _STR, True, "memory device sampled (memory=True)"),
-        _f("mem_enter_bytes", _I64, True, "bytes allocated at enter"),
-        _f("mem_exit_bytes", _I64, True, "bytes allocated at exit"),
-        _f("mem_peak_bytes", _I64, True, "peak bytes between enter and exit"),
     ],
     "steps": [
         _f("step", _I64, False, "step number (the recorder's: lost steps show as gaps)"),
@@ -200,7 +183,7 @@ TABLES = tuple(_TABLES)
 # DIR`` reads it as the view ``aggregates``. Its files have ``rank`` (null without one) and
 # ``run`` (the runs and ranks that share a folder, issue #35); ``window`` is null.
 _F32 = pa.float32()
-_AGGREGATE_COLUMNS = [
+_AGGREGATE_HEAD = [
     _f("step", _I64, True, "the window's first step"),
     _f("steps", pa.int32(), True, "steps in the window"),
     _f("module", _STR, True, "qualified module name ('<root>' for the root; '<step>' "
@@ -212,12 +195,8 @@ _AGGREGATE_COLUMNS = [
     _f("total_ms", _F32, True, "time of the calls (a step row: of the steps), ms"),
     _f("p50_ms", _F32, True, "median call (a step row: median step), ms"),
     _f("max_ms", _F32, True, "longest call (a step row: longest step), ms"),
-    _f("gpu_ms", _F32, True, "device time (trace(gpu=True)); null when not recorded"),
-    _f("kernel_ms", _F32, True, "kernel busy time (CUPTI); null when not recorded"),
-    _f("mem_peak_bytes", _I64, True, "peak bytes allocated in the calls (memory=True)"),
-    _f("tflops", _F32, True, "FLOP rate of the calls, TFLOP/s (flops=True)"),
-    _f("nonfinite", _I64, True, "NaN/Inf count of the outputs (numerics=True)"),
-    _f("absmax", _F32, True, "largest output max |x| (numerics=True)"),
+]
+_AGGREGATE_TAIL = [
     _f("total_ns", _I64, True, "time of the calls, ns: the summary's total (a step row: "
                                "of the steps); null in a folder an older hooktrace wrote"),
     _f("self_ns", _I64, True, "self time of the calls, ns: the summary's self; null in a "
@@ -231,11 +210,23 @@ AGGREGATES = "aggregates"
 # one per-call table, issue #37)
 LATER_AGGREGATE_COLUMNS = ("run", "total_ns", "self_ns")
 ALL_TABLES = (*TABLES, AGGREGATES)
-_COLUMNS = {**_TABLES, AGGREGATES: _AGGREGATE_COLUMNS}
+_TYPES = {"int64": _I64, "int32": pa.int32(), "float64": _F64, "float32": _F32, "bool": _BOOL,
+          "string": _STR}
+
+
+def _columns(table: str) -> list[Any]:
+    """``table``'s columns after rank and window: its own, and in spans and the aggregates
+    the recorded quantities' (their providers', hooktrace.analysis.columns: nullable)."""
+    from hooktrace.analysis.columns import declared
+
+    quantities = [_f(c.name, _TYPES[c.type], True, c.help) for c in declared(table)]
+    if table == AGGREGATES:
+        return _AGGREGATE_HEAD + quantities + _AGGREGATE_TAIL
+    return _TABLES[table] + quantities
 
 
 def _check(table: str) -> None:
-    if table not in _COLUMNS:
+    if table not in ALL_TABLES:
         from hooktrace.errors import HooktraceError
 
         raise HooktraceError(f"no table {table!r}; the tables are {', '.join(ALL_TABLES)}")
@@ -245,7 +236,7 @@ def schema(table: str) -> Any:
     """The Arrow schema of ``table`` with ``rank`` and ``window`` first (a single file, or
     a table in memory), carrying :func:`metadata`."""
     _check(table)
-    return pa.schema(_PART + _COLUMNS[table], metadata=metadata(table))
+    return pa.schema(_PART + _columns(table), metadata=metadata(table))
 
 
 def file_schema(table: str, *, partitioned: bool) -> Any:
