@@ -190,45 +190,53 @@ def p50_per_step(table: Any) -> dict[tuple[str, str], float]:
 
 def aggregate_rows(table: Any) -> tuple[list[dict[str, Any]], int]:
     """Per (module, mode) over the run, largest total first (the step row on top), and
-    the number of steps aggregated."""
+    the number of steps aggregated; the recorded quantities' columns reduced as their
+    providers declare (hooktrace.analysis.column_provider.Column: ``reduce``, row key
+    ``key``)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    mode = table["mode"].cast(pa.string())
+    from hooktrace.analysis.columns import declared
+    from hooktrace.data.schema import AGGREGATES
+
+    f64 = pa.float64()
     n_steps = steps_aggregated(table)
-    total = pc.cast(table["total_ms"], pa.float64())
-    gpu = pc.cast(_column(table, "gpu_ms"), pa.float64())
-    kernel = pc.cast(_column(table, "kernel_ms"), pa.float64())
-    tflops = pc.cast(_column(table, "tflops"), pa.float64())
-    # TFLOP/s over the run: each window's weighted by its time (device time when there)
-    basis = pc.if_else(pc.is_valid(gpu), gpu, total)
-    basis = pc.if_else(pc.is_valid(tflops), basis, pa.scalar(None, pa.float64()))
-    work = pa.table({
-        "module": table["module"].cast(pa.string()), "mode": mode, "calls": table["calls"],
-        "total_ms": total, "max_ms": pc.cast(table["max_ms"], pa.float64()), "gpu_ms": gpu,
-        "kernel_ms": kernel, "mem_peak_bytes": _column(table, "mem_peak_bytes"),
-        "nonfinite": _column(table, "nonfinite"), "absmax": _column(table, "absmax"),
-        "tf_work": pc.multiply(tflops, basis), "tf_time": basis})
-    grouped = work.group_by(["module", "mode"]).aggregate([
-        ("calls", "sum"), ("total_ms", "sum"),
-        ("max_ms", "max"), ("gpu_ms", "sum"), ("kernel_ms", "sum"), ("mem_peak_bytes", "max"),
-        ("nonfinite", "sum"), ("absmax", "max"), ("tf_work", "sum"),
-        ("tf_time", "sum")]).to_pylist()
+    total = pc.cast(table["total_ms"], f64)
+    work = {"module": table["module"].cast(pa.string()), "mode": table["mode"].cast(pa.string()),
+            "calls": table["calls"], "total_ms": total, "max_ms": pc.cast(table["max_ms"], f64)}
+    how = [("calls", "sum"), ("total_ms", "sum"), ("max_ms", "max")]
+    quantities = declared(AGGREGATES)
+    for c in quantities:
+        if c.reduce == "weighted":  # each window's weighted by its time (the weight's when there)
+            values = pc.cast(_column(table, c.name), f64)
+            basis = total
+            if c.weight:
+                weight = pc.cast(_column(table, c.weight), f64)
+                basis = pc.if_else(pc.is_valid(weight), weight, total)
+            basis = pc.if_else(pc.is_valid(values), basis, pa.scalar(None, f64))
+            work[c.name + "_work"], work[c.name + "_time"] = pc.multiply(values, basis), basis
+            how += [(c.name + "_work", "sum"), (c.name + "_time", "sum")]
+        else:
+            work[c.name] = (pc.cast(_column(table, c.name), f64) if c.reduce == "per_step"
+                            else _column(table, c.name))
+            how.append((c.name, "max" if c.reduce == "max" else "sum"))
+    grouped = pa.table(work).group_by(["module", "mode"]).aggregate(how).to_pylist()
     p50 = p50_per_step(table)
     rows = []
+    per = max(1, n_steps)
     for g in grouped:
-        per = max(1, n_steps)
-        tf_time = g["tf_time_sum"]
-        rows.append({
-            "module": g["module"], "mode": g["mode"], "calls": g["calls_sum"],
-            "total_ms": g["total_ms_sum"], "ms_per_step": (g["total_ms_sum"] or 0.0) / per,
-            "p50_ms_per_step": p50.get((g["module"], g["mode"])), "max_ms": g["max_ms_max"],
-            "gpu_ms_per_step": None if g["gpu_ms_sum"] is None else g["gpu_ms_sum"] / per,
-            "kernel_ms_per_step": (None if g["kernel_ms_sum"] is None
-                                   else g["kernel_ms_sum"] / per),
-            "mem_peak_bytes": g["mem_peak_bytes_max"],
-            "tflops": g["tf_work_sum"] / tf_time if tf_time else None,
-            "nonfinite": g["nonfinite_sum"], "absmax": g["absmax_max"]})
+        row = {"module": g["module"], "mode": g["mode"], "calls": g["calls_sum"],
+               "total_ms": g["total_ms_sum"], "ms_per_step": (g["total_ms_sum"] or 0.0) / per,
+               "p50_ms_per_step": p50.get((g["module"], g["mode"])), "max_ms": g["max_ms_max"]}
+        for c in quantities:
+            if c.reduce == "weighted":
+                time = g[c.name + "_time_sum"]
+                row[c.key] = g[c.name + "_work_sum"] / time if time else None
+            elif c.reduce == "per_step":
+                row[c.key] = None if g[c.name + "_sum"] is None else g[c.name + "_sum"] / per
+            else:
+                row[c.key] = g[f"{c.name}_{'max' if c.reduce == 'max' else 'sum'}"]
+        rows.append(row)
     rows.sort(key=lambda r: (r["mode"] != "step", -(r["total_ms"] or 0.0)))
     return rows, n_steps
 

@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import quote
 
 from hooktrace._output import open_output
+from hooktrace.data.schema import AGGREGATES
 from hooktrace.reporters.html import (
     BACKWARD_COLOR,
     FORWARD_COLOR,
@@ -33,7 +34,8 @@ from hooktrace.reporters.html import (
     sortable_table,
 )
 from hooktrace.analysis.aggregates import aggregate_rows
-from hooktrace.text import display_path, format_bytes
+from hooktrace.analysis.columns import cell_text, declared
+from hooktrace.text import display_path
 
 __all__ = ["KEPT_SHOWN", "render_aggregate_report", "step_figure", "write_aggregate_report"]
 
@@ -41,8 +43,9 @@ KEPT_SHOWN = 200  # the kept steps listed by name; the rest are counted
 LOG_SCALE_ABOVE = 10.0  # the step chart's y axis is logarithmic when the longest step is
 # more than this many times the median window's mean step
 
-# (key, header, tooltip) of the table's columns; the optional ones appear when a row has
-# a value
+# (key, header, tooltip) of the table's columns; then the recorded quantities' (their
+# providers' declared aggregates columns: hooktrace.analysis.columns.declared), which
+# appear when a row has a value
 COLUMNS = (
     ("module", "module", "the module's qualified name (<step>: the steps themselves)"),
     ("mode", "mode", "forward, backward, eval (no_grad or module.eval() calls), or step "
@@ -54,17 +57,7 @@ COLUMNS = (
                                        "weighted by its steps (a module: over the steps of "
                                        "the windows it ran in)"),
     ("max_ms", "max ms", "the longest call (step: step) of the run"),
-    ("gpu_ms_per_step", "gpu ms/step", "device time per step, when recorded"),
-    ("kernel_ms_per_step", "kernel ms/step", "kernel busy time per step (CUPTI), when "
-                                             "recorded"),
-    ("mem_peak_bytes", "mem peak", "the highest memory peak inside a call (memory=True)"),
-    ("tflops", "TFLOP/s", "achieved TFLOP/s over the calls not run under the FLOP counter "
-                          "(flops=True): device time when recorded, else host time"),
-    ("nonfinite", "nonfinite", "NaN/Inf values seen (numerics=True)"),
-    ("absmax", "absmax", "the largest magnitude seen (numerics=True)"),
 )
-OPTIONAL = {"gpu_ms_per_step", "kernel_ms_per_step", "mem_peak_bytes", "tflops", "nonfinite",
-            "absmax"}
 
 
 def step_figure(table: Any, kept: list[dict[str, Any]]) -> dict[str, Any]:
@@ -117,16 +110,16 @@ def step_figure(table: Any, kept: list[dict[str, Any]]) -> dict[str, Any]:
 def _cell(key: str, value: Any) -> tuple[str, str]:
     if value is None:
         return "", ""
-    if key == "mem_peak_bytes":
-        return format_bytes(value), str(value)
+    text = cell_text(key, value)  # (a recorded quantity's, as its provider formats it)
     if isinstance(value, float):
-        return f"{value:.3f}" if key.endswith(("_ms", "_step")) else f"{value:.3g}", repr(value)
-    return str(value), str(value)
+        return text or (f"{value:.3f}" if key.endswith(("_ms", "_step")) else f"{value:.3g}"
+                        ), repr(value)
+    return text or str(value), str(value)
 
 
 def _table_html(rows: list[dict[str, Any]]) -> str:
-    cols = [c for c in COLUMNS if c[0] not in OPTIONAL
-            or any(r.get(c[0]) is not None for r in rows)]
+    cols = list(COLUMNS) + [(c.key, c.title, c.tip) for c in declared(AGGREGATES)
+                            if any(r.get(c.key) is not None for r in rows)]
     return sortable_table(cols, [[_cell(k, r.get(k)) for k, _, _ in cols] for r in rows],
                           ("module", "mode"))
 
@@ -175,12 +168,8 @@ def render_aggregate_report(table: Any, kept: list[dict[str, Any]], *,
         facts.append(f"step p50 {step_row['p50_ms_per_step']:.3f} ms (the median step, "
                      f"weighted by steps), longest {step_row['max_ms']:.3f} ms")
     facts.append(f"{len(kept)} steps kept whole")
-    if any(r["gpu_ms_per_step"] is not None for r in rows):
-        facts.append("device time recorded")
-    if any(r["kernel_ms_per_step"] is not None for r in rows):
-        facts.append("kernel busy time recorded")
-    if any(r["tflops"] is not None for r in rows):
-        facts.append("FLOPs recorded (TFLOP/s column)")
+    facts += [c.fact for c in declared(AGGREGATES)
+              if c.fact and any(r[c.key] is not None for r in rows)]
     facts += list(notes)
     return _TEMPLATE.format(
         title=html.escape(title), plotly=js.replace("</script", "<\\/script"),

@@ -235,7 +235,12 @@ def test_the_views_name_no_feature():
                        (source("reporters/html.py", "_cell"), "cell_text("),
                        (source("analysis/columns.py", "cell_text"), "PROVIDERS"),
                        (source("data/tables.py", "_SpanColumns"), "PROVIDERS"),
-                       (source("analysis/aggregates.py", "reduce_window"), "PROVIDERS")):
+                       (source("analysis/aggregates.py", "reduce_window"), "PROVIDERS"),
+                       (source("analysis/aggregates.py", "aggregate_rows"), "declared("),
+                       (source("reporters/aggregate.py", "_table_html"), "declared("),
+                       (source("reporters/aggregate.py", "_cell"), "cell_text("),
+                       (source("reporters/aggregate.py", "render_aggregate_report"),
+                        "declared(")):
         # (the docstring may say what the providers add; peak_tflops is an option of the
         # summary's, handed to every provider; to_text's flags are its keywords, mapped
         # to the providers' text_flag in one line)
