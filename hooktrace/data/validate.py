@@ -259,13 +259,22 @@ def _not_finite(col: str) -> Rule:
 _DURATION = [_negative("dur_ns"), _before("end_ns", "start_ns"), _longer_than_span("dur_ns"),
              _negative("self_ns"), _above("self_ns", "dur_ns")]
 
+
+def _rules(table: str) -> list[Rule]:
+    """``table``'s rules: its own columns', then its recorded quantities' (their
+    providers' declared checks, hooktrace.analysis.column_provider.Column: ``check``,
+    ``at_most``), in the table's order."""
+    from hooktrace.analysis.columns import declared
+
+    checks = {"nonnegative": _negative, "finite": _not_finite}
+    return _RULES.get(table, []) + [rule for c in declared(table) for rule in (
+        *([checks[c.check](c.name)] if c.check else []),
+        *([_above(c.name, c.at_most)] if c.at_most else []))]
+
+
 _RULES: dict[str, list[Rule]] = {
     "spans": [*_DURATION, _negative("call"), _negative("depth"),
-              ("slot", "is below -1", lambda b: pc.less(b["slot"], -1)),
-              _negative("gpu_dur_ns"), _negative("gpu_self_ns"), _above("gpu_self_ns", "gpu_dur_ns"),
-              _negative("kernel_ns"), _negative("kernel_self_ns"), _negative("kernels"),
-              _negative("kernel_idle_ns"), _above("kernel_self_ns", "kernel_ns"),
-              _negative("flops"), _negative("nonfinite"), _negative("mem_peak_bytes")],
+              ("slot", "is below -1", lambda b: pc.less(b["slot"], -1))],
     "steps": [_negative("dur_ns"), _before("end_ns", "start_ns"), _longer_than_span("dur_ns"),
               _negative("outside_ns"), _above("outside_ns", "dur_ns")],
     "modules": [_negative("slot"), _negative("depth")],
@@ -275,9 +284,8 @@ _RULES: dict[str, list[Rule]] = {
              _negative("clock_offset_uncertainty_ns")],
     "gpu": [*_DURATION, _negative("device")],
     AGGREGATES: [_negative("calls"), _negative("steps"), _not_finite("total_ms"),
-                 _not_finite("p50_ms"), _not_finite("max_ms"), _not_finite("gpu_ms"),
-                 _not_finite("tflops"), _negative("mem_peak_bytes"), _negative("nonfinite"),
-                 _negative("total_ns"), _negative("self_ns"), _above("self_ns", "total_ns")],
+                 _not_finite("p50_ms"), _not_finite("max_ms"), _negative("total_ns"),
+                 _negative("self_ns"), _above("self_ns", "total_ns")],
 }
 
 # The words a column may hold (a recorder writes no others: an unknown phase would be
@@ -296,7 +304,7 @@ def _show(v: Any) -> str:
     return printable(repr(v))[:80]
 
 
-def _check_batch(path: str, table: str, b: Any) -> None:
+def _check_batch(path: str, table: str, b: Any, rules: list[Rule]) -> None:
     for f in schema(table):
         if not f.nullable and f.name in b.schema.names and b.column(f.name).null_count:
             raise _fail(path, f"column {f.name} holds NULL; hooktrace writes none there")
@@ -305,7 +313,7 @@ def _check_batch(path: str, table: str, b: Any) -> None:
         if found:
             raise _fail(path, f"column {col} holds {_show(found[0])}; hooktrace writes "
                               f"{', '.join(words)}")
-    for col, what, bad in _RULES.get(table, []):
+    for col, what, bad in rules:
         try:
             mask = bad(b).fill_null(False)
         except KeyError:  # a column an older hooktrace did not write (read as null)
@@ -329,14 +337,18 @@ def _check_batch(path: str, table: str, b: Any) -> None:
 def _check_file_rows(path: str, table: str) -> None:
     f = pq.ParquetFile(path)
     names = set(f.schema_arrow.names)
-    cols = {c for c, _, _ in _RULES.get(table, [])} | set(_WORDS.get(table, {}))
-    cols |= {"end_ns", "start_ns", "dur_ns", "self_ns", "gpu_dur_ns", "outside_ns"} & names
+    from hooktrace.analysis.columns import declared
+
+    rules = _rules(table)
+    cols = {c for c, _, _ in rules} | set(_WORDS.get(table, {}))
+    cols |= {"end_ns", "start_ns", "dur_ns", "self_ns", "outside_ns"} & names
+    cols |= {c.at_most for c in declared(table) if c.at_most}  # (what _above compares with)
     cols |= {x.name for x in schema(table) if not x.nullable}
     if table == "runs":
         cols.add("info")
     try:
         for b in f.iter_batches(batch_size=_BATCH_ROWS, columns=sorted(cols & names)):
-            _check_batch(path, table, b)
+            _check_batch(path, table, b, rules)
     except (pa.ArrowException, OSError) as e:  # a data page cut short or corrupt
         first = next((line.strip() for line in str(e).splitlines() if line.strip()),
                      type(e).__name__)

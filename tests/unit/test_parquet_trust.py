@@ -308,6 +308,29 @@ def test_nan_in_an_aggregate_part_is_one_line(tmp_path: Path,
         assert "part-00001.parquet: column total_ms is NaN, infinite or negative" in err
 
 
+@pytest.mark.parametrize("bad, words", [
+    ({"gpu_ms": [-1.0, None]}, "column gpu_ms is NaN, infinite or negative"),
+    ({"mem_peak_bytes": [-3, None]}, "column mem_peak_bytes is negative"),
+    # (issue #48: a table's own columns are checked before its quantities', which come
+    # from their providers' declarations)
+    ({"tflops": [float("nan"), None], "total_ns": [-1, 5]}, "column total_ns is negative")])
+def test_an_aggregate_parts_quantities_are_checked_as_their_providers_declare(
+        bad: dict[str, list[object]], words: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from hooktrace.data.schema import AGGREGATES, file_schema
+
+    folder = tmp_path / "agg" / AGGREGATES
+    folder.mkdir(parents=True)
+    s = file_schema(AGGREGATES, partitioned=True)
+    rows = {"step": [0, 0], "steps": [5, 5], "module": ["<root>", "<step>"],
+            "mode": ["forward", "step"], "calls": [5, 5], "total_ms": [1.0, 3.0],
+            "p50_ms": [0.4, 0.6], "max_ms": [0.5, 0.7], **bad}
+    pq.write_table(pa.table({f.name: pa.array(rows.get(f.name, [None] * 2), f.type) for f in s}),
+                   folder / "part-00001.parquet")
+    assert main(["summary", str(tmp_path / "agg")]) == 1
+    assert f"part-00001.parquet: {words}" in _one_error(capsys)
+
+
 # -- 15: file names that are not UTF-8, a FIFO ------------------------------------------
 
 
