@@ -190,6 +190,11 @@ class ColumnProvider:
         ``columns`` and the model's training row ``root`` (None when the run has none)."""
         return []
 
+    def json_extra(self, trace: TraceData) -> dict[str, Any]:
+        """What ``hooktrace summary --FLAG --json`` (its :attr:`text_flag`) adds to the
+        JSON document, beside the rows."""
+        return {}
+
     def spans(self, trace: TraceData, n: int, m: int) -> dict[str, SpanColumn]:
         """Its columns of the spans table, over its ``n`` measured spans then ``m``
         kernel-derived and compile rows (:func:`measured_only` pads the latter)."""

@@ -463,6 +463,8 @@ class FlopColumns(ColumnProvider):
                                     "counter (flops=True): device time when recorded, else "
                                     "host time", fact="FLOPs recorded (TFLOP/s column)"))
     text_flag = "flops"
+    flag_help = ("add FLOPs and TFLOP/s per module to the table (recorded with "
+                 "trace(model, flops=True); --wide, --csv and --json always have them)")
     headers = dict(zip(FLOP_COLUMNS, (
         ("flops", "forward FLOPs per call (torch's FlopCounterMode)"),
         ("bwd_flops", "backward FLOPs per forward call"),

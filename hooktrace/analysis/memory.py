@@ -323,6 +323,8 @@ class MemoryColumns(ColumnProvider):
                "aggregates", 30, "nonnegative", reduce="max", title="mem peak",
                tip="the highest memory peak inside a call (memory=True)"))
     text_flag = "memory"
+    flag_help = ("add memory per module call to the table (recorded with "
+                 "trace(model, memory=True); --wide, --csv and --json always have it)")
     # (each device's columns: memory_columns)
     headers = {key: (key, what) for device in ("cpu", "cuda") for key, what in zip(
         memory_columns(device), (

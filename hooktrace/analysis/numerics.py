@@ -390,6 +390,10 @@ class NumericsColumns(ColumnProvider):
                50, reduce="max", title="absmax", tip="the largest magnitude seen "
                                                      "(numerics=True)"))
     text_flag = "numerics"
+    flag_help = ("add abs-max, RMS and non-finite counts per module (recorded with "
+                 "trace(model, numerics=True) or run --numerics; --wide, --csv and "
+                 "--json always have them); with --json also numerics_history, per "
+                 "module, phase and step")
 
     def format_cell(self, key: str, value: Any) -> str | None:
         if key in ("absmax", "rms", "bwd_absmax", "bwd_rms") and isinstance(value, float):
@@ -409,6 +413,9 @@ class NumericsColumns(ColumnProvider):
                 options: Mapping[str, Any]) -> SummaryPart:
         return SummaryPart(NUMERIC_COLUMNS, add_numerics(rows, trace),
                            attributes={"first_nonfinite": first_nonfinite(trace)})
+
+    def json_extra(self, trace: TraceData) -> dict[str, Any]:
+        return {"numerics_history": history(trace)}
 
     def spans(self, trace: TraceData, n: int, m: int) -> dict[str, SpanColumn]:
         num = Numerics.from_trace(trace)

@@ -291,16 +291,15 @@ class Summary:
         return text_lines(lines)
 
     def to_text(self, top: int | None = None, *, wide: bool = False,
-                width: int = TEXT_WIDTH, flops: bool = False, memory: bool = False,
-                numerics: bool = False) -> str:
+                width: int = TEXT_WIDTH, **shown: bool) -> str:
         """Aligned text table of the first ``top`` rows (all when None).
 
         Fits ``width`` columns (long module names are shortened from the left)
-        unless ``wide``, which shows every column and full names. ``flops`` and
-        ``memory`` (``numerics``) add the FLOP and memory (numerics) columns to the
-        narrow table (``wide``
-        has them when recorded; the narrow one shows the CUDA device's memory when
-        recorded, else the CPU's).
+        unless ``wide``, which shows every column and full names. A recorded quantity's
+        flag (its provider's ``text_flag``: ``flops=True``, ``memory=True``,
+        ``numerics=True``) adds its columns to the narrow table (``wide`` has them when
+        recorded; the narrow one shows the CUDA device's memory when recorded, else
+        the CPU's).
         """
         rows = self.rows[:top]
         has_bwd = any(r["bwd_calls"] for r in self.rows)
@@ -313,9 +312,11 @@ class Summary:
             columns = list(_TEXT_NARROW) + (_TEXT_NARROW_BACKWARD if has_bwd else []) + (
                 _TEXT_RECOMPUTE[:1] if has_rec else [])
         # each recorded quantity's columns, from its provider (hooktrace.analysis.columns)
-        asked = {"flops": flops, "memory": memory, "numerics": numerics}
+        unknown = set(shown) - {p.text_flag for p in PROVIDERS if p.text_flag}
+        if unknown:
+            raise TypeError(f"to_text() got an unexpected keyword argument {min(unknown)!r}")
         for p in PROVIDERS:
-            if wide or asked.get(p.text_flag, False):
+            if wide or shown.get(p.text_flag, False):
                 columns += p.text_columns(self.columns, self.rows, wide=wide, backward=has_bwd)
         for p in PROVIDERS:
             columns = p.text_layout(columns, self.columns, wide=wide, backward=has_bwd)

@@ -37,24 +37,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="attribute this torch.profiler trace's ops (and kernels) to modules")
     p.add_argument("--top-ops", type=int, default=3,
                    help="with --profiler: ops listed per module (default: %(default)s)")
-    p.add_argument("--flops", action="store_true",
-                   help="add FLOPs and TFLOP/s per module to the table (recorded with "
-                        "trace(model, flops=True); --wide, --csv and --json always have them)")
-    p.add_argument("--memory", action="store_true",
-                   help="add memory per module call to the table (recorded with "
-                        "trace(model, memory=True); --wide, --csv and --json always have it)")
     p.add_argument("--by-shape", action="store_true",
                    help="one row per module and input shape signature (recorded with "
                         "trace(model, shapes=True) or hooktrace run --shapes)")
-    p.add_argument("--numerics", action="store_true",
-                   help="add abs-max, RMS and non-finite counts per module (recorded with "
-                        "trace(model, numerics=True) or run --numerics; --wide, --csv and "
-                        "--json always have them); with --json also numerics_history, per "
-                        "module, phase and step")
     p.add_argument("--peak-tflops", type=finite_float, default=None, metavar="TFLOPS",
                    help="the device's peak TFLOP/s, for MFU (default: known GPUs' peaks)")
     p.add_argument("--steps", action="store_true",
                    help="one row per training step (duration, forward and backward time)")
+    _quantity_flags(p)
     ranks = p.add_argument_group("many ranks (a directory or several files)")
     ranks.add_argument("--threshold", type=finite_float, default=None,
                        help="straggler: over (1 + T) x the other ranks' median (default: 0.5)")
@@ -64,7 +54,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="processes reading ranks (default: one per CPU from 4 ranks on)")
 
 
+def _quantity_flags(p: argparse.ArgumentParser) -> None:
+    """Each recorded quantity's flag (``--flops``, ``--memory``, ``--numerics``: its column
+    provider's ``text_flag`` and ``flag_help``, hooktrace.analysis.columns), added when
+    ``p`` first parses or prints its help: the providers' modules import numpy, which
+    ``hooktrace --version`` (every verb's parser built) does not."""
+    parse, help_ = p.parse_known_args, p.format_help
+
+    def add() -> None:
+        from hooktrace.analysis.columns import PROVIDERS
+
+        for provider in PROVIDERS:
+            flag = f"--{provider.text_flag.replace('_', '-')}"
+            if provider.text_flag and flag not in p._option_string_actions:
+                p.add_argument(flag, action="store_true", help=provider.flag_help)
+
+    def parse_known_args(*args: Any, **kwargs: Any) -> Any:
+        add()
+        return parse(*args, **kwargs)
+
+    def format_help() -> str:
+        add()
+        return help_()
+
+    p.parse_known_args = parse_known_args  # type: ignore[method-assign]
+    p.format_help = format_help  # type: ignore[method-assign]
+
+
 def run(args: argparse.Namespace) -> None:
+    from hooktrace.analysis.columns import PROVIDERS
     from hooktrace.result import load
     from hooktrace.analysis.summary import Summary
     from hooktrace.text import terminal_width
@@ -82,6 +100,10 @@ def run(args: argparse.Namespace) -> None:
         raise CliError("--threshold, --min-excess-ms and --workers apply to many ranks: give a "
                        "directory or several .htrace files")
     args.run = args.run[0]
+    # the recorded quantities' flags given (--flops, --memory, --numerics: their providers')
+    shown = {p.text_flag: bool(getattr(args, p.text_flag, False)) for p in PROVIDERS
+             if p.text_flag}
+    asked = [p for p in PROVIDERS if shown.get(p.text_flag)]
     at_least("--top", args.top)
     if args.peak_tflops is not None and not args.peak_tflops > 0:
         raise CliError(f"--peak-tflops must be a positive number, got {args.peak_tflops}")
@@ -94,8 +116,8 @@ def run(args: argparse.Namespace) -> None:
 
         left_out = [flag for flag, on in (
             ("--steps", args.steps), ("--by-shape", args.by_shape),
-            ("--profiler", args.profiler is not None), ("--flops", args.flops),
-            ("--memory", args.memory), ("--numerics", args.numerics)) if on]
+            ("--profiler", args.profiler is not None),
+            *((f"--{k.replace('_', '-')}", on) for k, on in shown.items())) if on]
         if left_out:
             raise CliError(f"{args.run}: {', '.join(left_out)} read the .htrace file; a "
                            "Parquet export holds those values as tables: hooktrace query")
@@ -117,31 +139,27 @@ def run(args: argparse.Namespace) -> None:
         table = attribute(args.run, args.profiler, top_ops=args.top_ops)
     else:
         run_ = load(args.run)
-        for flag, key, what in ((args.flops, "flops", "FLOPs"), (args.memory, "memory", "memory"),
-                                (args.numerics, "numerics", "numerics")):
-            if flag and key not in run_.info:
-                raise CliError(f"{args.run}: no {what} recorded; {_record_with(run_.info, key)}")
+        for provider in asked:
+            if not provider.recorded(run_):
+                raise CliError(f"{args.run}: no {provider.name} recorded; "
+                               f"{_record_with(run_.info, provider.text_flag)}")
         table = run_.summary(peak_tflops=args.peak_tflops)
     # Both tables offer the same forms; --top applies to every one of them.
     if args.csv:
         sys.stdout.write(table.to_csv(top=args.top))
-    elif args.json and args.numerics and not (args.steps or args.by_shape or args.profiler):
-        # --numerics --json: the per-step history too (hooktrace.analysis.numerics.history)
+    elif args.json and asked and isinstance(table, Summary):
+        # a quantity's flag with --json: what its provider adds (--numerics: the per-step
+        # history, hooktrace.analysis.numerics.history)
         import json
 
-        from hooktrace.analysis.numerics import history
-
         doc = json.loads(table.to_json(top=args.top))
-        doc["numerics_history"] = history(run_)
+        for provider in asked:
+            doc.update(provider.json_extra(run_))
         print(json.dumps(doc, ensure_ascii=False))
     elif args.json:
         print(table.to_json(top=args.top))
-    elif args.flops or args.memory or args.numerics:  # (then the table is a Summary)
-        print(table.to_text(top=args.top, wide=args.wide,  # type: ignore[call-arg]
-                            width=terminal_width(), flops=args.flops, memory=args.memory,
-                            numerics=args.numerics))
     elif isinstance(table, Summary):
-        print(table.to_text(top=args.top, wide=args.wide, width=terminal_width()))
+        print(table.to_text(top=args.top, wide=args.wide, width=terminal_width(), **shown))
     else:
         print(table.to_text(top=args.top, wide=args.wide))
 

@@ -242,9 +242,7 @@ def test_the_views_name_no_feature():
                        (source("reporters/aggregate.py", "render_aggregate_report"),
                         "declared(")):
         # (the docstring may say what the providers add; peak_tflops is an option of the
-        # summary's, handed to every provider; to_text's flags are its keywords, mapped
-        # to the providers' text_flag in one line)
+        # summary's, handed to every provider)
         body = code.split('"""', 2)[-1].replace("peak_tflops", "")
-        body = "\n".join(line for line in body.splitlines() if "asked = {" not in line)
         assert asks in body
         assert not features.findall(body), features.findall(body)
