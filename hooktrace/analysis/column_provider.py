@@ -162,6 +162,12 @@ class ColumnProvider:
         ``options``: the summary's (``peak_tflops``)."""
         return SummaryPart()
 
+    def note_shown(self, note: str, shown: Collection[str]) -> bool | None:
+        """Whether the terminal table says its summary ``note`` when the columns
+        ``shown`` are (a note explaining its columns: only with them); None for a note
+        not its own, or one always said."""
+        return None
+
     def unrecorded(self, trace: TraceData) -> SummaryPart:
         """What the summary says of a run that did not record it."""
         return SummaryPart()

@@ -493,6 +493,9 @@ class FlopColumns(ColumnProvider):
     def recorded(self, trace: TraceData) -> bool:
         return "flops" in trace.info
 
+    def note_shown(self, note: str, shown: Collection[str]) -> bool | None:
+        return "flops" in shown if note.startswith(("FLOPs from", "FLOP columns")) else None
+
     def facts(self, root: Mapping[str, Any] | None, columns: Collection[str]) -> list[str]:
         if "flops" not in columns or root is None:
             return []

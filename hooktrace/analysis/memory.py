@@ -348,6 +348,11 @@ class MemoryColumns(ColumnProvider):
     def recorded(self, trace: TraceData) -> bool:
         return bool(memory_devices(trace))
 
+    def note_shown(self, note: str, shown: Collection[str]) -> bool | None:
+        if note.startswith("memory (") and "mem_net = " in note:
+            return any("mem_" in k for k in shown)
+        return None
+
     def facts(self, root: Mapping[str, Any] | None, columns: Collection[str]) -> list[str]:
         # the device's, when recorded; else the CPU's
         for prefix, device in (("cuda_", "CUDA"), ("", "CPU")):

@@ -409,6 +409,9 @@ class NumericsColumns(ColumnProvider):
     def recorded(self, trace: TraceData) -> bool:
         return numerics_info(trace.info) is not None
 
+    def note_shown(self, note: str, shown: Collection[str]) -> bool | None:
+        return "absmax" in shown if note.startswith("numerics: absmax/rms/nonfinite") else None
+
     def summary(self, rows: list[dict[str, Any]], trace: TraceData,
                 options: Mapping[str, Any]) -> SummaryPart:
         return SummaryPart(NUMERIC_COLUMNS, add_numerics(rows, trace),

@@ -595,16 +595,10 @@ class StepTable:
 
 
 def _note_shown(note: str, keys: set[str]) -> bool:
-    """Whether a note that explains the FLOP, memory or numerics columns has its columns
-    shown; the other notes (about the run, and what it lost: calls not reduced, samples
-    missing) always are."""
-    if note.startswith(("FLOPs from", "FLOP columns")):
-        return "flops" in keys
-    if note.startswith("memory (") and "mem_net = " in note:
-        return any("mem_" in k for k in keys)
-    if note.startswith("numerics: absmax/rms/nonfinite"):
-        return "absmax" in keys
-    return True
+    """Whether a note that explains a recorded quantity's columns has its columns shown
+    (its provider says: ColumnProvider.note_shown); the other notes (about the run, and
+    what it lost: calls not reduced, samples missing) always are."""
+    return all(p.note_shown(note, keys) is not False for p in PROVIDERS)
 
 
 _PHASE_KEYS = {"calls": ("calls", "total_ns", "self_ns", "mean_ns", "p50_ns", "p99_ns",
