@@ -191,10 +191,26 @@ class ColumnProvider:
         its own first); by default as they are."""
         return columns
 
+    def hover(self, row: Mapping[str, Any], prefix: str) -> str:
+        """What the report's icicle says of a module's box (HTML, each part after a
+        ``<br>``), from its summary ``row``: the forward's (``prefix`` "") or the
+        backward's (``prefix`` "bwd_")."""
+        return ""
+
     def facts(self, root: Mapping[str, Any] | None, columns: Collection[str]) -> list[str]:
         """What the report's facts line says of it (short phrases), from the summary's
         ``columns`` and the model's training row ``root`` (None when the run has none)."""
         return []
+
+    def footer(self, summary: Any) -> list[str]:
+        """The lines it ends the summary's terminal table with, from the
+        :class:`~hooktrace.analysis.summary.Summary` (its columns, the attributes its
+        part set)."""
+        return []
+
+    def summary_json(self, summary: Any) -> dict[str, Any]:
+        """What it adds to the summary's JSON document (``Summary.to_json``)."""
+        return {}
 
     def json_extra(self, trace: TraceData) -> dict[str, Any]:
         """What ``hooktrace summary --FLAG --json`` (its :attr:`text_flag`) adds to the

@@ -496,6 +496,14 @@ class FlopColumns(ColumnProvider):
     def note_shown(self, note: str, shown: Collection[str]) -> bool | None:
         return "flops" in shown if note.startswith(("FLOPs from", "FLOP columns")) else None
 
+    def hover(self, row: Mapping[str, Any], prefix: str) -> str:
+        """``<br>1.2 MFLOP per call, 0.5 TFLOP/s`` for a row with FLOPs."""
+        flops, tflops = row.get(f"{prefix}flops"), row.get(f"{prefix}tflops")
+        if not flops:
+            return ""
+        return f"<br>{format_count(flops, 'FLOP')} per call" + (
+            f", {tflops:.3g} TFLOP/s" if tflops is not None else "")
+
     def facts(self, root: Mapping[str, Any] | None, columns: Collection[str]) -> list[str]:
         if "flops" not in columns or root is None:
             return []

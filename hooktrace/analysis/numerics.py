@@ -417,6 +417,18 @@ class NumericsColumns(ColumnProvider):
         return SummaryPart(NUMERIC_COLUMNS, add_numerics(rows, trace),
                            attributes={"first_nonfinite": first_nonfinite(trace)})
 
+    def footer(self, summary: Any) -> list[str]:
+        if "absmax" not in summary.columns:
+            return []
+        f = summary.first_nonfinite
+        return ["numerics: no NaN or Inf seen" if f is None else
+                f"FIRST NON-FINITE: {f['module'] or '<root>'} {f['phase']} "
+                f"({'gradient of its inputs' if f['phase'] == 'backward' else 'output'}), "
+                f"step {f['step']}, call {f['call']}: {f['nonfinite']} values"]
+
+    def summary_json(self, summary: Any) -> dict[str, Any]:
+        return {"first_nonfinite": summary.first_nonfinite} if "absmax" in summary.columns else {}
+
     def json_extra(self, trace: TraceData) -> dict[str, Any]:
         return {"numerics_history": history(trace)}
 

@@ -135,6 +135,7 @@ class Summary:
         self.notes = list(notes)  # about the file itself: a dump's where-abouts, a cut
         self.columns = tuple(columns)  # the row keys, in CSV order
         # numerics=True (hooktrace.analysis.numerics): the earliest call holding a NaN/Inf
+        # (its provider's SummaryPart sets it)
         self.first_nonfinite: dict[str, Any] | None = None
         # what the host times are on a GPU (hooktrace.analysis.device_time): "device" when the run
         # recorded device time (the GPU columns lead), "launch" on a CUDA run without it
@@ -282,12 +283,7 @@ class Summary:
                 f"(rows {UNATTRIBUTED})"
             )
         lines += [f"note: {n}" for n in self.notes if _note_shown(n, keys)]
-        if self.numerics:
-            f = self.first_nonfinite
-            lines.append("numerics: no NaN or Inf seen" if f is None else
-                         f"FIRST NON-FINITE: {f['module'] or '<root>'} {f['phase']} "
-                         f"({'gradient of its inputs' if f['phase'] == 'backward' else 'output'}), "
-                         f"step {f['step']}, call {f['call']}: {f['nonfinite']} values")
+        lines += [line for p in PROVIDERS for line in p.footer(self)]
         return text_lines(lines)
 
     def to_text(self, top: int | None = None, *, wide: bool = False,
@@ -370,12 +366,12 @@ class Summary:
     def to_json(self, top: int | None = None) -> str:
         """JSON text: ``{"rows": [...], "counts": {...}, "notes": [...]}`` (first ``top``
         rows; the notes the text prints, e.g. where a killed run's file was cut);
-        durations in ns; with numerics, ``"first_nonfinite"`` too (null when every value
-        was finite)."""
+        durations in ns; what the recorded quantities' providers add (numerics:
+        ``"first_nonfinite"``, null when every value was finite)."""
         doc: dict[str, Any] = {"rows": self.rows[:top], "counts": self.counts,
                                "notes": self.notes}
-        if self.numerics:
-            doc["first_nonfinite"] = self.first_nonfinite
+        for p in PROVIDERS:
+            doc.update(p.summary_json(self))
         return json.dumps(doc, ensure_ascii=False)
 
 

@@ -21,7 +21,8 @@ FLOPs. For a run recorded with ``trace(model, flops=True)`` the table has the
 summary's FLOP columns (``flops`` and ``bwd_flops`` per call, ``TFLOP/s`` and
 ``bwd_TFLOP/s`` achieved, and ``MFU`` when a peak is known: ``peak_tflops``,
 ``hooktrace report --peak-tflops``, or the device's known peak), the icicle's
-hover text gives each module's TFLOP/s, and the facts line the root module's.
+hover text gives each module's TFLOP/s, and the facts line the root module's (as
+FLOPs' column provider says: hooktrace.analysis.flops.FlopColumns).
 
 Example::
 
@@ -47,7 +48,6 @@ from hooktrace.analysis.summary import (
     UNATTRIBUTED,
     StepTable,
     Summary,
-    format_count,
     format_ns,
 )
 
@@ -180,7 +180,7 @@ def icicle_data(summary: Summary) -> dict[str, list[Any]]:
             boxes[id_]["value"] += r["self_ns"] / 1e3
             boxes[id_]["hover"] += (f"<br>{phase} total {format_ns(r['total_ns'])} in "
                                     f"{r['calls']} calls<br>self {format_ns(r['self_ns'])}"
-                                    + (_flop_hover(r, "") if phase == "forward" else ""))
+                                    + (_hover(r, "") if phase == "forward" else ""))
 
     bwd_rows = [r for r in rows if r["bwd_calls"]]
     box(RUN_ID, "run", "", 0.0, "the run: forward and backward time")
@@ -202,7 +202,7 @@ def icicle_data(summary: Summary) -> dict[str, list[Any]]:
             boxes[id_]["value"] += max(0.0, own) / 1e3
             boxes[id_]["hover"] += (f"<br>backward total {format_ns(r['bwd_total_ns'])} in "
                                     f"{r['bwd_calls']} spans<br>own nodes "
-                                    f"{format_ns(r['bwd_self_ns'])}" + _flop_hover(r, "bwd_"))
+                                    f"{format_ns(r['bwd_self_ns'])}" + _hover(r, "bwd_"))
         loose = sum(r["bwd_total_ns"] for r in summary.rows if r["module"] == UNATTRIBUTED)
         if loose:
             box(f"{RUN_ID}/backward/{UNATTRIBUTED}", UNATTRIBUTED, f"{RUN_ID}/backward", loose,
@@ -216,13 +216,10 @@ def icicle_data(summary: Summary) -> dict[str, list[Any]]:
             "colors": [_box_color(i) for i in order]}
 
 
-def _flop_hover(row: dict[str, Any], prefix: str) -> str:
-    """``<br>1.2 MFLOP per call, 0.5 TFLOP/s`` for a row of a run with FLOPs, else ""."""
-    flops, tflops = row.get(f"{prefix}flops"), row.get(f"{prefix}tflops")
-    if not flops:
-        return ""
-    text = f"<br>{format_count(flops, 'FLOP')} per call"
-    return text + (f", {tflops:.3g} TFLOP/s" if tflops is not None else "")
+def _hover(row: dict[str, Any], prefix: str) -> str:
+    """What the recorded quantities' providers add to a box's hover text (FLOPs: per call,
+    TFLOP/s)."""
+    return "".join(p.hover(row, prefix) for p in PROVIDERS)
 
 
 def _table_columns(summary: Summary) -> list[str]:
