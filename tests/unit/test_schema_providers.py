@@ -69,3 +69,14 @@ def test_the_quantity_columns_are_the_providers_declarations():
         # each column is one provider's
         owners = [p.name for p in PROVIDERS for c in p.columns if c.table == table]
         assert len(owners) == len(mine) == len({c.name for c in mine})
+
+
+def test_docs_schema_md_tables_are_generated_from_the_schema():
+    """docs/schema.md's tables are describe() (the providers' declarations among them):
+    regenerate them with the command in the comment above them."""
+    from pathlib import Path
+
+    from hooktrace.data.schema import describe
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "schema.md").read_text()
+    assert doc[doc.index("### spans"):].rstrip("\n") == describe().rstrip("\n")
