@@ -23,9 +23,13 @@ subclasses :class:`ColumnProvider`; each view loops over the registry:
   ``spans`` columns;
 * the summary's terminal table (:meth:`hooktrace.analysis.summary.Summary.to_text`):
   :meth:`ColumnProvider.text_columns` (its (title, key) columns, in the wide table or
-  when asked for by :attr:`text_flag`, also ``hooktrace summary``'s flag, :attr:`flag_help`), :meth:`ColumnProvider.format_cell` (how a cell
-  of its keys reads) and :meth:`ColumnProvider.text_layout` (device time's go first);
-  the report's table uses the same cells and :attr:`headers` (title, tooltip);
+  when asked for by :attr:`text_flag`: ``hooktrace summary``'s flag too, its help
+  :attr:`flag_help`), :meth:`ColumnProvider.format_cell` (how a cell of its keys reads),
+  :meth:`ColumnProvider.text_layout` (device time's go first), which notes explain its
+  columns (:meth:`ColumnProvider.note_shown`) and its footer lines; the JSON's extras
+  (:meth:`ColumnProvider.summary_json`, :meth:`ColumnProvider.json_extra`); the
+  report's table uses the same cells and :attr:`headers` (title, tooltip), its icicle
+  :meth:`ColumnProvider.hover`, its facts line :meth:`ColumnProvider.facts`;
 * the aggregates (:func:`hooktrace.analysis.aggregates.reduce_window`):
   :meth:`ColumnProvider.aggregate` gives, for one window, a function from a
   :class:`WindowGroup` (one mode's calls, grouped by module) to its declared
