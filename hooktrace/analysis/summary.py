@@ -35,8 +35,6 @@ from hooktrace.analysis._summary_columns import (
 )
 from hooktrace.analysis.calls import KERNELS, MEASURED, Calls
 from hooktrace.analysis.columns import PROVIDERS, cell_text
-from hooktrace.analysis.device_time import GPU_COLUMNS
-from hooktrace.analysis.flops import FLOP_COLUMNS
 from hooktrace.analysis.groups import Groups
 from hooktrace.analysis.kernels import fused_modules
 from hooktrace.reading import (
@@ -54,7 +52,6 @@ from hooktrace.text import (
     align_columns,
     csv_text,
     describe_dump,
-    format_count,
     format_ns,
     printable,
     shorten_distinct,
@@ -64,8 +61,7 @@ from hooktrace.text import (
 if TYPE_CHECKING:
     from hooktrace.reading import TraceData
 
-__all__ = ["FLOP_COLUMNS", "GPU_COLUMNS", "StepTable", "Summary", "TEXT_WIDTH", "UNATTRIBUTED", "format_count",
-           "format_ns"]
+__all__ = ["StepTable", "Summary", "TEXT_WIDTH", "UNATTRIBUTED", "format_ns"]
 
 TEXT_WIDTH = 120  # the default text table fits this many columns (issue #7)
 # hooktrace attach to a model compiled before it (issue #47: the summary showed <root>
@@ -282,7 +278,9 @@ class Summary:
                 f"({format_ns(c['unattributed_ns'])}) ran outside any traced module call "
                 f"(rows {UNATTRIBUTED})"
             )
-        lines += [f"note: {n}" for n in self.notes if _note_shown(n, keys)]
+        # (a note explaining a quantity's columns: with them, as its provider says)
+        lines += [f"note: {n}" for n in self.notes
+                  if all(p.note_shown(n, keys) is not False for p in PROVIDERS)]
         lines += [line for p in PROVIDERS for line in p.footer(self)]
         return text_lines(lines)
 
@@ -588,13 +586,6 @@ class StepTable:
 
     def to_json(self, top: int | None = None) -> str:
         return json.dumps({"steps": self.rows[:top]})
-
-
-def _note_shown(note: str, keys: set[str]) -> bool:
-    """Whether a note that explains a recorded quantity's columns has its columns shown
-    (its provider says: ColumnProvider.note_shown); the other notes (about the run, and
-    what it lost: calls not reduced, samples missing) always are."""
-    return all(p.note_shown(note, keys) is not False for p in PROVIDERS)
 
 
 _PHASE_KEYS = {"calls": ("calls", "total_ns", "self_ns", "mean_ns", "p50_ns", "p99_ns",
