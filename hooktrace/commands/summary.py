@@ -59,26 +59,21 @@ def _quantity_flags(p: argparse.ArgumentParser) -> None:
     provider's ``text_flag`` and ``flag_help``, hooktrace.analysis.columns), added when
     ``p`` first parses or prints its help: the providers' modules import numpy, which
     ``hooktrace --version`` (every verb's parser built) does not."""
-    parse, help_ = p.parse_known_args, p.format_help
 
-    def add() -> None:
-        from hooktrace.analysis.columns import PROVIDERS
+    def adding(method: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            from hooktrace.analysis.columns import PROVIDERS
 
-        for provider in PROVIDERS:
-            flag = f"--{provider.text_flag.replace('_', '-')}"
-            if provider.text_flag and flag not in p._option_string_actions:
-                p.add_argument(flag, action="store_true", help=provider.flag_help)
+            for provider in PROVIDERS:
+                flag = f"--{provider.text_flag.replace('_', '-')}"
+                if provider.text_flag and flag not in p._option_string_actions:
+                    p.add_argument(flag, action="store_true", help=provider.flag_help)
+            return method(*args, **kwargs)
 
-    def parse_known_args(*args: Any, **kwargs: Any) -> Any:
-        add()
-        return parse(*args, **kwargs)
+        return call
 
-    def format_help() -> str:
-        add()
-        return help_()
-
-    p.parse_known_args = parse_known_args  # type: ignore[method-assign]
-    p.format_help = format_help  # type: ignore[method-assign]
+    p.parse_known_args = adding(p.parse_known_args)  # type: ignore[method-assign]
+    p.format_help = adding(p.format_help)  # type: ignore[method-assign]
 
 
 def run(args: argparse.Namespace) -> None:
