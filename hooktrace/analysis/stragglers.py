@@ -75,16 +75,18 @@ from hooktrace.analysis._rank_reduce import (
     reduce_rank,
     stats_from_tables,
 )
+from hooktrace.analysis.phases import MODES, RANK_DEVICE
+from hooktrace.analysis.phases import RANK_PHASES as PHASES
 from hooktrace.analysis.rankset import RankSet, find_rank_files, map_ranks
 from hooktrace.text import align_columns, format_ns, text_lines
 
 __all__ = ["EXPLAINED", "MODES", "PHASES", "RankStats", "RanksSummary", "analyze",
            "rank_stats", "reduce_rank", "spark_summary", "summary_from_tables"]
 
-# "gpu fwd" / "gpu bwd": device time (trace(gpu=True), hooktrace.analysis.device_time), per step
-# over the steps that were timed; rows and stragglers of their own, listed first
-PHASES = ("fwd", "bwd", "gpu fwd", "gpu bwd")
-MODES = ("train", "eval")  # as the summary's rows' "mode"
+# PHASES (hooktrace.analysis.phases.RANK_PHASES): "gpu fwd" / "gpu bwd": device time
+# (trace(gpu=True), hooktrace.analysis.device_time), per step over the steps that were
+# timed; rows and stragglers of their own, listed first. MODES: as the summary's rows'.
+N_PHASES = len(PHASES)
 EXPLAINED = 0.8
 DEFAULT_THRESHOLD = 0.5  # a rank 1.5x the others' median ...
 DEFAULT_MIN_EXCESS_NS = 1_000_000  # ... and at least 1 ms over it
@@ -384,7 +386,7 @@ def _combine(stats: list[RankStats], problems: list[str], threshold: float,
     types = [type_of[n] for n in names]
     all_steps = np.unique(np.concatenate([s.step for s in stats] + [np.zeros(0, np.int64)]))
     n_step = max(int(all_steps.max(initial=-1)) + 1, 1)
-    keys = [(g * 4 + s.phase) * n_step + s.step for g, s in zip(gmods, stats)]
+    keys = [(g * N_PHASES + s.phase) * n_step + s.step for g, s in zip(gmods, stats)]
     uniq = np.unique(np.concatenate(keys + [np.zeros(0, np.int64)]))
     v = np.full((n_rank, len(uniq)), np.nan)
     last_end = np.full((n_rank, len(uniq)), np.iinfo(np.int64).min, np.int64)
@@ -392,13 +394,14 @@ def _combine(stats: list[RankStats], problems: list[str], threshold: float,
         col = np.searchsorted(uniq, k)
         v[i, col] = s.total_ns
         last_end[i, col] = s.last_end_ns
-    k_group, k_phase, k_step = uniq // n_step // 4, uniq // n_step % 4, uniq % n_step
+    k_group, k_phase, k_step = (uniq // n_step // N_PHASES, uniq // n_step % N_PHASES,
+                                uniq % n_step)
     k_mod, k_mode = k_group // 2, k_group % 2
     names_list = list(names)
     rank_ids = [s.file.rank if s.file.rank is not None else i for i, s in enumerate(stats)]
 
     # per module x mode x phase: time per step (NaN where a rank never ran it)
-    mp, mp_inv = np.unique(k_group * 4 + k_phase, return_inverse=True)
+    mp, mp_inv = np.unique(k_group * N_PHASES + k_phase, return_inverse=True)
     steps_of = np.array([max(len(s.step_number), 1) for s in stats], np.float64)
     # device time: per step over the steps that were timed (gpu_every=N times every N-th)
     timed_of = np.array([max(s.timed_steps, 1) for s in stats], np.float64)
@@ -407,16 +410,17 @@ def _combine(stats: list[RankStats], problems: list[str], threshold: float,
     for j in range(len(mp)):  # (columns of one module x phase: its steps)
         block = v[:, mp_inv == j]
         seen[:, j] = ~np.isnan(block).all(axis=1)
-        agg[:, j] = np.nansum(block, axis=1) / (timed_of if mp[j] % 4 >= 2 else steps_of)
+        agg[:, j] = np.nansum(block, axis=1) / (timed_of if mp[j] % N_PHASES >= RANK_DEVICE
+                                                 else steps_of)
     agg[~seen] = np.nan
-    rows = _rows(agg, mp // 4, mp % 4, names_list, types, rank_ids)
+    rows = _rows(agg, mp // N_PHASES, mp % N_PHASES, names_list, types, rank_ids)
     per_step = _rows(v, k_group, k_phase, names_list, types, rank_ids, steps=k_step)
 
     # stragglers on the device: by each module's time (the module explains its ancestors)
     others = _median_of_others(v)
     excess = v - others
     with np.errstate(invalid="ignore"):
-        flagged = (excess > min_excess_ns) & (excess > threshold * others) & (k_phase >= 2)
+        flagged = (excess > min_excess_ns) & (excess > threshold * others) & (k_phase >= RANK_DEVICE)
     entries = []
     for i, c in zip(*np.nonzero(flagged)):
         entries.append({"rank": rank_ids[i], "_i": int(i), "_c": int(c),
@@ -431,15 +435,16 @@ def _combine(stats: list[RankStats], problems: list[str], threshold: float,
         e.update(_waits(stats, e["_i"], e["step"], int(last_end[e["_i"], e["_c"]])))
         del e["_i"], e["_c"]
     # on the host: by where the time went, waits left out (see _host_stragglers)
-    host = uniq[k_phase < 2]
+    host = uniq[k_phase < RANK_DEVICE]
     self_v = np.full((n_rank, len(host)), np.nan)
     self_end = np.full((n_rank, len(host)), np.iinfo(np.int64).min, np.int64)
     for i, (k, s) in enumerate(zip(keys, stats)):
-        mine = (s.phase < 2) if len(s.phase) else np.zeros(0, bool)
+        mine = (s.phase < RANK_DEVICE) if len(s.phase) else np.zeros(0, bool)
         col = np.searchsorted(host, k[mine])
         self_v[i, col] = s.self_ns[mine]
         self_end[i, col] = s.last_end_ns[mine]
-    h_group, h_phase, h_step = host // n_step // 4, host // n_step % 4, host % n_step
+    h_group, h_phase, h_step = (host // n_step // N_PHASES, host // n_step % N_PHASES,
+                                host % n_step)
     places = [{"module": names_list[int(g) // 2], "type": types[int(g) // 2],
                "mode": MODES[int(g) % 2], "phase": PHASES[int(ph)], "step": int(st)}
               for g, ph, st in zip(h_group.tolist(), h_phase.tolist(), h_step.tolist())]
@@ -574,10 +579,10 @@ def _gap_places(stats: list[RankStats]) -> tuple[np.ndarray, np.ndarray, list[di
             if k < 0:
                 label[k] = "step end"
             else:
-                m = k // 4
+                m = k // RANK_DEVICE // 2
                 name = s.modules[m] if m < len(s.modules) else f"<module {m}>"
-                label[k] = (f"{name or '<root>'}{' [eval]' if k // 2 % 2 else ''} "
-                            f"{PHASES[k % 2]}")
+                label[k] = (f"{name or '<root>'}{' [eval]' if k // RANK_DEVICE % 2 else ''} "
+                            f"{PHASES[k % RANK_DEVICE]}")
         at = [cols.setdefault((st, label[b], o), len(cols))
               for st, b, o in zip(step.tolist(), before.tolist(), occ.tolist())]
         per_rank.append((np.asarray(at, np.int64), gap, end))

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from hooktrace._input import files_under
+from hooktrace.analysis.phases import SQL_EVAL, SQL_HOST_PHASES, sql_key_phase, sql_rank_phase
 from hooktrace.data import require
 from hooktrace.data.schema import (
     AGGREGATES,
@@ -415,39 +416,39 @@ def query(path: str | os.PathLike[str], sql: str, *, threads: int = 1,
 # Per (file, module, mode, phase, step): what hooktrace.analysis.stragglers.rank_stats reduces a
 # rank to. Measured forward and backward spans in a step; recompute and kernel-derived
 # rows are not a rank's own time per step there. Device time (the gpu table, when
-# recorded): every interval in a step, recompute counted as forward ("gpu fwd"/"gpu bwd",
-# the pool path's phases 2 and 3), and per file the steps it timed. Plain SQL that DuckDB
+# recorded): every interval in a step, recompute counted as forward ("gpu fwd"/"gpu bwd"),
+# and per file the steps it timed. A row's phase: hooktrace.analysis.phases.RANK_PHASES. Plain SQL that DuckDB
 # and Spark both read (hooktrace.data.spark runs the same): `window` in backticks (a
 # keyword in DuckDB).
 STRAGGLER_SQL = {
     # (the spans table's rows grouped as hooktrace.analysis._rank_reduce groups the per-call
     # table: measured and kernel-derived calls, not compiles or recomputes;
-    # grouped by integer keys: the module's slot, booleans for the phase and mode;
+    # grouped by integer keys: the module's slot, the phase's number, a boolean mode;
     # grouping by the names costs ~1.5x as much, measured on 55 M rows)
-    "agg": """
-        SELECT rank, `window`, slot, mode = 'eval' AS eval, phase = 'backward' AS backward,
-               false AS on_device, step, CAST(sum(dur_ns) AS BIGINT) AS total_ns,
+    "agg": f"""
+        SELECT rank, `window`, slot, {SQL_EVAL} AS eval, {sql_rank_phase(False)} AS phase,
+               step, CAST(sum(dur_ns) AS BIGINT) AS total_ns,
                CAST(count(*) AS BIGINT) AS calls, max(end_ns) AS last_end_ns,
                CAST(sum(self_ns) AS BIGINT) AS self_total_ns
         FROM spans
-        WHERE timing <> 'compile' AND phase <> 'recompute' AND step IS NOT NULL
-        GROUP BY rank, `window`, slot, mode = 'eval', phase = 'backward', step
+        WHERE timing <> 'compile' AND {SQL_HOST_PHASES} AND step IS NOT NULL
+        GROUP BY rank, `window`, slot, {SQL_EVAL}, {sql_rank_phase(False)}, step
         UNION ALL
-        SELECT rank, `window`, slot, mode = 'eval' AS eval, phase = 'backward' AS backward,
-               true AS on_device, step, CAST(sum(dur_ns) AS BIGINT) AS total_ns,
+        SELECT rank, `window`, slot, {SQL_EVAL} AS eval, {sql_rank_phase(True)} AS phase,
+               step, CAST(sum(dur_ns) AS BIGINT) AS total_ns,
                CAST(count(*) AS BIGINT) AS calls, max(end_ns) AS last_end_ns,
                CAST(sum(self_ns) AS BIGINT) AS self_total_ns
         FROM gpu
         WHERE step IS NOT NULL
-        GROUP BY rank, `window`, slot, mode = 'eval', phase = 'backward', step
-        ORDER BY rank, `window`, slot, eval, on_device, backward, step""",
+        GROUP BY rank, `window`, slot, {SQL_EVAL}, {sql_rank_phase(True)}, step
+        ORDER BY rank, `window`, slot, eval, phase, step""",
     # the top-level spans, in start order: the gaps between them are the time outside
     # every module (hooktrace.analysis.stragglers: where a rank that was slow outside modules was)
-    "tops": """
-        SELECT rank, `window`, step, slot, mode = 'eval' AS eval, phase = 'backward' AS backward,
+    "tops": f"""
+        SELECT rank, `window`, step, slot, {SQL_EVAL} AS eval, {sql_rank_phase(False)} AS phase,
                start_ns, end_ns
         FROM spans
-        WHERE timing = 'measured' AND phase <> 'recompute' AND step IS NOT NULL
+        WHERE timing = 'measured' AND {SQL_HOST_PHASES} AND step IS NOT NULL
               AND parent IS NULL
         ORDER BY rank, `window`, start_ns, span""",
     "timed": """SELECT rank, `window`, CAST(count(DISTINCT step) AS BIGINT) AS timed_steps
@@ -514,9 +515,7 @@ _DIFF_KEYED = {
                timing = 'measured' AND parent IS NULL AS root,
                CASE WHEN coalesce(n.n_steps, 0) = 0 THEN 0 ELSE coalesce(cols.col, -1) END
                   AS col,
-               CASE WHEN phase = 'forward' AND mode = 'train' THEN 0
-                    WHEN phase = 'backward' AND mode = 'train' THEN 1
-                    WHEN phase = 'forward' AND mode = 'eval' THEN 2 END AS key_phase
+               {sql_key_phase(False)} AS key_phase
         FROM (SELECT *, coalesce(rank, -1) AS r, coalesce("window", -1) AS w FROM spans)
              LEFT JOIN cols USING (r, w, step) LEFT JOIN n USING (r, w)""",
     "gpu": f"""
@@ -525,9 +524,7 @@ _DIFF_KEYED = {
                dur_ns, self_ns, timing = 'kernels' AS derived, false AS root,
                CASE WHEN coalesce(n.n_steps, 0) = 0 THEN 0 ELSE coalesce(timed.col, -1) END
                   AS col,
-               CASE WHEN phase <> 'backward' AND mode = 'train' THEN 3
-                    WHEN phase = 'backward' AND mode = 'train' THEN 4
-                    WHEN phase <> 'backward' AND mode = 'eval' THEN 5 END AS key_phase
+               {sql_key_phase(True)} AS key_phase
         FROM (SELECT *, coalesce(rank, -1) AS r, coalesce("window", -1) AS w FROM gpu)
              LEFT JOIN timed USING (r, w, step) LEFT JOIN n USING (r, w)""",
 }

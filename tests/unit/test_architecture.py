@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("data", {"hooktrace.reading", "hooktrace._span_tables"}),
     ("analysis", {
         "hooktrace.analysis", "hooktrace.analysis.groups", "hooktrace.analysis.calls",
+        "hooktrace.analysis.phases",
         "hooktrace.analysis.inputs", "hooktrace.analysis.summary", "hooktrace.analysis.aggregates",
         "hooktrace.analysis.live", "hooktrace.analysis._summary_columns", "hooktrace.analysis.columns",
         "hooktrace.analysis.column_provider", "hooktrace.analysis.diff",
