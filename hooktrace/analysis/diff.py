@@ -102,9 +102,9 @@ from hooktrace.analysis._diff_parts import (
     Part,
     RunStats,
     dataset_parts,
+    dataset_source,
     definition_text,
     file_part,
-    is_dataset,
     pool,
     ranks_unit_note,
     result_part,
@@ -112,6 +112,7 @@ from hooktrace.analysis._diff_parts import (
     unit_note,
     whole_run,
 )
+from hooktrace.analysis.inputs import resolve
 from hooktrace.analysis.rankset import map_ranks
 from hooktrace.reading import TraceData
 
@@ -615,15 +616,17 @@ def compare_paths(a: str, b: str, *, workers: int | None = None) -> Diff:
     files = []
     exports: dict[str, dict[str, tuple[RankFile, Part]]] = {}  # (each read once)
     for path, _ in specs:
-        if is_dataset(path):  # a Parquet export of the files: DuckDB reads it
+        inp = resolve(path)  # (what the path is, asked once: hooktrace.analysis.inputs)
+        src = dataset_source(inp)
+        if src is not None:  # a Parquet export of the files: DuckDB reads it
             real = os.path.realpath(path)
             if real not in exports:
-                exports[real] = dataset_parts(path)
+                exports[real] = dataset_parts(src)
             found = exports[real]
             from_dataset.update((os.path.realpath(f), r) for f, r in found.items())
             files.append(list(found))
         else:
-            files.append(find_files(path))
+            files.append(find_files(inp))
     first_name: dict[str, str] = {}
     for f in (f for fs in files for f in fs):
         first_name.setdefault(os.path.realpath(f), f)

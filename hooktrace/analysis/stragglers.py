@@ -75,6 +75,7 @@ from hooktrace.analysis._rank_reduce import (
     reduce_rank,
     stats_from_tables,
 )
+from hooktrace.analysis.inputs import Kind, resolve
 from hooktrace.analysis.phases import MODES, RANK_DEVICE
 from hooktrace.analysis.phases import RANK_PHASES as PHASES
 from hooktrace.analysis.rankset import RankSet, find_rank_files, map_ranks
@@ -271,12 +272,16 @@ def analyze(inputs: Sequence[str | os.PathLike[str]], *,
     if not (0 <= threshold < float("inf") and 0 <= min_excess_ns < 2**63):
         raise ValueError(f"threshold and min_excess_ns must be finite and >= 0, got {threshold}, "
                          f"{min_excess_ns}")
-    if _parquet_input(inputs):
+    # what each path is, asked once (hooktrace.analysis.inputs): one directory of Parquet
+    # tables (hooktrace export of the ranks) is read by DuckDB
+    resolved = [resolve(p) for p in inputs]
+    if len(resolved) == 1 and resolved[0].kind is Kind.EXPORT and os.path.isdir(inputs[0]):
         from hooktrace.data.engine import find_source
 
-        if find_source(inputs[0]).parquet:
-            return _analyze_parquet(os.fspath(inputs[0]), profilers, threshold, min_excess_ns)
-    paths, problems = find_rank_files(inputs)
+        src = find_source(resolved[0])
+        if src.parquet:
+            return _analyze_parquet(src, profilers, threshold, min_excess_ns)
+    paths, problems = find_rank_files(resolved)
     prof_of: dict[str, str] = {}
     if profilers:
         # matching needs the ranks' metadata: a cheap first pass over the headers
@@ -297,24 +302,15 @@ def analyze(inputs: Sequence[str | os.PathLike[str]], *,
     return _combine(stats, rs.problems, threshold, min_excess_ns)
 
 
-def _parquet_input(inputs: Sequence[str | os.PathLike[str]]) -> bool:
-    """Whether ``inputs`` is one directory of Parquet tables (``hooktrace export`` of the
-    ranks) rather than ``.htrace`` files (hooktrace.analysis.inputs says)."""
-    from hooktrace.analysis.inputs import Kind, resolve
-
-    return (len(inputs) == 1 and os.path.isdir(inputs[0])
-            and resolve(inputs[0]).kind is Kind.EXPORT)
-
-
-def _analyze_parquet(path: str, profilers: Sequence[str | os.PathLike[str]],
+def _analyze_parquet(src: Any, profilers: Sequence[str | os.PathLike[str]],
                      threshold: float, min_excess_ns: int) -> RanksSummary:
     """:func:`analyze` on DuckDB (hooktrace.data.engine): the same reduction per rank as
-    :func:`rank_stats`, as SQL, over the Parquet dataset at ``path``."""
+    :func:`rank_stats`, as SQL, over the Parquet dataset ``src`` (its Source)."""
     from hooktrace.data.engine import connect, sql_errors, straggler_tables
 
-    con = connect(path)
+    con = connect(src)
     try:
-        with sql_errors(path):
+        with sql_errors(src.path):
             parts = [straggler_tables(con)]
     finally:
         con.close()

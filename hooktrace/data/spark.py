@@ -30,6 +30,7 @@ from hooktrace.data.engine import (
     MODULE_TOTALS_SQL,
     STRAGGLER_SQL,
     QueryError,
+    Source,
     check_source,
     find_source,
 )
@@ -94,18 +95,18 @@ def _frame(spark: Any, path: str, hive: bool) -> Any:
     return df.select(*cols, *rest)
 
 
-def check_parquet(path: str | os.PathLike[str]) -> Any:
+def check_parquet(path: str | os.PathLike[str] | Source) -> Source:
     """``path``'s tables (:func:`find_source`), or the one-line error when it holds no
     Parquet export: Spark reads Parquet, not ``.htrace`` files."""
-    src = find_source(path)
+    src = path if isinstance(path, Source) else find_source(path)
     if not src.parquet:
-        raise QueryError(f"{os.fspath(path)}: Spark reads Parquet; export the traces first "
-                         f"(hooktrace export {os.fspath(path)} -o DIR/) and query DIR")
+        raise QueryError(f"{src.path}: Spark reads Parquet; export the traces first "
+                         f"(hooktrace export {src.path} -o DIR/) and query DIR")
     check_source(src, TABLES, os.cpu_count() or 1)  # (as DuckDB's views: issue #35)
     return src
 
 
-def register(spark: Any, path: str | os.PathLike[str]) -> list[str]:
+def register(spark: Any, path: str | os.PathLike[str] | Source) -> list[str]:
     """``path``'s Parquet tables (as ``hooktrace export`` writes them) as temporary views
     of their names; returns the names. A table the export left out is an empty view.
     ``.htrace`` inputs must be exported first (Spark reads Parquet)."""
@@ -143,7 +144,7 @@ def straggler_tables(spark: Any) -> dict[str, Any]:
     return {k: spark.sql(sql).toArrow() for k, sql in STRAGGLER_SQL.items()}
 
 
-def query(spark: Any, path: str | os.PathLike[str], sql: str) -> Any:
+def query(spark: Any, path: str | os.PathLike[str] | Source, sql: str) -> Any:
     """``sql`` over ``path``'s tables on Spark, as a ``pyarrow.Table``."""
     register(spark, path)
     return spark.sql(sql).toArrow()

@@ -197,6 +197,46 @@ def test_straggler_tables_on_duckdb_equal_the_pools(rank_dir: Path, dataset: Pat
         (2, "layers.5", 7)]
 
 
+def test_a_verb_asks_what_a_path_is_once(dataset: Path, monkeypatch: pytest.MonkeyPatch
+                                         ) -> None:
+    """Issue #48: the straggler tables, diff and query of a Parquet export classify each
+    path once (hooktrace.analysis.inputs.resolve): the engine's tables are a view of that
+    answer, not a second look at the path."""
+    import os
+
+    import hooktrace.analysis.inputs as inputs
+    from hooktrace.analysis import diff, rankset, stragglers
+    from hooktrace.data import engine
+
+    asked: list[str] = []  # each look at a path: resolve, or find_source of a bare path
+    real, real_find = inputs.resolve, engine.find_source
+
+    def counting(path: Any) -> Any:
+        asked.append(os.fspath(path))
+        return real(path)
+
+    def finding(path: Any) -> Any:
+        if not isinstance(path, inputs.Input):
+            asked.append(os.fspath(path))
+            path = real(path)
+        return real_find(path)
+
+    for module in (inputs, rankset, stragglers, diff, engine):
+        monkeypatch.setattr(module, "resolve", counting)
+    monkeypatch.setattr(engine, "find_source", finding)
+    stragglers.analyze([dataset])
+    assert asked == [str(dataset)]
+    asked.clear()
+    engine.query(dataset, "SELECT count(*) FROM spans")
+    assert asked == [str(dataset)]
+    asked.clear()
+    diff.compare_paths(str(dataset), str(dataset), workers=1)
+    assert asked == [str(dataset)] * 2
+    # the engine's tables follow resolve's answer
+    with pytest.raises(engine.QueryError, match="^gone$"):
+        real_find(inputs.Input(str(dataset), inputs.Kind.MISSING, problem="gone"))
+
+
 def _gpu_ranks() -> list[Any]:
     """3 synthetic CUDA ranks (conftest.gpu_trace: host spans, device intervals and a
     kernel site without a host span), rank 2's fc1 forward 3 ms on the device."""
