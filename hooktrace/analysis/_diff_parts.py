@@ -18,8 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from hooktrace.analysis._diff_inputs import DiffInputError, file_meta, window_of
-from hooktrace.analysis.inputs import Input, Kind
+from hooktrace.analysis._diff_inputs import DiffInputError, file_meta
 from hooktrace.analysis.rankset import RankFile
 from hooktrace.analysis.device_time import gpu_recorded, launch_time_only, module_gpu
 from hooktrace.analysis.kernel_time import kernels_recorded, span_kernels
@@ -466,37 +465,6 @@ def file_part(path: str) -> tuple[RankFile, Part]:
     trace = load(path)
     meta = file_meta(path, trace)
     return meta, trace_part(trace, keep_calls=meta.window is not None)
-
-
-def dataset_source(inp: Input) -> Any:
-    """The tables (hooktrace.data.engine.Source) of a Parquet export of trace files
-    (``hooktrace export DIR -o OUT/``: OUT/spans/..., OUT/runs/...), None when ``inp``
-    (:func:`~hooktrace.analysis.inputs.resolve`'s answer) is none."""
-    from hooktrace.errors import HooktraceError
-
-    if inp.kind is not Kind.EXPORT or not os.path.isdir(inp.path):
-        return None
-    try:
-        from hooktrace.data.engine import find_source
-
-        src = find_source(inp)
-    except (ImportError, HooktraceError):
-        return None
-    return src if "spans" in src.parquet and "runs" in src.parquet else None
-
-
-def dataset_parts(src: Any) -> dict[str, tuple[RankFile, Part]]:
-    """Per file of a Parquet export (its ``runs.path``; ``src``: its tables, as
-    :func:`dataset_source` finds them): its metadata and numbers, as :func:`file_part`
-    reads them from the file itself (SQL over the dataset on DuckDB)."""
-    from hooktrace.data.engine import dataset_diff_tables
-
-    out = {}
-    for row, gpu, t in dataset_diff_tables(src, lambda info: info.get("window") is not None):
-        f, info = row["path"], row["info"]
-        meta = replace(RankFile.from_runs_row(row, info), window=window_of(f, info))
-        out[f] = (meta, part_from_tables(t, info, gpu, meta.window is not None))
-    return out
 
 
 def result_part(results: Mapping[str, tuple[RankFile, Part] | str], path: str) -> Part:

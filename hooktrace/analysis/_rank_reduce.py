@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from hooktrace.format._kineto import BadValue, ProfilerTraceError, open_binary, scan, us_to_ns
-from hooktrace.data.intervals import union_per_step
+from hooktrace.analysis.intervals import union_per_step
 from hooktrace.analysis.calls import COMPILE, Calls
 from hooktrace.analysis.device_time import gpu_recorded, module_gpu
 from hooktrace.analysis.phases import (

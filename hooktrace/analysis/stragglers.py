@@ -9,8 +9,9 @@ combines them, so memory is one rank's events per worker plus
 **Inputs** (issue #29). ``.htrace`` files: worker processes reduce each rank with
 numpy (:func:`hooktrace.analysis.rankset.map_ranks`). A Parquet dataset that ``hooktrace
 export DIR -o OUT/`` wrote: the reduction is SQL (``hooktrace.data.engine.STRAGGLER_SQL``)
-run once over it by DuckDB (no pairing left to do: the fast path for big jobs), or by
-Spark (:mod:`hooktrace.data.spark`). Both give the same tables (tested). (A DuckDB copy
+run once over it by DuckDB (no pairing left to do: the fast path for big jobs;
+:func:`hooktrace.data.paths.analyze` takes either input), or by Spark
+(:func:`hooktrace.data.spark.spark_summary`). Both give the same tables (tested). (A DuckDB copy
 of the ``.htrace`` reduction was slower than the pool at several times its memory and
 was dropped: issue #37, benchmarks/RESULTS.md.)
 
@@ -75,14 +76,14 @@ from hooktrace.analysis._rank_reduce import (
     reduce_rank,
     stats_from_tables,
 )
-from hooktrace.analysis.inputs import Kind, resolve
+from hooktrace.analysis.inputs import Input
 from hooktrace.analysis.phases import MODES, RANK_DEVICE
 from hooktrace.analysis.phases import RANK_PHASES as PHASES
 from hooktrace.analysis.rankset import RankSet, find_rank_files, map_ranks
 from hooktrace.text import align_columns, format_ns, text_lines
 
 __all__ = ["EXPLAINED", "MODES", "PHASES", "RankStats", "RanksSummary", "analyze",
-           "rank_stats", "reduce_rank", "spark_summary", "summary_from_tables"]
+           "check_limits", "rank_stats", "reduce_rank", "summary_from_tables"]
 
 # PHASES (hooktrace.analysis.phases.RANK_PHASES): "gpu fwd" / "gpu bwd": device time
 # (trace(gpu=True), hooktrace.analysis.device_time), per step over the steps that were
@@ -254,34 +255,31 @@ def _num(x: float) -> float | None:
     return None if x != x else float(x)
 
 
-def analyze(inputs: Sequence[str | os.PathLike[str]], *,
+def check_limits(threshold: float, min_excess_ns: int) -> None:
+    """ValueError unless the straggler bars are finite and >= 0."""
+    if not (0 <= threshold < float("inf") and 0 <= min_excess_ns < 2**63):
+        raise ValueError(f"threshold and min_excess_ns must be finite and >= 0, got {threshold}, "
+                         f"{min_excess_ns}")
+
+
+def analyze(inputs: Sequence[str | os.PathLike[str] | Input], *,
             profilers: Sequence[str | os.PathLike[str]] = (),
             threshold: float = DEFAULT_THRESHOLD, min_excess_ns: int = DEFAULT_MIN_EXCESS_NS,
             workers: int | None = None) -> RanksSummary:
-    """Straggler tables of the ranks under ``inputs`` (see the module docstring).
+    """Straggler tables of the ranks under ``inputs`` (see the module docstring; an input
+    may be :func:`~hooktrace.analysis.inputs.resolve`'s answer for its path).
 
     ``.htrace`` files are reduced by ``workers`` worker processes with numpy
     (:func:`~hooktrace.analysis.rankset.map_ranks`); a Parquet dataset written by
-    ``hooktrace export DIR -o OUT/`` (``inputs`` one directory of it) by DuckDB
-    (:mod:`hooktrace.data.engine`: SQL over its tables). Both give the same tables.
+    ``hooktrace export DIR -o OUT/`` is read by :func:`hooktrace.data.paths.analyze`
+    (DuckDB: SQL over its tables). Both give the same tables.
 
     Unreadable rank files are left out with a line in ``problems`` (and a
     RuntimeWarning); raises :class:`~hooktrace.analysis.rankset.RankSetError` when none is
     readable.
     """
-    if not (0 <= threshold < float("inf") and 0 <= min_excess_ns < 2**63):
-        raise ValueError(f"threshold and min_excess_ns must be finite and >= 0, got {threshold}, "
-                         f"{min_excess_ns}")
-    # what each path is, asked once (hooktrace.analysis.inputs): one directory of Parquet
-    # tables (hooktrace export of the ranks) is read by DuckDB
-    resolved = [resolve(p) for p in inputs]
-    if len(resolved) == 1 and resolved[0].kind is Kind.EXPORT and os.path.isdir(inputs[0]):
-        from hooktrace.data.engine import find_source
-
-        src = find_source(resolved[0])
-        if src.parquet:
-            return _analyze_parquet(src, profilers, threshold, min_excess_ns)
-    paths, problems = find_rank_files(resolved)
+    check_limits(threshold, min_excess_ns)
+    paths, problems = find_rank_files(inputs)
     prof_of: dict[str, str] = {}
     if profilers:
         # matching needs the ranks' metadata: a cheap first pass over the headers
@@ -300,32 +298,6 @@ def analyze(inputs: Sequence[str | os.PathLike[str]], *,
     order = {id(f): i for i, f in enumerate(rs.files)}
     stats.sort(key=lambda s: order[id(s.file)])
     return _combine(stats, rs.problems, threshold, min_excess_ns)
-
-
-def _analyze_parquet(src: Any, profilers: Sequence[str | os.PathLike[str]],
-                     threshold: float, min_excess_ns: int) -> RanksSummary:
-    """:func:`analyze` on DuckDB (hooktrace.data.engine): the same reduction per rank as
-    :func:`rank_stats`, as SQL, over the Parquet dataset ``src`` (its Source)."""
-    from hooktrace.data.engine import connect, sql_errors, straggler_tables
-
-    con = connect(src)
-    try:
-        with sql_errors(src.path):
-            parts = [straggler_tables(con)]
-    finally:
-        con.close()
-    return summary_from_tables(parts, profilers=profilers, threshold=threshold,
-                               min_excess_ns=min_excess_ns)
-
-
-def spark_summary(spark: Any, **kwargs: Any) -> RanksSummary:
-    """``hooktrace summary DIR``'s straggler tables computed by Spark over the views
-    :func:`hooktrace.data.spark.register` made: the per-file aggregates run on the
-    cluster, the small tables are combined on the driver as for DuckDB. ``kwargs``:
-    ``threshold``, ``min_excess_ns``, ``profilers`` (files on the driver)."""
-    from hooktrace.data.spark import straggler_tables
-
-    return summary_from_tables([straggler_tables(spark)], **kwargs)
 
 
 def summary_from_tables(parts: Sequence[dict[str, Any]], paths: Sequence[str] = (),

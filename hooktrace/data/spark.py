@@ -5,8 +5,7 @@ When the ranks' traces sit on shared storage, export them once
 (``hooktrace export traces/ -o /shared/run1/``: one hive-partitioned dataset per table,
 :mod:`hooktrace.data.parquet`) and run the queries where the cluster is::
 
-    from hooktrace.data.spark import session, register
-    from hooktrace.analysis.stragglers import spark_summary
+    from hooktrace.data.spark import register, session, spark_summary
     spark = session("spark://head:7077")          # or local[N]
     register(spark, "/shared/run1")               # views spans, steps, modules, ...
     spark.sql("SELECT rank, sum(dur_ns) FROM spans GROUP BY rank").show()
@@ -25,6 +24,7 @@ import os
 import shutil
 from typing import Any
 
+from hooktrace.analysis.stragglers import RanksSummary, summary_from_tables
 from hooktrace.data import require
 from hooktrace.data.engine import (
     MODULE_TOTALS_SQL,
@@ -37,7 +37,7 @@ from hooktrace.data.engine import (
 from hooktrace.data.schema import TABLES, file_schema
 
 __all__ = ["check_parquet", "java_missing", "module_totals", "register", "session",
-           "straggler_tables"]
+           "spark_summary", "straggler_tables"]
 
 
 def java_missing() -> str | None:
@@ -142,6 +142,14 @@ def straggler_tables(spark: Any) -> dict[str, Any]:
     as Arrow tables on the driver; :func:`hooktrace.analysis.stragglers.spark_summary` combines
     them into ``hooktrace summary DIR``'s tables."""
     return {k: spark.sql(sql).toArrow() for k, sql in STRAGGLER_SQL.items()}
+
+
+def spark_summary(spark: Any, **kwargs: Any) -> RanksSummary:
+    """``hooktrace summary DIR``'s straggler tables computed by Spark over the views
+    :func:`register` made: the per-file aggregates run on the cluster, the small tables
+    are combined on the driver as for DuckDB. ``kwargs``: ``threshold``,
+    ``min_excess_ns``, ``profilers`` (files on the driver)."""
+    return summary_from_tables([straggler_tables(spark)], **kwargs)
 
 
 def query(spark: Any, path: str | os.PathLike[str] | Source, sql: str) -> Any:

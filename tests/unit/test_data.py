@@ -182,7 +182,7 @@ def test_windows_are_a_window_partition_in_step_order(tmp_path: Path) -> None:
 def test_straggler_tables_on_duckdb_equal_the_pools(rank_dir: Path, dataset: Path) -> None:
     """The straggler tables of a Parquet export (DuckDB over the dataset) equal the
     worker pool's from the ``.htrace`` files themselves."""
-    from hooktrace.analysis.stragglers import analyze
+    from hooktrace.data.paths import analyze
 
     def doc(report: Any) -> dict[str, Any]:
         d = json.loads(report.to_json())
@@ -205,8 +205,8 @@ def test_a_verb_asks_what_a_path_is_once(dataset: Path, monkeypatch: pytest.Monk
     import os
 
     import hooktrace.analysis.inputs as inputs
-    from hooktrace.analysis import diff, rankset, stragglers
-    from hooktrace.data import engine
+    from hooktrace.analysis import diff, rankset
+    from hooktrace.data import engine, paths
 
     asked: list[str] = []  # each look at a path: resolve, or find_source of a bare path
     real, real_find = inputs.resolve, engine.find_source
@@ -221,16 +221,16 @@ def test_a_verb_asks_what_a_path_is_once(dataset: Path, monkeypatch: pytest.Monk
             path = real(path)
         return real_find(path)
 
-    for module in (inputs, rankset, stragglers, diff, engine):
+    for module in (inputs, rankset, diff, engine, paths):
         monkeypatch.setattr(module, "resolve", counting)
     monkeypatch.setattr(engine, "find_source", finding)
-    stragglers.analyze([dataset])
+    paths.analyze([dataset])
     assert asked == [str(dataset)]
     asked.clear()
     engine.query(dataset, "SELECT count(*) FROM spans")
     assert asked == [str(dataset)]
     asked.clear()
-    diff.compare_paths(str(dataset), str(dataset), workers=1)
+    paths.compare_paths(str(dataset), str(dataset), workers=1)
     assert asked == [str(dataset)] * 2
     # the engine's tables follow resolve's answer
     with pytest.raises(engine.QueryError, match="^gone$"):
