@@ -23,27 +23,20 @@ from hooktrace.analysis.rankset import RankFile
 from hooktrace.analysis.device_time import gpu_recorded, launch_time_only, module_gpu
 from hooktrace.analysis.kernel_time import kernels_recorded, span_kernels
 from hooktrace.analysis.calls import COMPILE, KERNELS, Calls
-from hooktrace.analysis.phases import (
-    CAT_BACKWARD,
-    CAT_FORWARD,
-    EVAL,
-    GPU_PHASES,
-    HOST_PHASES,
-    KEY_PHASES,
-    key_phases,
-)
+from hooktrace.analysis.phases import CAT_BACKWARD, CAT_FORWARD, EVAL, GPU_PHASES, KEY_PHASES
+from hooktrace.analysis.phases import HOST_PHASES as PHASES
+from hooktrace.analysis.phases import key_phases
 from hooktrace.analysis.groups import Groups
 from hooktrace.analysis.kernels import fused_modules, silent_in_regions
 from hooktrace._events import SPAN_DEFINITION, SPAN_DEFINITIONS, span_definition
 from hooktrace.reading import SPAN_EVAL, TraceData, as_data, load
 
-# The keys' phases (hooktrace.analysis.phases.KEY_PHASES): "eval", forward calls made with
-# grad off or in eval mode (SPAN_EVAL), compared apart from the training calls of the same
-# module; the device time's (trace(gpu=True), hooktrace.analysis.device_time) GPU_PHASES,
-# the same phases on the GPU, rows of their own ("gpu forward": forward and recompute, as
-# the summary's gpu_total). When both runs have them, the gate (``failures``) checks these
-# rows and the step only.
-PHASES = HOST_PHASES
+# The keys' phases (hooktrace.analysis.phases.KEY_PHASES): PHASES, with "eval", forward
+# calls made with grad off or in eval mode (SPAN_EVAL), compared apart from the training
+# calls of the same module; the device time's (trace(gpu=True),
+# hooktrace.analysis.device_time) GPU_PHASES, the same phases on the GPU, rows of their own
+# ("gpu forward": forward and recompute, as the summary's gpu_total). When both runs have
+# them, the gate (``failures``) checks these rows and the step only.
 
 
 Key = tuple[str, str]  # (module, phase)

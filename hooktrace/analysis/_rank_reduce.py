@@ -18,13 +18,8 @@ from hooktrace.format._kineto import BadValue, ProfilerTraceError, open_binary, 
 from hooktrace.analysis.intervals import union_per_step
 from hooktrace.analysis.calls import COMPILE, Calls
 from hooktrace.analysis.device_time import gpu_recorded, module_gpu
-from hooktrace.analysis.phases import (
-    CAT_BACKWARD,
-    CAT_FORWARD,
-    RANK_DEVICE,
-    RANK_PHASES,
-    rank_phase,
-)
+from hooktrace.analysis.phases import CAT_BACKWARD, CAT_FORWARD, RANK_DEVICE, rank_phase
+from hooktrace.analysis.phases import RANK_PHASES
 from hooktrace.analysis.rankset import RankFile
 from hooktrace.reading import TraceData, load
 
@@ -59,7 +54,7 @@ class RankStats:
     # the top-level spans (no parent; host phases, in a step) in start order: the
     # time outside every module lies between them
     top_step: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    top_key: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (slot*2+mode)*2+phase
+    top_key: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # (slot*2+mode)*2+bwd
     top_start_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     top_end_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     coll_start_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))

@@ -420,9 +420,9 @@ def query(path: str | os.PathLike[str], sql: str, *, threads: int = 1,
 # rank to. Measured forward and backward spans in a step; recompute and kernel-derived
 # rows are not a rank's own time per step there. Device time (the gpu table, when
 # recorded): every interval in a step, recompute counted as forward ("gpu fwd"/"gpu bwd"),
-# and per file the steps it timed. A row's phase: hooktrace.analysis.phases.RANK_PHASES. Plain SQL that DuckDB
-# and Spark both read (hooktrace.data.spark runs the same): `window` in backticks (a
-# keyword in DuckDB).
+# and per file the steps it timed. A row's phase: hooktrace.analysis.phases.RANK_PHASES.
+# Plain SQL that DuckDB and Spark both read (hooktrace.data.spark runs the same): `window`
+# in backticks (a keyword in DuckDB).
 STRAGGLER_SQL = {
     # (the spans table's rows grouped as hooktrace.analysis._rank_reduce groups the per-call
     # table: measured and kernel-derived calls, not compiles or recomputes;
