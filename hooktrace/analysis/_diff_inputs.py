@@ -40,6 +40,7 @@ from itertools import pairwise
 from typing import Any
 
 from hooktrace.errors import HooktraceError
+from hooktrace.analysis.inputs import Input
 from hooktrace.analysis.rankset import NotOneRun, RankFile, check_one_run, find_rank_files
 from hooktrace.reading import TraceData
 
@@ -85,11 +86,11 @@ def parse_spec(spec: str) -> tuple[str, int | None]:
     return m.group(1), int(m.group(2))
 
 
-def find_files(path: str) -> list[str]:
+def find_files(inp: Input) -> list[str]:
     """The ``.htrace`` files of an input path (a directory searched recursively)."""
-    if not os.path.exists(path):
-        raise DiffInputError(f"{path}: no such file or directory")
-    files, problems = find_rank_files([path])
+    if not os.path.exists(inp.path):
+        raise DiffInputError(f"{inp.path}: no such file or directory")
+    files, problems = find_rank_files([inp])
     if problems:
         raise DiffInputError(problems[0])
     return files

@@ -18,31 +18,25 @@ from typing import Any
 
 import numpy as np
 
-from hooktrace.analysis._diff_inputs import DiffInputError, file_meta, window_of
+from hooktrace.analysis._diff_inputs import DiffInputError, file_meta
 from hooktrace.analysis.rankset import RankFile
 from hooktrace.analysis.device_time import gpu_recorded, launch_time_only, module_gpu
 from hooktrace.analysis.kernel_time import kernels_recorded, span_kernels
 from hooktrace.analysis.calls import COMPILE, KERNELS, Calls
+from hooktrace.analysis.phases import CAT_BACKWARD, CAT_FORWARD, EVAL, GPU_PHASES, KEY_PHASES
+from hooktrace.analysis.phases import HOST_PHASES as PHASES
+from hooktrace.analysis.phases import key_phases
 from hooktrace.analysis.groups import Groups
 from hooktrace.analysis.kernels import fused_modules, silent_in_regions
 from hooktrace._events import SPAN_DEFINITION, SPAN_DEFINITIONS, span_definition
-from hooktrace.reading import (
-    CAT_BACKWARD,
-    CAT_FORWARD,
-    SPAN_EVAL,
-    TraceData,
-    as_data,
-    load,
-)
+from hooktrace.reading import SPAN_EVAL, TraceData, as_data, load
 
-
-# "eval": forward calls made with grad off or in eval mode (SPAN_EVAL), compared apart
-# from the training calls of the same module.
-PHASES = {"forward": CAT_FORWARD, "backward": CAT_BACKWARD, "eval": CAT_FORWARD}
-# Device time (trace(gpu=True), hooktrace.analysis.device_time): the same phases on the GPU, rows
-# of their own ("gpu forward": forward and recompute, as the summary's gpu_total). When
-# both runs have them, the gate (``failures``) checks these rows and the step only.
-GPU_PHASES = ("gpu forward", "gpu backward", "gpu eval")
+# The keys' phases (hooktrace.analysis.phases.KEY_PHASES): PHASES, with "eval", forward
+# calls made with grad off or in eval mode (SPAN_EVAL), compared apart from the training
+# calls of the same module; the device time's (trace(gpu=True),
+# hooktrace.analysis.device_time) GPU_PHASES, the same phases on the GPU, rows of their own
+# ("gpu forward": forward and recompute, as the summary's gpu_total). When both runs have
+# them, the gate (``failures``) checks these rows and the step only.
 
 
 Key = tuple[str, str]  # (module, phase)
@@ -188,8 +182,9 @@ def trace_part(trace: TraceData, keep_calls: bool = False) -> Part:
     part = Part({}, {}, {} if keep_calls else None, {}, {}, {}, n_steps,
                  steps.duration_ns[complete].astype(np.int64), 0.0,
                  span_definition(trace.info), self_calls_ns={} if keep_calls else None)
-    for phase, cat in PHASES.items():
-        sel = np.flatnonzero(keep & (calls.cat == cat) & (calls.eval == (phase == "eval")))
+    kp = key_phases(calls.cat, calls.eval, device=False)
+    for k, phase in enumerate(PHASES):
+        sel = np.flatnonzero(keep & (kp == k))
         add_calls(part, phase, calls.module[sel], dur[sel], calls.self_ns[sel], span_col[sel],
                   max(n_steps, 1), derived[sel], lambda m: (calls.names[m], calls.types[m]),
                   "measured+kernels")
@@ -232,9 +227,9 @@ def add_gpu_phases(part: Part, trace: TraceData, complete: np.ndarray) -> None:
     def name_of(mod: int) -> tuple[str, str]:
         return trace.modules[mod] if mod < len(trace.modules) else (f"<module {mod}>", "?")
 
-    for phase in GPU_PHASES:
-        sel = np.flatnonzero((m.backward == (phase == "gpu backward"))
-                             & (is_eval == (phase == "gpu eval")))
+    kp = key_phases(np.where(m.backward, CAT_BACKWARD, CAT_FORWARD), is_eval, device=True)
+    for k, phase in enumerate(GPU_PHASES, EVAL + 1):
+        sel = np.flatnonzero(kp == k)
         # (an interval without a host span: a kernel site of a compiled region)
         add_calls(part, phase, module[sel], gpu.duration_ns[sel], gpu.self_ns[sel],
                   span_col[sel], n_cols, gpu.span[sel] < 0, name_of, "kernels")
@@ -258,9 +253,10 @@ def add_kernel_phases(part: Part, trace: TraceData, complete: np.ndarray) -> Non
     def name_of(mod: int) -> tuple[str, str]:
         return trace.modules[mod] if mod < len(trace.modules) else (f"<module {mod}>", "?")
 
-    for phase in GPU_PHASES:
-        sel = np.flatnonzero((backward == (phase == "gpu backward"))
-                             & ((is_eval & ~backward) == (phase == "gpu eval")))
+    # (an eval backward call's kernels are gpu backward here)
+    kp = key_phases(spans.cat[has], is_eval & ~backward, device=True)
+    for k, phase in enumerate(GPU_PHASES, EVAL + 1):
+        sel = np.flatnonzero(kp == k)
         add_calls(part, phase, module[sel], sk.busy[has][sel], sk.self_busy[has][sel],
                   span_col[sel], n_cols, np.zeros(len(sel), bool), name_of, "kernels")
 
@@ -301,9 +297,6 @@ def add_calls(part: Part, phase: str, module: np.ndarray, dur: np.ndarray, self_
         part.calls[key] = n_calls[m].astype(np.float64)
         if n_derived[m]:
             part.timing[key] = "kernels" if n_derived[m] == g.counts[k] else mixed
-
-
-KEY_PHASES = (*PHASES, *GPU_PHASES)  # the SQL's key_phase numbers (hooktrace.data.engine)
 
 
 def part_from_tables(t: Mapping[str, Any], info: Mapping[str, Any], gpu: bool,
@@ -465,38 +458,6 @@ def file_part(path: str) -> tuple[RankFile, Part]:
     trace = load(path)
     meta = file_meta(path, trace)
     return meta, trace_part(trace, keep_calls=meta.window is not None)
-
-
-def is_dataset(path: str) -> bool:
-    """Whether ``path`` is a Parquet export of trace files (``hooktrace export DIR -o
-    OUT/``: OUT/spans/..., OUT/runs/...)."""
-    from hooktrace.analysis.inputs import Kind, resolve
-    from hooktrace.errors import HooktraceError
-
-    if not os.path.isdir(path):
-        return False
-    try:
-        if resolve(path).kind is not Kind.EXPORT:
-            return False
-        from hooktrace.data.engine import find_source
-
-        src = find_source(path)
-    except (ImportError, HooktraceError):
-        return False
-    return "spans" in src.parquet and "runs" in src.parquet
-
-
-def dataset_parts(path: str) -> dict[str, tuple[RankFile, Part]]:
-    """Per file of a Parquet export (its ``runs.path``): its metadata and numbers, as
-    :func:`file_part` reads them from the file itself (SQL over the dataset on DuckDB)."""
-    from hooktrace.data.engine import dataset_diff_tables
-
-    out = {}
-    for row, gpu, t in dataset_diff_tables(path, lambda info: info.get("window") is not None):
-        f, info = row["path"], row["info"]
-        meta = replace(RankFile.from_runs_row(row, info), window=window_of(f, info))
-        out[f] = (meta, part_from_tables(t, info, gpu, meta.window is not None))
-    return out
 
 
 def result_part(results: Mapping[str, tuple[RankFile, Part] | str], path: str) -> Part:

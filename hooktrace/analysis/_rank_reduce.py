@@ -15,11 +15,15 @@ from typing import Any
 import numpy as np
 
 from hooktrace.format._kineto import BadValue, ProfilerTraceError, open_binary, scan, us_to_ns
-from hooktrace.data.intervals import union_per_step
+from hooktrace.analysis.intervals import union_per_step
 from hooktrace.analysis.calls import COMPILE, Calls
 from hooktrace.analysis.device_time import gpu_recorded, module_gpu
+from hooktrace.analysis.phases import CAT_BACKWARD, CAT_FORWARD, RANK_DEVICE, rank_phase
+from hooktrace.analysis.phases import RANK_PHASES
 from hooktrace.analysis.rankset import RankFile
-from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, TraceData, load
+from hooktrace.reading import TraceData, load
+
+N_PHASES = len(RANK_PHASES)
 
 
 # Profiler events that are a collective's execution, waiting included: gloo runs
@@ -37,7 +41,7 @@ class RankStats:
     types: list[str]
     module: np.ndarray  # per (module, mode, phase, step) entry: module slot (int64)
     mode: np.ndarray  # 0 training calls, 1 eval calls (SPAN_EVAL)
-    phase: np.ndarray  # index into stragglers.PHASES: 0 forward, 1 backward, 2/3 their device time
+    phase: np.ndarray  # index into RANK_PHASES (hooktrace.analysis.phases.rank_phase)
     step: np.ndarray  # step number
     total_ns: np.ndarray
     calls: np.ndarray
@@ -108,7 +112,7 @@ def reduce_rank(run: TraceData, f: RankFile) -> RankStats:
     c = Calls.from_trace(run)
     sel = (((c.cat == CAT_FORWARD) | (c.cat == CAT_BACKWARD)) & (c.timing != COMPILE)
            & c.step_valid)
-    phase = (c.cat[sel] == CAT_BACKWARD).astype(np.int64)
+    phase = rank_phase(c.cat[sel] == CAT_BACKWARD, device=False)
     mode = c.eval[sel].astype(np.int64)
     module = c.module[sel]
     step = c.step[sel]
@@ -117,14 +121,14 @@ def reduce_rank(run: TraceData, f: RankFile) -> RankStats:
     end = c.end[sel]
     self_t = c.self_ns[sel]
     timed = 0
-    if gpu_recorded(run) and len(steps):  # device time: phases 2 and 3, its steps
+    if gpu_recorded(run) and len(steps):  # device time: the device phases, its steps
         m = module_gpu(run, n_mod)
         g_sel = m.step >= 0
         gpu = run.gpu_spans()
         n_mod = max(n_mod, m.n_mod)
         module = np.r_[module, (m.group % m.n_mod)[g_sel]]
         mode = np.r_[mode, (m.group >= m.n_mod)[g_sel].astype(np.int64)]
-        phase = np.r_[phase, 2 + m.backward[g_sel].astype(np.int64)]
+        phase = np.r_[phase, rank_phase(m.backward[g_sel], device=True)]
         step = np.r_[step, steps.number[m.step[g_sel]]]
         dur = np.r_[dur, gpu.duration_ns[g_sel]]
         end = np.r_[end, gpu.end_ns[g_sel]]
@@ -132,7 +136,7 @@ def reduce_rank(run: TraceData, f: RankFile) -> RankStats:
         timed = len(np.unique(m.step[g_sel]))
     n_step = int(step.max(initial=-1)) + 1
     width = max(n_step, 1)
-    key = ((module * 2 + mode) * 4 + phase) * width + step
+    key = ((module * 2 + mode) * N_PHASES + phase) * width + step
     uniq, inv = np.unique(key, return_inverse=True)
     total = np.bincount(inv, weights=dur, minlength=len(uniq)).astype(np.int64)
     calls = np.bincount(inv, minlength=len(uniq)).astype(np.int64)
@@ -147,13 +151,15 @@ def reduce_rank(run: TraceData, f: RankFile) -> RankStats:
     types = [t for _, t in run.modules] + ["?"] * (n_mod - len(run.modules))
     stats = RankStats(
         file=f, modules=names, types=types,
-        module=uniq // width // 8, mode=uniq // width // 4 % 2, phase=uniq // width % 4,
+        module=uniq // width // N_PHASES // 2, mode=uniq // width // N_PHASES % 2,
+        phase=uniq // width % N_PHASES,
         step=uniq % width, total_ns=total, calls=calls, last_end_ns=last_end,
         step_number=steps.number.copy(), step_start_ns=steps.start_ns - off,
         step_end_ns=steps.end_ns - off, outside_ns=steps.duration_ns - covered,
         timed_steps=timed, self_ns=self_total,
         top_step=c.step[top],
-        top_key=(c.module[top] * 2 + c.eval[top]) * 2 + (c.cat[top] == CAT_BACKWARD),
+        top_key=(c.module[top] * 2 + c.eval[top]) * RANK_DEVICE
+        + rank_phase(c.cat[top] == CAT_BACKWARD, device=False),
         top_start_ns=c.start[top] - off, top_end_ns=c.end[top] - off)
     return stats
 
@@ -203,20 +209,20 @@ def stats_from_tables(t: dict[str, Any]) -> list[RankStats]:
         # each table's columns of the file as int64 (bools as 0/1), empty when it has none
         a, st, tp = ({k: v.astype(np.int64) for k, v in table.get(key, dict.fromkeys(
             columns, empty)).items()} for table, columns in (
-            (agg, ("slot", "eval", "backward", "on_device", "step", "total_ns", "calls",
+            (agg, ("slot", "eval", "phase", "step", "total_ns", "calls",
                    "last_end_ns", "self_total_ns")),
             (steps, ("step", "start_ns", "end_ns", "outside_ns")),
-            (tops, ("step", "slot", "eval", "backward", "start_ns", "end_ns"))))
+            (tops, ("step", "slot", "eval", "phase", "start_ns", "end_ns"))))
         top = int(a["slot"].max(initial=-1)) + 1  # slots beyond the module table
         names += [f"<module {i}>" for i in range(len(names), top)]
         types += ["?"] * (top - len(types))
         out.append(RankStats(
             file=f, modules=names, types=types, module=a["slot"], mode=a["eval"],
-            phase=a["backward"] + 2 * a["on_device"], step=a["step"], total_ns=a["total_ns"],
+            phase=a["phase"], step=a["step"], total_ns=a["total_ns"],
             calls=a["calls"], last_end_ns=a["last_end_ns"], step_number=st["step"],
             step_start_ns=st["start_ns"], step_end_ns=st["end_ns"], outside_ns=st["outside_ns"],
             timed_steps=int(timed[key]["timed_steps"][0]) if key in timed else 0,
             self_ns=a.get("self_total_ns", a["total_ns"]), top_step=tp["step"],
-            top_key=(tp["slot"] * 2 + tp["eval"]) * 2 + tp["backward"],
+            top_key=(tp["slot"] * 2 + tp["eval"]) * RANK_DEVICE + tp["phase"],
             top_start_ns=tp["start_ns"], top_end_ns=tp["end_ns"]))
     return out

@@ -63,7 +63,9 @@ from hooktrace.format._profiler_events import (
     ProfilerEvents,
 )
 from hooktrace.analysis.kernels import CONTAINER_TYPES, Kernels
-from hooktrace.reading import CAT_BACKWARD, TraceData
+from hooktrace.analysis.phases import CAT_BACKWARD, CAT_RECOMPUTE
+from hooktrace.analysis.phases import PHASES as CALL_PHASES
+from hooktrace.reading import TraceData
 from hooktrace.text import format_ns, text_lines
 
 __all__ = ["Attribution", "attribute_events", "UNATTRIBUTED"]
@@ -72,8 +74,8 @@ UNATTRIBUTED = "<unattributed>"
 # "optimizer": ops outside every module's forward and backward, inside an optimizer's
 # step (the profiler's "Optimizer.step#..." annotation); "other": the rest of those
 # (the loss, data loading, the script's own ops) and GPU work without its launch.
-PHASES = ("forward", "backward", "optimizer", "other")
-_OPTIMIZER, _OTHER = 2, 3
+PHASES = (*CALL_PHASES[:CAT_RECOMPUTE], "optimizer", "other")  # forward, backward: by CAT_*
+_OPTIMIZER, _OTHER = PHASES.index("optimizer"), PHASES.index("other")
 _OPTIMIZER_PREFIX = "Optimizer."
 _COLUMNS = ("module", "type", "phase", "ops", "cpu_total_ns", "cpu_self_ns", "gpu_total_ns",
             "gpu_self_ns", "top_ops")

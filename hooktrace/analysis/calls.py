@@ -40,10 +40,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hooktrace.analysis.phases import MODES, PHASES, phase_label
 from hooktrace.reading import (
     CAT_BACKWARD,
     CAT_FORWARD,
-    CAT_RECOMPUTE,
     SPAN_ERROR,
     SPAN_EVAL,
     SPAN_UNFINISHED,
@@ -58,22 +58,11 @@ if TYPE_CHECKING:
 __all__ = ["COMPILE", "COMPILE_MODULE", "KERNELS", "MEASURED", "MODES", "PHASES", "TIMINGS",
            "Calls", "phase_label"]
 
-PHASES = ("forward", "backward", "recompute")  # by span category (CAT_*)
-MODES = ("train", "eval")  # eval: grad off or module.eval() (SPAN_EVAL)
 TIMINGS = ("measured", "kernels", "compile")
 MEASURED, KERNELS, COMPILE = 0, 1, 2
 COMPILE_MODULE = "<torch.compile>"  # the module of a compile's row
-assert (CAT_FORWARD, CAT_BACKWARD, CAT_RECOMPUTE) == (0, 1, 2)
 
 _I64 = np.int64
-
-
-def phase_label(cat: int, eval_: bool) -> str:
-    """A (phase, mode)'s one-word name in the views that key rows by it (diff, the
-    aggregates): ``forward``, ``backward``, ``recompute``; ``eval`` for eval forward
-    calls, ``eval backward``/``eval recompute`` for the others made in eval mode."""
-    name = PHASES[cat]
-    return ("eval" if name == "forward" else f"eval {name}") if eval_ else name
 
 
 @dataclass

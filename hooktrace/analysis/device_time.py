@@ -49,7 +49,8 @@ from hooktrace.analysis.column_provider import (
     WindowGroup,
     measured_only,
 )
-from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD, SPAN_EVAL, GpuSpans, TraceData
+from hooktrace.analysis.phases import CAT_BACKWARD, CAT_EVAL, CAT_FORWARD, EVAL, HOST_PHASES
+from hooktrace.reading import SPAN_EVAL, GpuSpans, TraceData
 from hooktrace.text import format_ns
 
 if TYPE_CHECKING:
@@ -226,10 +227,6 @@ def add_gpu(rows: list[dict[str, Any]], trace: TraceData) -> list[str]:
     return gpu_notes(trace)
 
 
-# the category key of eval rows (the aggregates, gpu_ms_by_module): no span category's
-CAT_EVAL = -1
-
-
 def gpu_ms_by_module(trace: TraceData, eval_spans: np.ndarray | None = None
                      ) -> dict[tuple[int, int], float] | None:
     """Device time per (module, category) when it was recorded (TraceData.gpu_spans(),
@@ -314,9 +311,9 @@ class DeviceTimeColumns(ColumnProvider):
             return None
 
         def values(group: WindowGroup) -> dict[str, list[Any]]:
-            if group.mode not in ("forward", "eval", "backward"):
+            if group.mode not in HOST_PHASES:
                 return {}
-            key = CAT_EVAL if group.mode == "eval" else group.cat
+            key = CAT_EVAL if group.mode == HOST_PHASES[EVAL] else group.cat
             return {"gpu_ms": [gpu.get((m, key)) for m in group.modules]}
 
         return values

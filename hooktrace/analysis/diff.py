@@ -87,7 +87,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -101,10 +101,8 @@ from hooktrace.analysis._diff_parts import (
     Key,
     Part,
     RunStats,
-    dataset_parts,
     definition_text,
     file_part,
-    is_dataset,
     pool,
     ranks_unit_note,
     result_part,
@@ -112,6 +110,7 @@ from hooktrace.analysis._diff_parts import (
     unit_note,
     whole_run,
 )
+from hooktrace.analysis.inputs import Input, resolve
 from hooktrace.analysis.rankset import map_ranks
 from hooktrace.reading import TraceData
 
@@ -600,30 +599,34 @@ def _ranks(stats: Mapping[int, Any]) -> str:
     return ", ".join(map(str, sorted(stats))) or "none"
 
 
-def compare_paths(a: str, b: str, *, workers: int | None = None) -> Diff:
+def compare_paths(a: str, b: str, *, workers: int | None = None,
+                  export: Callable[[Input], Mapping[str, tuple[RankFile, Part]] | None]
+                  | None = None) -> Diff:
     """Compare the runs at ``a`` and ``b``: each a ``.htrace`` file, a rank directory or
     a directory of schedule windows, optionally ``PATH:N`` for window N (see the
     module docstring). Raises :class:`DiffInputError` (one line, naming the path and
     file) for inputs that are not one run or cannot be compared.
 
     Worker processes (``workers``, :func:`~hooktrace.analysis.rankset.map_ranks`) reduce
-    each ``.htrace`` file with numpy. ``a`` or ``b`` may also be a Parquet export of the
-    files (``hooktrace export DIR -o OUT/``): DuckDB reduces it
-    (:func:`hooktrace.data.engine.diff_tables`)."""
+    each ``.htrace`` file with numpy. ``export`` reads a Parquet export of the files
+    (``hooktrace export DIR -o OUT/``): per file its metadata and numbers, None for a path
+    that is none (:func:`hooktrace.data.paths.compare_paths` passes DuckDB's,
+    :func:`hooktrace.data.paths.dataset_parts`)."""
     specs = [parse_spec(a), parse_spec(b)]
     from_dataset: dict[str, tuple[RankFile, Part]] = {}
     files = []
-    exports: dict[str, dict[str, tuple[RankFile, Part]]] = {}  # (each read once)
+    exports: dict[str, Mapping[str, tuple[RankFile, Part]] | None] = {}  # (each read once)
     for path, _ in specs:
-        if is_dataset(path):  # a Parquet export of the files: DuckDB reads it
-            real = os.path.realpath(path)
-            if real not in exports:
-                exports[real] = dataset_parts(path)
-            found = exports[real]
+        inp = resolve(path)  # (what the path is, asked once: hooktrace.analysis.inputs)
+        real = os.path.realpath(path)
+        if real not in exports:
+            exports[real] = export(inp) if export is not None else None
+        found = exports[real]
+        if found is not None:  # a Parquet export of the files
             from_dataset.update((os.path.realpath(f), r) for f, r in found.items())
             files.append(list(found))
         else:
-            files.append(find_files(path))
+            files.append(find_files(inp))
     first_name: dict[str, str] = {}
     for f in (f for fs in files for f in fs):
         first_name.setdefault(os.path.realpath(f), f)

@@ -34,7 +34,7 @@ from typing import Any, Literal, TypeVar
 
 from hooktrace.format._kineto import ProfilerTraceError, open_binary, scan
 from hooktrace._naming import aggregate_dir_problem
-from hooktrace.analysis.inputs import Kind, resolve
+from hooktrace.analysis.inputs import Input, Kind, resolve
 from hooktrace.errors import HooktraceError
 from hooktrace.reading import TraceData, load
 
@@ -130,15 +130,17 @@ def _peek(path: str) -> RankFile:
     return RankFile.from_trace(path, load(path))
 
 
-def find_rank_files(inputs: Sequence[PathLike]) -> tuple[list[str], list[str]]:
+def find_rank_files(inputs: Sequence[PathLike | Input]) -> tuple[list[str], list[str]]:
     """The ``.htrace`` files named by ``inputs`` (directories searched recursively,
     sorted; the name given to ``hooktrace run -o`` under torchrun stands for its
-    ``_rank<R>`` files), and one problem line per input that does not exist."""
+    ``_rank<R>`` files), and one problem line per input that does not exist. An input
+    may be :func:`~hooktrace.analysis.inputs.resolve`'s answer for its path."""
     files: list[str] = []
     problems: list[str] = []
     for item in inputs:
-        name = os.fspath(item)
-        inp = resolve(name)  # (the one input resolver, hooktrace.analysis.inputs)
+        # (the one input resolver, hooktrace.analysis.inputs)
+        inp = item if isinstance(item, Input) else resolve(item)
+        name = inp.path
         if inp.kind is Kind.AGGREGATE and os.path.isdir(name):  # kept steps are not ranks
             problems.append(aggregate_dir_problem(name))
         elif inp.kind is Kind.MISSING:

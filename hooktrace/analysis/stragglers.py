@@ -9,8 +9,9 @@ combines them, so memory is one rank's events per worker plus
 **Inputs** (issue #29). ``.htrace`` files: worker processes reduce each rank with
 numpy (:func:`hooktrace.analysis.rankset.map_ranks`). A Parquet dataset that ``hooktrace
 export DIR -o OUT/`` wrote: the reduction is SQL (``hooktrace.data.engine.STRAGGLER_SQL``)
-run once over it by DuckDB (no pairing left to do: the fast path for big jobs), or by
-Spark (:mod:`hooktrace.data.spark`). Both give the same tables (tested). (A DuckDB copy
+run once over it by DuckDB (no pairing left to do: the fast path for big jobs;
+:func:`hooktrace.data.paths.analyze` takes either input), or by Spark
+(:func:`hooktrace.data.spark.spark_summary`). Both give the same tables (tested). (A DuckDB copy
 of the ``.htrace`` reduction was slower than the pool at several times its memory and
 was dropped: issue #37, benchmarks/RESULTS.md.)
 
@@ -75,16 +76,19 @@ from hooktrace.analysis._rank_reduce import (
     reduce_rank,
     stats_from_tables,
 )
+from hooktrace.analysis.inputs import Input
+from hooktrace.analysis.phases import MODES, RANK_DEVICE
+from hooktrace.analysis.phases import RANK_PHASES as PHASES
 from hooktrace.analysis.rankset import RankSet, find_rank_files, map_ranks
 from hooktrace.text import align_columns, format_ns, text_lines
 
 __all__ = ["EXPLAINED", "MODES", "PHASES", "RankStats", "RanksSummary", "analyze",
-           "rank_stats", "reduce_rank", "spark_summary", "summary_from_tables"]
+           "check_limits", "rank_stats", "reduce_rank", "summary_from_tables"]
 
-# "gpu fwd" / "gpu bwd": device time (trace(gpu=True), hooktrace.analysis.device_time), per step
-# over the steps that were timed; rows and stragglers of their own, listed first
-PHASES = ("fwd", "bwd", "gpu fwd", "gpu bwd")
-MODES = ("train", "eval")  # as the summary's rows' "mode"
+# PHASES (hooktrace.analysis.phases.RANK_PHASES): "gpu fwd" / "gpu bwd": device time
+# (trace(gpu=True), hooktrace.analysis.device_time), per step over the steps that were
+# timed; rows and stragglers of their own, listed first. MODES: as the summary's rows'.
+N_PHASES = len(PHASES)
 EXPLAINED = 0.8
 DEFAULT_THRESHOLD = 0.5  # a rank 1.5x the others' median ...
 DEFAULT_MIN_EXCESS_NS = 1_000_000  # ... and at least 1 ms over it
@@ -251,29 +255,30 @@ def _num(x: float) -> float | None:
     return None if x != x else float(x)
 
 
-def analyze(inputs: Sequence[str | os.PathLike[str]], *,
+def check_limits(threshold: float, min_excess_ns: int) -> None:
+    """ValueError unless the straggler bars are finite and >= 0."""
+    if not (0 <= threshold < float("inf") and 0 <= min_excess_ns < 2**63):
+        raise ValueError(f"threshold and min_excess_ns must be finite and >= 0, got {threshold}, "
+                         f"{min_excess_ns}")
+
+
+def analyze(inputs: Sequence[str | os.PathLike[str] | Input], *,
             profilers: Sequence[str | os.PathLike[str]] = (),
             threshold: float = DEFAULT_THRESHOLD, min_excess_ns: int = DEFAULT_MIN_EXCESS_NS,
             workers: int | None = None) -> RanksSummary:
-    """Straggler tables of the ranks under ``inputs`` (see the module docstring).
+    """Straggler tables of the ranks under ``inputs`` (see the module docstring; an input
+    may be :func:`~hooktrace.analysis.inputs.resolve`'s answer for its path).
 
     ``.htrace`` files are reduced by ``workers`` worker processes with numpy
     (:func:`~hooktrace.analysis.rankset.map_ranks`); a Parquet dataset written by
-    ``hooktrace export DIR -o OUT/`` (``inputs`` one directory of it) by DuckDB
-    (:mod:`hooktrace.data.engine`: SQL over its tables). Both give the same tables.
+    ``hooktrace export DIR -o OUT/`` is read by :func:`hooktrace.data.paths.analyze`
+    (DuckDB: SQL over its tables). Both give the same tables.
 
     Unreadable rank files are left out with a line in ``problems`` (and a
     RuntimeWarning); raises :class:`~hooktrace.analysis.rankset.RankSetError` when none is
     readable.
     """
-    if not (0 <= threshold < float("inf") and 0 <= min_excess_ns < 2**63):
-        raise ValueError(f"threshold and min_excess_ns must be finite and >= 0, got {threshold}, "
-                         f"{min_excess_ns}")
-    if _parquet_input(inputs):
-        from hooktrace.data.engine import find_source
-
-        if find_source(inputs[0]).parquet:
-            return _analyze_parquet(os.fspath(inputs[0]), profilers, threshold, min_excess_ns)
+    check_limits(threshold, min_excess_ns)
     paths, problems = find_rank_files(inputs)
     prof_of: dict[str, str] = {}
     if profilers:
@@ -293,41 +298,6 @@ def analyze(inputs: Sequence[str | os.PathLike[str]], *,
     order = {id(f): i for i, f in enumerate(rs.files)}
     stats.sort(key=lambda s: order[id(s.file)])
     return _combine(stats, rs.problems, threshold, min_excess_ns)
-
-
-def _parquet_input(inputs: Sequence[str | os.PathLike[str]]) -> bool:
-    """Whether ``inputs`` is one directory of Parquet tables (``hooktrace export`` of the
-    ranks) rather than ``.htrace`` files (hooktrace.analysis.inputs says)."""
-    from hooktrace.analysis.inputs import Kind, resolve
-
-    return (len(inputs) == 1 and os.path.isdir(inputs[0])
-            and resolve(inputs[0]).kind is Kind.EXPORT)
-
-
-def _analyze_parquet(path: str, profilers: Sequence[str | os.PathLike[str]],
-                     threshold: float, min_excess_ns: int) -> RanksSummary:
-    """:func:`analyze` on DuckDB (hooktrace.data.engine): the same reduction per rank as
-    :func:`rank_stats`, as SQL, over the Parquet dataset at ``path``."""
-    from hooktrace.data.engine import connect, sql_errors, straggler_tables
-
-    con = connect(path)
-    try:
-        with sql_errors(path):
-            parts = [straggler_tables(con)]
-    finally:
-        con.close()
-    return summary_from_tables(parts, profilers=profilers, threshold=threshold,
-                               min_excess_ns=min_excess_ns)
-
-
-def spark_summary(spark: Any, **kwargs: Any) -> RanksSummary:
-    """``hooktrace summary DIR``'s straggler tables computed by Spark over the views
-    :func:`hooktrace.data.spark.register` made: the per-file aggregates run on the
-    cluster, the small tables are combined on the driver as for DuckDB. ``kwargs``:
-    ``threshold``, ``min_excess_ns``, ``profilers`` (files on the driver)."""
-    from hooktrace.data.spark import straggler_tables
-
-    return summary_from_tables([straggler_tables(spark)], **kwargs)
 
 
 def summary_from_tables(parts: Sequence[dict[str, Any]], paths: Sequence[str] = (),
@@ -384,7 +354,7 @@ def _combine(stats: list[RankStats], problems: list[str], threshold: float,
     types = [type_of[n] for n in names]
     all_steps = np.unique(np.concatenate([s.step for s in stats] + [np.zeros(0, np.int64)]))
     n_step = max(int(all_steps.max(initial=-1)) + 1, 1)
-    keys = [(g * 4 + s.phase) * n_step + s.step for g, s in zip(gmods, stats)]
+    keys = [(g * N_PHASES + s.phase) * n_step + s.step for g, s in zip(gmods, stats)]
     uniq = np.unique(np.concatenate(keys + [np.zeros(0, np.int64)]))
     v = np.full((n_rank, len(uniq)), np.nan)
     last_end = np.full((n_rank, len(uniq)), np.iinfo(np.int64).min, np.int64)
@@ -392,13 +362,14 @@ def _combine(stats: list[RankStats], problems: list[str], threshold: float,
         col = np.searchsorted(uniq, k)
         v[i, col] = s.total_ns
         last_end[i, col] = s.last_end_ns
-    k_group, k_phase, k_step = uniq // n_step // 4, uniq // n_step % 4, uniq % n_step
+    k_group, k_phase, k_step = (uniq // n_step // N_PHASES, uniq // n_step % N_PHASES,
+                                uniq % n_step)
     k_mod, k_mode = k_group // 2, k_group % 2
     names_list = list(names)
     rank_ids = [s.file.rank if s.file.rank is not None else i for i, s in enumerate(stats)]
 
     # per module x mode x phase: time per step (NaN where a rank never ran it)
-    mp, mp_inv = np.unique(k_group * 4 + k_phase, return_inverse=True)
+    mp, mp_inv = np.unique(k_group * N_PHASES + k_phase, return_inverse=True)
     steps_of = np.array([max(len(s.step_number), 1) for s in stats], np.float64)
     # device time: per step over the steps that were timed (gpu_every=N times every N-th)
     timed_of = np.array([max(s.timed_steps, 1) for s in stats], np.float64)
@@ -407,16 +378,17 @@ def _combine(stats: list[RankStats], problems: list[str], threshold: float,
     for j in range(len(mp)):  # (columns of one module x phase: its steps)
         block = v[:, mp_inv == j]
         seen[:, j] = ~np.isnan(block).all(axis=1)
-        agg[:, j] = np.nansum(block, axis=1) / (timed_of if mp[j] % 4 >= 2 else steps_of)
+        agg[:, j] = np.nansum(block, axis=1) / (timed_of if mp[j] % N_PHASES >= RANK_DEVICE
+                                                 else steps_of)
     agg[~seen] = np.nan
-    rows = _rows(agg, mp // 4, mp % 4, names_list, types, rank_ids)
+    rows = _rows(agg, mp // N_PHASES, mp % N_PHASES, names_list, types, rank_ids)
     per_step = _rows(v, k_group, k_phase, names_list, types, rank_ids, steps=k_step)
 
     # stragglers on the device: by each module's time (the module explains its ancestors)
     others = _median_of_others(v)
     excess = v - others
     with np.errstate(invalid="ignore"):
-        flagged = (excess > min_excess_ns) & (excess > threshold * others) & (k_phase >= 2)
+        flagged = (excess > min_excess_ns) & (excess > threshold * others) & (k_phase >= RANK_DEVICE)
     entries = []
     for i, c in zip(*np.nonzero(flagged)):
         entries.append({"rank": rank_ids[i], "_i": int(i), "_c": int(c),
@@ -431,15 +403,16 @@ def _combine(stats: list[RankStats], problems: list[str], threshold: float,
         e.update(_waits(stats, e["_i"], e["step"], int(last_end[e["_i"], e["_c"]])))
         del e["_i"], e["_c"]
     # on the host: by where the time went, waits left out (see _host_stragglers)
-    host = uniq[k_phase < 2]
+    host = uniq[k_phase < RANK_DEVICE]
     self_v = np.full((n_rank, len(host)), np.nan)
     self_end = np.full((n_rank, len(host)), np.iinfo(np.int64).min, np.int64)
     for i, (k, s) in enumerate(zip(keys, stats)):
-        mine = (s.phase < 2) if len(s.phase) else np.zeros(0, bool)
+        mine = (s.phase < RANK_DEVICE) if len(s.phase) else np.zeros(0, bool)
         col = np.searchsorted(host, k[mine])
         self_v[i, col] = s.self_ns[mine]
         self_end[i, col] = s.last_end_ns[mine]
-    h_group, h_phase, h_step = host // n_step // 4, host // n_step % 4, host % n_step
+    h_group, h_phase, h_step = (host // n_step // N_PHASES, host // n_step % N_PHASES,
+                                host % n_step)
     places = [{"module": names_list[int(g) // 2], "type": types[int(g) // 2],
                "mode": MODES[int(g) % 2], "phase": PHASES[int(ph)], "step": int(st)}
               for g, ph, st in zip(h_group.tolist(), h_phase.tolist(), h_step.tolist())]
@@ -574,10 +547,10 @@ def _gap_places(stats: list[RankStats]) -> tuple[np.ndarray, np.ndarray, list[di
             if k < 0:
                 label[k] = "step end"
             else:
-                m = k // 4
+                m = k // RANK_DEVICE // 2
                 name = s.modules[m] if m < len(s.modules) else f"<module {m}>"
-                label[k] = (f"{name or '<root>'}{' [eval]' if k // 2 % 2 else ''} "
-                            f"{PHASES[k % 2]}")
+                label[k] = (f"{name or '<root>'}{' [eval]' if k // RANK_DEVICE % 2 else ''} "
+                            f"{PHASES[k % RANK_DEVICE]}")
         at = [cols.setdefault((st, label[b], o), len(cols))
               for st, b, o in zip(step.tolist(), before.tolist(), occ.tolist())]
         per_rank.append((np.asarray(at, np.int64), gap, end))

@@ -61,7 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hooktrace.analysis.diff import compare_paths
+    from hooktrace.data.paths import compare_paths  # (.htrace files, or a Parquet export)
 
     at_least("--top", args.top)
     if args.fail_above is not None and not args.fail_above >= 0:

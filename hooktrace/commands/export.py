@@ -22,6 +22,7 @@ import os
 import sys
 
 from hooktrace._args import finite_float
+from hooktrace.analysis.inputs import Input, Kind, resolve
 from hooktrace.commands import OPEN_HINT
 
 NAME = "export"
@@ -68,12 +69,11 @@ def run(args: argparse.Namespace) -> None:
     from hooktrace.exporters.formats import output_format
     from hooktrace.result import load
 
-    from hooktrace.analysis.inputs import Kind, resolve
-
     # many ranks or windows (any folder: the ranks' reader says what one lacks)
-    many = resolve(args.run).kind is Kind.TRACES or os.path.isdir(args.run)
+    inp = resolve(args.run)  # (asked once, issue #48)
+    many = inp.kind is Kind.TRACES or os.path.isdir(args.run)
     if _is_dir_output(args.output) or args.output.endswith(".parquet"):
-        _export_parquet(args, many)
+        _export_parquet(args, inp if many else None)
         return
     check_output_path(args.output, [args.run])  # (a directory, an input: said first)
     fmt = output_format(args.output)
@@ -111,8 +111,9 @@ def _is_dir_output(path: str) -> bool:
     return path.endswith(("/", os.sep)) or (os.path.isdir(path) and not os.listdir(path))
 
 
-def _export_parquet(args: argparse.Namespace, many: bool) -> None:
-    """``-o X.parquet`` / ``-o DIR/``: the run's tables (docs/schema.md)."""
+def _export_parquet(args: argparse.Namespace, many: Input | None) -> None:
+    """``-o X.parquet`` / ``-o DIR/``: the run's tables (docs/schema.md); ``many``: the
+    input when it is many ranks or windows."""
     from hooktrace.commands import CliError, at_least
     from hooktrace.data import require
 
@@ -143,7 +144,7 @@ def _export_parquet(args: argparse.Namespace, many: bool) -> None:
         from hooktrace.data.parquet import write_dataset
 
         tables = TABLES if whole else (args.table,)
-        r = write_dataset([args.run], out, tables=tables, single=not whole,
+        r = write_dataset([many], out, tables=tables, single=not whole,
                           threads=args.threads)
         for line in r.problems:
             print(f"hooktrace: warning: {line}", file=sys.stderr)

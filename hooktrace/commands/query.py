@@ -122,10 +122,10 @@ def _spark(args: argparse.Namespace) -> Any:
     require("pyspark")
     from hooktrace.data.spark import check_parquet, query, session
 
-    check_parquet(args.run)  # before the JVM starts (~15 s): .htrace inputs need an export
+    src = check_parquet(args.run)  # before the JVM starts (~15 s): .htrace needs an export
     spark = session(args.master)
     try:
-        return query(spark, args.run, args.sql)
+        return query(spark, src, args.sql)
     except Exception as e:  # Spark's AnalysisException & co.: one line
         if type(e).__module__.startswith("pyspark"):
             raise CliError(f"the query failed on Spark: {str(e).splitlines()[0]}") from None

@@ -231,7 +231,8 @@ def _run_ranks(args: argparse.Namespace) -> None:
     """The straggler tables over the ranks' files (hooktrace.analysis.stragglers)."""
     import warnings
 
-    from hooktrace.analysis.stragglers import DEFAULT_MIN_EXCESS_NS, DEFAULT_THRESHOLD, analyze
+    from hooktrace.analysis.stragglers import DEFAULT_MIN_EXCESS_NS, DEFAULT_THRESHOLD
+    from hooktrace.data.paths import analyze  # (.htrace files, or a Parquet export)
 
     at_least("--top", args.top)
     if args.steps or args.csv:

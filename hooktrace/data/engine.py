@@ -45,6 +45,9 @@ from typing import Any
 import numpy as np
 
 from hooktrace._input import files_under
+from hooktrace.analysis.inputs import Input, Kind, resolve
+from hooktrace.analysis.rankset import find_rank_files
+from hooktrace.analysis.phases import SQL_EVAL, SQL_HOST_PHASES, sql_key_phase, sql_rank_phase
 from hooktrace.data import require
 from hooktrace.data.schema import (
     AGGREGATES,
@@ -96,22 +99,33 @@ def _any_parquet(directory: str) -> str | None:
     return found[0] if found else None
 
 
-def find_source(path: str | os.PathLike[str]) -> Source:
-    """What ``path`` holds (see the module docstring); :class:`QueryError` for nothing."""
-    from hooktrace._naming import rank_files_of
-    from hooktrace.analysis.rankset import find_rank_files
-
-    name = os.fspath(path)
+def find_source(path: str | os.PathLike[str] | Input) -> Source:
+    """What ``path`` holds (see the module docstring): a view of what
+    :func:`hooktrace.analysis.inputs.resolve` says it is (give its answer when you have
+    it: a path is classified once); :class:`QueryError` for nothing."""
+    inp = path if isinstance(path, Input) else resolve(path)
+    name = inp.path
     src = Source(name)
-    if os.path.isfile(name) and name.endswith(".parquet"):
-        t = table_of(name)
-        if t == AGGREGATES:  # one part of an aggregate= folder
-            src.aggregates = name
-        else:
-            src.parquet[t] = (name, False)
-        src.files[t] = [name]
+    if inp.kind in (Kind.MISSING, Kind.EMPTY):
+        raise QueryError(inp.problem)
+    if inp.kind in (Kind.TRACE, Kind.TRACES):
+        if os.path.exists(name) and not (os.path.isfile(name) or os.path.isdir(name)):
+            kind = "a FIFO (named pipe)" if stat.S_ISFIFO(os.stat(name).st_mode) else \
+                "not a regular file"
+            raise InputPathError(f"{display_path(name)}: is {kind}; give a Parquet or .htrace "
+                                 "file, or a directory of them")
+        src.htrace = find_rank_files([inp])[0]
         return src
-    if os.path.isdir(name):
+    if os.path.isfile(name):  # X.parquet: a table, or one part of an aggregate= folder
+        if inp.kind is Kind.AGGREGATE:
+            src.aggregates = name
+            src.files[AGGREGATES] = [name]
+        else:
+            t = table_of(name)
+            src.parquet[t] = (name, False)
+            src.files[t] = [name]
+        return src
+    if inp.kind is Kind.AGGREGATE:
         parts = _parquet_files(os.path.join(name, AGGREGATES), recursive=False)
         if parts:  # a trace(aggregate=DIR) folder (its kept steps, DIR/steps/*.htrace:
             # query those)
@@ -124,39 +138,28 @@ def find_source(path: str | os.PathLike[str]) -> Source:
             from hooktrace.analysis.aggregates import no_parts_problem
 
             raise QueryError(no_parts_problem(name, name))
-        for t in TABLES:
-            as_file = os.path.join(name, f"{t}.parquet")
-            as_dir = os.path.join(name, t)
-            if os.path.isfile(as_file):
-                src.parquet[t] = (as_file, False)
-                src.files[t] = [as_file]
-            elif os.path.isdir(as_dir) and _any_parquet(as_dir):
-                src.parquet[t] = (os.path.join(as_dir, "**", "*.parquet"), True)
-                src.files[t] = _parquet_files(as_dir)
-        if not src.parquet:
-            first = _any_parquet(name)
-            if first is not None and not files_under(name, (".htrace",)):
-                t = table_of(first)
-                if t == AGGREGATES:  # DIR/aggregates itself, or a folder of its parts
-                    src.aggregates = os.path.join(name, "**", "*.parquet")
-                    src.files[t] = _parquet_files(name)
-                    return src
-                src.parquet[t] = (os.path.join(name, "**", "*.parquet"), True)
+    for t in TABLES:
+        as_file = os.path.join(name, f"{t}.parquet")
+        as_dir = os.path.join(name, t)
+        if os.path.isfile(as_file):
+            src.parquet[t] = (as_file, False)
+            src.files[t] = [as_file]
+        elif os.path.isdir(as_dir) and _any_parquet(as_dir):
+            src.parquet[t] = (os.path.join(as_dir, "**", "*.parquet"), True)
+            src.files[t] = _parquet_files(as_dir)
+    if not src.parquet:
+        first = _any_parquet(name)
+        if first is not None and not files_under(name, (".htrace",)):
+            t = table_of(first)
+            if t == AGGREGATES:  # DIR/aggregates itself, or a folder of its parts
+                src.aggregates = os.path.join(name, "**", "*.parquet")
                 src.files[t] = _parquet_files(name)
-        if src.parquet:
-            return src
-    if os.path.exists(name) and not (os.path.isfile(name) or os.path.isdir(name)):
-        kind = "a FIFO (named pipe)" if stat.S_ISFIFO(os.stat(name).st_mode) else \
-            "not a regular file"
-        raise InputPathError(f"{display_path(name)}: is {kind}; give a Parquet or .htrace "
-                             "file, or a directory of them")
-    if os.path.isfile(name) or os.path.isdir(name) or rank_files_of(name):
-        files, problems = find_rank_files([name])
-        if files:
-            src.htrace = files
-            return src
-        raise QueryError("; ".join(problems) or f"{name}: no .htrace or .parquet file in it")
-    raise QueryError(f"{name}: no such file or directory")
+                return src
+            src.parquet[t] = (os.path.join(name, "**", "*.parquet"), True)
+            src.files[t] = _parquet_files(name)
+    if src.parquet:
+        return src
+    raise QueryError(f"{name}: a directory with no .htrace file in it")
 
 
 def _sql_string(s: str) -> str:
@@ -286,13 +289,14 @@ def _with_partition(batch: Any, rank: int, window: int | None) -> Any:
                             else pa.array(np.full(n, window, np.int64)))
 
 
-def connect(path: str | os.PathLike[str], *, sql: str | None = None, threads: int = 1,
-            problems: list[str] | None = None, lock: bool = True) -> Any:
+def connect(path: str | os.PathLike[str] | Input | Source, *, sql: str | None = None,
+            threads: int = 1, problems: list[str] | None = None, lock: bool = True) -> Any:
     """A DuckDB connection with ``path``'s tables as views (see the module docstring);
     with ``sql``, only the tables it names are built from ``.htrace`` files (and have
     their Parquet values checked). ``lock``: lock the connection down once the views
-    exist (hooktrace's own SQL; ``query`` without ``read_only`` passes False)."""
-    src = find_source(path)
+    exist (hooktrace's own SQL; ``query`` without ``read_only`` passes False). ``path``
+    may be its :func:`find_source` already."""
+    src = path if isinstance(path, Source) else find_source(path)
     words = set(re.findall(r"[A-Za-z_]+", sql.lower())) if sql is not None else set(ALL_TABLES)
     have = check_source(src, [t for t in ALL_TABLES if t in words], threads)
     con = duckdb.connect()
@@ -403,7 +407,7 @@ def query(path: str | os.PathLike[str], sql: str, *, threads: int = 1,
     if lacking:
         raise QueryError(f"{display_path(os.fspath(path))}: no {lacking[0]} table there; it "
                          f"holds {', '.join(have) or 'no table'}")
-    con = connect(path, sql=sql, threads=threads, problems=problems, lock=read_only)
+    con = connect(src, sql=sql, threads=threads, problems=problems, lock=read_only)
     try:
         return con.sql(sql).to_arrow_table()
     except duckdb.Error as e:
@@ -415,39 +419,39 @@ def query(path: str | os.PathLike[str], sql: str, *, threads: int = 1,
 # Per (file, module, mode, phase, step): what hooktrace.analysis.stragglers.rank_stats reduces a
 # rank to. Measured forward and backward spans in a step; recompute and kernel-derived
 # rows are not a rank's own time per step there. Device time (the gpu table, when
-# recorded): every interval in a step, recompute counted as forward ("gpu fwd"/"gpu bwd",
-# the pool path's phases 2 and 3), and per file the steps it timed. Plain SQL that DuckDB
-# and Spark both read (hooktrace.data.spark runs the same): `window` in backticks (a
-# keyword in DuckDB).
+# recorded): every interval in a step, recompute counted as forward ("gpu fwd"/"gpu bwd"),
+# and per file the steps it timed. A row's phase: hooktrace.analysis.phases.RANK_PHASES.
+# Plain SQL that DuckDB and Spark both read (hooktrace.data.spark runs the same): `window`
+# in backticks (a keyword in DuckDB).
 STRAGGLER_SQL = {
     # (the spans table's rows grouped as hooktrace.analysis._rank_reduce groups the per-call
     # table: measured and kernel-derived calls, not compiles or recomputes;
-    # grouped by integer keys: the module's slot, booleans for the phase and mode;
+    # grouped by integer keys: the module's slot, the phase's number, a boolean mode;
     # grouping by the names costs ~1.5x as much, measured on 55 M rows)
-    "agg": """
-        SELECT rank, `window`, slot, mode = 'eval' AS eval, phase = 'backward' AS backward,
-               false AS on_device, step, CAST(sum(dur_ns) AS BIGINT) AS total_ns,
+    "agg": f"""
+        SELECT rank, `window`, slot, {SQL_EVAL} AS eval, {sql_rank_phase(False)} AS phase,
+               step, CAST(sum(dur_ns) AS BIGINT) AS total_ns,
                CAST(count(*) AS BIGINT) AS calls, max(end_ns) AS last_end_ns,
                CAST(sum(self_ns) AS BIGINT) AS self_total_ns
         FROM spans
-        WHERE timing <> 'compile' AND phase <> 'recompute' AND step IS NOT NULL
-        GROUP BY rank, `window`, slot, mode = 'eval', phase = 'backward', step
+        WHERE timing <> 'compile' AND {SQL_HOST_PHASES} AND step IS NOT NULL
+        GROUP BY rank, `window`, slot, {SQL_EVAL}, {sql_rank_phase(False)}, step
         UNION ALL
-        SELECT rank, `window`, slot, mode = 'eval' AS eval, phase = 'backward' AS backward,
-               true AS on_device, step, CAST(sum(dur_ns) AS BIGINT) AS total_ns,
+        SELECT rank, `window`, slot, {SQL_EVAL} AS eval, {sql_rank_phase(True)} AS phase,
+               step, CAST(sum(dur_ns) AS BIGINT) AS total_ns,
                CAST(count(*) AS BIGINT) AS calls, max(end_ns) AS last_end_ns,
                CAST(sum(self_ns) AS BIGINT) AS self_total_ns
         FROM gpu
         WHERE step IS NOT NULL
-        GROUP BY rank, `window`, slot, mode = 'eval', phase = 'backward', step
-        ORDER BY rank, `window`, slot, eval, on_device, backward, step""",
+        GROUP BY rank, `window`, slot, {SQL_EVAL}, {sql_rank_phase(True)}, step
+        ORDER BY rank, `window`, slot, eval, phase, step""",
     # the top-level spans, in start order: the gaps between them are the time outside
     # every module (hooktrace.analysis.stragglers: where a rank that was slow outside modules was)
-    "tops": """
-        SELECT rank, `window`, step, slot, mode = 'eval' AS eval, phase = 'backward' AS backward,
+    "tops": f"""
+        SELECT rank, `window`, step, slot, {SQL_EVAL} AS eval, {sql_rank_phase(False)} AS phase,
                start_ns, end_ns
         FROM spans
-        WHERE timing = 'measured' AND phase <> 'recompute' AND step IS NOT NULL
+        WHERE timing = 'measured' AND {SQL_HOST_PHASES} AND step IS NOT NULL
               AND parent IS NULL
         ORDER BY rank, `window`, start_ns, span""",
     "timed": """SELECT rank, `window`, CAST(count(DISTINCT step) AS BIGINT) AS timed_steps
@@ -514,9 +518,7 @@ _DIFF_KEYED = {
                timing = 'measured' AND parent IS NULL AS root,
                CASE WHEN coalesce(n.n_steps, 0) = 0 THEN 0 ELSE coalesce(cols.col, -1) END
                   AS col,
-               CASE WHEN phase = 'forward' AND mode = 'train' THEN 0
-                    WHEN phase = 'backward' AND mode = 'train' THEN 1
-                    WHEN phase = 'forward' AND mode = 'eval' THEN 2 END AS key_phase
+               {sql_key_phase(False)} AS key_phase
         FROM (SELECT *, coalesce(rank, -1) AS r, coalesce("window", -1) AS w FROM spans)
              LEFT JOIN cols USING (r, w, step) LEFT JOIN n USING (r, w)""",
     "gpu": f"""
@@ -525,9 +527,7 @@ _DIFF_KEYED = {
                dur_ns, self_ns, timing = 'kernels' AS derived, false AS root,
                CASE WHEN coalesce(n.n_steps, 0) = 0 THEN 0 ELSE coalesce(timed.col, -1) END
                   AS col,
-               CASE WHEN phase <> 'backward' AND mode = 'train' THEN 3
-                    WHEN phase = 'backward' AND mode = 'train' THEN 4
-                    WHEN phase <> 'backward' AND mode = 'eval' THEN 5 END AS key_phase
+               {sql_key_phase(True)} AS key_phase
         FROM (SELECT *, coalesce(rank, -1) AS r, coalesce("window", -1) AS w FROM gpu)
              LEFT JOIN timed USING (r, w, step) LEFT JOIN n USING (r, w)""",
 }
@@ -597,7 +597,7 @@ def split_files(tables: dict[str, Any]) -> dict[tuple[int, int], dict[str, Any]]
     return out
 
 
-def dataset_diff_tables(path: str | os.PathLike[str], keep_calls: Any
+def dataset_diff_tables(path: str | os.PathLike[str] | Source, keep_calls: Any
                         ) -> list[tuple[dict[str, Any], bool, dict[str, Any]]]:
     """:func:`diff_tables` of every file (``runs`` row) of a Parquet dataset that
     ``hooktrace export DIR -o OUT/`` wrote, in one pass over the dataset: per file its
@@ -607,7 +607,7 @@ def dataset_diff_tables(path: str | os.PathLike[str], keep_calls: Any
 
     con = connect(path)
     try:
-        with sql_errors(path):
+        with sql_errors(path.path if isinstance(path, Source) else path):
             runs = con.sql(STRAGGLER_SQL["runs"]).to_arrow_table().to_pylist()
             timed = set(con.sql('SELECT DISTINCT coalesce(rank, -1), coalesce("window", -1) '
                                 'FROM gpu').fetchall())

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from hooktrace._output import open_output
+from hooktrace.analysis.inputs import Input
 from hooktrace.data import require
 from hooktrace.data.schema import TABLES, file_schema
 from hooktrace.data.tables import DEFAULT_BATCH_ROWS, Where, batches
@@ -132,14 +133,16 @@ class DatasetResult:
     problems: list[str]
 
 
-def write_dataset(inputs: Sequence[str | os.PathLike[str]], directory: str | os.PathLike[str],
+def write_dataset(inputs: Sequence[str | os.PathLike[str] | Input],
+                  directory: str | os.PathLike[str],
                   *, tables: Sequence[str] = TABLES, single: bool = False,
                   batch_rows: int = DEFAULT_BATCH_ROWS, threads: int = 1,
                   load: Callable[[str], TraceData] | None = None) -> DatasetResult:
     """The ``.htrace`` files under ``inputs`` (rank files or schedule windows) as one
     hive-partitioned dataset at ``directory`` (see the module docstring). ``single``:
     ``tables`` is one table, written at ``directory`` itself. A file that cannot be read
-    is a line in ``problems``; the others are written."""
+    is a line in ``problems``; the others are written. An input may be
+    :func:`~hooktrace.analysis.inputs.resolve`'s answer for its path."""
     from hooktrace.errors import HooktraceError
     from hooktrace.analysis.rankset import RankSetError, find_rank_files
     from hooktrace.reading import load as load_data

@@ -5,8 +5,7 @@ When the ranks' traces sit on shared storage, export them once
 (``hooktrace export traces/ -o /shared/run1/``: one hive-partitioned dataset per table,
 :mod:`hooktrace.data.parquet`) and run the queries where the cluster is::
 
-    from hooktrace.data.spark import session, register
-    from hooktrace.analysis.stragglers import spark_summary
+    from hooktrace.data.spark import register, session, spark_summary
     spark = session("spark://head:7077")          # or local[N]
     register(spark, "/shared/run1")               # views spans, steps, modules, ...
     spark.sql("SELECT rank, sum(dur_ns) FROM spans GROUP BY rank").show()
@@ -25,18 +24,20 @@ import os
 import shutil
 from typing import Any
 
+from hooktrace.analysis.stragglers import RanksSummary, summary_from_tables
 from hooktrace.data import require
 from hooktrace.data.engine import (
     MODULE_TOTALS_SQL,
     STRAGGLER_SQL,
     QueryError,
+    Source,
     check_source,
     find_source,
 )
 from hooktrace.data.schema import TABLES, file_schema
 
 __all__ = ["check_parquet", "java_missing", "module_totals", "register", "session",
-           "straggler_tables"]
+           "spark_summary", "straggler_tables"]
 
 
 def java_missing() -> str | None:
@@ -94,18 +95,18 @@ def _frame(spark: Any, path: str, hive: bool) -> Any:
     return df.select(*cols, *rest)
 
 
-def check_parquet(path: str | os.PathLike[str]) -> Any:
+def check_parquet(path: str | os.PathLike[str] | Source) -> Source:
     """``path``'s tables (:func:`find_source`), or the one-line error when it holds no
     Parquet export: Spark reads Parquet, not ``.htrace`` files."""
-    src = find_source(path)
+    src = path if isinstance(path, Source) else find_source(path)
     if not src.parquet:
-        raise QueryError(f"{os.fspath(path)}: Spark reads Parquet; export the traces first "
-                         f"(hooktrace export {os.fspath(path)} -o DIR/) and query DIR")
+        raise QueryError(f"{src.path}: Spark reads Parquet; export the traces first "
+                         f"(hooktrace export {src.path} -o DIR/) and query DIR")
     check_source(src, TABLES, os.cpu_count() or 1)  # (as DuckDB's views: issue #35)
     return src
 
 
-def register(spark: Any, path: str | os.PathLike[str]) -> list[str]:
+def register(spark: Any, path: str | os.PathLike[str] | Source) -> list[str]:
     """``path``'s Parquet tables (as ``hooktrace export`` writes them) as temporary views
     of their names; returns the names. A table the export left out is an empty view.
     ``.htrace`` inputs must be exported first (Spark reads Parquet)."""
@@ -143,7 +144,15 @@ def straggler_tables(spark: Any) -> dict[str, Any]:
     return {k: spark.sql(sql).toArrow() for k, sql in STRAGGLER_SQL.items()}
 
 
-def query(spark: Any, path: str | os.PathLike[str], sql: str) -> Any:
+def spark_summary(spark: Any, **kwargs: Any) -> RanksSummary:
+    """``hooktrace summary DIR``'s straggler tables computed by Spark over the views
+    :func:`register` made: the per-file aggregates run on the cluster, the small tables
+    are combined on the driver as for DuckDB. ``kwargs``: ``threshold``,
+    ``min_excess_ns``, ``profilers`` (files on the driver)."""
+    return summary_from_tables([straggler_tables(spark)], **kwargs)
+
+
+def query(spark: Any, path: str | os.PathLike[str] | Source, sql: str) -> Any:
     """``sql`` over ``path``'s tables on Spark, as a ``pyarrow.Table``."""
     register(spark, path)
     return spark.sql(sql).toArrow()

@@ -70,7 +70,7 @@ def summary_of_export(path: str | os.PathLike[str]) -> Summary:
                          f"{'s' if len(tables_of(src)) > 1 else ''}, not spans: the per-module "
                          "table reads spans (hooktrace export RUN -o DIR/); hooktrace query "
                          "reads any")
-    con = connect(name)
+    con = connect(src)
     try:
         with sql_errors(name):
             n_runs = _runs(con)

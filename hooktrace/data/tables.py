@@ -36,7 +36,7 @@ from hooktrace.analysis.columns import PROVIDERS
 from hooktrace.data.schema import PARTITION_COLUMNS, file_schema, pa
 from hooktrace.reading import CAT_BACKWARD, CAT_FORWARD
 from hooktrace.reading import TraceData
-from hooktrace.data.intervals import union_per_step
+from hooktrace.analysis.intervals import union_per_step
 from hooktrace.text import display_path
 
 __all__ = ["DEFAULT_BATCH_ROWS", "Where", "batches", "to_arrow"]

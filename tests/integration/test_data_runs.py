@@ -293,9 +293,8 @@ def test_the_dataset_reads_as_is_in_pyarrow_and_duckdb(four_ranks_parquet: Path)
 def test_duckdb_and_spark_give_identical_per_rank_module_totals(
         four_ranks: Path, four_ranks_parquet: Path, spark: Any) -> None:
     from hooktrace.data.engine import MODULE_TOTALS_SQL, connect
-    from hooktrace.data.spark import module_totals, register
-    from hooktrace.analysis.stragglers import spark_summary
-    from hooktrace.analysis.stragglers import analyze
+    from hooktrace.data.spark import module_totals, register, spark_summary
+    from hooktrace.data.paths import analyze
 
     on_duckdb = connect(four_ranks).sql(MODULE_TOTALS_SQL).to_arrow_table().to_pylist()
     on_parquet = connect(four_ranks_parquet).sql(MODULE_TOTALS_SQL).to_arrow_table().to_pylist()
@@ -397,10 +396,10 @@ def test_gpu_phases_of_the_straggler_tables_on_spark_and_duckdb(tmp_path: Path,
     from conftest import gpu_trace
 
     from hooktrace.data.parquet import write_dataset
-    from hooktrace.data.spark import register
-    from hooktrace.analysis.stragglers import spark_summary
+    from hooktrace.data.spark import register, spark_summary
     from hooktrace.analysis.rankset import RankFile
-    from hooktrace.analysis.stragglers import _combine, analyze, reduce_rank
+    from hooktrace.analysis.stragglers import _combine, reduce_rank
+    from hooktrace.data.paths import analyze
 
     runs = {}
     for r, f in ((0, 400_000), (1, 420_000), (2, 3_400_000)):

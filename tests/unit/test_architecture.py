@@ -29,6 +29,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("data", {"hooktrace.reading", "hooktrace._span_tables"}),
     ("analysis", {
         "hooktrace.analysis", "hooktrace.analysis.groups", "hooktrace.analysis.calls",
+        "hooktrace.analysis.phases",
         "hooktrace.analysis.inputs", "hooktrace.analysis.summary", "hooktrace.analysis.aggregates",
         "hooktrace.analysis.live", "hooktrace.analysis._summary_columns", "hooktrace.analysis.columns",
         "hooktrace.analysis.column_provider", "hooktrace.analysis.diff",
@@ -38,11 +39,14 @@ LAYERS: list[tuple[str, set[str]]] = [
         "hooktrace.analysis._rank_reduce",
         "hooktrace.analysis._filters", "hooktrace.analysis.memory", "hooktrace.analysis.flops",
         "hooktrace.analysis.kernels", "hooktrace.analysis.numerics", "hooktrace.analysis.shapes",
-        "hooktrace.analysis.device_time", "hooktrace.analysis.kernel_time", "hooktrace.data",
-        "hooktrace.data.intervals",
-        "hooktrace.data.schema",
-        "hooktrace.data.tables", "hooktrace.data.parquet", "hooktrace.data.engine",
-        "hooktrace.data.spark", "hooktrace.data.summary", "hooktrace.data.validate"}),
+        "hooktrace.analysis.device_time", "hooktrace.analysis.kernel_time",
+        "hooktrace.analysis.intervals"}),
+    # (issue #48: the tables read the analysis, never the reverse; hooktrace.data.paths
+    # takes a Parquet export where hooktrace.analysis takes .htrace files)
+    ("tables: Arrow, Parquet, DuckDB and Spark", {
+        "hooktrace.data", "hooktrace.data.schema", "hooktrace.data.tables",
+        "hooktrace.data.parquet", "hooktrace.data.engine", "hooktrace.data.spark",
+        "hooktrace.data.summary", "hooktrace.data.validate", "hooktrace.data.paths"}),
     ("outputs", {
         "hooktrace.exporters", "hooktrace.exporters._layout", "hooktrace.exporters.chrome",
         "hooktrace.exporters.perfetto", "hooktrace.exporters.ranks", "hooktrace.exporters._extra_args",
@@ -152,11 +156,26 @@ def test_every_module_has_a_layer() -> None:
     assert not gone, f"LAYERS names modules that do not exist: {gone}"
 
 
+# Upward imports left to remove (issue #48), each a lazy import of what a Parquet file's
+# metadata says: the input resolver telling an export's tables and an aggregate= part
+# apart by their names and hooktrace.table metadata, and load_aggregates checking the
+# parts against the schema (to move into hooktrace.data). None may be added; one that is
+# gone must leave this list.
+PENDING_UPWARD = {
+    ("hooktrace.analysis.inputs", "hooktrace.data.schema"),
+    ("hooktrace.analysis.inputs", "hooktrace.data.validate"),
+    ("hooktrace.analysis.aggregates", "hooktrace.data.schema"),
+    ("hooktrace.analysis.aggregates", "hooktrace.data.validate"),
+}
+
+
 def test_imports_go_only_down() -> None:
+    edges = {(a, b) for a, deps in graph().items() for b in deps
+             if a in LAYER and b in LAYER and LAYER[b] > LAYER[a]}
     upward = [f"{a} ({LAYERS[LAYER[a]][0]}) imports {b} ({LAYERS[LAYER[b]][0]})"
-              for a, deps in sorted(graph().items()) for b in sorted(deps)
-              if a in LAYER and b in LAYER and LAYER[b] > LAYER[a]]
+              for a, b in sorted(edges - PENDING_UPWARD)]
     assert not upward, "\n".join(upward)
+    assert not PENDING_UPWARD - edges, f"no longer imported: {sorted(PENDING_UPWARD - edges)}"
 
 
 def test_the_import_graph_has_no_cycle() -> None:
@@ -195,7 +214,7 @@ RECORDING_SEAMS: dict[str, set[str]] = {
 
 def recording_reach(g: dict[str, set[str]]) -> dict[str, set[str]]:
     """Per recording module, the analysis and output modules it imports."""
-    below = {LAYER["hooktrace.analysis"], LAYER["hooktrace.exporters"]}
+    below = {LAYER["hooktrace.analysis"], LAYER["hooktrace.data"], LAYER["hooktrace.exporters"]}
     return {a: found for a, deps in g.items() if LAYER.get(a) == LAYER["hooktrace.record"]
             and (found := {b for b in deps if LAYER.get(b) in below})}
 

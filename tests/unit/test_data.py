@@ -182,7 +182,7 @@ def test_windows_are_a_window_partition_in_step_order(tmp_path: Path) -> None:
 def test_straggler_tables_on_duckdb_equal_the_pools(rank_dir: Path, dataset: Path) -> None:
     """The straggler tables of a Parquet export (DuckDB over the dataset) equal the
     worker pool's from the ``.htrace`` files themselves."""
-    from hooktrace.analysis.stragglers import analyze
+    from hooktrace.data.paths import analyze
 
     def doc(report: Any) -> dict[str, Any]:
         d = json.loads(report.to_json())
@@ -195,6 +195,46 @@ def test_straggler_tables_on_duckdb_equal_the_pools(rank_dir: Path, dataset: Pat
     assert other == pool
     assert [(s["rank"], s["module"], s["step"]) for s in pool["stragglers"]][:1] == [
         (2, "layers.5", 7)]
+
+
+def test_a_verb_asks_what_a_path_is_once(dataset: Path, monkeypatch: pytest.MonkeyPatch
+                                         ) -> None:
+    """Issue #48: the straggler tables, diff and query of a Parquet export classify each
+    path once (hooktrace.analysis.inputs.resolve): the engine's tables are a view of that
+    answer, not a second look at the path."""
+    import os
+
+    import hooktrace.analysis.inputs as inputs
+    from hooktrace.analysis import diff, rankset
+    from hooktrace.data import engine, paths
+
+    asked: list[str] = []  # each look at a path: resolve, or find_source of a bare path
+    real, real_find = inputs.resolve, engine.find_source
+
+    def counting(path: Any) -> Any:
+        asked.append(os.fspath(path))
+        return real(path)
+
+    def finding(path: Any) -> Any:
+        if not isinstance(path, inputs.Input):
+            asked.append(os.fspath(path))
+            path = real(path)
+        return real_find(path)
+
+    for module in (inputs, rankset, diff, engine, paths):
+        monkeypatch.setattr(module, "resolve", counting)
+    monkeypatch.setattr(engine, "find_source", finding)
+    paths.analyze([dataset])
+    assert asked == [str(dataset)]
+    asked.clear()
+    engine.query(dataset, "SELECT count(*) FROM spans")
+    assert asked == [str(dataset)]
+    asked.clear()
+    paths.compare_paths(str(dataset), str(dataset), workers=1)
+    assert asked == [str(dataset)] * 2
+    # the engine's tables follow resolve's answer
+    with pytest.raises(engine.QueryError, match="^gone$"):
+        real_find(inputs.Input(str(dataset), inputs.Kind.MISSING, problem="gone"))
 
 
 def _gpu_ranks() -> list[Any]:

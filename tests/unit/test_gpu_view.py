@@ -208,9 +208,10 @@ def test_diff_ranks_gate_on_device_time():
 
 def test_diff_cli_gate_names_the_gpu_row(monkeypatch, capsys):
     import hooktrace.analysis.diff as diff
+    import hooktrace.data.paths as paths  # (the verb's entry point, issue #48)
     from hooktrace.cli import main
 
-    monkeypatch.setattr(diff, "compare_paths", lambda a, b, workers=None: diff.compare(
+    monkeypatch.setattr(paths, "compare_paths", lambda a, b, workers=None: diff.compare(
         gpu_trace(), gpu_trace(fc1_gpu_ns=800_000), names=(a, b)))
     assert main(["diff", "a.htrace", "b.htrace", "--fail-above", "50", "--min-share", "0"]) == 1
     err = capsys.readouterr().err
