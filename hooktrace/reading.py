@@ -27,7 +27,7 @@ import numpy as np
 
 from hooktrace._events import (EVENT_DTYPE, GPU_BACKWARD, GPU_EXIT, GPU_KERNEL, GPU_MARK,
                                GPU_NO_MODULE, GPU_TIME, Clock)
-from hooktrace._span_tables import GPU_FIELDS, GpuSpans, Nodes, Spans, Steps
+from hooktrace._span_tables import GPU_FIELDS, GpuSpans, Nodes, RunOrder, SpanIndex, Spans, Steps
 from hooktrace.format import read_trace, write_trace
 
 
@@ -51,6 +51,8 @@ __all__ = [
     "NO_PASS",
     "GpuSpans",
     "Nodes",
+    "RunOrder",
+    "SpanIndex",
     "Spans",
     "Steps",
     "TraceData",
@@ -197,6 +199,11 @@ class TraceData:
             gpu = self._gpu_spans = _gpu_spans_of(self)
         return gpu
 
+    def span_index(self) -> SpanIndex:
+        """What holds a time or an interval among the run's spans, nodes and their
+        orders (built once: :class:`SpanIndex`)."""
+        return self.spans().index()
+
     def span_steps(self) -> np.ndarray:
         """Per span: the row in :meth:`steps` of the step it started in (-1 for none)."""
         return self.steps().index_of(self.spans().start_ns)
@@ -292,7 +299,7 @@ def _with_kernel_sites(trace: TraceData, spans: Spans, out: dict[str, np.ndarray
         return out
     # the host span holding each kernel is its region's call (forward, or the backward
     # span of its CompiledFunctionBackward node); a site names a module under the region
-    holder = _innermost_span(spans, tid[pair], host_t[pair])
+    holder = spans.index().innermost(tid[pair], host_t[pair])
     region = np.where(holder >= 0, spans.module[np.maximum(holder, 0)].astype(np.int64), -1)
     slot = np.full(len(pair), -1, np.int64)
     cat = np.zeros(len(pair), np.uint8)
@@ -327,71 +334,17 @@ def _with_kernel_sites(trace: TraceData, spans: Spans, out: dict[str, np.ndarray
             for name, dtype in GPU_FIELDS.items()}
 
 
-def _innermost_span(spans: Spans, tid: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Per (thread, host time): the innermost span of that thread holding it, or -1."""
-    cur = _latest_start(spans, np.ones(len(spans), bool), spans.tid, tid, t)
-    out = np.full(len(t), -1, np.int64)
-    # the latest-starting span may have ended before t; a span enclosing it may not
-    while (cur >= 0).any():
-        live = cur >= 0
-        done = live & (spans.end_ns[np.maximum(cur, 0)] >= t)
-        out[done] = cur[done]
-        cur = np.where(live & ~done, spans.parent[np.maximum(cur, 0)], -1)
-    return out
-
-
 def innermost_span(spans: Spans, tid: np.ndarray, t: np.ndarray) -> np.ndarray:
     """Per (thread id, Unix ns): the index of the innermost span of that thread holding
-    that time, or -1 (where a kernel launch, a kernel mark or a sample belongs)."""
-    return _innermost_span(spans, tid, t)
-
-
-def _latest_start(spans: Spans, pick: np.ndarray, of_span: np.ndarray, group: np.ndarray,
-                  t: np.ndarray) -> np.ndarray:
-    """Per (group, time): the index of the latest-starting span among ``pick`` whose
-    ``of_span`` is that group and that starts at or before that time, or -1."""
-    cand = np.flatnonzero(pick)
-    out = np.full(len(t), -1, np.int64)
-    if not cand.size or not len(t):
-        return out
-    # rank both sets of times together, then one key: group, then time
-    uniq, inverse = np.unique(np.concatenate([spans.start_ns[cand], t]), return_inverse=True)
-    rank = inverse.astype(np.int64)
-    width = np.int64(len(uniq) + 1)
-    span_key = of_span[cand].astype(np.int64) * width + rank[: len(cand)]
-    by_key = np.argsort(span_key, kind="stable")
-    mark_key = np.asarray(group).astype(np.int64) * width + rank[len(cand):]
-    k = np.searchsorted(span_key[by_key], mark_key, "right") - 1
-    idx = cand[by_key[np.maximum(k, 0)]]
-    ok = (k >= 0) & (of_span[idx] == group)
-    out[ok] = idx[ok]
-    return out
-
-
-def _span_of(spans: Spans, pick: np.ndarray, module: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Per (module, host time): the index of the latest-starting span among ``pick`` of
-    that module holding that time (the innermost one of a module calling itself), or -1."""
-    idx = _latest_start(spans, pick, spans.module, module, t)
-    ok = idx >= 0
-    ok[ok] &= spans.end_ns[idx[ok]] >= t[ok]
-    # A module calling itself: a mark after its inner call ended (the outer call's
-    # exit mark) finds the inner call as the latest start; the call holding the mark is
-    # the nearest ancestor of the same module that has not ended (issue #35: 10 of 40
-    # calls of a module three deep in itself were timed).
-    for i in np.flatnonzero((idx >= 0) & ~ok).tolist():
-        j = int(spans.parent[idx[i]])
-        while j >= 0 and not (pick[j] and spans.module[j] == module[i]
-                              and spans.start_ns[j] <= t[i] <= spans.end_ns[j]):
-            j = int(spans.parent[j])
-        if j >= 0:
-            idx[i], ok[i] = j, True
-    return np.where(ok, idx, -1)
+    that time, or -1 (where a kernel launch, a kernel mark or a sample belongs; the rules:
+    :class:`SpanIndex`)."""
+    return spans.index().innermost(tid, t)
 
 
 def _forward_gpu(spans: Spans, module: np.ndarray, flags: np.ndarray, host_t: np.ndarray,
                  dev_t: np.ndarray, device: np.ndarray, stream: np.ndarray
                  ) -> dict[str, np.ndarray]:
-    span = _span_of(spans, spans.cat != CAT_BACKWARD, module, host_t)
+    span = spans.index().of_module(module, host_t, "forward")
     n = len(spans)
     start = np.full(n, -1, np.int64)
     end = np.full(n, -1, np.int64)
@@ -434,7 +387,7 @@ def _backward_gpu(spans: Spans, module: np.ndarray, host_t: np.ndarray, dev_t: n
         has_next[:-1] = (device[1:] == device[:-1]) & (stream[1:] == stream[:-1])
     own = np.flatnonzero(has_next & (module != GPU_NO_MODULE))
     a, b = dev_t[own], dev_t[nxt[own]]
-    span = _span_of(spans, spans.cat == CAT_BACKWARD, module[own], host_t[own])
+    span = spans.index().of_module(module[own], host_t[own], "backward")
     # stretches of no backward span: one interval each
     alone = span < 0
     out_parts = [{"start_ns": a[alone], "end_ns": b[alone], "self_ns": b[alone] - a[alone],
@@ -536,15 +489,7 @@ def compile_parents(spans: Spans, intervals: np.ndarray) -> np.ndarray:
     compiles no module call is recorded, so its time is that span's own). The summary's
     ``<torch.compile>`` row and the data tables' compile rows take it out of that span's
     self time."""
-    out = np.full(len(intervals), -1, np.int64)
-    if not len(spans):
-        return out
-    for i, (start, end, tid) in enumerate(intervals.tolist()):
-        inside = np.flatnonzero((spans.tid == tid) & (spans.start_ns <= start)
-                                & (spans.end_ns >= end))
-        if len(inside):
-            out[i] = inside[np.argmax(spans.depth[inside])]
-    return out
+    return spans.index().innermost(intervals[:, 2], intervals[:, 0], intervals[:, 1])
 
 
 def compile_in_backward(spans: Spans, parents: np.ndarray) -> np.ndarray:
@@ -586,23 +531,7 @@ def forward_span_before(trace: TraceData, tid: np.ndarray, module: np.ndarray, t
     the latest forward (or recomputed) span of that module on that thread ending at
     or before ``t``, -1 if none. Events recorded right after a call's EXIT (shapes,
     numerics) find their call so."""
-    spans = trace.spans()
-    s = np.flatnonzero((spans.cat == CAT_FORWARD) | (spans.cat == CAT_RECOMPUTE))
-    n_mod = max(len(trace.modules), int(module.max(initial=0)) + 1) + 1
-    k_span = spans.tid[s].astype(np.int64) * n_mod + spans.module[s].astype(np.int64)
-    k_ev = tid * n_mod + module
-    keys = np.r_[k_span, k_ev]
-    times = np.r_[spans.end_ns[s], t]
-    is_ev = np.r_[np.zeros(len(s), bool), np.ones(len(t), bool)]
-    ids = np.r_[s, np.full(len(t), -1, np.int64)]
-    order = np.lexsort((is_ev, times, keys))
-    ids_o, keys_o = ids[order], keys[order]
-    last = np.maximum.accumulate(np.where(ids_o >= 0, np.arange(len(order)), -1))
-    same = (last >= 0) & (keys_o[np.maximum(last, 0)] == keys_o)
-    found = np.where(same, ids_o[np.maximum(last, 0)], -1)
-    out = np.empty(len(t), np.int64)
-    out[order[is_ev[order]] - len(s)] = found[is_ev[order]]
-    return out
+    return trace.spans().index().ended_before(tid, module, t)
 
 
 def counter_changes(t: np.ndarray, values: np.ndarray, window: tuple[int, int] | None = None,

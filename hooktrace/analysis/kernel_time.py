@@ -62,6 +62,7 @@ from hooktrace.reading import (
     NO_PASS,
     SPAN_EVAL,
     GpuSpans,
+    Spans,
     TraceData,
     innermost_span,
 )
@@ -230,7 +231,7 @@ def _records_of(trace: TraceData) -> KernelRecords:
             span[placed] = _node_span(spans, tid, t, innermost_span(spans, tid, t))
         runs = Kernels.from_trace(trace)
         if len(runs):  # launched from a kernel site of compiled code: the site's module
-            run = _run_holding(runs, tid, t)
+            run = runs.holding(tid, t, t)
             hit = np.flatnonzero(placed)[run >= 0]
             site_module[hit] = runs.module[run[run >= 0]]
             site_cat[hit] = runs.cat[run[run >= 0]]
@@ -239,25 +240,7 @@ def _records_of(trace: TraceData) -> KernelRecords:
                          int(graph.sum()), int((~named).sum()), unpaired)
 
 
-def _latest_started(owner: np.ndarray, start: np.ndarray, keep: np.ndarray, tid: np.ndarray,
-                    t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per (thread, time): among the rows ``keep`` of that thread (``owner``), the one
-    that started last at or before that time, and the one that started next; -1 for none."""
-    last = np.full(len(t), -1, np.int64)
-    nxt = np.full(len(t), -1, np.int64)
-    for u in np.unique(tid).tolist():
-        mine = np.flatnonzero((owner == u) & keep)
-        if not len(mine):
-            continue
-        mine = mine[np.argsort(start[mine], kind="stable")]
-        sel = np.flatnonzero(tid == u)
-        pos = np.searchsorted(start[mine], t[sel], "right") - 1
-        last[sel] = np.where(pos >= 0, mine[np.maximum(pos, 0)], -1)
-        nxt[sel] = np.where(pos + 1 < len(mine), mine[np.minimum(pos + 1, len(mine) - 1)], -1)
-    return last, nxt
-
-
-def _node_span(spans: Any, tid: np.ndarray, t: np.ndarray, inner: np.ndarray) -> np.ndarray:
+def _node_span(spans: Spans, tid: np.ndarray, t: np.ndarray, inner: np.ndarray) -> np.ndarray:
     """Launches in backward go with the autograd node that made them, as torch.profiler
     attributes them (``evaluate_function: <Node>`` holds the node's apply and the
     accumulation of its outputs into the next node's inputs): the node of that thread
@@ -267,19 +250,13 @@ def _node_span(spans: Any, tid: np.ndarray, t: np.ndarray, inner: np.ndarray) ->
     nodes = spans.nodes
     if not len(nodes):
         return inner.copy()
-    node, nxt = _latest_started(nodes.tid, nodes.start_ns, np.ones(len(nodes), bool), tid, t)
+    node, nxt = spans.index().latest_node(tid, t)
     at, after = np.maximum(node, 0), np.maximum(nxt, 0)
     running = t <= nodes.end_ns[at]
     between = ((nxt >= 0) & (nodes.pass_id[after] == nodes.pass_id[at])
                & (nodes.pass_id[at] != NO_PASS))
     take = (node >= 0) & (running | between) & (nodes.span[at] >= 0)
     return np.where(take, nodes.span[at], inner)
-
-
-def _run_holding(runs: Kernels, tid: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Per (thread, time): the kernel mark run of that thread holding it, or -1."""
-    run, _ = _latest_started(runs.tid, runs.start_ns, runs.module >= 0, tid, t)
-    return np.where((run >= 0) & (runs.end_ns[np.maximum(run, 0)] >= t), run, -1)
 
 
 def kernel_records(trace: TraceData) -> KernelRecords:

@@ -51,8 +51,8 @@ from hooktrace._events import KERNEL_BEGIN, KERNEL_END
 from hooktrace.reading import (
     CAT_BACKWARD,
     CAT_FORWARD,
-    CAT_RECOMPUTE,
     SPAN_EVAL,
+    RunOrder,
     Spans,
     TraceData,
 )
@@ -105,12 +105,22 @@ class Kernels:
     unplaced: int = 0
     unnamed: int = 0
 
+    order: RunOrder | None = field(default=None, repr=False, compare=False)
+
     def __len__(self) -> int:
         return len(self.start_ns)
 
     @property
     def duration_ns(self) -> np.ndarray:
         return self.end_ns - self.start_ns
+
+    def holding(self, tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+        """Per interval [start, end] on thread ``tid``: the placed kernel run (index)
+        whose marks hold it, or -1 (a thread's kernel runs never overlap: a wrapper calls
+        them in turn; the rules: :class:`hooktrace.reading.SpanIndex`)."""
+        if self.order is None:
+            self.order = RunOrder(self.tid, self.start_ns, self.module >= 0)
+        return self.order.holding(tid, start, end, self.end_ns)
 
     @classmethod
     def from_trace(cls, trace: TraceData) -> Kernels:
@@ -143,7 +153,7 @@ class Kernels:
         # backward: the autograd node running the kernel, attributed to a module call
         nodes = spans.nodes
         if len(nodes):
-            node = _innermost(nodes.tid, nodes.start_ns, nodes.end_ns, None, ktid, start, end)
+            node = spans.index().order("nodes").holding(ktid, start, end, nodes.end_ns)
             hit = node >= 0
             span[hit] = nodes.span[node[hit]]
             cat[hit & (span >= 0)] = CAT_BACKWARD
@@ -151,12 +161,9 @@ class Kernels:
             span[hit & (span < 0)] = -1
         rest = span < 0
         if rest.any() and len(spans):
-            fwd = np.flatnonzero((spans.cat == CAT_FORWARD) | (spans.cat == CAT_RECOMPUTE))
-            parent_local = _local_parents(spans.parent, fwd)
-            inner = _innermost(spans.tid[fwd], spans.start_ns[fwd], spans.end_ns[fwd],
-                               parent_local, ktid[rest], start[rest], end[rest])
-            span[rest] = np.where(inner >= 0, fwd[np.maximum(inner, 0)], -1)
-            cat[rest] = np.where(inner >= 0, spans.cat[fwd[np.maximum(inner, 0)]], CAT_FORWARD)
+            inner = spans.index().innermost(ktid[rest], start[rest], end[rest], "forward")
+            span[rest] = inner
+            cat[rest] = np.where(inner >= 0, spans.cat[np.maximum(inner, 0)], CAT_FORWARD)
         module = np.full(len(begin), -1, np.int64)
         placed = span >= 0
         unnamed = 0
@@ -358,41 +365,6 @@ def _chain(names: list[str], slots: dict[str, int], modules: list[tuple[str, str
 
 def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix and name else prefix or name
-
-
-def _local_parents(parent: np.ndarray, subset: np.ndarray) -> np.ndarray:
-    """``parent`` re-indexed into ``subset`` (-1 where the parent is outside it)."""
-    where = np.full(len(parent), -1, np.int64)
-    where[subset] = np.arange(len(subset))
-    p = parent[subset]
-    return np.where(p >= 0, where[np.maximum(p, 0)], -1)
-
-
-def _innermost(tid: np.ndarray, start: np.ndarray, end: np.ndarray, parent: np.ndarray | None,
-               q_tid: np.ndarray, q_start: np.ndarray, q_end: np.ndarray) -> np.ndarray:
-    """Per query interval, the index of the innermost interval on its thread that
-    contains it (-1 for none). Intervals of a thread nest; ``parent`` (or None:
-    only the latest-starting candidate is tried) walks outwards."""
-    # one sort of intervals and queries by (thread, start), an interval before a query
-    # that starts with it: each query's candidate is the last interval before it
-    n = len(start)
-    all_tid = np.concatenate([tid.astype(np.int64), q_tid.astype(np.int64)])
-    all_start = np.concatenate([start, q_start])
-    is_query = np.r_[np.zeros(n, np.int8), np.ones(len(q_start), np.int8)]
-    order = np.lexsort((is_query, all_start, all_tid))
-    last = np.maximum.accumulate(np.where(order < n, np.arange(len(order)), -1))
-    at = np.empty(len(order), np.int64)
-    at[order] = np.arange(len(order))
-    prev = last[at[n:]]
-    cand = np.where(prev >= 0, order[np.maximum(prev, 0)], -1)
-    cand[(cand >= 0) & (tid[np.maximum(cand, 0)] != q_tid)] = -1
-    for _ in range(256):
-        bad = (cand >= 0) & ~((start[np.maximum(cand, 0)] <= q_start)
-                              & (end[np.maximum(cand, 0)] >= q_end))
-        if not bad.any():
-            break
-        cand[bad] = parent[cand[bad]] if parent is not None else -1
-    return cand
 
 
 def span_self_ns(spans: Spans, derived: Derived | None,
