@@ -42,6 +42,10 @@ __all__ = [
     "CAT_BACKWARD",
     "CAT_RECOMPUTE",
     "CAT_NAMES",
+    "CONTAINER_TYPES",
+    "join_name",
+    "kernel_sites",
+    "site_modules",
     "attached_compiled",
     "attached_mid_step",
     "forward_span_before",
@@ -67,6 +71,9 @@ CAT_BACKWARD = 1  # one per (forward module call, backward pass)
 CAT_RECOMPUTE = 2  # forward calls re-run inside backward by activation checkpointing
 CAT_NAMES = ("forward", "backward", "recompute")
 NO_PASS = 0xFFFF_FFFF  # Nodes.pass_id when the backward pass is unknown
+
+# Containers are never called, so they have no row in eager runs either.
+CONTAINER_TYPES = frozenset({"ModuleList", "ModuleDict", "ParameterList", "ParameterDict"})
 
 _REQUIRED_INFO = ("pid", "hostname", "dropped_events", "overwritten_events")
 
@@ -281,14 +288,11 @@ def _with_kernel_sites(trace: TraceData, spans: Spans, out: dict[str, np.ndarray
     (before and after its kernel, one after the other on the recording thread) are one
     interval of the site's module (``span`` -1) in the site's phase. The innermost host
     span holding it is the compiled region's call (hooktrace.analysis.kernels places kernels the
-    same way); the site's module is the region's module joined with the site's path,
-    and the region's interval loses the kernel's time from its ``self_ns`` when on the
-    same stream."""
-    raw = trace.info.get("kernel_sites")
-    sites = raw if isinstance(raw, list) else []
-    slot_of: dict[str, int] = {}
-    for i, (name, _) in enumerate(trace.modules):
-        slot_of.setdefault(name, i)
+    same way); the site's module is :func:`site_modules`' (the host side's too), and the
+    region's interval loses the kernel's time from its ``self_ns`` when on the same
+    stream. A site that resolves to the region itself adds nothing: its time is the
+    region's own."""
+    sites = kernel_sites(trace.info)
     order = np.argsort(tid, kind="stable")  # (marks in recorded order per thread)
     site, flags, host_t, dev_t = site[order], flags[order], host_t[order], dev_t[order]
     device, stream, tid = device[order], stream[order], tid[order]
@@ -301,20 +305,11 @@ def _with_kernel_sites(trace: TraceData, spans: Spans, out: dict[str, np.ndarray
     # span of its CompiledFunctionBackward node); a site names a module under the region
     holder = spans.index().innermost(tid[pair], host_t[pair])
     region = np.where(holder >= 0, spans.module[np.maximum(holder, 0)].astype(np.int64), -1)
-    slot = np.full(len(pair), -1, np.int64)
-    cat = np.zeros(len(pair), np.uint8)
-    keys, inverse = np.unique(np.stack([region, site[pair].astype(np.int64)]), axis=1,
-                              return_inverse=True)
-    for k, (r, s) in enumerate(keys.T.tolist()):
-        entry = sites[s] if 0 <= s < len(sites) else None
-        if r < 0 or not isinstance(entry, (list, tuple)) or len(entry) < 3:
-            continue
-        base, path = trace.modules[r][0], str(entry[1])
-        name = f"{base}.{path}" if base and path else base or path
-        here = inverse.reshape(-1) == k
-        slot[here] = slot_of.get(name, -1)
-        cat[here] = CAT_BACKWARD if entry[2] == "backward" else CAT_FORWARD
-    keep = slot >= 0
+    slot = site_modules(trace.modules, sites, region, site[pair])[0]
+    backward = np.array([p == "backward" for _, _, p in sites] + [False])
+    cat = np.where(backward[np.minimum(site[pair], len(sites))], CAT_BACKWARD, CAT_FORWARD)
+    # a kernel of the region itself stays in its interval's self time, as on the host
+    keep = (slot >= 0) & (slot != region)
     pair, slot, cat, holder = pair[keep], slot[keep], cat[keep], holder[keep]
     a, b = dev_t[pair], dev_t[pair + 1]
     row = np.full(len(spans), -1, np.int64)
@@ -332,6 +327,61 @@ def _with_kernel_sites(trace: TraceData, spans: Spans, out: dict[str, np.ndarray
            "device": device[pair], "stream": stream[pair]}
     return {name: np.concatenate([out[name], np.asarray(add[name]).astype(dtype)])
             for name, dtype in GPU_FIELDS.items()}
+
+
+def kernel_sites(info: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """The trace's kernel site table ([] when it has none or it is malformed; a malformed
+    entry reads as ``("?", "", "forward")``): ``[kernel name, module path relative to
+    the region's module, "forward" | "backward"]`` per site (hooktrace.analysis.kernels)."""
+    raw = info.get("kernel_sites")
+    if not isinstance(raw, list):
+        return []
+    out = []
+    for s in raw:
+        if isinstance(s, (list, tuple)) and len(s) >= 3 and all(isinstance(x, str) for x in s[:3]):
+            out.append((s[0], s[1], s[2]))
+        else:
+            out.append(("?", "", "forward"))
+    return out
+
+
+def join_name(prefix: str, name: str) -> str:
+    """A module's qualified name from its parent's and its relative path."""
+    return f"{prefix}.{name}" if prefix and name else prefix or name
+
+
+def site_modules(modules: Sequence[tuple[str, str]], sites: Sequence[tuple[str, str, str]],
+                 region: np.ndarray, site: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The one resolver of compiled code's kernel sites to modules, for host and device
+    time alike: per kernel (``region``: slot of the module whose call ran it, -1 for none;
+    ``site``: its index in ``sites``), the slot of the module it counts to, and whether
+    the site's path named it. The path is joined to the region's name (the first slot of
+    that name); a container (never called, so it has no row) gives way to its nearest
+    parent that is not one (a kernel fusing ops of ``blocks.0`` and ``blocks.1`` counts
+    in the module holding ``blocks``); a name the table lacks falls back to the region
+    (named False). -1 where there is no region or no such site."""
+    slots: dict[str, int] = {}
+    for i, (name, _) in enumerate(modules):
+        slots.setdefault(name, i)
+    out = np.full(len(region), -1, np.int64)
+    named = np.zeros(len(region), bool)
+    if not len(region):
+        return out, named
+    keys, inverse = np.unique(np.stack([np.asarray(region, np.int64), np.asarray(site, np.int64)]),
+                              axis=1, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    for k, (r, s) in enumerate(keys.T.tolist()):
+        if r < 0 or not 0 <= s < len(sites):
+            continue
+        base, path = modules[r][0], sites[s][1]
+        slot = slots.get(join_name(base, path))
+        while slot is not None and path and modules[slot][1] in CONTAINER_TYPES:
+            path = path.rpartition(".")[0]
+            slot = slots.get(join_name(base, path))
+        here = inverse == k
+        out[here] = r if slot is None else slot
+        named[here] = slot is not None
+    return out, named
 
 
 def innermost_span(spans: Spans, tid: np.ndarray, t: np.ndarray) -> np.ndarray:

@@ -43,7 +43,6 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -51,10 +50,14 @@ from hooktrace._events import KERNEL_BEGIN, KERNEL_END
 from hooktrace.reading import (
     CAT_BACKWARD,
     CAT_FORWARD,
+    CONTAINER_TYPES,
     SPAN_EVAL,
     RunOrder,
     Spans,
     TraceData,
+    join_name,
+    kernel_sites,
+    site_modules,
 )
 
 __all__ = ["CONTAINER_TYPES", "MODULE_SITE", "Derived", "Kernels", "compiled_regions",
@@ -63,24 +66,6 @@ __all__ = ["CONTAINER_TYPES", "MODULE_SITE", "Derived", "Kernels", "compiled_reg
 # A site with this kernel name names a module of a compiled graph, not a kernel (no mark
 # carries its id): the record side registers one per module whose ops the graph holds.
 MODULE_SITE = ""
-
-# Containers are never called, so they have no row in eager runs either.
-CONTAINER_TYPES = frozenset({"ModuleList", "ModuleDict", "ParameterList", "ParameterDict"})
-
-
-def kernel_sites(info: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """The trace's kernel site table ([] when it has none or it is malformed)."""
-    raw = info.get("kernel_sites")
-    if not isinstance(raw, list):
-        return []
-    out = []
-    for s in raw:
-        if isinstance(s, (list, tuple)) and len(s) >= 3 and all(isinstance(x, str) for x in s[:3]):
-            out.append((s[0], s[1], s[2]))
-        else:
-            out.append(("?", "", "forward"))
-    return out
-
 
 @dataclass
 class Kernels:
@@ -168,25 +153,9 @@ class Kernels:
         placed = span >= 0
         unnamed = 0
         if placed.any():
-            slots = {name: i for i, (name, _) in enumerate(trace.modules)}
             region = spans.module[span[placed]].astype(np.int64)
-            key = region * max(len(sites), 1) + ksite[placed]
-            uniq, inv = np.unique(key, return_inverse=True)
-            resolved = np.empty(len(uniq), np.int64)
-            missing = np.zeros(len(uniq), bool)
-            for i, u in enumerate(uniq.tolist()):
-                r, s = divmod(u, max(len(sites), 1))
-                path = sites[s][1]
-                slot = slots.get(_join(trace.modules[r][0], path))
-                # a kernel fusing ops of two list entries (blocks.0's add with blocks.1's
-                # norm) lands on the list: containers have no row, their parent takes it
-                while slot is not None and path and trace.modules[slot][1] in CONTAINER_TYPES:
-                    path = path.rpartition(".")[0]
-                    slot = slots.get(_join(trace.modules[r][0], path))
-                resolved[i] = r if slot is None else slot
-                missing[i] = slot is None
-            module[placed] = resolved[inv]
-            unnamed = int(np.count_nonzero(missing[inv]))
+            module[placed], named = site_modules(trace.modules, sites, region, ksite[placed])
+            unnamed = int(np.count_nonzero(~named))
         return cls(start, end, ksite, ktid, span, cat, module, sites, unpaired,
                    int(np.count_nonzero(~placed)), unnamed)
 
@@ -290,7 +259,7 @@ def fused_modules(trace: TraceData) -> set[tuple[int, bool, str]]:
     for region, eval_, phase in regions:
         base = trace.modules[region][0]
         for path in paths[phase]:
-            slot = slots.get(_join(base, path))
+            slot = slots.get(join_name(base, path))
             if (slot is None or slot == region or trace.modules[slot][1] in CONTAINER_TYPES
                     or (slot, eval_, phase) in attributed):
                 continue
@@ -357,14 +326,10 @@ def _chain(names: list[str], slots: dict[str, int], modules: list[tuple[str, str
     parts = rel.split(".")
     out = []
     for i in range(1, len(parts) + 1):
-        slot = slots.get(_join(base, ".".join(parts[:i])))
+        slot = slots.get(join_name(base, ".".join(parts[:i])))
         if slot is not None and (slot == leaf or modules[slot][1] not in CONTAINER_TYPES):
             out.append(slot)
     return out
-
-
-def _join(prefix: str, name: str) -> str:
-    return f"{prefix}.{name}" if prefix and name else prefix or name
 
 
 def span_self_ns(spans: Spans, derived: Derived | None,
