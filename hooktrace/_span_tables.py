@@ -2,7 +2,8 @@
 (module calls: forward, backward, recompute), :class:`Nodes` (the autograd node
 executions behind the backward spans), :class:`Steps` (step marks) and
 :class:`GpuSpans` (device time of module calls). :class:`hooktrace.reading.TraceData`
-builds them (and derives the device intervals); import them from ``hooktrace.reading``.
+builds them (the device intervals: ``hooktrace.analysis.device_time.gpu_spans``);
+import them from ``hooktrace.reading``.
 
 And containment, answered one way (issue #48): which row of a run's table (a span, an
 autograd node, a compiled kernel's mark run) holds a time or an interval, with the

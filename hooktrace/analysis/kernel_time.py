@@ -47,6 +47,7 @@ import numpy as np
 
 from hooktrace._events import CUPTI_GRAPH_NODE, CUPTI_KERNEL, CUPTI_KERNEL_MORE, CUPTI_LAUNCH
 from hooktrace.analysis._summary_columns import COLUMNS, COMPILE_ROW, UNATTRIBUTED, group_mode
+from hooktrace.analysis.device_time import gpu_spans, span_gpu
 from hooktrace.analysis.kernels import Kernels
 from hooktrace.analysis.column_provider import (
     ColumnProvider,
@@ -321,9 +322,7 @@ def span_kernels(trace: TraceData) -> SpanKernels:
     """:class:`SpanKernels` of ``trace``'s spans (cached on the trace)."""
     def build() -> SpanKernels:
         intervals = None
-        if len(trace.gpu_spans()):
-            from hooktrace.analysis.device_time import span_gpu
-
+        if len(gpu_spans(trace)):
             intervals = span_gpu(trace)[0]
         return _per_span(trace.spans(), kernel_records(trace), intervals)
     return trace.derived("span_kernels", build)
@@ -468,7 +467,7 @@ class KernelTimeColumns(ColumnProvider):
 
     def summary(self, rows: list[dict[str, Any]], trace: TraceData,
                 options: Mapping[str, Any]) -> SummaryPart:
-        lead = not len(trace.gpu_spans())
+        lead = not len(gpu_spans(trace))
         return SummaryPart(KERNEL_COLUMNS, add_kernels(rows, trace), lead=lead,
                            attributes={"time_kind": "device"} if lead else {})
 
@@ -532,7 +531,7 @@ class KernelTimeColumns(ColumnProvider):
 
 def device_table(trace: TraceData) -> tuple[GpuSpans, np.ndarray]:
     """What the exports draw on the device's rows (one per device and stream): the
-    run's event intervals (``gpu_spans()``), and, with kernel busy time, each placed
+    run's event intervals (:func:`~hooktrace.analysis.device_time.gpu_spans`), and, with kernel busy time, each placed
     kernel, copy and set under its module: where no event interval was recorded, a
     module's slice is the extent of what its call launched on that stream (first start
     to last end, children included; ``self_ns``: their busy time). Returns the table
@@ -542,7 +541,7 @@ def device_table(trace: TraceData) -> tuple[GpuSpans, np.ndarray]:
 
 
 def _device_table(trace: TraceData) -> tuple[GpuSpans, np.ndarray]:
-    gpu = trace.gpu_spans()
+    gpu = gpu_spans(trace)
     k = kernel_records(trace)
     spans = trace.spans()
     placed = np.flatnonzero(k.span >= 0)

@@ -1,5 +1,5 @@
 """Decoding device time (issue #28): GPU_MARK / GPU_TIME events into GpuSpans
-(hooktrace/reading.py), on hand-made events: forward pairs, nested self time, marks
+(hooktrace/analysis/device_time.py), on hand-made events: forward pairs, nested self time, marks
 without a time, and a child on another stream."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import numpy as np
 
 from hooktrace._events import (ENTER, EVENT_DTYPE, EXIT, GPU_EXIT, GPU_KERNEL, GPU_MARK,
                                GPU_TIME, KERNEL_BEGIN, KERNEL_END, Clock)
+from hooktrace.analysis.device_time import gpu_spans
 from hooktrace.analysis.kernels import Kernels
 from hooktrace.reading import CAT_FORWARD, GpuSpans, TraceData, site_modules
 
@@ -39,7 +40,7 @@ def _forward_rows(child_stream: int = 5) -> list[tuple[int, int, int, int, int, 
 
 def test_forward_intervals_pair_marks_and_subtract_children_on_the_same_stream() -> None:
     trace = _trace(_forward_rows())
-    g = trace.gpu_spans()
+    g = gpu_spans(trace)
     assert isinstance(g, GpuSpans) and len(g) == 2  # b's marks have no time: left out
     spans = trace.spans()
     by_module = {int(m): i for i, m in enumerate(g.module)}
@@ -52,7 +53,7 @@ def test_forward_intervals_pair_marks_and_subtract_children_on_the_same_stream()
 
 
 def test_a_child_on_another_stream_is_not_subtracted() -> None:
-    g = _trace(_forward_rows(child_stream=9)).gpu_spans()
+    g = gpu_spans(_trace(_forward_rows(child_stream=9)))
     root = int(np.flatnonzero(g.module == 0)[0])
     assert g.self_ns[root] == 100
     assert sorted(g.stream.tolist()) == [5, 9]
@@ -60,8 +61,8 @@ def test_a_child_on_another_stream_is_not_subtracted() -> None:
 
 def test_no_marks_no_intervals() -> None:
     rows = [r for r in _forward_rows() if r[1] != GPU_TIME]
-    assert len(_trace(rows).gpu_spans()) == 0
-    assert len(_trace([(0, ENTER, 0, 0, 0, 0), (1, EXIT, 0, 0, 0, 0)]).gpu_spans()) == 0
+    assert len(gpu_spans(_trace(rows))) == 0
+    assert len(gpu_spans(_trace([(0, ENTER, 0, 0, 0, 0), (1, EXIT, 0, 0, 0, 0)]))) == 0
 
 
 def test_kernel_sites_are_intervals_of_their_module_and_leave_the_regions_self() -> None:
@@ -78,7 +79,7 @@ def test_kernel_sites_are_intervals_of_their_module_and_leave_the_regions_self()
     for i, (t, kind, id_, seq, rf, flags) in enumerate(rows):
         ev[i] = (t, seq, id_, 7, rf, kind, flags, 0)
     info = {**INFO, "kernel_sites": [["triton_poi_fused_0", "a", "forward"]]}
-    g = TraceData(ev, MODULES, [], Clock(0, 0, 1.0), info).gpu_spans()
+    g = gpu_spans(TraceData(ev, MODULES, [], Clock(0, 0, 1.0), info))
     assert len(g) == 2
     root, k = (int(np.flatnonzero(g.module == m)[0]) for m in (0, 1))
     assert (g.start_ns[root], g.end_ns[root], g.self_ns[root]) == (100, 200, 50)
@@ -113,7 +114,7 @@ def test_a_kernel_fusing_two_list_entries_counts_on_the_same_row_host_and_device
     for path in ("blocks", "", "gone"):
         trace = _one_kernel(path, NESTED)
         assert Kernels.from_trace(trace).module.tolist() == [0], path
-        g = trace.gpu_spans()
+        g = gpu_spans(trace)
         # no interval of its own: the kernel is the region's own device time
         assert g.module.tolist() == [0] and g.self_ns.tolist() == [100], path
 
@@ -121,7 +122,7 @@ def test_a_kernel_fusing_two_list_entries_counts_on_the_same_row_host_and_device
 def test_a_site_naming_a_module_below_a_list_is_that_modules_on_both_sides() -> None:
     trace = _one_kernel("blocks.1", NESTED)
     assert Kernels.from_trace(trace).module.tolist() == [3]
-    g = trace.gpu_spans()
+    g = gpu_spans(trace)
     assert sorted(g.module.tolist()) == [0, 3]
     assert g.self_ns[g.module == 0].tolist() == [50] and g.span[g.module == 3].tolist() == [-1]
 
