@@ -410,76 +410,46 @@ _CAT_BACKWARD = 1  # hooktrace.reading.CAT_BACKWARD (reading imports this module
 FAMILIES = ("all", "forward", "backward")
 
 
-def _dense(values: np.ndarray, want: np.ndarray) -> np.ndarray:
-    """``want`` as ranks among the distinct ``values`` (-1 where it is none of them)."""
-    uniq = np.unique(values)
-    pos = np.minimum(np.searchsorted(uniq, want), max(len(uniq) - 1, 0))
-    hit = uniq[pos] == want if len(uniq) else np.zeros(len(want), bool)
-    return np.where(hit, pos, -1).astype(np.int64)
+def thread_module(tid: np.ndarray, module: np.ndarray) -> np.ndarray:
+    """(thread, module slot) as one uint64 group of a :class:`RunOrder`."""
+    return (np.asarray(tid).astype(np.uint64) << np.uint64(32)) | np.asarray(module).astype(
+        np.uint64)
 
 
 class RunOrder:
     """The rows of a table (``keep``: those to consider) sorted by (group, key, row);
     :meth:`latest` answers, per (group, time), the last row of that group whose key is
-    at or before that time. ``group`` is one int array, or a pair (major, minor) of
-    them (a thread and a module). Keys are int64 times (ns)."""
+    at or before that time. Groups are ints (a thread; :func:`thread_module` for a pair),
+    keys int64 times (ns)."""
 
-    def __init__(self, group: np.ndarray | tuple[np.ndarray, np.ndarray], key: np.ndarray,
-                 keep: np.ndarray | None = None) -> None:
-        pair = isinstance(group, tuple)
-        self._pair = pair
-        major = np.asarray(group[0] if pair else group).astype(np.int64)
-        rows = np.arange(len(major)) if keep is None else np.flatnonzero(keep)
-        self._major = major[rows]
-        self._minor = np.asarray(group[1]).astype(np.int64)[rows] if pair else major[:0]
-        self._groups = np.unique(self._joined(self._major, self._minor)[0])
-        gid = self._gid(self._major, self._minor)[0]
-        self._key = np.asarray(key).astype(np.int64)[rows]
-        self._uk = np.unique(self._key)
-        # (group, rank of key) as one int64: dense ranks keep it far from overflow
-        comp = gid * (len(self._uk) + 1) + np.searchsorted(self._uk, self._key) + 1
-        order = np.argsort(comp, kind="stable")
-        self.rows = rows[order]
-        self._comp = comp[order]
-        self._gid_of = gid[order]
+    def __init__(self, group: np.ndarray, key: np.ndarray, keep: np.ndarray | None = None
+                 ) -> None:
+        rows = np.arange(len(key)) if keep is None else np.flatnonzero(keep)
+        group, key = np.asarray(group)[rows], np.asarray(key).astype(np.int64)[rows]
+        order = np.lexsort((key, group))  # stable: equal keys keep the rows' order
+        self.rows, self._key, group = rows[order], key[order], group[order]
+        first = np.flatnonzero(np.r_[True, group[1:] != group[:-1]]) if len(group) else rows
+        self._groups, self._bounds = group[first], np.r_[first, len(group)]
 
-    def _joined(self, major: np.ndarray, minor: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(major, minor) as one int64 per row or query (ranks among the rows' values
-        when a pair), and whether the table has those values."""
-        if not self._pair:
-            return major, np.ones(len(major), bool)
-        ia = _dense(self._major, major)
-        ib = _dense(self._minor, minor)
-        return ia * (len(self._major) + 1) + ib, (ia >= 0) & (ib >= 0)
-
-    def _gid(self, major: np.ndarray, minor: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Dense group ids of rows or queries, and whether the table has that group."""
-        m, ok = self._joined(major, minor)
-        pos = np.minimum(np.searchsorted(self._groups, m), max(len(self._groups) - 1, 0))
-        ok &= (self._groups[pos] == m) if len(self._groups) else False
-        return pos.astype(np.int64), ok
-
-    def latest(self, group: np.ndarray | tuple[np.ndarray, np.ndarray], t: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray]:
+    def latest(self, group: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per query: the row (index into the table) of that group with the latest key
         at or before ``t`` (-1: none), and the row after it in that group's order (its
         first row when none is at or before; -1: none)."""
-        t = np.asarray(t).astype(np.int64)
-        pair = isinstance(group, tuple)
-        major = np.asarray(group[0] if pair else group).astype(np.int64)
-        gid, ok = self._gid(major, np.asarray(group[1]).astype(np.int64) if pair else major)
+        group, t = np.asarray(group), np.asarray(t).astype(np.int64)
         last = np.full(len(t), -1, np.int64)
         nxt = np.full(len(t), -1, np.int64)
-        if not len(self.rows) or not len(t):
+        if not len(self._groups) or not len(t):
             return last, nxt
-        want = gid * (len(self._uk) + 1) + np.searchsorted(self._uk, t, "right")
-        k = np.searchsorted(self._comp, want, "right") - 1
-        at = np.maximum(k, 0)
-        has = ok & (k >= 0) & (self._gid_of[at] == gid)
-        last[has] = self.rows[at[has]]
-        after = np.minimum(k + 1, len(self.rows) - 1)
-        more = ok & (k + 1 < len(self.rows)) & (self._gid_of[after] == gid)
-        nxt[more] = self.rows[after[more]]
+        g = np.minimum(np.searchsorted(self._groups, group), len(self._groups) - 1)
+        g[self._groups[g] != group] = -1
+        by_group = np.argsort(g, kind="stable")
+        cut = np.searchsorted(g[by_group], np.arange(len(self._groups) + 1))
+        for i in np.flatnonzero(np.diff(cut)).tolist():  # each group queried: its rows
+            q = by_group[cut[i]:cut[i + 1]]
+            lo, hi = self._bounds[i], self._bounds[i + 1]
+            k = lo + np.searchsorted(self._key[lo:hi], t[q], "right") - 1
+            last[q] = np.where(k >= lo, self.rows[np.maximum(k, lo)], -1)
+            nxt[q] = np.where(k + 1 < hi, self.rows[np.minimum(k + 1, hi - 1)], -1)
         return last, nxt
 
     def holding(self, group: np.ndarray, start: np.ndarray, end: np.ndarray,
@@ -532,7 +502,7 @@ class SpanIndex:
             elif what == "module":
                 o = RunOrder(s.module, s.start_ns, self._family(family))
             elif what == "ended":
-                o = RunOrder((s.tid, s.module), s.end_ns, self._family(family))
+                o = RunOrder(thread_module(s.tid, s.module), s.end_ns, self._family(family))
             else:
                 raise ValueError(f"no span order {name!r}")
             self._orders[name] = o
@@ -580,7 +550,7 @@ class SpanIndex:
         """Per (thread, module slot, time): the forward (or recompute) span of that
         module on that thread that ended last at or before that time, or -1 (what an
         event recorded right after a call's exit, its shapes or numerics, belongs to)."""
-        return self.order("ended/forward").latest((np.asarray(tid), np.asarray(module)), t)[0]
+        return self.order("ended/forward").latest(thread_module(tid, module), t)[0]
 
     def latest_node(self, tid: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per (thread, time): the autograd node of that thread started last at or

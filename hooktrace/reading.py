@@ -34,7 +34,6 @@ _T = TypeVar("_T")
 _D = TypeVar("_D", bound="TraceData")
 
 __all__ = [
-    "innermost_span",
     "SPAN_ERROR",
     "SPAN_UNFINISHED",
     "CAT_FORWARD",
@@ -272,13 +271,6 @@ def site_modules(modules: Sequence[tuple[str, str]], sites: Sequence[tuple[str, 
         out[here] = r if slot is None else slot
         named[here] = slot is not None
     return out, named
-
-
-def innermost_span(spans: Spans, tid: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Per (thread id, Unix ns): the index of the innermost span of that thread holding
-    that time, or -1 (where a kernel launch, a kernel mark or a sample belongs; the rules:
-    :class:`SpanIndex`)."""
-    return spans.index().innermost(tid, t)
 
 
 _RESULT_METHODS = frozenset({"summary", "export_chrome", "export_perfetto", "gpu_spans"})

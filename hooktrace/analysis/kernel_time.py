@@ -65,7 +65,6 @@ from hooktrace.reading import (
     GpuSpans,
     Spans,
     TraceData,
-    innermost_span,
 )
 from hooktrace.text import format_ns
 
@@ -229,7 +228,7 @@ def _records_of(trace: TraceData) -> KernelRecords:
         tid = ev["tid"][at[placed]]
         launch_ns[placed] = t
         if len(spans):
-            span[placed] = _node_span(spans, tid, t, innermost_span(spans, tid, t))
+            span[placed] = _node_span(spans, tid, t, spans.index().innermost(tid, t))
         runs = Kernels.from_trace(trace)
         if len(runs):  # launched from a kernel site of compiled code: the site's module
             run = runs.holding(tid, t, t)

@@ -7,6 +7,7 @@ import numpy as np
 from conftest import IDENTITY_CLOCK, build_events
 
 from hooktrace._events import ENTER, EXIT
+from hooktrace._span_tables import thread_module
 from hooktrace.reading import (SPAN_UNFINISHED, RunOrder, Spans, TraceData, compile_parents,
                                forward_span_before)
 
@@ -101,7 +102,7 @@ def test_run_order_ties_last_and_next() -> None:
     assert nxt.tolist() == [0, 2, -1, -1]
 
 
-def test_run_order_groups_by_a_pair() -> None:
-    order = RunOrder((_q(7, 7, 2**32 - 1), _q(0, 1, 0)), _q(1, 2, 3))
-    last, _ = order.latest((_q(7, 7, 2**32 - 1, 8), _q(1, 0, 0, 0)), _q(5, 5, 5, 5))
+def test_run_order_groups_by_thread_and_module() -> None:
+    order = RunOrder(thread_module(_q(7, 7, 2**32 - 1), _q(0, 1, 0)), _q(1, 2, 3))
+    last, _ = order.latest(thread_module(_q(7, 7, 2**32 - 1, 8), _q(1, 0, 0, 0)), _q(5, 5, 5, 5))
     assert last.tolist() == [1, 0, 2, -1]
