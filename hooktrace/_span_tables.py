@@ -2,7 +2,35 @@
 (module calls: forward, backward, recompute), :class:`Nodes` (the autograd node
 executions behind the backward spans), :class:`Steps` (step marks) and
 :class:`GpuSpans` (device time of module calls). :class:`hooktrace.reading.TraceData`
-builds them (and derives the device intervals); import them from ``hooktrace.reading``.
+builds them (the device intervals: ``hooktrace.analysis.device_time.gpu_spans``);
+import them from ``hooktrace.reading``.
+
+And containment, answered one way (issue #48): which row of a run's table (a span, an
+autograd node, a compiled kernel's mark run) holds a time or an interval, with the
+rules every view uses (summary, exports, kernels, device time, profiler attribution):
+
+* a row *holds* a time ``t`` when ``start_ns <= t <= end_ns``, and an interval
+  ``[a, b]`` when ``start_ns <= a`` and ``b <= end_ns``: both ends count, so a time at
+  a span's exit is still that span's and a zero-length span holds its one instant;
+* an unfinished span (SPAN_UNFINISHED) holds up to its ``end_ns``, the last time known
+  to be inside it, and no later;
+* the *innermost* span holding a query is found from the span of the query's thread
+  that started last at or before it (equal starts: the later row, i.e. the child in
+  recorded pre-order, a backward span over a forward one), walking out through
+  ``parent`` to the first that holds it;
+* the *latest* row of a table at or before a time is the one with the greatest key
+  at or before it (equal keys: the later row).
+
+:class:`RunOrder` answers "latest row at or before" for any table (precomputed once,
+then two ``searchsorted`` per query); :class:`SpanIndex` (one per
+:class:`~hooktrace.reading.Spans`: ``spans.index()``) the span questions on top of it.
+
+Example:
+    >>> import numpy as np
+    >>> order = RunOrder(np.array([7, 7, 8]), np.array([0, 10, 5]))
+    >>> last, nxt = order.latest(np.array([7, 7, 8, 9]), np.array([10, 9, 4, 50]))
+    >>> last.tolist(), nxt.tolist()
+    ([1, 0, -1, -1], [-1, 1, 2, -1])
 """
 
 from __future__ import annotations
@@ -202,6 +230,7 @@ class Spans(_Table):
         self.unfinished = int(unfinished)
         self.node_events = int(node_events)
         self.nodes = Nodes.empty() if nodes is None else nodes
+        self._index: SpanIndex | None = None
         if len(self.nodes) and int(self.nodes.span.max()) >= n:
             raise ValueError(f"Nodes.span: index {int(self.nodes.span.max())} is out of range "
                              f"for {n} spans")
@@ -233,6 +262,13 @@ class Spans(_Table):
     def __repr__(self) -> str:
         return (f"Spans({len(self)} spans, {len(self.nodes)} nodes, {len(self.threads)} threads, "
                 f"orphan_exits={self.orphan_exits}, unfinished={self.unfinished})")
+
+    def index(self) -> SpanIndex:
+        """What holds a time or an interval (:class:`SpanIndex`: the rules every view
+        uses), built on first use."""
+        if self._index is None:
+            self._index = SpanIndex(self)
+        return self._index
 
     @property
     def unattributed_nodes(self) -> int:
@@ -367,3 +403,156 @@ class GpuSpans(_Table):
 
     def __repr__(self) -> str:
         return f"GpuSpans({len(self)} intervals)"
+
+
+_CAT_BACKWARD = 1  # hooktrace.reading.CAT_BACKWARD (reading imports this module)
+# which spans a question looks among: every span, forward and recompute, or backward
+FAMILIES = ("all", "forward", "backward")
+
+
+def thread_module(tid: np.ndarray, module: np.ndarray) -> np.ndarray:
+    """(thread, module slot) as one uint64 group of a :class:`RunOrder`."""
+    return (np.asarray(tid).astype(np.uint64) << np.uint64(32)) | np.asarray(module).astype(
+        np.uint64)
+
+
+class RunOrder:
+    """The rows of a table (``keep``: those to consider) sorted by (group, key, row);
+    :meth:`latest` answers, per (group, time), the last row of that group whose key is
+    at or before that time. Groups are ints (a thread; :func:`thread_module` for a pair),
+    keys int64 times (ns)."""
+
+    def __init__(self, group: np.ndarray, key: np.ndarray, keep: np.ndarray | None = None
+                 ) -> None:
+        rows = np.arange(len(key)) if keep is None else np.flatnonzero(keep)
+        group, key = np.asarray(group)[rows], np.asarray(key).astype(np.int64)[rows]
+        order = np.lexsort((key, group))  # stable: equal keys keep the rows' order
+        self.rows, self._key, group = rows[order], key[order], group[order]
+        first = np.flatnonzero(np.r_[True, group[1:] != group[:-1]]) if len(group) else rows
+        self._groups, self._bounds = group[first], np.r_[first, len(group)]
+
+    def latest(self, group: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per query: the row (index into the table) of that group with the latest key
+        at or before ``t`` (-1: none), and the row after it in that group's order (its
+        first row when none is at or before; -1: none)."""
+        group, t = np.asarray(group), np.asarray(t).astype(np.int64)
+        last = np.full(len(t), -1, np.int64)
+        nxt = np.full(len(t), -1, np.int64)
+        if not len(self._groups) or not len(t):
+            return last, nxt
+        g = np.minimum(np.searchsorted(self._groups, group), len(self._groups) - 1)
+        g[self._groups[g] != group] = -1
+        by_group = np.argsort(g, kind="stable")
+        cut = np.searchsorted(g[by_group], np.arange(len(self._groups) + 1))
+        for i in np.flatnonzero(np.diff(cut)).tolist():  # each group queried: its rows
+            q = by_group[cut[i]:cut[i + 1]]
+            lo, hi = self._bounds[i], self._bounds[i + 1]
+            k = lo + np.searchsorted(self._key[lo:hi], t[q], "right") - 1
+            last[q] = np.where(k >= lo, self.rows[np.maximum(k, lo)], -1)
+            nxt[q] = np.where(k + 1 < hi, self.rows[np.minimum(k + 1, hi - 1)], -1)
+        return last, nxt
+
+    def holding(self, group: np.ndarray, start: np.ndarray, end: np.ndarray,
+                row_end: np.ndarray) -> np.ndarray:
+        """Per query interval [start, end]: the latest row of its group started at or
+        before ``start`` if it holds the interval (its ``row_end`` at or after ``end``),
+        else -1 (tables whose rows of a group do not nest: kernel runs, nodes)."""
+        last, _ = self.latest(group, start)
+        ok = (last >= 0) & (row_end[np.maximum(last, 0)] >= end)
+        return np.where(ok, last, -1)
+
+
+class SpanIndex:
+    """The containment questions every view asks of a run's spans, with the rules of
+    this module; built once per run (``spans.index()``, ``TraceData.span_index()``).
+
+    Example:
+        >>> import numpy as np
+        >>> from hooktrace._events import EVENT_DTYPE, Clock
+        >>> ev = np.zeros(4, EVENT_DTYPE)
+        >>> ev["kind"] = [1, 1, 2, 2]; ev["id"] = [0, 1, 1, 0]; ev["t"] = [0, 10, 30, 50]
+        >>> from hooktrace.reading import Spans
+        >>> idx = Spans.from_events(ev, Clock(0, 0, 1.0)).index()
+        >>> idx.innermost(np.zeros(4), np.array([5, 10, 30, 31])).tolist()
+        [0, 1, 1, 0]
+    """
+
+    def __init__(self, spans: Spans) -> None:
+        self.spans = spans
+        self._orders: dict[str, RunOrder] = {}
+
+    def _family(self, family: str) -> np.ndarray | None:
+        if family not in FAMILIES:
+            raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+        cat = self.spans.cat
+        return None if family == "all" else (cat != _CAT_BACKWARD) if family == "forward" \
+            else (cat == _CAT_BACKWARD)
+
+    def order(self, name: str) -> RunOrder:
+        """The span order a question uses (built on first use): ``"<family>"`` by
+        (thread, start), ``"module/<family>"`` by (module, start), ``"ended/forward"`` by
+        (thread, module, end), ``"nodes"`` the autograd nodes by (thread, start)."""
+        if name not in self._orders:
+            s = self.spans
+            what, _, family = name.rpartition("/")
+            if name == "nodes":
+                o = RunOrder(s.nodes.tid, s.nodes.start_ns)
+            elif what == "":
+                o = RunOrder(s.tid, s.start_ns, self._family(family))
+            elif what == "module":
+                o = RunOrder(s.module, s.start_ns, self._family(family))
+            elif what == "ended":
+                o = RunOrder(thread_module(s.tid, s.module), s.end_ns, self._family(family))
+            else:
+                raise ValueError(f"no span order {name!r}")
+            self._orders[name] = o
+        return self._orders[name]
+
+    def innermost(self, tid: np.ndarray, start: np.ndarray, end: np.ndarray | None = None,
+                  family: str = "all") -> np.ndarray:
+        """Per query (thread, time ``start``, or interval [``start``, ``end``]): the
+        innermost span of ``family`` of that thread holding it, or -1."""
+        s = self.spans
+        start = np.asarray(start).astype(np.int64)
+        end = start if end is None else np.asarray(end).astype(np.int64)
+        cur, _ = self.order(family).latest(np.asarray(tid), start)
+        out = np.full(len(start), -1, np.int64)
+        # the latest-starting span may have ended before; a span enclosing it may not
+        while (cur >= 0).any():
+            live = cur >= 0
+            at = np.maximum(cur, 0)
+            done = live & (s.start_ns[at] <= start) & (s.end_ns[at] >= end)
+            out[done] = cur[done]
+            cur = np.where(live & ~done, s.parent[at], -1)
+        return out
+
+    def of_module(self, module: np.ndarray, t: np.ndarray, family: str) -> np.ndarray:
+        """Per (module slot, time): the innermost span of ``family`` of that module
+        holding that time, on any thread: the latest of it started at or before, else
+        its nearest ancestor of the same module holding it (a module calling itself: a
+        mark after its inner call ended belongs to the outer one, issue #35); -1."""
+        s = self.spans
+        t = np.asarray(t).astype(np.int64)
+        idx, _ = self.order("module/" + family).latest(np.asarray(module), t)
+        at = np.maximum(idx, 0)
+        ok = (idx >= 0) & (s.end_ns[at] >= t)
+        pick = self._family(family)
+        for i in np.flatnonzero((idx >= 0) & ~ok).tolist():
+            j = int(s.parent[idx[i]])
+            while j >= 0 and not ((pick is None or pick[j]) and s.module[j] == module[i]
+                                  and s.start_ns[j] <= t[i] <= s.end_ns[j]):
+                j = int(s.parent[j])
+            if j >= 0:
+                idx[i], ok[i] = j, True
+        return np.where(ok, idx, -1)
+
+    def ended_before(self, tid: np.ndarray, module: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """Per (thread, module slot, time): the forward (or recompute) span of that
+        module on that thread that ended last at or before that time, or -1 (what an
+        event recorded right after a call's exit, its shapes or numerics, belongs to)."""
+        return self.order("ended/forward").latest(thread_module(tid, module), t)[0]
+
+    def latest_node(self, tid: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per (thread, time): the autograd node of that thread started last at or
+        before it, and the one that started next; -1 for none (:meth:`RunOrder.latest`)."""
+        return self.order("nodes").latest(np.asarray(tid), t)

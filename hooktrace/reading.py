@@ -25,9 +25,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from hooktrace._events import (EVENT_DTYPE, GPU_BACKWARD, GPU_EXIT, GPU_KERNEL, GPU_MARK,
-                               GPU_NO_MODULE, GPU_TIME, Clock)
-from hooktrace._span_tables import GPU_FIELDS, GpuSpans, Nodes, Spans, Steps
+from hooktrace._events import EVENT_DTYPE, Clock
+from hooktrace._span_tables import GpuSpans, Nodes, RunOrder, SpanIndex, Spans, Steps
 from hooktrace.format import read_trace, write_trace
 
 
@@ -35,13 +34,16 @@ _T = TypeVar("_T")
 _D = TypeVar("_D", bound="TraceData")
 
 __all__ = [
-    "innermost_span",
     "SPAN_ERROR",
     "SPAN_UNFINISHED",
     "CAT_FORWARD",
     "CAT_BACKWARD",
     "CAT_RECOMPUTE",
     "CAT_NAMES",
+    "CONTAINER_TYPES",
+    "join_name",
+    "kernel_sites",
+    "site_modules",
     "attached_compiled",
     "attached_mid_step",
     "forward_span_before",
@@ -51,6 +53,8 @@ __all__ = [
     "NO_PASS",
     "GpuSpans",
     "Nodes",
+    "RunOrder",
+    "SpanIndex",
     "Spans",
     "Steps",
     "TraceData",
@@ -65,6 +69,9 @@ CAT_BACKWARD = 1  # one per (forward module call, backward pass)
 CAT_RECOMPUTE = 2  # forward calls re-run inside backward by activation checkpointing
 CAT_NAMES = ("forward", "backward", "recompute")
 NO_PASS = 0xFFFF_FFFF  # Nodes.pass_id when the backward pass is unknown
+
+# Containers are never called, so they have no row in eager runs either.
+CONTAINER_TYPES = frozenset({"ModuleList", "ModuleDict", "ParameterList", "ParameterDict"})
 
 _REQUIRED_INFO = ("pid", "hostname", "dropped_events", "overwritten_events")
 
@@ -108,7 +115,6 @@ class TraceData:
         self.info: dict[str, Any] = dict(info)
         self._spans: Spans | None = None
         self._steps: Steps | None = None
-        self._gpu_spans: GpuSpans | None = None
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for a missing attribute: the outputs live on the result above
@@ -189,13 +195,10 @@ class TraceData:
             self._steps = steps
         return steps
 
-    def gpu_spans(self) -> GpuSpans:
-        """The run's device time per module call (computed once, then cached); empty
-        when none was recorded (``trace(gpu=True)``: :class:`GpuSpans`)."""
-        gpu = getattr(self, "_gpu_spans", None)
-        if gpu is None:
-            gpu = self._gpu_spans = _gpu_spans_of(self)
-        return gpu
+    def span_index(self) -> SpanIndex:
+        """What holds a time or an interval among the run's spans, nodes and their
+        orders (built once: :class:`SpanIndex`)."""
+        return self.spans().index()
 
     def span_steps(self) -> np.ndarray:
         """Per span: the row in :meth:`steps` of the step it started in (-1 for none)."""
@@ -215,264 +218,62 @@ class TraceData:
         return int(steps.start_ns[sel].min()), int(steps.end_ns[sel].max())
 
 
-def _gpu_spans_of(trace: TraceData) -> GpuSpans:
-    """The device intervals of ``trace(gpu=True)`` (csrc/gpu_time.h): GPU_MARK events
-    (a timing event on a stream) with the device time of their GPU_TIME event.
-
-    Forward (and recompute): a call's two marks lie inside its host span (after its
-    ENTER, before its EXIT), so both find that span; its interval runs from one to the
-    other, and its ``self_ns`` is that minus its children's intervals on the same stream.
-    Backward: on each (device, stream), in device order, a mark starts the stretch of
-    the module it names, up to the next mark (GPU_NO_MODULE: none). Each stretch finds
-    its module's backward span (the one holding the mark's host time); a backward span
-    gets one interval from the first to the last stretch of it and of the backward spans
-    under it, with ``self_ns`` its own stretches. Marks without a time (dropped, or
-    recorded after the last resolution) and unpaired calls are left out."""
-    ev = trace.events
-    kind = ev["kind"]
-    mark_i = np.flatnonzero(kind == GPU_MARK)
-    time_i = np.flatnonzero(kind == GPU_TIME)
-    if not mark_i.size or not time_i.size:
-        return GpuSpans.empty()
-    # each mark's device time: the GPU_TIME whose id is the mark's id
-    time_ids = ev["id"][time_i]
-    order = np.argsort(time_ids, kind="stable")
-    ids_sorted = time_ids[order]
-    mark_ids = ev["rf_tid"][mark_i]
-    pos = np.minimum(np.searchsorted(ids_sorted, mark_ids), len(ids_sorted) - 1)
-    has = ids_sorted[pos] == mark_ids
-    mark_i, pos = mark_i[has], pos[has]
-    tev = time_i[order[pos]]
-    dev_t = ev["seq"][tev].view(np.int64)
-    device = ev["rf_tid"][tev].astype(np.int16)
-    host_t = trace.clock.to_unix_ns(ev["t"][mark_i])
-    module = ev["id"][mark_i]
-    flags = ev["flags"][mark_i]
-    stream = ev["seq"][mark_i].view(np.int64)
-    spans = trace.spans()
-    backward = (flags & GPU_BACKWARD) != 0
-    kernel = (flags & GPU_KERNEL) != 0
-    forward = ~backward & ~kernel
-    parts = [_forward_gpu(spans, *(a[forward] for a in (
-        module, flags, host_t, dev_t, device, stream)))]
-    parts.append(_backward_gpu(spans, *(a[backward] for a in (
-        module, host_t, dev_t, device, stream, ev["rf_tid"][mark_i]))))
-    out = {name: np.concatenate([p[name] for p in parts]).astype(dtype)
-           for name, dtype in GPU_FIELDS.items()}
-    if kernel.any():
-        out = _with_kernel_sites(trace, spans, out, *(a[kernel] for a in (
-            module, flags, host_t, dev_t, device, stream, ev["tid"][mark_i])))
-    by_start = np.argsort(out["start_ns"], kind="stable")
-    return GpuSpans({name: a[by_start] for name, a in out.items()})
+def kernel_sites(info: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """The trace's kernel site table ([] when it has none or it is malformed; a malformed
+    entry reads as ``("?", "", "forward")``): ``[kernel name, module path relative to
+    the region's module, "forward" | "backward"]`` per site (hooktrace.analysis.kernels)."""
+    raw = info.get("kernel_sites")
+    if not isinstance(raw, list):
+        return []
+    out = []
+    for s in raw:
+        if isinstance(s, (list, tuple)) and len(s) >= 3 and all(isinstance(x, str) for x in s[:3]):
+            out.append((s[0], s[1], s[2]))
+        else:
+            out.append(("?", "", "forward"))
+    return out
 
 
-def _with_kernel_sites(trace: TraceData, spans: Spans, out: dict[str, np.ndarray],
-                       site: np.ndarray, flags: np.ndarray, host_t: np.ndarray,
-                       dev_t: np.ndarray, device: np.ndarray, stream: np.ndarray,
-                       tid: np.ndarray) -> dict[str, np.ndarray]:
-    """``out`` and the intervals of compiled code's kernel sites: a site's two marks
-    (before and after its kernel, one after the other on the recording thread) are one
-    interval of the site's module (``span`` -1) in the site's phase. The innermost host
-    span holding it is the compiled region's call (hooktrace.analysis.kernels places kernels the
-    same way); the site's module is the region's module joined with the site's path,
-    and the region's interval loses the kernel's time from its ``self_ns`` when on the
-    same stream."""
-    raw = trace.info.get("kernel_sites")
-    sites = raw if isinstance(raw, list) else []
-    slot_of: dict[str, int] = {}
-    for i, (name, _) in enumerate(trace.modules):
-        slot_of.setdefault(name, i)
-    order = np.argsort(tid, kind="stable")  # (marks in recorded order per thread)
-    site, flags, host_t, dev_t = site[order], flags[order], host_t[order], dev_t[order]
-    device, stream, tid = device[order], stream[order], tid[order]
-    begin = np.flatnonzero((flags[:-1] & GPU_EXIT) == 0)
-    pair = begin[((flags[begin + 1] & GPU_EXIT) != 0) & (site[begin + 1] == site[begin])
-                 & (tid[begin + 1] == tid[begin]) & (dev_t[begin + 1] >= dev_t[begin])]
-    if not len(pair):
-        return out
-    # the host span holding each kernel is its region's call (forward, or the backward
-    # span of its CompiledFunctionBackward node); a site names a module under the region
-    holder = _innermost_span(spans, tid[pair], host_t[pair])
-    region = np.where(holder >= 0, spans.module[np.maximum(holder, 0)].astype(np.int64), -1)
-    slot = np.full(len(pair), -1, np.int64)
-    cat = np.zeros(len(pair), np.uint8)
-    keys, inverse = np.unique(np.stack([region, site[pair].astype(np.int64)]), axis=1,
-                              return_inverse=True)
+def join_name(prefix: str, name: str) -> str:
+    """A module's qualified name from its parent's and its relative path."""
+    return f"{prefix}.{name}" if prefix and name else prefix or name
+
+
+def site_modules(modules: Sequence[tuple[str, str]], sites: Sequence[tuple[str, str, str]],
+                 region: np.ndarray, site: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The one resolver of compiled code's kernel sites to modules, for host and device
+    time alike: per kernel (``region``: slot of the module whose call ran it, -1 for none;
+    ``site``: its index in ``sites``), the slot of the module it counts to, and whether
+    the site's path named it. The path is joined to the region's name (the first slot of
+    that name); a container (never called, so it has no row) gives way to its nearest
+    parent that is not one (a kernel fusing ops of ``blocks.0`` and ``blocks.1`` counts
+    in the module holding ``blocks``); a name the table lacks falls back to the region
+    (named False). -1 where there is no region or no such site."""
+    slots: dict[str, int] = {}
+    for i, (name, _) in enumerate(modules):
+        slots.setdefault(name, i)
+    out = np.full(len(region), -1, np.int64)
+    named = np.zeros(len(region), bool)
+    if not len(region):
+        return out, named
+    keys, inverse = np.unique(np.stack([np.asarray(region, np.int64), np.asarray(site, np.int64)]),
+                              axis=1, return_inverse=True)
+    inverse = inverse.reshape(-1)
     for k, (r, s) in enumerate(keys.T.tolist()):
-        entry = sites[s] if 0 <= s < len(sites) else None
-        if r < 0 or not isinstance(entry, (list, tuple)) or len(entry) < 3:
+        if r < 0 or not 0 <= s < len(sites):
             continue
-        base, path = trace.modules[r][0], str(entry[1])
-        name = f"{base}.{path}" if base and path else base or path
-        here = inverse.reshape(-1) == k
-        slot[here] = slot_of.get(name, -1)
-        cat[here] = CAT_BACKWARD if entry[2] == "backward" else CAT_FORWARD
-    keep = slot >= 0
-    pair, slot, cat, holder = pair[keep], slot[keep], cat[keep], holder[keep]
-    a, b = dev_t[pair], dev_t[pair + 1]
-    row = np.full(len(spans), -1, np.int64)
-    placed = out["span"] >= 0
-    row[out["span"][placed]] = np.flatnonzero(placed)
-    r = np.where(holder >= 0, row[np.maximum(holder, 0)], -1)
-    hit = np.flatnonzero(r >= 0)
-    hit = hit[(out["device"][r[hit]] == device[pair][hit])
-              & (out["stream"][r[hit]] == stream[pair][hit])]
-    out = dict(out)
-    out["self_ns"] = out["self_ns"].copy()
-    np.subtract.at(out["self_ns"], r[hit], (b - a)[hit])
-    add = {"start_ns": a, "end_ns": b, "self_ns": b - a,
-           "span": np.full(len(pair), -1, np.int64), "module": slot, "cat": cat,
-           "device": device[pair], "stream": stream[pair]}
-    return {name: np.concatenate([out[name], np.asarray(add[name]).astype(dtype)])
-            for name, dtype in GPU_FIELDS.items()}
+        base, path = modules[r][0], sites[s][1]
+        slot = slots.get(join_name(base, path))
+        while slot is not None and path and modules[slot][1] in CONTAINER_TYPES:
+            path = path.rpartition(".")[0]
+            slot = slots.get(join_name(base, path))
+        here = inverse == k
+        out[here] = r if slot is None else slot
+        named[here] = slot is not None
+    return out, named
 
 
-def _innermost_span(spans: Spans, tid: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Per (thread, host time): the innermost span of that thread holding it, or -1."""
-    cur = _latest_start(spans, np.ones(len(spans), bool), spans.tid, tid, t)
-    out = np.full(len(t), -1, np.int64)
-    # the latest-starting span may have ended before t; a span enclosing it may not
-    while (cur >= 0).any():
-        live = cur >= 0
-        done = live & (spans.end_ns[np.maximum(cur, 0)] >= t)
-        out[done] = cur[done]
-        cur = np.where(live & ~done, spans.parent[np.maximum(cur, 0)], -1)
-    return out
-
-
-def innermost_span(spans: Spans, tid: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Per (thread id, Unix ns): the index of the innermost span of that thread holding
-    that time, or -1 (where a kernel launch, a kernel mark or a sample belongs)."""
-    return _innermost_span(spans, tid, t)
-
-
-def _latest_start(spans: Spans, pick: np.ndarray, of_span: np.ndarray, group: np.ndarray,
-                  t: np.ndarray) -> np.ndarray:
-    """Per (group, time): the index of the latest-starting span among ``pick`` whose
-    ``of_span`` is that group and that starts at or before that time, or -1."""
-    cand = np.flatnonzero(pick)
-    out = np.full(len(t), -1, np.int64)
-    if not cand.size or not len(t):
-        return out
-    # rank both sets of times together, then one key: group, then time
-    uniq, inverse = np.unique(np.concatenate([spans.start_ns[cand], t]), return_inverse=True)
-    rank = inverse.astype(np.int64)
-    width = np.int64(len(uniq) + 1)
-    span_key = of_span[cand].astype(np.int64) * width + rank[: len(cand)]
-    by_key = np.argsort(span_key, kind="stable")
-    mark_key = np.asarray(group).astype(np.int64) * width + rank[len(cand):]
-    k = np.searchsorted(span_key[by_key], mark_key, "right") - 1
-    idx = cand[by_key[np.maximum(k, 0)]]
-    ok = (k >= 0) & (of_span[idx] == group)
-    out[ok] = idx[ok]
-    return out
-
-
-def _span_of(spans: Spans, pick: np.ndarray, module: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Per (module, host time): the index of the latest-starting span among ``pick`` of
-    that module holding that time (the innermost one of a module calling itself), or -1."""
-    idx = _latest_start(spans, pick, spans.module, module, t)
-    ok = idx >= 0
-    ok[ok] &= spans.end_ns[idx[ok]] >= t[ok]
-    # A module calling itself: a mark after its inner call ended (the outer call's
-    # exit mark) finds the inner call as the latest start; the call holding the mark is
-    # the nearest ancestor of the same module that has not ended (issue #35: 10 of 40
-    # calls of a module three deep in itself were timed).
-    for i in np.flatnonzero((idx >= 0) & ~ok).tolist():
-        j = int(spans.parent[idx[i]])
-        while j >= 0 and not (pick[j] and spans.module[j] == module[i]
-                              and spans.start_ns[j] <= t[i] <= spans.end_ns[j]):
-            j = int(spans.parent[j])
-        if j >= 0:
-            idx[i], ok[i] = j, True
-    return np.where(ok, idx, -1)
-
-
-def _forward_gpu(spans: Spans, module: np.ndarray, flags: np.ndarray, host_t: np.ndarray,
-                 dev_t: np.ndarray, device: np.ndarray, stream: np.ndarray
-                 ) -> dict[str, np.ndarray]:
-    span = _span_of(spans, spans.cat != CAT_BACKWARD, module, host_t)
-    n = len(spans)
-    start = np.full(n, -1, np.int64)
-    end = np.full(n, -1, np.int64)
-    exit_ = (flags & GPU_EXIT) != 0
-    found = span >= 0
-    first = found & ~exit_
-    start[span[first]] = dev_t[first]
-    last = found & exit_
-    end[span[last]] = dev_t[last]
-    where = np.full(n, -1, np.int64)
-    where[span[first]] = np.flatnonzero(first)  # each span's start mark: device, stream
-    timed = np.flatnonzero((start >= 0) & (end >= start) & (where >= 0))
-    dur = end[timed] - start[timed]
-    mark = where[timed]
-    dev, strm = device[mark], stream[mark]
-    # self: minus the children's intervals on the same device and stream
-    row = np.full(n, -1, np.int64)
-    row[timed] = np.arange(len(timed))
-    parent = spans.parent[timed]
-    prow = np.where(parent >= 0, row[np.maximum(parent, 0)], -1)
-    child = np.flatnonzero((prow >= 0) & (dev == dev[np.maximum(prow, 0)])
-                           & (strm == strm[np.maximum(prow, 0)]))
-    self_ns = dur.copy()
-    np.subtract.at(self_ns, prow[child], dur[child])
-    return {"start_ns": start[timed], "end_ns": end[timed], "self_ns": self_ns,
-            "span": timed.astype(np.int64), "module": spans.module[timed],
-            "cat": spans.cat[timed], "device": dev, "stream": strm}
-
-
-def _backward_gpu(spans: Spans, module: np.ndarray, host_t: np.ndarray, dev_t: np.ndarray,
-                  device: np.ndarray, stream: np.ndarray, mark_id: np.ndarray
-                  ) -> dict[str, np.ndarray]:
-    # the stretches: each mark to the next one on its device and stream
-    order = np.lexsort((mark_id, dev_t, stream, device))
-    module, host_t, dev_t = module[order], host_t[order], dev_t[order]
-    device, stream = device[order], stream[order]
-    nxt = np.arange(1, len(order) + 1)
-    has_next = np.zeros(len(order), bool)
-    if len(order) > 1:
-        has_next[:-1] = (device[1:] == device[:-1]) & (stream[1:] == stream[:-1])
-    own = np.flatnonzero(has_next & (module != GPU_NO_MODULE))
-    a, b = dev_t[own], dev_t[nxt[own]]
-    span = _span_of(spans, spans.cat == CAT_BACKWARD, module[own], host_t[own])
-    # stretches of no backward span: one interval each
-    alone = span < 0
-    out_parts = [{"start_ns": a[alone], "end_ns": b[alone], "self_ns": b[alone] - a[alone],
-                  "span": np.full(int(alone.sum()), -1, np.int64), "module": module[own][alone],
-                  "cat": np.full(int(alone.sum()), CAT_BACKWARD, np.uint8),
-                  "device": device[own][alone], "stream": stream[own][alone]}]
-    placed = ~alone
-    if placed.any():
-        sp, a, b = span[placed], a[placed], b[placed]
-        dev, strm = device[own][placed], stream[own][placed]
-        n = len(spans)
-        lo = np.full(n, np.iinfo(np.int64).max, np.int64)
-        hi = np.full(n, np.iinfo(np.int64).min, np.int64)
-        self_ns = np.zeros(n, np.int64)
-        np.add.at(self_ns, sp, b - a)
-        first_dev = np.zeros(n, np.int16)
-        first_strm = np.zeros(n, np.int64)
-        first_dev[sp[::-1]] = dev[::-1]  # (the first stretch's)
-        first_strm[sp[::-1]] = strm[::-1]
-        # each stretch widens its span and every backward span above it
-        cur = sp.copy()
-        while cur.size:
-            np.minimum.at(lo, cur, a)
-            np.maximum.at(hi, cur, b)
-            up = spans.parent[cur]
-            keep = up >= 0
-            keep[keep] &= spans.cat[up[keep]] == CAT_BACKWARD
-            cur, a, b = up[keep], a[keep], b[keep]
-        timed = np.flatnonzero(hi >= lo)
-        out_parts.append({"start_ns": lo[timed], "end_ns": hi[timed], "self_ns": self_ns[timed],
-                          "span": timed.astype(np.int64), "module": spans.module[timed],
-                          "cat": spans.cat[timed], "device": first_dev[timed],
-                          "stream": first_strm[timed]})
-    return {name: np.concatenate([p[name] for p in out_parts]).astype(dtype)
-            for name, dtype in GPU_FIELDS.items()}
-
-
-_RESULT_METHODS = frozenset({"summary", "export_chrome", "export_perfetto"})
+_RESULT_METHODS = frozenset({"summary", "export_chrome", "export_perfetto", "gpu_spans"})
 
 
 def as_data(obj: Any) -> Any:
@@ -536,15 +337,7 @@ def compile_parents(spans: Spans, intervals: np.ndarray) -> np.ndarray:
     compiles no module call is recorded, so its time is that span's own). The summary's
     ``<torch.compile>`` row and the data tables' compile rows take it out of that span's
     self time."""
-    out = np.full(len(intervals), -1, np.int64)
-    if not len(spans):
-        return out
-    for i, (start, end, tid) in enumerate(intervals.tolist()):
-        inside = np.flatnonzero((spans.tid == tid) & (spans.start_ns <= start)
-                                & (spans.end_ns >= end))
-        if len(inside):
-            out[i] = inside[np.argmax(spans.depth[inside])]
-    return out
+    return spans.index().innermost(intervals[:, 2], intervals[:, 0], intervals[:, 1])
 
 
 def compile_in_backward(spans: Spans, parents: np.ndarray) -> np.ndarray:
@@ -586,23 +379,7 @@ def forward_span_before(trace: TraceData, tid: np.ndarray, module: np.ndarray, t
     the latest forward (or recomputed) span of that module on that thread ending at
     or before ``t``, -1 if none. Events recorded right after a call's EXIT (shapes,
     numerics) find their call so."""
-    spans = trace.spans()
-    s = np.flatnonzero((spans.cat == CAT_FORWARD) | (spans.cat == CAT_RECOMPUTE))
-    n_mod = max(len(trace.modules), int(module.max(initial=0)) + 1) + 1
-    k_span = spans.tid[s].astype(np.int64) * n_mod + spans.module[s].astype(np.int64)
-    k_ev = tid * n_mod + module
-    keys = np.r_[k_span, k_ev]
-    times = np.r_[spans.end_ns[s], t]
-    is_ev = np.r_[np.zeros(len(s), bool), np.ones(len(t), bool)]
-    ids = np.r_[s, np.full(len(t), -1, np.int64)]
-    order = np.lexsort((is_ev, times, keys))
-    ids_o, keys_o = ids[order], keys[order]
-    last = np.maximum.accumulate(np.where(ids_o >= 0, np.arange(len(order)), -1))
-    same = (last >= 0) & (keys_o[np.maximum(last, 0)] == keys_o)
-    found = np.where(same, ids_o[np.maximum(last, 0)], -1)
-    out = np.empty(len(t), np.int64)
-    out[order[is_ev[order]] - len(s)] = found[is_ev[order]]
-    return out
+    return trace.spans().index().ended_before(tid, module, t)
 
 
 def counter_changes(t: np.ndarray, values: np.ndarray, window: tuple[int, int] | None = None,

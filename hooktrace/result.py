@@ -20,9 +20,10 @@ import os
 from typing import Any
 
 from hooktrace.analysis._filters import Filters
+from hooktrace.analysis.device_time import gpu_spans
 from hooktrace.exporters.chrome import export_chrome
 from hooktrace.exporters.perfetto import export_perfetto
-from hooktrace.reading import TraceData
+from hooktrace.reading import GpuSpans, TraceData
 from hooktrace.reading import load as load_data
 from hooktrace.analysis.summary import Summary
 
@@ -81,6 +82,11 @@ class TraceResult(TraceData):
 
         require("pandas")
         return self.to_arrow(table).to_pandas()
+
+    def gpu_spans(self) -> GpuSpans:
+        """The run's device time per module call (``trace(gpu=True)``; empty when none
+        was recorded): :func:`hooktrace.analysis.device_time.gpu_spans`."""
+        return gpu_spans(self)
 
     def summary(self, *, peak_tflops: float | None = None) -> Summary:
         """Per-module call statistics (see ``hooktrace.analysis.summary.Summary``); ``peak_tflops``

@@ -420,11 +420,17 @@ def gpu_trace(*, gpu: bool = True, fc1_gpu_ns: int = 400_000, fc2_host_ns: int =
     trace._steps = Steps(np.arange(steps), GPU_T0 + np.arange(steps) * GPU_STEP_NS - 5_000,
                          GPU_T0 + np.arange(1, steps + 1) * GPU_STEP_NS - 5_000,
                          np.ones(steps, bool))
-    trace._gpu_spans = GpuSpans({
+    set_gpu_spans(trace, GpuSpans({
         "start_ns": g[:, 0], "end_ns": g[:, 1], "self_ns": g[:, 2], "span": g[:, 3],
         "module": g[:, 4].astype(np.uint32), "cat": g[:, 5].astype(np.uint8),
-        "device": np.zeros(len(g), np.int16), "stream": g[:, 6]}) if gpu else GpuSpans.empty()
+        "device": np.zeros(len(g), np.int16), "stream": g[:, 6]}) if gpu else GpuSpans.empty())
     return trace
+
+
+def set_gpu_spans(trace: TraceData, gpu: GpuSpans) -> None:
+    """Give ``trace`` these device intervals, as if ``device_time.gpu_spans`` had paired
+    them from its marks (it caches them on the trace under ``"gpu_spans"``)."""
+    trace.__dict__.setdefault("_derived", {})["gpu_spans"] = gpu
 
 
 @pytest.fixture

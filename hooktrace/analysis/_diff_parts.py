@@ -20,7 +20,7 @@ import numpy as np
 
 from hooktrace.analysis._diff_inputs import DiffInputError, file_meta
 from hooktrace.analysis.rankset import RankFile
-from hooktrace.analysis.device_time import gpu_recorded, launch_time_only, module_gpu
+from hooktrace.analysis.device_time import gpu_recorded, gpu_spans, launch_time_only, module_gpu
 from hooktrace.analysis.kernel_time import kernels_recorded, span_kernels
 from hooktrace.analysis.calls import COMPILE, KERNELS, Calls
 from hooktrace.analysis.phases import CAT_BACKWARD, CAT_FORWARD, EVAL, GPU_PHASES, KEY_PHASES
@@ -208,7 +208,7 @@ def add_gpu_phases(part: Part, trace: TraceData, complete: np.ndarray) -> None:
     """The run's device time as the GPU_PHASES rows of ``part``: per (module, phase) its
     intervals as calls, in the columns of the complete steps that were timed
     (``gpu_every=N`` times every N-th: the others would count as 0), or the whole run."""
-    gpu = trace.gpu_spans()
+    gpu = gpu_spans(trace)
     part.gpu = True
     if not len(gpu):
         return

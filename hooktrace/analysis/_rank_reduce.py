@@ -17,7 +17,7 @@ import numpy as np
 from hooktrace.format._kineto import BadValue, ProfilerTraceError, open_binary, scan, us_to_ns
 from hooktrace.analysis.intervals import union_per_step
 from hooktrace.analysis.calls import COMPILE, Calls
-from hooktrace.analysis.device_time import gpu_recorded, module_gpu
+from hooktrace.analysis.device_time import gpu_recorded, gpu_spans, module_gpu
 from hooktrace.analysis.phases import CAT_BACKWARD, CAT_FORWARD, RANK_DEVICE, rank_phase
 from hooktrace.analysis.phases import RANK_PHASES
 from hooktrace.analysis.rankset import RankFile
@@ -124,7 +124,7 @@ def reduce_rank(run: TraceData, f: RankFile) -> RankStats:
     if gpu_recorded(run) and len(steps):  # device time: the device phases, its steps
         m = module_gpu(run, n_mod)
         g_sel = m.step >= 0
-        gpu = run.gpu_spans()
+        gpu = gpu_spans(run)
         n_mod = max(n_mod, m.n_mod)
         module = np.r_[module, (m.group % m.n_mod)[g_sel]]
         mode = np.r_[mode, (m.group >= m.n_mod)[g_sel].astype(np.int64)]

@@ -215,49 +215,6 @@ class _SeqOwner:
         return int(self.tops[tid][j]) if j >= 0 else -1
 
 
-# -- containment ------------------------------------------------------------
-
-
-def _innermost_forward(run: TraceData, tid: np.ndarray, start: np.ndarray,
-                       end: np.ndarray) -> np.ndarray:
-    """Innermost forward span containing each [start, end] on thread ``tid``; -1 if none."""
-    spans = run.spans()
-    out = np.full(len(start), -1, dtype=np.int64)
-    for t in np.unique(tid).tolist():
-        items = np.flatnonzero(tid == t)
-        f = np.flatnonzero((spans.tid == t) & (spans.cat != CAT_BACKWARD))
-        if not len(f):
-            continue
-        f = f[np.lexsort((spans.depth[f], spans.start_ns[f]))]
-        k = np.searchsorted(spans.start_ns[f], start[items], "right") - 1
-        cand = np.where(k >= 0, f[np.maximum(k, 0)], -1)
-        while True:  # walk up to the first ancestor that also covers the end
-            bad = (cand >= 0) & (spans.end_ns[np.maximum(cand, 0)] < end[items])
-            if not bad.any():
-                break
-            cand[bad] = spans.parent[cand[bad]]
-        out[items] = cand
-    return out
-
-
-def _inside_kernel(k: Kernels, tid: np.ndarray, start: np.ndarray, end: np.ndarray
-                   ) -> np.ndarray:
-    """The kernel run (index into ``k``) whose marks enclose each [start, end] on the same
-    thread, or -1. A thread's kernel runs never overlap (a wrapper calls them in turn)."""
-    out = np.full(len(start), -1, dtype=np.int64)
-    for t in np.unique(k.tid).tolist():
-        items = np.flatnonzero(tid == t)
-        mine = np.flatnonzero((k.tid == t) & (k.module >= 0))
-        if not len(items) or not len(mine):
-            continue
-        mine = mine[np.argsort(k.start_ns[mine], kind="stable")]
-        j = np.searchsorted(k.start_ns[mine], start[items], "right") - 1
-        cand = mine[np.maximum(j, 0)]
-        ok = (j >= 0) & (k.end_ns[cand] >= end[items])
-        out[items[ok]] = cand[ok]
-    return out
-
-
 def _shortest_backward(run: TraceData, tid: int, start: int, end: int) -> int:
     spans = run.spans()
     m = np.flatnonzero((spans.cat == CAT_BACKWARD) & (spans.tid == tid)
@@ -342,7 +299,7 @@ def attribute_events(run: TraceData, p: ProfilerEvents, *, top_ops: int = 3) -> 
     self_ns = (end - start) - child_ns
 
     # Module span and phase of each host item.
-    span = _innermost_forward(run, tid, start, end)
+    span = spans.index().innermost(tid, start, end, "forward")
     backward = node_of >= 0
     span[backward] = -1
     module = np.full(n, -1, dtype=np.int64)
@@ -390,7 +347,7 @@ def attribute_events(run: TraceData, p: ProfilerEvents, *, top_ops: int = 3) -> 
         phase[outside[in_step]] = _OPTIMIZER
     # Ops inside a compiled region's kernel marks: the kernel's module and phase.
     kernels = Kernels.from_trace(run)
-    in_kernel = _inside_kernel(kernels, tid, start, end) if len(kernels) else np.full(n, -1)
+    in_kernel = kernels.holding(tid, start, end) if len(kernels) else np.full(n, -1)
     hit = np.flatnonzero(in_kernel >= 0)
     module[hit] = kernels.module[in_kernel[hit]]
     phase[hit] = kernels.cat[in_kernel[hit]] == CAT_BACKWARD

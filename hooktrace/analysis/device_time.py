@@ -1,9 +1,10 @@
 """What the outputs show of a run's device time (``trace(gpu=True)``, issue #28).
 
-The recording (``TraceData.gpu_spans()``: :class:`~hooktrace.reading.GpuSpans`) gives
-each timed module call its interval on the device, aligned to the host clock. This
-module turns it into what the summary, diff, report, straggler and shape tables and the
-exports need:
+The recording (``trace(gpu=True)``) leaves timing marks; :func:`gpu_spans` pairs them
+into each timed module call's interval on the device, aligned to the host clock
+(:class:`~hooktrace.reading.GpuSpans`; ``TraceResult.gpu_spans()``). This module turns
+them into what the summary, diff, report, straggler and shape tables and the exports
+need:
 
 * :func:`gpu_recorded` / :func:`launch_time_only`: which of three kinds of run this
   is. With GPU time, the tables lead with it. On a CUDA run without it
@@ -49,15 +50,18 @@ from hooktrace.analysis.column_provider import (
     WindowGroup,
     measured_only,
 )
+from hooktrace._events import (GPU_BACKWARD, GPU_EXIT, GPU_KERNEL, GPU_MARK, GPU_NO_MODULE,
+                               GPU_TIME)
+from hooktrace._span_tables import GPU_FIELDS
 from hooktrace.analysis.phases import CAT_BACKWARD, CAT_EVAL, CAT_FORWARD, EVAL, HOST_PHASES
-from hooktrace.reading import SPAN_EVAL, GpuSpans, TraceData
+from hooktrace.reading import SPAN_EVAL, GpuSpans, Spans, TraceData, kernel_sites, site_modules
 from hooktrace.text import format_ns
 
 if TYPE_CHECKING:
     from hooktrace.analysis.calls import Calls
 
 __all__ = ["CAT_EVAL", "DeviceTimeColumns", "GPU_COLUMNS", "LAUNCH_NOTE", "ModuleGpu",
-           "add_gpu", "gpu_info", "gpu_ms_by_module", "gpu_notes", "gpu_recorded",
+           "add_gpu", "gpu_info", "gpu_ms_by_module", "gpu_notes", "gpu_recorded", "gpu_spans",
            "kernel_label", "launch_time_only", "module_gpu", "span_gpu", "span_totals",
            "timed_steps"]
 
@@ -76,7 +80,7 @@ def gpu_info(trace: TraceData) -> dict[str, Any] | None:
 
 def gpu_recorded(trace: TraceData) -> bool:
     """Whether the run recorded device time (``trace(gpu=True)``)."""
-    return gpu_info(trace) is not None or len(trace.gpu_spans()) > 0
+    return gpu_info(trace) is not None or len(gpu_spans(trace)) > 0
 
 
 def launch_time_only(trace: TraceData) -> bool:
@@ -93,6 +97,196 @@ def kernel_label(trace: TraceData) -> str:
     return "kernel launches" if launch_time_only(trace) else "kernels"
 
 
+def gpu_spans(trace: TraceData) -> GpuSpans:
+    """The run's device time per module call (paired once, then cached on the trace);
+    empty when none was recorded (``trace(gpu=True)``: :class:`GpuSpans`)."""
+    return trace.derived("gpu_spans", lambda: _pair_marks(trace))
+
+
+def _pair_marks(trace: TraceData) -> GpuSpans:
+    """The device intervals of ``trace(gpu=True)`` (csrc/gpu_time.h): GPU_MARK events
+    (a timing event on a stream) with the device time of their GPU_TIME event.
+
+    Forward (and recompute): a call's two marks lie inside its host span (after its
+    ENTER, before its EXIT), so both find that span; its interval runs from one to the
+    other, and its ``self_ns`` is that minus its children's intervals on the same stream.
+    Backward: on each (device, stream), in device order, a mark starts the stretch of
+    the module it names, up to the next mark (GPU_NO_MODULE: none). Each stretch finds
+    its module's backward span (the one holding the mark's host time); a backward span
+    gets one interval from the first to the last stretch of it and of the backward spans
+    under it, with ``self_ns`` its own stretches. Marks without a time (dropped, or
+    recorded after the last resolution) and unpaired calls are left out."""
+    ev = trace.events
+    kind = ev["kind"]
+    mark_i = np.flatnonzero(kind == GPU_MARK)
+    time_i = np.flatnonzero(kind == GPU_TIME)
+    if not mark_i.size or not time_i.size:
+        return GpuSpans.empty()
+    # each mark's device time: the GPU_TIME whose id is the mark's id
+    time_ids = ev["id"][time_i]
+    order = np.argsort(time_ids, kind="stable")
+    ids_sorted = time_ids[order]
+    mark_ids = ev["rf_tid"][mark_i]
+    pos = np.minimum(np.searchsorted(ids_sorted, mark_ids), len(ids_sorted) - 1)
+    has = ids_sorted[pos] == mark_ids
+    mark_i, pos = mark_i[has], pos[has]
+    tev = time_i[order[pos]]
+    dev_t = ev["seq"][tev].view(np.int64)
+    device = ev["rf_tid"][tev].astype(np.int16)
+    host_t = trace.clock.to_unix_ns(ev["t"][mark_i])
+    module = ev["id"][mark_i]
+    flags = ev["flags"][mark_i]
+    stream = ev["seq"][mark_i].view(np.int64)
+    spans = trace.spans()
+    backward = (flags & GPU_BACKWARD) != 0
+    kernel = (flags & GPU_KERNEL) != 0
+    forward = ~backward & ~kernel
+    parts = [_forward_gpu(spans, *(a[forward] for a in (
+        module, flags, host_t, dev_t, device, stream)))]
+    parts.append(_backward_gpu(spans, *(a[backward] for a in (
+        module, host_t, dev_t, device, stream, ev["rf_tid"][mark_i]))))
+    out = {name: np.concatenate([p[name] for p in parts]).astype(dtype)
+           for name, dtype in GPU_FIELDS.items()}
+    if kernel.any():
+        out = _with_kernel_sites(trace, spans, out, *(a[kernel] for a in (
+            module, flags, host_t, dev_t, device, stream, ev["tid"][mark_i])))
+    by_start = np.argsort(out["start_ns"], kind="stable")
+    return GpuSpans({name: a[by_start] for name, a in out.items()})
+
+
+def _with_kernel_sites(trace: TraceData, spans: Spans, out: dict[str, np.ndarray],
+                       site: np.ndarray, flags: np.ndarray, host_t: np.ndarray,
+                       dev_t: np.ndarray, device: np.ndarray, stream: np.ndarray,
+                       tid: np.ndarray) -> dict[str, np.ndarray]:
+    """``out`` and the intervals of compiled code's kernel sites: a site's two marks
+    (before and after its kernel, one after the other on the recording thread) are one
+    interval of the site's module (``span`` -1) in the site's phase. The innermost host
+    span holding it is the compiled region's call (hooktrace.analysis.kernels places kernels the
+    same way); the site's module is :func:`site_modules`' (the host side's too), and the
+    region's interval loses the kernel's time from its ``self_ns`` when on the same
+    stream. A site that resolves to the region itself adds nothing: its time is the
+    region's own."""
+    sites = kernel_sites(trace.info)
+    order = np.argsort(tid, kind="stable")  # (marks in recorded order per thread)
+    site, flags, host_t, dev_t = site[order], flags[order], host_t[order], dev_t[order]
+    device, stream, tid = device[order], stream[order], tid[order]
+    begin = np.flatnonzero((flags[:-1] & GPU_EXIT) == 0)
+    pair = begin[((flags[begin + 1] & GPU_EXIT) != 0) & (site[begin + 1] == site[begin])
+                 & (tid[begin + 1] == tid[begin]) & (dev_t[begin + 1] >= dev_t[begin])]
+    if not len(pair):
+        return out
+    # the host span holding each kernel is its region's call (forward, or the backward
+    # span of its CompiledFunctionBackward node); a site names a module under the region
+    holder = spans.index().innermost(tid[pair], host_t[pair])
+    region = np.where(holder >= 0, spans.module[np.maximum(holder, 0)].astype(np.int64), -1)
+    slot = site_modules(trace.modules, sites, region, site[pair])[0]
+    backward = np.array([p == "backward" for _, _, p in sites] + [False])
+    cat = np.where(backward[np.minimum(site[pair], len(sites))], CAT_BACKWARD, CAT_FORWARD)
+    # a kernel of the region itself stays in its interval's self time, as on the host
+    keep = (slot >= 0) & (slot != region)
+    pair, slot, cat, holder = pair[keep], slot[keep], cat[keep], holder[keep]
+    a, b = dev_t[pair], dev_t[pair + 1]
+    row = np.full(len(spans), -1, np.int64)
+    placed = out["span"] >= 0
+    row[out["span"][placed]] = np.flatnonzero(placed)
+    r = np.where(holder >= 0, row[np.maximum(holder, 0)], -1)
+    hit = np.flatnonzero(r >= 0)
+    hit = hit[(out["device"][r[hit]] == device[pair][hit])
+              & (out["stream"][r[hit]] == stream[pair][hit])]
+    out = dict(out)
+    out["self_ns"] = out["self_ns"].copy()
+    np.subtract.at(out["self_ns"], r[hit], (b - a)[hit])
+    add = {"start_ns": a, "end_ns": b, "self_ns": b - a,
+           "span": np.full(len(pair), -1, np.int64), "module": slot, "cat": cat,
+           "device": device[pair], "stream": stream[pair]}
+    return {name: np.concatenate([out[name], np.asarray(add[name]).astype(dtype)])
+            for name, dtype in GPU_FIELDS.items()}
+
+
+def _forward_gpu(spans: Spans, module: np.ndarray, flags: np.ndarray, host_t: np.ndarray,
+                 dev_t: np.ndarray, device: np.ndarray, stream: np.ndarray
+                 ) -> dict[str, np.ndarray]:
+    span = spans.index().of_module(module, host_t, "forward")
+    n = len(spans)
+    start = np.full(n, -1, np.int64)
+    end = np.full(n, -1, np.int64)
+    exit_ = (flags & GPU_EXIT) != 0
+    found = span >= 0
+    first = found & ~exit_
+    start[span[first]] = dev_t[first]
+    last = found & exit_
+    end[span[last]] = dev_t[last]
+    where = np.full(n, -1, np.int64)
+    where[span[first]] = np.flatnonzero(first)  # each span's start mark: device, stream
+    timed = np.flatnonzero((start >= 0) & (end >= start) & (where >= 0))
+    dur = end[timed] - start[timed]
+    mark = where[timed]
+    dev, strm = device[mark], stream[mark]
+    # self: minus the children's intervals on the same device and stream
+    row = np.full(n, -1, np.int64)
+    row[timed] = np.arange(len(timed))
+    parent = spans.parent[timed]
+    prow = np.where(parent >= 0, row[np.maximum(parent, 0)], -1)
+    child = np.flatnonzero((prow >= 0) & (dev == dev[np.maximum(prow, 0)])
+                           & (strm == strm[np.maximum(prow, 0)]))
+    self_ns = dur.copy()
+    np.subtract.at(self_ns, prow[child], dur[child])
+    return {"start_ns": start[timed], "end_ns": end[timed], "self_ns": self_ns,
+            "span": timed.astype(np.int64), "module": spans.module[timed],
+            "cat": spans.cat[timed], "device": dev, "stream": strm}
+
+
+def _backward_gpu(spans: Spans, module: np.ndarray, host_t: np.ndarray, dev_t: np.ndarray,
+                  device: np.ndarray, stream: np.ndarray, mark_id: np.ndarray
+                  ) -> dict[str, np.ndarray]:
+    # the stretches: each mark to the next one on its device and stream
+    order = np.lexsort((mark_id, dev_t, stream, device))
+    module, host_t, dev_t = module[order], host_t[order], dev_t[order]
+    device, stream = device[order], stream[order]
+    nxt = np.arange(1, len(order) + 1)
+    has_next = np.zeros(len(order), bool)
+    if len(order) > 1:
+        has_next[:-1] = (device[1:] == device[:-1]) & (stream[1:] == stream[:-1])
+    own = np.flatnonzero(has_next & (module != GPU_NO_MODULE))
+    a, b = dev_t[own], dev_t[nxt[own]]
+    span = spans.index().of_module(module[own], host_t[own], "backward")
+    # stretches of no backward span: one interval each
+    alone = span < 0
+    out_parts = [{"start_ns": a[alone], "end_ns": b[alone], "self_ns": b[alone] - a[alone],
+                  "span": np.full(int(alone.sum()), -1, np.int64), "module": module[own][alone],
+                  "cat": np.full(int(alone.sum()), CAT_BACKWARD, np.uint8),
+                  "device": device[own][alone], "stream": stream[own][alone]}]
+    placed = ~alone
+    if placed.any():
+        sp, a, b = span[placed], a[placed], b[placed]
+        dev, strm = device[own][placed], stream[own][placed]
+        n = len(spans)
+        lo = np.full(n, np.iinfo(np.int64).max, np.int64)
+        hi = np.full(n, np.iinfo(np.int64).min, np.int64)
+        self_ns = np.zeros(n, np.int64)
+        np.add.at(self_ns, sp, b - a)
+        first_dev = np.zeros(n, np.int16)
+        first_strm = np.zeros(n, np.int64)
+        first_dev[sp[::-1]] = dev[::-1]  # (the first stretch's)
+        first_strm[sp[::-1]] = strm[::-1]
+        # each stretch widens its span and every backward span above it
+        cur = sp.copy()
+        while cur.size:
+            np.minimum.at(lo, cur, a)
+            np.maximum.at(hi, cur, b)
+            up = spans.parent[cur]
+            keep = up >= 0
+            keep[keep] &= spans.cat[up[keep]] == CAT_BACKWARD
+            cur, a, b = up[keep], a[keep], b[keep]
+        timed = np.flatnonzero(hi >= lo)
+        out_parts.append({"start_ns": lo[timed], "end_ns": hi[timed], "self_ns": self_ns[timed],
+                          "span": timed.astype(np.int64), "module": spans.module[timed],
+                          "cat": spans.cat[timed], "device": first_dev[timed],
+                          "stream": first_strm[timed]})
+    return {name: np.concatenate([p[name] for p in out_parts]).astype(dtype)
+            for name, dtype in GPU_FIELDS.items()}
+
+
 def span_totals(gpu: GpuSpans, n_spans: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per host span (``n_spans`` of them): device total and self time (int64, summed over
     its intervals: one per stream it ran work on) and whether it was timed."""
@@ -106,7 +300,7 @@ def span_totals(gpu: GpuSpans, n_spans: int) -> tuple[np.ndarray, np.ndarray, np
 
 def span_gpu(trace: TraceData) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`span_totals` of ``trace``'s spans (cached on the trace)."""
-    return trace.derived("span_gpu", lambda: span_totals(trace.gpu_spans(), len(trace.spans())))
+    return trace.derived("span_gpu", lambda: span_totals(gpu_spans(trace), len(trace.spans())))
 
 
 @dataclass
@@ -124,7 +318,7 @@ def module_gpu(trace: TraceData, n_mod: int) -> ModuleGpu:
     """The row group of each of the run's intervals: a module's eval calls (SPAN_EVAL on
     the host span) are rows of their own, as in the summary; the step of an interval is
     its host span's (a kernel site's: the step its device start falls in)."""
-    gpu = trace.gpu_spans()
+    gpu = gpu_spans(trace)
     spans = trace.spans()
     has = (gpu.span >= 0) & (gpu.span < len(spans))
     safe = np.where(has, gpu.span, 0)
@@ -187,7 +381,7 @@ def add_gpu(rows: list[dict[str, Any]], trace: TraceData) -> list[str]:
     """Fill the GPU columns of the summary's ``rows`` from the run's device time, add a
     row for each module timed only on the device (a kernel site of a compiled region
     without a row), and sort the rows by device time; returns notes."""
-    gpu = trace.gpu_spans()
+    gpu = gpu_spans(trace)
     spans = trace.spans()
     m = module_gpu(trace, int(spans.module.max()) + 1 if len(spans) else 0)
     n = 2 * m.n_mod
@@ -229,10 +423,10 @@ def add_gpu(rows: list[dict[str, Any]], trace: TraceData) -> list[str]:
 
 def gpu_ms_by_module(trace: TraceData, eval_spans: np.ndarray | None = None
                      ) -> dict[tuple[int, int], float] | None:
-    """Device time per (module, category) when it was recorded (TraceData.gpu_spans(),
+    """Device time per (module, category) when it was recorded (:func:`gpu_spans`,
     issue #28), else None; the intervals of the spans ``eval_spans`` marks (per span,
     bool) under (module, CAT_EVAL)."""
-    g = trace.gpu_spans()
+    g = gpu_spans(trace)
     if not len(g):
         return None
     out: dict[tuple[int, int], float] = {}
@@ -296,7 +490,7 @@ class DeviceTimeColumns(ColumnProvider):
         return SummaryPart()
 
     def spans(self, trace: TraceData, n: int, m: int) -> dict[str, SpanColumn]:
-        gpu = trace.gpu_spans()
+        gpu = gpu_spans(trace)
         if not len(gpu):
             return {}
         dur, self_, timed = span_totals(gpu, n)

@@ -47,6 +47,7 @@ import numpy as np
 
 from hooktrace._events import CUPTI_GRAPH_NODE, CUPTI_KERNEL, CUPTI_KERNEL_MORE, CUPTI_LAUNCH
 from hooktrace.analysis._summary_columns import COLUMNS, COMPILE_ROW, UNATTRIBUTED, group_mode
+from hooktrace.analysis.device_time import gpu_spans, span_gpu
 from hooktrace.analysis.kernels import Kernels
 from hooktrace.analysis.column_provider import (
     Column,
@@ -63,8 +64,8 @@ from hooktrace.reading import (
     NO_PASS,
     SPAN_EVAL,
     GpuSpans,
+    Spans,
     TraceData,
-    innermost_span,
 )
 from hooktrace.text import format_ns
 
@@ -228,10 +229,10 @@ def _records_of(trace: TraceData) -> KernelRecords:
         tid = ev["tid"][at[placed]]
         launch_ns[placed] = t
         if len(spans):
-            span[placed] = _node_span(spans, tid, t, innermost_span(spans, tid, t))
+            span[placed] = _node_span(spans, tid, t, spans.index().innermost(tid, t))
         runs = Kernels.from_trace(trace)
         if len(runs):  # launched from a kernel site of compiled code: the site's module
-            run = _run_holding(runs, tid, t)
+            run = runs.holding(tid, t, t)
             hit = np.flatnonzero(placed)[run >= 0]
             site_module[hit] = runs.module[run[run >= 0]]
             site_cat[hit] = runs.cat[run[run >= 0]]
@@ -240,25 +241,7 @@ def _records_of(trace: TraceData) -> KernelRecords:
                          int(graph.sum()), int((~named).sum()), unpaired)
 
 
-def _latest_started(owner: np.ndarray, start: np.ndarray, keep: np.ndarray, tid: np.ndarray,
-                    t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per (thread, time): among the rows ``keep`` of that thread (``owner``), the one
-    that started last at or before that time, and the one that started next; -1 for none."""
-    last = np.full(len(t), -1, np.int64)
-    nxt = np.full(len(t), -1, np.int64)
-    for u in np.unique(tid).tolist():
-        mine = np.flatnonzero((owner == u) & keep)
-        if not len(mine):
-            continue
-        mine = mine[np.argsort(start[mine], kind="stable")]
-        sel = np.flatnonzero(tid == u)
-        pos = np.searchsorted(start[mine], t[sel], "right") - 1
-        last[sel] = np.where(pos >= 0, mine[np.maximum(pos, 0)], -1)
-        nxt[sel] = np.where(pos + 1 < len(mine), mine[np.minimum(pos + 1, len(mine) - 1)], -1)
-    return last, nxt
-
-
-def _node_span(spans: Any, tid: np.ndarray, t: np.ndarray, inner: np.ndarray) -> np.ndarray:
+def _node_span(spans: Spans, tid: np.ndarray, t: np.ndarray, inner: np.ndarray) -> np.ndarray:
     """Launches in backward go with the autograd node that made them, as torch.profiler
     attributes them (``evaluate_function: <Node>`` holds the node's apply and the
     accumulation of its outputs into the next node's inputs): the node of that thread
@@ -268,19 +251,13 @@ def _node_span(spans: Any, tid: np.ndarray, t: np.ndarray, inner: np.ndarray) ->
     nodes = spans.nodes
     if not len(nodes):
         return inner.copy()
-    node, nxt = _latest_started(nodes.tid, nodes.start_ns, np.ones(len(nodes), bool), tid, t)
+    node, nxt = spans.index().latest_node(tid, t)
     at, after = np.maximum(node, 0), np.maximum(nxt, 0)
     running = t <= nodes.end_ns[at]
     between = ((nxt >= 0) & (nodes.pass_id[after] == nodes.pass_id[at])
                & (nodes.pass_id[at] != NO_PASS))
     take = (node >= 0) & (running | between) & (nodes.span[at] >= 0)
     return np.where(take, nodes.span[at], inner)
-
-
-def _run_holding(runs: Kernels, tid: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Per (thread, time): the kernel mark run of that thread holding it, or -1."""
-    run, _ = _latest_started(runs.tid, runs.start_ns, runs.module >= 0, tid, t)
-    return np.where((run >= 0) & (runs.end_ns[np.maximum(run, 0)] >= t), run, -1)
 
 
 def kernel_records(trace: TraceData) -> KernelRecords:
@@ -345,9 +322,7 @@ def span_kernels(trace: TraceData) -> SpanKernels:
     """:class:`SpanKernels` of ``trace``'s spans (cached on the trace)."""
     def build() -> SpanKernels:
         intervals = None
-        if len(trace.gpu_spans()):
-            from hooktrace.analysis.device_time import span_gpu
-
+        if len(gpu_spans(trace)):
             intervals = span_gpu(trace)[0]
         return _per_span(trace.spans(), kernel_records(trace), intervals)
     return trace.derived("span_kernels", build)
@@ -504,7 +479,7 @@ class KernelTimeColumns(ColumnProvider):
 
     def summary(self, rows: list[dict[str, Any]], trace: TraceData,
                 options: Mapping[str, Any]) -> SummaryPart:
-        lead = not len(trace.gpu_spans())
+        lead = not len(gpu_spans(trace))
         return SummaryPart(KERNEL_COLUMNS, add_kernels(rows, trace), lead=lead,
                            attributes={"time_kind": "device"} if lead else {})
 
@@ -568,7 +543,7 @@ class KernelTimeColumns(ColumnProvider):
 
 def device_table(trace: TraceData) -> tuple[GpuSpans, np.ndarray]:
     """What the exports draw on the device's rows (one per device and stream): the
-    run's event intervals (``gpu_spans()``), and, with kernel busy time, each placed
+    run's event intervals (:func:`~hooktrace.analysis.device_time.gpu_spans`), and, with kernel busy time, each placed
     kernel, copy and set under its module: where no event interval was recorded, a
     module's slice is the extent of what its call launched on that stream (first start
     to last end, children included; ``self_ns``: their busy time). Returns the table
@@ -578,7 +553,7 @@ def device_table(trace: TraceData) -> tuple[GpuSpans, np.ndarray]:
 
 
 def _device_table(trace: TraceData) -> tuple[GpuSpans, np.ndarray]:
-    gpu = trace.gpu_spans()
+    gpu = gpu_spans(trace)
     k = kernel_records(trace)
     spans = trace.spans()
     placed = np.flatnonzero(k.span >= 0)

@@ -43,7 +43,6 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -51,10 +50,14 @@ from hooktrace._events import KERNEL_BEGIN, KERNEL_END
 from hooktrace.reading import (
     CAT_BACKWARD,
     CAT_FORWARD,
-    CAT_RECOMPUTE,
+    CONTAINER_TYPES,
     SPAN_EVAL,
+    RunOrder,
     Spans,
     TraceData,
+    join_name,
+    kernel_sites,
+    site_modules,
 )
 
 __all__ = ["CONTAINER_TYPES", "MODULE_SITE", "Derived", "Kernels", "compiled_regions",
@@ -63,24 +66,6 @@ __all__ = ["CONTAINER_TYPES", "MODULE_SITE", "Derived", "Kernels", "compiled_reg
 # A site with this kernel name names a module of a compiled graph, not a kernel (no mark
 # carries its id): the record side registers one per module whose ops the graph holds.
 MODULE_SITE = ""
-
-# Containers are never called, so they have no row in eager runs either.
-CONTAINER_TYPES = frozenset({"ModuleList", "ModuleDict", "ParameterList", "ParameterDict"})
-
-
-def kernel_sites(info: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """The trace's kernel site table ([] when it has none or it is malformed)."""
-    raw = info.get("kernel_sites")
-    if not isinstance(raw, list):
-        return []
-    out = []
-    for s in raw:
-        if isinstance(s, (list, tuple)) and len(s) >= 3 and all(isinstance(x, str) for x in s[:3]):
-            out.append((s[0], s[1], s[2]))
-        else:
-            out.append(("?", "", "forward"))
-    return out
-
 
 @dataclass
 class Kernels:
@@ -105,12 +90,22 @@ class Kernels:
     unplaced: int = 0
     unnamed: int = 0
 
+    order: RunOrder | None = field(default=None, repr=False, compare=False)
+
     def __len__(self) -> int:
         return len(self.start_ns)
 
     @property
     def duration_ns(self) -> np.ndarray:
         return self.end_ns - self.start_ns
+
+    def holding(self, tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+        """Per interval [start, end] on thread ``tid``: the placed kernel run (index)
+        whose marks hold it, or -1 (a thread's kernel runs never overlap: a wrapper calls
+        them in turn; the rules: :class:`hooktrace.reading.SpanIndex`)."""
+        if self.order is None:
+            self.order = RunOrder(self.tid, self.start_ns, self.module >= 0)
+        return self.order.holding(tid, start, end, self.end_ns)
 
     @classmethod
     def from_trace(cls, trace: TraceData) -> Kernels:
@@ -143,7 +138,7 @@ class Kernels:
         # backward: the autograd node running the kernel, attributed to a module call
         nodes = spans.nodes
         if len(nodes):
-            node = _innermost(nodes.tid, nodes.start_ns, nodes.end_ns, None, ktid, start, end)
+            node = spans.index().order("nodes").holding(ktid, start, end, nodes.end_ns)
             hit = node >= 0
             span[hit] = nodes.span[node[hit]]
             cat[hit & (span >= 0)] = CAT_BACKWARD
@@ -151,35 +146,16 @@ class Kernels:
             span[hit & (span < 0)] = -1
         rest = span < 0
         if rest.any() and len(spans):
-            fwd = np.flatnonzero((spans.cat == CAT_FORWARD) | (spans.cat == CAT_RECOMPUTE))
-            parent_local = _local_parents(spans.parent, fwd)
-            inner = _innermost(spans.tid[fwd], spans.start_ns[fwd], spans.end_ns[fwd],
-                               parent_local, ktid[rest], start[rest], end[rest])
-            span[rest] = np.where(inner >= 0, fwd[np.maximum(inner, 0)], -1)
-            cat[rest] = np.where(inner >= 0, spans.cat[fwd[np.maximum(inner, 0)]], CAT_FORWARD)
+            inner = spans.index().innermost(ktid[rest], start[rest], end[rest], "forward")
+            span[rest] = inner
+            cat[rest] = np.where(inner >= 0, spans.cat[np.maximum(inner, 0)], CAT_FORWARD)
         module = np.full(len(begin), -1, np.int64)
         placed = span >= 0
         unnamed = 0
         if placed.any():
-            slots = {name: i for i, (name, _) in enumerate(trace.modules)}
             region = spans.module[span[placed]].astype(np.int64)
-            key = region * max(len(sites), 1) + ksite[placed]
-            uniq, inv = np.unique(key, return_inverse=True)
-            resolved = np.empty(len(uniq), np.int64)
-            missing = np.zeros(len(uniq), bool)
-            for i, u in enumerate(uniq.tolist()):
-                r, s = divmod(u, max(len(sites), 1))
-                path = sites[s][1]
-                slot = slots.get(_join(trace.modules[r][0], path))
-                # a kernel fusing ops of two list entries (blocks.0's add with blocks.1's
-                # norm) lands on the list: containers have no row, their parent takes it
-                while slot is not None and path and trace.modules[slot][1] in CONTAINER_TYPES:
-                    path = path.rpartition(".")[0]
-                    slot = slots.get(_join(trace.modules[r][0], path))
-                resolved[i] = r if slot is None else slot
-                missing[i] = slot is None
-            module[placed] = resolved[inv]
-            unnamed = int(np.count_nonzero(missing[inv]))
+            module[placed], named = site_modules(trace.modules, sites, region, ksite[placed])
+            unnamed = int(np.count_nonzero(~named))
         return cls(start, end, ksite, ktid, span, cat, module, sites, unpaired,
                    int(np.count_nonzero(~placed)), unnamed)
 
@@ -283,7 +259,7 @@ def fused_modules(trace: TraceData) -> set[tuple[int, bool, str]]:
     for region, eval_, phase in regions:
         base = trace.modules[region][0]
         for path in paths[phase]:
-            slot = slots.get(_join(base, path))
+            slot = slots.get(join_name(base, path))
             if (slot is None or slot == region or trace.modules[slot][1] in CONTAINER_TYPES
                     or (slot, eval_, phase) in attributed):
                 continue
@@ -350,49 +326,10 @@ def _chain(names: list[str], slots: dict[str, int], modules: list[tuple[str, str
     parts = rel.split(".")
     out = []
     for i in range(1, len(parts) + 1):
-        slot = slots.get(_join(base, ".".join(parts[:i])))
+        slot = slots.get(join_name(base, ".".join(parts[:i])))
         if slot is not None and (slot == leaf or modules[slot][1] not in CONTAINER_TYPES):
             out.append(slot)
     return out
-
-
-def _join(prefix: str, name: str) -> str:
-    return f"{prefix}.{name}" if prefix and name else prefix or name
-
-
-def _local_parents(parent: np.ndarray, subset: np.ndarray) -> np.ndarray:
-    """``parent`` re-indexed into ``subset`` (-1 where the parent is outside it)."""
-    where = np.full(len(parent), -1, np.int64)
-    where[subset] = np.arange(len(subset))
-    p = parent[subset]
-    return np.where(p >= 0, where[np.maximum(p, 0)], -1)
-
-
-def _innermost(tid: np.ndarray, start: np.ndarray, end: np.ndarray, parent: np.ndarray | None,
-               q_tid: np.ndarray, q_start: np.ndarray, q_end: np.ndarray) -> np.ndarray:
-    """Per query interval, the index of the innermost interval on its thread that
-    contains it (-1 for none). Intervals of a thread nest; ``parent`` (or None:
-    only the latest-starting candidate is tried) walks outwards."""
-    # one sort of intervals and queries by (thread, start), an interval before a query
-    # that starts with it: each query's candidate is the last interval before it
-    n = len(start)
-    all_tid = np.concatenate([tid.astype(np.int64), q_tid.astype(np.int64)])
-    all_start = np.concatenate([start, q_start])
-    is_query = np.r_[np.zeros(n, np.int8), np.ones(len(q_start), np.int8)]
-    order = np.lexsort((is_query, all_start, all_tid))
-    last = np.maximum.accumulate(np.where(order < n, np.arange(len(order)), -1))
-    at = np.empty(len(order), np.int64)
-    at[order] = np.arange(len(order))
-    prev = last[at[n:]]
-    cand = np.where(prev >= 0, order[np.maximum(prev, 0)], -1)
-    cand[(cand >= 0) & (tid[np.maximum(cand, 0)] != q_tid)] = -1
-    for _ in range(256):
-        bad = (cand >= 0) & ~((start[np.maximum(cand, 0)] <= q_start)
-                              & (end[np.maximum(cand, 0)] >= q_end))
-        if not bad.any():
-            break
-        cand[bad] = parent[cand[bad]] if parent is not None else -1
-    return cand
 
 
 def span_self_ns(spans: Spans, derived: Derived | None,

@@ -242,11 +242,11 @@ def _numerics(trace: TraceData, where: Where) -> Iterator[Any]:
 
 
 def _gpu(trace: TraceData, where: Where) -> Iterator[Any]:
-    """One row per device interval (``trace.gpu_spans()``), grouped as the straggler
+    """One row per device interval (``device_time.gpu_spans``), grouped as the straggler
     tables' pool path groups them (:func:`hooktrace.analysis.device_time.module_gpu`)."""
-    from hooktrace.analysis.device_time import module_gpu
+    from hooktrace.analysis.device_time import gpu_spans, module_gpu
 
-    gpu = trace.gpu_spans()
+    gpu = gpu_spans(trace)
     if not len(gpu):
         return
     m = module_gpu(trace, len(trace.modules))

@@ -104,7 +104,7 @@ class GpuSlices(NamedTuple):
 
 
 def gpu_slices(trace: TraceData, window: tuple[int, int] | None = None) -> GpuSlices:
-    """The run's device intervals (``trace.gpu_spans()``) that overlap ``window``, on
+    """The run's device intervals (``device_time.gpu_spans(trace)``) that overlap ``window``, on
     one row per (device, stream), with overlap lanes (``_C.assign_lanes``) wherever
     intervals of one stream would not nest strictly. Times are the device's, aligned
     to the host clock, so the rows sit under the host's. With kernel busy time (CUPTI),

@@ -165,7 +165,7 @@ class Recorder(StepMarks, FlightRecorder, StreamedRecording):
             CUPTI joined to the module that launched it (:mod:`hooktrace.record.cupti`,
             read by :mod:`hooktrace.analysis.kernel_time`); elsewhere, or when CUPTI is
             held by another tool, each call's device-event interval
-            (:mod:`hooktrace.record.gpu_time`; read as ``TraceData.gpu_spans()``).
+            (:mod:`hooktrace.record.gpu_time`; read as ``TraceResult.gpu_spans()``).
         gpu_mode: with ``gpu``: ``"auto"`` (above), ``"kernels"``, ``"events"`` or
             ``"both"``.
         gpu_every: with ``gpu``, only steps ``0, N, 2N, ...`` are timed.

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import backward_trace, build_trace, gpu_trace, random_stream
+from conftest import backward_trace, build_trace, gpu_trace, random_stream, set_gpu_spans
 
 import hooktrace
 from hooktrace.cli import main
@@ -485,11 +485,11 @@ def test_gpu_time_lights_up_from_the_gpu_spans_contract() -> None:
     run = backward_trace(3)
     n = len(run.spans())
     assert n >= 3
-    run._gpu_spans = GpuSpans({  # spans 0 and 2 timed, span 0 by two intervals
+    set_gpu_spans(run, GpuSpans({  # spans 0 and 2 timed, span 0 by two intervals
         "start_ns": np.array([0, 50, 10]), "end_ns": np.array([40, 70, 15]),
         "self_ns": np.array([30, 20, 5]), "span": np.array([0, 0, 2]),
         "module": np.zeros(3, np.uint32), "cat": np.zeros(3, np.uint8),
-        "device": np.zeros(3, np.int16), "stream": np.full(3, 7)})
+        "device": np.zeros(3, np.int16), "stream": np.full(3, 7)}))
     t = to_arrow(run, "spans")
     dur, self_ = t.column("gpu_dur_ns").to_pylist(), t.column("gpu_self_ns").to_pylist()
     assert dur[:3] == [60, None, 5] and self_[:3] == [50, None, 5]

@@ -9,7 +9,7 @@ import io
 import json
 
 import pytest
-from conftest import GPU_STEP_NS, GPU_T0, gpu_trace
+from conftest import GPU_STEP_NS, GPU_T0, gpu_trace, set_gpu_spans
 
 from hooktrace.analysis.device_time import LAUNCH_NOTE, kernel_label, timed_steps
 
@@ -137,9 +137,9 @@ def test_timed_steps_with_gpu_every():
     keep = ((g.start_ns - GPU_T0) // GPU_STEP_NS) % 2 == 0
     from hooktrace.reading import GpuSpans
 
-    t._gpu_spans = GpuSpans({k: getattr(g, k)[keep] for k in
-                             ("start_ns", "end_ns", "self_ns", "span", "module", "cat",
-                              "device", "stream")})
+    set_gpu_spans(t, GpuSpans({k: getattr(g, k)[keep] for k in
+                               ("start_ns", "end_ns", "self_ns", "span", "module", "cat",
+                                "device", "stream")}))
     t.info["gpu"].update(every=2, timed_steps=2)
     assert timed_steps(t).tolist() == [0, 2]
     s = t.summary()
@@ -351,9 +351,9 @@ def test_straggler_tables_per_timed_step_with_gpu_every():
     t = gpu_trace(rank=0, steps=4)
     g = t.gpu_spans()
     keep = ((g.start_ns - GPU_T0) // GPU_STEP_NS) % 2 == 0  # steps 0 and 2 timed
-    t._gpu_spans = GpuSpans({k: getattr(g, k)[keep] for k in
-                             ("start_ns", "end_ns", "self_ns", "span", "module", "cat",
-                              "device", "stream")})
+    set_gpu_spans(t, GpuSpans({k: getattr(g, k)[keep] for k in
+                               ("start_ns", "end_ns", "self_ns", "span", "module", "cat",
+                                "device", "stream")}))
     report = _ranks(t, gpu_trace(rank=1, steps=4))
     rows = {(r["module"], r["phase"]): r for r in report.rows}
     # 400 µs per timed step on both ranks (not 200 µs over all 4 steps on rank 0)
