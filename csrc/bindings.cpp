@@ -6,8 +6,10 @@
 
 #include <cstring>
 #include <memory>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "backward.h"
 #include "chrome_writer.h"
@@ -75,6 +77,33 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "hooktrace native core (private; use the hooktrace package)";
   m.attr("EVENT_SIZE") = sizeof(hooktrace::Event);
   m.attr("BUILT_TORCH_VERSION") = HOOKTRACE_BUILT_TORCH;
+  // event.h's kinds and the flags each kind's events carry (event.h, numerics.h,
+  // gpu_time.h), under hooktrace/_events.py's names: tests/unit/test_event_kinds.py
+  // holds the two equal.
+  {
+    namespace h = hooktrace;
+    py::dict kinds, flags;
+    for (auto [name, value] : std::initializer_list<std::pair<const char*, int>>{
+             {"ENTER", h::kEnter}, {"EXIT", h::kExit}, {"NODE_BEGIN", h::kNodeBegin},
+             {"NODE_END", h::kNodeEnd}, {"STEP", h::kStep}, {"MEM_CPU", h::kMemCpu},
+             {"MEM_CUDA", h::kMemCuda}, {"KERNEL_BEGIN", h::kKernelBegin},
+             {"KERNEL_END", h::kKernelEnd}, {"SHAPES", h::kShapes}, {"NUMERICS", h::kNumerics},
+             {"NUMERICS_VALUE", h::kNumericsValue}, {"GPU_MARK", h::kGpuMark},
+             {"GPU_TIME", h::kGpuTime}, {"CUPTI_LAUNCH", h::kCuptiLaunch},
+             {"CUPTI_KERNEL", h::kCuptiKernel}, {"CUPTI_KERNEL_MORE", h::kCuptiKernelMore},
+             {"CUPTI_GRAPH_NODE", h::kCuptiGraphNode}})
+      kinds[name] = value;
+    for (auto [name, value] : std::initializer_list<std::pair<const char*, int>>{
+             {"FLAG_ERROR", h::kFlagError}, {"FLAG_NO_GRAD", h::kFlagNoGrad},
+             {"FLAG_EVAL_MODE", h::kFlagEvalMode}, {"NUM_BACKWARD", h::kNumBackward},
+             {"NUM_SKIPPED", h::kNumSkipped}, {"NUM_FAILED", h::kNumFailed},
+             {"NUM_DEFERRED", h::kNumDeferred}, {"NUM_NOT_WALKED", h::kNumNotWalked},
+             {"GPU_EXIT", h::kGpuExit}, {"GPU_BACKWARD", h::kGpuBackward},
+             {"GPU_KERNEL", h::kGpuKernel}})
+      flags[name] = value;
+    m.attr("EVENT_KINDS") = kinds;
+    m.attr("EVENT_FLAGS") = flags;
+  }
   hooktrace::init_tensor_walk();
 
   // --- reader side (spans.h, lanes.h, chrome_writer.h, perfetto_writer.h) ---

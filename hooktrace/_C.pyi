@@ -7,6 +7,8 @@ import numpy as np
 
 EVENT_SIZE: int
 BUILT_TORCH_VERSION: str  # the torch it was built against ("" when not recorded)
+EVENT_KINDS: dict[str, int]  # csrc/event.h's EventKind, under hooktrace._events' names
+EVENT_FLAGS: dict[str, int]  # the events' flags (EventFlags, NumericsFlags, GpuMarkFlags)
 
 class Session:
     """Bounded per-thread event buffers; see csrc/session.h."""
