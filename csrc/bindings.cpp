@@ -116,14 +116,15 @@ PYBIND11_MODULE(_C, m) {
       "write_chrome_events",
       [](const py::object& write, const py::handle& columns, const py::sequence& names_json,
          const py::sequence& args_json, const py::sequence& cat_names,
-         const py::sequence& extra_json, int64_t base_ns, uint32_t pid, size_t chunk_bytes) {
-        return hooktrace::write_chrome_events(write, hooktrace::chrome_span_columns(columns),
+         const py::sequence& extra_json, int64_t base_ns, uint32_t pid, size_t chunk_bytes,
+         const py::sequence& args) {
+        return hooktrace::write_chrome_events(write, hooktrace::chrome_span_columns(columns, args),
                                               names_json, args_json, cat_names, extra_json,
                                               base_ns, pid, chunk_bytes);
       },
       "Stream spans as Chrome X events.", py::arg("write"), py::arg("columns"), py::kw_only(),
       py::arg("names_json"), py::arg("args_json"), py::arg("cat_names"), py::arg("extra_json"),
-      py::arg("base_ns"), py::arg("pid"), py::arg("chunk_bytes"));
+      py::arg("base_ns"), py::arg("pid"), py::arg("chunk_bytes"), py::arg("args") = py::tuple());
   m.def(
       "write_chrome_nodes",
       [](const py::object& write, const py::handle& columns, const py::sequence& node_names_json,
@@ -140,15 +141,17 @@ PYBIND11_MODULE(_C, m) {
       "write_perfetto_slices",
       [](const py::object& write, const py::handle& columns, py::array_t<uint64_t> track_uuid,
          const py::sequence& names, const py::sequence& strings, const py::sequence& cat_names,
-         const py::sequence& extra_annotations, uint32_t first_sequence_id, size_t chunk_bytes) {
-        return hooktrace::write_perfetto_slices(write, hooktrace::perfetto_slice_columns(columns),
+         const py::sequence& extra_annotations, uint32_t first_sequence_id, size_t chunk_bytes,
+         const py::sequence& args) {
+        return hooktrace::write_perfetto_slices(write,
+                                                hooktrace::perfetto_slice_columns(columns, args),
                                                 track_uuid, names, strings, cat_names,
                                                 extra_annotations, first_sequence_id, chunk_bytes);
       },
       "Stream slices as Perfetto TrackEvent packets, one sequence per track.", py::arg("write"),
       py::arg("columns"), py::kw_only(), py::arg("track_uuid"), py::arg("names"),
       py::arg("strings"), py::arg("cat_names"), py::arg("extra_annotations"),
-      py::arg("first_sequence_id"), py::arg("chunk_bytes"));
+      py::arg("first_sequence_id"), py::arg("chunk_bytes"), py::arg("args") = py::tuple());
 
   // --- recorder side (session.h, module_call.h) ---
   py::class_<Session, std::shared_ptr<Session>>(m, "Session")
