@@ -6,8 +6,10 @@
 
 #include <cstring>
 #include <memory>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "backward.h"
 #include "chrome_writer.h"
@@ -75,6 +77,33 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "hooktrace native core (private; use the hooktrace package)";
   m.attr("EVENT_SIZE") = sizeof(hooktrace::Event);
   m.attr("BUILT_TORCH_VERSION") = HOOKTRACE_BUILT_TORCH;
+  // event.h's kinds and the flags each kind's events carry (event.h, numerics.h,
+  // gpu_time.h), under hooktrace/_events.py's names: tests/unit/test_event_kinds.py
+  // holds the two equal.
+  {
+    namespace h = hooktrace;
+    py::dict kinds, flags;
+    for (auto [name, value] : std::initializer_list<std::pair<const char*, int>>{
+             {"ENTER", h::kEnter}, {"EXIT", h::kExit}, {"NODE_BEGIN", h::kNodeBegin},
+             {"NODE_END", h::kNodeEnd}, {"STEP", h::kStep}, {"MEM_CPU", h::kMemCpu},
+             {"MEM_CUDA", h::kMemCuda}, {"KERNEL_BEGIN", h::kKernelBegin},
+             {"KERNEL_END", h::kKernelEnd}, {"SHAPES", h::kShapes}, {"NUMERICS", h::kNumerics},
+             {"NUMERICS_VALUE", h::kNumericsValue}, {"GPU_MARK", h::kGpuMark},
+             {"GPU_TIME", h::kGpuTime}, {"CUPTI_LAUNCH", h::kCuptiLaunch},
+             {"CUPTI_KERNEL", h::kCuptiKernel}, {"CUPTI_KERNEL_MORE", h::kCuptiKernelMore},
+             {"CUPTI_GRAPH_NODE", h::kCuptiGraphNode}})
+      kinds[name] = value;
+    for (auto [name, value] : std::initializer_list<std::pair<const char*, int>>{
+             {"FLAG_ERROR", h::kFlagError}, {"FLAG_NO_GRAD", h::kFlagNoGrad},
+             {"FLAG_EVAL_MODE", h::kFlagEvalMode}, {"NUM_BACKWARD", h::kNumBackward},
+             {"NUM_SKIPPED", h::kNumSkipped}, {"NUM_FAILED", h::kNumFailed},
+             {"NUM_DEFERRED", h::kNumDeferred}, {"NUM_NOT_WALKED", h::kNumNotWalked},
+             {"GPU_EXIT", h::kGpuExit}, {"GPU_BACKWARD", h::kGpuBackward},
+             {"GPU_KERNEL", h::kGpuKernel}})
+      flags[name] = value;
+    m.attr("EVENT_KINDS") = kinds;
+    m.attr("EVENT_FLAGS") = flags;
+  }
   hooktrace::init_tensor_walk();
 
   // --- reader side (spans.h, lanes.h, chrome_writer.h, perfetto_writer.h) ---
@@ -87,14 +116,15 @@ PYBIND11_MODULE(_C, m) {
       "write_chrome_events",
       [](const py::object& write, const py::handle& columns, const py::sequence& names_json,
          const py::sequence& args_json, const py::sequence& cat_names,
-         const py::sequence& extra_json, int64_t base_ns, uint32_t pid, size_t chunk_bytes) {
-        return hooktrace::write_chrome_events(write, hooktrace::chrome_span_columns(columns),
+         const py::sequence& extra_json, int64_t base_ns, uint32_t pid, size_t chunk_bytes,
+         const py::sequence& args) {
+        return hooktrace::write_chrome_events(write, hooktrace::chrome_span_columns(columns, args),
                                               names_json, args_json, cat_names, extra_json,
                                               base_ns, pid, chunk_bytes);
       },
       "Stream spans as Chrome X events.", py::arg("write"), py::arg("columns"), py::kw_only(),
       py::arg("names_json"), py::arg("args_json"), py::arg("cat_names"), py::arg("extra_json"),
-      py::arg("base_ns"), py::arg("pid"), py::arg("chunk_bytes"));
+      py::arg("base_ns"), py::arg("pid"), py::arg("chunk_bytes"), py::arg("args") = py::tuple());
   m.def(
       "write_chrome_nodes",
       [](const py::object& write, const py::handle& columns, const py::sequence& node_names_json,
@@ -111,15 +141,17 @@ PYBIND11_MODULE(_C, m) {
       "write_perfetto_slices",
       [](const py::object& write, const py::handle& columns, py::array_t<uint64_t> track_uuid,
          const py::sequence& names, const py::sequence& strings, const py::sequence& cat_names,
-         const py::sequence& extra_annotations, uint32_t first_sequence_id, size_t chunk_bytes) {
-        return hooktrace::write_perfetto_slices(write, hooktrace::perfetto_slice_columns(columns),
+         const py::sequence& extra_annotations, uint32_t first_sequence_id, size_t chunk_bytes,
+         const py::sequence& args) {
+        return hooktrace::write_perfetto_slices(write,
+                                                hooktrace::perfetto_slice_columns(columns, args),
                                                 track_uuid, names, strings, cat_names,
                                                 extra_annotations, first_sequence_id, chunk_bytes);
       },
       "Stream slices as Perfetto TrackEvent packets, one sequence per track.", py::arg("write"),
       py::arg("columns"), py::kw_only(), py::arg("track_uuid"), py::arg("names"),
       py::arg("strings"), py::arg("cat_names"), py::arg("extra_annotations"),
-      py::arg("first_sequence_id"), py::arg("chunk_bytes"));
+      py::arg("first_sequence_id"), py::arg("chunk_bytes"), py::arg("args") = py::tuple());
 
   // --- recorder side (session.h, module_call.h) ---
   py::class_<Session, std::shared_ptr<Session>>(m, "Session")

@@ -1,7 +1,6 @@
 #include "chrome_writer.h"
 
 #include <charconv>
-#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -65,10 +64,12 @@ class Buffer {
 
 }  // namespace
 
-SliceColumns chrome_span_columns(const py::handle& columns) {
-  return SliceColumns::from_python(columns, "write_chrome_events",
-                                   {"start_ns", "end_ns", "module", "tid", "call", "flags", "cat"},
-                                   {"nodes", "flops", "tflops", "extra"});
+SliceColumns chrome_span_columns(const py::handle& columns, const py::handle& args) {
+  SliceColumns c = SliceColumns::from_python(
+      columns, "write_chrome_events", {"start_ns", "end_ns", "module", "tid", "call", "flags", "cat"},
+      {"nodes", "extra"});
+  c.add_args(args, "write_chrome_events");
+  return c;
 }
 
 uint64_t write_chrome_events(const py::object& write, const SliceColumns& spans,
@@ -83,12 +84,18 @@ uint64_t write_chrome_events(const py::object& write, const SliceColumns& spans,
   const uint32_t* cl = spans.call;
   const uint8_t* fl = spans.flags;
   const uint8_t* ct = spans.cat;
-  // Forward-only traces pass no counts, runs without flops=True no FLOPs: null
-  // columns, no per-event branch cost beyond one test.
+  // Forward-only traces pass no counts: a null column, no per-event branch cost
+  // beyond one test.
   const int64_t* nd = spans.nodes;
-  const int64_t* fp = spans.flops;
-  const double* tf = spans.tflops;
   const int64_t* ex = spans.extra;
+  // The argument columns with values, and their `,"name":` keys.
+  std::vector<const ArgColumn*> arg_cols;
+  std::vector<std::string> arg_keys;
+  for (const ArgColumn& a : spans.args) {
+    if (a.values == nullptr) continue;
+    arg_cols.push_back(&a);
+    arg_keys.push_back(",\"" + a.name + "\":");
+  }
   const std::vector<std::string> names = to_strings(names_json);
   const std::vector<std::string> args = to_strings(args_json);
   const std::vector<std::string> extras = to_strings(extra_json);
@@ -139,15 +146,18 @@ uint64_t write_chrome_events(const py::object& write, const SliceColumns& spans,
       buf.lit(",\"nodes\":");
       buf.integer(nd[i]);
     }
-    if (fp != nullptr && fp[i] >= 0) {
-      buf.lit(",\"flops\":");
-      buf.integer(fp[i]);
+    for (size_t k = 0; k < arg_cols.size(); ++k) {
+      const ArgColumn& a = *arg_cols[k];
+      if (!a.present(i)) continue;
+      buf.add(arg_keys[k]);
+      if (a.type == ArgColumn::kInt) {
+        buf.integer(a.integer(i));
+      } else if (a.type == ArgColumn::kReal) {
+        buf.real(a.real(i));
+      } else {
+        buf.lit("true");
+      }
     }
-    if (tf != nullptr && std::isfinite(tf[i])) {
-      buf.lit(",\"tflops\":");
-      buf.real(tf[i]);
-    }
-    if (fl[i] & kSpanFlopsCounted) buf.lit(",\"flops_counted\":true");
     if (fl[i] & kSpanClipped) buf.lit(",\"clipped\":true");
     if (ex != nullptr && ex[i] >= 0) buf.add(extras[static_cast<size_t>(ex[i])]);
     buf.lit("}}");

@@ -28,14 +28,12 @@ namespace hooktrace {
 // cat_names[c]: category text for cat c (plain, JSON-safe). Columns: `tid` is the row
 // to draw on (the OS tid, or a synthetic track tid for backward spans). `nodes`
 // (optional): per span a count written as args "nodes" when >= 0 (autograd nodes
-// attributed directly to the span). `flops` (optional): per span a FLOP count written
-// as args "flops" when >= 0; `tflops` (optional): per span, written as args "tflops"
-// (shortest round-trip decimal) when finite (hooktrace/analysis/flops.py computes both).
-// flags: kSpanError, kSpanUnfinished, kSpanFlopsCounted, kSpanClipped add "error",
-// "unfinished", "flops_counted", "clipped": true. `extra` (optional): per span an
-// index into extra_json (-1: none), whose fragment (`,"key":value...`) is appended
-// to the args as is (shapes and numerics: hooktrace/exporters/_extra_args.py).
-// Returns the number of events written.
+// attributed directly to the span). flags: kSpanError, kSpanUnfinished add "error",
+// "unfinished": true. Then the argument columns (slice_columns.h: ArgColumn, e.g.
+// FLOPs), `"name":value` where present, in order; then kSpanClipped adds
+// "clipped": true. `extra` (optional): per span an index into extra_json (-1: none),
+// whose fragment (`,"key":value...`) is appended to the args as is (shapes and
+// numerics: hooktrace/exporters/_extra_args.py). Returns the number of events written.
 uint64_t write_chrome_events(const pybind11::object& write, const SliceColumns& spans,
                              const pybind11::sequence& names_json,
                              const pybind11::sequence& args_json,
@@ -45,8 +43,8 @@ uint64_t write_chrome_events(const pybind11::object& write, const SliceColumns& 
 
 // The columns write_chrome_events reads, from Python's dict (slice_columns.h):
 // start_ns, end_ns (int64), module, tid, call (uint32), flags, cat (uint8); optional
-// nodes, flops, extra (int64), tflops (float64).
-SliceColumns chrome_span_columns(const pybind11::handle& columns);
+// nodes, extra (int64); and the argument columns `args` ((name, array) pairs).
+SliceColumns chrome_span_columns(const pybind11::handle& columns, const pybind11::handle& args);
 
 // Autograd node executions, one "X" event per row of `nodes`
 // (chrome_node_columns), all of category `cat` (plain, JSON-safe):

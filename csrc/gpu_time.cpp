@@ -492,114 +492,34 @@ class GpuTimer {
   // event recorded inside a graph capture hooktrace did not see, a device error) is
   // counted, its slot freed, and never raised into the user's step.
   uint64_t resolve_locked(Session* s, bool wait, bool align_wait) {
-    // devices whose pools are not aligned yet: now if their streams are idle, else
-    // with the device's one wait where allowed (a step mark, the end: tight if the
-    // stream idles after it, else the wait's bracket), else by a passive probe seen
-    // done since an earlier resolution; else their marks wait for later
-    uint64_t unaligned = backend_->unaligned();
-    for (int d = 0; unaligned && d < kMaxDevices; ++d) {
-      if (!(unaligned >> d & 1)) continue;
-      const auto dev = static_cast<int16_t>(d);
-      int64_t correction = 0;
-      try {
-        if (backend_->realign(dev, false, &correction)) continue;
-        if ((wait || align_wait) && backend_->realign(dev, true, &correction)) continue;
-        backend_->align_passive(dev);
-      } catch (...) {
-      }
-    }
-    unaligned = backend_->unaligned();
+    align_devices(wait || align_wait);
+    const uint64_t unaligned = backend_->unaligned();
     const uint64_t end = next_.load(std::memory_order_acquire);
     const uint64_t first = resolved_.load(std::memory_order_relaxed);
-    struct StreamLast {
-      int16_t device;
-      int64_t stream;
-      uint64_t last;
-      bool done;
-      bool wait_failed;  // (its last event cannot be waited for: each one is, then)
-    };
-    constexpr int kStreams = 16;
-    StreamLast streams[kStreams];
-    int nstreams = 0;
-    uint64_t limit = first;
-    for (; limit < end; ++limit) {
-      const uint64_t k = limit % n_;
-      const uint8_t st = state_[k].load(std::memory_order_acquire);
-      if (st == kFree) break;  // taken, not recorded yet
-      if (st != kReady) continue;
-      int j = 0;
-      while (j < nstreams && !(streams[j].device == device_[k] && streams[j].stream == stream_[k])) ++j;
-      if (j == nstreams) {
-        if (nstreams == kStreams) continue;  // (more streams: queried event by event)
-        streams[nstreams++] = StreamLast{device_[k], stream_[k], limit, false, false};
-      }
-      streams[j].last = limit;
-    }
-    for (int j = 0; j < nstreams; ++j) {
-      try {
-        streams[j].done = backend_->done(streams[j].last % n_, streams[j].device);
-        ++queries_;
-      } catch (...) {
-        streams[j].done = false;  // (asked again event by event below)
-      }
-    }
+    Streams streams;
+    const uint64_t limit = stream_lasts(first, end, &streams);
     uint64_t i = first, count = 0;
     uint64_t last_k[kMaxDevices];
     int64_t last_t[kMaxDevices];
     uint64_t devices_seen = 0;  // bit d (d < 64): last_k[d] set
     for (; i < limit; ++i) {
       const uint64_t k = i % n_;
-      const uint8_t st = state_[k].load(std::memory_order_acquire);
-      if (st == kReady) {
-        const int16_t dev = device_[k];
-        if (C10_UNLIKELY(dev >= 0 && dev < kMaxDevices && (unaligned >> dev & 1))) {
-          if (!wait) break;  // (its time needs the device's alignment: later)
-          failed_.fetch_add(1, std::memory_order_relaxed);  // no alignment even waiting
-          state_[k].store(kFree, std::memory_order_relaxed);
-          continue;
-        }
-        bool done = false;
-        for (int j = 0; j < nstreams; ++j)
-          if (streams[j].device == dev && streams[j].stream == stream_[k]) {
-            done = streams[j].done && i <= streams[j].last;
-            break;
-          }
+      if (state_[k].load(std::memory_order_acquire) == kReady) {
         int64_t t = 0;
-        try {
-          if (!done) {
-            done = backend_->done(k, dev);
-            ++queries_;
-          }
-          if (!done) {
-            if (!wait) break;
-            // one wait per stream: for its last pending event (stream order: then
-            // every earlier one is done too)
-            int j = 0;
-            while (j < nstreams && !(streams[j].device == dev && streams[j].stream == stream_[k])) ++j;
-            bool waited = false;
-            if (j < nstreams && i <= streams[j].last && !streams[j].wait_failed) {
-              try {
-                backend_->wait(streams[j].last % n_, dev);
-                streams[j].done = waited = true;
-              } catch (...) {  // (e.g. recorded into a capture: the others may be fine)
-                streams[j].wait_failed = true;
-              }
-            }
-            if (!waited) backend_->wait(k, dev);
-          }
-          t = backend_->time_ns(k, dev);
-        } catch (...) {
+        const Outcome o = time_of(i, wait, unaligned, &streams, &t);
+        if (o == Outcome::kLater) break;
+        if (o == Outcome::kFailed) {
           failed_.fetch_add(1, std::memory_order_relaxed);
-          state_[k].store(kFree, std::memory_order_relaxed);
-          continue;
-        }
-        s->record_gpu(kGpuTime, static_cast<uint32_t>(i), 0, static_cast<uint64_t>(t),
-                      static_cast<uint32_t>(static_cast<uint16_t>(dev)));
-        ++count;
-        if (dev >= 0 && dev < kMaxDevices) {
-          last_k[dev] = k;
-          last_t[dev] = t;
-          devices_seen |= 1ull << dev;
+        } else {
+          const int16_t dev = device_[k];
+          s->record_gpu(kGpuTime, static_cast<uint32_t>(i), 0, static_cast<uint64_t>(t),
+                        static_cast<uint32_t>(static_cast<uint16_t>(dev)));
+          ++count;
+          if (dev >= 0 && dev < kMaxDevices) {
+            last_k[dev] = k;
+            last_t[dev] = t;
+            devices_seen |= 1ull << dev;
+          }
         }
       }
       state_[k].store(kFree, std::memory_order_relaxed);
@@ -612,22 +532,132 @@ class GpuTimer {
     resolved_count_ += count;
     // every mark resolved: where a device's stream is idle now, re-align its clock
     // (drift, issue #36: ~1 ppm measured on an H200), bracketed, without a wait
-    if (i == end && count) {
-      for (int d = 0; d < kMaxDevices; ++d) {
-        if (!(devices_seen >> d & 1)) continue;
-        int64_t correction = 0;
-        try {
-          if (backend_->realign(static_cast<int16_t>(d), false, &correction)) {
-            ++realigned_;
-            max_correction_ns_ = std::max(max_correction_ns_, std::abs(correction));
-          }
-        } catch (...) {
-        }
-      }
-    }
+    if (i == end && count) realign_idle(devices_seen);
     return count;
   }
 
+ private:
+  // Devices whose pools are not aligned yet: now if their streams are idle, else with
+  // the device's one wait where `may_wait` (a step mark, the end: tight if the stream
+  // idles after it, else the wait's bracket), else by a passive probe seen done since
+  // an earlier resolution; else their marks wait for later.
+  void align_devices(bool may_wait) {
+    const uint64_t unaligned = backend_->unaligned();
+    for (int d = 0; unaligned && d < kMaxDevices; ++d) {
+      if (!(unaligned >> d & 1)) continue;
+      const auto dev = static_cast<int16_t>(d);
+      int64_t correction = 0;
+      try {
+        if (backend_->realign(dev, false, &correction)) continue;
+        if (may_wait && backend_->realign(dev, true, &correction)) continue;
+        backend_->align_passive(dev);
+      } catch (...) {
+      }
+    }
+  }
+
+  // A stream's last pending event in a resolution, and whether it is done.
+  struct StreamLast {
+    int16_t device;
+    int64_t stream;
+    uint64_t last;
+    bool done;
+    bool wait_failed;  // (its last event cannot be waited for: each one is, then)
+  };
+  struct Streams {
+    static constexpr int kMax = 16;  // (more streams: queried event by event)
+    StreamLast at[kMax];
+    int n = 0;
+    StreamLast* find(int16_t device, int64_t stream) {
+      for (int j = 0; j < n; ++j)
+        if (at[j].device == device && at[j].stream == stream) return &at[j];
+      return nullptr;
+    }
+  };
+
+  // The marks [first, limit) recorded so far (limit: the first taken, not recorded
+  // yet, or `end`), returned; each stream's last of them queried once into `streams`.
+  uint64_t stream_lasts(uint64_t first, uint64_t end, Streams* streams) {
+    uint64_t limit = first;
+    for (; limit < end; ++limit) {
+      const uint64_t k = limit % n_;
+      const uint8_t st = state_[k].load(std::memory_order_acquire);
+      if (st == kFree) break;  // taken, not recorded yet
+      if (st != kReady) continue;
+      StreamLast* last = streams->find(device_[k], stream_[k]);
+      if (last == nullptr) {
+        if (streams->n == Streams::kMax) continue;
+        last = &(streams->at[streams->n++] = StreamLast{device_[k], stream_[k], limit, false, false});
+      }
+      last->last = limit;
+    }
+    for (int j = 0; j < streams->n; ++j) {
+      StreamLast& last = streams->at[j];
+      try {
+        last.done = backend_->done(last.last % n_, last.device);
+        ++queries_;
+      } catch (...) {
+        last.done = false;  // (asked again event by event below)
+      }
+    }
+    return limit;
+  }
+
+  enum class Outcome { kTimed, kLater, kFailed };
+  // The device time of ready mark i into *t: kLater when it is not done (or its device
+  // not aligned) and the resolution may not `wait`, kFailed when it cannot be read.
+  Outcome time_of(uint64_t i, bool wait, uint64_t unaligned, Streams* streams, int64_t* t) {
+    const uint64_t k = i % n_;
+    const int16_t dev = device_[k];
+    if (C10_UNLIKELY(dev >= 0 && dev < kMaxDevices && (unaligned >> dev & 1))) {
+      // (its time needs the device's alignment: later; waiting, none came)
+      return wait ? Outcome::kFailed : Outcome::kLater;
+    }
+    StreamLast* last = streams->find(dev, stream_[k]);
+    bool done = last != nullptr && last->done && i <= last->last;
+    try {
+      if (!done) {
+        done = backend_->done(k, dev);
+        ++queries_;
+      }
+      if (!done) {
+        if (!wait) return Outcome::kLater;
+        // one wait per stream: for its last pending event (stream order: then
+        // every earlier one is done too)
+        bool waited = false;
+        if (last != nullptr && i <= last->last && !last->wait_failed) {
+          try {
+            backend_->wait(last->last % n_, dev);
+            last->done = waited = true;
+          } catch (...) {  // (e.g. recorded into a capture: the others may be fine)
+            last->wait_failed = true;
+          }
+        }
+        if (!waited) backend_->wait(k, dev);
+      }
+      *t = backend_->time_ns(k, dev);
+    } catch (...) {
+      return Outcome::kFailed;
+    }
+    return Outcome::kTimed;
+  }
+
+  // Re-aligns the clock of each device in `devices` whose stream is idle now.
+  void realign_idle(uint64_t devices) {
+    for (int d = 0; d < kMaxDevices; ++d) {
+      if (!(devices >> d & 1)) continue;
+      int64_t correction = 0;
+      try {
+        if (backend_->realign(static_cast<int16_t>(d), false, &correction)) {
+          ++realigned_;
+          max_correction_ns_ = std::max(max_correction_ns_, std::abs(correction));
+        }
+      } catch (...) {
+      }
+    }
+  }
+
+ public:
   GpuStats stats() {
     GpuStats st;
     st.timer = backend_->name();

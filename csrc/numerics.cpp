@@ -622,24 +622,27 @@ std::pair<bool, std::string> numerics_fused_state() {
   return {g_fused != nullptr, g_fused_error};
 }
 
-size_t flush_numerics(Session* s) {
-  auto store = deferred_store(s, false);
-  if (!store) return 0;
-  std::vector<DeferredItem> items;
-  {
-    std::lock_guard<std::mutex> lock(store->mutex);
-    items.swap(store->items);
-  }
-  if (items.empty()) return 0;
-  // One read per device for the whole step: its parts' four fields stacked where
-  // they live, then one copy to the host (a copy per part would wait on the device
-  // once per part). A device whose parts cannot be read (a meta tensor has no data)
-  // fails its calls.
-  std::vector<c10::Device> devices;
-  std::vector<std::array<std::vector<at::Tensor>, 3>> stacks;
-  std::vector<std::pair<size_t, size_t>> where;  // per part, in order: (device, row)
+namespace {
+
+// A flush's reads (flush_numerics): where each part's statistics are on the host.
+struct FlushReads {
   // fused parts: one copy per buffer (rows from the lowest to the highest queued)
   std::vector<std::pair<FusedChunk*, std::pair<int64_t, int64_t>>> chunks;
+  std::vector<at::Tensor> chunk_host;  // per buffer; undefined: its read failed
+  std::vector<at::Tensor> host;        // per device (the other parts); undefined: failed
+  std::vector<std::pair<size_t, size_t>> where;  // per part, in order: (buffer or device, row)
+};
+
+size_t chunk_index(const FlushReads& r, const FusedChunk* chunk) {
+  return static_cast<size_t>(
+      std::find_if(r.chunks.begin(), r.chunks.end(),
+                   [&](const auto& x) { return x.first == chunk; }) -
+      r.chunks.begin());
+}
+
+// The fused parts' buffers, each read once (the rows its parts use).
+void read_fused(const std::vector<DeferredItem>& items, FlushReads* r) {
+  auto& chunks = r->chunks;
   for (const auto& item : items) {
     for (const auto& p : item.stats.parts) {
       if (!p.chunk) continue;
@@ -651,24 +654,30 @@ size_t flush_numerics(Session* s) {
         it->second = {std::min(it->second.first, p.row), std::max(it->second.second, p.row)};
     }
   }
-  std::vector<at::Tensor> chunk_host(chunks.size());
+  r->chunk_host.resize(chunks.size());
   for (size_t c = 0; c < chunks.size(); ++c) {
     try {
       c10::AutoGradMode no_grad(false);
       const auto [lo, hi] = chunks[c].second;
-      chunk_host[c] = chunks[c].first->buf.slice(0, lo, hi + 1).to(at::kCPU).contiguous();
+      r->chunk_host[c] = chunks[c].first->buf.slice(0, lo, hi + 1).to(at::kCPU).contiguous();
     } catch (...) {
       clear_python_error();  // (left undefined: these calls are recorded as failed)
     }
   }
+}
+
+// The other parts: one read per device for the whole step, its parts' fields stacked
+// where they live, then one copy to the host (a copy per part would wait on the device
+// once per part). A device whose parts cannot be read (a meta tensor has no data)
+// fails its calls. Fills r->where for every part (the fused ones too).
+void read_devices(const std::vector<DeferredItem>& items, FlushReads* r) {
+  std::vector<c10::Device> devices;
+  std::vector<std::array<std::vector<at::Tensor>, 3>> stacks;
   for (const auto& item : items) {
     for (const auto& p : item.stats.parts) {
       if (p.chunk) {
-        const size_t c = static_cast<size_t>(
-            std::find_if(chunks.begin(), chunks.end(),
-                         [&](const auto& x) { return x.first == p.chunk.get(); }) -
-            chunks.begin());
-        where.emplace_back(c, static_cast<size_t>(p.row - chunks[c].second.first));
+        const size_t c = chunk_index(*r, p.chunk.get());
+        r->where.emplace_back(c, static_cast<size_t>(p.row - r->chunks[c].second.first));
         continue;
       }
       const auto it = std::find(devices.begin(), devices.end(), p.absmax.device());
@@ -678,58 +687,80 @@ size_t flush_numerics(Session* s) {
         stacks.emplace_back();
       }
       auto& st = stacks[d];
-      where.emplace_back(d, st[0].size());
+      r->where.emplace_back(d, st[0].size());
       st[0].push_back(p.absmax);  // (stack promotes: float32 and float64 parts, one stack)
       st[1].push_back(p.scaled_norm);
       st[2].push_back(p.nonzero);
     }
   }
-  std::vector<at::Tensor> host(stacks.size());
+  r->host.resize(stacks.size());
   for (size_t d = 0; d < stacks.size(); ++d) {
     try {
       c10::AutoGradMode no_grad(false);
       auto field = [&](int f) { return at::stack(stacks[d][f]).to(at::kDouble); };
-      host[d] = at::stack({field(0), field(1), field(2)}, 1)
-                    .to(at::kCPU)
-                    .contiguous();
+      r->host[d] = at::stack({field(0), field(1), field(2)}, 1)
+                       .to(at::kCPU)
+                       .contiguous();
     } catch (...) {
       clear_python_error();  // (left undefined: these calls are recorded as failed)
     }
   }
-  size_t k = 0;
-  for (auto& item : items) {
-    Stats& st = item.stats;  // its host part, then the parts read above
-    const size_t n = st.parts.size();
-    std::vector<Part> parts;
-    parts.swap(st.parts);
-    for (size_t i = 0; i < n; ++i, ++k) {
-      const auto [d, row] = where[k];
-      if (parts[i].chunk) {  // fused: abs-max, sum of squares over finite values; NaNs, infs
-        if (!chunk_host[d].defined()) {
-          st.failed = true;
-          continue;
-        }
-        const double* v = chunk_host[d].data_ptr<double>() + 4 * row;
-        const double nan = std::numeric_limits<double>::quiet_NaN();
-        const double inf = std::numeric_limits<double>::infinity();
-        const double a = v[2] > 0 ? nan : (v[3] > 0 ? inf : v[0]);
-        const double sq = v[2] > 0 ? nan : (v[3] > 0 ? inf : v[1]);
-        st.merge(a, sq, static_cast<uint64_t>(v[2]) + static_cast<uint64_t>(v[3]));
-        continue;
-      }
-      if (!host[d].defined()) {
+}
+
+// Merges the read statistics of `st`'s parts (they follow where[*k]) into its host
+// part; the parts are released.
+void merge_parts(Stats& st, const FlushReads& r, size_t* k) {
+  const size_t n = st.parts.size();
+  std::vector<Part> parts;
+  parts.swap(st.parts);
+  for (size_t i = 0; i < n; ++i, ++*k) {
+    const auto [d, row] = r.where[*k];
+    if (parts[i].chunk) {  // fused: abs-max, sum of squares over finite values; NaNs, infs
+      if (!r.chunk_host[d].defined()) {
         st.failed = true;
         continue;
       }
-      const double* v = host[d].data_ptr<double>() + 3 * row;
-      const double a = v[0];
-      if (std::isfinite(a)) {  // (no non-finite value; A = 0: all zeros)
-        st.merge(a, a > 0.0 ? (a * v[1]) * (a * v[1]) : 0.0, 0);
-      } else {  // the sum of squares is NaN or inf as the tensor's own would be
-        st.merge(a, std::isnan(a) ? a : std::numeric_limits<double>::infinity(),
-                 static_cast<uint64_t>(v[2]));
-      }
+      const double* v = r.chunk_host[d].data_ptr<double>() + 4 * row;
+      const double nan = std::numeric_limits<double>::quiet_NaN();
+      const double inf = std::numeric_limits<double>::infinity();
+      const double a = v[2] > 0 ? nan : (v[3] > 0 ? inf : v[0]);
+      const double sq = v[2] > 0 ? nan : (v[3] > 0 ? inf : v[1]);
+      st.merge(a, sq, static_cast<uint64_t>(v[2]) + static_cast<uint64_t>(v[3]));
+      continue;
     }
+    if (!r.host[d].defined()) {
+      st.failed = true;
+      continue;
+    }
+    const double* v = r.host[d].data_ptr<double>() + 3 * row;
+    const double a = v[0];
+    if (std::isfinite(a)) {  // (no non-finite value; A = 0: all zeros)
+      st.merge(a, a > 0.0 ? (a * v[1]) * (a * v[1]) : 0.0, 0);
+    } else {  // the sum of squares is NaN or inf as the tensor's own would be
+      st.merge(a, std::isnan(a) ? a : std::numeric_limits<double>::infinity(),
+               static_cast<uint64_t>(v[2]));
+    }
+  }
+}
+
+}  // namespace
+
+size_t flush_numerics(Session* s) {
+  auto store = deferred_store(s, false);
+  if (!store) return 0;
+  std::vector<DeferredItem> items;
+  {
+    std::lock_guard<std::mutex> lock(store->mutex);
+    items.swap(store->items);
+  }
+  if (items.empty()) return 0;
+  FlushReads reads;
+  read_fused(items, &reads);
+  read_devices(items, &reads);
+  size_t k = 0;
+  for (auto& item : items) {
+    Stats& st = item.stats;  // its host part, then the parts read above
+    merge_parts(st, reads, &k);
     // the value event names the call by its id (the NUMERICS event's rf_tid)
     const Encoded e = encode(item.flags, st);
     s->record_numerics_value(item.id, e.flags, e.seq, e.nonfinite);

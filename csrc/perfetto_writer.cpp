@@ -1,10 +1,11 @@
 #include "perfetto_writer.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
+#include <iterator>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "spans.h"
@@ -41,14 +42,16 @@ constexpr uint64_t kIncrementalClock = 64;
 constexpr uint64_t kSliceBegin = 1, kSliceEnd = 2;
 
 // Debug annotation name iids; the argument names of the one convention
-// (hooktrace/exporters/chrome.py), in the order Chrome's args list them.
+// (hooktrace/exporters/chrome.py), in the order Chrome's args list them. The argument
+// columns' names (slice_columns.h) follow kAnnClipped, then "kernel" and "derived"
+// (annotation_names).
 enum Ann : uint64_t {
   kAnnModule = 1, kAnnType, kAnnCall, kAnnError, kAnnUnfinished, kAnnNodes, kAnnSeq, kAnnPass,
-  kAnnClipped, kAnnFlops, kAnnTflops, kAnnFlopsCounted, kAnnKernel, kAnnDerived,
+  kAnnClipped,
 };
-const char* const kAnnNames[] = {"module", "type",   "call",   "error",         "unfinished",
-                                 "nodes",  "seq",    "pass",   "clipped",       "flops",
-                                 "tflops", "flops_counted", "kernel", "derived"};
+const char* const kAnnNames[] = {"module", "type", "call",  "error",  "unfinished",
+                                 "nodes",  "seq",  "pass",  "clipped"};
+const char* const kAnnKernelNames[] = {"kernel", "derived"};
 
 // Append-only protobuf encoding into a std::string.
 class Proto {
@@ -231,12 +234,17 @@ ByTrack group_by_track(const SliceColumns& c, size_t n_tracks) {
   return g;
 }
 
-// How many argument names each sequence interns: the FLOP and kernel argument
-// names only when there are FLOPs / kernel slices, so a run without them is
-// written byte for byte as before they existed.
-uint64_t annotation_names(const SliceColumns& c, bool has_kernels) {
-  if (has_kernels) return sizeof kAnnNames / sizeof kAnnNames[0];
-  return c.flops != nullptr || c.tflops != nullptr ? kAnnFlopsCounted : kAnnClipped;
+// The argument names each sequence interns (iid = index + 1): the convention's, then
+// the argument columns' only when one has values or there are kernel slices, then the
+// kernel arguments' only when there are kernel slices; so a run without them is written
+// byte for byte as before they existed. (A column given without values still takes its
+// iid in a run with kernel slices.)
+std::vector<std::string> annotation_names(const SliceColumns& c, bool has_kernels) {
+  std::vector<std::string> names(std::begin(kAnnNames), std::end(kAnnNames));
+  if (!has_kernels && !any_values(c.args)) return names;
+  for (const ArgColumn& a : c.args) names.push_back(a.name);
+  if (has_kernels) names.insert(names.end(), std::begin(kAnnKernelNames), std::end(kAnnKernelNames));
+  return names;
 }
 
 // DebugAnnotation {name_iid, <value_field>: v} appended at q.
@@ -255,10 +263,20 @@ char* annotate_double(char* q, uint64_t name_iid, double v) {
 // Encodes the tracks' packet sequences (the layout in perfetto_writer.h) into `out`.
 class SequenceWriter {
  public:
-  SequenceWriter(const SliceColumns& c, const Tables& t, uint64_t n_ann, const py::object& write,
-                 size_t chunk_bytes)
-      : c_(c), t_(t), n_ann_(n_ann), write_(write), chunk_bytes_(chunk_bytes), out_(chunk_bytes),
-        name_seen_(t.names.size()), string_seen_(t.strings.size()) {}
+  SequenceWriter(const SliceColumns& c, const Tables& t, std::vector<std::string> ann_names,
+                 const py::object& write, size_t chunk_bytes)
+      : c_(c), t_(t), ann_names_(std::move(ann_names)), write_(write), chunk_bytes_(chunk_bytes),
+        out_(chunk_bytes), name_seen_(t.names.size()), string_seen_(t.strings.size()),
+        // type, name_iid, category_iids (<= 2+6+6 bytes), then at most 7 annotations of
+        // the kind's and clipped, and one per argument column, each <= 2+24 bytes
+        ev_(16 + 26 * (8 + c.args.size())) {
+    for (const ArgColumn& a : c.args) {
+      if (a.values != nullptr) {
+        args_.push_back(&a);
+        arg_iids_.push_back(kAnnClipped + 1 + static_cast<uint64_t>(&a - c.args.data()));
+      }
+    }
+  }
 
   // Track `track`'s slices [b, e) as sequence `seq`, as strictly nested BEGIN/END
   // pairs (the order in perfetto_writer.h).
@@ -321,7 +339,9 @@ class SequenceWriter {
     for (size_t k = 0; k < t_.cats.size(); ++k) {
       interned_.entry(f::kEventCategories, k + 1, t_.cats[k]);
     }
-    for (uint64_t a = 0; a < n_ann_; ++a) interned_.entry(f::kAnnotationNames, a + 1, kAnnNames[a]);
+    for (size_t a = 0; a < ann_names_.size(); ++a) {
+      interned_.entry(f::kAnnotationNames, a + 1, ann_names_[a]);
+    }
     pkt_.message(f::kInternedData, interned_);
     out_.append(pkt_, f::kTracePacket);
 
@@ -382,8 +402,9 @@ class SequenceWriter {
   char* kernel_args(char* q, size_t i) {
     q = annotate(q, kAnnModule, f::kStringValueIid, string_iid(c_.str_a[i]));
     q = annotate(q, kAnnType, f::kStringValueIid, string_iid(c_.str_b[i]));
-    q = annotate(q, kAnnKernel, f::kStringValueIid, string_iid(c_.int_a[i]));
-    return annotate(q, kAnnDerived, f::kBoolValue, 1);
+    const uint64_t kernel = kAnnClipped + c_.args.size() + 1;  // (annotation_names)
+    q = annotate(q, kernel, f::kStringValueIid, string_iid(c_.int_a[i]));
+    return annotate(q, kernel + 1, f::kBoolValue, 1);
   }
 
   char* node_args(char* q, size_t i) {
@@ -401,21 +422,28 @@ class SequenceWriter {
     if (fl & kSpanError) q = annotate(q, kAnnError, f::kBoolValue, 1);
     if (fl & kSpanUnfinished) q = annotate(q, kAnnUnfinished, f::kBoolValue, 1);
     if (c_.int_b[i] >= 0) q = annotate(q, kAnnNodes, f::kIntValue, static_cast<uint64_t>(c_.int_b[i]));
-    if (c_.flops != nullptr && c_.flops[i] >= 0) {
-      q = annotate(q, kAnnFlops, f::kIntValue, static_cast<uint64_t>(c_.flops[i]));
+    return q;
+  }
+
+  // The argument columns present on slice i, in order.
+  char* column_args(char* q, size_t i) {
+    for (size_t k = 0; k < args_.size(); ++k) {
+      const ArgColumn& a = *args_[k];
+      if (!a.present(i)) continue;
+      if (a.type == ArgColumn::kInt) {
+        q = annotate(q, arg_iids_[k], f::kIntValue, static_cast<uint64_t>(a.integer(i)));
+      } else if (a.type == ArgColumn::kReal) {
+        q = annotate_double(q, arg_iids_[k], a.real(i));
+      } else {
+        q = annotate(q, arg_iids_[k], f::kBoolValue, 1);
+      }
     }
-    if (c_.tflops != nullptr && std::isfinite(c_.tflops[i])) {
-      q = annotate_double(q, kAnnTflops, c_.tflops[i]);
-    }
-    if (fl & kSpanFlopsCounted) q = annotate(q, kAnnFlopsCounted, f::kBoolValue, 1);
     return q;
   }
 
   void emit_begin(size_t i) {
     interned_.clear();
-    // type, name_iid, category_iids (<= 2+6+6 bytes) and at most 10 annotations of
-    // <= 2+1+2+10 bytes
-    char ev[192];
+    char* ev = ev_.data();
     const uint32_t nm = c_.name[i];
     char* q = put_uint(ev, f::kType, kSliceBegin);
     if (!name_seen_[nm]) {
@@ -431,6 +459,7 @@ class SequenceWriter {
     } else {
       q = span_args(q, i);
     }
+    q = column_args(q, i);
     if (c_.flags[i] & kSpanClipped) q = annotate(q, kAnnClipped, f::kBoolValue, 1);
     if (c_.extra != nullptr && c_.extra[i] >= 0) {  // encoded debug_annotations fields, appended
       std::string with(ev, q);
@@ -443,13 +472,16 @@ class SequenceWriter {
 
   const SliceColumns& c_;
   const Tables& t_;
-  const uint64_t n_ann_;
+  const std::vector<std::string> ann_names_;
   const py::object& write_;
   const size_t chunk_bytes_;
   Out out_;
   Proto pkt_, interned_;
   std::vector<uint8_t> name_seen_, string_seen_;
   std::vector<size_t> stack_;
+  std::vector<char> ev_;                 // the begin event being built
+  std::vector<const ArgColumn*> args_;   // the argument columns with values,
+  std::vector<uint64_t> arg_iids_;       // and their names' iids
   uint64_t seq_ = 0;
   int64_t last_ = 0;
   uint64_t written_ = 0, not_nested_ = 0;
@@ -457,11 +489,13 @@ class SequenceWriter {
 
 }  // namespace
 
-SliceColumns perfetto_slice_columns(const py::handle& columns) {
-  return SliceColumns::from_python(
+SliceColumns perfetto_slice_columns(const py::handle& columns, const py::handle& args) {
+  SliceColumns c = SliceColumns::from_python(
       columns, "write_perfetto_slices",
       {"start_ns", "end_ns", "track", "name", "cat", "flags", "str_a", "str_b", "int_a", "int_b"},
-      {"flops", "tflops", "extra"});
+      {"extra"});
+  c.add_args(args, "write_perfetto_slices");
+  return c;
 }
 
 py::dict write_perfetto_slices(const py::object& write, const SliceColumns& slices,

@@ -43,16 +43,16 @@
 namespace hooktrace {
 
 // One row per slice of `slices` (perfetto_slice_columns).
-// flags: kSpanError | kSpanUnfinished | kSpanFlopsCounted | kSpanClipped (spans.h),
-// plus kSliceNode for an autograd node. Arguments written (debug annotations):
+// flags: kSpanError | kSpanUnfinished | kSpanClipped (spans.h), plus kSliceNode for an
+// autograd node. Arguments written (debug annotations):
 //   span: module = strings[str_a], type = strings[str_b], call = int_a,
-//         error / unfinished / flops_counted / clipped = true when set,
-//         nodes = int_b if >= 0, flops = flops[i] if >= 0 (int), tflops =
-//         tflops[i] if finite (double); `flops` and `tflops` are optional (none);
+//         error / unfinished = true when set, nodes = int_b if >= 0;
 //   node: seq = int_a, module = strings[str_a] ("" when str_a < 0),
-//         pass = int_b if >= 0, clipped = true when set;
+//         pass = int_b if >= 0;
 //   kernel (kSliceKernel, hooktrace/analysis/kernels.py): module = strings[str_a], type =
-//         strings[str_b], kernel = strings[int_a], derived = true.
+//         strings[str_b], kernel = strings[int_a], derived = true;
+//   then, every slice, the argument columns where present, in order (slice_columns.h:
+//   ArgColumn: int, double or bool true; e.g. FLOPs), and clipped = true when set.
 // name[i] indexes `names` (the event name), cat[i] `cat_names`, track[i]
 // `track_uuid`. `extra` (optional): per slice an index into extra_annotations (-1:
 // none), whose bytes (encoded TrackEvent.debug_annotations fields) are appended to
@@ -68,8 +68,9 @@ pybind11::dict write_perfetto_slices(const pybind11::object& write, const SliceC
 
 // The columns write_perfetto_slices reads, from Python's dict (slice_columns.h):
 // start_ns, end_ns, str_a, str_b, int_a, int_b (int64), track, name (uint32), cat,
-// flags (uint8); optional flops, extra (int64), tflops (float64).
-SliceColumns perfetto_slice_columns(const pybind11::handle& columns);
+// flags (uint8); optional extra (int64); and the argument columns `args`.
+SliceColumns perfetto_slice_columns(const pybind11::handle& columns,
+                                    const pybind11::handle& args);
 
 constexpr uint8_t kSliceNode = 0x80;
 constexpr uint8_t kSliceKernel = 0x40;

@@ -88,18 +88,9 @@ void Session::record_memory(ThreadBuffer* b, uint64_t t) {
 
 void Session::write_memory(ThreadBuffer* b, uint64_t t, uint8_t kind, int64_t current,
                            int64_t peak) {
-  Event* e = next_slot(b);
-  if (e == nullptr) return;  // counted as dropped
-  const auto p = static_cast<uint64_t>(peak);
-  e->t = t;
-  e->seq = static_cast<uint64_t>(current);
-  e->id = static_cast<uint32_t>(p);
-  e->tid = b->tid;
-  e->rf_tid = static_cast<uint32_t>(p >> 32);
-  e->kind = kind;
-  e->flags = 0;
-  e->pad = 0;
-  publish(b);
+  const auto p = static_cast<uint64_t>(peak);  // (a drop is counted by store)
+  store(b, kind, 0, static_cast<uint64_t>(current), static_cast<uint32_t>(p),
+        static_cast<uint32_t>(p >> 32), t);
 }
 
 void Session::stop() {

@@ -48,6 +48,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -210,19 +211,9 @@ class Session : public std::enable_shared_from_this<Session> {
   inline void record(uint32_t id, uint8_t kind, uint8_t flags) {
     if (C10_UNLIKELY(!active())) return;
     ThreadBuffer* b = buffer();
-    Event* e = next_slot(b);
-    if (C10_UNLIKELY(!e)) return;
-    const uint64_t t = now_ticks();
-    e->t = t;
-    e->seq = at::sequence_number::peek();
-    e->id = id;
-    e->tid = b->tid;
-    e->rf_tid = b->rf_tid;
-    e->kind = kind;
-    e->flags = flags;
-    e->pad = 0;
-    publish(b);
-    if (C10_UNLIKELY(memory_)) record_memory(b, t);
+    const uint64_t t = store(b, kind, flags, &at::sequence_number::peek, id,
+                             [b] { return b->rf_tid; });
+    if (C10_UNLIKELY(memory_) && t != kDropped) record_memory(b, t);
   }
 
   // An autograd node event from the backward callback (backward.cpp): `seq`
@@ -231,19 +222,8 @@ class Session : public std::enable_shared_from_this<Session> {
   inline void record_node(uint8_t kind, uint64_t seq, uint32_t id, uint32_t fwd_tid) {
     if (C10_UNLIKELY(!active())) return;
     ThreadBuffer* b = buffer();
-    Event* e = next_slot(b);
-    if (C10_UNLIKELY(!e)) return;
-    const uint64_t t = now_ticks();
-    e->t = t;
-    e->seq = seq;
-    e->id = id;
-    e->tid = b->tid;
-    e->rf_tid = fwd_tid;
-    e->kind = kind;
-    e->flags = 0;
-    e->pad = 0;
-    publish(b);
-    if (C10_UNLIKELY(memory_ && kind != kStep)) record_memory(b, t);
+    const uint64_t t = store(b, kind, 0, seq, id, fwd_tid);
+    if (C10_UNLIKELY(memory_ && kind != kStep) && t != kDropped) record_memory(b, t);
   }
 
   // A kernel mark of instrumented compiled code (kernel_marks.h): `site` is the
@@ -251,17 +231,7 @@ class Session : public std::enable_shared_from_this<Session> {
   inline void record_kernel(uint8_t kind, uint32_t site) {
     if (C10_UNLIKELY(!active())) return;
     ThreadBuffer* b = buffer();
-    Event* e = next_slot(b);
-    if (C10_UNLIKELY(!e)) return;
-    e->t = now_ticks();
-    e->seq = 0;
-    e->id = site;
-    e->tid = b->tid;
-    e->rf_tid = b->rf_tid;
-    e->kind = kind;
-    e->flags = 0;
-    e->pad = 0;
-    publish(b);
+    store(b, kind, 0, 0, site, [b] { return b->rf_tid; });
   }
 
   // Per-call extras, tested once per module call (module_call.cpp): shapes
@@ -321,18 +291,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
   inline void record_extra(uint8_t kind, uint32_t slot, uint8_t flags, uint64_t seq, uint32_t rf) {
     if (C10_UNLIKELY(!active())) return;
-    ThreadBuffer* b = buffer();
-    Event* e = next_slot(b);
-    if (C10_UNLIKELY(!e)) return;
-    e->t = now_ticks();
-    e->seq = seq;
-    e->id = slot;
-    e->tid = b->tid;
-    e->rf_tid = rf;
-    e->kind = kind;
-    e->flags = flags;
-    e->pad = 0;
-    publish(b);
+    store(buffer(), kind, flags, seq, slot, rf);
   }
   inline ThreadBuffer* buffer();
   ThreadBuffer* buffer_slow();
@@ -352,8 +311,41 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     return &b->chunk->events[b->pos];
   }
+  template <typename T>
+  static inline auto value(T v) {
+    if constexpr (std::is_invocable_v<T>) {
+      return v();
+    } else {
+      return v;
+    }
+  }
   static inline void publish(ThreadBuffer* b) {
     b->chunk->count.store(++b->pos, std::memory_order_release);
+  }
+  // The one write of an event into the store, every kind's: the thread's next slot
+  // (or a counted drop), the fields of event.h (tid: the thread's), the publish. `t`:
+  // the event's tick, or kNow: the clock read once the slot is taken (a refill's
+  // cost falls before the event). `seq`, `rf_tid`: values, or functions called after
+  // the clock is read (record's forward sequence number and the thread's RecordFunction
+  // id, read where they were). Returns the tick written, kDropped when dropped. Inline:
+  // on the hot path (record) it compiles to the code of the stores it replaced.
+  static constexpr uint64_t kNow = 0, kDropped = 0;  // (the clock never reads 0)
+  template <typename Seq, typename Rf>
+  inline uint64_t store(ThreadBuffer* b, uint8_t kind, uint8_t flags, Seq seq, uint32_t id,
+                        Rf rf_tid, uint64_t t = kNow) {
+    Event* e = next_slot(b);
+    if (C10_UNLIKELY(!e)) return kDropped;
+    if (t == kNow) t = now_ticks();
+    e->t = t;
+    e->seq = static_cast<uint64_t>(value(seq));
+    e->id = id;
+    e->tid = b->tid;
+    e->rf_tid = static_cast<uint32_t>(value(rf_tid));
+    e->kind = kind;
+    e->flags = flags;
+    e->pad = 0;
+    publish(b);
+    return t;
   }
 
   const uint64_t id_;

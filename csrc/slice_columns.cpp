@@ -2,6 +2,8 @@
 
 #include <pybind11/numpy.h>
 
+#include <cctype>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -137,11 +139,72 @@ SliceColumns SliceColumns::from_python(const py::handle& columns, const char* wr
   r.take("seq", c.seq);
   r.take("pass_id", c.pass_id);
   r.take("span_module", c.span_module);
-  r.take("flops", c.flops);
-  r.take("tflops", c.tflops);
   r.take("extra", c.extra);
   c.n = r.rows();
   return c;
+}
+
+bool ArgColumn::present(size_t i) const {
+  switch (type) {
+    case kInt: return integer(i) >= 0;
+    case kReal: return std::isfinite(real(i));
+    case kBool: return static_cast<const bool*>(values)[i];
+  }
+  return false;
+}
+
+bool any_values(const std::vector<ArgColumn>& args) {
+  for (const ArgColumn& a : args) {
+    if (a.values != nullptr) return true;
+  }
+  return false;
+}
+
+void SliceColumns::add_args(const py::handle& args, const char* writer) {
+  auto fail = [writer](const std::string& what) {
+    throw std::invalid_argument(std::string(writer) + ": " + what);
+  };
+  for (auto item : py::reinterpret_borrow<py::sequence>(args)) {
+    if (!py::isinstance<py::tuple>(item) || py::len(item) != 2 ||
+        !py::isinstance<py::str>(item.cast<py::tuple>()[0])) {
+      fail("an argument column must be a (name, array) pair, got " + describe(item));
+    }
+    const auto pair = item.cast<py::tuple>();
+    ArgColumn a;
+    a.name = pair[0].cast<std::string>();
+    bool safe = !a.name.empty();
+    for (char ch : a.name) safe &= std::isalnum(static_cast<unsigned char>(ch)) || ch == '_';
+    if (!safe) fail("argument column name '" + a.name + "' is not letters, digits and '_'");
+    for (const ArgColumn& b : this->args) {
+      if (b.name == a.name) fail("argument column '" + a.name + "' is given twice");
+    }
+    py::object v = pair[1];
+    if (!v.is_none()) {
+      const bool one_d = py::isinstance<py::array>(v) &&
+                         py::reinterpret_borrow<py::array>(v).ndim() == 1;
+      if (one_d && py::array_t<int64_t, py::array::c_style>::check_(v)) {
+        a.type = ArgColumn::kInt;
+      } else if (one_d && py::array_t<double, py::array::c_style>::check_(v)) {
+        a.type = ArgColumn::kReal;
+      } else if (one_d && py::array_t<bool, py::array::c_style>::check_(v)) {
+        a.type = ArgColumn::kBool;
+      } else {
+        fail("argument column '" + a.name +
+             "' must be a C-contiguous 1-D int64, float64 or bool array, got " + describe(v));
+      }
+      auto arr = py::reinterpret_borrow<py::array>(v);
+      const size_t rows = static_cast<size_t>(arr.shape(0));
+      if (rows != 0 && rows != n) {
+        fail("argument column '" + a.name + "' has " + std::to_string(rows) +
+             " rows but start_ns has " + std::to_string(n));
+      }
+      if (rows != 0) {
+        a.values = arr.data();
+        keep_.push_back(std::move(v));
+      }
+    }
+    this->args.push_back(std::move(a));
+  }
 }
 
 }  // namespace hooktrace

@@ -9,7 +9,12 @@
 // pointers and never check a column again.
 //
 // Optional columns (see each writer) may be left out, None, or empty: the pointer
-// is then null, which a writer reads as "none" (e.g. a run recorded without FLOPs).
+// is then null, which a writer reads as "none" (e.g. a forward-only run's node counts).
+//
+// Argument columns (ArgColumn): the slices' arguments no writer names, each a
+// recorded quantity's (hooktrace.analysis.column_provider's export_args, e.g. FLOPs),
+// given as a list of (name, array) pairs and written after a slice's own arguments, in
+// the order given, where present.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -17,9 +22,27 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <string>
 #include <vector>
 
 namespace hooktrace {
+
+// One named per-slice argument: an int64 (absent where < 0), float64 (absent where
+// not finite, written as the shortest round-trip decimal) or bool (absent where
+// false, written as true) array. Given as None or empty: absent on every slice.
+struct ArgColumn {
+  enum Type : uint8_t { kInt, kReal, kBool };
+  std::string name;  // letters, digits and '_' (JSON-safe as is)
+  Type type = kInt;
+  const void* values = nullptr;  // null: absent on every slice
+
+  bool present(size_t i) const;
+  int64_t integer(size_t i) const { return static_cast<const int64_t*>(values)[i]; }
+  double real(size_t i) const { return static_cast<const double*>(values)[i]; }
+};
+
+// Whether any column of `args` has values.
+bool any_values(const std::vector<ArgColumn>& args);
 
 struct SliceColumns {
   size_t n = 0;  // rows: the length of start_ns
@@ -45,9 +68,8 @@ struct SliceColumns {
   const uint32_t* pass_id = nullptr;
   const int64_t* span_module = nullptr;  // the attributed span's module slot, -1: none
   // Optional, both writers
-  const int64_t* flops = nullptr;
-  const double* tflops = nullptr;
   const int64_t* extra = nullptr;  // index into the writer's extra fragments, -1: none
+  std::vector<ArgColumn> args;     // the argument columns (add_args), in order
 
   // The view of `columns` (a dict: column name -> numpy array) for `writer` (its
   // name starts every error message): each of `required` must be given, each
@@ -55,6 +77,10 @@ struct SliceColumns {
   static SliceColumns from_python(const pybind11::handle& columns, const char* writer,
                                   std::initializer_list<const char*> required,
                                   std::initializer_list<const char*> optional);
+  // Reads `args` (a sequence of (name, array or None) pairs) into `args`: each array a
+  // C-contiguous 1-D int64, float64 or bool array of n rows (empty: absent), each name
+  // as ArgColumn's; otherwise a one-line ValueError naming it.
+  void add_args(const pybind11::handle& args, const char* writer);
 
  private:
   std::vector<pybind11::object> keep_;  // the arrays, alive as long as the view

@@ -34,7 +34,7 @@ enum SpanFlags : uint8_t {
   kSpanError = 1,       // the EXIT carried kFlagError: forward raised
   kSpanUnfinished = 2,  // no matching EXIT was recorded; end is a lower bound
   kSpanClipped = 4,     // set by the exporters only: cut at a --start/--end/--steps edge
-  kSpanFlopsCounted = 8,  // set by the exporters only: the call ran under FlopCounterMode
+  // (8: reserved; was the exporters' FLOPs-counted flag, now an argument column)
   kSpanEval = 16,  // the ENTER carried kFlagNoGrad or kFlagEvalMode: an eval/inference call
 };
 

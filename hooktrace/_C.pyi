@@ -7,6 +7,8 @@ import numpy as np
 
 EVENT_SIZE: int
 BUILT_TORCH_VERSION: str  # the torch it was built against ("" when not recorded)
+EVENT_KINDS: dict[str, int]  # csrc/event.h's EventKind, under hooktrace._events' names
+EVENT_FLAGS: dict[str, int]  # the events' flags (EventFlags, NumericsFlags, GpuMarkFlags)
 
 class Session:
     """Bounded per-thread event buffers; see csrc/session.h."""
@@ -106,10 +108,12 @@ def write_chrome_events(
     base_ns: int,
     pid: int,
     chunk_bytes: int,
+    args: Sequence[tuple[str, np.ndarray | None]] = (),
 ) -> int:
     """``columns``: start_ns, end_ns (int64), module, tid, call (uint32), flags, cat
-    (uint8); optional nodes, flops, extra (int64), tflops (float64); each C-contiguous
-    1-D with one row per span (ValueError naming the column otherwise)."""
+    (uint8); optional nodes, extra (int64); each C-contiguous 1-D with one row per span
+    (ValueError naming the column otherwise). ``args``: the argument columns
+    (csrc/slice_columns.h ArgColumn: int64, float64 or bool; None or empty: absent)."""
 def write_chrome_nodes(
     write: Callable[[bytes], Any],
     columns: Mapping[str, np.ndarray],
@@ -135,10 +139,12 @@ def write_perfetto_slices(
     extra_annotations: Sequence[bytes],
     first_sequence_id: int,
     chunk_bytes: int,
+    args: Sequence[tuple[str, np.ndarray | None]] = (),
 ) -> dict[str, int]:
     """``columns``: start_ns, end_ns, str_a, str_b, int_a, int_b (int64), track, name
-    (uint32), cat, flags (uint8); optional flops, extra (int64), tflops (float64); each
-    C-contiguous 1-D with one row per slice (ValueError naming the column otherwise)."""
+    (uint32), cat, flags (uint8); optional extra (int64); each C-contiguous 1-D with one
+    row per slice (ValueError naming the column otherwise). ``args``: as
+    :func:`write_chrome_events`'."""
 def flush_numerics(session: Session) -> int: ...
 def gpu_start(session: Session, timer: str, pool_events: int) -> None: ...
 def gpu_resolve(session: Session, wait: bool = False) -> int: ...

@@ -34,6 +34,8 @@ subclasses :class:`ColumnProvider`; each view loops over the registry:
   :meth:`ColumnProvider.aggregate` gives, for one window, a function from a
   :class:`WindowGroup` (one mode's calls, grouped by module) to its declared
   ``aggregates`` columns' values.
+* the Chrome and Perfetto exports: :meth:`ColumnProvider.export_args`, its arguments on
+  the written spans (:class:`ArgColumn`).
 
 A view asks a part only of the providers whose :meth:`ColumnProvider.recorded` is true
 (the summary asks the others :meth:`ColumnProvider.unrecorded`); a declared column a
@@ -44,7 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -53,8 +55,8 @@ if TYPE_CHECKING:
     from hooktrace.analysis.groups import Groups
     from hooktrace.reading import TraceData
 
-__all__ = ["Column", "ColumnProvider", "SpanColumn", "SummaryPart", "TextColumn", "WindowGroup",
-           "measured_only"]
+__all__ = ["ArgColumn", "Column", "ColumnProvider", "SpanColumn", "SummaryPart", "TextColumn",
+           "WindowGroup", "measured_only"]
 
 # one column of the spans table: (values over the rows, valid mask) or, for a string
 # column, (indices, valid mask, dictionary)
@@ -99,6 +101,16 @@ class Column:
     def key(self) -> str:
         """Its key in the aggregates read back (:attr:`reduce` "per_step": per step)."""
         return self.name + "_per_step" if self.reduce == "per_step" else self.name
+
+
+class ArgColumn(NamedTuple):
+    """One argument of the exported spans (:meth:`ColumnProvider.export_args`): its
+    ``name`` (letters, digits, ``_``) and per written span its ``values``, an int64
+    (absent where < 0), float64 (absent where not finite) or bool (absent where False)
+    array; None: the run did not record it (absent on every span)."""
+
+    name: str
+    values: np.ndarray | None
 
 
 @dataclass
@@ -231,6 +243,14 @@ class ColumnProvider:
         """For the window ``trace`` (its per-call table ``calls``): per group, its
         columns' values (one per module row); None: all null in this window."""
         return None
+
+    def export_args(self, trace: TraceData, spans: np.ndarray) -> list[ArgColumn]:
+        """Its arguments on the exported spans ``spans`` (indices into ``trace.spans()``),
+        which the Chrome and Perfetto exports write after each span's own, in order
+        (the native writers' argument columns, csrc/slice_columns.h). Asked of every
+        provider, recorded or not: one that did not record gives its columns with values
+        None, so that a Perfetto file interns the same argument names either way."""
+        return []
 
 
 def measured_only(values: np.ndarray, valid: np.ndarray, m: int) -> SpanColumn:

@@ -68,6 +68,7 @@ import numpy as np
 
 from hooktrace.analysis._summary_columns import UNATTRIBUTED
 from hooktrace.analysis.column_provider import (
+    ArgColumn,
     Column,
     ColumnProvider,
     SpanColumn,
@@ -529,3 +530,11 @@ class FlopColumns(ColumnProvider):
         # (TFLOP/s: of the module's training calls, none for eval rows)
         return lambda group: {"tflops": [tflops.get((calls.names[m], group.mode))
                                          for m in group.modules]}
+
+    def export_args(self, trace: TraceData, spans: np.ndarray) -> list[ArgColumn]:
+        # "On the spans" in the module docstring: flops, tflops, flops_counted
+        if not self.recorded(trace):
+            return [ArgColumn(name, None) for name in ("flops", "tflops", "flops_counted")]
+        f = span_flops(run_flop_info(trace), trace.spans(), trace.modules)
+        return [ArgColumn("flops", f.flops[spans]), ArgColumn("tflops", f.tflops[spans]),
+                ArgColumn("flops_counted", f.counted[spans])]

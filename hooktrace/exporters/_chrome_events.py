@@ -28,8 +28,8 @@ from hooktrace.exporters._layout import (
     GpuSlices,
     KernelSlices,
     counter_tracks,
-    flop_args,
     gpu_track_name,
+    span_args,
 )
 from hooktrace.analysis.device_time import launch_time_only
 from hooktrace.analysis.kernels import kernel_sites
@@ -167,8 +167,8 @@ def write_span_events(
     chunk_bytes: int = CHUNK_BYTES, flags: np.ndarray | None = None,
 ) -> None:
     """Spans ``index`` (with these times and rows) as ``,\\n{event}`` items;
-    ``flags`` (per written span) replaces the spans' own (adds SPAN_CLIPPED). A run
-    recorded with ``flops=True`` adds the FLOP args (``hooktrace.analysis.flops``)."""
+    ``flags`` (per written span) replaces the spans' own (adds SPAN_CLIPPED). The
+    recorded quantities add their args (``span_args``: FLOPs with ``flops=True``)."""
     spans = trace.spans()
     names_json, args_json = module_json(trace.modules)
     flags = spans.flags[index] if flags is None else flags
@@ -182,17 +182,13 @@ def write_span_events(
     }
     if node_counts is not None:
         columns["nodes"] = np.ascontiguousarray(node_counts[index], np.int64)
-    fl = flop_args(trace, index)
-    if fl is not None:
-        columns["flops"] = np.ascontiguousarray(fl[0], np.int64)
-        columns["tflops"] = np.ascontiguousarray(fl[1], np.float64)
-        flags = flags | fl[2]
     columns["flags"] = np.ascontiguousarray(flags, np.uint8)
     extra, extra_json = _extra_json(trace, index)
     columns["extra"] = extra
     _C.write_chrome_events(
         write, columns, names_json=names_json, args_json=args_json, cat_names=list(SPAN_CATS),
         extra_json=extra_json, base_ns=base_ns, pid=trace.pid, chunk_bytes=chunk_bytes,
+        args=span_args(trace, index),
     )
 
 

@@ -19,7 +19,7 @@ from hooktrace._native import load_native
 from hooktrace.analysis.kernel_time import device_table
 from hooktrace.analysis.kernels import Kernels
 from hooktrace.analysis._filters import OPEN_WINDOW, SPAN_CLIPPED, Cut, Filters, cut
-from hooktrace.analysis.flops import SpanFlops, run_flop_info, span_flops
+from hooktrace.analysis.columns import PROVIDERS
 from hooktrace.analysis.numerics import COUNTER_NAME as NUMERICS_COUNTER
 from hooktrace.analysis.numerics import counter_points as numerics_counter
 from hooktrace.analysis.numerics import numerics_info
@@ -45,9 +45,6 @@ UNATTRIBUTED_CAT = "hooktrace.autograd_unattributed"
 # Device time of module calls (trace(gpu=True), hooktrace.analysis.device_time): one slice per
 # timed interval, on a row per device and stream ("GPU 0 stream 7"), indexed by cat.
 GPU_CATS = tuple(f"hooktrace.gpu_{c}" for c in CAT_NAMES)
-
-# Exporter-only span flag (csrc/spans.h kSpanFlopsCounted): args "flops_counted": true.
-SPAN_FLOPS_COUNTED = 8
 
 # Track kinds, in the order a thread's tracks are listed below it.
 KIND_FORWARD, KIND_BACKWARD, KIND_UNATTRIBUTED = 0, 1, 2
@@ -261,17 +258,12 @@ def counter_tracks(trace: TraceData, window: tuple[int, int] | None
     return tracks
 
 
-def flop_args(trace: TraceData, index: np.ndarray
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """The FLOP args of spans ``index`` (``hooktrace.analysis.flops``: "On the spans"): ``flops``
-    (int64, -1 for none), ``tflops`` (float64, NaN for none) and the flag to OR into
-    their written flags (SPAN_FLOPS_COUNTED where the call was counted, else 0);
-    None when the run was recorded without ``flops=True``."""
-    if "flops" not in trace.info:
-        return None
-    f: SpanFlops = span_flops(run_flop_info(trace), trace.spans(), trace.modules)
-    return (np.ascontiguousarray(f.flops[index]), np.ascontiguousarray(f.tflops[index]),
-            np.where(f.counted[index], SPAN_FLOPS_COUNTED, 0).astype(np.uint8))
+def span_args(trace: TraceData, index: np.ndarray) -> list[tuple[str, np.ndarray | None]]:
+    """The recorded quantities' arguments of spans ``index``, every column provider's
+    (:meth:`~hooktrace.analysis.column_provider.ColumnProvider.export_args`), as the
+    native writers' ``args``: ``(name, values or None)``, in order."""
+    return [(a.name, None if a.values is None else np.ascontiguousarray(a.values))
+            for p in PROVIDERS for a in p.export_args(trace, index)]
 
 
 @dataclass

@@ -64,12 +64,12 @@ from hooktrace.exporters._layout import (
     STEP_CAT,
     UNATTRIBUTED_CAT,
     counter_tracks,
-    flop_args,
     gpu_slices,
     gpu_track_name,
     info_block,
     kernel_slices,
     plan_export,
+    span_args,
     thread_label,
     track_name,
 )
@@ -96,6 +96,8 @@ _UNIT_SIZE_BYTES = 3  # CounterDescriptor.Unit
 _DESCRIPTOR_SEQUENCE = 1  # descriptors and the info event; tracks use 2, 3, ...
 _GPU_UUID = 1 << 40  # the first device stream track's uuid (trace(gpu=True))
 _CHILD_ORDERING_EXPLICIT = 3
+# an argument column's absent value, by dtype kind (csrc/slice_columns.h ArgColumn)
+_ABSENT = {"i": -1, "f": np.nan, "b": False}
 
 
 def export_perfetto(trace: TraceData, path: str | os.PathLike[str], *, nodes: bool = False,
@@ -277,9 +279,6 @@ def write_perfetto(
     name = [spans.module[span_index].astype(np.uint32)]
     cat = [spans.cat[span_index].astype(np.uint8)]
     flags = [plan.flags.astype(np.uint8)]
-    fl = flop_args(trace, span_index)
-    if fl is not None:
-        flags[0] = flags[0] | fl[2]
     str_a = [spans.module[span_index].astype(np.int64)]
     str_b = [n_modules + spans.module[span_index].astype(np.int64)]
     int_a = [spans.call[span_index].astype(np.int64)]
@@ -352,14 +351,12 @@ def write_perfetto(
                 ("device", device), ("stream", stream), ("self_ns", int(gpu.self_ns[i])))))
 
     def col(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
-        if not parts:  # (FLOPs of a run recorded without them: none)
-            return np.zeros(0, dtype)
         return np.ascontiguousarray(np.concatenate(parts).astype(dtype, copy=False))
 
     all_start = col(start, np.int64)
-    rest = len(all_start) - len(span_index)  # slices past the spans: no FLOP args
-    flops = [] if fl is None else [fl[0], np.full(rest, -1, np.int64)]
-    tflops = [] if fl is None else [fl[1], np.full(rest, np.nan)]
+    rest = len(all_start) - len(span_index)  # slices past the spans: their args absent
+    args = [(name, v if v is None else np.r_[v, np.full(rest, _ABSENT[v.dtype.kind], v.dtype)])
+            for name, v in span_args(trace, span_index)]
     write(_descriptors(trace, os_threads, layout.tracks))
     write(b"".join(_packet(_bytes(60, _uint(1, _GPU_UUID + k) + _uint(5, _PROCESS_UUID)
                                   + _str(2, gpu_track_name(*t))))
@@ -385,14 +382,13 @@ def write_perfetto(
         "start_ns": all_start, "end_ns": col(end, np.int64), "track": col(track, np.uint32),
         "name": col(name, np.uint32), "cat": col(cat, np.uint8), "flags": col(flags, np.uint8),
         "str_a": col(str_a, np.int64), "str_b": col(str_b, np.int64),
-        "int_a": col(int_a, np.int64), "int_b": col(int_b, np.int64),
-        "flops": col(flops, np.int64), "tflops": col(tflops, np.float64), "extra": extra,
+        "int_a": col(int_a, np.int64), "int_b": col(int_b, np.int64), "extra": extra,
     }
     result = _C.write_perfetto_slices(
         write, columns, track_uuid=np.r_[np.arange(2, 2 + n_tracks, dtype=np.uint64),
                                          _GPU_UUID + np.arange(len(gs.tracks), dtype=np.uint64)],
         names=names,
         strings=strings, cat_names=cats, extra_annotations=extra_annotations,
-        first_sequence_id=_DESCRIPTOR_SEQUENCE + 1, chunk_bytes=chunk_bytes,
+        first_sequence_id=_DESCRIPTOR_SEQUENCE + 1, chunk_bytes=chunk_bytes, args=args,
     )
     return {"slices": int(result["slices"]), "not_nested": int(result["not_nested"])}
