@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 from hooktrace._naming import output_path
@@ -19,7 +20,7 @@ from hooktrace.integrations.scalars import Scalars
 from hooktrace.record import Trace
 from hooktrace.record.options import RecordOptions
 
-__all__ = ["MAX_PENDING", "TraceSession", "trace_options"]
+__all__ = ["MAX_PENDING", "TraceSession", "trace_options", "weighted_means"]
 
 # The windows' scalars held for a trainer that has not logged yet: beyond this many the
 # oldest are dropped and counted (issue #35: a Trainer logging rarely or never held one
@@ -34,6 +35,18 @@ def trace_options() -> frozenset[str]:
     OPTION_HELP); the others are the trainer's (steps) or the callback's own (backward,
     capacity)."""
     return frozenset(o.name for o in RecordOptions.declared() if o.callbacks)
+
+
+def weighted_means(windows: Iterable[tuple[int, dict[str, float]]]) -> dict[str, float]:
+    """Each scalar's mean per step over ``windows`` (each window's steps, its scalars):
+    every window weighted by its steps."""
+    sums: dict[str, list[float]] = {}
+    for steps, scalars in windows:
+        for name, value in scalars.items():
+            total = sums.setdefault(name, [0.0, 0.0])
+            total[0] += value * steps
+            total[1] += steps
+    return {name: t / n for name, (t, n) in sums.items() if n}
 
 
 class TraceSession:

@@ -95,6 +95,7 @@ __all__ = [
     "clock_offset_summary",
     "default_output_name",
     "estimate_clock_offset",
+    "injected_offset_ns",
     "rank_info",
 ]
 
