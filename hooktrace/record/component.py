@@ -80,9 +80,7 @@ whole feature::
                    flag_help="with --gpu, time steps 0, N, 2N, ... only"),
         )
 
-        @classmethod
-        def enabled(cls, options: Options) -> bool:
-            return options.gpu
+        # on when its first option is (gpu=True): override enabled() for another rule
 
         def install(self, session, scope) -> None:
             import hooktrace._C as _C  # (inside: see below)
@@ -284,8 +282,9 @@ class Component(Declares):
 
     @classmethod
     def enabled(cls, options: Options) -> bool:
-        """Whether these options turn the feature on."""
-        return True
+        """Whether these options turn the feature on: by default its first option (its
+        switch: ``memory=True``), or always when it declares none."""
+        return not cls.OPTIONS or bool(getattr(options, cls.OPTIONS[0].name))
 
     @classmethod
     def check(cls, options: Options) -> None:

@@ -32,10 +32,6 @@ class NumericsComponent(Component):
     )
 
     @classmethod
-    def enabled(cls, options: Options) -> bool:
-        return options.numerics
-
-    @classmethod
     def from_flags(cls, values: dict[str, Any]) -> None:
         if "nonfinite" in (values.get("dump_on") or ()):  # --dump-on nonfinite
             values["numerics"] = True
