@@ -54,6 +54,7 @@ ended): what ``hooktrace top DIR`` shows while the job runs
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import signal
@@ -536,10 +537,8 @@ class AggregateComponent(Component):
         except (OSError, pa.ArrowException) as e:  # a full disk, a read-only folder
             self.lost_rows += n
             self._failed(f"the part {path} could not be written", e)
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            except OSError:
-                pass
             return
         self._parts += 1
 
