@@ -195,15 +195,14 @@ def shorten_middle(text: str, width: int) -> str:
     """
     if len(text) <= width:
         return text
-    marks = _MARKERS.search(text)
-    if marks is not None and marks.start() > 0 and width - len(marks.group()) >= 8:
-        return shorten_middle(text[:marks.start()], width - len(marks.group())) + marks.group()
+    name, mark = _split_mark(text)
+    if mark and width - len(mark) >= 8:
+        return shorten_middle(name, width - len(mark)) + mark
     if width < 4:
         return text[len(text) - width:]
     room = (width - 1) // 3
     dot = text.rfind(".", 0, room)
-    head = text[:dot + 1] if dot >= 0 else text[:room]
-    return head + ELLIPSIS + text[len(text) - (width - 1 - len(head)):]
+    return _cut(text, width, dot + 1 if dot >= 0 else room)
 
 
 def _split_mark(text: str) -> tuple[str, str]:

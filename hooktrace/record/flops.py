@@ -103,8 +103,7 @@ class FlopRecorder:
         self._counter = None
         counter.__exit__(None, None, None)
         total = _totals(counter.get_flop_counts())
-        forward = self._forward
-        self._forward = {}
+        forward, self._forward = self._forward, {}
         sig = self.signatures[self.calls[self.counted[-1]]]
         for key, flops in total.items():
             name = self._module_name(key)
