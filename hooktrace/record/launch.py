@@ -279,10 +279,9 @@ def start(options: RunOptions, *,
     windows = _Windows(options) if options.schedule is not None else None
     from hooktrace.record import GlobalTrace
 
-    windowed: dict[str, Any] = ({} if windows is None else
-                                {"schedule": windows.schedule, "on_window": windows.write})
     # (options.record.out: the stream, when streamed, options_from_args)
-    record = options.record.replace(**windowed) if windowed else options.record
+    record = (options.record if windows is None else
+              options.record.replace(schedule=windows.schedule, on_window=windows.write))
     trace = GlobalTrace(options=record)
     if windows is not None and options.profile:
         # --profile with --schedule: the profiler steps with the trace's steps, after
