@@ -193,20 +193,10 @@ class TraceSession:
     def _finish_aggregates(self, trace: Trace, rank: int) -> None:
         """With ``aggregate=``: the steps are in the folder; no ``.htrace`` of the events
         after the last step (it read as the run's trace: issue #35), they are counted."""
+        from hooktrace.record.launch import print_aggregates
+
         agg = trace.info.get("aggregate") or {}
-        folder = str(agg.get("dir", self.record.aggregate))
-        self.written = [folder]
-        if self.summary and rank == 0:
-            from hooktrace._naming import has_aggregate_parts
-            from hooktrace.analysis.aggregates import aggregate_summary
-
-            # (as hooktrace run --aggregate --summary: a line where no step was aggregated)
-            print(aggregate_summary(folder) if has_aggregate_parts(folder) else
-                  f"hooktrace: no step was aggregated in {folder}: no summary", file=sys.stderr)
-        tail = len(trace.result.events)
-        print(f"hooktrace: {agg.get('steps', 0)} steps aggregated in "
-              f"{os.path.join(folder, 'aggregates')}, {len(agg.get('detail', []))} kept whole "
-              f"in {os.path.join(folder, 'steps')}"
-              + (f"; {tail} events after the last step not aggregated" if tail else ""),
-              file=sys.stderr)
-
+        self.written = [str(agg.get("dir", self.record.aggregate))]
+        # (as hooktrace run --aggregate --summary: a line where no step was aggregated)
+        print_aggregates(trace.info, self.summary and rank == 0, len(trace.result.events),
+                         hints=False)
