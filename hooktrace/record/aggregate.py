@@ -74,7 +74,7 @@ from hooktrace._naming import env_rank, process_stem
 from hooktrace._output import failure_reason
 from hooktrace.errors import HooktraceError
 from hooktrace.analysis.aggregates import KEPT_INDEX, LIVE_DIR, kept_steps, load_aggregates
-from hooktrace.record.component import Component, Flag, Option
+from hooktrace.record.component import Component, Flag, Option, folder
 from hooktrace.record.process_state import STATE
 
 if TYPE_CHECKING:  # numpy is imported where used: `hooktrace --version` reads this
@@ -148,14 +148,7 @@ class DetailPolicy:
 
 
 def _aggregate(name: str, agg: Any) -> str | None:
-    if agg is None:
-        return None
-    if not isinstance(agg, (str, os.PathLike)) or isinstance(os.fspath(agg), bytes):
-        raise TypeError(f"aggregate must be a folder path, got {type(agg).__name__} "
-                        f"{agg!r:.60}")
-    if os.path.exists(agg) and not os.path.isdir(agg):
-        raise ValueError(f"aggregate {os.fspath(agg)!r} exists and is not a folder")
-    return os.fspath(agg)
+    return None if agg is None else os.fspath(folder()(name, agg))
 
 
 def _interval(name: str, interval: Any) -> float:

@@ -107,12 +107,14 @@ with the one-line errors, and that every option is declared exactly once;
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-__all__ = ["Component", "Declares", "Flag", "Option", "boolean", "one_of", "positive_int"]
+__all__ = ["Component", "Declares", "Flag", "Option", "boolean", "folder", "one_of",
+           "positive_int"]
 
 # A RecordOptions (record/options.py, built from these declarations; that module
 # imports the components, so they cannot import it back, even for typing).
@@ -251,6 +253,21 @@ def one_of(*choices: str) -> Callable[[str, Any], str]:
         if not isinstance(value, str) or value not in choices:
             error = ValueError if isinstance(value, str) else TypeError
             raise error(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
+        return value
+
+    return check
+
+
+def folder(noun: str = "folder") -> Callable[[str, Any], Any]:
+    """A check: a folder path (str or os.PathLike of str), not an existing file (its
+    error names it a ``noun``); the value as given."""
+
+    def check(name: str, value: Any) -> Any:
+        if not isinstance(value, (str, os.PathLike)) or isinstance(os.fspath(value), bytes):
+            raise TypeError(f"{name} must be a folder path, got {type(value).__name__} "
+                            f"{value!r:.60}")
+        if os.path.exists(value) and not os.path.isdir(value):
+            raise ValueError(f"{name} {os.fspath(value)!r} exists and is not a {noun}")
         return value
 
     return check
