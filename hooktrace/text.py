@@ -138,11 +138,9 @@ def describe_dump(info: dict[str, Any]) -> list[str]:
     if d.get("error_in"):
         lines.append(f"{d.get('exception', 'an exception')} raised inside "
                      f"{d['error_in']} forward{where}")
-    for t in d.get("threads", []):
-        if not isinstance(t, dict) or not t.get("open"):
-            continue
-        lines.append(f"{t.get('name')} is inside {t['open'][-1]} forward{where}, for "
-                     f"{t.get('since_ns', 0) / 1e9:.1f} s")
+    lines += [f"{t.get('name')} is inside {t['open'][-1]} forward{where}, for "
+              f"{t.get('since_ns', 0) / 1e9:.1f} s"
+              for t in d.get("threads", []) if isinstance(t, dict) and t.get("open")]
     if not lines:
         lines.append(f"no thread is inside a traced module call{where}")
     return lines
