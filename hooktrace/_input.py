@@ -81,15 +81,9 @@ def files_under(folder: str | os.PathLike[str], suffixes: tuple[str, ...], *,
     found = []
     for root, dirs, names in os.walk(os.fspath(folder)):  # (followlinks=False)
         dirs.sort()
-        for name in sorted(names):
-            path = os.path.join(root, name)
-            if not name.endswith(suffixes):
-                continue
-            try:
-                if stat.S_ISREG(os.stat(path).st_mode):
-                    found.append(path)
-            except OSError:  # a dangling link, gone since listed
-                continue
+        paths = (os.path.join(root, name) for name in sorted(names) if name.endswith(suffixes))
+        # (file_kind: "missing" for a dangling link, or a file gone since listed)
+        found += [path for path in paths if file_kind(path) == "a regular file"]
         if not recursive:
             break
     return found

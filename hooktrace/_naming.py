@@ -77,12 +77,9 @@ def rank_files_of(name: str | os.PathLike[str]) -> list[str]:
     stem, ext = _split_extension(path.name)
     if ext not in ("", ".htrace"):
         return []
-    found = []
-    for f in path.parent.glob(f"{stem}_rank*.htrace"):
-        rank = f.name[len(stem) + len("_rank"):-len(".htrace")]
-        if rank.isdigit() and f.is_file():
-            found.append((int(rank), os.fspath(f)))
-    return [f for _, f in sorted(found)]
+    ranked = ((f.name[len(stem) + len("_rank"):-len(".htrace")], os.fspath(f))
+              for f in path.parent.glob(f"{stem}_rank*.htrace") if f.is_file())
+    return [f for _, f in sorted((int(rank), f) for rank, f in ranked if rank.isdigit())]
 
 
 def is_aggregate_dir(path: str | os.PathLike[str]) -> bool:

@@ -35,7 +35,7 @@ import stat
 import sys
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import IO
 
 from hooktrace.errors import OutputPathError
@@ -93,22 +93,18 @@ def open_output(path: PathLike, *, compresslevel: int = 1, inputs: Sequence[Path
     except FileNotFoundError:
         direct = False
     if direct:
-        with open(name, "wb") as raw:
-            with _maybe_gzip(raw, gz, compresslevel) as f:
-                yield f
+        with open(name, "wb") as raw, _maybe_gzip(raw, gz, compresslevel) as f:
+            yield f
         return
     folder, base = os.path.split(os.path.abspath(name))
     tmp = os.path.join(folder, f".{base}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        with open(tmp, "wb") as raw:
-            with _maybe_gzip(raw, gz, compresslevel) as f:
-                yield f
+        with open(tmp, "wb") as raw, _maybe_gzip(raw, gz, compresslevel) as f:
+            yield f
         os.replace(tmp, name)
     except BaseException:
-        try:
+        with suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
 
 

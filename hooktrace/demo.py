@@ -93,18 +93,16 @@ class TinyGPT(nn.Module):
         return self.head(self.ln_f(x))
 
 
-def synthetic_batch(
-    cfg: GPTConfig, batch: int, generator: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
+def synthetic_batch(cfg: GPTConfig, batch: int,
+                    generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Sequences that repeat a random 8-token motif: learnable in a few steps."""
     motif = torch.randint(0, cfg.vocab, (batch, 8), generator=generator)
     seq = motif.repeat(1, cfg.context // 8 + 1)[:, : cfg.context + 1]
     return seq[:, :-1], seq[:, 1:]
 
 
-def train_step(
-    model: TinyGPT, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor
-) -> float:
+def train_step(model: TinyGPT, opt: torch.optim.Optimizer, x: torch.Tensor,
+               y: torch.Tensor) -> float:
     logits = model(x)
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
     opt.zero_grad(set_to_none=True)

@@ -8,28 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from hooktrace.exporters.merged import (
-    BASE_MARGIN_NS,
-    MergeError,
-    MergeResult,
-    ProfilerTraceError,
-    RunLike,
-    as_run,
-    assign_lanes,
-    attribute,
-    check_compatible,
-    crossing,
-    merge_traces,
-    place_spans,
-    run_interval,
-    write_spans,
-)
-
-__all__ = [
-    "BASE_MARGIN_NS", "MergeError", "MergeResult", "ProfilerTraceError", "RunLike", "as_run",
-    "assign_lanes", "attribute", "check_compatible", "crossing", "merge_traces", "place_spans",
-    "run_interval", "write_spans",
-]
+# every public name of exporters/merged.py (its __all__)
+from hooktrace.exporters.merged import *  # noqa: F403
+from hooktrace.exporters.merged import __all__ as __all__
 
 _MOVED_TO_PROFILING = frozenset({"profile", "Profile", "merged_trace_handler",
                                  "MergedTraceHandler"})

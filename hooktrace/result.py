@@ -34,9 +34,7 @@ class TraceResult(TraceData):
     @classmethod
     def of(cls, data: TraceData) -> TraceResult:
         """``data`` as a ``TraceResult`` (the arrays are shared, not copied)."""
-        if isinstance(data, cls):
-            return data
-        return data.as_type(cls)
+        return data if isinstance(data, cls) else data.as_type(cls)
 
     def export_chrome(self, path: str | os.PathLike[str], *, nodes: bool = False) -> None:
         """Write a Chrome/Perfetto trace JSON; gzip-compressed when ``path`` ends in ``.gz``.
@@ -46,11 +44,9 @@ class TraceResult(TraceData):
         """
         export_chrome(self, path, nodes=nodes)
 
-    def export_perfetto(
-        self, path: str | os.PathLike[str], *, nodes: bool = False, start: float | None = None,
-        end: float | None = None, max_depth: int | None = None,
-        steps: tuple[int, int] | None = None,
-    ) -> None:
+    def export_perfetto(self, path: str | os.PathLike[str], *, nodes: bool = False,
+                        start: float | None = None, end: float | None = None,
+                        max_depth: int | None = None, steps: tuple[int, int] | None = None) -> None:
         """Write a Perfetto protobuf trace (``.pftrace``): the Chrome export's
         slices and rows at about 1/3 of its size; see ``hooktrace.exporters.perfetto``.
 

@@ -138,11 +138,9 @@ def describe_dump(info: dict[str, Any]) -> list[str]:
     if d.get("error_in"):
         lines.append(f"{d.get('exception', 'an exception')} raised inside "
                      f"{d['error_in']} forward{where}")
-    for t in d.get("threads", []):
-        if not isinstance(t, dict) or not t.get("open"):
-            continue
-        lines.append(f"{t.get('name')} is inside {t['open'][-1]} forward{where}, for "
-                     f"{t.get('since_ns', 0) / 1e9:.1f} s")
+    lines += [f"{t.get('name')} is inside {t['open'][-1]} forward{where}, for "
+              f"{t.get('since_ns', 0) / 1e9:.1f} s"
+              for t in d.get("threads", []) if isinstance(t, dict) and t.get("open")]
     if not lines:
         lines.append(f"no thread is inside a traced module call{where}")
     return lines
@@ -195,15 +193,14 @@ def shorten_middle(text: str, width: int) -> str:
     """
     if len(text) <= width:
         return text
-    marks = _MARKERS.search(text)
-    if marks is not None and marks.start() > 0 and width - len(marks.group()) >= 8:
-        return shorten_middle(text[:marks.start()], width - len(marks.group())) + marks.group()
+    name, mark = _split_mark(text)
+    if mark and width - len(mark) >= 8:
+        return shorten_middle(name, width - len(mark)) + mark
     if width < 4:
         return text[len(text) - width:]
     room = (width - 1) // 3
     dot = text.rfind(".", 0, room)
-    head = text[:dot + 1] if dot >= 0 else text[:room]
-    return head + ELLIPSIS + text[len(text) - (width - 1 - len(head)):]
+    return _cut(text, width, dot + 1 if dot >= 0 else room)
 
 
 def _split_mark(text: str) -> tuple[str, str]:

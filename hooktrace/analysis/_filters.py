@@ -90,13 +90,9 @@ class Filters:
 
     def as_dict(self) -> dict[str, Any]:
         """The filters that are set, for the exported file's info block."""
-        out: dict[str, Any] = {}
-        if self.steps is not None:
-            out["steps"] = list(self.steps)
-        for name in ("start", "end", "max_depth"):
-            if getattr(self, name) is not None:
-                out[name] = getattr(self, name)
-        return out
+        out: dict[str, Any] = {"steps": list(self.steps)} if self.steps is not None else {}
+        return out | {name: getattr(self, name) for name in ("start", "end", "max_depth")
+                      if getattr(self, name) is not None}
 
 
 def parse_steps(text: str) -> tuple[int, int]:
@@ -121,9 +117,7 @@ def trace_origin_ns(trace: TraceData) -> int:
     """Unix ns of the run's first span or autograd node: time 0 of ``start``/``end``."""
     spans = trace.spans()
     starts = [int(a.min()) for a in (spans.start_ns, spans.nodes.start_ns) if len(a)]
-    if starts:
-        return min(starts)
-    return int(trace.info.get("start_unix_ns", trace.clock.unix_ns0))
+    return min(starts) if starts else int(trace.info.get("start_unix_ns", trace.clock.unix_ns0))
 
 
 def _window(trace: TraceData, start_ns: int | None, end_ns: int | None,
@@ -266,15 +260,14 @@ def cut_steps(trace: TraceData, after_ns: int | None, until_ns: int | None) -> T
     info = dict(trace.info)
     spans = trace.spans()
     roots = spans.start_ns[(spans.module == 0) & (spans.cat == CAT_FORWARD)]
+    lo = OPEN_WINDOW[0] if after_ns is None else after_ns  # (no root call is before it)
+    hi = OPEN_WINDOW[1] if until_ns is None else until_ns
     if isinstance(info.get("flops"), dict):  # matched to the root calls kept
-        first = 0 if after_ns is None else int(np.count_nonzero(roots <= after_ns))
-        n = int(np.count_nonzero((roots > (after_ns if after_ns is not None else -(1 << 62)))
-                                 & (roots <= (until_ns if until_ns is not None else 1 << 62))))
+        first = int(np.count_nonzero(roots <= lo))
+        n = int(np.count_nonzero((roots > lo) & (roots <= hi)))
         info["flops"] = _flop_info_slice(info["flops"], first, n)
     compiles = compile_intervals(info)
     if len(compiles):
-        lo = -(1 << 62) if after_ns is None else after_ns
-        hi = 1 << 62 if until_ns is None else until_ns
         info["compiles"] = [c for c in compiles.tolist() if c[1] > lo and c[0] < hi]
     return type(trace)(ev[keep], trace.modules, trace.node_names, trace.clock, info)
 

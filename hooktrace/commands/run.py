@@ -126,16 +126,8 @@ def _check_module(name: str) -> None:
 def _run_main(target: str, argv: list[str], is_module: bool) -> None:
     """Runs the script or module as __main__ with python's sys.argv and sys.path[0]."""
     saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
-    if is_module:
-        sys.argv = [target, *argv]  # runpy puts the module's file in argv[0], as python -m
-        path0 = os.getcwd()
-    else:
-        sys.argv = [target, *argv]
-        path0 = os.path.dirname(os.path.realpath(target))
-    if sys.path:
-        sys.path[0] = path0
-    else:
-        sys.path.insert(0, path0)
+    sys.argv = [target, *argv]  # (-m: runpy puts the module's file in argv[0], as python -m)
+    sys.path[:1] = [os.getcwd() if is_module else os.path.dirname(os.path.realpath(target))]
     try:
         if is_module:
             runpy.run_module(target, run_name="__main__", alter_sys=True)

@@ -387,8 +387,7 @@ def scan(
                                                 str(e)) from None
                         index += 1
                         nonempty = True
-                        c = r.peek()
-                        if c == "]":
+                        if r.peek() == "]":
                             break
                         r.expect(",", "',' or ']' in the traceEvents array")
                 r.flush(r.pos)
@@ -404,8 +403,7 @@ def scan(
                         r.replace(start, rewrite_top(key, top[key]))
                     except BadValue as e:
                         raise r.value_error(f"{show(key)}", start - r.base, str(e)) from None
-            c = r.peek()
-            if c == "}":
+            if r.peek() == "}":
                 break
             r.expect(",", "',' or '}' between top-level keys")
     r.flush(r.pos)

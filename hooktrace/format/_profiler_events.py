@@ -26,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
 from array import array
 from collections.abc import Callable
@@ -335,20 +336,13 @@ def collect(
         assert before_object_end is not None
         return before_object_end(p)
 
-    if isinstance(source, (str, os.PathLike)):
-        f: IO[bytes] = open_binary(source)
-        close = True
-    else:
-        f, close = source, False
-    try:
+    with (open_binary(source) if isinstance(source, (str, os.PathLike))
+          else contextlib.nullcontext(source)) as f:
         top = scan(
             f, label, p.add, out=out,
             before_array_end=array_end if before_array_end is not None else None,
             before_object_end=object_end if before_object_end is not None else None,
             top=top_seen, rewrite_event=rewrite_event, rewrite_top=rewrite_top,
         )
-    finally:
-        if close:
-            f.close()
     p.finish(top)
     return p

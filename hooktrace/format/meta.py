@@ -21,11 +21,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from hooktrace.errors import HooktraceError
-from hooktrace._events import (
-    EVENT_DTYPE,
-    VALID_KINDS,
-    Clock,
-)
+from hooktrace._events import EVENT_DTYPE, VALID_KINDS, Clock
 
 
 MAGIC = b"HTRACE\x00\x00"
@@ -136,12 +132,8 @@ class StringTable:
         return idx
 
     def encode(self) -> bytes:
-        parts = [U32.pack(len(self.strings))]
-        for s in self.strings:
-            b = s.encode("utf-8")
-            parts.append(U32.pack(len(b)))
-            parts.append(b)
-        return b"".join(parts)
+        encoded = [s.encode("utf-8") for s in self.strings]
+        return U32.pack(len(encoded)) + b"".join(U32.pack(len(b)) + b for b in encoded)
 
 
 def encode_json(info: Mapping[str, Any]) -> bytes:
@@ -217,9 +209,7 @@ def parse_meta(name: str, meta_bytes: bytes, base: int = HEADER_SIZE) -> dict[st
     if depth > _MAX_META_DEPTH:
         # json.loads would recurse once per level (RecursionError near 1000)
         raise TraceFileError(
-            name, base,
-            f"metadata nests {depth} levels deep (expected at most {_MAX_META_DEPTH})",
-        )
+            name, base, f"metadata nests {depth} levels deep (expected at most {_MAX_META_DEPTH})")
     try:
         meta = json.loads(text, parse_int=_parse_int, parse_float=_parse_float,
                           parse_constant=_parse_constant)
@@ -230,21 +220,17 @@ def parse_meta(name: str, meta_bytes: bytes, base: int = HEADER_SIZE) -> dict[st
         at = max(0, meta_bytes.find(e.literal.encode()))
         raise TraceFileError(
             name, base + at,
-            f"metadata: expected {e.why}, found the number literal {e.literal!r:.60}",
-        ) from None
+            f"metadata: expected {e.why}, found the number literal {e.literal!r:.60}") from None
     except RecursionError:  # not reached after the depth check; kept as a guard
         raise TraceFileError(name, base, "metadata nests too deep") from None
     if not isinstance(meta, dict):
         raise TraceFileError(
-            name, base, f"expected a JSON object as metadata, found {type(meta).__name__}"
-        )
+            name, base, f"expected a JSON object as metadata, found {type(meta).__name__}")
     bad = _unencodable(meta, "")
     if bad is not None:
         # "\ud800" escapes decode to lone surrogates, which no output can encode
         raise TraceFileError(
-            name, base,
-            f"metadata {bad}: expected text, found a lone UTF-16 surrogate escape",
-        )
+            name, base, f"metadata {bad}: expected text, found a lone UTF-16 surrogate escape")
     return meta
 
 
@@ -255,18 +241,13 @@ def _unencodable(value: Any, where: str) -> str | None:
             value.encode("utf-8")
         except UnicodeEncodeError:
             return where or "(top level)"
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            found = _unencodable(k, f"{where} key {k!r:.40}") or _unencodable(
-                v, f"{where}[{k!r:.40}]"
-            )
-            if found:
-                return found
+    elif isinstance(value, dict):  # (the first found: the generators stop there)
+        return next(filter(None, (_unencodable(k, f"{where} key {k!r:.40}")
+                                  or _unencodable(v, f"{where}[{k!r:.40}]")
+                                  for k, v in value.items())), None)
     elif isinstance(value, list):
-        for i, v in enumerate(value):
-            found = _unencodable(v, f"{where}[{i}]")
-            if found:
-                return found
+        return next(filter(None, (_unencodable(v, f"{where}[{i}]")
+                                  for i, v in enumerate(value))), None)
     return None
 
 
@@ -284,25 +265,21 @@ def meta_error(name: str, meta_bytes: bytes, key: str, message: str,
 def parse_strings(name: str, base: int, data: bytes) -> list[str]:
     if len(data) < 4:
         raise TraceFileError(
-            name, base, f"expected a string table of at least 4 bytes, found {len(data)}"
-        )
+            name, base, f"expected a string table of at least 4 bytes, found {len(data)}")
     (count,) = U32.unpack_from(data, 0)
     pos = 4
     strings: list[str] = []
     for i in range(count):
         if pos + 4 > len(data):
             raise TraceFileError(
-                name, base + pos,
-                f"string table ends inside the length of string {i} of {count}",
-            )
+                name, base + pos, f"string table ends inside the length of string {i} of {count}")
         (length,) = U32.unpack_from(data, pos)
         pos += 4
         if pos + length > len(data):
             raise TraceFileError(
                 name, base + pos,
                 f"string {i} of {length} bytes runs past the string table's end "
-                f"(at offset {base + len(data)})",
-            )
+                f"(at offset {base + len(data)})")
         try:
             strings.append(data[pos : pos + length].decode("utf-8"))
         except UnicodeDecodeError as e:
@@ -313,8 +290,7 @@ def parse_strings(name: str, base: int, data: bytes) -> list[str]:
         raise TraceFileError(
             name, base + pos,
             f"expected the string table to end after {count} strings, found "
-            f"{len(data) - pos} extra bytes",
-        )
+            f"{len(data) - pos} extra bytes")
     return strings
 
 

@@ -278,9 +278,8 @@ def read_stream(name: str, f: BinaryIO, size: int, head: bytes) -> TraceFileCont
                            f"{segment.get('newest')}")
     if clock is None:  # no events either
         clock = Clock(0, int(info.get("start_unix_ns", 0)), 1.0)
-    interval = None
-    if footer is not None:
-        interval = recorded_interval(name, footer_bytes, info, clock, footer_at, clock_at + 8)
+    interval = (recorded_interval(name, footer_bytes, info, clock, footer_at, clock_at + 8)
+                if footer is not None else None)
 
     # Thread by thread, as a recording in memory is (Session::copy_events).
     order = sorted(range(len(runs)), key=lambda r: runs[r][0])

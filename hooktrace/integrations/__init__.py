@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 from hooktrace._naming import output_path
@@ -19,7 +20,7 @@ from hooktrace.integrations.scalars import Scalars
 from hooktrace.record import Trace
 from hooktrace.record.options import RecordOptions
 
-__all__ = ["MAX_PENDING", "TraceSession", "trace_options"]
+__all__ = ["MAX_PENDING", "TraceSession", "trace_options", "weighted_means"]
 
 # The windows' scalars held for a trainer that has not logged yet: beyond this many the
 # oldest are dropped and counted (issue #35: a Trainer logging rarely or never held one
@@ -34,6 +35,18 @@ def trace_options() -> frozenset[str]:
     OPTION_HELP); the others are the trainer's (steps) or the callback's own (backward,
     capacity)."""
     return frozenset(o.name for o in RecordOptions.declared() if o.callbacks)
+
+
+def weighted_means(windows: Iterable[tuple[int, dict[str, float]]]) -> dict[str, float]:
+    """Each scalar's mean per step over ``windows`` (each window's steps, its scalars):
+    every window weighted by its steps."""
+    sums: dict[str, list[float]] = {}
+    for steps, scalars in windows:
+        for name, value in scalars.items():
+            total = sums.setdefault(name, [0.0, 0.0])
+            total[0] += value * steps
+            total[1] += steps
+    return {name: t / n for name, (t, n) in sums.items() if n}
 
 
 class TraceSession:
@@ -180,20 +193,10 @@ class TraceSession:
     def _finish_aggregates(self, trace: Trace, rank: int) -> None:
         """With ``aggregate=``: the steps are in the folder; no ``.htrace`` of the events
         after the last step (it read as the run's trace: issue #35), they are counted."""
+        from hooktrace.record.launch import print_aggregates
+
         agg = trace.info.get("aggregate") or {}
-        folder = str(agg.get("dir", self.record.aggregate))
-        self.written = [folder]
-        if self.summary and rank == 0:
-            from hooktrace._naming import has_aggregate_parts
-            from hooktrace.analysis.aggregates import aggregate_summary
-
-            # (as hooktrace run --aggregate --summary: a line where no step was aggregated)
-            print(aggregate_summary(folder) if has_aggregate_parts(folder) else
-                  f"hooktrace: no step was aggregated in {folder}: no summary", file=sys.stderr)
-        tail = len(trace.result.events)
-        print(f"hooktrace: {agg.get('steps', 0)} steps aggregated in "
-              f"{os.path.join(folder, 'aggregates')}, {len(agg.get('detail', []))} kept whole "
-              f"in {os.path.join(folder, 'steps')}"
-              + (f"; {tail} events after the last step not aggregated" if tail else ""),
-              file=sys.stderr)
-
+        self.written = [str(agg.get("dir", self.record.aggregate))]
+        # (as hooktrace run --aggregate --summary: a line where no step was aggregated)
+        print_aggregates(trace.info, self.summary and rank == 0, len(trace.result.events),
+                         hints=False)

@@ -20,7 +20,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from hooktrace.integrations import TraceSession
+from hooktrace.integrations import TraceSession, weighted_means
 from hooktrace.record import DEFAULT_CAPACITY
 
 __all__ = ["HooktraceCallback"]
@@ -78,14 +78,8 @@ class HooktraceCallback(TrainerCallback):  # type: ignore[misc]
         # are chosen at the first log from the windows after the warm-up one (issue #47).
         if logs is None or any(k.startswith("eval_") for k in logs):
             return
-        pending = self.session.take_pending(force=True)
-        sums: dict[str, list[float]] = {}
-        for _, steps, scalars in pending:
-            for name, value in scalars.items():
-                total = sums.setdefault(name, [0.0, 0.0])
-                total[0] += value * steps
-                total[1] += steps
-        logs.update({name: t / n for name, (t, n) in sums.items() if n})
+        logs.update(weighted_means((steps, scalars) for _, steps, scalars
+                                   in self.session.take_pending(force=True)))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.session.step()

@@ -20,7 +20,7 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
-from hooktrace.integrations import TraceSession
+from hooktrace.integrations import TraceSession, weighted_means
 from hooktrace.record import DEFAULT_CAPACITY
 
 __all__ = ["HooktraceCallback"]
@@ -94,13 +94,8 @@ class HooktraceCallback(Callback):  # type: ignore[misc]
         self.session.close_window()  # the epoch's last window ends with it
         self._log(trainer, force=True)
         if self.log_on_epoch and self._epoch:
-            sums: dict[str, list[float]] = {}
-            for steps, values in self._epoch:
-                for name, value in values.items():
-                    total = sums.setdefault(name, [0.0, 0.0])
-                    total[0] += value * steps
-                    total[1] += steps
-            metrics = {self._name(name, "_epoch"): t / n for name, (t, n) in sums.items()}
+            metrics = {self._name(name, "_epoch"): mean
+                       for name, mean in weighted_means(self._epoch).items()}
             step = self._log_step.get(self._marks - 1, _logging_step(trainer))
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=step)

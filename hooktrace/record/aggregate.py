@@ -54,6 +54,7 @@ ended): what ``hooktrace top DIR`` shows while the job runs
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import signal
@@ -73,7 +74,7 @@ from hooktrace._naming import env_rank, process_stem
 from hooktrace._output import failure_reason
 from hooktrace.errors import HooktraceError
 from hooktrace.analysis.aggregates import KEPT_INDEX, LIVE_DIR, kept_steps, load_aggregates
-from hooktrace.record.component import Component, Flag, Option
+from hooktrace.record.component import Component, Flag, Option, folder
 from hooktrace.record.process_state import STATE
 
 if TYPE_CHECKING:  # numpy is imported where used: `hooktrace --version` reads this
@@ -147,14 +148,7 @@ class DetailPolicy:
 
 
 def _aggregate(name: str, agg: Any) -> str | None:
-    if agg is None:
-        return None
-    if not isinstance(agg, (str, os.PathLike)) or isinstance(os.fspath(agg), bytes):
-        raise TypeError(f"aggregate must be a folder path, got {type(agg).__name__} "
-                        f"{agg!r:.60}")
-    if os.path.exists(agg) and not os.path.isdir(agg):
-        raise ValueError(f"aggregate {os.fspath(agg)!r} exists and is not a folder")
-    return os.fspath(agg)
+    return None if agg is None else os.fspath(folder()(name, agg))
 
 
 def _interval(name: str, interval: Any) -> float:
@@ -536,10 +530,8 @@ class AggregateComponent(Component):
         except (OSError, pa.ArrowException) as e:  # a full disk, a read-only folder
             self.lost_rows += n
             self._failed(f"the part {path} could not be written", e)
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            except OSError:
-                pass
             return
         self._parts += 1
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hooktrace.record.component import Component, Option, Options
+from hooktrace.record.component import Component, Option
 
 __all__ = ["BackwardComponent"]
 
@@ -16,10 +16,6 @@ class BackwardComponent(Component):
                cli="switch", flag_help="do not record autograd nodes (forward spans only)",
                callbacks=False),  # (the callbacks' own keyword)
     )
-
-    @classmethod
-    def enabled(cls, options: Options) -> bool:
-        return options.backward
 
     def install(self, session: Any, scope: Any) -> None:
         import hooktrace._C as _C

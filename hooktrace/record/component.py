@@ -80,9 +80,7 @@ whole feature::
                    flag_help="with --gpu, time steps 0, N, 2N, ... only"),
         )
 
-        @classmethod
-        def enabled(cls, options: Options) -> bool:
-            return options.gpu
+        # on when its first option is (gpu=True): override enabled() for another rule
 
         def install(self, session, scope) -> None:
             import hooktrace._C as _C  # (inside: see below)
@@ -109,12 +107,14 @@ with the one-line errors, and that every option is declared exactly once;
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-__all__ = ["Component", "Declares", "Flag", "Option", "boolean", "one_of", "positive_int"]
+__all__ = ["Component", "Declares", "Flag", "Option", "boolean", "folder", "one_of",
+           "positive_int"]
 
 # A RecordOptions (record/options.py, built from these declarations; that module
 # imports the components, so they cannot import it back, even for typing).
@@ -258,6 +258,21 @@ def one_of(*choices: str) -> Callable[[str, Any], str]:
     return check
 
 
+def folder(noun: str = "folder") -> Callable[[str, Any], Any]:
+    """A check: a folder path (str or os.PathLike of str), not an existing file (its
+    error names it a ``noun``); the value as given."""
+
+    def check(name: str, value: Any) -> Any:
+        if not isinstance(value, (str, os.PathLike)) or isinstance(os.fspath(value), bytes):
+            raise TypeError(f"{name} must be a folder path, got {type(value).__name__} "
+                            f"{value!r:.60}")
+        if os.path.exists(value) and not os.path.isdir(value):
+            raise ValueError(f"{name} {os.fspath(value)!r} exists and is not a {noun}")
+        return value
+
+    return check
+
+
 class Declares:
     """What declares recording options: a component, or the recording's own
     (record/core_options.py)."""
@@ -284,8 +299,9 @@ class Component(Declares):
 
     @classmethod
     def enabled(cls, options: Options) -> bool:
-        """Whether these options turn the feature on."""
-        return True
+        """Whether these options turn the feature on: by default its first option (its
+        switch: ``memory=True``), or always when it declares none."""
+        return not cls.OPTIONS or bool(getattr(options, cls.OPTIONS[0].name))
 
     @classmethod
     def check(cls, options: Options) -> None:

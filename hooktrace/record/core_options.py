@@ -12,7 +12,7 @@ import os
 import signal
 from typing import Any
 
-from hooktrace.record.component import Declares, Flag, Option, one_of
+from hooktrace.record.component import Declares, Flag, Option, folder, one_of
 
 __all__ = ["CoreOptions", "DEFAULT_CAPACITY", "MAX_CAPACITY", "MIN_MAX_DISK", "STREAM_CAPACITY",
            "check_capacity", "parse_bytes"]
@@ -101,15 +101,6 @@ def _dump_on(name: str, value: Any) -> frozenset[str]:
     return check_dump_on(value)
 
 
-def _dump_dir(name: str, value: Any) -> Any:
-    if not isinstance(value, (str, os.PathLike)) or isinstance(os.fspath(value), bytes):
-        raise TypeError(f"dump_dir must be a folder path, got {type(value).__name__} "
-                        f"{value!r:.60}")
-    if os.path.exists(value) and not os.path.isdir(value):
-        raise ValueError(f"dump_dir {os.fspath(value)!r} exists and is not a directory")
-    return value
-
-
 def _hang_timeout(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or \
             not 0 < value < float("inf"):
@@ -172,7 +163,7 @@ class CoreOptions(Declares):
                          "of every thread, to --dump-dir; with --ring, the newest events; "
                          "nonfinite (the first NaN/Inf of --numerics) turns --numerics on"),
         Option("dump_dir", "hooktrace-dumps", "where dumps go",
-               type="str | os.PathLike[str]", check=_dump_dir,
+               type="str | os.PathLike[str]", check=folder("directory"),
                cli=Flag("str", metavar="DIR"),
                flag_help="where dumps go (default: %(default)s)"),
         Option("hang_timeout", 300.0, "with dump_on hang: seconds without a module call or "

@@ -15,28 +15,6 @@ Example::
 
 from __future__ import annotations
 
-from hooktrace.record.ranks import (
-    DEFAULT_ROUNDS,
-    TEST_OFFSET_ENV,
-    ClockOffset,
-    align_clocks,
-    apply_test_clock_offset,
-    clock_offset_summary,
-    default_output_name,
-    estimate_clock_offset,
-    injected_offset_ns,
-    rank_info,
-)
-
-__all__ = [
-    "DEFAULT_ROUNDS",
-    "TEST_OFFSET_ENV",
-    "ClockOffset",
-    "align_clocks",
-    "apply_test_clock_offset",
-    "clock_offset_summary",
-    "default_output_name",
-    "estimate_clock_offset",
-    "injected_offset_ns",
-    "rank_info",
-]
+# every public name of record/ranks.py (its __all__)
+from hooktrace.record.ranks import *  # noqa: F403
+from hooktrace.record.ranks import __all__ as __all__

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hooktrace.record.component import Component, Option, Options
+from hooktrace.record.component import Component, Option
 
 __all__ = ["EmitProfilerComponent"]
 
@@ -15,10 +15,6 @@ class EmitProfilerComponent(Component):
         Option("emit_profiler", False, "also open a torch.profiler range per module call",
                callbacks=False),
     )
-
-    @classmethod
-    def enabled(cls, options: Options) -> bool:
-        return options.emit_profiler
 
     def prepare(self, session: Any, scope: Any) -> None:
         if scope.kind == "model":

@@ -95,12 +95,8 @@ def _last_error(data: TraceData) -> str | None:
 def python_stacks() -> dict[str, list[str]]:
     """Every thread's Python stack, keyed ``"<name> (<native id>)"``."""
     frames = sys._current_frames()
-    out = {}
-    for t in threading.enumerate():
-        frame = frames.get(t.ident) if t.ident is not None else None
-        if frame is not None:
-            out[f"{t.name} ({t.native_id})"] = traceback.format_stack(frame)
-    return out
+    return {f"{t.name} ({t.native_id})": traceback.format_stack(frames[t.ident])
+            for t in threading.enumerate() if t.ident in frames}
 
 
 def write_dump(trace: FlightRecorder, reason: str, directory: str | os.PathLike[str],

@@ -10,7 +10,7 @@ import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from hooktrace.record.component import Component, Option, Options
+from hooktrace.record.component import Component, Option
 
 if TYPE_CHECKING:
     from torch import nn
@@ -103,8 +103,7 @@ class FlopRecorder:
         self._counter = None
         counter.__exit__(None, None, None)
         total = _totals(counter.get_flop_counts())
-        forward = self._forward
-        self._forward = {}
+        forward, self._forward = self._forward, {}
         sig = self.signatures[self.calls[self.counted[-1]]]
         for key, flops in total.items():
             name = self._module_name(key)
@@ -167,10 +166,6 @@ class FlopsComponent(Component):
         Option("flops", False, "also count FLOPs per module call (as trace(model, "
                "flops=True)): hooktrace summary --flops shows them", cli="switch"),
     )
-
-    @classmethod
-    def enabled(cls, options: Options) -> bool:
-        return options.flops
 
     def __init__(self, recorder: Any) -> None:
         super().__init__(recorder)

@@ -98,20 +98,11 @@ def param_layout(ptx: str, name: str) -> str:
     if start < 0:
         raise ValueError(f"no entry point {name} in the PTX")
     end = ptx.find(")", start)
-    kinds = []
-    for line in ptx[start:end].splitlines()[1:]:
-        line = line.strip()
-        if not line.startswith(".param"):
-            continue
-        if ".ptr" in line:
-            kinds.append("p")
-        elif any(t in line.split() for t in (".u64", ".b64", ".s64")):
-            kinds.append("l")
-        elif any(t in line.split() for t in (".u32", ".b32", ".s32")):
-            kinds.append("i")
-        else:
-            kinds.append("?")
-    return "".join(kinds)
+    params = [line.strip() for line in ptx[start:end].splitlines()[1:]
+              if line.strip().startswith(".param")]
+    return "".join("p" if ".ptr" in line else
+                   "l" if {".u64", ".b64", ".s64"} & set(line.split()) else
+                   "i" if {".u32", ".b32", ".s32"} & set(line.split()) else "?" for line in params)
 
 
 def compile_native(kernel: Any, key: int, target: Any = None) -> dict[str, Any]:

@@ -46,6 +46,7 @@ and GPU (triton) kernels, which hooktrace.merge attributes from the profiler.
 from __future__ import annotations
 
 import functools
+import os
 import re
 import threading
 from collections.abc import Iterable
@@ -292,13 +293,8 @@ def normalize_path(source: str) -> str:
     # drop the root: L['self'], G['model'], self
     m = re.match(r"""^(?:[LG]\[['"][^'"]+['"]\]|\w+)""", source)
     rest = source[m.end():] if m else source
-    parts = []
-    for attr, index, key in _PATH_PART.findall(rest):
-        part = attr or index or key
-        if part == "_modules":
-            continue
-        parts.append(part)
-    return ".".join(parts)
+    parts = (attr or index or key for attr, index, key in _PATH_PART.findall(rest))
+    return ".".join(part for part in parts if part != "_modules")
 
 
 def _common_module(nodes: list[Any]) -> str:
@@ -314,16 +310,8 @@ def _common_module(nodes: list[Any]) -> str:
             paths.append(path)
     if not paths:  # only views: any node's module
         paths = [p for p in (_module_path(n) for n in nodes) if p is not None]
-    if not paths:
-        return ""
-    common = paths[0].split(".") if paths[0] else []
-    for p in paths[1:]:
-        parts = p.split(".") if p else []
-        k = 0
-        while k < min(len(common), len(parts)) and common[k] == parts[k]:
-            k += 1
-        common = common[:k]
-    return ".".join(common)
+    # (commonprefix compares lists item by item: whole dotted parts)
+    return ".".join(os.path.commonprefix([p.split(".") if p else [] for p in paths]))
 
 
 # -- caches --------------------------------------------------------------------------

@@ -49,8 +49,8 @@ if TYPE_CHECKING:  # (imported when recording starts: `hooktrace --help` imports
     from hooktrace.record.options import RecordOptions
 
 __all__ = ["RunOptions", "add_options", "discard_empty", "options_from_args", "options_from_env",
-           "sigterm_held_at_exit", "start", "stop_writing_on_sigterm", "streams",
-           "write_outputs"]
+           "print_aggregates", "sigterm_held_at_exit", "start", "stop_writing_on_sigterm",
+           "streams", "write_outputs"]
 
 
 def add_options(p: argparse.ArgumentParser, *, leave_out: Collection[str] = (),
@@ -279,10 +279,9 @@ def start(options: RunOptions, *,
     windows = _Windows(options) if options.schedule is not None else None
     from hooktrace.record import GlobalTrace
 
-    windowed: dict[str, Any] = ({} if windows is None else
-                                {"schedule": windows.schedule, "on_window": windows.write})
     # (options.record.out: the stream, when streamed, options_from_args)
-    record = options.record.replace(**windowed) if windowed else options.record
+    record = (options.record if windows is None else
+              options.record.replace(schedule=windows.schedule, on_window=windows.write))
     trace = GlobalTrace(options=record)
     if windows is not None and options.profile:
         # --profile with --schedule: the profiler steps with the trace's steps, after
@@ -517,7 +516,7 @@ def write_outputs(trace: GlobalTrace, options: RunOptions) -> None:
         profiled = _write_profile(result, options.output) if options.profile else []
         if profiled:
             print(f"hooktrace: wrote {' and '.join(profiled)}", file=sys.stderr)
-        _print_aggregates(result.info, options.summary, tail=len(result.events))
+        print_aggregates(result.info, options.summary, tail=len(result.events))
         return
     if not streamed:
         assert result is not None
@@ -561,33 +560,31 @@ def _writing(path: Path) -> Iterator[None]:
         raise OutputPathError(write_failure(path, e)) from None
 
 
-def _print_aggregates(info: dict[str, Any], summary: bool, tail: int = 0) -> None:
-    """What an ``--aggregate`` run wrote; with ``--summary``, the folder's table first (the
-    run's events are in the aggregates, not in the trace: issue #35)."""
-    folder = (info.get("aggregate") or {}).get("dir")
-    if summary and folder is not None:
+def print_aggregates(info: dict[str, Any], summary: bool, tail: int = 0, *,
+                     hints: bool = True) -> None:
+    """What an ``aggregate=`` recording wrote, on stderr; with ``summary``, the folder's
+    table first (the run's events are in the aggregates, not in the trace: issue #35).
+    ``tail``: the events after the last step (not aggregated); ``hints``: the rows a full
+    disk lost and how to look at the folder (``hooktrace run``'s line; the trainer
+    callbacks' says neither)."""
+    agg = info.get("aggregate") or {}
+    folder = str(agg.get("dir", "?"))
+    if summary and "dir" in agg:
         from hooktrace._naming import has_aggregate_parts
         from hooktrace.analysis.aggregates import aggregate_summary
 
         print(aggregate_summary(folder) if has_aggregate_parts(folder) else
               f"hooktrace: no step was aggregated in {folder}: no summary", file=sys.stderr)
-    print(_aggregate_line(info, tail), file=sys.stderr)
-
-
-def _aggregate_line(info: dict[str, Any], tail: int = 0) -> str:
-    """What an ``--aggregate`` run wrote, and how to look at it; ``tail``: the events
-    after the last step (not aggregated)."""
-    agg = info.get("aggregate") or {}
-    folder = str(agg.get("dir", "?"))
     lost = ""
-    if agg.get("lost_rows") or agg.get("lost_steps"):  # a full disk, a read-only folder
+    if hints and (agg.get("lost_rows") or agg.get("lost_steps")):  # a full disk, read-only
         lost = (f" ({agg.get('lost_rows', 0)} rows and {agg.get('lost_steps', 0)} kept steps "
                 f"lost: {agg.get('write_error')})")
     after = f"; {tail} events after the last step not aggregated" if tail else ""
-    return (f"hooktrace: {agg.get('steps', 0)} steps aggregated in "
-            f"{os.path.join(folder, 'aggregates')}, {len(agg.get('detail', []))} kept whole "
-            f"in {os.path.join(folder, 'steps')}{lost}{after}; the table: hooktrace summary "
-            f"{folder}; the page: hooktrace report {folder} -o report.html")
+    look = (f"; the table: hooktrace summary {folder}; the page: hooktrace report {folder} -o "
+            "report.html" if hints else "")
+    print(f"hooktrace: {agg.get('steps', 0)} steps aggregated in "
+          f"{os.path.join(folder, 'aggregates')}, {len(agg.get('detail', []))} kept whole "
+          f"in {os.path.join(folder, 'steps')}{lost}{after}{look}", file=sys.stderr)
 
 
 def exit_line(written: list[str], counts: dict[str, int]) -> str:

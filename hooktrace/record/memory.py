@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING, Any
 
-from hooktrace.record.component import Component, Option, Options
+from hooktrace.record.component import Component, Option
 
 if TYPE_CHECKING:
     from torch import nn
@@ -98,10 +98,6 @@ class MemoryComponent(Component):
                "peak inside it (CPU, and the current CUDA device when there is one)",
                cli="switch"),
     )
-
-    @classmethod
-    def enabled(cls, options: Options) -> bool:
-        return options.memory
 
     def __init__(self, recorder: Any) -> None:
         super().__init__(recorder)

@@ -32,10 +32,6 @@ class NumericsComponent(Component):
     )
 
     @classmethod
-    def enabled(cls, options: Options) -> bool:
-        return options.numerics
-
-    @classmethod
     def from_flags(cls, values: dict[str, Any]) -> None:
         if "nonfinite" in (values.get("dump_on") or ()):  # --dump-on nonfinite
             values["numerics"] = True
@@ -63,21 +59,18 @@ class NumericsComponent(Component):
         session.set_numerics(True)  # step 0 is always measured
 
     def before_step(self) -> None:
-        # the step's deferred statistics (off-CPU tensors): one read for the step
+        # the step's deferred statistics (off-CPU tensors, csrc/numerics.h): one read for
+        # the step; at the end (flush) the same, while the session still records
         import hooktrace._C as _C
 
         _C.flush_numerics(self._session)
+
+    flush = before_step
 
     def step(self, step_no: int) -> None:
         every = self.recorder.options.numerics_every
         if every > 1:
             self._session.set_numerics(step_no % every == 0)  # sampling
-
-    def flush(self) -> None:
-        # deferred statistics (csrc/numerics.h) while the session still records
-        import hooktrace._C as _C
-
-        _C.flush_numerics(self._session)
 
     def teardown(self) -> None:
         import hooktrace._C as _C

@@ -95,6 +95,7 @@ __all__ = [
     "clock_offset_summary",
     "default_output_name",
     "estimate_clock_offset",
+    "injected_offset_ns",
     "rank_info",
 ]
 
@@ -261,9 +262,9 @@ def estimate_clock_offset(group: Any = None, rounds: int = DEFAULT_ROUNDS) -> Cl
     me = dist.get_rank(group)
     shift = injected_offset_ns(_current_rank())
     backend = str(dist.get_backend(group))
-    device = torch.device("cpu")
-    if backend == "nccl":  # NCCL reduces device tensors only
-        device = torch.device("cuda", torch.cuda.current_device())
+    # (NCCL reduces device tensors only)
+    device = (torch.device("cuda", torch.cuda.current_device()) if backend == "nccl"
+              else torch.device("cpu"))
     send = np.zeros((rounds, world), np.int64)
     recv = np.zeros((rounds, world), np.int64)
     row = np.zeros((world, 2), np.int64)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hooktrace.record.component import Component, Option, Options
+from hooktrace.record.component import Component, Option
 
 __all__ = ["ShapesComponent"]
 
@@ -17,10 +17,6 @@ class ShapesComponent(Component):
                "tensor inputs and outputs (span args in_shapes/out_shapes; hooktrace summary "
                "--by-shape)", cli="switch"),
     )
-
-    @classmethod
-    def enabled(cls, options: Options) -> bool:
-        return options.shapes
 
     def prepare(self, session: Any, scope: Any) -> None:
         session.set_shapes(True)

@@ -204,10 +204,10 @@ RECORDING_SEAMS: dict[str, set[str]] = {
     # schema
     "hooktrace.record.aggregate": {"hooktrace.analysis.aggregates", "hooktrace.analysis.flops",
                                    "hooktrace.analysis.numerics", "hooktrace.data.schema"},
-    # hooktrace run: the merged profiler trace, the aggregate folder's summary at exit
+    # hooktrace run: the merged profiler trace, the aggregate folder's summary at exit (the
+    # trainer callbacks' summary=True at fit's end too: launch.print_aggregates)
     "hooktrace.record.launch": {"hooktrace.exporters.merged", "hooktrace.analysis.aggregates"},
     "hooktrace.record.profiling": {"hooktrace.exporters.merged"},  # hooktrace.profile()
-    "hooktrace.integrations": {"hooktrace.analysis.aggregates"},  # summary=True at fit's end
     "hooktrace.demo": {"hooktrace.reporters.html"},  # the demo's report
 }
 
