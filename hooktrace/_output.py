@@ -31,9 +31,9 @@ from __future__ import annotations
 import errno
 import gzip
 import os
+import secrets
 import stat
 import sys
-import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import IO
@@ -96,16 +96,29 @@ def open_output(path: PathLike, *, compresslevel: int = 1, inputs: Sequence[Path
         with open(name, "wb") as raw, _maybe_gzip(raw, gz, compresslevel) as f:
             yield f
         return
-    folder, base = os.path.split(os.path.abspath(name))
-    tmp = os.path.join(folder, f".{base}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp, fd = _new_temp(name)
     try:
-        with open(tmp, "wb") as raw, _maybe_gzip(raw, gz, compresslevel) as f:
+        with open(fd, "wb") as raw, _maybe_gzip(raw, gz, compresslevel) as f:
             yield f
         os.replace(tmp, name)
     except BaseException:
         with suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _new_temp(name: str) -> tuple[str, int]:
+    """A temporary file beside ``name``, created by this call (``O_EXCL``, never through
+    a link): its name is unguessable, so another user sharing the folder can neither
+    plant a link there to have the output written through it nor clobber it."""
+    folder, base = os.path.split(os.path.abspath(name))
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    while True:
+        tmp = os.path.join(folder, f".{base}.{secrets.token_hex(8)}.tmp")
+        try:
+            return tmp, os.open(tmp, flags, 0o666)
+        except FileExistsError:  # (taken: another name)
+            continue
 
 
 @contextmanager
