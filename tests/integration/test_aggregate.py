@@ -311,9 +311,10 @@ def test_device_time_per_module_and_phase_when_recorded() -> None:
                   "module": np.array([1, 1, 2], np.uint32),
                   "cat": np.array([CAT_FORWARD, CAT_FORWARD, CAT_BACKWARD], np.uint8),
                   "device": np.zeros(3, np.int16), "stream": np.zeros(3, np.int64)})
-    trace = type("T", (), {"gpu_spans": lambda self: g})()
+    # (a trace whose paired device time is g: device_time.gpu_spans asks trace.derived)
+    trace = type("T", (), {"derived": lambda self, key, make: g})()
     assert gpu_ms_by_module(trace) == {(1, CAT_FORWARD): 4.0, (2, CAT_BACKWARD): 0.5}
-    empty = type("T", (), {"gpu_spans": lambda self: GpuSpans.empty()})()
+    empty = type("T", (), {"derived": lambda self, key, make: GpuSpans.empty()})()
     assert gpu_ms_by_module(empty) is None
 
 
