@@ -106,12 +106,19 @@ def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, lis
     return cols
 
 
+def step_rows(table: Any) -> Any:
+    """The step rows (mode ``step``: the steps' wall times, a row per window) of an
+    aggregate table."""
+    import pyarrow.compute as pc
+
+    return table.filter(pc.equal(table["mode"].cast("string"), "step"))
+
+
 def steps_aggregated(table: Any) -> int:
     """How many steps the aggregate ``table`` holds: the sum of its step rows' ``steps``."""
     import pyarrow.compute as pc
 
-    steps_rows = table.filter(pc.equal(table["mode"].cast("string"), "step"))
-    return int(pc.sum(steps_rows["steps"]).as_py() or 0)
+    return int(pc.sum(step_rows(table)["steps"]).as_py() or 0)
 
 
 # What the summary's and the report's p50 column is (issue #47: it was the median of the
@@ -416,9 +423,7 @@ def no_parts_problem(folder: str, given: str) -> str:
 def steps_by_run(table: Any) -> dict[str, tuple[int, int]]:
     """Per run of an aggregate table: the steps its step rows hold, and the step after
     its last window's."""
-    import pyarrow.compute as pc
-
-    rows = table.filter(pc.equal(table["mode"].cast("string"), "step"))
+    rows = step_rows(table)
     out: dict[str, tuple[int, int]] = {}
     for run, first, n in zip(rows["run"].cast("string").to_pylist(), rows["step"].to_pylist(),
                              rows["steps"].to_pylist(), strict=True):
