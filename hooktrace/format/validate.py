@@ -251,7 +251,7 @@ def _list_of(item: Check, label: str, *, keyed: bool = False) -> Check:
     def check(value: Any) -> str | None:
         if not isinstance(value, dict if keyed else list):
             return label
-        for k, x in value.items() if keyed else enumerate(value):
+        for k, x in value.items() if isinstance(value, dict) else enumerate(value):
             found = _inside(f"[{json.dumps(k)[:40]}]", item, x)  # ([0] for an index)
             if found is not None:
                 return found
