@@ -106,20 +106,19 @@ def reduce_window(first: int, trace: Any, step_ms: list[float]) -> dict[str, lis
     return cols
 
 
-def _column(table: Any, name: str) -> Any:
-    import pyarrow as pa
+def step_rows(table: Any) -> Any:
+    """The step rows (mode ``step``: the steps' wall times, a row per window) of an
+    aggregate table."""
+    import pyarrow.compute as pc
 
-    if name in table.column_names:
-        return table[name]
-    return pa.nulls(len(table), pa.float64())  # a folder written before the column
+    return table.filter(pc.equal(table["mode"].cast("string"), "step"))
 
 
 def steps_aggregated(table: Any) -> int:
     """How many steps the aggregate ``table`` holds: the sum of its step rows' ``steps``."""
     import pyarrow.compute as pc
 
-    steps_rows = table.filter(pc.equal(table["mode"].cast("string"), "step"))
-    return int(pc.sum(steps_rows["steps"]).as_py() or 0)
+    return int(pc.sum(step_rows(table)["steps"]).as_py() or 0)
 
 
 # What the summary's and the report's p50 column is (issue #47: it was the median of the
@@ -192,7 +191,7 @@ def aggregate_rows(table: Any) -> tuple[list[dict[str, Any]], int]:
     """Per (module, mode) over the run, largest total first (the step row on top), and
     the number of steps aggregated; the recorded quantities' columns reduced as their
     providers declare (hooktrace.analysis.column_provider.Column: ``reduce``, row key
-    ``key``)."""
+    ``key``). ``table``: :func:`load_aggregates`' (every declared column there)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -208,17 +207,17 @@ def aggregate_rows(table: Any) -> tuple[list[dict[str, Any]], int]:
     quantities = declared(AGGREGATES)
     for c in quantities:
         if c.reduce == "weighted":  # each window's weighted by its time (the weight's when there)
-            values = pc.cast(_column(table, c.name), f64)
+            values = pc.cast(table[c.name], f64)
             basis = total
             if c.weight:
-                weight = pc.cast(_column(table, c.weight), f64)
+                weight = pc.cast(table[c.weight], f64)
                 basis = pc.if_else(pc.is_valid(weight), weight, total)
             basis = pc.if_else(pc.is_valid(values), basis, pa.scalar(None, f64))
             work[c.name + "_work"], work[c.name + "_time"] = pc.multiply(values, basis), basis
             how += [(c.name + "_work", "sum"), (c.name + "_time", "sum")]
         else:
-            work[c.name] = (pc.cast(_column(table, c.name), f64) if c.reduce == "per_step"
-                            else _column(table, c.name))
+            work[c.name] = (pc.cast(table[c.name], f64) if c.reduce == "per_step"
+                            else table[c.name])
             how.append((c.name, "max" if c.reduce == "max" else "sum"))
     grouped = pa.table(work).group_by(["module", "mode"]).aggregate(how).to_pylist()
     p50 = p50_per_step(table)
@@ -424,9 +423,7 @@ def no_parts_problem(folder: str, given: str) -> str:
 def steps_by_run(table: Any) -> dict[str, tuple[int, int]]:
     """Per run of an aggregate table: the steps its step rows hold, and the step after
     its last window's."""
-    import pyarrow.compute as pc
-
-    rows = table.filter(pc.equal(table["mode"].cast("string"), "step"))
+    rows = step_rows(table)
     out: dict[str, tuple[int, int]] = {}
     for run, first, n in zip(rows["run"].cast("string").to_pylist(), rows["step"].to_pylist(),
                              rows["steps"].to_pylist(), strict=True):
@@ -520,7 +517,7 @@ def aggregate_summary_data(path: str | os.PathLike[str], top: int | None = None
     # with flops=True: TFLOP/s over the run (each window's weighed by its time), as the
     # report has it
     tflops: dict[tuple[str, str], float | None] = {}
-    if "tflops" in table.column_names and table["tflops"].null_count < len(table):
+    if table["tflops"].null_count < len(table):
         tflops = {(r["module"], r["mode"]): r["tflops"] for r in aggregate_rows(table)[0]}
     runs = runs_of(table)
     # several runs or ranks in the folder: ms/step per rank (or run), as the straggler
@@ -677,12 +674,8 @@ def _per_source(table: Any) -> tuple[dict[tuple[str, int | None], int],
 
 def _per_step(path: str | os.PathLike[str]) -> dict[tuple[str, str], float]:
     """ms per step of each (module, mode) over an aggregate= folder's run."""
-
-    table = load_aggregates(path)
-    n_steps = max(1, steps_aggregated(table))
-    grouped = table.group_by(["module", "mode"]).aggregate([("total_ms", "sum")]).to_pylist()
-    return {(str(r["module"]), str(r["mode"])): float(r["total_ms_sum"] or 0.0) / n_steps
-            for r in grouped}
+    return {(str(r["module"]), str(r["mode"])): r["ms_per_step"]
+            for r in aggregate_rows(load_aggregates(path))[0]}
 
 
 def aggregate_diff(a: str | os.PathLike[str], b: str | os.PathLike[str],

@@ -71,10 +71,6 @@ ATTACHED_COMPILED = ("the model was compiled (torch.compile) before hooktrace at
                      "from the start (hooktrace run) to see its modules (docs/compiled.md)")
 
 
-_FORWARD_KEYS = ("calls", "total_ns", "self_ns", "mean_ns", "p50_ns", "p99_ns",
-                 "recompute_calls", "recompute_total_ns")
-
-
 class Summary:
     """Per-module statistics, forward and backward side by side (times in ns).
 
@@ -130,9 +126,6 @@ class Summary:
         self.counts = counts
         self.notes = list(notes)  # about the file itself: a dump's where-abouts, a cut
         self.columns = tuple(columns)  # the row keys, in CSV order
-        # numerics=True (hooktrace.analysis.numerics): the earliest call holding a NaN/Inf
-        # (its provider's SummaryPart sets it)
-        self.first_nonfinite: dict[str, Any] | None = None
         # what the host times are on a GPU (hooktrace.analysis.device_time): "device" when the run
         # recorded device time (the GPU columns lead), "launch" on a CUDA run without it
         # (host times are launch times), "" elsewhere (a CPU run: host time is compute time)
@@ -152,11 +145,6 @@ class Summary:
         """How a kernel-derived row is labelled: "kernel launches" where its host time
         is launch time (CUDA without device time), else "kernels"."""
         return "kernel launches" if self.time_kind == "launch" else "kernels"
-
-    @property
-    def numerics(self) -> bool:
-        """Whether the run recorded numerics (its columns are there)."""
-        return "absmax" in self.columns
 
     @classmethod
     def from_trace(cls, trace: TraceData, *, peak_tflops: float | None = None) -> Summary:
@@ -413,20 +401,17 @@ def module_rows(calls: Calls, extra: Sequence[dict[str, Any]] = ()) -> list[dict
                                                                   ("kernels", g in kernels)) if on)}
         row.update(_stats(fwd, g, ""))
         row.update(_stats(bwd, g, "bwd_"))
-        del row["bwd_mean_ns"]
         row["bwd_fwd_ratio"] = (row["bwd_total_ns"] / row["total_ns"]
                                 if row["bwd_calls"] and row["total_ns"] else None)
-        r = _stats(rec, g, "recompute_")
-        row["recompute_calls"] = r["recompute_calls"]
-        row["recompute_total_ns"] = r["recompute_total_ns"]
+        row.update(_stats(rec, g, "recompute_"))  # (keys not in COLUMNS: dropped below)
         if m == calls.compile_module:  # (compile time: no ratio)
             row["bwd_fwd_ratio"] = None
             compile_rows.append(row)
         else:
             rows.append(row)
     rows = rows + list(extra) + compile_rows
-    rows.sort(key=lambda r: -((r["total_ns"] or 0) + r["bwd_total_ns"]))
-    return [{key: row.get(key) for key in COLUMNS} for row in rows]
+    rows.sort(key=lambda r: -((r.get("total_ns") or 0) + r["bwd_total_ns"]))
+    return [{key: row.get(key) for key in COLUMNS} for row in rows]  # (a key not set: None)
 
 
 def _unattributed_rows(nodes: Any, node_names: Sequence[str]) -> list[dict[str, Any]]:
@@ -443,10 +428,7 @@ def _unattributed_rows(nodes: Any, node_names: Sequence[str]) -> list[dict[str, 
         row: dict[str, Any] = {"module": UNATTRIBUTED,
                                "type": node_names[k] if k < len(node_names) else f"<node {k}>",
                                "mode": "train", "timing": "measured"}
-        row.update(dict.fromkeys(_FORWARD_KEYS))
-        row.update(_stats(groups, k, "bwd_"))
-        del row["bwd_mean_ns"]
-        row["bwd_fwd_ratio"] = None
+        row.update(_stats(groups, k, "bwd_"))  # (the forward keys: None, in module_rows)
         rows.append(row)
     return rows
 
@@ -532,7 +514,6 @@ class StepTable:
         spans = trace.spans()
         row_of = trace.span_steps()
         outer = spans.parent < 0
-        rows = []
         t0 = int(steps.start_ns[0]) if len(steps) else 0
         # One pass per column, not one per step: a mask per step made a 2,000-step,
         # 1.1 M-span run take 9.4 s here (benchmarks/diff_report.py); this takes ~0.05 s.
@@ -547,14 +528,12 @@ class StepTable:
         bwd = per_step(inside & outer & (spans.cat == CAT_BACKWARD))
         count = np.bincount(row_of[inside], minlength=n)
         compiling = compile_steps(steps, compile_intervals(trace.info))
-        for i in range(n):
-            rows.append({"step": int(steps.number[i]),
-                         "start_s": (int(steps.start_ns[i]) - t0) / 1e9,
-                         "duration_ns": int(steps.duration_ns[i]),
-                         "forward_ns": int(fwd[i]), "backward_ns": int(bwd[i]),
-                         "spans": int(count[i]), "complete": bool(steps.complete[i]),
-                         "compile": bool(compiling[i])})
-        return cls(rows)
+        return cls([{"step": int(steps.number[i]),
+                     "start_s": (int(steps.start_ns[i]) - t0) / 1e9,
+                     "duration_ns": int(steps.duration_ns[i]),
+                     "forward_ns": int(fwd[i]), "backward_ns": int(bwd[i]),
+                     "spans": int(count[i]), "complete": bool(steps.complete[i]),
+                     "compile": bool(compiling[i])} for i in range(n)])
 
     def to_text(self, top: int | None = None, *, wide: bool = False) -> str:
         if not self.rows:

@@ -119,7 +119,6 @@ class _SpanColumns:
 
         c = Calls.from_trace(trace)  # (the one per-call table, issue #37)
         self.c, self.n = c, len(c)
-        self.names, self.types = c.names, c.types
         off = _offset(trace)
         self.start, self.end = c.start - off, c.end - off
         n = len(trace.spans())
@@ -145,9 +144,9 @@ class _SpanColumns:
         s = slice(a, b)
         c = self.c
         cols: dict[str, Any] = {
-            "module": _dict(c.module[s], self.names),
+            "module": _dict(c.module[s], c.names),
             "slot": _i64(c.slot[s]),
-            "type": _dict(c.module[s], self.types),
+            "type": _dict(c.module[s], c.types),
             "phase": _dict(c.cat[s], list(PHASES)),
             "mode": _dict(c.eval[s].astype(np.int32), list(MODES)),
             "timing": _dict(c.timing[s], list(TIMINGS)),

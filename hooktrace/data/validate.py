@@ -96,9 +96,14 @@ def _read_schema(path: str) -> Any:
     try:
         return pq.read_schema(path)
     except (pa.ArrowException, OSError) as e:  # not Parquet, empty, cut short, unreadable
-        first = next((line.strip() for line in str(e).splitlines() if line.strip()),
-                     type(e).__name__)
-        raise _fail(path, f"not a readable Parquet file ({printable(first)})") from None
+        raise _unreadable(path, e) from None
+
+
+def _unreadable(path: str, e: BaseException) -> ParquetInputError:
+    """A file pyarrow could not read: the first line of what it said."""
+    first = next((line.strip() for line in str(e).splitlines() if line.strip()),
+                 type(e).__name__)
+    return _fail(path, f"not a readable Parquet file ({printable(first)})")
 
 
 def _meta_text(path: str, meta: dict[bytes, bytes], key: bytes) -> str | None:
@@ -350,9 +355,7 @@ def _check_file_rows(path: str, table: str) -> None:
         for b in f.iter_batches(batch_size=_BATCH_ROWS, columns=sorted(cols & names)):
             _check_batch(path, table, b, rules)
     except (pa.ArrowException, OSError) as e:  # a data page cut short or corrupt
-        first = next((line.strip() for line in str(e).splitlines() if line.strip()),
-                     type(e).__name__)
-        raise _fail(path, f"not a readable Parquet file ({printable(first)})") from None
+        raise _unreadable(path, e) from None
 
 
 def check_rows(table: str, files: Sequence[str], *, threads: int = 1) -> None:

@@ -245,25 +245,14 @@ def _object(label: str, fields: dict[str, Check]) -> Check:
     return check
 
 
-def _list_of(item: Check, label: str) -> Check:
+def _list_of(item: Check, label: str, *, keyed: bool = False) -> Check:
+    """A list whose items pass ``item``; ``keyed``: an object of string keys, each value
+    passing ``item``."""
     def check(value: Any) -> str | None:
-        if not isinstance(value, list):
+        if not isinstance(value, dict if keyed else list):
             return label
-        for i, x in enumerate(value):
-            found = _inside(f"[{i}]", item, x)
-            if found is not None:
-                return found
-        return None
-    return check
-
-
-def _map_of(item: Check, label: str) -> Check:
-    """An object of string keys, each value passing ``item``."""
-    def check(value: Any) -> str | None:
-        if not isinstance(value, dict):
-            return label
-        for k, x in value.items():
-            found = _inside(f"[{json.dumps(k)[:40]}]", item, x)
+        for k, x in value.items() if isinstance(value, dict) else enumerate(value):
+            found = _inside(f"[{json.dumps(k)[:40]}]", item, x)  # ([0] for an index)
             if found is not None:
                 return found
         return None
@@ -287,7 +276,8 @@ _dump = _object("an object (a flight-recorder dump: reason, step, threads)", {
     "threads": _list_of(_object("an object (a thread: tid, name, open, since_ns)", {
         "tid": _COUNT, "name": _STR, "open": _STRINGS, "since_ns": _ANY_INT,
         "python_stack": _STRINGS}), "a list of threads"),
-    "python_stacks": _map_of(_STRINGS, "an object mapping threads to their stack's lines"),
+    "python_stacks": _list_of(_STRINGS, "an object mapping threads to their stack's lines",
+                              keyed=True),
 })
 # --max-disk (hooktrace.record.streaming): the summary's notes, the segments' loading
 _rolling = _object("an object (--max-disk: newest, stem, max_disk, ...)", {
@@ -301,7 +291,7 @@ _rolling = _object("an object (--max-disk: newest, stem, max_disk, ...)", {
 _window = _object("an object (a schedule window: first_step, last_step, complete)", {
     "first_step": _COUNT, "last_step": _COUNT, "complete": _of_type(bool, "true or false")})
 # flops=True (hooktrace.record.flops; hooktrace.analysis.flops reads it)
-_FLOPS_PER_MODULE = _map_of(_COUNT, "an object mapping modules to FLOPs")
+_FLOPS_PER_MODULE = _list_of(_COUNT, "an object mapping modules to FLOPs", keyed=True)
 _flops = _object("an object (flops=True: signatures, calls, counted)", {
     "signatures": _list_of(_object("an object (forward, backward)", {
         "forward": _FLOPS_PER_MODULE, "backward": _FLOPS_PER_MODULE}), "a list of signatures"),

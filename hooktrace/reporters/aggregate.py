@@ -33,7 +33,7 @@ from hooktrace.reporters.html import (
     script_json,
     sortable_table,
 )
-from hooktrace.analysis.aggregates import aggregate_rows
+from hooktrace.analysis.aggregates import aggregate_rows, step_rows
 from hooktrace.analysis.columns import cell_text, declared
 from hooktrace.text import display_path
 
@@ -64,10 +64,7 @@ def step_figure(table: Any, kept: list[dict[str, Any]]) -> dict[str, Any]:
     """The step chart (plotly ``data``, ``layout``): per window of the ``step`` rows (x:
     its first step), the mean step and the longest one (ms); the kept steps as markers
     on the longest-step line of their window."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    rows = table.filter(pc.equal(table["mode"].cast(pa.string()), "step")).sort_by("step")
+    rows = step_rows(table).sort_by("step")
     first = rows["step"].to_pylist()
     steps = rows["steps"].to_pylist()
     mean = [t / max(1, n) for t, n in zip(rows["total_ms"].to_pylist(), steps, strict=True)]
@@ -142,13 +139,6 @@ def _kept_html(kept: list[dict[str, Any]], link_base: str | None) -> str:
     return f'<ul id="kept">{"".join(items)}{more}</ul>'
 
 
-def _windows(table: Any) -> int:
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    return int(pc.sum(pc.equal(table["mode"].cast(pa.string()), "step")).as_py() or 0)
-
-
 def render_aggregate_report(table: Any, kept: list[dict[str, Any]], *,
                             source: str | None = None, title: str | None = None,
                             link_base: str | None = None, notes: Sequence[str] = ()) -> str:
@@ -161,7 +151,7 @@ def render_aggregate_report(table: Any, kept: list[dict[str, Any]], *,
     title = title or ("hooktrace report: " + (os.path.basename(os.path.normpath(source))
                                               if source else "aggregates"))
     step_row = next((r for r in rows if r["mode"] == "step"), None)
-    windows = _windows(table)
+    windows = len(step_rows(table))
     facts = [f"{n_steps} steps aggregated in {windows} windows", f"{len(table)} rows",
              f"{len({r['module'] for r in rows if r['mode'] != 'step'})} modules"]
     if step_row is not None and step_row["p50_ms_per_step"] is not None:

@@ -91,9 +91,7 @@ def _name_parent(name: str) -> str:
     """The qualified name of the parent module; "" for a top-level one and for a row
     hooktrace names in angle brackets (``<torch.compile>``: issue #38, a box ``<torch``
     held a child ``compile>``)."""
-    if _bracketed(name):
-        return ""
-    return name.rpartition(".")[0] if "." in name else ""
+    return "" if _bracketed(name) else name.rpartition(".")[0]
 
 
 def _name_label(name: str) -> str:
@@ -163,17 +161,19 @@ def icicle_data(summary: Summary) -> dict[str, list[Any]]:
             parent = id_
         return parent
 
-    def called_ancestor(name: str, table: dict[str, dict[str, Any]]) -> bool:
+    def called_ancestor(name: str, table: dict[str, dict[str, Any]],
+                        calls: str = "calls") -> str | None:
+        """The nearest ancestor of ``name`` with ``calls`` in ``table``, or None."""
         while name:
             name = _name_parent(name)
-            if name in table and table[name]["calls"]:
-                return True
-        return False
+            if name in table and table[name][calls]:
+                return name
+        return None
 
     def calls_branch(phase: str, called: list[dict[str, Any]], table: dict[str, dict[str, Any]],
                      what: str) -> None:
         """The branch of the forward (or eval) calls: each module's own box is its self."""
-        total = sum(r["total_ns"] for r in called if not called_ancestor(r["module"], table))
+        total = sum(r["total_ns"] for r in called if called_ancestor(r["module"], table) is None)
         box(f"{RUN_ID}/{phase}", phase, RUN_ID, 0.0, f"{what}: {format_ns(total)}")
         for r in called:
             id_ = ensure(phase, r["module"])
@@ -190,12 +190,9 @@ def icicle_data(summary: Summary) -> dict[str, list[Any]]:
         children_ns: dict[str, float] = {}
         for r in bwd_rows:
             # nearest called ancestor whose backward row exists gets the child's time
-            p = r["module"]
-            while p != "":
-                p = _name_parent(p)
-                if p in by_name and by_name[p]["bwd_calls"]:
-                    children_ns[p] = children_ns.get(p, 0.0) + r["bwd_total_ns"]
-                    break
+            p = called_ancestor(r["module"], by_name, "bwd_calls")
+            if p is not None:
+                children_ns[p] = children_ns.get(p, 0.0) + r["bwd_total_ns"]
         for r in bwd_rows:
             id_ = ensure("backward", r["module"])
             own = r["bwd_total_ns"] - children_ns.get(r["module"], 0.0)
@@ -240,10 +237,8 @@ def _cell(key: str, value: Any) -> tuple[str, str]:
         return "", ""
     if key == "module":
         return (value or "<root>"), value
-    if isinstance(value, float) and key.endswith("_ns"):
+    if isinstance(value, (int, float)) and key.endswith("_ns"):  # (an int's repr: its str)
         return format_ns(value), repr(value)
-    if isinstance(value, int) and key.endswith("_ns"):
-        return format_ns(value), str(value)
     text = cell_text(key, value)  # a recorded quantity's cells read as in the terminal table
     if text is not None:
         return text, str(value)
