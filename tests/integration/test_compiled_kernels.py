@@ -246,13 +246,19 @@ def test_diff_and_report_tell_kernel_time_from_measured_calls(traced) -> None:
 def test_profiler_ops_inside_kernels_go_to_the_kernels_modules(tmp_path: Path) -> None:
     from hooktrace.merge import attribute, merge_traces
 
-    fn, net = _compiled("blocks")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with hooktrace.trace(net) as tr:
-            _train(fn, net, steps=2)  # compiles (marked) under the trace
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-                _train(fn, net, steps=2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # (one thread, as the traced fixture: see why there)
+    try:
+        fn, net = _compiled("blocks")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with hooktrace.trace(net) as tr:
+                _train(fn, net, steps=2)  # compiles (marked) under the trace
+                with torch.profiler.profile(
+                        activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                    _train(fn, net, steps=2)
+    finally:
+        torch.set_num_threads(threads)
     prof.export_chrome_trace(str(tmp_path / "prof.json"))
     table = attribute(tr.result, tmp_path / "prof.json")
     rows = {(r["module"], r["phase"]): r for r in table.rows}
