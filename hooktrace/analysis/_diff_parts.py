@@ -224,15 +224,12 @@ def add_gpu_phases(part: Part, trace: TraceData, complete: np.ndarray) -> None:
     is_eval = m.group >= m.n_mod
     module = m.group % m.n_mod
 
-    def name_of(mod: int) -> tuple[str, str]:
-        return trace.modules[mod] if mod < len(trace.modules) else (f"<module {mod}>", "?")
-
     kp = key_phases(np.where(m.backward, CAT_BACKWARD, CAT_FORWARD), is_eval, device=True)
     for k, phase in enumerate(GPU_PHASES, EVAL + 1):
         sel = np.flatnonzero(kp == k)
         # (an interval without a host span: a kernel site of a compiled region)
         add_calls(part, phase, module[sel], gpu.duration_ns[sel], gpu.self_ns[sel],
-                  span_col[sel], n_cols, gpu.span[sel] < 0, name_of, "kernels")
+                  span_col[sel], n_cols, gpu.span[sel] < 0, _name_of(trace), "kernels")
 
 
 def add_kernel_phases(part: Part, trace: TraceData, complete: np.ndarray) -> None:
@@ -250,15 +247,17 @@ def add_kernel_phases(part: Part, trace: TraceData, complete: np.ndarray) -> Non
     backward = spans.cat[has] == CAT_BACKWARD
     module = spans.module[has].astype(np.int64)
 
-    def name_of(mod: int) -> tuple[str, str]:
-        return trace.modules[mod] if mod < len(trace.modules) else (f"<module {mod}>", "?")
-
     # (an eval backward call's kernels are gpu backward here)
     kp = key_phases(spans.cat[has], is_eval & ~backward, device=True)
     for k, phase in enumerate(GPU_PHASES, EVAL + 1):
         sel = np.flatnonzero(kp == k)
         add_calls(part, phase, module[sel], sk.busy[has][sel], sk.self_busy[has][sel],
-                  span_col[sel], n_cols, np.zeros(len(sel), bool), name_of, "kernels")
+                  span_col[sel], n_cols, np.zeros(len(sel), bool), _name_of(trace), "kernels")
+
+
+def _name_of(trace: TraceData) -> Callable[[int], tuple[str, str]]:
+    """A module slot's (name, type) in ``trace``; ``<module N>`` past its table."""
+    return lambda m: trace.modules[m] if m < len(trace.modules) else (f"<module {m}>", "?")
 
 
 def add_calls(part: Part, phase: str, module: np.ndarray, dur: np.ndarray, self_ns: np.ndarray,

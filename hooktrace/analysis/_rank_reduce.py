@@ -149,7 +149,7 @@ def reduce_rank(run: TraceData, f: RankFile) -> RankStats:
     names = [name for name, _ in run.modules] + [f"<module {m}>"
                                                  for m in range(len(run.modules), n_mod)]
     types = [t for _, t in run.modules] + ["?"] * (n_mod - len(run.modules))
-    stats = RankStats(
+    return RankStats(
         file=f, modules=names, types=types,
         module=uniq // width // N_PHASES // 2, mode=uniq // width // N_PHASES % 2,
         phase=uniq // width % N_PHASES,
@@ -161,7 +161,6 @@ def reduce_rank(run: TraceData, f: RankFile) -> RankStats:
         top_key=(c.module[top] * 2 + c.eval[top]) * RANK_DEVICE
         + rank_phase(c.cat[top] == CAT_BACKWARD, device=False),
         top_start_ns=c.start[top] - off, top_end_ns=c.end[top] - off)
-    return stats
 
 
 def _groups(table: Any) -> dict[tuple[Any, Any], dict[str, np.ndarray]]:

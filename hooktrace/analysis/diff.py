@@ -258,13 +258,9 @@ class Diff:
 
     def to_json(self, top: int | None = None, failed: Sequence[str] | None = None) -> str:
         def only(which: str, items: list[Key]) -> list[dict[str, Any]]:
-            out = []
-            for m, p in items:
-                entry: dict[str, Any] = {"module": m, "phase": p}
-                if self.ranks is not None:
-                    entry["ranks"] = self._only_ranks(which, (m, p))
-                out.append(entry)
-            return out
+            return [{"module": m, "phase": p} if self.ranks is None
+                    else {"module": m, "phase": p, "ranks": self._only_ranks(which, (m, p))}
+                    for m, p in items]
 
         doc: dict[str, Any] = {
             "a": self.names[0], "b": self.names[1], "per_step": self.per_step,
@@ -557,10 +553,9 @@ def _compare_rank_stats(sa: Mapping[int, RunStats], sb: Mapping[int, RunStats],
     if steps and len(steps) == len(by_rank):
         worst = max(steps, key=lambda r: (steps[r]["per_step_change_ns"], -r))
         step = _with_rank_columns(steps[worst], worst, list(steps.values()))
-    only_a = list(dict.fromkeys(k for d in by_rank.values() for k in d.only_a))
-    only_b = list(dict.fromkeys(k for d in by_rank.values() for k in d.only_b))
-    fused_a = list(dict.fromkeys(k for d in by_rank.values() for k in d.fused_a))
-    fused_b = list(dict.fromkeys(k for d in by_rank.values() for k in d.fused_b))
+    only_a, only_b, fused_a, fused_b = (list(dict.fromkeys(k for d in by_rank.values()
+                                                           for k in getattr(d, f)))
+                                        for f in ("only_a", "only_b", "fused_a", "fused_b"))
     return Diff(rows, step, only_a, only_b, all(d.per_step for d in by_rank.values()), names,
                 fused_a=fused_a, fused_b=fused_b,
                 notes=_model_note(sa[common[0]], sb[common[0]], names), ranks=common, ranks_only_a=sorted(set(sa) - set(sb)),
@@ -689,17 +684,13 @@ def _num(x: float) -> str:
 
 
 def _pct(p: float | None) -> str:
-    if p is None:
-        return ""
-    return f"{p:+.1f}%"
+    return "" if p is None else f"{p:+.1f}%"
 
 
 def _signed_ns(ns: float | None) -> str:
     from hooktrace.text import format_ns
 
-    if ns is None:
-        return ""
-    return ("+" if ns >= 0 else "-") + format_ns(abs(ns))
+    return "" if ns is None else ("+" if ns >= 0 else "-") + format_ns(abs(ns))
 
 
 def _json_number(x: Any) -> Any:

@@ -90,9 +90,9 @@ def kernels_recorded(trace: TraceData) -> bool:
 
 def union_ns(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Per group 0..max(group): the length of the union of its intervals [start, end)."""
-    n = int(group.max()) + 1 if len(group) else 0
     if not len(group):
         return np.zeros(0, np.int64)
+    n = int(group.max()) + 1
     order = np.lexsort((start, group))
     g, s, e = group[order], start[order].astype(np.int64), end[order].astype(np.int64)
     gmin = np.full(n, np.iinfo(np.int64).max, np.int64)
@@ -213,11 +213,10 @@ def _records_of(trace: TraceData) -> KernelRecords:
             ev["rf_tid"][src[found]].astype(np.uint64) << np.uint64(32))
     node_at = _lookup(ev["seq"][created], created, origin)
     named = node_at >= 0
-    at_graph = at[graph]
-    at_graph[named] = node_at[named]
-    at[graph] = at_graph
-    by_node = np.zeros(len(rec), bool)  # a graph kernel named through its captured node
-    by_node[np.flatnonzero(graph)[named]] = True
+    renamed = np.flatnonzero(graph)[named]  # a graph kernel named through its captured node
+    at[renamed] = node_at[named]
+    by_node = np.zeros(len(rec), bool)
+    by_node[renamed] = True
     placed = at >= 0
     spans = trace.spans()
     span = np.full(len(rec), -1, np.int64)
@@ -290,16 +289,8 @@ def _per_span(spans: Any, k: KernelRecords, intervals: np.ndarray | None) -> Spa
         u = union_ns(k.span[own] * width + stream_of[own], k.start_ns[own], k.end_ns[own])
         self_busy = np.bincount(np.arange(len(u)) // width, weights=u, minlength=n)[:n]
     # every (ancestor span, record) pair: the record counts to each span holding it
-    pair_span, pair_rec = [], []
-    cur, idx = k.span.copy(), np.arange(len(k))
-    while True:
-        live = cur >= 0
-        if not live.any():
-            break
-        pair_span.append(cur[live])
-        pair_rec.append(idx[live])
-        cur, idx = spans.parent[cur[live]].astype(np.int64), idx[live]
-    ps, pr = np.concatenate(pair_span), np.concatenate(pair_rec)
+    placed = np.flatnonzero(k.span >= 0)
+    ps, pr = _holding_pairs(spans.parent, k.span[placed], placed)
     comm = k.nccl[pr]
     nccl = np.bincount(ps[comm], weights=(k.end_ns - k.start_ns)[pr[comm]], minlength=n)[:n]
     ps, pr = ps[~comm], pr[~comm]
@@ -318,12 +309,23 @@ def _per_span(spans: Any, k: KernelRecords, intervals: np.ndarray | None) -> Spa
                        idle.astype(np.int64), nccl.astype(np.int64))
 
 
+def _holding_pairs(parent: np.ndarray, span: np.ndarray, rec: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Every (span, record) pair of the records ``rec`` launched in spans ``span`` (>= 0)
+    and the spans holding them: their own spans, then their parents', and so on up."""
+    ps, pr = [span], [rec]
+    while len(span):
+        up = parent[span].astype(np.int64)
+        span, rec = up[up >= 0], rec[up >= 0]
+        ps.append(span)
+        pr.append(rec)
+    return np.concatenate(ps), np.concatenate(pr)
+
+
 def span_kernels(trace: TraceData) -> SpanKernels:
     """:class:`SpanKernels` of ``trace``'s spans (cached on the trace)."""
     def build() -> SpanKernels:
-        intervals = None
-        if len(gpu_spans(trace)):
-            intervals = span_gpu(trace)[0]
+        intervals = span_gpu(trace)[0] if len(gpu_spans(trace)) else None
         return _per_span(trace.spans(), kernel_records(trace), intervals)
     return trace.derived("span_kernels", build)
 
@@ -562,14 +564,7 @@ def _device_table(trace: TraceData) -> tuple[GpuSpans, np.ndarray]:
     parts = [{f: getattr(gpu, f) for f in GPU_FIELDS}]
     labels = [np.full(len(gpu), -1, np.int64)]
     if not len(gpu):  # kernels only: each module call's extent per stream
-        ps, pr = [], []
-        cur, idx = k.span[placed], placed
-        while len(cur):
-            ps.append(cur)
-            pr.append(idx)
-            up = spans.parent[cur].astype(np.int64)
-            cur, idx = up[up >= 0], idx[up >= 0]
-        span_of, rec = np.concatenate(ps), np.concatenate(pr)
+        span_of, rec = _holding_pairs(spans.parent, k.span[placed], placed)
         keys, group = np.unique(np.stack([span_of, k.stream[rec]]), axis=1, return_inverse=True)
         group = group.reshape(-1)
         first = np.full(keys.shape[1], np.iinfo(np.int64).max, np.int64)

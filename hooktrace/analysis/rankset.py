@@ -27,6 +27,7 @@ import multiprocessing
 import os
 import re
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -377,9 +378,7 @@ class RankSet:
     def _assign_pids(self) -> None:
         """Each rank's process id in a merged trace: its OS pid when no other rank has
         the same (ranks on different hosts can), else a number above every pid."""
-        count: dict[int, int] = {}
-        for f in self.files:
-            count[f.pid] = count.get(f.pid, 0) + 1
+        count = Counter(f.pid for f in self.files)
         fresh = max(count) + 1
         for f in self.files:
             if count[f.pid] == 1:
@@ -432,9 +431,7 @@ def match_profilers(ranks: RankSet, profilers: Sequence[str | os.PathLike[str]],
         else:
             problems.append(f"{name}: no such profiler trace")
     by_rank = {f.rank: f for f in ranks.files if f.rank is not None}
-    pid_count: dict[int, int] = {}
-    for f in ranks.files:
-        pid_count[f.pid] = pid_count.get(f.pid, 0) + 1
+    pid_count = Counter(f.pid for f in ranks.files)
     out: dict[str, str] = {}
     for path in files:
         try:

@@ -288,12 +288,8 @@ def analyze(inputs: Sequence[str | os.PathLike[str] | Input], *,
         prelim = RankSet.scan(paths, workers=workers, warn=False)
         prof_of = match_profilers(prelim, profilers, problems)
     results = map_ranks(rank_stats, paths, [prof_of.get(p) for p in paths], workers=workers)
-    stats: list[RankStats] = []
-    for r in results:
-        if isinstance(r, str):
-            problems.append(r)
-        else:
-            stats.append(r)
+    problems += [r for r in results if isinstance(r, str)]
+    stats = [r for r in results if not isinstance(r, str)]
     rs = RankSet.from_results(paths, [s.file for s in stats], problems)
     order = {id(f): i for i, f in enumerate(rs.files)}
     stats.sort(key=lambda s: order[id(s.file)])
@@ -487,7 +483,7 @@ def _rows(v: np.ndarray, group: np.ndarray, phase: np.ndarray, names: list[str],
     if not v.size:
         return out
     with np.errstate(invalid="ignore"):
-        median = np.nanmedian(v, axis=0) if len(v) else np.zeros(0)
+        median = np.nanmedian(v, axis=0)
         others = _median_of_others(v)
     filled = np.where(np.isnan(v), -np.inf, v)
     slow = np.argmax(filled, axis=0)

@@ -162,16 +162,16 @@ class ChromeRankWriter:
         self._next_pid = ranks.max_pid + 1
         self._out.write(b'{"traceEvents":[\n')
 
-    def _process(self, index: int, f: RankFile) -> None:
-        meta = [{"ph": "M", "name": "process_name", "pid": f.out_pid, "tid": 0,
-                 "args": {"name": f.label}},
-                {"ph": "M", "name": "process_sort_index", "pid": f.out_pid, "tid": 0,
+    def _process(self, index: int, pid: int, name: str) -> None:
+        meta = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                 "args": {"name": name}},
+                {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
                  "args": {"sort_index": index}}]
         self._items("".join(",\n" + dumps(m) for m in meta).encode("utf-8"))
 
     def add_rank(self, index: int, f: RankFile, run: TraceData) -> dict[str, Any]:
         """The rank's module spans, unattributed autograd nodes and steps, on rank 0's clock."""
-        self._process(index, f)
+        self._process(index, f.out_pid, f.label)
         run.info["pid"] = f.out_pid  # the chrome writers write trace.pid
         off = f.offset_ns
         spans = run.spans()
@@ -211,7 +211,7 @@ class ChromeRankWriter:
                                profiler: str) -> dict[str, Any]:
         """``merge_traces(run, profiler)`` (into a temporary file), moved into the rank's
         process and onto rank 0's clock, event by event."""
-        self._process(index, f)
+        self._process(index, f.out_pid, f.label)
         with tempfile.TemporaryDirectory(prefix="hooktrace-rank") as d:
             merged = os.path.join(d, "merged.json")
             result = merge_traces(run, profiler, merged)
@@ -236,11 +236,7 @@ class ChromeRankWriter:
                 # named now (kineto names no "Spans" process); a process_name of its own
                 # follows when the profiler wrote one
                 name = pid if isinstance(pid, str) else f"process {pid}"
-                meta = [{"ph": "M", "name": "process_name", "pid": other_pids[key], "tid": 0,
-                         "args": {"name": f"{f.label} · {_utf8(name)}"}},
-                        {"ph": "M", "name": "process_sort_index", "pid": other_pids[key],
-                         "tid": 0, "args": {"sort_index": index}}]
-                self._items("".join(",\n" + dumps(m) for m in meta).encode("utf-8"))
+                self._process(index, other_pids[key], f"{f.label} · {_utf8(name)}")
             return other_pids[key]
 
         def rewrite(event: Any, text: str) -> None:

@@ -17,7 +17,7 @@ import numbers
 import os
 import re
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 
@@ -438,92 +438,82 @@ def validate_events(
     if not len(events):
         return
 
-    def fail(bad: np.ndarray, field: str, message: str) -> NoReturn:
-        i = int(bad[0])
-        raise TraceFileError(
-            name, offset_of(i) + field_offset(field),
-            f"event {i}: {message.format(i=i)} ({bad.size} bad events in all)",
-        )
+    def check(bad: np.ndarray, field: str, message: Callable[[int], str]) -> None:
+        """Fail on ``bad`` (event indexes), if any: ``message(i)`` says what the first holds."""
+        if bad.size:
+            i = int(bad[0])
+            raise TraceFileError(name, offset_of(i) + field_offset(field),
+                                 f"event {i}: {message(i)} ({bad.size} bad events in all)")
 
     kind = np.ascontiguousarray(events["kind"])
     valid = np.zeros(256, dtype=bool)
     valid[list(READABLE_KINDS)] = True
-    bad = np.flatnonzero(~valid[kind])
-    if bad.size:
-        fail(bad, "kind", f"expected kind in {list(READABLE_KINDS)}, found {int(kind[bad[0]])}")
+    check(np.flatnonzero(~valid[kind]), "kind",
+          lambda i: f"expected kind in {list(READABLE_KINDS)}, found {int(kind[i])}")
     ids = events["id"]
     is_forward = (kind == ENTER) | (kind == EXIT) | (kind == NUMERICS) | (kind == SHAPES)
-    bad = np.flatnonzero(is_forward & (ids >= n_modules))
-    if bad.size:
-        fail(bad, "id", f"module id {int(ids[bad[0]])} out of range "
-                        f"(the module table has {n_modules} modules)")
+    check(np.flatnonzero(is_forward & (ids >= n_modules)), "id",
+          lambda i: f"module id {int(ids[i])} out of range (the module table has {n_modules} modules)")
     # NODE_END's id is the graph task id (csrc/backward.h), not a name
-    bad = np.flatnonzero((kind == NODE_BEGIN) & (ids >= n_nodes))
-    if bad.size:
-        fail(bad, "id", f"node name id {int(ids[bad[0]])} out of range "
-                        f"(the node name table has {n_nodes} names)")
-    bad = np.flatnonzero((kind == STEP) & (ids != 0))
-    if bad.size:
-        fail(bad, "id", f"expected id 0 on a step mark, found {int(ids[bad[0]])}")
-    bad = np.flatnonzero(((kind == KERNEL_BEGIN) | (kind == KERNEL_END)) & (ids >= n_sites))
-    if bad.size:
-        fail(bad, "id", f"kernel site {int(ids[bad[0]])} out of range (the kernel_sites table "
-                        f"has {n_sites} sites)")
+    check(np.flatnonzero((kind == NODE_BEGIN) & (ids >= n_nodes)), "id",
+          lambda i: f"node name id {int(ids[i])} out of range "
+                    f"(the node name table has {n_nodes} names)")
+    check(np.flatnonzero((kind == STEP) & (ids != 0)), "id",
+          lambda i: f"expected id 0 on a step mark, found {int(ids[i])}")
+    check(np.flatnonzero(((kind == KERNEL_BEGIN) | (kind == KERNEL_END)) & (ids >= n_sites)), "id",
+          lambda i: f"kernel site {int(ids[i])} out of range (the kernel_sites table "
+                    f"has {n_sites} sites)")
     # shape events: two signature indexes (or SHAPE_UNKNOWN: the table was full)
     shp = np.flatnonzero(kind == SHAPES)
     if shp.size:
         seq = events["seq"][shp]
         for half in (seq & np.uint64(0xFFFFFFFF), seq >> np.uint64(32)):
-            bad = shp[(half >= n_shapes) & (half != SHAPE_UNKNOWN)]
-            if bad.size:
-                k = int(np.flatnonzero(shp == bad[0])[0])
-                fail(bad, "seq", f"shape signature {int(half[k])} out of range (the "
-                                 f"shape_signatures table has {n_shapes})")
-    _validate_gpu(events, kind, n_modules, n_sites, interval, fail)
+            check(shp[(half >= n_shapes) & (half != SHAPE_UNKNOWN)], "seq",
+                  lambda i: f"shape signature {int(half[np.searchsorted(shp, i)])} out of range "
+                            f"(the shape_signatures table has {n_shapes})")
+    _validate_gpu(events, kind, n_modules, n_sites, interval, check)
     # memory samples: bytes now (seq) and the peak (id | rf_tid << 32) are int64 >= 0
     mem = np.flatnonzero((kind == MEM_CPU) | (kind == MEM_CUDA))
     if mem.size:
-        bad = mem[(events["seq"][mem] >> np.uint64(62)) != 0]
-        if bad.size:
-            fail(bad, "seq", f"expected a memory sample's bytes below 2**62, found "
-                             f"{int(events['seq'][bad[0]])}")
-        bad = mem[(events["rf_tid"][mem] >> np.uint32(30)) != 0]
-        if bad.size:
-            fail(bad, "rf_tid", "expected a memory sample's peak below 2**62, found high "
-                                f"bits {int(events['rf_tid'][bad[0]])}")
+        check(mem[(events["seq"][mem] >> np.uint64(62)) != 0], "seq",
+              lambda i: f"expected a memory sample's bytes below 2**62, found {int(events['seq'][i])}")
+        check(mem[(events["rf_tid"][mem] >> np.uint32(30)) != 0], "rf_tid",
+              lambda i: "expected a memory sample's peak below 2**62, found high "
+                        f"bits {int(events['rf_tid'][i])}")
     # The recorder sets FLAG_ERROR on EXITs, FLAG_NO_GRAD / FLAG_EVAL_MODE on ENTERs
     # only, and never writes the padding.
     # (Each check scans the nonzero/too-large values only: a load is I/O bound.)
     flagged = np.flatnonzero(events["flags"])
     flags = events["flags"][flagged]
     on = kind[flagged]
-    bad = flagged[~(((on == EXIT) & (flags == FLAG_ERROR))
+    check(flagged[~(((on == EXIT) & (flags == FLAG_ERROR))
                     | ((on == ENTER) & ((flags & ~np.uint8(ENTER_FLAGS)) == 0))
                     | (((on == NUMERICS) | (on == NUMERICS_VALUE))
                        & ((flags & ~np.uint8(NUM_FLAGS)) == 0))
                     | ((on == GPU_MARK) & np.isin(flags, GPU_MARK_FLAGS))
                     | ((on == CUPTI_KERNEL) & np.isin(flags & 3, (1, 2, 3)))
-                    | ((on == CUPTI_GRAPH_NODE) & np.isin(flags, (1, 2))))]
-    if bad.size:
-        fail(bad, "flags", f"expected flags 0 (or {FLAG_ERROR} on an EXIT, a combination of "
-                           f"{ENTER_FLAGS} on an ENTER, of {NUM_FLAGS} on numerics, one of "
-                           f"{list(GPU_MARK_FLAGS)} on a GPU mark, a record kind 1-3 | device "
-                           "<< 2 on a kernel record, 1 or 2 on a graph node), found "
-                           f"{int(events['flags'][bad[0]])} on kind {int(kind[bad[0]])}")
+                    | ((on == CUPTI_GRAPH_NODE) & np.isin(flags, (1, 2))))], "flags",
+          lambda i: f"expected flags 0 (or {FLAG_ERROR} on an EXIT, a combination of "
+                    f"{ENTER_FLAGS} on an ENTER, of {NUM_FLAGS} on numerics, one of "
+                    f"{list(GPU_MARK_FLAGS)} on a GPU mark, a record kind 1-3 | device "
+                    "<< 2 on a kernel record, 1 or 2 on a graph node), found "
+                    f"{int(events['flags'][i])} on kind {int(kind[i])}")
     pad = events["pad"]
     if pad.any():
-        fail(np.flatnonzero(pad), "pad", "expected zero padding")
+        check(np.flatnonzero(pad), "pad", lambda i: "expected zero padding")
     tid = events["tid"]
     if int(tid.max()) > MAX_TID:
-        bad = np.flatnonzero(tid > MAX_TID)
-        fail(bad, "tid", f"expected a thread id of at most {MAX_TID}, found {int(tid[bad[0]])}")
-    _validate_times(events, clock, interval, fail)
-    _validate_steps(events, kind, clock, fail)
+        check(np.flatnonzero(tid > MAX_TID), "tid",
+              lambda i: f"expected a thread id of at most {MAX_TID}, found {int(tid[i])}")
+    _validate_times(events, clock, interval, check)
+    _validate_steps(events, kind, clock, check)
+
+
+_Check = Callable[[np.ndarray, str, Callable[[int], str]], None]
 
 
 def _validate_gpu(events: np.ndarray, kind: np.ndarray, n_modules: int, n_sites: int,
-                  interval: tuple[int, int] | None,
-                  fail: Callable[[np.ndarray, str, str], NoReturn]) -> None:
+                  interval: tuple[int, int] | None, check: _Check) -> None:
     """Device time (csrc/gpu_time.h): a GPU mark names a module (or GPU_NO_MODULE in
     backward), or a kernel site; a GPU time is Unix ns within the run and names a
     device index."""
@@ -531,30 +521,25 @@ def _validate_gpu(events: np.ndarray, kind: np.ndarray, n_modules: int, n_sites:
     if marks.size:
         ids = events["id"][marks]
         site = (events["flags"][marks] & GPU_KERNEL) != 0
-        bad = marks[~site & (ids >= n_modules) & (ids != GPU_NO_MODULE)]
-        if bad.size:
-            fail(bad, "id", f"GPU mark's module id {int(events['id'][bad[0]])} out of range "
-                            f"(the module table has {n_modules} modules)")
-        bad = marks[site & (ids >= n_sites)]
-        if bad.size:
-            fail(bad, "id", f"GPU mark's kernel site {int(events['id'][bad[0]])} out of range "
-                            f"(the kernel_sites table has {n_sites} sites)")
+        check(marks[~site & (ids >= n_modules) & (ids != GPU_NO_MODULE)], "id",
+              lambda i: f"GPU mark's module id {int(events['id'][i])} out of range "
+                        f"(the module table has {n_modules} modules)")
+        check(marks[site & (ids >= n_sites)], "id",
+              lambda i: f"GPU mark's kernel site {int(events['id'][i])} out of range "
+                        f"(the kernel_sites table has {n_sites} sites)")
     times = np.flatnonzero(kind == GPU_TIME)
     if times.size:
         t = events["seq"][times].view(np.int64)
         lo, hi = interval if interval is not None else (0, MAX_UNIX_NS)
-        bad = times[(t < lo) | (t > hi)]
-        if bad.size:
-            fail(bad, "seq", f"expected a GPU time within [{lo}, {hi}] Unix ns, found "
-                             f"{int(np.uint64(events['seq'][bad[0]]).view(np.int64))}")
-        bad = times[events["rf_tid"][times] > 0x7FFF]
-        if bad.size:
-            fail(bad, "rf_tid", f"expected a device index below 32768 on a GPU time, found "
-                                f"{int(events['rf_tid'][bad[0]])}")
+        check(times[(t < lo) | (t > hi)], "seq",
+              lambda i: f"expected a GPU time within [{lo}, {hi}] Unix ns, found "
+                        f"{int(np.uint64(events['seq'][i]).view(np.int64))}")
+        check(times[events["rf_tid"][times] > 0x7FFF], "rf_tid",
+              lambda i: f"expected a device index below 32768 on a GPU time, found "
+                        f"{int(events['rf_tid'][i])}")
 
 
-def _validate_steps(events: np.ndarray, kind: np.ndarray, clock: Clock,
-                    fail: Callable[[np.ndarray, str, str], NoReturn]) -> None:
+def _validate_steps(events: np.ndarray, kind: np.ndarray, clock: Clock, check: _Check) -> None:
     """Step marks (seq: the step's number) count up from 0: each number below
     ``MAX_STEP`` and, in time order, each mark's number above the one before
     (a gap is steps lost to a full buffer; a repeat or a step back no recorder writes)."""
@@ -562,10 +547,9 @@ def _validate_steps(events: np.ndarray, kind: np.ndarray, clock: Clock,
     if not marks.size:
         return
     number = events["seq"][marks]
-    bad = marks[number >= np.uint64(MAX_STEP)]
-    if bad.size:
-        found = int(np.uint64(events["seq"][bad[0]]).view(np.int64))  # -1, not 2**64-1
-        fail(bad, "seq", f"expected a step number in [0, 2**62), found {found}")
+    check(marks[number >= np.uint64(MAX_STEP)], "seq",  # found: -1, not 2**64-1
+          lambda i: "expected a step number in [0, 2**62), found "
+                    f"{int(np.uint64(events['seq'][i]).view(np.int64))}")
     if marks.size < 2:
         return
     t = (events["t"][marks] - np.uint64(clock.ticks0)).view(np.int64)
@@ -574,13 +558,14 @@ def _validate_steps(events: np.ndarray, kind: np.ndarray, clock: Clock,
     later = np.flatnonzero(n[1:] <= n[:-1]) + 1
     if later.size:
         i, before = int(marks[order[later[0]]]), int(marks[order[later[0] - 1]])
-        fail(np.sort(marks[order[later]]), "seq",
-             f"step {int(events['seq'][i])} comes after step {int(events['seq'][before])} "
-             f"(event {before}): expected step numbers that increase with time")
+        check(np.sort(marks[order[later]]), "seq",
+              lambda _: f"step {int(events['seq'][i])} comes after step "
+                        f"{int(events['seq'][before])} (event {before}): expected step "
+                        "numbers that increase with time")
 
 
 def _validate_times(events: np.ndarray, clock: Clock, interval: tuple[int, int] | None,
-                    fail: Callable[[np.ndarray, str, str], NoReturn]) -> None:
+                    check: _Check) -> None:
     """Timestamps convert without overflow, stay in the run, never go back on a thread."""
     # Same signed tick delta as Clock.to_unix_ns, converted in float first so that
     # a wild tick count is caught before an int64 conversion could wrap it.
@@ -594,14 +579,11 @@ def _validate_times(events: np.ndarray, clock: Clock, interval: tuple[int, int] 
     if near.size:
         exact = clock.to_unix_ns(events["t"][near])
         outside[near] = (exact < lo) | (exact > hi)
-    bad = np.flatnonzero(outside)
-    if bad.size:
-        where = ("the recorded interval (start_unix_ns/stop_unix_ns +- "
-                 f"{INTERVAL_SLACK_NS} ns)" if interval is not None else "[0, 2**62)")
-        i = int(bad[0])
-        found = f"{approx[i]:.0f}" if math.isfinite(approx[i]) else "overflow"
-        fail(bad, "t", f"expected a time within {where}: [{lo}, {hi}] Unix ns, "
-                       f"found {found}")
+    where = ("the recorded interval (start_unix_ns/stop_unix_ns +- "
+             f"{INTERVAL_SLACK_NS} ns)" if interval is not None else "[0, 2**62)")
+    check(np.flatnonzero(outside), "t",
+          lambda i: f"expected a time within {where}: [{lo}, {hi}] Unix ns, found "
+                    + (f"{approx[i]:.0f}" if math.isfinite(approx[i]) else "overflow"))
     # Per thread, ticks never decrease (then neither do the converted times). A
     # thread's events come in runs (the recorder copies per-thread chunks): check
     # inside each run, then from each run to the thread's next one, in O(n).
@@ -615,10 +597,10 @@ def _validate_times(events: np.ndarray, clock: Clock, interval: tuple[int, int] 
         prev, nxt = by_thread[:-1], by_thread[1:]
         joins = (tid[starts[prev]] == tid[starts[nxt]]) & (delta[ends[prev]] > delta[starts[nxt]])
         back += list(starts[nxt[joins]])
-    if back:
-        later = np.sort(np.array(back, dtype=np.int64))
-        i = int(later[0])
+
+    def went_back(i: int) -> str:
         earlier = np.flatnonzero((tid[:i] == tid[i]) & (delta[:i] > delta[i]))[0]
-        fail(later, "t", f"time goes back on thread {int(tid[i])}: {approx[i]:.0f} ns after "
-                         f"{approx[earlier]:.0f} ns at event {int(earlier)} (expected "
-                         "non-decreasing times per thread)")
+        return (f"time goes back on thread {int(tid[i])}: {approx[i]:.0f} ns after "
+                f"{approx[earlier]:.0f} ns at event {int(earlier)} (expected "
+                "non-decreasing times per thread)")
+    check(np.sort(np.array(back, dtype=np.int64)), "t", went_back)
