@@ -157,23 +157,12 @@ def test_every_module_has_a_layer() -> None:
     assert not gone, f"LAYERS names modules that do not exist: {gone}"
 
 
-# Upward imports left to remove (issue #48), each a lazy import of what a Parquet file's
-# metadata says: the input resolver telling an export's tables and an aggregate= part
-# apart by their names and hooktrace.table metadata. None may be added; one that is
-# gone must leave this list.
-PENDING_UPWARD = {
-    ("hooktrace.analysis.inputs", "hooktrace.data.schema"),
-    ("hooktrace.analysis.inputs", "hooktrace.data.validate"),
-}
-
-
 def test_imports_go_only_down() -> None:
     edges = {(a, b) for a, deps in graph().items() for b in deps
              if a in LAYER and b in LAYER and LAYER[b] > LAYER[a]}
     upward = [f"{a} ({LAYERS[LAYER[a]][0]}) imports {b} ({LAYERS[LAYER[b]][0]})"
-              for a, b in sorted(edges - PENDING_UPWARD)]
+              for a, b in sorted(edges)]
     assert not upward, "\n".join(upward)
-    assert not PENDING_UPWARD - edges, f"no longer imported: {sorted(PENDING_UPWARD - edges)}"
 
 
 def test_the_import_graph_has_no_cycle() -> None:
