@@ -14,17 +14,29 @@ Example:
     Traceback (most recent call last):
     ...
     hooktrace.errors.InputPathError: ...: is a FIFO (named pipe), not a regular file; ...
+
+And what a Parquet input says it is, below the tables layer (issue #48): the names of
+hooktrace's tables, a file's ``hooktrace.table`` metadata (:func:`table_of`) and the
+one-line :class:`ParquetInputError` of a file that cannot say, which
+:mod:`hooktrace.analysis.inputs` asks to tell an export from an ``aggregate=`` part;
+:func:`require`, the one line naming the extra to install. :mod:`hooktrace.data`,
+:mod:`hooktrace.data.schema` and :mod:`hooktrace.data.validate` re-export them.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import stat
-from typing import BinaryIO
+from types import ModuleType
+from typing import Any, BinaryIO
 
-from hooktrace.errors import InputPathError
+from hooktrace.errors import HooktraceError, InputPathError
+from hooktrace.text import display_path, printable
 
-__all__ = ["file_kind", "files_under", "open_input"]
+__all__ = ["AGGREGATES", "ALL_TABLES", "DataExtraMissing", "ParquetInputError", "TABLES",
+           "column_name", "fail", "file_kind", "file_name", "files_under", "meta_text",
+           "open_input", "read_schema", "require", "table_of", "unreadable"]
 
 _KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
@@ -87,3 +99,96 @@ def files_under(folder: str | os.PathLike[str], suffixes: tuple[str, ...], *,
         if not recursive:
             break
     return found
+
+
+# the tables of a trace (hooktrace.data.schema declares their columns, in this order)
+TABLES = ("spans", "steps", "modules", "memory", "numerics", "runs", "gpu")
+# not a table of a trace: what trace(aggregate=DIR) writes
+AGGREGATES = "aggregates"
+ALL_TABLES = (*TABLES, AGGREGATES)
+
+
+class DataExtraMissing(HooktraceError):
+    """pyarrow, duckdb or pyspark is not installed."""
+
+
+_EXTRA = {"pyarrow": "data", "duckdb": "data", "pyspark": "spark", "pandas": "data"}
+
+
+def require(module: str) -> ModuleType:
+    """``import module``, or :class:`DataExtraMissing` naming the extra to install.
+
+    Example:
+        >>> require("pyarrow").__name__
+        'pyarrow'
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        top = module.split(".")[0]
+        extra = _EXTRA.get(top, "data")
+        raise DataExtraMissing(f"{top} is not installed ({e}); pip install "
+                               f"hooktrace[{extra}]") from None
+
+
+class ParquetInputError(InputPathError):
+    """A Parquet input that is not what hooktrace writes (names the file and column)."""
+
+
+def file_name(path: str) -> str:
+    return printable(display_path(path))
+
+
+def column_name(name: str) -> str:
+    """A column name from a file, quoted, its control characters visible, cut short."""
+    text = printable(repr(name))
+    return text if len(text) <= 60 else text[:59] + "…"
+
+
+def fail(path: str, what: str) -> ParquetInputError:
+    return ParquetInputError(f"{file_name(path)}: {what}")
+
+
+def read_schema(path: str) -> Any:
+    pa: Any = require("pyarrow")
+    pq: Any = require("pyarrow.parquet")
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise fail(path, "the file name is not UTF-8, which DuckDB cannot open: rename "
+                         "the file") from None
+    try:
+        return pq.read_schema(path)
+    except (pa.ArrowException, OSError) as e:  # not Parquet, empty, cut short, unreadable
+        raise unreadable(path, e) from None
+
+
+def unreadable(path: str, e: BaseException) -> ParquetInputError:
+    """A file pyarrow could not read: the first line of what it said."""
+    first = next((line.strip() for line in str(e).splitlines() if line.strip()),
+                 type(e).__name__)
+    return fail(path, f"not a readable Parquet file ({printable(first)})")
+
+
+def meta_text(path: str, meta: dict[bytes, bytes], key: bytes) -> str | None:
+    raw = meta.get(key)
+    if raw is None:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise fail(path, f"metadata {key.decode()} is not UTF-8") from None
+
+
+def table_of(path: str) -> str:
+    """The table a single Parquet file holds: its ``hooktrace.table`` metadata (``spans``
+    without one; ``aggregates`` for an ``aggregate=`` folder's part); :class:`ParquetInputError`
+    for a file that cannot say."""
+    meta = read_schema(path).metadata or {}
+    name = meta_text(path, meta, b"hooktrace.table")
+    if name is None:
+        return "spans"
+    if name not in ALL_TABLES:  # (an aggregate= folder's part: "aggregates")
+        raise fail(path, f"metadata hooktrace.table {column_name(name)} is not a table of "
+                         f"hooktrace ({', '.join(ALL_TABLES)})")
+    return name

@@ -45,7 +45,7 @@ MOVED_BY: dict[str, tuple[str, int]] = {
     "hooktrace._attach_agent": ("hooktrace.record.attach_agent", 37),
     "hooktrace._kineto": ("hooktrace.format._kineto", 37),
     "hooktrace._profiler_events": ("hooktrace.format._profiler_events", 37),
-    "hooktrace.record.aggregate_folder": ("hooktrace.analysis.aggregates", 37),
+    "hooktrace.record.aggregate_folder": ("hooktrace.data.aggregates", 48),
 }
 MOVED = {old: new for old, (new, _) in MOVED_BY.items()}
 

@@ -10,7 +10,7 @@ subclasses :class:`ColumnProvider`; each view loops over the registry:
   :class:`Column` declarations (name, Arrow type, table, help, checks, how the
   aggregates reduce it over a run); the spans table's and the aggregates' quantity
   columns, their validation (:mod:`hooktrace.data.validate`), the aggregates read back
-  (:func:`hooktrace.analysis.aggregates.aggregate_rows`, the aggregate report) and
+  (:func:`hooktrace.data.aggregates.aggregate_rows`, the aggregate report) and
   docs/schema.md are these;
 * the summary (:meth:`hooktrace.analysis.summary.Summary.from_trace`, and the report,
   which shows the summary's rows): :meth:`ColumnProvider.summary` fills the provider's
@@ -78,7 +78,7 @@ class Column:
     value below 0) or "finite" (NaN, infinite or negative), ``at_most`` (a value above
     that column's).
 
-    An aggregates column, read back over a run (:func:`hooktrace.analysis.aggregates.aggregate_rows`,
+    An aggregates column, read back over a run (:func:`hooktrace.data.aggregates.aggregate_rows`,
     the aggregate report): ``reduce`` "sum", "max", "per_step" (the sum over the steps
     aggregated, row key ``<name>_per_step``) or "weighted" (each window's weighted by its
     ``weight`` column's time, ``total_ms`` where null); the report's column ``title`` and

@@ -95,7 +95,7 @@ def _folder(name: str) -> Input:
 def _export_layout(name: str) -> bool:
     """Whether a folder holds an export's tables by name (``DIR/spans/``, ``DIR/spans.parquet``,
     ...): with trace files beside them, the folder is the export."""
-    from hooktrace.data.schema import TABLES
+    from hooktrace._input import TABLES
 
     return any(os.path.exists(os.path.join(name, t)) or os.path.exists(
         os.path.join(name, f"{t}.parquet")) for t in TABLES)
@@ -103,7 +103,6 @@ def _export_layout(name: str) -> bool:
 
 def _aggregate_part(path: str) -> bool:
     """Whether a ``.parquet`` file's metadata names the aggregates table."""
-    from hooktrace.data.schema import AGGREGATES
-    from hooktrace.data.validate import table_of
+    from hooktrace._input import AGGREGATES, table_of
 
     return table_of(path) == AGGREGATES

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"--min-share must be a percentage from 0 to 100, got {args.min_share}")
     at_least("--workers", args.workers)
     from hooktrace.analysis.inputs import Kind, resolve
-    from hooktrace.analysis.aggregates import aggregate_diff
+    from hooktrace.data.aggregates import aggregate_diff
 
     aggregate = {p: resolve(p).kind is Kind.AGGREGATE for p in (args.a, args.b)}  # (#37)
     if aggregate[args.a] and aggregate[args.b]:  # aggregate= folders (#31)

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> None:
 def _aggregate_report(args: argparse.Namespace) -> None:
     """An ``aggregate=`` folder (issue #31): its table and kept steps, or the one-line
     error saying what is wrong with the folder."""
-    from hooktrace.analysis.aggregates import kept_steps, load_aggregates, unwritten_lines
+    from hooktrace.data.aggregates import kept_steps, load_aggregates, unwritten_lines
     from hooktrace.reporters.aggregate import write_aggregate_report
 
     if args.peak_tflops is not None:

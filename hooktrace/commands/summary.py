@@ -181,7 +181,7 @@ def _aggregate(args: argparse.Namespace) -> None:
     rows as CSV or JSON (times in ms, as the aggregates hold them)."""
     import json
 
-    from hooktrace.analysis.aggregates import (
+    from hooktrace.data.aggregates import (
         AGGREGATE_SUMMARY_COLUMNS,
         aggregate_summary,
         aggregate_summary_data,

@@ -17,32 +17,6 @@ line what to install.
 
 from __future__ import annotations
 
-import importlib
-from types import ModuleType
-
-from hooktrace.errors import HooktraceError
+from hooktrace._input import DataExtraMissing, require
 
 __all__ = ["DataExtraMissing", "require"]
-
-
-class DataExtraMissing(HooktraceError):
-    """pyarrow, duckdb or pyspark is not installed."""
-
-
-_EXTRA = {"pyarrow": "data", "duckdb": "data", "pyspark": "spark", "pandas": "data"}
-
-
-def require(module: str) -> ModuleType:
-    """``import module``, or :class:`DataExtraMissing` naming the extra to install.
-
-    Example:
-        >>> require("pyarrow").__name__
-        'pyarrow'
-    """
-    try:
-        return importlib.import_module(module)
-    except ImportError as e:
-        top = module.split(".")[0]
-        extra = _EXTRA.get(top, "data")
-        raise DataExtraMissing(f"{top} is not installed ({e}); pip install "
-                               f"hooktrace[{extra}]") from None

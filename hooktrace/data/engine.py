@@ -135,7 +135,7 @@ def find_source(path: str | os.PathLike[str] | Input) -> Source:
         from hooktrace._naming import is_aggregate_dir
 
         if is_aggregate_dir(name):  # no part yet: killed before the first, or still running
-            from hooktrace.analysis.aggregates import no_parts_problem
+            from hooktrace.data.aggregates import no_parts_problem
 
             raise QueryError(no_parts_problem(name, name))
     for t in TABLES:

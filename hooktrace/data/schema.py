@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hooktrace.data import require
+from hooktrace._input import AGGREGATES, ALL_TABLES, TABLES, require
 
 pa: Any = require("pyarrow")
 
@@ -176,8 +176,6 @@ _TABLES: dict[str, list[Any]] = {
     ],
 }
 
-TABLES = tuple(_TABLES)
-
 # Not a table of a trace: what ``trace(aggregate=DIR)`` writes (hooktrace.record.aggregate,
 # DIR/aggregates/part-*.parquet), per window of steps, module and mode; ``hooktrace query
 # DIR`` reads it as the view ``aggregates``. Its files have ``rank`` (null without one) and
@@ -204,12 +202,10 @@ _AGGREGATE_TAIL = [
     _f("run", _STR, True, "the run that wrote the row, <host>_<pid>[_rank<R>]_<random> (a "
                           "folder may hold several runs and ranks)"),
 ]
-AGGREGATES = "aggregates"
 # the aggregates' columns a part written by an older hooktrace may lack (read as null):
 # run (before runs sharing a folder were told apart), total_ns and self_ns (before the
 # one per-call table, issue #37)
 LATER_AGGREGATE_COLUMNS = ("run", "total_ns", "self_ns")
-ALL_TABLES = (*TABLES, AGGREGATES)
 _TYPES = {"int64": _I64, "int32": pa.int32(), "float64": _F64, "float32": _F32, "bool": _BOOL,
           "string": _STR}
 

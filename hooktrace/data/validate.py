@@ -28,7 +28,7 @@ Example:
     >>> check_table("spans", [f])
     Traceback (most recent call last):
     ...
-    hooktrace.data.validate.ParquetInputError: ...x.parquet: column 'a" FROM x; COPY' is not a column of the spans table ...
+    hooktrace._input.ParquetInputError: ...x.parquet: column 'a" FROM x; COPY' is not a column of the spans table ...
 """
 
 from __future__ import annotations
@@ -45,15 +45,18 @@ from hooktrace.data import require
 from hooktrace.data.schema import (
     LATER_AGGREGATE_COLUMNS,
     AGGREGATES,
-    ALL_TABLES,
     PARTITION_COLUMNS,
     SCHEMA_VERSION,
     pa,
     schema,
 )
+# (ParquetInputError and table_of: below the tables layer, issue #48; re-exported here)
+from hooktrace._input import ParquetInputError, table_of
+from hooktrace._input import column_name as _col, fail as _fail, file_name as _name
+from hooktrace._input import meta_text as _meta_text, read_schema as _read_schema
+from hooktrace._input import unreadable as _unreadable
 from hooktrace.analysis.calls import MODES, PHASES, TIMINGS, phase_label
-from hooktrace.errors import InputPathError
-from hooktrace.text import display_path, printable
+from hooktrace.text import printable
 
 __all__ = ["ParquetInputError", "check_rows", "check_schema", "check_table", "partition_keys",
            "table_of"]
@@ -68,66 +71,6 @@ _FOLDER = re.compile(r"(rank|window)=(-?[0-9]{1,18})")
 _AGGREGATE_MODES = (*(phase_label(cat, is_eval) for is_eval in (False, True)
                       for cat in range(len(PHASES))), "step")
 
-
-class ParquetInputError(InputPathError):
-    """A Parquet input that is not what hooktrace writes (names the file and column)."""
-
-
-def _name(path: str) -> str:
-    return printable(display_path(path))
-
-
-def _col(name: str) -> str:
-    """A column name from a file, quoted, its control characters visible, cut short."""
-    text = printable(repr(name))
-    return text if len(text) <= 60 else text[:59] + "…"
-
-
-def _fail(path: str, what: str) -> ParquetInputError:
-    return ParquetInputError(f"{_name(path)}: {what}")
-
-
-def _read_schema(path: str) -> Any:
-    try:
-        path.encode("utf-8")
-    except UnicodeEncodeError:
-        raise _fail(path, "the file name is not UTF-8, which DuckDB cannot open: rename "
-                          "the file") from None
-    try:
-        return pq.read_schema(path)
-    except (pa.ArrowException, OSError) as e:  # not Parquet, empty, cut short, unreadable
-        raise _unreadable(path, e) from None
-
-
-def _unreadable(path: str, e: BaseException) -> ParquetInputError:
-    """A file pyarrow could not read: the first line of what it said."""
-    first = next((line.strip() for line in str(e).splitlines() if line.strip()),
-                 type(e).__name__)
-    return _fail(path, f"not a readable Parquet file ({printable(first)})")
-
-
-def _meta_text(path: str, meta: dict[bytes, bytes], key: bytes) -> str | None:
-    raw = meta.get(key)
-    if raw is None:
-        return None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise _fail(path, f"metadata {key.decode()} is not UTF-8") from None
-
-
-def table_of(path: str) -> str:
-    """The table a single Parquet file holds: its ``hooktrace.table`` metadata (``spans``
-    without one; ``aggregates`` for an ``aggregate=`` folder's part); :class:`ParquetInputError`
-    for a file that cannot say."""
-    meta = _read_schema(path).metadata or {}
-    name = _meta_text(path, meta, b"hooktrace.table")
-    if name is None:
-        return "spans"
-    if name not in ALL_TABLES:  # (an aggregate= folder's part: "aggregates")
-        raise _fail(path, f"metadata hooktrace.table {_col(name)} is not a table of hooktrace "
-                          f"({', '.join(ALL_TABLES)})")
-    return name
 
 
 def _kind(t: Any) -> str:

@@ -73,7 +73,8 @@ from typing import TYPE_CHECKING, Any
 from hooktrace._naming import env_rank, process_stem
 from hooktrace._output import failure_reason
 from hooktrace.errors import HooktraceError
-from hooktrace.analysis.aggregates import KEPT_INDEX, LIVE_DIR, kept_steps, load_aggregates
+from hooktrace.analysis.aggregates import KEPT_INDEX, LIVE_DIR
+from hooktrace.data.aggregates import kept_steps, load_aggregates
 from hooktrace.record.component import Component, Flag, Option, folder
 from hooktrace.record.process_state import STATE
 
@@ -81,7 +82,7 @@ if TYPE_CHECKING:  # numpy is imported where used: `hooktrace --version` reads t
     import numpy as np  # file's declarations (record/registry.py) without numpy
 
 # (load_aggregates and kept_steps, the folder's reading side, are
-# hooktrace.analysis.aggregates'; named here too, where the recording is)
+# hooktrace.data.aggregates'; named here too, where the recording is)
 __all__ = ["AggregateComponent", "DetailPolicy", "KEPT_INDEX", "PART_ROWS", "kept_steps",
            "load_aggregates", "process_aggregate"]
 
@@ -546,7 +547,7 @@ class AggregateComponent(Component):
             return
         path = os.path.join(self.dir, LIVE_DIR, f"{self.run_id}.json")
         # (host, pid, steps, ended and part_interval also tell the readers which steps a
-        # run killed before its last part lost: analysis.aggregates.unwritten_lines)
+        # run killed before its last part lost: data.aggregates.unwritten_lines)
         live = {"run": self.run_id, "rank": self.rank, "pid": os.getpid(),
                 "host": self._host, "unix_ns": time.time_ns(), "ended": ended,
                 "steps": self._steps, "part_interval": self.part_interval,

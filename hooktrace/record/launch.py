@@ -571,7 +571,7 @@ def print_aggregates(info: dict[str, Any], summary: bool, tail: int = 0, *,
     folder = str(agg.get("dir", "?"))
     if summary and "dir" in agg:
         from hooktrace._naming import has_aggregate_parts
-        from hooktrace.analysis.aggregates import aggregate_summary
+        from hooktrace.data.aggregates import aggregate_summary
 
         print(aggregate_summary(folder) if has_aggregate_parts(folder) else
               f"hooktrace: no step was aggregated in {folder}: no summary", file=sys.stderr)

@@ -9,7 +9,7 @@ longest call, and device time, memory peak, TFLOP/s and numerics when recorded; 
 to sort), and the list of the steps kept whole by the detail policy, each a trace with
 the command that reports it.
 
-The table comes in as a pyarrow Table (``hooktrace.analysis.aggregates.load_aggregates``),
+The table comes in as a pyarrow Table (``hooktrace.data.aggregates.load_aggregates``),
 the kept steps as dicts with ``step``, ``why`` and ``path``.
 """
 
@@ -33,8 +33,8 @@ from hooktrace.reporters.html import (
     script_json,
     sortable_table,
 )
-from hooktrace.analysis.aggregates import aggregate_rows, step_rows
 from hooktrace.analysis.columns import cell_text, declared
+from hooktrace.data.aggregates import aggregate_rows, step_rows
 from hooktrace.text import display_path
 
 __all__ = ["KEPT_SHOWN", "render_aggregate_report", "step_figure", "write_aggregate_report"]
@@ -144,7 +144,7 @@ def render_aggregate_report(table: Any, kept: list[dict[str, Any]], *,
                             link_base: str | None = None, notes: Sequence[str] = ()) -> str:
     """The report's HTML text; ``link_base``: the folder the page is written in (the
     kept steps are linked relative to it), None for absolute links; ``notes``: what the
-    folder lacks (hooktrace.analysis.aggregates.unwritten_lines), after the facts."""
+    folder lacks (hooktrace.data.aggregates.unwritten_lines), after the facts."""
     js = plotly_js()
     rows, n_steps = aggregate_rows(table)
     name = source or "the aggregate folder"

@@ -415,7 +415,7 @@ def test_flop_rate_per_module_when_flops_are_recorded(tmp_path: Path) -> None:
                                            rel=1e-3)
     # THEN hooktrace summary DIR shows the rate over the run: FLOPs over time, the windows
     # weighed by their time (so between the fastest and the slowest window's)
-    from hooktrace.analysis.aggregates import aggregate_summary
+    from hooktrace.data.aggregates import aggregate_summary
 
     text = aggregate_summary(tmp_path / "agg").splitlines()
     assert text[1].split()[-1] == "TFLOP/s"

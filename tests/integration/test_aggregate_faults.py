@@ -21,7 +21,7 @@ import hooktrace
 import hooktrace.record.aggregate as aggregate
 from hooktrace.cli import main
 from hooktrace.errors import HooktraceError
-from hooktrace.analysis.aggregates import aggregate_summary, kept_steps, load_aggregates
+from hooktrace.data.aggregates import aggregate_summary, kept_steps, load_aggregates
 
 
 def train(model: nn.Module, steps: int, width: int = 8) -> None:

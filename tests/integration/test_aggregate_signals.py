@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 import hooktrace
-from hooktrace.analysis.aggregates import load_aggregates, run_progress, steps_aggregated
+from hooktrace.data.aggregates import load_aggregates, run_progress, steps_aggregated
 from hooktrace.errors import HooktraceError
 
 REPO = Path(__file__).resolve().parents[2]

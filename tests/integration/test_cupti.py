@@ -399,7 +399,7 @@ def test_a_gradient_accumulation_goes_with_the_node_that_made_it(cupti: Any) -> 
 def test_aggregates_carry_kernel_time_per_step_and_the_summary_reads_it(
         cupti: Any, tmp_path: Path) -> None:
     pytest.importorskip("pyarrow")
-    from hooktrace.analysis.aggregates import aggregate_rows
+    from hooktrace.data.aggregates import aggregate_rows
     from hooktrace.record.aggregate import load_aggregates
 
     cupti.fake_cupti_set(b"late_flushes", 0)

@@ -201,7 +201,7 @@ def test_lightning_logs_each_window_once_at_its_step_and_a_point_per_epoch(
     L = pytest.importorskip("lightning")
     from lightning.pytorch.loggers import TensorBoardLogger
 
-    from hooktrace.analysis.aggregates import load_aggregates
+    from hooktrace.data.aggregates import load_aggregates
     from hooktrace.integrations.lightning import HooktraceCallback
 
     # GIVEN windows longer than an epoch (issue #47: a window's value was logged again
@@ -237,7 +237,7 @@ def test_lightning_logs_each_window_once_at_its_step_and_a_point_per_epoch(
 def test_lightning_final_validation_is_aggregated(tmp_path: Path) -> None:
     L = pytest.importorskip("lightning")
 
-    from hooktrace.analysis.aggregates import load_aggregates
+    from hooktrace.data.aggregates import load_aggregates
     from hooktrace.integrations.lightning import HooktraceCallback
 
     # GIVEN 2 epochs of 3 steps, each followed by a validation of 2 batches

@@ -30,7 +30,8 @@ from hooktrace.analysis._diff_parts import trace_part
 from hooktrace.analysis._rank_reduce import reduce_rank
 from hooktrace.analysis.rankset import RankFile
 from hooktrace.analysis.summary import Summary
-from hooktrace.analysis.aggregates import ROOT_ROW, load_aggregates
+from hooktrace.analysis.aggregates import ROOT_ROW
+from hooktrace.data.aggregates import load_aggregates
 
 pytest.importorskip("duckdb")
 

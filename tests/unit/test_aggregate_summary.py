@@ -57,7 +57,7 @@ def windows(per_window: list[tuple[int, float, float]], module: str = "fc") -> d
 
 
 def test_p50_is_the_median_step_weighted_by_steps(tmp_path: Path) -> None:
-    from hooktrace.analysis.aggregates import aggregate_summary, aggregate_summary_data
+    from hooktrace.data.aggregates import aggregate_summary, aggregate_summary_data
 
     # GIVEN 1-second windows: two of one slow step each (143 ms, a compile, a validation)
     # and one of 17 steps at 55 ms: the windows' medians are 143, 143 and 55
@@ -80,7 +80,7 @@ def test_p50_is_the_median_step_weighted_by_steps(tmp_path: Path) -> None:
 
 
 def test_p50_with_a_window_per_step_is_the_exact_median(tmp_path: Path) -> None:
-    from hooktrace.analysis.aggregates import aggregate_summary_data, weighted_medians
+    from hooktrace.data.aggregates import aggregate_summary_data, weighted_medians
 
     write_part(tmp_path / "agg", windows([(1, ms, ms) for ms in (5.0, 1.0, 4.0, 2.0)]))
     rows = aggregate_summary_data(tmp_path / "agg")["rows"]
@@ -90,7 +90,7 @@ def test_p50_with_a_window_per_step_is_the_exact_median(tmp_path: Path) -> None:
 
 
 def test_the_report_of_an_aggregate_folder_has_the_same_p50(tmp_path: Path) -> None:
-    from hooktrace.analysis.aggregates import aggregate_rows, load_aggregates
+    from hooktrace.data.aggregates import aggregate_rows, load_aggregates
 
     write_part(tmp_path / "agg", windows([(1, 143.0, 143.0), (1, 143.0, 143.0),
                                           (17, 55.0, 55.0)]))
@@ -150,7 +150,7 @@ def test_aggregate_names_are_names_or_visibly_cut_and_stay_apart(
 
 
 def test_aggregate_diff_names_are_names_or_visibly_cut(tmp_path: Path) -> None:
-    from hooktrace.analysis.aggregates import aggregate_diff
+    from hooktrace.data.aggregates import aggregate_diff
 
     rows = windows([(2, 1.0, 1.0)], LORA[0])
     for name in LORA[1:]:

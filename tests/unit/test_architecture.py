@@ -46,7 +46,8 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("tables: Arrow, Parquet, DuckDB and Spark", {
         "hooktrace.data", "hooktrace.data.schema", "hooktrace.data.tables",
         "hooktrace.data.parquet", "hooktrace.data.engine", "hooktrace.data.spark",
-        "hooktrace.data.summary", "hooktrace.data.validate", "hooktrace.data.paths"}),
+        "hooktrace.data.summary", "hooktrace.data.validate", "hooktrace.data.paths",
+        "hooktrace.data.aggregates"}),
     ("outputs", {
         "hooktrace.exporters", "hooktrace.exporters._layout", "hooktrace.exporters.chrome",
         "hooktrace.exporters.perfetto", "hooktrace.exporters.ranks", "hooktrace.exporters._extra_args",
@@ -156,26 +157,12 @@ def test_every_module_has_a_layer() -> None:
     assert not gone, f"LAYERS names modules that do not exist: {gone}"
 
 
-# Upward imports left to remove (issue #48), each a lazy import of what a Parquet file's
-# metadata says: the input resolver telling an export's tables and an aggregate= part
-# apart by their names and hooktrace.table metadata, and load_aggregates checking the
-# parts against the schema (to move into hooktrace.data). None may be added; one that is
-# gone must leave this list.
-PENDING_UPWARD = {
-    ("hooktrace.analysis.inputs", "hooktrace.data.schema"),
-    ("hooktrace.analysis.inputs", "hooktrace.data.validate"),
-    ("hooktrace.analysis.aggregates", "hooktrace.data.schema"),
-    ("hooktrace.analysis.aggregates", "hooktrace.data.validate"),
-}
-
-
 def test_imports_go_only_down() -> None:
     edges = {(a, b) for a, deps in graph().items() for b in deps
              if a in LAYER and b in LAYER and LAYER[b] > LAYER[a]}
     upward = [f"{a} ({LAYERS[LAYER[a]][0]}) imports {b} ({LAYERS[LAYER[b]][0]})"
-              for a, b in sorted(edges - PENDING_UPWARD)]
+              for a, b in sorted(edges)]
     assert not upward, "\n".join(upward)
-    assert not PENDING_UPWARD - edges, f"no longer imported: {sorted(PENDING_UPWARD - edges)}"
 
 
 def test_the_import_graph_has_no_cycle() -> None:
@@ -201,12 +188,13 @@ RECORDING_SEAMS: dict[str, set[str]] = {
     "hooktrace.record.streaming": {"hooktrace.result"},  # a stream read back as a result
     "hooktrace.record.windows": {"hooktrace.result"},  # each schedule window's result
     # a window's rows (reduce_window), the nonfinite trigger, the FLOP basis, the parts'
-    # schema
+    # schema, the folder read back (load_aggregates, kept_steps: re-exported)
     "hooktrace.record.aggregate": {"hooktrace.analysis.aggregates", "hooktrace.analysis.flops",
-                                   "hooktrace.analysis.numerics", "hooktrace.data.schema"},
+                                   "hooktrace.analysis.numerics", "hooktrace.data.schema",
+                                   "hooktrace.data.aggregates"},
     # hooktrace run: the merged profiler trace, the aggregate folder's summary at exit (the
     # trainer callbacks' summary=True at fit's end too: launch.print_aggregates)
-    "hooktrace.record.launch": {"hooktrace.exporters.merged", "hooktrace.analysis.aggregates"},
+    "hooktrace.record.launch": {"hooktrace.exporters.merged", "hooktrace.data.aggregates"},
     "hooktrace.record.profiling": {"hooktrace.exporters.merged"},  # hooktrace.profile()
     "hooktrace.demo": {"hooktrace.reporters.html"},  # the demo's report
 }

@@ -236,7 +236,7 @@ def test_the_views_name_no_feature():
                        (source("analysis/columns.py", "cell_text"), "PROVIDERS"),
                        (source("data/tables.py", "_SpanColumns"), "PROVIDERS"),
                        (source("analysis/aggregates.py", "reduce_window"), "PROVIDERS"),
-                       (source("analysis/aggregates.py", "aggregate_rows"), "declared("),
+                       (source("data/aggregates.py", "aggregate_rows"), "declared("),
                        (source("reporters/aggregate.py", "_table_html"), "declared("),
                        (source("reporters/aggregate.py", "_cell"), "cell_text("),
                        (source("reporters/aggregate.py", "render_aggregate_report"),

@@ -58,7 +58,12 @@ def dataset(rank_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_schema_is_versioned_int64_and_documented() -> None:
     from hooktrace.data.schema import ALL_TABLES, SCHEMA_VERSION, TABLES, describe, schema
 
+    from hooktrace.data import schema as declared
+
     assert TABLES == ("spans", "steps", "modules", "memory", "numerics", "runs", "gpu")
+    # (the names are hooktrace._input's, below the tables layer, issue #48: the
+    # schema declares the columns of each, in that order)
+    assert tuple(declared._TABLES) == TABLES
     for t in ALL_TABLES:
         s = schema(t)
         assert s.metadata[b"hooktrace.schema_version"] == str(SCHEMA_VERSION).encode()

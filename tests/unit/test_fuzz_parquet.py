@@ -324,7 +324,7 @@ def test_an_aggregate_folder_an_older_hooktrace_wrote_still_reads(tmp_path: Path
     #37) read with those columns null, alone and beside a newer part: the summary gives
     float ms there and no exact ns; query sees nulls."""
     from hooktrace.data.schema import AGGREGATES, LATER_AGGREGATE_COLUMNS, file_schema
-    from hooktrace.analysis.aggregates import aggregate_summary_data
+    from hooktrace.data.aggregates import aggregate_summary_data
 
     s = file_schema(AGGREGATES, partitioned=True)
     rows = {"step": [0, 0, 0], "steps": [5, 5, 5], "module": ["<root>", "fc", "<step>"],

@@ -160,7 +160,8 @@ def test_the_parquet_spans_table_and_its_checks_have_it(bumps: Bumps, tmp_path: 
 def test_the_aggregates_write_and_read_it_back(bumps: Bumps, tmp_path: Path) -> None:
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
-    from hooktrace.analysis.aggregates import aggregate_rows, load_aggregates, reduce_window
+    from hooktrace.analysis.aggregates import reduce_window
+    from hooktrace.data.aggregates import aggregate_rows, load_aggregates
     from hooktrace.data.schema import AGGREGATES, schema
     from hooktrace.reporters.aggregate import render_aggregate_report
 
