@@ -62,11 +62,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(sys.stdout, "errors", None) == "strict" and hasattr(sys.stdout, "reconfigure"):
         sys.stdout.reconfigure(errors="backslashreplace")
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None:  # bare `hooktrace`: say what there is to run
-        parser.print_help()
-        return 2
     try:
+        # (parsing may load the reading side: `summary`'s flags are its column providers')
+        args = parser.parse_args(argv)
+        if args.command is None:  # bare `hooktrace`: say what there is to run
+            parser.print_help()
+            return 2
         # a verb returns an exit status when it has a verdict (`diff --fail-above`)
         status = args.func(args)
         sys.stdout.flush()
