@@ -2,8 +2,9 @@
 per µs of a call, derived from the spans) declared only here, registered for a test by
 a fixture, shows in the summary (text, its flag, JSON, the CLI), the report (table,
 facts), the Parquet schema, spans table and its validation, docs/schema.md's tables,
-and the aggregates (written, checked and read back: the aggregate report). Nothing
-else names it. (Exports are their own seam; ``hooktrace diff`` compares times only.)"""
+the aggregates (written, checked and read back: the aggregate report) and the Chrome
+and Perfetto exports (an argument of each span). Nothing else names it. (``hooktrace
+diff`` compares times only.)"""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import build_events, build_trace
+from pftrace_decode import chrome_slices, decode
 
 from hooktrace._events import ENTER, EXIT, STEP
 from hooktrace.analysis.columns import (
@@ -24,6 +26,7 @@ from hooktrace.analysis.columns import (
     WindowGroup,
     measured_only,
 )
+from hooktrace.analysis.column_provider import ArgColumn
 from hooktrace.analysis.summary import Summary
 from hooktrace.cli import main
 from hooktrace.reporters.html import render_report
@@ -67,6 +70,9 @@ class Bumps(ColumnProvider):
 
     def spans(self, trace, n, m):
         return {"bumps": measured_only(trace.spans().duration_ns // 1000, np.ones(n, bool), m)}
+
+    def export_args(self, trace, spans):
+        return [ArgColumn("bumps", (trace.spans().duration_ns // 1000)[spans].astype(np.int64))]
 
     def aggregate(self, trace, calls):
         def values(group: WindowGroup) -> dict[str, list]:
@@ -184,6 +190,19 @@ def test_the_aggregates_write_and_read_it_back(bumps: Bumps, tmp_path: Path) -> 
     page = render_aggregate_report(table, [])
     assert 'title="toy: bumps over the run; click to sort">bumps</th>' in page
     assert " · bumps recorded" in page.split('<div class="facts">', 1)[1].split("</div>")[0]
+
+
+def test_the_exports_write_it_on_each_span(bumps: Bumps, tmp_path: Path) -> None:
+    path = tmp_path / "run.htrace"
+    _trace().save(str(path))
+    assert main(["export", str(path), "-o", str(tmp_path / "t.json")]) == 0
+    assert main(["export", str(path), "-o", str(tmp_path / "t.pftrace")]) == 0
+    chrome = chrome_slices((tmp_path / "t.json").read_bytes())
+    perfetto = decode((tmp_path / "t.pftrace").read_bytes())["slices"]
+    for slices in (chrome, perfetto):
+        bumps_of = {(s[1], s[3]): dict(s[5]).get("bumps") for s in slices
+                    if s[2] == "hooktrace.forward"}  # (the module calls: not the steps)
+        assert bumps_of == {("Net", 0): 5, ("fc", 1000): 2, ("Net", 6000): 1}, bumps_of
 
 
 def test_unregistered_it_is_gone() -> None:
