@@ -67,19 +67,7 @@ def test_no_marks_no_intervals() -> None:
 
 def test_kernel_sites_are_intervals_of_their_module_and_leave_the_regions_self() -> None:
     # root's forward is a compiled region running one kernel of site 0 (module "a")
-    rows = [
-        (0, ENTER, 0, 0, 0, 0), (1, GPU_MARK, 0, 5, 0, 0),
-        (2, KERNEL_BEGIN, 0, 0, 0, 0), (3, GPU_MARK, 0, 5, 1, GPU_KERNEL),
-        (4, GPU_MARK, 0, 5, 2, GPU_KERNEL | GPU_EXIT), (5, KERNEL_END, 0, 0, 0, 0),
-        (6, GPU_MARK, 0, 5, 3, GPU_EXIT), (7, EXIT, 0, 0, 0, 0),
-        (20, GPU_TIME, 0, 100, 0, 0), (21, GPU_TIME, 1, 120, 0, 0),
-        (22, GPU_TIME, 2, 170, 0, 0), (23, GPU_TIME, 3, 200, 0, 0),
-    ]
-    ev = np.zeros(len(rows), EVENT_DTYPE)
-    for i, (t, kind, id_, seq, rf, flags) in enumerate(rows):
-        ev[i] = (t, seq, id_, 7, rf, kind, flags, 0)
-    info = {**INFO, "kernel_sites": [["triton_poi_fused_0", "a", "forward"]]}
-    g = gpu_spans(TraceData(ev, MODULES, [], Clock(0, 0, 1.0), info))
+    g = gpu_spans(_one_kernel("a", MODULES))
     assert len(g) == 2
     root, k = (int(np.flatnonzero(g.module == m)[0]) for m in (0, 1))
     assert (g.start_ns[root], g.end_ns[root], g.self_ns[root]) == (100, 200, 50)
